@@ -1,0 +1,185 @@
+/*
+ * status.c - `shardport status`: the daemon, its backends, pool and jobs, as
+ * a table for people or as one JSON object (schema in docs/cli.md).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/cli/cli.h"
+
+/* Wide enough for any sanitized daemon string we show in one cell. */
+#define CELL 256
+
+static void row(FILE *out, const char *label, const char *value) {
+  fprintf(out, "%-18s%s\n", label, value);
+}
+
+/* The jobs as a table whose columns fit their widest cell. */
+static void print_jobs(FILE *out, const sp_status_info *st) {
+  enum { ID, PHASE, RANKS, ROUND, MOVED, RATE, NCOLS };
+  static const char *const heads[NCOLS] = {"JOB",   "PHASE",         "RANKS",
+                                           "ROUND", "MOVED OF TOTAL", "RATE"};
+  size_t width[NCOLS];
+  for (int c = 0; c < NCOLS; c++)
+    width[c] = strlen(heads[c]);
+
+  char(*cells)[NCOLS][CELL] = calloc(st->njobs, sizeof *cells);
+  if (!cells) {
+    fprintf(out, "  (%zu jobs; out of memory formatting them)\n", st->njobs);
+    return;
+  }
+  for (size_t j = 0; j < st->njobs; j++) {
+    const sp_job_status *job = &st->jobs[j];
+    char moved[32], total[32], rate[32];
+    text_sanitize(job->job_id, cells[j][ID], CELL);
+    text_sanitize(job->phase, cells[j][PHASE], CELL);
+    snprintf(cells[j][RANKS], CELL, "%u/%u", job->joined, job->world);
+    snprintf(cells[j][ROUND], CELL, "%u of %u", job->round, job->rounds);
+    text_bytes(job->bytes_moved, moved, sizeof moved);
+    text_bytes(job->bytes_total, total, sizeof total);
+    snprintf(cells[j][MOVED], CELL, "%s of %s", moved, total);
+    text_bytes(job->rate_bps < 1.8e19 ? (uint64_t)job->rate_bps : UINT64_MAX,
+               rate, sizeof rate);
+    snprintf(cells[j][RATE], CELL, "%s/s", rate);
+    for (int c = 0; c < NCOLS; c++)
+      if (strlen(cells[j][c]) > width[c])
+        width[c] = strlen(cells[j][c]);
+  }
+
+  /* The last column is not padded: no trailing blanks. */
+  for (int c = 0; c < NCOLS; c++)
+    fprintf(out, "  %-*s", c < NCOLS - 1 ? (int)width[c] : 0, heads[c]);
+  fputc('\n', out);
+  for (size_t j = 0; j < st->njobs; j++) {
+    for (int c = 0; c < NCOLS; c++)
+      fprintf(out, "  %-*s", c < NCOLS - 1 ? (int)width[c] : 0, cells[j][c]);
+    fputc('\n', out);
+    if (st->jobs[j].error) {
+      char error[CELL];
+      text_sanitize(st->jobs[j].error, error, sizeof error);
+      fprintf(out, "    error: %s\n", error);
+    }
+  }
+  free(cells);
+}
+
+static void print_table(FILE *out, const sp_status_info *st) {
+  char a[CELL], b[CELL], line[2 * CELL + 64];
+
+  text_sanitize(st->daemon_version, a, sizeof a);
+  row(out, "daemon version", a);
+  snprintf(line, sizeof line, "%u", st->protocol_version);
+  row(out, "protocol version", line);
+  text_sanitize(st->backends_built, a, sizeof a);
+  row(out, "backends built", a[0] ? a : "none");
+  text_sanitize(st->backend_active, a, sizeof a);
+  text_sanitize(st->backend_reason, b, sizeof b);
+  snprintf(line, sizeof line, b[0] ? "%s (%s)" : "%s", a, b);
+  row(out, "backend active", line);
+  text_duration(st->uptime_s, a, sizeof a);
+  row(out, "uptime", a);
+  snprintf(line, sizeof line, "%u", st->clients);
+  row(out, "clients", line);
+  text_bytes(st->pool_used, a, sizeof a);
+  text_bytes(st->pool_capacity, b, sizeof b);
+  if (st->pool_capacity > 0)
+    snprintf(line, sizeof line, "%s used of %s (%.1f%%)", a, b,
+             100.0 * (double)st->pool_used / (double)st->pool_capacity);
+  else
+    snprintf(line, sizeof line, "%s used of %s", a, b);
+  row(out, "pool", line);
+  if (st->njobs == 0) {
+    row(out, "jobs", "no jobs");
+    return;
+  }
+  snprintf(line, sizeof line, "%zu", st->njobs);
+  row(out, "jobs", line);
+  print_jobs(out, st);
+}
+
+/* backends_built is comma-separated in the library's struct and an array in
+ * the JSON, as on the wire. */
+static void json_backends(FILE *out, const char *list) {
+  fputc('[', out);
+  const char *p = list;
+  while (*p) {
+    size_t len = strcspn(p, ",");
+    char name[CELL];
+    snprintf(name, sizeof name, "%.*s", (int)(len < CELL ? len : CELL - 1), p);
+    if (p != list)
+      fputc(',', out);
+    json_string(out, name);
+    p += len;
+    if (*p == ',')
+      p++;
+  }
+  fputc(']', out);
+}
+
+static void json_u64(FILE *out, const char *key, uint64_t v) {
+  fprintf(out, ",\"%s\":%llu", key, (unsigned long long)v);
+}
+
+static void json_str_field(FILE *out, const char *key, const char *v) {
+  fprintf(out, ",\"%s\":", key);
+  if (v)
+    json_string(out, v);
+  else
+    fputs("null", out);
+}
+
+static void print_json(FILE *out, const sp_status_info *st,
+                       const struct cli_options *opts) {
+  fputs("{\"socket\":", out);
+  json_string(out, opts->socket);
+  json_str_field(out, "daemon_version", st->daemon_version);
+  json_u64(out, "protocol_version", st->protocol_version);
+  fputs(",\"backends_built\":", out);
+  json_backends(out, st->backends_built);
+  json_str_field(out, "backend_active", st->backend_active);
+  json_str_field(out, "backend_reason", st->backend_reason);
+  fputs(",\"uptime_s\":", out);
+  json_double(out, st->uptime_s);
+  json_u64(out, "clients", st->clients);
+  json_u64(out, "pool_used", st->pool_used);
+  json_u64(out, "pool_capacity", st->pool_capacity);
+  fputs(",\"jobs\":[", out);
+  for (size_t j = 0; j < st->njobs; j++) {
+    const sp_job_status *job = &st->jobs[j];
+    fputs(j ? ",{\"job_id\":" : "{\"job_id\":", out);
+    json_string(out, job->job_id);
+    json_str_field(out, "phase", job->phase);
+    json_str_field(out, "error", job->error);
+    json_u64(out, "world", job->world);
+    json_u64(out, "joined", job->joined);
+    json_u64(out, "round", job->round);
+    json_u64(out, "rounds", job->rounds);
+    json_u64(out, "bytes_moved", job->bytes_moved);
+    json_u64(out, "bytes_total", job->bytes_total);
+    fputs(",\"rate_bps\":", out);
+    json_double(out, job->rate_bps);
+    fputc('}', out);
+  }
+  fputs("]}\n", out);
+}
+
+static int status_exec(sp_client *client, const struct cli_options *opts,
+                       FILE *out) {
+  sp_status_info *st;
+  int rc = sp_status(client, &st);
+  if (rc < 0)
+    return rc;
+  if (opts->json)
+    print_json(out, st, opts);
+  else
+    print_table(out, st);
+  sp_status_free(st);
+  return 0;
+}
+
+const struct cli_command cli_status_command = {
+    .name = "status",
+    .summary = "show the daemon, its backends, memory pool and jobs",
+    .flags = CLI_TAKES_JSON | CLI_TAKES_WATCH,
+    .exec = status_exec,
+};

@@ -1,0 +1,328 @@
+/*
+ * client.c - the connection to shardportd: connect, hello, one request at a
+ * time, ping, close.
+ *
+ * The socket is blocking.  Each request has one deadline, taken from the
+ * client's timeout when it starts; before every blocking call the socket's
+ * SO_SNDTIMEO or SO_RCVTIMEO is set to what is left of it, so a daemon that
+ * stops answering costs at most the timeout and never a hang.
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/client.h"
+#include "config.h"
+#include "proto/wire.h"
+
+/* How long a request whose write failed keeps reading: the daemon may have
+ * answered with an error reply and closed before our frame went out, and
+ * that reply says more than "closed". */
+#define CLIENT_GRACE_MS 100
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* INT64_MAX stands for "no deadline". */
+static int64_t deadline_after(uint32_t ms) {
+  return ms == 0 ? INT64_MAX : now_ms() + ms;
+}
+
+/* Sets the socket's timeout for the next blocking call to what is left
+ * before deadline.  Returns SP_ETIMEOUT when nothing is left. */
+static int arm_timeout(int sock, int optname, int64_t deadline) {
+  struct timeval tv = {0, 0};
+  if (deadline != INT64_MAX) {
+    int64_t left = deadline - now_ms();
+    if (left <= 0)
+      return SP_ETIMEOUT;
+    tv.tv_sec = (time_t)(left / 1000);
+    tv.tv_usec = (suseconds_t)(left % 1000) * 1000;
+  }
+  if (setsockopt(sock, SOL_SOCKET, optname, &tv, sizeof tv) != 0)
+    return SP_EIO;
+  return 0;
+}
+
+static int connect_error(int err) {
+  switch (err) {
+  case ENOENT:
+  case ECONNREFUSED:
+  case ENOTDIR:
+    return SP_ENODAEMON;
+  case EACCES:
+  case EPERM:
+    return SP_EPERM;
+  case EAGAIN:
+  case ETIMEDOUT:
+    return SP_ETIMEOUT;
+  case ENOMEM:
+  case ENOBUFS:
+    return SP_ENOMEM;
+  default:
+    return SP_EIO;
+  }
+}
+
+/* A connected, close-on-exec, blocking Unix stream socket, or a code. */
+static int open_socket(const char *path, int64_t deadline) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  size_t len = strlen(path);
+  if (len == 0 || len >= sizeof sa.sun_path)
+    return SP_EINVAL;
+  memcpy(sa.sun_path, path, len + 1);
+
+  int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (sock < 0)
+    return connect_error(errno);
+  /* A Unix-socket connect waits on a full listen backlog for as long as
+   * SO_SNDTIMEO allows. */
+  int rc = arm_timeout(sock, SO_SNDTIMEO, deadline);
+  if (rc == 0) {
+    while (connect(sock, (struct sockaddr *)&sa, sizeof sa) != 0) {
+      if (errno != EINTR) {
+        rc = connect_error(errno);
+        break;
+      }
+    }
+  }
+  if (rc < 0) {
+    close(sock);
+    return rc;
+  }
+  return sock;
+}
+
+uint64_t client_begin(sp_client *c, struct sp_msgbuf *mb, const char *op,
+                      uint32_t nfields) {
+  uint64_t id = c->next_id++;
+  /* Id 0 is the daemon's "whatever you sent last"; never use it. */
+  if (c->next_id == 0)
+    c->next_id = 1;
+  sp_msgbuf_begin(mb, op, id, nfields);
+  return id;
+}
+
+void client_reply_release(struct client_reply *reply) {
+  msgpack_zone_destroy(&reply->zone);
+  sp_frame_release(&reply->frame);
+}
+
+static int send_request(sp_client *c, struct sp_msgbuf *mb, int64_t deadline) {
+  struct sp_frame_tx tx;
+  int rc = sp_msgbuf_finish(mb, &tx);
+  if (rc < 0)
+    return rc;
+  for (;;) {
+    rc = arm_timeout(c->sock, SO_SNDTIMEO, deadline);
+    if (rc < 0)
+      break;
+    rc = sp_frame_tx_write(&tx, c->sock);
+    /* 1 is a blocking socket whose SO_SNDTIMEO ran out; loop to check the
+     * deadline, which ends the request once it has passed. */
+    if (rc <= 0)
+      break;
+  }
+  /* A frame written in part leaves the daemon mid-frame for good. */
+  if (rc < 0 && tx.off > 0)
+    c->broken = rc;
+  free(tx.buf);
+  return rc;
+}
+
+/* Decodes a frame into reply (taking the frame) and sets head. */
+static int decode_reply(sp_client *c, struct sp_frame *frame,
+                        struct client_reply *reply, struct sp_msg_head *head) {
+  /* No reply so far carries descriptors: one that arrives is a stray and
+   * would otherwise leak into the caller's process. */
+  sp_frame_close_fds(frame);
+  reply->frame = *frame;
+  if (!msgpack_zone_init(&reply->zone, 2048)) {
+    sp_frame_release(&reply->frame);
+    return SP_ENOMEM;
+  }
+  int rc = sp_wire_decode(reply->frame.data, reply->frame.len, &c->rx.limits,
+                          &reply->zone, &reply->map);
+  if (rc == 0)
+    rc = sp_msg_head(&reply->map, head);
+  if (rc < 0)
+    client_reply_release(reply);
+  return rc;
+}
+
+/* Reads frames until the one that answers id.  An error reply with id 0
+ * answers too: the daemon sends one when it refuses the connection before
+ * reading our frame (permission_denied) or could not read the request's id.
+ * *refused tells whether the result is the code of an error reply. */
+static int wait_reply(sp_client *c, uint64_t id, const char *op,
+                      int64_t deadline, struct client_reply *reply,
+                      bool *refused) {
+  *refused = false;
+  for (;;) {
+    int rc = arm_timeout(c->sock, SO_RCVTIMEO, deadline);
+    if (rc < 0)
+      return rc;
+    struct sp_frame frame = {0};
+    rc = sp_frame_rx_read(&c->rx, c->sock, &frame);
+    if (rc == 0)
+      continue; /* SO_RCVTIMEO ran out or a signal came; check the deadline */
+    if (rc < 0) {
+      if (!c->broken)
+        c->broken = rc;
+      return rc;
+    }
+
+    struct sp_msg_head head;
+    rc = decode_reply(c, &frame, reply, &head);
+    if (rc < 0)
+      return rc;
+    bool is_error = strcmp(head.op, "error") == 0;
+    if (head.id != id && !(is_error && head.id == 0)) {
+      /* A late reply to a request that timed out. */
+      client_reply_release(reply);
+      continue;
+    }
+    if (is_error) {
+      rc = sp_msg_error_code(&reply->map, c->message, sizeof c->message);
+      client_reply_release(reply);
+      *refused = rc < 0;
+      return rc < 0 ? rc : SP_EBADMSG;
+    }
+    if (strcmp(head.op, op) != 0) {
+      client_reply_release(reply);
+      return SP_EBADMSG;
+    }
+    return 0;
+  }
+}
+
+int client_call(sp_client *c, struct sp_msgbuf *mb, uint64_t id,
+                const char *op, struct client_reply *reply) {
+  if (c->broken) {
+    sp_msgbuf_discard(mb);
+    return c->broken;
+  }
+  c->message[0] = '\0';
+  int64_t deadline = deadline_after(c->timeout_ms);
+  bool refused;
+  int rc = send_request(c, mb, deadline);
+  if (rc == SP_ECLOSED || rc == SP_EIO) {
+    /* The connection is gone; keep the daemon's reason when it sent one. */
+    if (!c->broken)
+      c->broken = rc;
+    int answer = wait_reply(c, id, op, now_ms() + CLIENT_GRACE_MS, reply,
+                            &refused);
+    if (answer == 0)
+      client_reply_release(reply);
+    return refused ? answer : rc;
+  }
+  if (rc < 0)
+    return rc;
+  return wait_reply(c, id, op, deadline, reply, &refused);
+}
+
+static int hello(sp_client *c) {
+  struct sp_msgbuf mb;
+  uint64_t id = client_begin(c, &mb, "hello", 2);
+  sp_pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION);
+  sp_pack_kv_str(&mb.pk, "client", "libshardport " SP_VERSION);
+  struct client_reply reply;
+  int rc = client_call(c, &mb, id, "hello", &reply);
+  if (rc < 0)
+    return rc;
+  uint64_t version;
+  const char *daemon;
+  size_t daemon_len;
+  rc = sp_msg_get_u64(&reply.map, "version", false, &version);
+  if (rc == 0)
+    rc = sp_msg_get_str(&reply.map, "daemon", false, &daemon, &daemon_len);
+  if (rc == 0 && version != SP_PROTOCOL_VERSION)
+    rc = SP_EVERSION;
+  client_reply_release(&reply);
+  return rc;
+}
+
+SP_EXPORT int sp_connect(const char *path, sp_client **out) {
+  if (!out)
+    return SP_EINVAL;
+  char default_path[sizeof(struct sockaddr_un)];
+  if (!path) {
+    int rc = sp_default_socket_path(default_path, sizeof default_path);
+    if (rc < 0)
+      return rc;
+    path = default_path;
+  }
+
+  sp_client *c = calloc(1, sizeof *c);
+  if (!c)
+    return SP_ENOMEM;
+  c->next_id = 1;
+  c->timeout_ms = CLIENT_DEFAULT_TIMEOUT_MS;
+  struct sp_limits limits;
+  sp_limits_default(&limits);
+  sp_frame_rx_init(&c->rx, &limits);
+
+  int64_t deadline = deadline_after(c->timeout_ms);
+  c->sock = open_socket(path, deadline);
+  if (c->sock < 0) {
+    int rc = c->sock;
+    free(c);
+    return rc;
+  }
+  int rc = hello(c);
+  if (rc < 0) {
+    sp_close(c);
+    return rc;
+  }
+  *out = c;
+  return 0;
+}
+
+SP_EXPORT void sp_close(sp_client *client) {
+  if (!client)
+    return;
+  sp_frame_rx_reset(&client->rx);
+  close(client->sock);
+  free(client);
+}
+
+SP_EXPORT int sp_set_timeout(sp_client *client, uint32_t timeout_ms) {
+  if (!client)
+    return SP_EINVAL;
+  client->timeout_ms = timeout_ms;
+  return 0;
+}
+
+SP_EXPORT const char *sp_last_message(const sp_client *client) {
+  return client ? client->message : "";
+}
+
+SP_EXPORT int sp_ping(sp_client *client, uint64_t *rtt_ns) {
+  if (!client)
+    return SP_EINVAL;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  struct sp_msgbuf mb;
+  uint64_t id = client_begin(client, &mb, "ping", 0);
+  struct client_reply reply;
+  int rc = client_call(client, &mb, id, "ping", &reply);
+  if (rc < 0)
+    return rc;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  client_reply_release(&reply);
+  if (rtt_ns) {
+    int64_t ns = (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 +
+                 (t1.tv_nsec - t0.tv_nsec);
+    *rtt_ns = ns > 0 ? (uint64_t)ns : 0;
+  }
+  return 0;
+}

@@ -1,0 +1,182 @@
+/*
+ * status.c - sp_status: the daemon's status reply as an sp_status_info.
+ *
+ * Every field docs/protocol.md lists is required and checked for its type
+ * (and for counts that must fit 32 bits, for floats that must be finite and
+ * not negative); fields this build does not know are ignored, so a newer
+ * daemon may add some.  All strings are copied, so the snapshot outlives the
+ * reply frame.
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/client.h"
+
+/* A string field as a new terminated copy; NULL stays in *out when the field
+ * is optional and absent.  A NUL byte inside would silently cut it. */
+static int copy_str(const msgpack_object *map, const char *key, bool optional,
+                    char **out) {
+  const char *p;
+  size_t len;
+  int rc = sp_msg_get_str(map, key, optional, &p, &len);
+  if (rc != 0)
+    return rc == 1 ? 0 : rc;
+  if (memchr(p, '\0', len))
+    return SP_EBADMSG;
+  *out = strndup(p, len);
+  return *out ? 0 : SP_ENOMEM;
+}
+
+static int get_u32(const msgpack_object *map, const char *key, uint32_t *out) {
+  uint64_t v;
+  int rc = sp_msg_get_u64(map, key, false, &v);
+  if (rc < 0)
+    return rc;
+  if (v > UINT32_MAX)
+    return SP_EBADMSG;
+  *out = (uint32_t)v;
+  return 0;
+}
+
+static int get_amount(const msgpack_object *map, const char *key, double *out) {
+  int rc = sp_msg_get_f64(map, key, false, out);
+  if (rc < 0)
+    return rc;
+  return isfinite(*out) && *out >= 0 ? 0 : SP_EBADMSG;
+}
+
+/* The array of backend names joined with commas.  A name must be non-empty
+ * and hold no comma or NUL, so that the joined form splits back exactly. */
+static int join_backends(const msgpack_object *map, char **out) {
+  const msgpack_object_array *a;
+  int rc = sp_msg_get_array(map, "backends_built", false, &a);
+  if (rc < 0)
+    return rc;
+  size_t total = 1;
+  for (uint32_t i = 0; i < a->size; i++) {
+    const msgpack_object *o = &a->ptr[i];
+    if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 ||
+        memchr(o->via.str.ptr, ',', o->via.str.size) ||
+        memchr(o->via.str.ptr, '\0', o->via.str.size))
+      return SP_EBADMSG;
+    total += o->via.str.size + 1;
+  }
+  char *s = malloc(total);
+  if (!s)
+    return SP_ENOMEM;
+  size_t off = 0;
+  for (uint32_t i = 0; i < a->size; i++) {
+    if (i > 0)
+      s[off++] = ',';
+    memcpy(s + off, a->ptr[i].via.str.ptr, a->ptr[i].via.str.size);
+    off += a->ptr[i].via.str.size;
+  }
+  s[off] = '\0';
+  *out = s;
+  return 0;
+}
+
+static int decode_job(const msgpack_object *o, sp_job_status *job) {
+  if (o->type != MSGPACK_OBJECT_MAP)
+    return SP_EBADMSG;
+  int rc = copy_str(o, "job_id", false, &job->job_id);
+  if (rc == 0)
+    rc = copy_str(o, "phase", false, &job->phase);
+  if (rc == 0)
+    rc = copy_str(o, "error", true, &job->error);
+  if (rc == 0 && strcmp(job->phase, "failed") != 0) {
+    /* The header promises error only for a failed job. */
+    free(job->error);
+    job->error = NULL;
+  }
+  if (rc == 0)
+    rc = get_u32(o, "world", &job->world);
+  if (rc == 0)
+    rc = get_u32(o, "joined", &job->joined);
+  if (rc == 0)
+    rc = get_u32(o, "round", &job->round);
+  if (rc == 0)
+    rc = get_u32(o, "rounds", &job->rounds);
+  if (rc == 0)
+    rc = sp_msg_get_u64(o, "bytes_moved", false, &job->bytes_moved);
+  if (rc == 0)
+    rc = sp_msg_get_u64(o, "bytes_total", false, &job->bytes_total);
+  if (rc == 0)
+    rc = get_amount(o, "rate_bps", &job->rate_bps);
+  return rc;
+}
+
+static int decode_jobs(const msgpack_object *map, sp_status_info *info) {
+  const msgpack_object_array *a;
+  int rc = sp_msg_get_array(map, "jobs", false, &a);
+  if (rc < 0 || a->size == 0)
+    return rc;
+  info->jobs = calloc(a->size, sizeof *info->jobs);
+  if (!info->jobs)
+    return SP_ENOMEM;
+  info->njobs = a->size;
+  for (uint32_t i = 0; i < a->size && rc == 0; i++)
+    rc = decode_job(&a->ptr[i], &info->jobs[i]);
+  return rc;
+}
+
+static int decode_status(const msgpack_object *map, sp_status_info *info) {
+  int rc = copy_str(map, "daemon_version", false, &info->daemon_version);
+  if (rc == 0)
+    rc = get_u32(map, "protocol_version", &info->protocol_version);
+  if (rc == 0)
+    rc = join_backends(map, &info->backends_built);
+  if (rc == 0)
+    rc = copy_str(map, "backend_active", false, &info->backend_active);
+  if (rc == 0)
+    rc = copy_str(map, "backend_reason", false, &info->backend_reason);
+  if (rc == 0)
+    rc = get_amount(map, "uptime_s", &info->uptime_s);
+  if (rc == 0)
+    rc = get_u32(map, "clients", &info->clients);
+  if (rc == 0)
+    rc = sp_msg_get_u64(map, "pool_used", false, &info->pool_used);
+  if (rc == 0)
+    rc = sp_msg_get_u64(map, "pool_capacity", false, &info->pool_capacity);
+  if (rc == 0)
+    rc = decode_jobs(map, info);
+  return rc;
+}
+
+SP_EXPORT int sp_status(sp_client *client, sp_status_info **out) {
+  if (!client || !out)
+    return SP_EINVAL;
+  struct sp_msgbuf mb;
+  uint64_t id = client_begin(client, &mb, "status", 0);
+  struct client_reply reply;
+  int rc = client_call(client, &mb, id, "status", &reply);
+  if (rc < 0)
+    return rc;
+  sp_status_info *info = calloc(1, sizeof *info);
+  rc = info ? decode_status(&reply.map, info) : SP_ENOMEM;
+  client_reply_release(&reply);
+  if (rc < 0) {
+    sp_status_free(info);
+    return rc;
+  }
+  *out = info;
+  return 0;
+}
+
+SP_EXPORT void sp_status_free(sp_status_info *status) {
+  if (!status)
+    return;
+  for (size_t i = 0; i < status->njobs; i++) {
+    free(status->jobs[i].job_id);
+    free(status->jobs[i].phase);
+    free(status->jobs[i].error);
+  }
+  free(status->jobs);
+  free(status->daemon_version);
+  free(status->backends_built);
+  free(status->backend_active);
+  free(status->backend_reason);
+  free(status);
+}

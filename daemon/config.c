@@ -1,0 +1,350 @@
+/*
+ * config.c - the configuration file: one `key = value` per line, `#` starts
+ * a comment, blank lines are ignored.  Every key and its default is printed
+ * by `shardportd --print-config`; docs/operations.md describes each one.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <pwd.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/daemon.h"
+
+/* Where the default socket lives when the daemon runs as root (systemd's
+ * RuntimeDirectory=shardport makes the directory). */
+#define CONFIG_ROOT_SOCKET "/run/shardport/shardport.sock"
+
+static int fail(char *err, size_t errsize, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail(char *err, size_t errsize, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errsize, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+void config_default(struct config *cfg) {
+  memset(cfg, 0, sizeof(*cfg));
+  cfg->socket_is_default = true;
+  cfg->allowed_uids[cfg->nallowed_uids++] = 0;
+  if (geteuid() != 0)
+    cfg->allowed_uids[cfg->nallowed_uids++] = geteuid();
+  cfg->allowed_gid_set = true;
+  cfg->allowed_gid = getegid();
+  cfg->log_level = LOG_LEVEL_INFO;
+  sp_limits_default(&cfg->limits);
+  cfg->max_clients = CONFIG_DEFAULT_MAX_CLIENTS;
+  cfg->max_output = CONFIG_DEFAULT_MAX_OUTPUT;
+  cfg->backend = BACKEND_AUTO;
+  cfg->watchdog = true;
+}
+
+/* A decimal number with an optional binary suffix k, M or G. */
+static int parse_size(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
+  if (!isdigit((unsigned char)s[0]))
+    return -1;
+  errno = 0;
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno != 0)
+    return -1;
+  unsigned shift = 0;
+  if (*end == 'k' || *end == 'K')
+    shift = 10;
+  else if (*end == 'M')
+    shift = 20;
+  else if (*end == 'G')
+    shift = 30;
+  if (shift != 0)
+    end++;
+  if (*end != '\0' || v > (UINT64_MAX >> shift))
+    return -1;
+  v <<= shift;
+  if (v < lo || v > hi)
+    return -1;
+  *out = v;
+  return 0;
+}
+
+static int parse_bool(const char *s, bool *out) {
+  if (strcmp(s, "yes") == 0 || strcmp(s, "true") == 0 || strcmp(s, "1") == 0)
+    *out = true;
+  else if (strcmp(s, "no") == 0 || strcmp(s, "false") == 0 ||
+           strcmp(s, "0") == 0)
+    *out = false;
+  else
+    return -1;
+  return 0;
+}
+
+static bool all_digits(const char *s) {
+  return s[0] != '\0' && strspn(s, "0123456789") == strlen(s);
+}
+
+/* A user or group as a number or a name.  Names are looked up once, here,
+ * so that the event loop never waits on NSS. */
+static int parse_uid(const char *s, uid_t *out) {
+  uint64_t v;
+  if (all_digits(s)) {
+    if (parse_size(s, 0, UINT32_MAX - 1, &v) != 0)
+      return -1;
+    *out = (uid_t)v;
+    return 0;
+  }
+  struct passwd *pw = getpwnam(s);
+  if (pw == NULL)
+    return -1;
+  *out = pw->pw_uid;
+  return 0;
+}
+
+static int parse_gid(const char *s, gid_t *out) {
+  uint64_t v;
+  if (all_digits(s)) {
+    if (parse_size(s, 0, UINT32_MAX - 1, &v) != 0)
+      return -1;
+    *out = (gid_t)v;
+    return 0;
+  }
+  struct group *gr = getgrnam(s);
+  if (gr == NULL)
+    return -1;
+  *out = gr->gr_gid;
+  return 0;
+}
+
+static int set_uids(struct config *cfg, const char *value, char *err,
+                    size_t errsize) {
+  cfg->nallowed_uids = 0;
+  if (strcmp(value, "none") == 0 || value[0] == '\0')
+    return 0;
+  char buf[1024];
+  if (strlen(value) >= sizeof(buf))
+    return fail(err, errsize, "allowed_uids: list too long");
+  memcpy(buf, value, strlen(value) + 1);
+  char *save = NULL;
+  for (char *tok = strtok_r(buf, ", \t", &save); tok != NULL;
+       tok = strtok_r(NULL, ", \t", &save)) {
+    if (cfg->nallowed_uids == CONFIG_MAX_UIDS)
+      return fail(err, errsize, "allowed_uids: more than %d entries",
+                  CONFIG_MAX_UIDS);
+    uid_t uid;
+    if (parse_uid(tok, &uid) != 0)
+      return fail(err, errsize, "allowed_uids: unknown user \"%s\"", tok);
+    cfg->allowed_uids[cfg->nallowed_uids++] = uid;
+  }
+  return 0;
+}
+
+/* One row per key that takes a number: where it lives and its bounds. */
+struct size_key {
+  const char *key;
+  uint64_t lo, hi;
+};
+
+static const struct size_key size_keys[] = {
+    {"max_frame", 64, 1u << 30},
+    {"max_depth", 1, 128},
+    {"max_items", 16, 1u << 28},
+    {"max_string", 64, 1u << 30},
+    {"max_fds", 0, SP_FDS_MAX},
+    {"max_clients", 1, 1u << 20},
+    {"max_output", 4096, UINT64_C(1) << 40},
+};
+
+static void store_size(struct config *cfg, const char *key, uint64_t v) {
+  if (strcmp(key, "max_frame") == 0)
+    cfg->limits.max_frame = (uint32_t)v;
+  else if (strcmp(key, "max_depth") == 0)
+    cfg->limits.max_depth = (uint32_t)v;
+  else if (strcmp(key, "max_items") == 0)
+    cfg->limits.max_items = (uint32_t)v;
+  else if (strcmp(key, "max_string") == 0)
+    cfg->limits.max_string = (uint32_t)v;
+  else if (strcmp(key, "max_fds") == 0)
+    cfg->limits.max_fds = (uint32_t)v;
+  else if (strcmp(key, "max_clients") == 0)
+    cfg->max_clients = (uint32_t)v;
+  else
+    cfg->max_output = v;
+}
+
+int config_set(struct config *cfg, const char *key, const char *value,
+               char *err, size_t errsize) {
+  for (size_t i = 0; i < sizeof(size_keys) / sizeof(size_keys[0]); i++) {
+    if (strcmp(key, size_keys[i].key) != 0)
+      continue;
+    uint64_t v;
+    if (parse_size(value, size_keys[i].lo, size_keys[i].hi, &v) != 0)
+      return fail(err, errsize,
+                  "%s: \"%s\" is not a number from %" PRIu64 " to %" PRIu64,
+                  key, value, size_keys[i].lo, size_keys[i].hi);
+    store_size(cfg, key, v);
+    return 0;
+  }
+  if (strcmp(key, "socket") == 0) {
+    if (value[0] == '\0') {
+      cfg->socket[0] = '\0';
+      cfg->socket_is_default = true;
+      return 0;
+    }
+    if (value[0] != '/')
+      return fail(err, errsize, "socket: \"%s\" is not an absolute path",
+                  value);
+    if (strlen(value) >= sizeof(cfg->socket))
+      return fail(err, errsize, "socket: path longer than %zu bytes",
+                  sizeof(cfg->socket) - 1);
+    memcpy(cfg->socket, value, strlen(value) + 1);
+    cfg->socket_is_default = false;
+    return 0;
+  }
+  if (strcmp(key, "socket_group") == 0) {
+    cfg->socket_group_set = false;
+    if (value[0] == '\0' || strcmp(value, "none") == 0)
+      return 0;
+    if (parse_gid(value, &cfg->socket_group) != 0)
+      return fail(err, errsize, "socket_group: unknown group \"%s\"", value);
+    cfg->socket_group_set = true;
+    return 0;
+  }
+  if (strcmp(key, "allowed_uids") == 0)
+    return set_uids(cfg, value, err, errsize);
+  if (strcmp(key, "allowed_gid") == 0) {
+    cfg->allowed_gid_set = false;
+    if (value[0] == '\0' || strcmp(value, "none") == 0)
+      return 0;
+    if (parse_gid(value, &cfg->allowed_gid) != 0)
+      return fail(err, errsize, "allowed_gid: unknown group \"%s\"", value);
+    cfg->allowed_gid_set = true;
+    return 0;
+  }
+  if (strcmp(key, "log_level") == 0) {
+    int level = log_level_parse(value);
+    if (level < 0)
+      return fail(err, errsize,
+                  "log_level: \"%s\" is not error, warn, info or debug", value);
+    cfg->log_level = (enum log_level)level;
+    return 0;
+  }
+  if (strcmp(key, "backend") == 0) {
+    int kind = backend_parse(value);
+    if (kind < 0)
+      return fail(err, errsize, "backend: \"%s\" is not auto, host or cuda",
+                  value);
+    cfg->backend = (enum backend_kind)kind;
+    return 0;
+  }
+  if (strcmp(key, "watchdog") == 0) {
+    if (parse_bool(value, &cfg->watchdog) != 0)
+      return fail(err, errsize, "watchdog: \"%s\" is not yes or no", value);
+    return 0;
+  }
+  return fail(err, errsize, "unknown key \"%s\"", key);
+}
+
+static char *trim(char *s) {
+  while (isspace((unsigned char)*s))
+    s++;
+  size_t n = strlen(s);
+  while (n > 0 && isspace((unsigned char)s[n - 1]))
+    s[--n] = '\0';
+  return s;
+}
+
+int config_load(struct config *cfg, const char *path, bool must_exist,
+                char *err, size_t errsize) {
+  FILE *f = fopen(path, "re");
+  if (f == NULL) {
+    if (errno == ENOENT && !must_exist)
+      return 0;
+    return fail(err, errsize, "%s: %s", path, strerror(errno));
+  }
+  char line[4096];
+  char msg[512];
+  unsigned lineno = 0;
+  int rc = 0;
+  while (rc == 0 && fgets(line, sizeof(line), f) != NULL) {
+    lineno++;
+    size_t len = strlen(line);
+    if (len == sizeof(line) - 1 && line[len - 1] != '\n' && !feof(f)) {
+      rc = fail(err, errsize, "%s:%u: line too long", path, lineno);
+      break;
+    }
+    char *hash = strchr(line, '#');
+    if (hash != NULL)
+      *hash = '\0';
+    char *text = trim(line);
+    if (text[0] == '\0')
+      continue;
+    char *eq = strchr(text, '=');
+    if (eq == NULL) {
+      rc = fail(err, errsize, "%s:%u: expected key = value", path, lineno);
+      break;
+    }
+    *eq = '\0';
+    char *key = trim(text);
+    char *value = trim(eq + 1);
+    if (config_set(cfg, key, value, msg, sizeof(msg)) != 0)
+      rc = fail(err, errsize, "%s:%u: %s", path, lineno, msg);
+  }
+  if (rc == 0 && ferror(f))
+    rc = fail(err, errsize, "%s: read error", path);
+  fclose(f);
+  return rc;
+}
+
+int config_resolve_socket(struct config *cfg, char *err, size_t errsize) {
+  if (cfg->socket[0] != '\0')
+    return 0;
+  int n;
+  if (geteuid() == 0) {
+    n = snprintf(cfg->socket, sizeof(cfg->socket), "%s", CONFIG_ROOT_SOCKET);
+  } else {
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    if (xdg == NULL || xdg[0] != '/')
+      return fail(err, errsize,
+                  "no socket path: not root and XDG_RUNTIME_DIR is not set "
+                  "(use --socket)");
+    n = snprintf(cfg->socket, sizeof(cfg->socket), "%s/shardport.sock", xdg);
+  }
+  if (n < 0 || (size_t)n >= sizeof(cfg->socket)) {
+    cfg->socket[0] = '\0';
+    return fail(err, errsize, "the default socket path is too long");
+  }
+  cfg->socket_is_default = true;
+  return 0;
+}
+
+void config_print(const struct config *cfg, FILE *out) {
+  fprintf(out, "socket = %s\n", cfg->socket);
+  if (cfg->socket_group_set)
+    fprintf(out, "socket_group = %u\n", (unsigned)cfg->socket_group);
+  else
+    fprintf(out, "socket_group = none\n");
+  fprintf(out, "allowed_uids =");
+  for (size_t i = 0; i < cfg->nallowed_uids; i++)
+    fprintf(out, "%s%u", i == 0 ? " " : ",", (unsigned)cfg->allowed_uids[i]);
+  fprintf(out, "%s\n", cfg->nallowed_uids == 0 ? " none" : "");
+  if (cfg->allowed_gid_set)
+    fprintf(out, "allowed_gid = %u\n", (unsigned)cfg->allowed_gid);
+  else
+    fprintf(out, "allowed_gid = none\n");
+  fprintf(out, "log_level = %s\n", log_level_name(cfg->log_level));
+  fprintf(out, "max_frame = %" PRIu32 "\n", cfg->limits.max_frame);
+  fprintf(out, "max_depth = %" PRIu32 "\n", cfg->limits.max_depth);
+  fprintf(out, "max_items = %" PRIu32 "\n", cfg->limits.max_items);
+  fprintf(out, "max_string = %" PRIu32 "\n", cfg->limits.max_string);
+  fprintf(out, "max_fds = %" PRIu32 "\n", cfg->limits.max_fds);
+  fprintf(out, "max_clients = %" PRIu32 "\n", cfg->max_clients);
+  fprintf(out, "max_output = %" PRIu64 "\n", cfg->max_output);
+  fprintf(out, "backend = %s\n", backend_name(cfg->backend));
+  fprintf(out, "watchdog = %s\n", cfg->watchdog ? "yes" : "no");
+}

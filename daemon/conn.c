@@ -1,0 +1,455 @@
+/*
+ * conn.c - one client connection.
+ *
+ * libuv cannot pass a memfd or a cuMem fd through its streams, so the socket
+ * is driven by a uv_poll_t and read and written by the framing layer
+ * (sp_frame_rx_read / sp_frame_tx_write), which carries SCM_RIGHTS fds.
+ *
+ * One misbehaving client must never affect another, so all state here is
+ * per connection and every operation is non-blocking and bounded:
+ *   - a wakeup reads at most CONN_FRAMES_PER_WAKEUP frames, so a client that
+ *     floods requests cannot starve the others (uv_poll is level-triggered
+ *     and calls back again while data is left);
+ *   - replies wait in a queue of at most max_output bytes; a client that
+ *     does not read its replies is disconnected rather than allowed to grow
+ *     the daemon's memory;
+ *   - a client must say hello within CONN_HELLO_TIMEOUT_MS, and a closing
+ *     connection gets CONN_DRAIN_TIMEOUT_MS to take its last reply, so that
+ *     idle sockets cannot hold max_clients slots forever.
+ *
+ * Every frame is decoded exactly once here, with sp_wire_decode; handlers
+ * see only checked msgpack objects.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "daemon/daemon.h"
+#include "proto/wire.h"
+#include "shardport.h"
+
+#define CONN_FRAMES_PER_WAKEUP 32
+#define CONN_HELLO_TIMEOUT_MS 10000
+#define CONN_DRAIN_TIMEOUT_MS 5000
+
+struct conn {
+  struct server *srv;
+  struct conn *prev, *next;
+  uint64_t id;
+  int sock;
+  struct peer peer;
+  uv_poll_t poll;
+  uv_timer_t timer;
+  /* Handles not yet closed; the conn is freed when this reaches 0. */
+  int open_handles;
+  int events;
+  struct sp_frame_rx rx;
+  struct sp_frame_tx *out_head, *out_tail;
+  uint64_t out_bytes;
+  bool hello_done;
+  /* Reading has stopped; the conn closes once its queue is written. */
+  bool draining;
+  bool closed;
+};
+
+typedef int (*op_handler)(struct conn *c, const struct sp_msg_head *head,
+                          const msgpack_object *map, struct sp_frame *frame);
+
+static int op_hello(struct conn *c, const struct sp_msg_head *head,
+                    const msgpack_object *map, struct sp_frame *frame);
+static int op_ping(struct conn *c, const struct sp_msg_head *head,
+                   const msgpack_object *map, struct sp_frame *frame);
+static int op_status(struct conn *c, const struct sp_msg_head *head,
+                     const msgpack_object *map, struct sp_frame *frame);
+
+/* The dispatch table.  A handler replies itself and returns 0, or returns a
+ * negative code that is sent back as an error reply.  Messages that do not
+ * declare takes_fds have their fds closed before the handler runs. */
+static const struct op {
+  const char *name;
+  bool takes_fds;
+  op_handler handle;
+} ops[] = {
+    {"hello", false, op_hello},
+    {"ping", false, op_ping},
+    {"status", false, op_status},
+};
+
+static void on_poll(uv_poll_t *handle, int status, int events);
+
+struct server *conn_server(const struct conn *c) { return c->srv; }
+
+static void tx_free(struct sp_frame_tx *tx) {
+  for (size_t i = 0; i < tx->nfds; i++)
+    if (tx->fds[i] >= 0)
+      close(tx->fds[i]);
+  free(tx->buf);
+  free(tx);
+}
+
+static void on_handle_closed(uv_handle_t *handle) {
+  struct conn *c = handle->data;
+  if (--c->open_handles > 0)
+    return;
+  close(c->sock);
+  sp_frame_rx_reset(&c->rx);
+  while (c->out_head != NULL) {
+    struct sp_frame_tx *tx = c->out_head;
+    c->out_head = tx->next;
+    tx_free(tx);
+  }
+  free(c);
+}
+
+void conn_close(struct conn *c) {
+  if (c->closed)
+    return;
+  c->closed = true;
+  log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": closed", c->id);
+  if (c->prev != NULL)
+    c->prev->next = c->next;
+  else
+    c->srv->conns = c->next;
+  if (c->next != NULL)
+    c->next->prev = c->prev;
+  c->srv->nclients--;
+  /* uv_close stops the poll at once, so the socket can be closed in the
+   * close callback without libuv ever seeing a reused descriptor. */
+  uv_close((uv_handle_t *)&c->poll, on_handle_closed);
+  uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+}
+
+static void on_timeout(uv_timer_t *timer) {
+  struct conn *c = timer->data;
+  log_msg(LOG_LEVEL_INFO, "client %" PRIu64 " (pid %d): %s", c->id,
+          (int)c->peer.pid,
+          c->draining ? "did not take its last reply in time"
+                      : "no hello in time");
+  conn_close(c);
+}
+
+/* Asks for exactly the events the connection can use now. */
+static int update_events(struct conn *c) {
+  int want = (c->draining ? 0 : UV_READABLE) |
+             (c->out_head != NULL ? UV_WRITABLE : 0);
+  if (want == c->events)
+    return 0;
+  c->events = want;
+  int rc = want != 0 ? uv_poll_start(&c->poll, want, on_poll)
+                     : uv_poll_stop(&c->poll);
+  if (rc != 0) {
+    log_msg(LOG_LEVEL_ERROR, "client %" PRIu64 ": uv_poll: %s", c->id,
+            uv_strerror(rc));
+    conn_close(c);
+    return -1;
+  }
+  return 0;
+}
+
+/* Writes what the socket takes.  Returns 0 while the conn stays open, -1
+ * when it was closed (by an error or because draining finished). */
+static int flush(struct conn *c) {
+  while (c->out_head != NULL) {
+    struct sp_frame_tx *tx = c->out_head;
+    int rc = sp_frame_tx_write(tx, c->sock);
+    if (rc == 1)
+      break;
+    if (rc < 0) {
+      log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": write: %s", c->id,
+              sp_strerror(rc));
+      conn_close(c);
+      return -1;
+    }
+    c->out_head = tx->next;
+    if (c->out_head == NULL)
+      c->out_tail = NULL;
+    c->out_bytes -= tx->len;
+    tx_free(tx);
+  }
+  if (c->draining && c->out_head == NULL) {
+    conn_close(c);
+    return -1;
+  }
+  return update_events(c);
+}
+
+/* Stops reading and closes once the queued replies are written. */
+static void drain(struct conn *c) {
+  if (c->draining || c->closed)
+    return;
+  c->draining = true;
+  uv_timer_start(&c->timer, on_timeout, CONN_DRAIN_TIMEOUT_MS, 0);
+}
+
+int conn_send(struct conn *c, struct sp_frame_tx *tx) {
+  tx->next = NULL;
+  if (c->closed) {
+    tx_free(tx);
+    return SP_ECLOSED;
+  }
+  if (c->out_bytes + tx->len > c->srv->cfg->max_output) {
+    log_msg(LOG_LEVEL_WARN,
+            "client %" PRIu64 " (pid %d): more than max_output (%" PRIu64
+            " bytes) of replies unread; disconnecting",
+            c->id, (int)c->peer.pid, c->srv->cfg->max_output);
+    tx_free(tx);
+    conn_close(c);
+    return SP_ELIMIT;
+  }
+  if (c->out_tail != NULL)
+    c->out_tail->next = tx;
+  else
+    c->out_head = tx;
+  c->out_tail = tx;
+  c->out_bytes += tx->len;
+  /* Whoever queued it, the reply goes out as soon as the socket takes it. */
+  return update_events(c) == 0 ? 0 : SP_ECLOSED;
+}
+
+int conn_send_msgbuf(struct conn *c, struct sp_msgbuf *mb) {
+  struct sp_frame_tx *tx = calloc(1, sizeof(*tx));
+  if (tx == NULL) {
+    sp_msgbuf_discard(mb);
+    return SP_ENOMEM;
+  }
+  int rc = sp_msgbuf_finish(mb, tx);
+  if (rc < 0) {
+    free(tx);
+    return rc;
+  }
+  return conn_send(c, tx);
+}
+
+int conn_send_error(struct conn *c, uint64_t id, int code, const char *fmt,
+                    ...) {
+  char message[SP_ERRMSG_MAX + 1];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(message, sizeof(message), fmt, ap);
+  va_end(ap);
+  struct sp_frame_tx *tx = calloc(1, sizeof(*tx));
+  if (tx == NULL)
+    return SP_ENOMEM;
+  int rc = sp_msg_error(tx, id, code, "%s", message);
+  if (rc < 0) {
+    free(tx);
+    return rc;
+  }
+  return conn_send(c, tx);
+}
+
+static int op_hello(struct conn *c, const struct sp_msg_head *head,
+                    const msgpack_object *map, struct sp_frame *frame) {
+  (void)frame;
+  if (c->hello_done)
+    return conn_send_error(c, head->id, SP_ESTATE,
+                           "hello was already exchanged on this connection");
+  uint64_t version;
+  if (sp_msg_get_u64(map, "version", false, &version) != 0) {
+    drain(c);
+    return conn_send_error(c, head->id, SP_EBADMSG,
+                           "hello needs an unsigned \"version\"");
+  }
+  if (version != SP_PROTOCOL_VERSION) {
+    log_msg(LOG_LEVEL_INFO,
+            "client %" PRIu64 " (pid %d): protocol version %" PRIu64
+            ", daemon speaks %d",
+            c->id, (int)c->peer.pid, version, SP_PROTOCOL_VERSION);
+    drain(c);
+    return conn_send_error(c, head->id, SP_EVERSION,
+                           "protocol version mismatch (client %" PRIu64
+                           ", daemon %d)",
+                           version, SP_PROTOCOL_VERSION);
+  }
+  char client[64] = "";
+  if (sp_msg_get_strbuf(map, "client", true, client, sizeof(client)) < 0)
+    snprintf(client, sizeof(client), "(unreadable)");
+  log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": hello from %s", c->id,
+          client[0] != '\0' ? client : "(unnamed)");
+  c->hello_done = true;
+  uv_timer_stop(&c->timer);
+  struct sp_msgbuf mb;
+  sp_msgbuf_begin(&mb, "hello", head->id, 2);
+  sp_pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION);
+  sp_pack_kv_str(&mb.pk, "daemon", SP_VERSION);
+  return conn_send_msgbuf(c, &mb);
+}
+
+static int op_ping(struct conn *c, const struct sp_msg_head *head,
+                   const msgpack_object *map, struct sp_frame *frame) {
+  (void)map;
+  (void)frame;
+  struct sp_msgbuf mb;
+  sp_msgbuf_begin(&mb, "ping", head->id, 0);
+  return conn_send_msgbuf(c, &mb);
+}
+
+static int op_status(struct conn *c, const struct sp_msg_head *head,
+                     const msgpack_object *map, struct sp_frame *frame) {
+  (void)map;
+  (void)frame;
+  struct sp_msgbuf mb;
+  status_pack(c->srv, head->id, &mb);
+  return conn_send_msgbuf(c, &mb);
+}
+
+static const struct op *find_op(const char *name) {
+  for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
+    if (strcmp(ops[i].name, name) == 0)
+      return &ops[i];
+  return NULL;
+}
+
+/* Decodes and serves one complete frame.  Before hello, anything but a good
+ * hello ends the connection once the error reply is written. */
+static void dispatch(struct conn *c, struct sp_frame *frame) {
+  msgpack_zone zone;
+  if (!msgpack_zone_init(&zone, MSGPACK_ZONE_CHUNK_SIZE)) {
+    conn_send_error(c, 0, SP_ENOMEM, "out of memory decoding the frame");
+    drain(c);
+    return;
+  }
+  msgpack_object map;
+  struct sp_msg_head head = {.id = 0};
+  int rc = sp_wire_decode(frame->data, frame->len, &c->srv->cfg->limits, &zone,
+                          &map);
+  if (rc == 0 && (rc = sp_msg_head(&map, &head)) < 0) {
+    /* The envelope is broken, but an id that is there is still echoed. */
+    head.id = 0;
+    sp_msg_get_u64(&map, "id", false, &head.id);
+  }
+  if (rc < 0) {
+    log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": bad frame: %s", c->id,
+            sp_err_name(rc));
+    conn_send_error(c, head.id, rc, "%s", sp_strerror(rc));
+    if (!c->hello_done)
+      drain(c);
+    goto out;
+  }
+  if (!c->hello_done && strcmp(head.op, "hello") != 0) {
+    conn_send_error(c, head.id, SP_EHELLO,
+                    "the first frame must be hello, not \"%s\"", head.op);
+    drain(c);
+    goto out;
+  }
+  const struct op *op = find_op(head.op);
+  if (op == NULL) {
+    conn_send_error(c, head.id, SP_EUNKNOWNOP, "unknown operation \"%s\"",
+                    head.op);
+    goto out;
+  }
+  if (!op->takes_fds && frame->nfds > 0) {
+    size_t n = sp_frame_close_fds(frame);
+    log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": closed %zu fd(s) sent with %s",
+            c->id, n, head.op);
+  }
+  rc = op->handle(c, &head, &map, frame);
+  if (rc < 0 && !c->closed)
+    conn_send_error(c, head.id, rc, "%s: %s", head.op, sp_strerror(rc));
+out:
+  msgpack_zone_destroy(&zone);
+  sp_frame_release(frame);
+}
+
+/* Reads and serves frames.  Returns -1 when the conn was closed. */
+static int read_frames(struct conn *c) {
+  for (int i = 0; i < CONN_FRAMES_PER_WAKEUP; i++) {
+    struct sp_frame frame = {.data = NULL};
+    int rc = sp_frame_rx_read(&c->rx, c->sock, &frame);
+    if (rc == 0)
+      return 0;
+    if (rc == 1) {
+      dispatch(c, &frame);
+      if (c->closed)
+        return -1;
+      if (c->draining)
+        return 0;
+      continue;
+    }
+    /* The stream is out of step after a framing error: the error reply goes
+     * out, then the connection closes. */
+    switch (rc) {
+    case SP_ECLOSED:
+      log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": end of stream", c->id);
+      break;
+    case SP_EFRAMETOOBIG:
+    case SP_ETOOMANYFDS:
+      log_msg(LOG_LEVEL_INFO, "client %" PRIu64 " (pid %d): %s; closing",
+              c->id, (int)c->peer.pid, sp_strerror(rc));
+      sp_frame_rx_reset(&c->rx);
+      if (rc == SP_EFRAMETOOBIG)
+        conn_send_error(c, 0, rc, "frame is larger than max_frame (%" PRIu32
+                                  " bytes)",
+                        c->srv->cfg->limits.max_frame);
+      else
+        conn_send_error(c, 0, rc,
+                        "frame carries more than max_fds (%" PRIu32 ") fds",
+                        c->srv->cfg->limits.max_fds);
+      break;
+    default:
+      log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": read: %s", c->id,
+              sp_strerror(rc));
+      conn_close(c);
+      return -1;
+    }
+    if (c->closed)
+      return -1;
+    drain(c);
+    return 0;
+  }
+  return 0;
+}
+
+static void on_poll(uv_poll_t *handle, int status, int events) {
+  struct conn *c = handle->data;
+  if (status < 0) {
+    log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": poll: %s", c->id,
+            uv_strerror(status));
+    conn_close(c);
+    return;
+  }
+  if ((events & UV_READABLE) && !c->draining && read_frames(c) < 0)
+    return;
+  flush(c);
+}
+
+int conn_open(struct server *srv, int sock, const struct peer *peer) {
+  struct conn *c = calloc(1, sizeof(*c));
+  if (c == NULL) {
+    close(sock);
+    return SP_ENOMEM;
+  }
+  c->srv = srv;
+  c->sock = sock;
+  c->peer = *peer;
+  c->id = ++srv->next_conn_id;
+  sp_frame_rx_init(&c->rx, &srv->cfg->limits);
+  int rc = uv_poll_init(srv->loop, &c->poll, sock);
+  if (rc != 0) {
+    log_msg(LOG_LEVEL_ERROR, "uv_poll_init: %s", uv_strerror(rc));
+    close(sock);
+    free(c);
+    return SP_EINTERNAL;
+  }
+  c->poll.data = c;
+  uv_timer_init(srv->loop, &c->timer);
+  c->timer.data = c;
+  c->open_handles = 2;
+
+  c->next = srv->conns;
+  if (srv->conns != NULL)
+    srv->conns->prev = c;
+  srv->conns = c;
+  srv->nclients++;
+
+  uv_timer_start(&c->timer, on_timeout, CONN_HELLO_TIMEOUT_MS, 0);
+  if (update_events(c) != 0)
+    return SP_EINTERNAL;
+  log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": connected (pid %d uid %u)",
+          c->id, (int)peer->pid, (unsigned)peer->uid);
+  return 0;
+}

@@ -1,0 +1,87 @@
+/*
+ * log.c - the daemon's one logging call.
+ *
+ * Lines go to stderr.  Under systemd (stderr is the journal stream named by
+ * JOURNAL_STREAM) each line starts with the syslog priority "<N>", which the
+ * journal turns into the entry's priority; otherwise lines are plain text
+ * for a terminal.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon/daemon.h"
+
+static enum log_level log_level = LOG_LEVEL_INFO;
+static bool log_journal;
+
+static const struct {
+  enum log_level level;
+  const char *name;
+} log_names[] = {
+    {LOG_LEVEL_ERROR, "error"},
+    {LOG_LEVEL_WARN, "warn"},
+    {LOG_LEVEL_INFO, "info"},
+    {LOG_LEVEL_DEBUG, "debug"},
+};
+
+/* JOURNAL_STREAM is "DEV:INODE" of the stream systemd connected; it only
+ * counts when stderr is still that stream (a child may inherit the
+ * variable with stderr redirected elsewhere). */
+static bool stderr_is_journal(void) {
+  const char *env = getenv("JOURNAL_STREAM");
+  unsigned long long dev, ino;
+  struct stat st;
+  if (env == NULL || sscanf(env, "%llu:%llu", &dev, &ino) != 2)
+    return false;
+  if (fstat(STDERR_FILENO, &st) != 0)
+    return false;
+  return (unsigned long long)st.st_dev == dev &&
+         (unsigned long long)st.st_ino == ino;
+}
+
+void log_init(enum log_level level) {
+  log_level = level;
+  log_journal = stderr_is_journal();
+}
+
+void log_set_level(enum log_level level) { log_level = level; }
+
+int log_level_parse(const char *name) {
+  for (size_t i = 0; i < sizeof(log_names) / sizeof(log_names[0]); i++)
+    if (strcmp(name, log_names[i].name) == 0)
+      return (int)log_names[i].level;
+  return -1;
+}
+
+const char *log_level_name(enum log_level level) {
+  for (size_t i = 0; i < sizeof(log_names) / sizeof(log_names[0]); i++)
+    if (log_names[i].level == level)
+      return log_names[i].name;
+  return "unknown";
+}
+
+void log_msg(enum log_level level, const char *fmt, ...) {
+  if (level > log_level)
+    return;
+  /* One buffer and one write, so that lines from a daemon and its test
+   * harness never interleave mid-line. */
+  char line[2048];
+  int n;
+  if (log_journal)
+    n = snprintf(line, sizeof(line), "<%d>", (int)level);
+  else
+    n = snprintf(line, sizeof(line), "shardportd: %s: ",
+                 log_level_name(level));
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+  va_end(ap);
+  size_t len = strlen(line);
+  line[len++] = '\n';
+  ssize_t w = write(STDERR_FILENO, line, len);
+  (void)w;
+}

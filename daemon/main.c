@@ -1,0 +1,151 @@
+/*
+ * main.c - shardportd's command line.
+ *
+ * Settings come from, lowest first: the built-in defaults, the
+ * configuration file, SHARDPORT_SOCKET (socket only), then the flags.
+ * Exit codes (docs/operations.md): 0 clean exit, 1 bad configuration,
+ * 2 bad command line, 3 could not start serving.
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "daemon/daemon.h"
+
+#define EXIT_CONFIG 1
+#define EXIT_USAGE 2
+#define EXIT_SERVE 3
+
+#define DEFAULT_CONFIG SP_SYSCONFDIR "/shardport/shardportd.conf"
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: shardportd [options]\n"
+          "\n"
+          "  -s, --socket PATH        listen on PATH (default: $SHARDPORT_SOCKET,\n"
+          "                           /run/shardport/shardport.sock as root,\n"
+          "                           else $XDG_RUNTIME_DIR/shardport.sock)\n"
+          "  -c, --config FILE        configuration file (default: %s)\n"
+          "  -l, --log-level LEVEL    error, warn, info or debug\n"
+          "  -b, --backend NAME       auto, host or cuda\n"
+          "  -n, --check              check the configuration and exit\n"
+          "      --print-config       print every setting and exit\n"
+          "  -V, --version            print the version and exit\n"
+          "  -h, --help               print this help and exit\n",
+          DEFAULT_CONFIG);
+}
+
+enum { OPT_PRINT_CONFIG = 256 };
+
+static const struct option long_options[] = {
+    {"socket", required_argument, NULL, 's'},
+    {"config", required_argument, NULL, 'c'},
+    {"log-level", required_argument, NULL, 'l'},
+    {"backend", required_argument, NULL, 'b'},
+    {"check", no_argument, NULL, 'n'},
+    {"print-config", no_argument, NULL, OPT_PRINT_CONFIG},
+    {"version", no_argument, NULL, 'V'},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+/* Flags that override a configuration key, applied after the file. */
+struct flag_setting {
+  const char *key;
+  const char *value;
+};
+
+int main(int argc, char **argv) {
+  log_init(LOG_LEVEL_INFO);
+  const char *config_path = NULL;
+  struct flag_setting flags[3] = {
+      {"socket", NULL}, {"log_level", NULL}, {"backend", NULL}};
+  bool check = false, print = false;
+  int opt;
+  while ((opt = getopt_long(argc, argv, "s:c:l:b:nVh", long_options, NULL)) !=
+         -1) {
+    switch (opt) {
+    case 's':
+      flags[0].value = optarg;
+      break;
+    case 'c':
+      config_path = optarg;
+      break;
+    case 'l':
+      flags[1].value = optarg;
+      break;
+    case 'b':
+      flags[2].value = optarg;
+      break;
+    case 'n':
+      check = true;
+      break;
+    case OPT_PRINT_CONFIG:
+      print = true;
+      break;
+    case 'V':
+      printf("shardportd %s (protocol %d)\n", SP_VERSION, SP_PROTOCOL_VERSION);
+      return 0;
+    case 'h':
+      usage(stdout);
+      return 0;
+    default:
+      usage(stderr);
+      return EXIT_USAGE;
+    }
+  }
+  if (optind != argc) {
+    fprintf(stderr, "shardportd: unexpected argument \"%s\"\n", argv[optind]);
+    usage(stderr);
+    return EXIT_USAGE;
+  }
+
+  struct config cfg;
+  char err[512];
+  config_default(&cfg);
+  if (config_load(&cfg, config_path != NULL ? config_path : DEFAULT_CONFIG,
+                  config_path != NULL, err, sizeof(err)) != 0) {
+    log_msg(LOG_LEVEL_ERROR, "%s", err);
+    return EXIT_CONFIG;
+  }
+  const char *env_socket = getenv("SHARDPORT_SOCKET");
+  if (env_socket != NULL && env_socket[0] != '\0' &&
+      config_set(&cfg, "socket", env_socket, err, sizeof(err)) != 0) {
+    log_msg(LOG_LEVEL_ERROR, "SHARDPORT_SOCKET: %s", err);
+    return EXIT_CONFIG;
+  }
+  for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
+    if (flags[i].value != NULL &&
+        config_set(&cfg, flags[i].key, flags[i].value, err, sizeof(err)) !=
+            0) {
+      fprintf(stderr, "shardportd: %s\n", err);
+      return EXIT_USAGE;
+    }
+  }
+  if (config_resolve_socket(&cfg, err, sizeof(err)) != 0) {
+    log_msg(LOG_LEVEL_ERROR, "%s", err);
+    return EXIT_CONFIG;
+  }
+  struct backend_choice backend;
+  if (backend_select(cfg.backend, &backend, err, sizeof(err)) != 0) {
+    log_msg(LOG_LEVEL_ERROR, "%s", err);
+    return EXIT_CONFIG;
+  }
+  if (print)
+    config_print(&cfg, stdout);
+  if (check)
+    fprintf(stderr, "shardportd: configuration OK\n");
+  if (print || check)
+    return 0;
+
+  log_set_level(cfg.log_level);
+  /* Replies are written with MSG_NOSIGNAL; this covers every other write to
+   * a peer that went away.  SIGHUP is ignored so that a daemon started from
+   * a terminal outlives it; stop it with SIGTERM or SIGINT. */
+  signal(SIGPIPE, SIG_IGN);
+  signal(SIGHUP, SIG_IGN);
+  return server_run(&cfg, &backend) == 0 ? 0 : EXIT_SERVE;
+}

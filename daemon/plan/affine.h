@@ -1,0 +1,84 @@
+/*
+ * affine.h - general layouts: a rank's holding of a key as affine pieces,
+ * their complete validation, and the rebuild/extract that the tests use as
+ * the oracle (and an engine may use for assembly on the host).
+ *
+ * A piece is a box of elements: `shape`, read from the rank's shard at
+ * src_offset + sum(i_k * src_stride[k]) and written to the full tensor at
+ * dst_offset + sum(i_k * dst_stride[k]).  Both sides count elements of the
+ * key's dtype: the shard as the rank's shard tensor laid out row-major, the
+ * full tensor row-major in its global shape.  A piece held by more than one
+ * rank is a replica; each holder lists it with its own source offset.
+ *
+ * Validation is complete, not sampled (seed 003).  For every piece:
+ * non-negative offsets and strides, no zero stride and no view that reaches
+ * one address twice on either side (sp_view_check_overlap), the source
+ * inside the shard and the destination inside the full tensor, and no shard
+ * element read by two pieces.  Across ranks: a writer record of one byte per
+ * element of the full tensor (nobody, single holder, replica) refuses an
+ * element written by two single holders or by a single holder and a replica,
+ * whatever order ranks are visited in, and an element nobody writes.
+ * Replicas are compared byte for byte at assembly (affine_rebuild).
+ *
+ * One limit, from the same seed: a corruption that turns the map into a
+ * different valid layout (two equal pieces swapping destinations, a piece
+ * reading shard padding no other piece reads) passes every map check; only
+ * a digest of the data could catch it.
+ */
+#ifndef SP_DAEMON_PLAN_AFFINE_H
+#define SP_DAEMON_PLAN_AFFINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/view.h"
+
+struct affine_piece {
+  uint32_t ndim;
+  int64_t shape[SP_MAX_DIMS];
+  int64_t src_offset;
+  int64_t src_stride[SP_MAX_DIMS];
+  int64_t dst_offset;
+  int64_t dst_stride[SP_MAX_DIMS];
+  uint32_t nholders;
+  const uint32_t *holders; /* the ranks holding this piece, own rank included */
+};
+
+/* One rank's holding of the key. */
+struct affine_shard {
+  uint64_t numel; /* elements of the rank's shard tensor */
+  size_t npieces;
+  const struct affine_piece *pieces;
+};
+
+struct affine_map {
+  const char *key; /* named in messages */
+  uint32_t ndim;
+  const int64_t *shape; /* the full tensor */
+  uint32_t nranks;
+  const struct affine_shard *shards; /* [nranks], indexed by rank */
+};
+
+/* Checks one rank's pieces on their own: what extract needs. */
+int affine_check_rank(const struct affine_map *map, uint32_t rank, char *msg,
+                      size_t msglen);
+
+/* Checks every rank's pieces and the writer record over the full tensor:
+ * metadata only, one byte per element of the full tensor and of the largest
+ * shard, freed before returning. */
+int affine_validate(const struct affine_map *map, char *msg, size_t msglen);
+
+/* Builds the full tensor (elsize bytes per element, row-major) from every
+ * rank's shard after affine_validate's checks, comparing replicas:
+ * SP_EDIFFERENT when two holders of an element hold different bytes.
+ * shards[r] holds map->shards[r].numel elements. */
+int affine_rebuild(const struct affine_map *map, size_t elsize,
+                   const void *const *shards, void *full, char *msg,
+                   size_t msglen);
+
+/* Fills rank's shard from the full tensor after affine_check_rank; shard
+ * elements no piece reads (padding) are zeroed, never left uninitialised. */
+int affine_extract(const struct affine_map *map, uint32_t rank, size_t elsize,
+                   const void *full, void *shard, char *msg, size_t msglen);
+
+#endif /* SP_DAEMON_PLAN_AFFINE_H */

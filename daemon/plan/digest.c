@@ -1,0 +1,129 @@
+/*
+ * digest.c - a 64-bit hash of a canonical serialization of the plan.
+ *
+ * Daemons exchange it before moving anything (SP_EDIGEST when they
+ * differ).  It covers every decision and every byte layout an engine acts
+ * on: keys, owners, units, rounds, buckets and each move's source view and
+ * destination region.  Pointers and input order are never hashed, so the
+ * same gathered metadata gives the same digest on every daemon.
+ */
+#include <string.h>
+
+#include "daemon/plan/internal.h"
+
+static void hash_str(struct plan_hash *h, const char *s) {
+  size_t len = strlen(s);
+
+  plan_hash_u64(h, len);
+  for (size_t i = 0; i < len; i += 8) {
+    uint64_t word = 0;
+    for (size_t j = 0; j < 8 && i + j < len; j++)
+      word |= (uint64_t)(uint8_t)s[i + j] << (8 * j);
+    plan_hash_u64(h, word);
+  }
+}
+
+static void hash_dims(struct plan_hash *h, uint32_t ndim,
+                      const int64_t *values) {
+  for (uint32_t d = 0; d < ndim; d++)
+    plan_hash_u64(h, (uint64_t)values[d]);
+}
+
+static void hash_key(struct plan_hash *h, const struct plan_key *key) {
+  hash_str(h, key->name);
+  plan_hash_u64(h, key->placement);
+  plan_hash_u64(h, key->dtype);
+  plan_hash_u64(h, key->device_type);
+  plan_hash_u64(h, key->ndim);
+  hash_dims(h, key->ndim, key->shape);
+  plan_hash_u64(h, key->nbytes);
+  plan_hash_u64(h, key->traffic);
+  plan_hash_u64(h, key->kind);
+  plan_hash_u64(h, key->owner);
+  plan_hash_u64(h, key->unit);
+  plan_hash_u64(h, key->alias_of);
+  plan_hash_u64(h, key->round);
+  if (key->held != NULL) {
+    plan_hash_u64(h, key->held->storage);
+    plan_hash_u64(h, key->held->view.ndim);
+    hash_dims(h, key->held->view.ndim, key->held->view.shape);
+    hash_dims(h, key->held->view.ndim, key->held->view.stride);
+    plan_hash_u64(h, (uint64_t)key->held->view.offset);
+  }
+}
+
+static void hash_move(struct plan_hash *h, const struct plan *plan,
+                      const struct plan_move *m) {
+  struct sp_view src;
+  struct plan_region dst;
+
+  plan_moves_regions(plan, m, &src, &dst);
+  plan_hash_u64(h, m->key);
+  plan_hash_u64(h, m->src);
+  plan_hash_u64(h, m->dst);
+  plan_hash_u64(h, m->piece);
+  plan_hash_u64(h, m->flags);
+  plan_hash_u64(h, m->nbytes);
+  plan_hash_u64(h, m->dst_offset);
+  plan_hash_u64(h, m->bucket_offset);
+  plan_hash_u64(h, m->from->storage);
+  plan_hash_u64(h, src.ndim);
+  hash_dims(h, src.ndim, src.shape);
+  hash_dims(h, src.ndim, src.stride);
+  plan_hash_u64(h, (uint64_t)src.offset);
+  plan_hash_u64(h, dst.ndim);
+  hash_dims(h, dst.ndim, dst.stride);
+  plan_hash_u64(h, (uint64_t)dst.offset);
+}
+
+static void hash_round(struct plan_hash *h, const struct plan *plan,
+                       const struct plan_round *round) {
+  plan_hash_u64(h, round->first);
+  plan_hash_u64(h, round->nkeys);
+  plan_hash_u64(h, round->nbytes);
+  plan_hash_u64(h, round->nbuckets);
+  for (size_t b = 0; b < round->nbuckets; b++) {
+    const struct plan_bucket *bk = &round->buckets[b];
+    plan_hash_u64(h, bk->src);
+    plan_hash_u64(h, bk->dst);
+    plan_hash_u64(h, bk->device_type);
+    plan_hash_u64(h, bk->dtype);
+    plan_hash_u64(h, bk->nbytes);
+    plan_hash_u64(h, bk->first);
+    plan_hash_u64(h, bk->nmoves);
+  }
+  plan_hash_u64(h, round->nmoves);
+  for (size_t i = 0; i < round->nmoves; i++)
+    hash_move(h, plan, &round->moves[i]);
+  plan_hash_u64(h, round->nlocal);
+  for (size_t i = 0; i < round->nlocal; i++)
+    hash_move(h, plan, &round->local[i]);
+}
+
+uint64_t plan_digest_compute(const struct plan *plan) {
+  struct plan_hash h;
+
+  plan_hash_init(&h);
+  plan_hash_u64(&h, plan->world);
+  plan_hash_u64(&h, plan->max_keys);
+  plan_hash_u64(&h, plan->max_bytes);
+  for (uint32_t r = 0; r < plan->world; r++) {
+    plan_hash_u64(&h, plan->node[r]);
+    plan_hash_u64(&h, plan->load[r]);
+  }
+  plan_hash_u64(&h, plan->nkeys);
+  for (size_t k = 0; k < plan->nkeys; k++)
+    hash_key(&h, &plan->keys[k]);
+  plan_hash_u64(&h, plan->nunits);
+  for (size_t u = 0; u < plan->nunits; u++) {
+    plan_hash_u64(&h, plan->units[u].owner);
+    plan_hash_u64(&h, plan->units[u].nbytes);
+    plan_hash_u64(&h, plan->units[u].nkeys);
+    for (size_t i = 0; i < plan->units[u].nkeys; i++)
+      plan_hash_u64(&h, plan->unit_keys[plan->units[u].first + i]);
+  }
+  plan_hash_u64(&h, plan->nrounds);
+  for (size_t r = 0; r < plan->nrounds; r++)
+    hash_round(&h, plan, &plan->rounds[r]);
+  return plan_hash_final(&h);
+}

@@ -1,0 +1,123 @@
+/*
+ * internal.h - what the planner's files share; nothing outside
+ * daemon/plan/ includes it.  One section per file.
+ */
+#ifndef SP_DAEMON_PLAN_INTERNAL_H
+#define SP_DAEMON_PLAN_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/plan/layout.h"
+#include "daemon/plan/plan.h"
+
+/* refuse.c */
+
+/* Formats a refusal into msg (NULL allowed) and returns code. */
+int plan_refuse(char *msg, size_t msglen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* "rank 3" or "ranks 1, 2 and 5", naming at most eight and counting the
+ * rest, so a refusal in a world of thousands stays one line. */
+void plan_refuse_ranks(char *buf, size_t len, const uint32_t *ranks,
+                       size_t n);
+
+/* index.c: every rank's keys, gathered per key in rank order. */
+
+struct plan_index {
+  const struct plan_input *in;
+  uint32_t world;
+  const struct plan_rank_in **rank; /* [world], by rank number */
+  size_t nkeys;                     /* distinct names over all ranks */
+  const char **name;                /* [nkeys], in strcmp order */
+  size_t *first;                    /* [nkeys + 1] */
+  const struct plan_key_in **entry; /* key k: entry[first[k] .. first[k+1]) */
+  uint32_t *entry_rank;             /* the rank of each entry */
+  uint64_t *table;                  /* name hash table: hash << 32 | key */
+  size_t table_mask;
+};
+
+int plan_index_build(const struct plan_input *in, struct plan_index *ix,
+                     char *msg, size_t msglen);
+void plan_index_free(struct plan_index *ix);
+/* The key named name, or PLAN_NONE. */
+uint32_t plan_index_find(const struct plan_index *ix, const char *name);
+
+/* validate.c */
+
+/* Together-groups in canonical form: each group's keys sorted without
+ * repeats, groups of two or more keys only, sorted and without repeats. */
+struct plan_group_keys {
+  const uint32_t *keys;
+  size_t nkeys;
+};
+
+struct plan_groups {
+  uint32_t *keys;
+  struct plan_group_keys *groups;
+  size_t ngroups;
+};
+
+/* Fills plan->keys (name, placement, dtype, device type, shape, nbytes; the
+ * owner of experts) or refuses, key after key in name order. */
+int plan_validate_keys(const struct plan_index *ix, struct plan *plan,
+                       char *msg, size_t msglen);
+/* Refuses ranks whose together-groups differ; *out receives the groups
+ * every rank agrees on. */
+int plan_validate_groups(const struct plan_index *ix, const struct plan *plan,
+                         struct plan_groups *out, char *msg, size_t msglen);
+void plan_groups_free(struct plan_groups *groups);
+
+/* units.c: key->unit and key->alias_of, plan->units and plan->unit_keys. */
+int plan_units_build(const struct plan_index *ix,
+                     const struct plan_groups *groups, struct plan *plan,
+                     char *msg, size_t msglen);
+
+/* owners.c: key->owner and plan->load. */
+int plan_owners_assign(struct plan *plan, char *msg, size_t msglen);
+
+/* moves.c: what each key needs, and the moves that carry it. */
+int plan_moves_classify(const struct plan_index *ix, struct plan *plan,
+                        char *msg, size_t msglen);
+/* Writes key k's moves to out (when not NULL) and returns how many there
+ * are: one per non-empty shard0 shard, one per non-empty affine piece. */
+size_t plan_moves_of_key(const struct plan_index *ix, const struct plan *plan,
+                         uint32_t k, struct plan_move *out);
+
+/* rounds.c: plan->transfer and plan->rounds. */
+int plan_rounds_build(const struct plan_index *ix, struct plan *plan,
+                      char *msg, size_t msglen);
+
+/* digest.c, and the word hash it shares with units.c's tie finding.  A
+ * word at a time, inline, because the digest covers every move of a plan:
+ * millions of words for a large job.  Values are fed as integers, never as
+ * memory images, so the hash does not depend on padding or byte order. */
+
+struct plan_hash {
+  uint64_t state;
+  uint64_t words;
+};
+
+static inline void plan_hash_init(struct plan_hash *h) {
+  h->state = 0x27d4eb2f165667c5ull;
+  h->words = 0;
+}
+
+static inline void plan_hash_u64(struct plan_hash *h, uint64_t v) {
+  uint64_t x = h->state ^ (v * 0xc2b2ae3d27d4eb4full);
+  h->state = ((x << 31) | (x >> 33)) * 0x9e3779b185ebca87ull;
+  h->words++;
+}
+
+static inline uint64_t plan_hash_final(const struct plan_hash *h) {
+  uint64_t x = h->state ^ h->words;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return x;
+}
+
+uint64_t plan_digest_compute(const struct plan *plan);
+
+#endif /* SP_DAEMON_PLAN_INTERNAL_H */

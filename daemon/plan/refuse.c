@@ -1,0 +1,36 @@
+/*
+ * refuse.c - the planner's refusal messages.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "daemon/plan/internal.h"
+
+#define NAMED_RANKS 8
+
+int plan_refuse(char *msg, size_t msglen, int code, const char *fmt, ...) {
+  if (msg != NULL && msglen > 0) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, msglen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+void plan_refuse_ranks(char *buf, size_t len, const uint32_t *ranks,
+                       size_t n) {
+  size_t named = n < NAMED_RANKS ? n : NAMED_RANKS;
+  size_t used = 0;
+
+  if (len == 0)
+    return;
+  buf[0] = '\0';
+  used += (size_t)snprintf(buf, len, "%s", n == 1 ? "rank" : "ranks");
+  for (size_t i = 0; i < named && used < len; i++) {
+    const char *sep = i == 0 ? " " : (i + 1 == n ? " and " : ", ");
+    used += (size_t)snprintf(buf + used, len - used, "%s%u", sep, ranks[i]);
+  }
+  if (n > named && used < len)
+    snprintf(buf + used, len - used, " and %zu more", n - named);
+}

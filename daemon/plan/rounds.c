@@ -1,0 +1,250 @@
+/*
+ * rounds.c - the keys that move, cut into rounds, and each round's moves
+ * split into local copies and (peer, device type, dtype) buckets.
+ *
+ * Rounds walk the moving keys in name order: a round closes before a key
+ * that would make it hold more than max_keys keys or more than max_bytes of
+ * traffic.  A key whose traffic alone exceeds max_bytes is never split; it
+ * travels alone in a round of its own, so staging stays bounded by the
+ * larger of the budget and the largest key, and an engine never has to
+ * assemble one tensor across rounds.
+ *
+ * Within a round, moves are generated key by key in name order, each key's
+ * by source rank and piece, then sorted stably by counting sorts: local
+ * moves (source and owner on one node) by owner, remote ones by (source,
+ * owner, device type, dtype).  Both sides of a bucket are the same run of
+ * moves, so a send and its receive always agree on length and layout.
+ * Counting sorts keep a round at O(moves + world).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "shardport.h"
+#include "daemon/plan/internal.h"
+
+enum move_field { BY_SRC, BY_DST, BY_CODE };
+enum move_set { ALL_MOVES, LOCAL_MOVES, REMOTE_MOVES };
+
+#define CODES ((uint32_t)SP_DEVICE_TYPE_COUNT * (uint32_t)SP_DTYPE_COUNT)
+
+static uint32_t move_code(const struct plan *plan, const struct plan_move *m) {
+  const struct plan_key *key = &plan->keys[m->key];
+  return key->device_type * (uint32_t)SP_DTYPE_COUNT + (uint32_t)key->dtype;
+}
+
+static uint32_t move_field_of(const struct plan *plan,
+                              const struct plan_move *m, enum move_field f) {
+  switch (f) {
+  case BY_SRC:
+    return m->src;
+  case BY_DST:
+    return m->dst;
+  default:
+    return move_code(plan, m);
+  }
+}
+
+static bool move_in(const struct plan *plan, const struct plan_move *m,
+                    enum move_set set) {
+  bool local = plan->node[m->src] == plan->node[m->dst];
+  return set == ALL_MOVES || (set == LOCAL_MOVES) == local;
+}
+
+/* Stable counting sort of the moves of `set` in in[0..n) by field, into
+ * out; count has range + 1 entries. */
+static void sort_moves(const struct plan *plan, const struct plan_move *in,
+                       size_t n, enum move_set set, enum move_field f,
+                       size_t *count, uint32_t range, struct plan_move *out) {
+  memset(count, 0, ((size_t)range + 1) * sizeof *count);
+  for (size_t i = 0; i < n; i++)
+    if (move_in(plan, &in[i], set))
+      count[move_field_of(plan, &in[i], f) + 1]++;
+  for (uint32_t v = 0; v < range; v++)
+    count[v + 1] += count[v];
+  for (size_t i = 0; i < n; i++)
+    if (move_in(plan, &in[i], set))
+      out[count[move_field_of(plan, &in[i], f)]++] = in[i];
+}
+
+static bool same_bucket(const struct plan *plan, const struct plan_move *a,
+                        const struct plan_move *b) {
+  return a->src == b->src && a->dst == b->dst &&
+         move_code(plan, a) == move_code(plan, b);
+}
+
+static int make_buckets(const struct plan *plan, struct plan_round *round) {
+  size_t nb = 0;
+  uint64_t offset = 0;
+
+  for (size_t i = 0; i < round->nmoves; i++)
+    nb += i == 0 || !same_bucket(plan, &round->moves[i - 1], &round->moves[i]);
+  round->buckets = calloc(nb > 0 ? nb : 1, sizeof *round->buckets);
+  if (round->buckets == NULL)
+    return SP_ENOMEM;
+  round->nbuckets = nb;
+  nb = 0;
+  for (size_t i = 0; i < round->nmoves; i++) {
+    struct plan_move *m = &round->moves[i];
+    struct plan_bucket *b;
+    if (i == 0 || !same_bucket(plan, &round->moves[i - 1], m)) {
+      const struct plan_key *key = &plan->keys[m->key];
+      round->buckets[nb++] = (struct plan_bucket){.src = m->src,
+                                                  .dst = m->dst,
+                                                  .device_type =
+                                                      key->device_type,
+                                                  .dtype = key->dtype,
+                                                  .first = i};
+      offset = 0;
+    }
+    b = &round->buckets[nb - 1];
+    m->bucket_offset = offset;
+    offset += m->nbytes;
+    b->nbytes = offset;
+    b->nmoves++;
+  }
+  return 0;
+}
+
+/* Per rank: its sends are a run of buckets (sorted by source), its
+ * receives a run of recv_order, its local receives a run of local moves. */
+static int index_ranks(const struct plan *plan, struct plan_round *round,
+                       size_t *count) {
+  uint32_t world = plan->world;
+
+  round->ranks = calloc(world, sizeof *round->ranks);
+  round->recv_order = malloc((round->nbuckets > 0 ? round->nbuckets : 1) *
+                             sizeof *round->recv_order);
+  if (round->ranks == NULL || round->recv_order == NULL)
+    return SP_ENOMEM;
+  for (size_t b = 0; b < round->nbuckets; b++) {
+    struct plan_rank_round *rr = &round->ranks[round->buckets[b].src];
+    if (rr->nsend == 0)
+      rr->send_first = b;
+    rr->nsend++;
+  }
+  memset(count, 0, ((size_t)world + 1) * sizeof *count);
+  for (size_t b = 0; b < round->nbuckets; b++)
+    count[round->buckets[b].dst + 1]++;
+  for (uint32_t r = 0; r < world; r++) {
+    count[r + 1] += count[r];
+    round->ranks[r].recv_first = count[r];
+    round->ranks[r].nrecv = count[r + 1] - count[r];
+  }
+  for (size_t b = 0; b < round->nbuckets; b++)
+    round->recv_order[count[round->buckets[b].dst]++] = (uint32_t)b;
+  for (size_t i = 0; i < round->nlocal; i++) {
+    struct plan_rank_round *rr = &round->ranks[round->local[i].dst];
+    if (rr->nlocal == 0)
+      rr->local_first = i;
+    rr->nlocal++;
+  }
+  return 0;
+}
+
+static int build_round(const struct plan_index *ix, struct plan *plan,
+                       struct plan_round *round, size_t *count) {
+  struct plan_move *all = NULL, *tmp = NULL;
+  size_t total = 0, at = 0;
+  int rc = SP_ENOMEM;
+
+  for (size_t i = 0; i < round->nkeys; i++)
+    total += plan_moves_of_key(ix, plan, plan->transfer[round->first + i],
+                               NULL);
+  all = malloc((total > 0 ? total : 1) * sizeof *all);
+  if (all == NULL)
+    goto out;
+  for (size_t i = 0; i < round->nkeys; i++) {
+    uint32_t k = plan->transfer[round->first + i];
+    plan->keys[k].round = (uint32_t)(round - plan->rounds);
+    at += plan_moves_of_key(ix, plan, k, all + at);
+  }
+  for (size_t i = 0; i < total; i++)
+    round->nlocal += move_in(plan, &all[i], LOCAL_MOVES);
+  round->nmoves = total - round->nlocal;
+  round->local = malloc((round->nlocal > 0 ? round->nlocal : 1) *
+                        sizeof *round->local);
+  round->moves = malloc((round->nmoves > 0 ? round->nmoves : 1) *
+                        sizeof *round->moves);
+  tmp = malloc((round->nmoves > 0 ? round->nmoves : 1) * sizeof *tmp);
+  if (round->local == NULL || round->moves == NULL || tmp == NULL)
+    goto out;
+  sort_moves(plan, all, total, LOCAL_MOVES, BY_DST, count, plan->world,
+             round->local);
+  /* Least significant field first: the last pass leaves source as the
+   * primary order, then owner, then code, then generation order. */
+  sort_moves(plan, all, total, REMOTE_MOVES, BY_CODE, count, CODES, tmp);
+  sort_moves(plan, tmp, round->nmoves, ALL_MOVES, BY_DST, count, plan->world,
+             round->moves);
+  sort_moves(plan, round->moves, round->nmoves, ALL_MOVES, BY_SRC, count,
+             plan->world, tmp);
+  memcpy(round->moves, tmp, round->nmoves * sizeof *tmp);
+  rc = make_buckets(plan, round);
+  if (rc == 0)
+    rc = index_ranks(plan, round, count);
+out:
+  free(all);
+  free(tmp);
+  return rc;
+}
+
+/* Cuts plan->transfer into rounds: the first pass counts them, the second
+ * (rounds not NULL) fills them in. */
+static size_t cut_rounds(struct plan *plan, struct plan_round *rounds) {
+  size_t n = 0, keys = 0;
+  uint64_t bytes = 0;
+
+  for (size_t i = 0; i < plan->ntransfer; i++) {
+    uint64_t traffic = plan->keys[plan->transfer[i]].traffic;
+    uint64_t sum;
+    if (keys > 0 && (keys == plan->max_keys ||
+                     __builtin_add_overflow(bytes, traffic, &sum) ||
+                     sum > plan->max_bytes)) {
+      n++;
+      keys = 0;
+      bytes = 0;
+    }
+    if (keys == 0 && rounds != NULL)
+      rounds[n].first = i;
+    keys++;
+    bytes += traffic;
+    if (rounds != NULL) {
+      rounds[n].nkeys = keys;
+      rounds[n].nbytes = bytes;
+    }
+  }
+  return n + (keys > 0);
+}
+
+int plan_rounds_build(const struct plan_index *ix, struct plan *plan,
+                      char *msg, size_t msglen) {
+  size_t *count = NULL;
+  int rc = 0;
+
+  for (size_t k = 0; k < plan->nkeys; k++)
+    plan->ntransfer += plan->keys[k].kind == PLAN_KEY_MOVE;
+  plan->transfer = malloc((plan->ntransfer > 0 ? plan->ntransfer : 1) *
+                          sizeof *plan->transfer);
+  if (plan->transfer == NULL)
+    return plan_refuse(msg, msglen, SP_ENOMEM, "out of memory");
+  plan->ntransfer = 0;
+  for (size_t k = 0; k < plan->nkeys; k++)
+    if (plan->keys[k].kind == PLAN_KEY_MOVE)
+      plan->transfer[plan->ntransfer++] = (uint32_t)k;
+  plan->nrounds = cut_rounds(plan, NULL);
+  plan->rounds = calloc(plan->nrounds > 0 ? plan->nrounds : 1,
+                        sizeof *plan->rounds);
+  count = malloc(((size_t)(plan->world > CODES ? plan->world : CODES) + 1) *
+                 sizeof *count);
+  if (plan->rounds == NULL || count == NULL) {
+    plan->nrounds = 0;
+    free(count);
+    return plan_refuse(msg, msglen, SP_ENOMEM, "out of memory");
+  }
+  cut_rounds(plan, plan->rounds);
+  for (size_t r = 0; r < plan->nrounds && rc == 0; r++)
+    rc = build_round(ix, plan, &plan->rounds[r], count);
+  free(count);
+  if (rc != 0)
+    return plan_refuse(msg, msglen, rc, "out of memory building round moves");
+  return 0;
+}

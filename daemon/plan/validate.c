@@ -1,0 +1,492 @@
+/*
+ * validate.c - cross-rank validation of the gathered metadata.
+ *
+ * Every check runs on the one gathered metadata, key after key in name
+ * order and rank after rank in rank order, and each rank is compared with
+ * the key's first holder, never with every other rank: the first failing
+ * check is the refusal, the same on every daemon and whichever rank's point
+ * of view the metadata was gathered from.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shardport.h"
+#include "daemon/plan/internal.h"
+
+static const char *device_type_name(uint32_t type) {
+  switch (type) {
+  case SP_DEVICE_CPU:
+    return "cpu";
+  case SP_DEVICE_CUDA:
+    return "cuda";
+  default:
+    return "unknown";
+  }
+}
+
+static void format_shape(char *buf, size_t len, uint32_t ndim,
+                         const int64_t *shape) {
+  size_t used = (size_t)snprintf(buf, len, "(");
+  for (uint32_t d = 0; d < ndim && d < SP_MAX_DIMS && used < len; d++)
+    used += (size_t)snprintf(buf + used, len - used, "%s%lld",
+                             d > 0 ? ", " : "", (long long)shape[d]);
+  if (used < len)
+    snprintf(buf + used, len - used, ")");
+}
+
+static bool shape_equal(uint32_t ndim_a, const int64_t *a, uint32_t ndim_b,
+                        const int64_t *b) {
+  if (ndim_a != ndim_b || ndim_a > SP_MAX_DIMS)
+    return false;
+  for (uint32_t d = 0; d < ndim_a; d++)
+    if (a[d] != b[d])
+      return false;
+  return true;
+}
+
+/* One key's entries, as index.c gathered them. */
+struct key_view {
+  const struct plan_index *ix;
+  const char *name;
+  size_t first;
+  size_t n;
+};
+
+static const struct plan_key_in *kv_entry(const struct key_view *kv,
+                                          size_t i) {
+  return kv->ix->entry[kv->first + i];
+}
+
+static uint32_t kv_rank(const struct key_view *kv, size_t i) {
+  return kv->ix->entry_rank[kv->first + i];
+}
+
+static const struct sp_storage *kv_storage(const struct key_view *kv,
+                                           size_t i) {
+  return &kv->ix->rank[kv_rank(kv, i)]->storages[kv_entry(kv, i)->storage];
+}
+
+/* Names the ranks that list the key and those that do not. */
+static int refuse_keyset(const struct key_view *kv, char *msg,
+                         size_t msglen) {
+  uint32_t world = kv->ix->world;
+  uint32_t *missing = malloc((size_t)world * sizeof *missing);
+  uint32_t *holders = malloc((kv->n > 0 ? kv->n : 1) * sizeof *holders);
+  char have[160], lack[160];
+  size_t nmissing = 0, i = 0;
+
+  if (missing == NULL || holders == NULL) {
+    free(missing);
+    free(holders);
+    return plan_refuse(msg, msglen, SP_EKEYSET,
+                       "key '%s' is registered by %zu of %u ranks", kv->name,
+                       kv->n, world);
+  }
+  for (uint32_t r = 0; r < world; r++) {
+    if (i < kv->n && kv_rank(kv, i) == r)
+      holders[i++] = r;
+    else
+      missing[nmissing++] = r;
+  }
+  plan_refuse_ranks(have, sizeof have, holders, kv->n);
+  plan_refuse_ranks(lack, sizeof lack, missing, nmissing);
+  free(missing);
+  free(holders);
+  return plan_refuse(msg, msglen, SP_EKEYSET,
+                     "key '%s' is registered by %s but not by %s", kv->name,
+                     have, lack);
+}
+
+static int check_expert(const struct key_view *kv, char *msg, size_t msglen) {
+  for (size_t i = 0; i < kv->n; i++)
+    if (kv_entry(kv, i)->placement != PLAN_EXPERT)
+      for (size_t j = 0; j < kv->n; j++)
+        if (kv_entry(kv, j)->placement == PLAN_EXPERT)
+          return plan_refuse(
+              msg, msglen, SP_EPLACEMENT,
+              "key '%s' is an expert on rank %u but %s on rank %u", kv->name,
+              kv_rank(kv, j),
+              plan_layout_placement_name(kv_entry(kv, i)->placement),
+              kv_rank(kv, i));
+  if (kv->n > 1) {
+    uint32_t *ranks = malloc(kv->n * sizeof *ranks);
+    char who[160] = "more than one rank";
+    if (ranks != NULL) {
+      for (size_t i = 0; i < kv->n; i++)
+        ranks[i] = kv_rank(kv, i);
+      plan_refuse_ranks(who, sizeof who, ranks, kv->n);
+      free(ranks);
+    }
+    return plan_refuse(msg, msglen, SP_EEXPERT,
+                       "expert key '%s' is held by %s; an expert must be "
+                       "held by one rank",
+                       kv->name, who);
+  }
+  return 0;
+}
+
+/* Every rank against the first holder. */
+static int check_agreement(const struct key_view *kv, char *msg,
+                           size_t msglen) {
+  const struct plan_key_in *e0 = kv_entry(kv, 0);
+  uint32_t r0 = kv_rank(kv, 0);
+
+  for (size_t i = 1; i < kv->n; i++) {
+    const struct plan_key_in *e = kv_entry(kv, i);
+    uint32_t r = kv_rank(kv, i);
+    if (e->placement != e0->placement)
+      return plan_refuse(msg, msglen, SP_EPLACEMENT,
+                         "key '%s' is %s on rank %u but %s on rank %u",
+                         kv->name, plan_layout_placement_name(e0->placement),
+                         r0, plan_layout_placement_name(e->placement), r);
+    if (e->view.dtype != e0->view.dtype)
+      return plan_refuse(msg, msglen, SP_EDTYPEMISMATCH,
+                         "key '%s' is %s on rank %u but %s on rank %u",
+                         kv->name, sp_dtype_name(e0->view.dtype), r0,
+                         sp_dtype_name(e->view.dtype), r);
+    if (e->device_type != e0->device_type)
+      return plan_refuse(msg, msglen, SP_EDEVICEMISMATCH,
+                         "key '%s' is declared on %s by rank %u but on %s by "
+                         "rank %u",
+                         kv->name, device_type_name(e0->device_type), r0,
+                         device_type_name(e->device_type), r);
+    if (!shape_equal(e->ndim, e->shape, e0->ndim, e0->shape)) {
+      char a[128], b[128];
+      format_shape(a, sizeof a, e0->ndim, e0->shape);
+      format_shape(b, sizeof b, e->ndim, e->shape);
+      return plan_refuse(msg, msglen, SP_ESHAPE,
+                         "key '%s' has global shape %s on rank %u but %s on "
+                         "rank %u",
+                         kv->name, a, r0, b, r);
+    }
+  }
+  return 0;
+}
+
+static int check_global(const struct key_view *kv, struct plan_key *out,
+                        char *msg, size_t msglen) {
+  const struct plan_key_in *e0 = kv_entry(kv, 0);
+  uint64_t numel;
+
+  if (sp_dtype_size(e0->view.dtype) == 0)
+    return plan_refuse(msg, msglen, SP_EDTYPE, "key '%s' has no known dtype",
+                       kv->name);
+  if (e0->device_type >= SP_DEVICE_TYPE_COUNT)
+    return plan_refuse(msg, msglen, SP_EINVAL,
+                       "key '%s' is declared on unknown device type %u",
+                       kv->name, e0->device_type);
+  if (e0->ndim > SP_MAX_DIMS)
+    return plan_refuse(msg, msglen, SP_EINVAL,
+                       "key '%s' has %u dims, more than %d", kv->name,
+                       e0->ndim, SP_MAX_DIMS);
+  if (sp_view_numel(e0->ndim, e0->shape, &numel) != 0 ||
+      __builtin_mul_overflow(numel, sp_dtype_size(e0->view.dtype),
+                             &out->nbytes))
+    return plan_refuse(msg, msglen, SP_EOVERFLOW,
+                       "key '%s' has a negative or overflowing global shape",
+                       kv->name);
+  return 0;
+}
+
+static int check_entries(const struct key_view *kv, char *msg,
+                         size_t msglen) {
+  uint32_t first_type = PLAN_NONE;
+  uint32_t first_rank = 0;
+
+  for (size_t i = 0; i < kv->n; i++) {
+    const struct plan_key_in *e = kv_entry(kv, i);
+    uint32_t r = kv_rank(kv, i);
+    const struct sp_storage *s;
+    uint64_t nbytes;
+    char why[192];
+    int rc;
+    if (e->storage >= kv->ix->rank[r]->nstorages)
+      return plan_refuse(msg, msglen, SP_ENOSTORAGE,
+                         "key '%s' on rank %u names storage %u of %zu",
+                         kv->name, r, e->storage, kv->ix->rank[r]->nstorages);
+    s = kv_storage(kv, i);
+    rc = sp_view_check(&e->view, s->nbytes, why, sizeof why);
+    if (rc != 0)
+      return plan_refuse(msg, msglen, rc, "key '%s' on rank %u: %s",
+                         kv->name, r, why);
+    if (sp_view_nbytes(&e->view, &nbytes) != 0 || nbytes != e->nbytes)
+      return plan_refuse(msg, msglen, SP_EBYTES,
+                         "key '%s': rank %u reports %llu bytes but its view "
+                         "holds %llu",
+                         kv->name, r, (unsigned long long)e->nbytes,
+                         (unsigned long long)nbytes);
+    if (s->device.type >= SP_DEVICE_TYPE_COUNT)
+      return plan_refuse(msg, msglen, SP_EINVAL,
+                         "key '%s' on rank %u: storage %u is on unknown "
+                         "device type %u",
+                         kv->name, r, e->storage, s->device.type);
+    /* A round's transfers cannot mix devices, so a key whose holdings sit
+     * on two device types (a CPU-offloaded shard beside GPU ones) is
+     * refused before anything moves. */
+    if (first_type == PLAN_NONE) {
+      first_type = s->device.type;
+      first_rank = r;
+    } else if (s->device.type != first_type) {
+      return plan_refuse(msg, msglen, SP_EMIXEDDEVICE,
+                         "key '%s' is held on %s by rank %u but on %s by "
+                         "rank %u",
+                         kv->name, device_type_name(first_type), first_rank,
+                         device_type_name(s->device.type), r);
+    }
+  }
+  return 0;
+}
+
+static int check_whole(const struct key_view *kv, char *msg, size_t msglen) {
+  const struct plan_key_in *e0 = kv_entry(kv, 0);
+
+  for (size_t i = 0; i < kv->n; i++) {
+    const struct plan_key_in *e = kv_entry(kv, i);
+    if (!shape_equal(e->view.ndim, e->view.shape, e0->ndim, e0->shape)) {
+      char held[128], global[128];
+      format_shape(held, sizeof held, e->view.ndim, e->view.shape);
+      format_shape(global, sizeof global, e0->ndim, e0->shape);
+      return plan_refuse(msg, msglen, SP_ESHAPE,
+                         "key '%s' is %s but rank %u holds shape %s, not the "
+                         "global shape %s",
+                         kv->name, plan_layout_placement_name(e0->placement),
+                         kv_rank(kv, i), held, global);
+    }
+  }
+  return 0;
+}
+
+static int check_shard0(const struct key_view *kv, char *msg, size_t msglen) {
+  const struct plan_key_in *e0 = kv_entry(kv, 0);
+  uint64_t rows = 0;
+
+  if (e0->ndim == 0)
+    return plan_refuse(msg, msglen, SP_EUNSUPPORTED,
+                       "key '%s' is a 0-d tensor and cannot be sharded along "
+                       "dim 0",
+                       kv->name);
+  for (size_t i = 0; i < kv->n; i++) {
+    const struct plan_key_in *e = kv_entry(kv, i);
+    if (e->view.ndim != e0->ndim ||
+        memcmp(&e->view.shape[1], &e0->shape[1],
+               (e0->ndim - 1) * sizeof e0->shape[0]) != 0) {
+      char held[128], global[128];
+      format_shape(held, sizeof held, e->view.ndim, e->view.shape);
+      format_shape(global, sizeof global, e0->ndim, e0->shape);
+      return plan_refuse(msg, msglen, SP_ETILING,
+                         "key '%s': rank %u's shard has shape %s, which is no "
+                         "dim-0 slice of %s",
+                         kv->name, kv_rank(kv, i), held, global);
+    }
+    /* Each shard's rows are below 2^63, and there are fewer than 2^32
+     * shards, but the sum is still checked. */
+    if (__builtin_add_overflow(rows, (uint64_t)e->view.shape[0], &rows))
+      return plan_refuse(msg, msglen, SP_EOVERFLOW,
+                         "key '%s': its shards' rows overflow", kv->name);
+  }
+  if (rows != (uint64_t)e0->shape[0])
+    return plan_refuse(msg, msglen, SP_ETILING,
+                       "key '%s': the dim-0 shards of ranks 0 to %u hold "
+                       "%llu rows but the global shape has %lld",
+                       kv->name, kv->ix->world - 1, (unsigned long long)rows,
+                       (long long)e0->shape[0]);
+  return 0;
+}
+
+static int check_affine(const struct key_view *kv, char *msg, size_t msglen) {
+  const struct plan_key_in *e0 = kv_entry(kv, 0);
+  struct affine_shard *shards;
+  struct affine_map map;
+  int rc;
+
+  for (size_t i = 0; i < kv->n; i++)
+    if (!sp_view_is_contiguous(&kv_entry(kv, i)->view))
+      return plan_refuse(msg, msglen, SP_EUNSUPPORTED,
+                         "key '%s': rank %u's affine shard is not "
+                         "contiguous",
+                         kv->name, kv_rank(kv, i));
+  shards = calloc(kv->n, sizeof *shards);
+  if (shards == NULL)
+    return plan_refuse(msg, msglen, SP_ENOMEM, "out of memory");
+  /* A dense key has one entry per rank, in rank order. */
+  for (size_t i = 0; i < kv->n; i++) {
+    const struct plan_key_in *e = kv_entry(kv, i);
+    sp_view_numel(e->view.ndim, e->view.shape, &shards[i].numel);
+    shards[i].npieces = e->npieces;
+    shards[i].pieces = e->pieces;
+  }
+  map = (struct affine_map){.key = kv->name,
+                            .ndim = e0->ndim,
+                            .shape = e0->shape,
+                            .nranks = (uint32_t)kv->n,
+                            .shards = shards};
+  rc = affine_validate(&map, msg, msglen);
+  free(shards);
+  return rc;
+}
+
+static int validate_key(const struct plan_index *ix, uint32_t k,
+                        struct plan_key *out, char *msg, size_t msglen) {
+  struct key_view kv = {ix, ix->name[k], ix->first[k],
+                        ix->first[k + 1] - ix->first[k]};
+  const struct plan_key_in *e0 = kv_entry(&kv, 0);
+  bool expert = false;
+  int rc;
+
+  for (size_t i = 0; i < kv.n; i++) {
+    enum plan_placement p = kv_entry(&kv, i)->placement;
+    if (p < PLAN_SHARD0 || p > PLAN_AFFINE)
+      return plan_refuse(msg, msglen, SP_EUNSUPPORTED,
+                         "key '%s': rank %u gives it unknown placement %d",
+                         kv.name, kv_rank(&kv, i), (int)p);
+    expert = expert || p == PLAN_EXPERT;
+  }
+  if (expert)
+    rc = check_expert(&kv, msg, msglen);
+  else if (kv.n != ix->world)
+    rc = refuse_keyset(&kv, msg, msglen);
+  else
+    rc = check_agreement(&kv, msg, msglen);
+  if (rc == 0)
+    rc = check_global(&kv, out, msg, msglen);
+  if (rc == 0)
+    rc = check_entries(&kv, msg, msglen);
+  if (rc != 0)
+    return rc;
+  switch (e0->placement) {
+  case PLAN_SHARD0:
+    rc = check_shard0(&kv, msg, msglen);
+    break;
+  case PLAN_AFFINE:
+    rc = check_affine(&kv, msg, msglen);
+    break;
+  default:
+    rc = check_whole(&kv, msg, msglen);
+    break;
+  }
+  if (rc != 0)
+    return rc;
+  out->name = kv.name;
+  out->placement = e0->placement;
+  out->dtype = e0->view.dtype;
+  out->device_type = kv_storage(&kv, 0)->device.type;
+  out->ndim = e0->ndim;
+  memcpy(out->shape, e0->shape, sizeof out->shape);
+  out->owner = expert ? kv_rank(&kv, 0) : PLAN_NONE;
+  out->unit = PLAN_NONE;
+  out->alias_of = PLAN_NONE;
+  out->round = PLAN_NONE;
+  out->held = expert ? e0 : NULL;
+  return 0;
+}
+
+int plan_validate_keys(const struct plan_index *ix, struct plan *plan,
+                       char *msg, size_t msglen) {
+  for (uint32_t k = 0; k < ix->nkeys; k++) {
+    int rc = validate_key(ix, k, &plan->keys[k], msg, msglen);
+    if (rc != 0)
+      return rc;
+  }
+  return 0;
+}
+
+static int u32_cmp(const void *pa, const void *pb) {
+  uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
+  return a < b ? -1 : a > b;
+}
+
+static int group_cmp(const void *pa, const void *pb) {
+  const struct plan_group_keys *a = pa, *b = pb;
+  for (size_t i = 0; i < a->nkeys && i < b->nkeys; i++)
+    if (a->keys[i] != b->keys[i])
+      return a->keys[i] < b->keys[i] ? -1 : 1;
+  return a->nkeys < b->nkeys ? -1 : a->nkeys > b->nkeys;
+}
+
+void plan_groups_free(struct plan_groups *groups) {
+  free(groups->keys);
+  free(groups->groups);
+  memset(groups, 0, sizeof *groups);
+}
+
+/* rank's groups in canonical form, so that two ranks listing the same
+ * groups in another order agree. */
+static int canon_build(const struct plan_index *ix, const struct plan *plan,
+                       uint32_t r, struct plan_groups *out, char *msg,
+                       size_t msglen) {
+  const struct plan_rank_in *rank = ix->rank[r];
+  size_t total = 0, at = 0, ng = 0;
+
+  memset(out, 0, sizeof *out);
+  for (size_t g = 0; g < rank->ngroups; g++)
+    if (__builtin_add_overflow(total, rank->groups[g].nkeys, &total))
+      return plan_refuse(msg, msglen, SP_EOVERFLOW,
+                         "rank %u's together-groups overflow", r);
+  out->keys = malloc((total > 0 ? total : 1) * sizeof *out->keys);
+  out->groups = malloc((rank->ngroups > 0 ? rank->ngroups : 1) *
+                       sizeof *out->groups);
+  if (out->keys == NULL || out->groups == NULL) {
+    plan_groups_free(out);
+    return plan_refuse(msg, msglen, SP_ENOMEM, "out of memory");
+  }
+  for (size_t g = 0; g < rank->ngroups; g++) {
+    size_t start = at, n = 0;
+    for (size_t j = 0; j < rank->groups[g].nkeys; j++) {
+      const char *name = rank->groups[g].keys[j];
+      uint32_t k = name != NULL ? plan_index_find(ix, name) : PLAN_NONE;
+      if (k == PLAN_NONE || plan->keys[k].placement == PLAN_EXPERT) {
+        plan_groups_free(out);
+        return plan_refuse(msg, msglen, SP_EGROUPS,
+                           "rank %u's together-group %zu names %s '%s'", r, g,
+                           k == PLAN_NONE ? "unregistered key" : "expert key",
+                           name != NULL ? name : "(null)");
+      }
+      out->keys[at++] = k;
+    }
+    qsort(out->keys + start, at - start, sizeof *out->keys, u32_cmp);
+    for (size_t j = start; j < at; j++)
+      if (n == 0 || out->keys[start + n - 1] != out->keys[j])
+        out->keys[start + n++] = out->keys[j];
+    at = start + n;
+    /* A group of one key asks for nothing. */
+    if (n > 1)
+      out->groups[ng++] = (struct plan_group_keys){out->keys + start, n};
+    else
+      at = start;
+  }
+  qsort(out->groups, ng, sizeof *out->groups, group_cmp);
+  out->ngroups = 0;
+  for (size_t g = 0; g < ng; g++)
+    if (out->ngroups == 0 ||
+        group_cmp(&out->groups[out->ngroups - 1], &out->groups[g]) != 0)
+      out->groups[out->ngroups++] = out->groups[g];
+  return 0;
+}
+
+int plan_validate_groups(const struct plan_index *ix, const struct plan *plan,
+                         struct plan_groups *out, char *msg, size_t msglen) {
+  int rc = canon_build(ix, plan, 0, out, msg, msglen);
+
+  for (uint32_t r = 1; rc == 0 && r < ix->world; r++) {
+    struct plan_groups other;
+    size_t g = 0;
+    rc = canon_build(ix, plan, r, &other, msg, msglen);
+    if (rc != 0)
+      break;
+    while (g < out->ngroups && g < other.ngroups &&
+           group_cmp(&out->groups[g], &other.groups[g]) == 0)
+      g++;
+    if (g < out->ngroups || g < other.ngroups) {
+      const struct plan_groups *at = g < out->ngroups ? out : &other;
+      rc = plan_refuse(msg, msglen, SP_EGROUPS,
+                       "ranks 0 and %u disagree on the together-groups: the "
+                       "group of key '%s' differs",
+                       r, plan->keys[at->groups[g].keys[0]].name);
+    }
+    plan_groups_free(&other);
+  }
+  if (rc != 0)
+    plan_groups_free(out);
+  return rc;
+}

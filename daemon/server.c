@@ -1,0 +1,224 @@
+/*
+ * server.c - the event loop: accepting, signals, readiness and the
+ * watchdog, and a shutdown that closes every handle.
+ *
+ * The loop never blocks.  Peers are checked as they are accepted, before
+ * anything is read from them; a refused peer and a peer beyond max_clients
+ * get one error reply, written without waiting, and are closed.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "daemon/daemon.h"
+#include "shardport.h"
+
+/* Connections accepted per wakeup, so that a burst of connects cannot keep
+ * the loop from serving the clients it already has. */
+#define SERVER_ACCEPT_BATCH 64
+
+/* Answers a peer that will not be served with one error reply and closes it.
+ * The reply is small and the socket new, so one non-blocking write takes it;
+ * if it does not, the peer just sees the close. */
+static void refuse(int sock, int code, const char *message) {
+  struct sp_frame_tx tx;
+  if (sp_msg_error(&tx, 0, code, "%s", message) == 0) {
+    sp_frame_tx_write(&tx, sock);
+    free(tx.buf);
+  }
+  close(sock);
+}
+
+/* Implements a best effort approach to mitigating accept() EMFILE errors:
+ * a spare descriptor is given up to accept the waiting connection and close
+ * it, so that the listen socket does not stay readable forever. */
+static void shed_connection(struct server *srv) {
+  if (srv->reserve_fd < 0)
+    return;
+  close(srv->reserve_fd);
+  int sock = accept4(srv->listener.fd, NULL, NULL, SOCK_CLOEXEC);
+  if (sock >= 0)
+    close(sock);
+  srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+static void on_listen(uv_poll_t *handle, int status, int events) {
+  struct server *srv = handle->data;
+  (void)events;
+  if (status < 0) {
+    log_msg(LOG_LEVEL_ERROR, "listen socket: %s", uv_strerror(status));
+    return;
+  }
+  for (int i = 0; i < SERVER_ACCEPT_BATCH; i++) {
+    int sock = accept4(srv->listener.fd, NULL, NULL,
+                       SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (sock < 0) {
+      if (errno == EINTR || errno == ECONNABORTED)
+        continue;
+      if (errno == EMFILE || errno == ENFILE) {
+        log_msg(LOG_LEVEL_WARN, "accept: %s; dropping a connection",
+                strerror(errno));
+        shed_connection(srv);
+        continue;
+      }
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        log_msg(LOG_LEVEL_WARN, "accept: %s", strerror(errno));
+      return;
+    }
+    struct peer peer;
+    int rc = peer_check(srv->cfg, sock, &peer);
+    if (rc == SP_EPERM) {
+      log_msg(LOG_LEVEL_WARN,
+              "refused peer pid %d uid %u gid %u: not an allowed uid or gid",
+              (int)peer.pid, (unsigned)peer.uid, (unsigned)peer.gid);
+      refuse(sock, SP_EPERM,
+             "permission denied: this uid is not allowed by shardportd");
+      continue;
+    }
+    if (rc < 0) {
+      log_msg(LOG_LEVEL_WARN, "cannot read peer credentials: %s",
+              strerror(errno));
+      close(sock);
+      continue;
+    }
+    if (srv->nclients >= srv->cfg->max_clients) {
+      log_msg(LOG_LEVEL_WARN, "refused pid %d: max_clients (%" PRIu32
+                              ") connections open",
+              (int)peer.pid, srv->cfg->max_clients);
+      refuse(sock, SP_EBUSY, "too many clients connected (max_clients)");
+      continue;
+    }
+    conn_open(srv, sock, &peer);
+  }
+}
+
+static void report_status(struct server *srv) {
+  char status[256];
+  snprintf(status, sizeof(status), "serving on %s, %" PRIu32 " client(s)",
+           srv->listener.path, srv->nclients);
+  notify_status(status);
+}
+
+static void on_watchdog(uv_timer_t *timer) {
+  struct server *srv = timer->data;
+  notify_watchdog();
+  report_status(srv);
+}
+
+static void stop(struct server *srv, const char *why) {
+  if (srv->stopping)
+    return;
+  srv->stopping = true;
+  log_msg(LOG_LEVEL_INFO, "%s; stopping", why);
+  notify_stopping();
+  if (srv->listener.fd >= 0) {
+    uv_close((uv_handle_t *)&srv->listen_poll, NULL);
+    listen_close(&srv->listener);
+  }
+  uv_close((uv_handle_t *)&srv->sig_term, NULL);
+  uv_close((uv_handle_t *)&srv->sig_int, NULL);
+  if (srv->watchdog_on)
+    uv_close((uv_handle_t *)&srv->watchdog, NULL);
+  while (srv->conns != NULL)
+    conn_close(srv->conns);
+}
+
+static void on_signal(uv_signal_t *handle, int signum) {
+  struct server *srv = handle->data;
+  stop(srv, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+/* Signals are caught before the socket exists: a client may connect and a
+ * supervisor may signal as soon as the socket accepts. */
+static int start_signals(struct server *srv) {
+  uv_signal_init(srv->loop, &srv->sig_term);
+  uv_signal_init(srv->loop, &srv->sig_int);
+  srv->sig_term.data = srv;
+  srv->sig_int.data = srv;
+  int rc = uv_signal_start(&srv->sig_term, on_signal, SIGTERM);
+  if (rc == 0)
+    rc = uv_signal_start(&srv->sig_int, on_signal, SIGINT);
+  if (rc != 0)
+    log_msg(LOG_LEVEL_ERROR, "uv_signal_start: %s", uv_strerror(rc));
+  return rc;
+}
+
+static void start_watchdog(struct server *srv) {
+  uint64_t usec = srv->cfg->watchdog ? notify_watchdog_usec() : 0;
+  if (usec == 0)
+    return;
+  /* Half the interval, as sd_watchdog_enabled(3) recommends. */
+  uint64_t ms = usec / 2000;
+  if (ms == 0)
+    ms = 1;
+  uv_timer_init(srv->loop, &srv->watchdog);
+  srv->watchdog.data = srv;
+  uv_timer_start(&srv->watchdog, on_watchdog, ms, ms);
+  srv->watchdog_on = true;
+  log_msg(LOG_LEVEL_INFO, "watchdog: pinging every %" PRIu64 " ms", ms);
+}
+
+/* Runs the loop until every handle is closed and checks that none leaked. */
+static int finish_loop(uv_loop_t *loop) {
+  uv_run(loop, UV_RUN_DEFAULT);
+  int rc = uv_loop_close(loop);
+  if (rc != 0)
+    log_msg(LOG_LEVEL_ERROR, "event loop closed with handles open: %s",
+            uv_strerror(rc));
+  return rc;
+}
+
+int server_run(const struct config *cfg, const struct backend_choice *backend) {
+  uv_loop_t loop;
+  int rc = uv_loop_init(&loop);
+  if (rc != 0) {
+    log_msg(LOG_LEVEL_ERROR, "uv_loop_init: %s", uv_strerror(rc));
+    return -1;
+  }
+  struct server srv = {
+      .loop = &loop,
+      .cfg = cfg,
+      .backend = backend,
+      .started_ns = uv_hrtime(),
+      .listener = {.fd = -1},
+  };
+  srv.reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+
+  if (start_signals(&srv) != 0 || listen_open(cfg, &srv.listener) != 0 ||
+      (rc = uv_poll_init(&loop, &srv.listen_poll, srv.listener.fd)) != 0) {
+    if (rc != 0)
+      log_msg(LOG_LEVEL_ERROR, "uv_poll_init: %s", uv_strerror(rc));
+    listen_close(&srv.listener);
+    uv_close((uv_handle_t *)&srv.sig_term, NULL);
+    uv_close((uv_handle_t *)&srv.sig_int, NULL);
+    finish_loop(&loop);
+    if (srv.reserve_fd >= 0)
+      close(srv.reserve_fd);
+    return -1;
+  }
+  srv.listen_poll.data = &srv;
+  uv_poll_start(&srv.listen_poll, UV_READABLE, on_listen);
+  start_watchdog(&srv);
+
+  log_msg(LOG_LEVEL_INFO,
+          "listening on %s%s (protocol %d, backend %s: %s)",
+          srv.listener.path,
+          srv.listener.from_systemd ? " (from systemd)" : "",
+          SP_PROTOCOL_VERSION, backend->active, backend->reason);
+  char status[256];
+  snprintf(status, sizeof(status), "serving on %s", srv.listener.path);
+  notify_ready(status);
+
+  rc = finish_loop(&loop);
+  if (srv.reserve_fd >= 0)
+    close(srv.reserve_fd);
+  log_msg(LOG_LEVEL_INFO, "stopped");
+  return rc == 0 ? 0 : -1;
+}

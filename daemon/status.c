@@ -1,0 +1,28 @@
+/*
+ * status.c - the status reply (docs/protocol.md, "status"): what the daemon
+ * is, which backend serves and why, how long it has run, who is connected,
+ * the memory pool and the jobs.  The pool and jobs do not exist yet, so the
+ * pool reads 0 of 0 and the job list is empty.
+ */
+#include "config.h"
+#include "daemon/daemon.h"
+
+void status_pack(const struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
+  sp_msgbuf_begin(mb, "status", id, 10);
+  msgpack_packer *pk = &mb->pk;
+  sp_pack_kv_str(pk, "daemon_version", SP_VERSION);
+  sp_pack_kv_u64(pk, "protocol_version", SP_PROTOCOL_VERSION);
+  sp_pack_str(pk, "backends_built");
+  msgpack_pack_array(pk, backend_nbuilt);
+  for (size_t i = 0; i < backend_nbuilt; i++)
+    sp_pack_str(pk, backend_built[i]);
+  sp_pack_kv_str(pk, "backend_active", srv->backend->active);
+  sp_pack_kv_str(pk, "backend_reason", srv->backend->reason);
+  sp_pack_kv_f64(pk, "uptime_s",
+                 (double)(uv_hrtime() - srv->started_ns) / 1e9);
+  sp_pack_kv_u64(pk, "clients", srv->nclients);
+  sp_pack_kv_u64(pk, "pool_used", 0);
+  sp_pack_kv_u64(pk, "pool_capacity", 0);
+  sp_pack_str(pk, "jobs");
+  msgpack_pack_array(pk, 0);
+}

@@ -1,0 +1,28 @@
+/*
+ * copy.h - strided copies of element boxes between two memory regions, the
+ * one primitive the host backend moves data with.
+ */
+#ifndef SP_XFER_COPY_H
+#define SP_XFER_COPY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define XFER_MAX_DIMS 8
+
+/* An n-dimensional box of elements: shape, and the strides (in elements) of
+ * its source and destination.  Strides are non-negative; callers have
+ * validated that both views stay inside their regions. */
+struct xfer_box {
+  int ndim;
+  size_t elem_size;
+  int64_t shape[XFER_MAX_DIMS];
+  int64_t src_stride[XFER_MAX_DIMS];
+  int64_t dst_stride[XFER_MAX_DIMS];
+};
+
+/* Copies the box; dimensions that are contiguous on both sides are merged so
+ * that a dense box is one memcpy.  Returns the bytes copied. */
+uint64_t xfer_copy(void *dst, const void *src, const struct xfer_box *box);
+
+#endif /* SP_XFER_COPY_H */

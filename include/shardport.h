@@ -1,0 +1,323 @@
+/*
+ * shardport.h - the public C API of libshardport.
+ *
+ * A training process talks to the node's shardportd through an opaque
+ * sp_client.  Every function returns 0 (or a non-negative count) on success
+ * and a negative SP_E* code on failure; sp_strerror() and sp_err_name() turn
+ * a code into text.  The library never aborts and never prints.
+ *
+ * Ownership: whatever a function hands out through an out-pointer belongs to
+ * the caller and is released with the matching *_free / sp_close call.
+ */
+#ifndef SHARDPORT_H
+#define SHARDPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shardport_version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(SP_BUILDING_LIBRARY)
+#define SP_EXPORT __attribute__((visibility("default")))
+#else
+#define SP_EXPORT
+#endif
+
+/*
+ * The one table of error codes, shared by the daemon (which sends the wire
+ * name in an `error` reply), the library and the CLI.  Numbers are stable:
+ * append new codes, never renumber, and keep a retired number unused.
+ *
+ *   X(NAME, number, "wire_name", "message")
+ */
+#define SP_ERROR_MAP(X)                                                        \
+  /* transport and framing */                                                  \
+  X(IO, 1, "io", "input/output error on the connection")                       \
+  X(NODAEMON, 2, "no_daemon", "shardportd is not running at that socket")      \
+  X(CLOSED, 3, "closed", "the peer closed the connection")                     \
+  X(VERSION, 4, "version_mismatch", "protocol version mismatch")               \
+  X(FRAMETOOBIG, 5, "frame_too_large", "frame is larger than the limit")       \
+  X(MALFORMED, 6, "malformed", "frame is not one well-formed msgpack map")     \
+  X(TOODEEP, 7, "too_deep", "msgpack nesting is deeper than the limit")        \
+  X(TOOMANY, 8, "too_many_items",                                              \
+    "a container declares more items than the frame or the limit allows")      \
+  X(STRTOOLONG, 9, "string_too_long", "a string is longer than the limit")     \
+  X(TOOMANYFDS, 10, "too_many_fds",                                            \
+    "a frame carries more file descriptors than allowed")                      \
+  X(UNEXPECTEDFD, 11, "unexpected_fd",                                         \
+    "a file descriptor arrived where none is expected")                        \
+  X(BADMSG, 12, "bad_message", "a message field is missing or has a bad type") \
+  X(UNKNOWNOP, 13, "unknown_op", "unknown operation")                          \
+  X(PERM, 14, "permission_denied", "permission denied")                        \
+  X(NOMEM, 15, "no_memory", "out of memory")                                   \
+  X(TIMEOUT, 16, "timeout", "the operation timed out")                         \
+  X(INVAL, 17, "invalid_argument", "invalid argument")                         \
+  X(BUSY, 18, "busy", "the resource is busy")                                  \
+  X(INTERNAL, 19, "internal", "internal error in shardport")                   \
+  X(HELLO, 20, "hello_required", "the first frame must be hello")              \
+  X(LIMIT, 21, "limit_exceeded", "a configured limit was exceeded")            \
+  /* views and storages */                                                     \
+  X(DTYPE, 40, "unknown_dtype", "unknown dtype")                               \
+  X(OVERFLOW, 41, "overflow", "a size or extent computation overflows")        \
+  X(OUTOFBOUNDS, 42, "view_out_of_bounds",                                     \
+    "a view reaches outside its storage")                                      \
+  X(ZEROSTRIDE, 43, "zero_stride", "a view has a zero stride")                 \
+  X(SELFOVERLAP, 44, "self_overlap", "a view reaches one address twice")       \
+  X(NOSTORAGE, 45, "no_such_storage", "the view names an unknown storage")     \
+  X(DUPKEY, 46, "duplicate_key", "a key is registered twice")                  \
+  X(BADFD, 47, "bad_fd", "a storage fd is unusable or too small")              \
+  /* cross-rank validation */                                                  \
+  X(KEYSET, 60, "key_set_mismatch", "ranks disagree on the set of keys")       \
+  X(PLACEMENT, 61, "placement_mismatch", "ranks disagree on a key's placement") \
+  X(DTYPEMISMATCH, 62, "dtype_mismatch", "ranks disagree on a key's dtype")    \
+  X(DEVICEMISMATCH, 63, "device_mismatch",                                     \
+    "ranks disagree on a key's device type")                                   \
+  X(SHAPE, 64, "shape_mismatch", "ranks disagree on a key's global shape")     \
+  X(TILING, 65, "bad_tiling", "dim-0 shards do not tile the global shape")      \
+  X(MIXEDDEVICE, 66, "mixed_devices",                                          \
+    "a key's shards are on more than one device type")                         \
+  X(EXPERT, 67, "expert_conflict", "an expert key is held by more than one rank") \
+  X(GROUPS, 68, "group_mismatch", "ranks disagree on the together-groups")     \
+  X(BYTES, 69, "bytes_mismatch", "byte counts disagree with the views")        \
+  X(DOUBLEWRITE, 70, "written_twice",                                          \
+    "an element is written by two holders that are not both replicas")         \
+  X(UNCOVERED, 71, "uncovered", "an element of the full tensor is not held")   \
+  X(DIFFERENT, 72, "different_data", "replicas hold different data")           \
+  X(UNSUPPORTED, 73, "unsupported_layout", "unsupported layout")               \
+  X(SOURCEBOUNDS, 74, "source_out_of_bounds",                                  \
+    "a piece reads outside its rank's shard")                                  \
+  X(DESTBOUNDS, 75, "dest_out_of_bounds",                                      \
+    "a piece writes outside the full tensor")                                  \
+  /* jobs and exports */                                                       \
+  X(NOJOB, 90, "no_such_job", "no such job")                                   \
+  X(NOEXPORT, 91, "no_such_export", "no such export")                          \
+  X(EXPORTING, 92, "export_in_progress", "an export is already in progress")   \
+  X(RANK, 93, "bad_rank", "rank is out of range or already joined")            \
+  X(RANKLOST, 94, "rank_lost", "a rank left or died during the export")        \
+  X(NODELOST, 95, "node_lost", "a peer daemon was lost during the export")     \
+  X(DIGEST, 96, "plan_digest_mismatch", "daemons computed different plans")    \
+  X(TICKET, 97, "bad_ticket", "the job ticket or its secret is not valid")     \
+  X(STATE, 98, "bad_state", "the request does not fit the job's state")        \
+  X(BACKEND, 99, "backend", "the memory or transport backend failed")          \
+  X(POOL, 100, "pool_exhausted", "the memory pool is exhausted")
+
+typedef enum sp_error {
+#define SP_ERROR_ENUM(name, num, wire, msg) SP_E##name = -(num),
+  SP_ERROR_MAP(SP_ERROR_ENUM)
+#undef SP_ERROR_ENUM
+} sp_error;
+
+/* A human sentence for a code; never NULL, also for unknown codes. */
+SP_EXPORT const char *sp_strerror(int code);
+/* The wire name of a code ("frame_too_large"); "unknown" for unknown codes. */
+SP_EXPORT const char *sp_err_name(int code);
+
+/* The socket path used when none is given: $SHARDPORT_SOCKET, else
+ * /run/shardport/shardport.sock for root, else
+ * $XDG_RUNTIME_DIR/shardport.sock.  Returns 0 and writes at most size bytes,
+ * or SP_EINVAL when no path can be derived or it does not fit. */
+SP_EXPORT int sp_default_socket_path(char *buf, size_t size);
+
+typedef struct sp_client sp_client;
+
+/* Connects and performs the hello exchange.  path NULL means the default
+ * path.  On failure *out is untouched; SP_ENODAEMON means nothing listens,
+ * SP_EPERM that the socket or the daemon refused this process, SP_EVERSION
+ * that the daemon speaks another protocol version.  The socket is
+ * close-on-exec.  A client serves one thread at a time. */
+SP_EXPORT int sp_connect(const char *path, sp_client **out);
+/* Closes the connection and frees the client; NULL is allowed. */
+SP_EXPORT void sp_close(sp_client *client);
+
+/* How long each later request on client may take, in milliseconds (default
+ * 30000; 0 waits forever).  A request that takes longer fails with
+ * SP_ETIMEOUT; the client stays usable and drops the late reply.  A client
+ * whose request could not be written whole fails every later request with
+ * the error that broke it.  Returns 0 or SP_EINVAL. */
+SP_EXPORT int sp_set_timeout(sp_client *client, uint32_t timeout_ms);
+
+/* The daemon's own text from the last error reply on client ("" when none
+ * came); it says more than sp_strerror, such as which limit or which rank.
+ * Valid until the next call on client. */
+SP_EXPORT const char *sp_last_message(const sp_client *client);
+
+/* A round trip; *rtt_ns (optional) receives its duration. */
+SP_EXPORT int sp_ping(sp_client *client, uint64_t *rtt_ns);
+
+/* The daemon's view of one job, as sp_status reports it. */
+typedef struct sp_job_status {
+  char *job_id;         /* hex id */
+  char *phase;          /* waiting, planning, moving, publishing, published, failed */
+  char *error;          /* set when phase is failed, else NULL */
+  uint32_t world;       /* ranks in the job */
+  uint32_t joined;      /* ranks joined on this daemon's view */
+  uint32_t round;       /* current round, 1-based; 0 before the first */
+  uint32_t rounds;      /* rounds in the plan */
+  uint64_t bytes_moved; /* bytes moved by the export so far */
+  uint64_t bytes_total; /* bytes the export will move */
+  double rate_bps;      /* recent bytes per second */
+} sp_job_status;
+
+typedef struct sp_status_info {
+  char *daemon_version;
+  uint32_t protocol_version;
+  char *backends_built;  /* comma-separated, e.g. "host,cuda" */
+  char *backend_active;  /* "host" or "cuda" */
+  char *backend_reason;  /* why that backend is active */
+  double uptime_s;
+  uint32_t clients;      /* connections open now */
+  uint64_t pool_used;    /* bytes of the memory pool in use */
+  uint64_t pool_capacity;
+  size_t njobs;
+  sp_job_status *jobs;
+} sp_status_info;
+
+/* Fills *out with a newly allocated snapshot; free it with sp_status_free. */
+SP_EXPORT int sp_status(sp_client *client, sp_status_info **out);
+SP_EXPORT void sp_status_free(sp_status_info *status);
+
+/* ---- jobs, registration and exports (docs/protocol.md, "Jobs") ---- */
+
+/* Dimensions of a view; more are refused as invalid_argument. */
+#define SP_MAX_DIMS 8
+/* Bytes a ticket may take. */
+#define SP_TICKET_MAX 512
+
+/* A job's ticket: opaque bytes that rank 0's process gets from
+ * sp_job_create and hands to its peers by its own means (a broadcast, a
+ * file, an environment variable: it is plain bytes). */
+typedef struct sp_ticket {
+  size_t len;
+  uint8_t bytes[SP_TICKET_MAX];
+} sp_ticket;
+
+/* Creates a job of world ranks on this connection's daemon. */
+SP_EXPORT int sp_job_create(sp_client *client, uint32_t world,
+                            sp_ticket *ticket);
+/* Joins this connection to the job as rank (0 <= rank < world).  device is
+ * "cpu" for host storages or "cuda:<GPU UUID>".  One job per connection;
+ * closing the connection leaves the job. */
+SP_EXPORT int sp_job_join(sp_client *client, const sp_ticket *ticket,
+                          uint32_t rank, uint32_t world, const char *device);
+/* Leaves the job: releases every export and registration of this rank. */
+SP_EXPORT int sp_job_leave(sp_client *client);
+
+/* A host storage: bytes [offset, offset + length) of a memfd or shm file.
+ * The daemon maps it read-only and never writes it.  The fd stays the
+ * caller's (the daemon receives a duplicate). */
+typedef struct sp_storage_desc {
+  uint32_t id;      /* chosen by the caller, unique within its rank */
+  int fd;
+  uint64_t offset;  /* bytes into fd */
+  uint64_t length;  /* bytes */
+  const void *addr; /* the caller's own mapping of the storage; identity
+                       tensors are returned as pointers into it */
+} sp_storage_desc;
+
+/* Registers n storages; any number, sent in as many frames as the limits
+ * need.  Each frame is registered whole or not at all; on failure the
+ * storages of this call's earlier frames stay registered. */
+SP_EXPORT int sp_register_storages(sp_client *client,
+                                   const sp_storage_desc *storages, size_t n);
+
+typedef enum sp_placement {
+  SP_PLACEMENT_SHARD0 = 1, /* rows of the global shape, in rank order */
+  SP_PLACEMENT_REPLICATED, /* whole on every rank (a replicated DTensor) */
+  SP_PLACEMENT_PLAIN,      /* whole on every rank (a plain tensor) */
+  SP_PLACEMENT_EXPERT,     /* whole on this rank only */
+  SP_PLACEMENT_AFFINE,     /* pieces of the full tensor (sp_piece) */
+} sp_placement;
+
+/* An affine piece: a box of elements read from this rank's shard (the view,
+ * taken row-major) and written into the full tensor (row-major). */
+typedef struct sp_piece {
+  uint32_t ndim;
+  int64_t shape[SP_MAX_DIMS];
+  int64_t src_offset;
+  int64_t src_stride[SP_MAX_DIMS];
+  int64_t dst_offset;
+  int64_t dst_stride[SP_MAX_DIMS];
+  uint32_t nholders;
+  const uint32_t *holders; /* ranks holding this piece, this one included */
+} sp_piece;
+
+typedef struct sp_tensor_desc {
+  const char *key;
+  uint32_t storage;  /* an sp_storage_desc id */
+  const char *dtype; /* PyTorch name: "float32", "bfloat16", ... */
+  uint32_t ndim;
+  int64_t shape[SP_MAX_DIMS];
+  int64_t stride[SP_MAX_DIMS]; /* elements */
+  int64_t offset;              /* storage offset, elements */
+  sp_placement placement;
+  uint32_t global_ndim;        /* the whole tensor's shape */
+  int64_t global_shape[SP_MAX_DIMS];
+  size_t npieces; /* affine only */
+  const sp_piece *pieces;
+} sp_tensor_desc;
+
+/* Registers n tensors (keys unique within the job's rank). */
+SP_EXPORT int sp_register_tensors(sp_client *client,
+                                  const sp_tensor_desc *tensors, size_t n);
+
+/* Keys that must end on one owner. */
+typedef struct sp_group {
+  size_t nkeys;
+  const char *const *keys;
+} sp_group;
+
+typedef struct sp_progress {
+  const char *phase; /* waiting, planning, moving, publishing */
+  uint32_t round;
+  uint32_t rounds;
+  uint64_t bytes_moved;
+  uint64_t bytes_total;
+} sp_progress;
+
+typedef void (*sp_progress_fn)(const sp_progress *progress, void *arg);
+
+typedef struct sp_export_opts {
+  size_t ngroups;
+  const sp_group *groups;
+  uint32_t max_keys;   /* keys per round; 0: 4096 */
+  uint64_t max_bytes;  /* traffic per round; 0: the daemon's default */
+  uint32_t timeout_ms; /* 0: the daemon's default */
+  sp_progress_fn progress; /* optional, called from inside sp_export */
+  void *progress_arg;
+} sp_export_opts;
+
+/* A whole tensor this rank owns after an export. */
+typedef struct sp_owned_tensor {
+  const char *key;
+  const char *dtype;
+  uint32_t ndim;
+  int64_t shape[SP_MAX_DIMS];
+  int64_t stride[SP_MAX_DIMS];
+  void *data;   /* the first element; valid until sp_release */
+  int identity; /* 1: data points into the caller's own storage (no copy) */
+} sp_owned_tensor;
+
+typedef struct sp_owned_set {
+  uint64_t export_id;
+  size_t ntensors;
+  sp_owned_tensor *tensors; /* sorted by key */
+} sp_owned_set;
+
+/* Runs one export of the job: returns when every rank asked, the plan ran
+ * and this rank's tensors are published, or with the job's one error (the
+ * same code on every rank; sp_last_message names the key and ranks).
+ * opts NULL means defaults.  *out is released with sp_release. */
+SP_EXPORT int sp_export(sp_client *client, const sp_export_opts *opts,
+                        sp_owned_set **out);
+/* Unmaps the set, tells the daemon to free its memory, frees the set. */
+SP_EXPORT int sp_release(sp_client *client, sp_owned_set *set);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SHARDPORT_H */

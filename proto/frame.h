@@ -1,0 +1,87 @@
+/*
+ * frame.h - the framing layer: a 4-byte big-endian length N, then N bytes
+ * of payload (one msgpack map), optionally with file descriptors attached
+ * through SCM_RIGHTS.
+ *
+ * A sender attaches a frame's fds to the frame's first byte; a receiver never
+ * reads past the end of the frame it is assembling, so every fd that arrives
+ * while a frame is being read belongs to that frame.  This is the only code
+ * that reads or writes a shardport socket.
+ */
+#ifndef SP_PROTO_FRAME_H
+#define SP_PROTO_FRAME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/limits.h"
+
+#define SP_FRAME_HEADER 4
+
+/* A received frame.  The frame owns data and every fd in fds that is not -1;
+ * a consumer takes an fd by copying it out and storing -1 in its place. */
+struct sp_frame {
+  uint8_t *data;
+  size_t len;
+  int fds[SP_FDS_MAX];
+  size_t nfds;
+};
+
+/* Frees the payload and closes every fd the frame still owns. */
+void sp_frame_release(struct sp_frame *frame);
+
+/* Closes every fd still owned by the frame: used by handlers of messages that
+ * carry no fds, so that a stray fd never stays open in the daemon. */
+size_t sp_frame_close_fds(struct sp_frame *frame);
+
+/* Incremental receiver for one stream socket, blocking or not. */
+struct sp_frame_rx {
+  struct sp_limits limits;
+  uint8_t header[SP_FRAME_HEADER];
+  size_t header_have;
+  uint8_t *buf;
+  size_t need;
+  size_t have;
+  int fds[SP_FDS_MAX];
+  size_t nfds;
+};
+
+void sp_frame_rx_init(struct sp_frame_rx *rx, const struct sp_limits *limits);
+/* Frees a partly read frame and closes its fds. */
+void sp_frame_rx_reset(struct sp_frame_rx *rx);
+
+/*
+ * Reads what the socket offers, never past the end of the current frame.
+ * Returns 1 and moves a complete frame into *out; 0 when a non-blocking
+ * socket has nothing more now; or a negative code: SP_ECLOSED on an orderly
+ * end of stream between frames, SP_EIO on a stream cut inside a frame or a
+ * socket error, SP_EFRAMETOOBIG when the header announces more than
+ * limits.max_frame (checked before the payload is allocated),
+ * SP_ETOOMANYFDS when more than limits.max_fds arrive (all of them closed),
+ * SP_ENOMEM.  After an error the stream is out of step: close it.
+ */
+int sp_frame_rx_read(struct sp_frame_rx *rx, int sock, struct sp_frame *out);
+
+/* A frame on its way out.  buf holds header and payload (see msg.h). */
+struct sp_frame_tx {
+  uint8_t *buf;
+  size_t len;
+  size_t off;
+  int fds[SP_FDS_MAX];
+  size_t nfds;
+  struct sp_frame_tx *next;
+};
+
+/*
+ * Writes as much of tx as the socket takes, attaching the fds to the first
+ * byte.  Returns 0 when the whole frame is written, 1 when a non-blocking
+ * socket is full (call again when writable), or SP_EIO / SP_ECLOSED.  The
+ * fds stay owned by tx; the peer receives duplicates.
+ */
+int sp_frame_tx_write(struct sp_frame_tx *tx, int sock);
+
+/* Writes a whole frame to a blocking socket. */
+int sp_frame_send(int sock, const uint8_t *buf, size_t len, const int *fds,
+                  size_t nfds);
+
+#endif /* SP_PROTO_FRAME_H */

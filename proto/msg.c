@@ -1,0 +1,250 @@
+/*
+ * msg.c - building messages into frames and reading fields of decoded ones.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "shardport.h"
+#include "proto/msg.h"
+
+void sp_msgbuf_begin(struct sp_msgbuf *mb, const char *op, uint64_t id,
+                     uint32_t nfields) {
+  static const char header_space[SP_FRAME_HEADER];
+  msgpack_sbuffer_init(&mb->sbuf);
+  msgpack_sbuffer_write(&mb->sbuf, header_space, sizeof header_space);
+  msgpack_packer_init(&mb->pk, &mb->sbuf, msgpack_sbuffer_write);
+  msgpack_pack_map(&mb->pk, nfields + 2);
+  sp_pack_kv_str(&mb->pk, "op", op);
+  sp_pack_kv_u64(&mb->pk, "id", id);
+}
+
+int sp_msgbuf_finish(struct sp_msgbuf *mb, struct sp_frame_tx *tx) {
+  /* msgpack_sbuffer_write reports allocation failure only through its
+   * return value, which the packer drops; a short buffer shows it. */
+  if (!mb->sbuf.data || mb->sbuf.size < SP_FRAME_HEADER) {
+    sp_msgbuf_discard(mb);
+    return SP_ENOMEM;
+  }
+  size_t len = mb->sbuf.size - SP_FRAME_HEADER;
+  if (len > UINT32_MAX) {
+    sp_msgbuf_discard(mb);
+    return SP_EFRAMETOOBIG;
+  }
+  uint8_t *p = (uint8_t *)mb->sbuf.data;
+  p[0] = (uint8_t)(len >> 24);
+  p[1] = (uint8_t)(len >> 16);
+  p[2] = (uint8_t)(len >> 8);
+  p[3] = (uint8_t)len;
+  memset(tx, 0, sizeof *tx);
+  tx->len = mb->sbuf.size;
+  tx->buf = (uint8_t *)msgpack_sbuffer_release(&mb->sbuf);
+  return 0;
+}
+
+void sp_msgbuf_discard(struct sp_msgbuf *mb) {
+  msgpack_sbuffer_destroy(&mb->sbuf);
+  msgpack_sbuffer_init(&mb->sbuf);
+}
+
+void sp_pack_strn(msgpack_packer *pk, const char *s, size_t len) {
+  msgpack_pack_str(pk, len);
+  msgpack_pack_str_body(pk, s, len);
+}
+
+void sp_pack_str(msgpack_packer *pk, const char *s) {
+  sp_pack_strn(pk, s, strlen(s));
+}
+
+void sp_pack_bin(msgpack_packer *pk, const void *data, size_t len) {
+  msgpack_pack_bin(pk, len);
+  msgpack_pack_bin_body(pk, data, len);
+}
+
+void sp_pack_kv_str(msgpack_packer *pk, const char *key, const char *value) {
+  sp_pack_str(pk, key);
+  sp_pack_str(pk, value);
+}
+
+void sp_pack_kv_u64(msgpack_packer *pk, const char *key, uint64_t value) {
+  sp_pack_str(pk, key);
+  msgpack_pack_uint64(pk, value);
+}
+
+void sp_pack_kv_i64(msgpack_packer *pk, const char *key, int64_t value) {
+  sp_pack_str(pk, key);
+  msgpack_pack_int64(pk, value);
+}
+
+void sp_pack_kv_f64(msgpack_packer *pk, const char *key, double value) {
+  sp_pack_str(pk, key);
+  msgpack_pack_double(pk, value);
+}
+
+void sp_pack_kv_bool(msgpack_packer *pk, const char *key, bool value) {
+  sp_pack_str(pk, key);
+  if (value)
+    msgpack_pack_true(pk);
+  else
+    msgpack_pack_false(pk);
+}
+
+int sp_msg_error(struct sp_frame_tx *tx, uint64_t id, int code,
+                 const char *fmt, ...) {
+  char message[SP_ERRMSG_MAX + 1];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(message, sizeof message, fmt, ap);
+  va_end(ap);
+
+  struct sp_msgbuf mb;
+  sp_msgbuf_begin(&mb, "error", id, 2);
+  sp_pack_kv_str(&mb.pk, "code", sp_err_name(code));
+  sp_pack_kv_str(&mb.pk, "message", message);
+  return sp_msgbuf_finish(&mb, tx);
+}
+
+const msgpack_object *sp_msg_field(const msgpack_object *map, const char *key) {
+  if (map->type != MSGPACK_OBJECT_MAP)
+    return NULL;
+  size_t klen = strlen(key);
+  for (uint32_t i = 0; i < map->via.map.size; i++) {
+    const msgpack_object *k = &map->via.map.ptr[i].key;
+    if (k->type == MSGPACK_OBJECT_STR && k->via.str.size == klen &&
+        memcmp(k->via.str.ptr, key, klen) == 0)
+      return &map->via.map.ptr[i].val;
+  }
+  return NULL;
+}
+
+/* Looks a field up and checks its type: 0 found, 1 absent but optional,
+ * SP_EBADMSG otherwise. */
+static int field_of_type(const msgpack_object *map, const char *key,
+                         bool optional, msgpack_object_type type,
+                         const msgpack_object **out) {
+  const msgpack_object *o = sp_msg_field(map, key);
+  if (!o)
+    return optional ? 1 : SP_EBADMSG;
+  if (o->type != type)
+    return SP_EBADMSG;
+  *out = o;
+  return 0;
+}
+
+int sp_msg_get_u64(const msgpack_object *map, const char *key, bool optional,
+                   uint64_t *out) {
+  const msgpack_object *o;
+  int rc = field_of_type(map, key, optional, MSGPACK_OBJECT_POSITIVE_INTEGER, &o);
+  if (rc == 0)
+    *out = o->via.u64;
+  return rc;
+}
+
+int sp_msg_get_i64(const msgpack_object *map, const char *key, bool optional,
+                   int64_t *out) {
+  const msgpack_object *o = sp_msg_field(map, key);
+  if (!o)
+    return optional ? 1 : SP_EBADMSG;
+  if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+    *out = o->via.i64;
+  else if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT64_MAX)
+    *out = (int64_t)o->via.u64;
+  else
+    return SP_EBADMSG;
+  return 0;
+}
+
+int sp_msg_get_f64(const msgpack_object *map, const char *key, bool optional,
+                   double *out) {
+  const msgpack_object *o = sp_msg_field(map, key);
+  if (!o)
+    return optional ? 1 : SP_EBADMSG;
+  if (o->type == MSGPACK_OBJECT_FLOAT64 || o->type == MSGPACK_OBJECT_FLOAT32)
+    *out = o->via.f64;
+  else if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+    *out = (double)o->via.u64;
+  else
+    return SP_EBADMSG;
+  return 0;
+}
+
+int sp_msg_get_bool(const msgpack_object *map, const char *key, bool optional,
+                    bool *out) {
+  const msgpack_object *o;
+  int rc = field_of_type(map, key, optional, MSGPACK_OBJECT_BOOLEAN, &o);
+  if (rc == 0)
+    *out = o->via.boolean;
+  return rc;
+}
+
+int sp_msg_get_str(const msgpack_object *map, const char *key, bool optional,
+                   const char **ptr, size_t *len) {
+  const msgpack_object *o;
+  int rc = field_of_type(map, key, optional, MSGPACK_OBJECT_STR, &o);
+  if (rc == 0) {
+    *ptr = o->via.str.ptr;
+    *len = o->via.str.size;
+  }
+  return rc;
+}
+
+int sp_msg_get_strbuf(const msgpack_object *map, const char *key,
+                      bool optional, char *buf, size_t size) {
+  const char *p;
+  size_t len;
+  int rc = sp_msg_get_str(map, key, optional, &p, &len);
+  if (rc != 0)
+    return rc;
+  if (len >= size || memchr(p, '\0', len))
+    return SP_EBADMSG;
+  memcpy(buf, p, len);
+  buf[len] = '\0';
+  return 0;
+}
+
+int sp_msg_get_bin(const msgpack_object *map, const char *key, bool optional,
+                   const uint8_t **ptr, size_t *len) {
+  const msgpack_object *o;
+  int rc = field_of_type(map, key, optional, MSGPACK_OBJECT_BIN, &o);
+  if (rc == 0) {
+    *ptr = (const uint8_t *)o->via.bin.ptr;
+    *len = o->via.bin.size;
+  }
+  return rc;
+}
+
+int sp_msg_get_array(const msgpack_object *map, const char *key, bool optional,
+                     const msgpack_object_array **out) {
+  const msgpack_object *o;
+  int rc = field_of_type(map, key, optional, MSGPACK_OBJECT_ARRAY, &o);
+  if (rc == 0)
+    *out = &o->via.array;
+  return rc;
+}
+
+int sp_msg_get_map(const msgpack_object *map, const char *key, bool optional,
+                   const msgpack_object **out) {
+  return field_of_type(map, key, optional, MSGPACK_OBJECT_MAP, out);
+}
+
+int sp_msg_head(const msgpack_object *map, struct sp_msg_head *head) {
+  int rc = sp_msg_get_strbuf(map, "op", false, head->op, sizeof head->op);
+  if (rc == 0)
+    rc = sp_msg_get_u64(map, "id", false, &head->id);
+  return rc;
+}
+
+int sp_msg_error_code(const msgpack_object *map, char *message, size_t size) {
+  const char *code, *text = "";
+  size_t code_len, text_len;
+  if (sp_msg_get_str(map, "code", false, &code, &code_len) != 0)
+    return SP_EBADMSG;
+  if (sp_msg_get_str(map, "message", true, &text, &text_len) != 0)
+    text_len = 0;
+  if (size > 0) {
+    size_t n = text_len < size - 1 ? text_len : size - 1;
+    memcpy(message, text, n);
+    message[n] = '\0';
+  }
+  return sp_error_from_name(code, code_len);
+}

@@ -1,0 +1,182 @@
+/*
+ * plan_bench.c - how long planning takes and how much memory it needs.
+ *
+ * Each case builds the gathered metadata of a job of shard0 tensors (rows
+ * dealt unevenly over the ranks, bfloat16 and float32 mixed, 8 ranks per
+ * node, every rank's shards in one storage) and times plan_build() on it.
+ * A case runs in a child process of its own, so that its peak resident
+ * memory (getrusage's maxrss, minus what the child held before planning)
+ * is its own.  Printed, never asserted: these machines are shared.
+ *
+ * The anchor (the issue's): PyTorch's checkpoint planner takes over 200 s
+ * to validate 1,024 tensors over 1,024 ranks, its check being quadratic in
+ * the ranks.  shardport indexes each rank's keys by hashing and compares
+ * every rank with the key's first holder, so planning is
+ * O(entries + keys log keys).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/plan/plan.h"
+
+struct bench_case {
+  uint32_t keys;
+  uint32_t world;
+};
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static long maxrss_kib(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+static void *xcalloc(size_t n, size_t size) {
+  void *p = calloc(n, size);
+  if (p == NULL) {
+    fprintf(stderr, "plan_bench: out of memory\n");
+    exit(1);
+  }
+  return p;
+}
+
+static int run_case(const struct bench_case *c) {
+  uint32_t world = c->world, nkeys = c->keys;
+  char **names = xcalloc(nkeys, sizeof *names);
+  int64_t *rows = xcalloc(nkeys, sizeof *rows);
+  int64_t *cols = xcalloc(nkeys, sizeof *cols);
+  struct plan_rank_in *ranks = xcalloc(world, sizeof *ranks);
+  struct sp_storage *storages = xcalloc(world, sizeof *storages);
+  struct plan_input in = {.world = world, .nranks = world, .ranks = ranks};
+  uint64_t state = 42, entries = (uint64_t)nkeys * world;
+  struct plan *plan;
+  char msg[512];
+  double t0, t1;
+  long rss0, rss1;
+  size_t moves = 0, buckets = 0;
+  int rc;
+
+  for (uint32_t k = 0; k < nkeys; k++) {
+    char buf[64];
+    snprintf(buf, sizeof buf, "model.layers.%u.mlp.w%u.weight", k / 8, k % 8);
+    names[k] = strdup(buf);
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    /* Rows that rarely divide by the world: uneven shards, some empty. */
+    rows[k] = (int64_t)(world / 2 + (state >> 33) % (2 * (uint64_t)world));
+    cols[k] = 64 + (int64_t)((state >> 13) % 64);
+  }
+  for (uint32_t r = 0; r < world; r++) {
+    struct plan_key_in *keys = xcalloc(nkeys, sizeof *keys);
+    uint64_t offset = 0;
+    for (uint32_t k = 0; k < nkeys; k++) {
+      struct plan_key_in *e = &keys[k];
+      /* torch.chunk's cut: ceil-sized chunks, trailing ranks empty. */
+      int64_t chunk = (rows[k] + world - 1) / world;
+      int64_t start = chunk * r < rows[k] ? chunk * r : rows[k];
+      int64_t end = start + chunk < rows[k] ? start + chunk : rows[k];
+      e->name = names[k];
+      e->placement = PLAN_SHARD0;
+      e->device_type = SP_DEVICE_CUDA;
+      e->ndim = 2;
+      e->shape[0] = rows[k];
+      e->shape[1] = cols[k];
+      e->view.dtype = k % 3 == 0 ? SP_DTYPE_FLOAT32 : SP_DTYPE_BFLOAT16;
+      e->view.ndim = 2;
+      e->view.shape[0] = end - start;
+      e->view.shape[1] = cols[k];
+      e->view.stride[0] = cols[k];
+      e->view.stride[1] = 1;
+      e->view.offset = (int64_t)offset;
+      e->nbytes = (uint64_t)(end - start) * (uint64_t)cols[k] *
+                  sp_dtype_size(e->view.dtype);
+      /* Each shard at an offset counted in its own element size. */
+      offset += (uint64_t)(end - start) * (uint64_t)cols[k] + 8;
+      offset = (offset + 1) & ~(uint64_t)1;
+    }
+    storages[r].device.type = SP_DEVICE_CUDA;
+    storages[r].device.index = (int32_t)(r % 8);
+    storages[r].device.uuid[0] = (uint8_t)r;
+    storages[r].device.uuid[1] = (uint8_t)(r >> 8);
+    storages[r].base = 0x7f0000000000ull;
+    storages[r].nbytes = offset * 4;
+    /* Listed in the order a daemon would gather them: local ranks first. */
+    ranks[(r + world / 2) % world] = (struct plan_rank_in){
+        .rank = r, .node = r / 8, .nstorages = 1, .storages = &storages[r],
+        .nkeys = nkeys, .keys = keys};
+  }
+  rss0 = maxrss_kib();
+  t0 = now_s();
+  rc = plan_build(&in, &plan, msg, sizeof msg);
+  t1 = now_s();
+  rss1 = maxrss_kib();
+  if (rc != 0) {
+    fprintf(stderr, "plan_bench: refused: %s\n", msg);
+    return 1;
+  }
+  for (size_t i = 0; i < plan->nrounds; i++) {
+    moves += plan->rounds[i].nmoves + plan->rounds[i].nlocal;
+    buckets += plan->rounds[i].nbuckets;
+  }
+  printf("plan %6u keys x %5u ranks: %9" PRIu64 " shard entries, %7.3f s, "
+         "%9.0f entries/s, peak +%7.1f MiB, %3zu rounds, %8zu moves, "
+         "%7zu buckets, digest %016" PRIx64 "\n",
+         nkeys, world, entries, t1 - t0, (double)entries / (t1 - t0),
+         (double)(rss1 - rss0) / 1024.0, plan->nrounds, moves, buckets,
+         plan->digest);
+  fflush(stdout);
+  plan_free(plan);
+  for (uint32_t r = 0; r < world; r++)
+    free((void *)ranks[r].keys);
+  for (uint32_t k = 0; k < nkeys; k++)
+    free(names[k]);
+  free(names);
+  free(rows);
+  free(cols);
+  free(ranks);
+  free(storages);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  static const struct bench_case cases[] = {
+      {100000, 64},
+      {1000, 1024},
+      {1024, 1024},
+      {1000, 256},
+      {1000, 512},
+  };
+  size_t ncases = sizeof cases / sizeof cases[0];
+  int failed = 0;
+
+  /* "plan_bench 1000 1024" runs one case in this process. */
+  if (argc == 3) {
+    struct bench_case c = {(uint32_t)strtoul(argv[1], NULL, 10),
+                           (uint32_t)strtoul(argv[2], NULL, 10)};
+    return run_case(&c);
+  }
+  for (size_t i = 0; i < ncases; i++) {
+    int status;
+    pid_t pid = fork();
+    if (pid < 0) {
+      perror("fork");
+      return 1;
+    }
+    if (pid == 0)
+      _exit(run_case(&cases[i]));
+    if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) ||
+        WEXITSTATUS(status) != 0)
+      failed = 1;
+  }
+  return failed;
+}

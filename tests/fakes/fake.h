@@ -1,0 +1,108 @@
+/*
+ * fake.h - what the parts of the fake CUDA runtime share, and the one hook
+ * the fake NCCL uses into it.  Not a public interface: docs/fakes.md says
+ * what the fakes model.
+ */
+#ifndef SP_TESTS_FAKE_H
+#define SP_TESTS_FAKE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#define FAKE_EXPORT __attribute__((visibility("default")))
+
+#define FAKE_MAX_GPUS 16
+
+/* Everything below but the NCCL hook stays inside the library. */
+#pragma GCC visibility push(hidden)
+
+/* The configuration read once from the environment (fake_cudart.c). */
+struct fake_config {
+  cudaError_t init_error; /* what every device call answers when not 0 */
+  int ngpus;              /* visible devices */
+  int physical[FAKE_MAX_GPUS]; /* visible ordinal -> physical index */
+  uint32_t node;          /* SHARDPORT_FAKE_NODE: which "machine" this is */
+  size_t mem_limit;       /* per device and process; 0: unlimited */
+  unsigned delay_us;      /* SHARDPORT_FAKE_DELAY_US before each stream op */
+  bool poison;            /* fill new device memory with FAKE_POISON_BYTE */
+  bool p2p;               /* SHARDPORT_FAKE_P2P: peer access possible */
+};
+
+#define FAKE_POISON_BYTE 0xa5
+
+/* Reads a non-negative integer variable; dflt when unset, -1 when garbage. */
+long fake_env_long(const char *name, long dflt);
+
+/* Initialises on first use; returns the configuration, and in *err the
+ * error device calls must answer (cudaSuccess when there are devices). */
+const struct fake_config *fake_config(cudaError_t *err);
+
+/* The calling thread's current device (a visible ordinal). */
+int fake_current_device(void);
+
+/* Records err as the thread's last error (when not cudaSuccess), returns it. */
+cudaError_t fake_error(cudaError_t err);
+
+/* The physical index of a visible ordinal, -1 if out of range; and back. */
+int fake_physical(int ordinal);
+int fake_ordinal(int physical);
+
+/* Device memory ranges (fake_memory.c). */
+enum fake_access { FAKE_READ = 1, FAKE_WRITE = 2 };
+
+/* cudaSuccess when [ptr, ptr + len) lies in one device allocation (or
+ * mapping) that allows the access; *device gets its visible ordinal, or -1.
+ * With must_be_device false, memory outside every allocation counts as host
+ * memory and passes. */
+cudaError_t fake_check_range(const void *ptr, size_t len, int access,
+                             bool must_be_device);
+
+/* Waits for every stream of the process to drain (fake_stream.c); what
+ * cudaFree and the unmap calls do before memory goes away. */
+void fake_sync_all_streams(void);
+
+/* The driver functions that cudaGetDriverEntryPointByVersion hands out,
+ * with the prototypes of cuda.h (checked where the table is built). */
+CUresult fake_cuDeviceGet(CUdevice *device, int ordinal);
+CUresult fake_cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
+CUresult fake_cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize,
+                                   CUdeviceptr dptr);
+CUresult fake_cuMemGetAllocationGranularity(size_t *granularity,
+                                            const CUmemAllocationProp *prop,
+                                            CUmemAllocationGranularity_flags option);
+CUresult fake_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                          const CUmemAllocationProp *prop,
+                          unsigned long long flags);
+CUresult fake_cuMemRelease(CUmemGenericAllocationHandle handle);
+CUresult fake_cuMemExportToShareableHandle(void *shareableHandle,
+                                           CUmemGenericAllocationHandle handle,
+                                           CUmemAllocationHandleType handleType,
+                                           unsigned long long flags);
+CUresult fake_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                             void *osHandle,
+                                             CUmemAllocationHandleType shHandleType);
+CUresult fake_cuMemAddressReserve(CUdeviceptr *ptr, size_t size,
+                                  size_t alignment, CUdeviceptr addr,
+                                  unsigned long long flags);
+CUresult fake_cuMemAddressFree(CUdeviceptr ptr, size_t size);
+CUresult fake_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                       CUmemGenericAllocationHandle handle,
+                       unsigned long long flags);
+CUresult fake_cuMemUnmap(CUdeviceptr ptr, size_t size);
+CUresult fake_cuMemSetAccess(CUdeviceptr ptr, size_t size,
+                             const CUmemAccessDesc *desc, size_t count);
+
+#pragma GCC visibility pop
+
+/* The hook for fake NCCL: runs fn(arg) on the stream's worker, in stream
+ * order, after the work enqueued before it.  fn may block; the work after it
+ * waits.  Returns cudaSuccess or the error cudaMemcpyAsync would. */
+FAKE_EXPORT cudaError_t spfake_stream_enqueue(cudaStream_t stream,
+                                              void (*fn)(void *), void *arg);
+
+
+#endif

@@ -1,0 +1,781 @@
+/*
+ * fake_memory.c - device memory of the fake CUDA runtime: cudaMalloc'd
+ * allocations, legacy IPC memory handles, and the driver's cuMem calls
+ * (reserve, create, map, access, POSIX fd export and import).
+ *
+ * "Device memory" is host memory backed by memfds, so other processes can
+ * map the same bytes: a legacy IPC handle names the exporting process, its
+ * memfd's descriptor number and inode, and the importer opens
+ * /proc/<pid>/fd/<n> and checks the inode.  As with real CUDA, the memory
+ * lives while the exporter holds it, a handle of a freed allocation does not
+ * open, and an importer's mapping keeps the bytes alive after the exporter
+ * frees them.
+ *
+ * Every allocation, import and mapping is a region in one sorted table, so
+ * that any pointer inside one yields its base, size and device.
+ */
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fake.h"
+
+/* What cuMemGetAllocationGranularity reports, both minimum and recommended:
+ * the 2 MiB of real devices, so that alignment mistakes show. */
+#define VMM_GRANULARITY ((size_t)2 << 20)
+
+enum region_kind { REGION_MALLOC, REGION_IPC, REGION_VMM };
+
+struct vmm_alloc {
+  struct vmm_alloc *next;
+  int fd;
+  size_t size;
+  int phys;
+  bool exportable; /* requested CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+  bool counted;    /* created here, so counted against the memory limit */
+  int refs;        /* the handle, plus one per mapping */
+};
+
+struct region {
+  uintptr_t base;
+  size_t size;
+  size_t map_len;
+  int phys;
+  enum region_kind kind;
+  int access;       /* FAKE_READ | FAKE_WRITE */
+  int fd;           /* REGION_MALLOC: the memfd, kept for IPC export */
+  uint64_t ino;     /* REGION_MALLOC and REGION_IPC: the memfd's inode */
+  pid_t exporter;   /* REGION_IPC */
+  int refs;         /* REGION_IPC: opens not yet closed */
+  int ctx_device;   /* REGION_IPC: current device of the first open */
+  struct vmm_alloc *alloc; /* REGION_VMM */
+};
+
+struct reservation {
+  struct reservation *next;
+  uintptr_t base;
+  size_t size;
+};
+
+static struct {
+  pthread_mutex_t lock;
+  struct region **v; /* sorted by base, never overlapping */
+  size_t n, cap;
+  struct vmm_alloc *allocs;
+  struct reservation *reservations;
+  size_t used[FAKE_MAX_GPUS]; /* bytes per physical device */
+} mem = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* The legacy IPC memory handle's bytes (CUDA_IPC_HANDLE_SIZE of them). */
+struct ipc_mem_wire {
+  char magic[8];
+  uint32_t node;
+  int32_t pid;
+  int32_t fd;
+  int32_t phys;
+  uint64_t ino;
+  uint64_t size;
+};
+_Static_assert(sizeof(struct ipc_mem_wire) <= sizeof(cudaIpcMemHandle_t),
+               "the fake handle must fit a cudaIpcMemHandle_t");
+static const char ipc_mem_magic[8] = "SPFKMEM1";
+
+static size_t page_round(size_t n) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  return (n + page - 1) / page * page;
+}
+
+/* Index of the first region whose base is above p. */
+static size_t upper_bound(uintptr_t p) {
+  size_t lo = 0, hi = mem.n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (mem.v[mid]->base <= p)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+static struct region *region_find(uintptr_t p) {
+  size_t i = upper_bound(p);
+  if (i == 0)
+    return NULL;
+  struct region *r = mem.v[i - 1];
+  return p - r->base < r->size ? r : NULL;
+}
+
+static bool region_insert(struct region *r) {
+  if (mem.n == mem.cap) {
+    size_t cap = mem.cap ? mem.cap * 2 : 64;
+    struct region **v = realloc(mem.v, cap * sizeof(*v));
+    if (v == NULL)
+      return false;
+    mem.v = v;
+    mem.cap = cap;
+  }
+  size_t i = upper_bound(r->base);
+  memmove(mem.v + i + 1, mem.v + i, (mem.n - i) * sizeof(*mem.v));
+  mem.v[i] = r;
+  mem.n++;
+  return true;
+}
+
+static void region_remove(struct region *r) {
+  for (size_t i = 0; i < mem.n; i++)
+    if (mem.v[i] == r) {
+      memmove(mem.v + i, mem.v + i + 1, (mem.n - i - 1) * sizeof(*mem.v));
+      mem.n--;
+      return;
+    }
+}
+
+cudaError_t fake_check_range(const void *ptr, size_t len, int access,
+                             bool must_be_device) {
+  if (len == 0)
+    return cudaSuccess;
+  pthread_mutex_lock(&mem.lock);
+  struct region *r = region_find((uintptr_t)ptr);
+  cudaError_t err = cudaSuccess;
+  if (r == NULL)
+    err = must_be_device ? cudaErrorInvalidValue : cudaSuccess;
+  else if (len > r->size - ((uintptr_t)ptr - r->base))
+    err = cudaErrorInvalidValue;
+  else if ((r->access & access) != access)
+    err = cudaErrorIllegalAddress;
+  pthread_mutex_unlock(&mem.lock);
+  return err;
+}
+
+/* A memfd of size bytes, filled with the poison byte unless disabled. */
+static int memfd_new(const char *name, size_t size) {
+  const struct fake_config *cfg = fake_config(NULL);
+  int fd = memfd_create(name, MFD_CLOEXEC);
+  if (fd < 0)
+    return -1;
+  if (ftruncate(fd, (off_t)size) != 0) {
+    close(fd);
+    return -1;
+  }
+  if (cfg->poison) {
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      close(fd);
+      return -1;
+    }
+    memset(p, FAKE_POISON_BYTE, size);
+    munmap(p, size);
+  }
+  return fd;
+}
+
+/* Reserves size bytes of the per-device budget; false when over it. */
+static bool budget_take(int phys, size_t size) {
+  size_t limit = fake_config(NULL)->mem_limit;
+  if (limit != 0 && (mem.used[phys] > limit || size > limit - mem.used[phys]))
+    return false;
+  mem.used[phys] += size;
+  return true;
+}
+
+cudaError_t cudaMalloc(void **devPtr, size_t size) {
+  cudaError_t err;
+  fake_config(&err);
+  if (err != cudaSuccess)
+    return fake_error(err);
+  if (devPtr == NULL)
+    return fake_error(cudaErrorInvalidValue);
+  if (size == 0) {
+    *devPtr = NULL;
+    return cudaSuccess;
+  }
+  int phys = fake_physical(fake_current_device());
+  pthread_mutex_lock(&mem.lock);
+  bool ok = budget_take(phys, size);
+  pthread_mutex_unlock(&mem.lock);
+  if (!ok)
+    return fake_error(cudaErrorMemoryAllocation);
+  struct region *r = calloc(1, sizeof(*r));
+  int fd = memfd_new("spfake-mem", size);
+  void *p = MAP_FAILED;
+  struct stat st;
+  if (r != NULL && fd >= 0 && fstat(fd, &st) == 0)
+    p = mmap(NULL, page_round(size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p != MAP_FAILED) {
+    *r = (struct region){.base = (uintptr_t)p, .size = size,
+                         .map_len = page_round(size), .phys = phys,
+                         .kind = REGION_MALLOC, .access = FAKE_READ | FAKE_WRITE,
+                         .fd = fd, .ino = (uint64_t)st.st_ino};
+    pthread_mutex_lock(&mem.lock);
+    ok = region_insert(r);
+    pthread_mutex_unlock(&mem.lock);
+    if (ok) {
+      *devPtr = p;
+      return cudaSuccess;
+    }
+    munmap(p, page_round(size));
+  }
+  if (fd >= 0)
+    close(fd);
+  free(r);
+  pthread_mutex_lock(&mem.lock);
+  mem.used[phys] -= size;
+  pthread_mutex_unlock(&mem.lock);
+  return fake_error(cudaErrorMemoryAllocation);
+}
+
+/* Like the real cudaFree, waits for the device's work first, so that no
+ * queued copy touches memory that is gone. */
+cudaError_t cudaFree(void *devPtr) {
+  cudaError_t err;
+  fake_config(&err);
+  if (err != cudaSuccess)
+    return fake_error(err);
+  if (devPtr == NULL)
+    return cudaSuccess;
+  pthread_mutex_lock(&mem.lock);
+  struct region *r = region_find((uintptr_t)devPtr);
+  if (r == NULL || r->base != (uintptr_t)devPtr || r->kind != REGION_MALLOC) {
+    pthread_mutex_unlock(&mem.lock);
+    return fake_error(cudaErrorInvalidValue);
+  }
+  region_remove(r);
+  mem.used[r->phys] -= r->size;
+  pthread_mutex_unlock(&mem.lock);
+  fake_sync_all_streams();
+  munmap(devPtr, r->map_len);
+  close(r->fd);
+  free(r);
+  return cudaSuccess;
+}
+
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes,
+                                     const void *ptr) {
+  cudaError_t err;
+  fake_config(&err);
+  if (err != cudaSuccess)
+    return fake_error(err);
+  if (attributes == NULL)
+    return fake_error(cudaErrorInvalidValue);
+  memset(attributes, 0, sizeof(*attributes));
+  pthread_mutex_lock(&mem.lock);
+  struct region *r = region_find((uintptr_t)ptr);
+  if (r == NULL) {
+    /* Since CUDA 11 a host pointer is a success of type Unregistered. */
+    attributes->type = cudaMemoryTypeUnregistered;
+    attributes->device = -1;
+  } else {
+    int ordinal = fake_ordinal(r->phys);
+    attributes->type = cudaMemoryTypeDevice;
+    attributes->device = ordinal >= 0 ? ordinal : r->ctx_device;
+    attributes->devicePointer = (void *)ptr;
+  }
+  pthread_mutex_unlock(&mem.lock);
+  return cudaSuccess;
+}
+
+/* The handle of the allocation that contains devPtr: the base's handle for
+ * any pointer inside it, as with real CUDA; the caller sends the offset. */
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr) {
+  cudaError_t err;
+  const struct fake_config *cfg = fake_config(&err);
+  if (err != cudaSuccess)
+    return fake_error(err);
+  if (handle == NULL)
+    return fake_error(cudaErrorInvalidValue);
+  pthread_mutex_lock(&mem.lock);
+  struct region *r = region_find((uintptr_t)devPtr);
+  if (r == NULL || r->kind != REGION_MALLOC) {
+    pthread_mutex_unlock(&mem.lock);
+    return fake_error(cudaErrorInvalidValue);
+  }
+  struct ipc_mem_wire w = {.node = cfg->node, .pid = (int32_t)getpid(),
+                           .fd = r->fd, .phys = r->phys, .ino = r->ino,
+                           .size = r->size};
+  memcpy(w.magic, ipc_mem_magic, sizeof(w.magic));
+  pthread_mutex_unlock(&mem.lock);
+  memset(handle, 0, sizeof(*handle));
+  memcpy(handle->reserved, &w, sizeof(w));
+  return cudaSuccess;
+}
+
+static struct region *ipc_find(pid_t pid, uint64_t ino) {
+  for (size_t i = 0; i < mem.n; i++)
+    if (mem.v[i]->kind == REGION_IPC && mem.v[i]->exporter == pid &&
+        mem.v[i]->ino == ino)
+      return mem.v[i];
+  return NULL;
+}
+
+/* Maps the exporter's memfd.  A process cannot open its own handles
+ * (cudaErrorDeviceUninitialized, "invalid device context", as the real
+ * driver answers); a second open of the same handle under the same device
+ * returns the same pointer and counts a reference, as documented; an open
+ * under another device is refused (docs/fakes.md explains the choice). */
+cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle,
+                                 unsigned int flags) {
+  cudaError_t err;
+  const struct fake_config *cfg = fake_config(&err);
+  if (err != cudaSuccess)
+    return fake_error(err);
+  if (devPtr == NULL || (flags & ~(unsigned)cudaIpcMemLazyEnablePeerAccess) != 0)
+    return fake_error(cudaErrorInvalidValue);
+  struct ipc_mem_wire w;
+  memcpy(&w, handle.reserved, sizeof(w));
+  if (memcmp(w.magic, ipc_mem_magic, sizeof(w.magic)) != 0 ||
+      w.node != cfg->node || w.size == 0)
+    return fake_error(cudaErrorInvalidResourceHandle);
+  if (w.pid == (int32_t)getpid())
+    return fake_error(cudaErrorDeviceUninitialized);
+  int dev = fake_current_device();
+  pthread_mutex_lock(&mem.lock);
+  struct region *r = ipc_find(w.pid, w.ino);
+  if (r != NULL) {
+    err = r->ctx_device == dev ? cudaSuccess : cudaErrorInvalidValue;
+    if (err == cudaSuccess) {
+      r->refs++;
+      *devPtr = (void *)r->base;
+    }
+    pthread_mutex_unlock(&mem.lock);
+    return fake_error(err);
+  }
+  pthread_mutex_unlock(&mem.lock);
+
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)w.pid, (int)w.fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0)
+    return fake_error(cudaErrorMapBufferObjectFailed);
+  if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != w.ino ||
+      (uint64_t)st.st_size < w.size) {
+    close(fd);
+    return fake_error(cudaErrorMapBufferObjectFailed);
+  }
+  size_t len = page_round((size_t)w.size);
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  r = calloc(1, sizeof(*r));
+  if (p == MAP_FAILED || r == NULL) {
+    if (p != MAP_FAILED)
+      munmap(p, len);
+    free(r);
+    return fake_error(cudaErrorMapBufferObjectFailed);
+  }
+  *r = (struct region){.base = (uintptr_t)p, .size = (size_t)w.size,
+                       .map_len = len, .phys = w.phys, .kind = REGION_IPC,
+                       .access = FAKE_READ | FAKE_WRITE, .fd = -1,
+                       .ino = w.ino, .exporter = w.pid, .refs = 1,
+                       .ctx_device = dev};
+  pthread_mutex_lock(&mem.lock);
+  bool ok = region_insert(r);
+  pthread_mutex_unlock(&mem.lock);
+  if (!ok) {
+    munmap(p, len);
+    free(r);
+    return fake_error(cudaErrorMapBufferObjectFailed);
+  }
+  *devPtr = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcCloseMemHandle(void *devPtr) {
+  cudaError_t err;
+  fake_config(&err);
+  if (err != cudaSuccess)
+    return fake_error(err);
+  pthread_mutex_lock(&mem.lock);
+  struct region *r = region_find((uintptr_t)devPtr);
+  if (r == NULL || r->base != (uintptr_t)devPtr || r->kind != REGION_IPC) {
+    pthread_mutex_unlock(&mem.lock);
+    return fake_error(cudaErrorInvalidValue);
+  }
+  if (--r->refs > 0) {
+    pthread_mutex_unlock(&mem.lock);
+    return cudaSuccess;
+  }
+  region_remove(r);
+  pthread_mutex_unlock(&mem.lock);
+  fake_sync_all_streams();
+  munmap(devPtr, r->map_len);
+  free(r);
+  return cudaSuccess;
+}
+
+CUresult fake_cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize,
+                                   CUdeviceptr dptr) {
+  pthread_mutex_lock(&mem.lock);
+  struct region *r = region_find((uintptr_t)dptr);
+  if (r != NULL) {
+    if (pbase != NULL)
+      *pbase = (CUdeviceptr)r->base;
+    if (psize != NULL)
+      *psize = r->size;
+  }
+  pthread_mutex_unlock(&mem.lock);
+  return r != NULL ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+/* The allocation properties the fake supports: pinned device memory,
+ * optionally exportable as a POSIX fd. */
+static CUresult check_prop(const CUmemAllocationProp *prop) {
+  if (prop == NULL || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (fake_physical(prop->location.id) < 0)
+    return CUDA_ERROR_INVALID_DEVICE;
+  if ((prop->requestedHandleTypes & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuMemGetAllocationGranularity(size_t *granularity,
+                                            const CUmemAllocationProp *prop,
+                                            CUmemAllocationGranularity_flags option) {
+  (void)option;
+  CUresult res = check_prop(prop);
+  if (res != CUDA_SUCCESS)
+    return res;
+  if (granularity == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  *granularity = VMM_GRANULARITY;
+  return CUDA_SUCCESS;
+}
+
+static struct vmm_alloc *alloc_find(CUmemGenericAllocationHandle handle) {
+  for (struct vmm_alloc *a = mem.allocs; a != NULL; a = a->next)
+    if ((CUmemGenericAllocationHandle)(uintptr_t)a == handle)
+      return a;
+  return NULL;
+}
+
+static struct vmm_alloc *alloc_add(int fd, size_t size, int phys,
+                                   bool exportable, bool counted) {
+  struct vmm_alloc *a = calloc(1, sizeof(*a));
+  if (a == NULL)
+    return NULL;
+  *a = (struct vmm_alloc){.next = mem.allocs, .fd = fd, .size = size,
+                          .phys = phys, .exportable = exportable,
+                          .counted = counted, .refs = 1};
+  mem.allocs = a;
+  return a;
+}
+
+/* Drops one reference; the last one frees the memory.  Lock held. */
+static void alloc_unref(struct vmm_alloc *a) {
+  if (--a->refs > 0)
+    return;
+  for (struct vmm_alloc **pp = &mem.allocs; *pp != NULL; pp = &(*pp)->next)
+    if (*pp == a) {
+      *pp = a->next;
+      break;
+    }
+  if (a->counted)
+    mem.used[a->phys] -= a->size;
+  close(a->fd);
+  free(a);
+}
+
+CUresult fake_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                          const CUmemAllocationProp *prop,
+                          unsigned long long flags) {
+  CUresult res = check_prop(prop);
+  if (res != CUDA_SUCCESS)
+    return res;
+  if (handle == NULL || flags != 0 || size == 0 || size % VMM_GRANULARITY != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  int phys = fake_physical(prop->location.id);
+  /* The name carries the machine and device, so that an importer can tell
+   * a fake allocation from any other fd. */
+  char name[64];
+  snprintf(name, sizeof(name), "spfake-vmm-%u-%d", fake_config(NULL)->node,
+           phys);
+  pthread_mutex_lock(&mem.lock);
+  bool ok = budget_take(phys, size);
+  pthread_mutex_unlock(&mem.lock);
+  if (!ok)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  int fd = memfd_new(name, size);
+  pthread_mutex_lock(&mem.lock);
+  struct vmm_alloc *a =
+      fd < 0 ? NULL
+             : alloc_add(fd, size, phys,
+                         prop->requestedHandleTypes ==
+                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                         true);
+  if (a == NULL) {
+    mem.used[phys] -= size;
+    if (fd >= 0)
+      close(fd);
+  }
+  pthread_mutex_unlock(&mem.lock);
+  if (a == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  *handle = (CUmemGenericAllocationHandle)(uintptr_t)a;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuMemRelease(CUmemGenericAllocationHandle handle) {
+  pthread_mutex_lock(&mem.lock);
+  struct vmm_alloc *a = alloc_find(handle);
+  if (a != NULL)
+    alloc_unref(a);
+  pthread_mutex_unlock(&mem.lock);
+  return a != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The fd is a new descriptor the caller owns and closes. */
+CUresult fake_cuMemExportToShareableHandle(void *shareableHandle,
+                                           CUmemGenericAllocationHandle handle,
+                                           CUmemAllocationHandleType handleType,
+                                           unsigned long long flags) {
+  if (shareableHandle == NULL || flags != 0 ||
+      handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&mem.lock);
+  struct vmm_alloc *a = alloc_find(handle);
+  int fd = a != NULL && a->exportable ? fcntl(a->fd, F_DUPFD_CLOEXEC, 0) : -1;
+  pthread_mutex_unlock(&mem.lock);
+  if (a == NULL || !a->exportable)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (fd < 0)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  *(int *)shareableHandle = fd;
+  return CUDA_SUCCESS;
+}
+
+/* The fd stays the caller's; the handle holds its own duplicate. */
+CUresult fake_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                             void *osHandle,
+                                             CUmemAllocationHandleType shHandleType) {
+  if (handle == NULL || shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    return CUDA_ERROR_INVALID_VALUE;
+  int fd = (int)(intptr_t)osHandle;
+  char link[64], target[128];
+  snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(link, target, sizeof(target) - 1);
+  if (n <= 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  target[n] = '\0';
+  unsigned node;
+  int phys;
+  struct stat st;
+  if (sscanf(target, "/memfd:spfake-vmm-%u-%d", &node, &phys) != 2 ||
+      node != fake_config(NULL)->node || phys < 0 || phys >= FAKE_MAX_GPUS ||
+      fstat(fd, &st) != 0 || st.st_size <= 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  int dup = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (dup < 0)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&mem.lock);
+  struct vmm_alloc *a = alloc_add(dup, (size_t)st.st_size, phys, true, false);
+  pthread_mutex_unlock(&mem.lock);
+  if (a == NULL) {
+    close(dup);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *handle = (CUmemGenericAllocationHandle)(uintptr_t)a;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuMemAddressReserve(CUdeviceptr *ptr, size_t size,
+                                  size_t alignment, CUdeviceptr addr,
+                                  unsigned long long flags) {
+  (void)addr; /* a hint, which the fake does not follow */
+  if (alignment == 0)
+    alignment = VMM_GRANULARITY;
+  if (ptr == NULL || flags != 0 || size == 0 || size % VMM_GRANULARITY != 0 ||
+      (alignment & (alignment - 1)) != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  struct reservation *res = calloc(1, sizeof(*res));
+  if (res == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  size_t raw_len = size + alignment;
+  char *raw = mmap(NULL, raw_len, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) {
+    free(res);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  uintptr_t base = ((uintptr_t)raw + alignment - 1) & ~(uintptr_t)(alignment - 1);
+  if (base > (uintptr_t)raw)
+    munmap(raw, base - (uintptr_t)raw);
+  size_t tail = (uintptr_t)raw + raw_len - (base + size);
+  if (tail > 0)
+    munmap((void *)(base + size), tail);
+  res->base = base;
+  res->size = size;
+  pthread_mutex_lock(&mem.lock);
+  res->next = mem.reservations;
+  mem.reservations = res;
+  pthread_mutex_unlock(&mem.lock);
+  *ptr = (CUdeviceptr)base;
+  return CUDA_SUCCESS;
+}
+
+static struct reservation *reservation_of(uintptr_t p, size_t size) {
+  for (struct reservation *r = mem.reservations; r != NULL; r = r->next)
+    if (p >= r->base && p - r->base <= r->size && size <= r->size - (p - r->base))
+      return r;
+  return NULL;
+}
+
+/* The mappings inside [p, p + size): how many, and whether any straddles. */
+static size_t mappings_in(uintptr_t p, size_t size, bool *straddle) {
+  size_t count = 0;
+  *straddle = false;
+  for (size_t i = 0; i < mem.n; i++) {
+    struct region *r = mem.v[i];
+    if (r->kind != REGION_VMM || r->base >= p + size || r->base + r->size <= p)
+      continue;
+    if (r->base < p || r->base + r->size > p + size)
+      *straddle = true;
+    count++;
+  }
+  return count;
+}
+
+/* Refused while anything is still mapped inside the range. */
+CUresult fake_cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  pthread_mutex_lock(&mem.lock);
+  struct reservation **pp = &mem.reservations;
+  while (*pp != NULL && ((*pp)->base != (uintptr_t)ptr || (*pp)->size != size))
+    pp = &(*pp)->next;
+  bool straddle;
+  if (*pp == NULL || mappings_in((uintptr_t)ptr, size, &straddle) > 0) {
+    pthread_mutex_unlock(&mem.lock);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  struct reservation *res = *pp;
+  *pp = res->next;
+  pthread_mutex_unlock(&mem.lock);
+  munmap((void *)res->base, res->size);
+  free(res);
+  return CUDA_SUCCESS;
+}
+
+/* A new mapping starts without access, as documented: cuMemSetAccess makes
+ * it usable. */
+CUresult fake_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                       CUmemGenericAllocationHandle handle,
+                       unsigned long long flags) {
+  uintptr_t p = (uintptr_t)ptr;
+  if (flags != 0 || offset != 0 || size == 0 || size % VMM_GRANULARITY != 0 ||
+      p % VMM_GRANULARITY != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  struct region *r = calloc(1, sizeof(*r));
+  if (r == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&mem.lock);
+  struct vmm_alloc *a = alloc_find(handle);
+  bool straddle;
+  CUresult res = CUDA_SUCCESS;
+  if (a == NULL || size > a->size || reservation_of(p, size) == NULL ||
+      mappings_in(p, size, &straddle) > 0)
+    res = CUDA_ERROR_INVALID_VALUE;
+  else if (mmap((void *)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, 0) ==
+           MAP_FAILED)
+    res = CUDA_ERROR_OUT_OF_MEMORY;
+  if (res == CUDA_SUCCESS) {
+    *r = (struct region){.base = p, .size = size, .map_len = size,
+                         .phys = a->phys, .kind = REGION_VMM, .access = 0,
+                         .fd = -1, .alloc = a};
+    if (region_insert(r)) {
+      a->refs++;
+      r = NULL;
+    } else {
+      mmap((void *)p, size, PROT_NONE,
+           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+      res = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
+  pthread_mutex_unlock(&mem.lock);
+  free(r);
+  return res;
+}
+
+/* The range must be whole mappings; access is process-wide in the fake:
+ * the widest access any descriptor grants applies. */
+CUresult fake_cuMemSetAccess(CUdeviceptr ptr, size_t size,
+                             const CUmemAccessDesc *desc, size_t count) {
+  uintptr_t p = (uintptr_t)ptr;
+  if (desc == NULL || count == 0 || size == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  int access = 0;
+  for (size_t i = 0; i < count; i++) {
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+      return CUDA_ERROR_INVALID_VALUE;
+    if (fake_physical(desc[i].location.id) < 0)
+      return CUDA_ERROR_INVALID_DEVICE;
+    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ)
+      access |= FAKE_READ;
+    else if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+      access |= FAKE_READ | FAKE_WRITE;
+    else if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE)
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  int prot = (access & FAKE_WRITE)  ? PROT_READ | PROT_WRITE
+             : (access & FAKE_READ) ? PROT_READ
+                                    : PROT_NONE;
+  pthread_mutex_lock(&mem.lock);
+  bool straddle;
+  size_t covered = 0;
+  for (size_t i = 0; i < mem.n; i++)
+    if (mem.v[i]->kind == REGION_VMM && mem.v[i]->base >= p &&
+        mem.v[i]->base + mem.v[i]->size <= p + size)
+      covered += mem.v[i]->size;
+  CUresult res = mappings_in(p, size, &straddle) == 0 || straddle ||
+                         covered != size
+                     ? CUDA_ERROR_INVALID_VALUE
+                     : CUDA_SUCCESS;
+  if (res == CUDA_SUCCESS && mprotect((void *)p, size, prot) != 0)
+    res = CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; res == CUDA_SUCCESS && i < mem.n; i++)
+    if (mem.v[i]->kind == REGION_VMM && mem.v[i]->base >= p &&
+        mem.v[i]->base + mem.v[i]->size <= p + size)
+      mem.v[i]->access = access;
+  pthread_mutex_unlock(&mem.lock);
+  return res;
+}
+
+/* Synchronous, as documented: waits for queued work, then turns the range
+ * back into a bare reservation. */
+CUresult fake_cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  uintptr_t p = (uintptr_t)ptr;
+  pthread_mutex_lock(&mem.lock);
+  bool straddle;
+  size_t covered = 0, n = mappings_in(p, size, &straddle);
+  for (size_t i = 0; i < mem.n; i++)
+    if (mem.v[i]->kind == REGION_VMM && mem.v[i]->base >= p &&
+        mem.v[i]->base + mem.v[i]->size <= p + size)
+      covered += mem.v[i]->size;
+  if (n == 0 || straddle || covered != size) {
+    pthread_mutex_unlock(&mem.lock);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  struct region *gone[n];
+  size_t k = 0;
+  for (size_t i = 0; i < mem.n; i++)
+    if (mem.v[i]->kind == REGION_VMM && mem.v[i]->base >= p &&
+        mem.v[i]->base + mem.v[i]->size <= p + size)
+      gone[k++] = mem.v[i];
+  for (size_t i = 0; i < k; i++)
+    region_remove(gone[i]);
+  pthread_mutex_unlock(&mem.lock);
+  fake_sync_all_streams();
+  mmap((void *)p, size, PROT_NONE,
+       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  pthread_mutex_lock(&mem.lock);
+  for (size_t i = 0; i < k; i++) {
+    alloc_unref(gone[i]->alloc);
+    free(gone[i]);
+  }
+  pthread_mutex_unlock(&mem.lock);
+  return CUDA_SUCCESS;
+}

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Strict checks of `shardport ... --json` output, read from stdin.
+
+usage: check_json.py MODE SOCKET
+  status        one status object on one line (docs/cli.md schema)
+  status-lines  one or more status objects, one per line (--watch --json)
+  status-fake   one status object with the fake daemon's exact values
+  ping          one ping object
+
+Strict means: RFC 8259 only (no NaN or Infinity), no duplicate keys, exactly
+the documented fields with exactly the documented types (a bool is not an
+integer), and nothing but one newline after each object."""
+import json
+import sys
+
+
+class Bad(Exception):
+    pass
+
+
+def no_constants(name):
+    raise Bad(f"non-standard constant {name}")
+
+
+def no_duplicates(pairs):
+    keys = [k for k, _ in pairs]
+    if len(keys) != len(set(keys)):
+        raise Bad(f"duplicate keys in {keys}")
+    return dict(pairs)
+
+
+def parse_line(line):
+    return json.loads(line, parse_constant=no_constants,
+                      object_pairs_hook=no_duplicates)
+
+
+def is_uint(v):
+    return type(v) is int and v >= 0
+
+
+def is_number(v):
+    return type(v) in (int, float)
+
+
+def is_str(v):
+    return type(v) is str
+
+
+def is_str_or_null(v):
+    return v is None or type(v) is str
+
+
+STATUS = {
+    "socket": is_str,
+    "daemon_version": is_str,
+    "protocol_version": is_uint,
+    "backends_built": lambda v: type(v) is list and all(is_str(x) for x in v),
+    "backend_active": is_str,
+    "backend_reason": is_str,
+    "uptime_s": is_number,
+    "clients": is_uint,
+    "pool_used": is_uint,
+    "pool_capacity": is_uint,
+    "jobs": lambda v: type(v) is list,
+}
+
+JOB = {
+    "job_id": is_str,
+    "phase": is_str,
+    "error": is_str_or_null,
+    "world": is_uint,
+    "joined": is_uint,
+    "round": is_uint,
+    "rounds": is_uint,
+    "bytes_moved": is_uint,
+    "bytes_total": is_uint,
+    "rate_bps": is_number,
+}
+
+PING = {"socket": is_str, "rtt_ns": is_uint}
+
+
+def check_fields(obj, schema, what):
+    if type(obj) is not dict:
+        raise Bad(f"{what} is not an object")
+    if set(obj) != set(schema):
+        raise Bad(f"{what} fields {sorted(obj)} != documented {sorted(schema)}")
+    for key, ok in schema.items():
+        if not ok(obj[key]):
+            raise Bad(f"{what}.{key} has the wrong type: {obj[key]!r}")
+
+
+def check_status(obj, socket):
+    check_fields(obj, STATUS, "status")
+    for i, job in enumerate(obj["jobs"]):
+        check_fields(job, JOB, f"jobs[{i}]")
+    if obj["socket"] != socket:
+        raise Bad(f"socket {obj['socket']!r} != {socket!r}")
+    if obj["protocol_version"] != 1 or obj["uptime_s"] < 0:
+        raise Bad("implausible values")
+
+
+def check_fake(obj):
+    want_reason = "no CUDA driver \u00e9 \x1b[31m \"q\" \\ \t \ufffd end"
+    expect = {
+        "daemon_version": "0.1.0-fake",
+        "backends_built": ["host", "cuda"],
+        "backend_active": "host",
+        "backend_reason": want_reason,
+        "uptime_s": 93784.5,
+        "clients": 2,
+        "pool_used": 1536,
+        "pool_capacity": 1 << 30,
+    }
+    for key, value in expect.items():
+        if obj[key] != value:
+            raise Bad(f"{key} is {obj[key]!r}, want {value!r}")
+    jobs = obj["jobs"]
+    want_jobs = [
+        {"job_id": "00ff00ff", "phase": "moving", "error": None, "world": 8,
+         "joined": 8, "round": 3, "rounds": 10, "bytes_moved": 1 << 20,
+         "bytes_total": 1 << 30, "rate_bps": 5e8},
+        {"job_id": "a1", "phase": "failed", "error": "rank 3 lost",
+         "world": 2, "joined": 1, "round": 0, "rounds": 0, "bytes_moved": 0,
+         "bytes_total": 0, "rate_bps": 0},
+    ]
+    if jobs != want_jobs:
+        raise Bad(f"jobs {jobs!r} != {want_jobs!r}")
+
+
+def lines_of(text):
+    if not text.endswith("\n"):
+        raise Bad("output does not end with a newline")
+    lines = text[:-1].split("\n")
+    if any(not line for line in lines):
+        raise Bad("empty line in output")
+    return lines
+
+
+def main():
+    mode, socket = sys.argv[1], sys.argv[2]
+    raw = sys.stdin.buffer.read()
+    # Strict UTF-8: JSON text must be valid Unicode.
+    text = raw.decode("utf-8", errors="strict")
+    lines = lines_of(text)
+    if mode != "status-lines" and len(lines) != 1:
+        raise Bad(f"{len(lines)} lines, want 1")
+    for line in lines:
+        obj = parse_line(line)
+        if mode == "ping":
+            check_fields(obj, PING, "ping")
+            if obj["socket"] != socket:
+                raise Bad("socket differs")
+        else:
+            check_status(obj, socket)
+            if mode == "status-fake":
+                check_fake(obj)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (Bad, ValueError, UnicodeDecodeError) as e:
+        print(f"check_json: {e}")
+        sys.exit(1)

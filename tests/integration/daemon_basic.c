@@ -1,0 +1,440 @@
+/*
+ * daemon_basic.c - shardportd's messages over a real socket, its command
+ * line and its clean shutdown.
+ */
+#include <check.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "tests/integration/harness.h"
+
+static struct sp_test_daemon daemon_;
+
+static void start(void) {
+  ck_assert_int_eq(sp_test_daemon_start(&daemon_, NULL), 0);
+}
+
+static void stop(void) {
+  if (daemon_.pid > 0)
+    ck_assert_int_eq(sp_test_daemon_stop(&daemon_), 0);
+}
+
+START_TEST(hello_ping_status) {
+  int sock = sp_test_connect(daemon_.socket);
+  ck_assert_int_ge(sock, 0);
+
+  /* The hello reply carries the request's id and the daemon's versions. */
+  struct sp_msgbuf mb;
+  sp_msgbuf_begin(&mb, "hello", 41, 2);
+  sp_pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION);
+  sp_pack_kv_str(&mb.pk, "client", "daemon_basic");
+  ck_assert_int_eq(sp_test_send_msgbuf(sock, &mb, NULL, 0), 0);
+  struct sp_test_reply r;
+  ck_assert_int_eq(sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS), 0);
+  ck_assert_str_eq(r.head.op, "hello");
+  ck_assert_uint_eq(r.head.id, 41);
+  uint64_t version;
+  ck_assert_int_eq(sp_msg_get_u64(&r.map, "version", false, &version), 0);
+  ck_assert_uint_eq(version, SP_PROTOCOL_VERSION);
+  char daemon_version[32];
+  ck_assert_int_eq(sp_msg_get_strbuf(&r.map, "daemon", false, daemon_version,
+                                     sizeof(daemon_version)),
+                   0);
+  ck_assert_str_eq(daemon_version, SP_VERSION);
+  sp_test_reply_free(&r);
+
+  for (uint64_t id = 100; id < 110; id++)
+    ck_assert_int_eq(sp_test_ping(sock, id), 0);
+
+  ck_assert_int_eq(sp_test_send_op(sock, "status", 7, NULL, 0), 0);
+  ck_assert_int_eq(sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS), 0);
+  ck_assert_str_eq(r.head.op, "status");
+  ck_assert_uint_eq(r.head.id, 7);
+  ck_assert_int_eq(sp_msg_get_strbuf(&r.map, "daemon_version", false,
+                                     daemon_version, sizeof(daemon_version)),
+                   0);
+  ck_assert_str_eq(daemon_version, SP_VERSION);
+  ck_assert_int_eq(sp_msg_get_u64(&r.map, "protocol_version", false, &version),
+                   0);
+  ck_assert_uint_eq(version, SP_PROTOCOL_VERSION);
+  const msgpack_object_array *built;
+  ck_assert_int_eq(sp_msg_get_array(&r.map, "backends_built", false, &built),
+                   0);
+  ck_assert_uint_ge(built->size, 1);
+  ck_assert_int_eq(built->ptr[0].type, MSGPACK_OBJECT_STR);
+  ck_assert_uint_eq(built->ptr[0].via.str.size, 4);
+  ck_assert_mem_eq(built->ptr[0].via.str.ptr, "host", 4);
+  char active[16], reason[256];
+  ck_assert_int_eq(
+      sp_msg_get_strbuf(&r.map, "backend_active", false, active, sizeof(active)),
+      0);
+  ck_assert_str_eq(active, "host");
+  ck_assert_int_eq(sp_msg_get_strbuf(&r.map, "backend_reason", false, reason,
+                                     sizeof(reason)),
+                   0);
+  ck_assert_uint_gt(strlen(reason), 0);
+  double uptime;
+  ck_assert_int_eq(sp_msg_get_f64(&r.map, "uptime_s", false, &uptime), 0);
+  ck_assert(uptime >= 0.0 && uptime < 3600.0);
+  uint64_t clients, pool_used, pool_capacity;
+  ck_assert_int_eq(sp_msg_get_u64(&r.map, "clients", false, &clients), 0);
+  ck_assert_uint_ge(clients, 1);
+  ck_assert_int_eq(sp_msg_get_u64(&r.map, "pool_used", false, &pool_used), 0);
+  ck_assert_int_eq(
+      sp_msg_get_u64(&r.map, "pool_capacity", false, &pool_capacity), 0);
+  ck_assert_uint_le(pool_used, pool_capacity);
+  const msgpack_object_array *jobs;
+  ck_assert_int_eq(sp_msg_get_array(&r.map, "jobs", false, &jobs), 0);
+  ck_assert_uint_eq(jobs->size, 0);
+  sp_test_reply_free(&r);
+  close(sock);
+}
+END_TEST
+
+START_TEST(clients_counted) {
+  int socks[5];
+  for (int i = 0; i < 5; i++) {
+    socks[i] = sp_test_connect_hello(daemon_.socket);
+    ck_assert_int_ge(socks[i], 0);
+  }
+  ck_assert_int_eq(sp_test_send_op(socks[0], "status", 1, NULL, 0), 0);
+  struct sp_test_reply r;
+  ck_assert_int_eq(sp_test_recv(socks[0], &r, SP_TEST_TIMEOUT_MS), 0);
+  uint64_t clients;
+  ck_assert_int_eq(sp_msg_get_u64(&r.map, "clients", false, &clients), 0);
+  /* The harness's readiness probe may still be open; nothing else is. */
+  ck_assert(clients == 5 || clients == 6);
+  sp_test_reply_free(&r);
+  for (int i = 0; i < 5; i++)
+    close(socks[i]);
+}
+END_TEST
+
+START_TEST(version_mismatch) {
+  int sock = sp_test_connect(daemon_.socket);
+  ck_assert_int_ge(sock, 0);
+  struct sp_msgbuf mb;
+  sp_msgbuf_begin(&mb, "hello", 9, 1);
+  sp_pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION + 1);
+  ck_assert_int_eq(sp_test_send_msgbuf(sock, &mb, NULL, 0), 0);
+  struct sp_test_reply r;
+  ck_assert_int_eq(sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS), 0);
+  ck_assert_str_eq(r.head.op, "error");
+  ck_assert_uint_eq(r.head.id, 9);
+  ck_assert_int_eq(r.code, SP_EVERSION);
+  char expect[128];
+  snprintf(expect, sizeof(expect),
+           "protocol version mismatch (client %d, daemon %d)",
+           SP_PROTOCOL_VERSION + 1, SP_PROTOCOL_VERSION);
+  ck_assert_str_eq(r.message, expect);
+  sp_test_reply_free(&r);
+  ck_assert_int_eq(sp_test_wait_closed(sock, SP_TEST_TIMEOUT_MS), 0);
+  close(sock);
+
+  /* The daemon serves the next client as if nothing happened. */
+  sock = sp_test_connect_hello(daemon_.socket);
+  ck_assert_int_ge(sock, 0);
+  ck_assert_int_eq(sp_test_ping(sock, 1), 0);
+  close(sock);
+}
+END_TEST
+
+START_TEST(hello_required) {
+  int sock = sp_test_connect(daemon_.socket);
+  ck_assert_int_ge(sock, 0);
+  ck_assert_int_eq(sp_test_send_op(sock, "ping", 3, NULL, 0), 0);
+  struct sp_test_reply r;
+  ck_assert_int_eq(sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS), 0);
+  ck_assert_int_eq(r.code, SP_EHELLO);
+  ck_assert_uint_eq(r.head.id, 3);
+  sp_test_reply_free(&r);
+  ck_assert_int_eq(sp_test_wait_closed(sock, SP_TEST_TIMEOUT_MS), 0);
+  close(sock);
+}
+END_TEST
+
+START_TEST(hello_without_version) {
+  int sock = sp_test_connect(daemon_.socket);
+  ck_assert_int_ge(sock, 0);
+  ck_assert_int_eq(sp_test_send_op(sock, "hello", 4, NULL, 0), 0);
+  struct sp_test_reply r;
+  ck_assert_int_eq(sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS), 0);
+  ck_assert_int_eq(r.code, SP_EBADMSG);
+  sp_test_reply_free(&r);
+  ck_assert_int_eq(sp_test_wait_closed(sock, SP_TEST_TIMEOUT_MS), 0);
+  close(sock);
+}
+END_TEST
+
+START_TEST(unknown_op_and_second_hello) {
+  int sock = sp_test_connect_hello(daemon_.socket);
+  ck_assert_int_ge(sock, 0);
+  ck_assert_int_eq(sp_test_send_op(sock, "frobnicate", 5, NULL, 0), 0);
+  struct sp_test_reply r;
+  ck_assert_int_eq(sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS), 0);
+  ck_assert_int_eq(r.code, SP_EUNKNOWNOP);
+  ck_assert_uint_eq(r.head.id, 5);
+  ck_assert_ptr_nonnull(strstr(r.message, "frobnicate"));
+  sp_test_reply_free(&r);
+  ck_assert_int_eq(sp_test_hello(sock, SP_PROTOCOL_VERSION), SP_ESTATE);
+  /* Neither closes the connection. */
+  ck_assert_int_eq(sp_test_ping(sock, 6), 0);
+  close(sock);
+}
+END_TEST
+
+START_TEST(sigterm_clean_shutdown) {
+  int sock = sp_test_connect_hello(daemon_.socket);
+  ck_assert_int_ge(sock, 0);
+  char socket_path[sizeof(daemon_.socket)];
+  memcpy(socket_path, daemon_.socket, sizeof(socket_path));
+  /* Stop by hand so that the socket file can be checked before the
+   * directory goes. */
+  ck_assert_int_eq(kill(daemon_.pid, SIGTERM), 0);
+  ck_assert_int_eq(sp_test_wait(daemon_.pid, SP_TEST_TIMEOUT_MS), 0);
+  daemon_.pid = -1;
+  struct stat st;
+  ck_assert_int_ne(lstat(socket_path, &st), 0);
+  /* Open connections are closed, not left hanging. */
+  ck_assert_int_eq(sp_test_wait_closed(sock, SP_TEST_TIMEOUT_MS), 0);
+  close(sock);
+  sp_test_daemon_stop(&daemon_);
+}
+END_TEST
+
+START_TEST(sigint_clean_shutdown) {
+  ck_assert_int_eq(kill(daemon_.pid, SIGINT), 0);
+  ck_assert_int_eq(sp_test_wait(daemon_.pid, SP_TEST_TIMEOUT_MS), 0);
+  daemon_.pid = -1;
+  struct stat st;
+  ck_assert_int_ne(lstat(daemon_.socket, &st), 0);
+  sp_test_daemon_stop(&daemon_);
+}
+END_TEST
+
+/* Runs shardportd with args and returns its exit status; its stdout goes to
+ * out (when not NULL). */
+static int run_daemon(const char *const *args, char *out, size_t outsize) {
+  char dir[256];
+  ck_assert_int_eq(sp_test_mkdtemp(dir, sizeof(dir)), 0);
+  char outpath[300];
+  snprintf(outpath, sizeof(outpath), "%s/out", dir);
+  fflush(stdout);
+  int saved = dup(STDOUT_FILENO);
+  ck_assert(freopen(outpath, "w", stdout) != NULL);
+  pid_t pid = sp_test_spawn(args);
+  fflush(stdout);
+  ck_assert_int_ge(dup2(saved, STDOUT_FILENO), 0);
+  close(saved);
+  ck_assert_int_gt(pid, 0);
+  int status = sp_test_wait(pid, SP_TEST_TIMEOUT_MS);
+  if (out != NULL) {
+    FILE *f = fopen(outpath, "r");
+    ck_assert_ptr_nonnull(f);
+    size_t n = fread(out, 1, outsize - 1, f);
+    out[n] = '\0';
+    fclose(f);
+  }
+  sp_test_rmdir(dir);
+  return status;
+}
+
+START_TEST(check_config) {
+  char dir[256], good[300], bad[300], badval[300];
+  ck_assert_int_eq(sp_test_mkdtemp(dir, sizeof(dir)), 0);
+  snprintf(good, sizeof(good), "%s/good.conf", dir);
+  snprintf(bad, sizeof(bad), "%s/bad.conf", dir);
+  snprintf(badval, sizeof(badval), "%s/badval.conf", dir);
+  ck_assert_int_eq(sp_test_write_file(good,
+                                      "# a comment\n"
+                                      "\n"
+                                      "socket = /tmp/x/s.sock\n"
+                                      "log_level = debug   # trailing\n"
+                                      "max_frame = 1M\n"
+                                      "max_fds = 4\n"
+                                      "allowed_uids = 0, 12345\n"
+                                      "allowed_gid = none\n"
+                                      "backend = host\n"
+                                      "watchdog = no\n"),
+                   0);
+  ck_assert_int_eq(sp_test_write_file(bad, "max_frame = 1M\nno_such_key = 1\n"),
+                   0);
+  ck_assert_int_eq(sp_test_write_file(badval, "max_fds = 1000\n"), 0);
+
+  const char *ok_args[] = {"-n", "--config", good, NULL};
+  ck_assert_int_eq(run_daemon(ok_args, NULL, 0), 0);
+  const char *bad_args[] = {"-n", "--config", bad, NULL};
+  ck_assert_int_eq(run_daemon(bad_args, NULL, 0), 1);
+  const char *badval_args[] = {"-n", "--config", badval, NULL};
+  ck_assert_int_eq(run_daemon(badval_args, NULL, 0), 1);
+  const char *missing_args[] = {"-n", "--config", "/nonexistent/x.conf", NULL};
+  ck_assert_int_eq(run_daemon(missing_args, NULL, 0), 1);
+
+  /* The effective values of the good file, in config syntax. */
+  char out[4096];
+  const char *print_args[] = {"--print-config", "--config", good, NULL};
+  ck_assert_int_eq(run_daemon(print_args, out, sizeof(out)), 0);
+  ck_assert_ptr_nonnull(strstr(out, "socket = /tmp/x/s.sock\n"));
+  ck_assert_ptr_nonnull(strstr(out, "log_level = debug\n"));
+  ck_assert_ptr_nonnull(strstr(out, "max_frame = 1048576\n"));
+  ck_assert_ptr_nonnull(strstr(out, "max_fds = 4\n"));
+  ck_assert_ptr_nonnull(strstr(out, "allowed_uids = 0,12345\n"));
+  ck_assert_ptr_nonnull(strstr(out, "allowed_gid = none\n"));
+  ck_assert_ptr_nonnull(strstr(out, "backend = host\n"));
+  ck_assert_ptr_nonnull(strstr(out, "watchdog = no\n"));
+  /* Flags override the file. */
+  const char *flag_args[] = {"--print-config", "--config", good, "--log-level",
+                             "warn", "--socket", "/tmp/y.sock", NULL};
+  ck_assert_int_eq(run_daemon(flag_args, out, sizeof(out)), 0);
+  ck_assert_ptr_nonnull(strstr(out, "log_level = warn\n"));
+  ck_assert_ptr_nonnull(strstr(out, "socket = /tmp/y.sock\n"));
+  sp_test_rmdir(dir);
+}
+END_TEST
+
+START_TEST(print_config_defaults) {
+  char out[4096];
+  const char *args[] = {"--print-config", "--config", "/dev/null", "--socket",
+                        "/tmp/sp.sock", NULL};
+  ck_assert_int_eq(run_daemon(args, out, sizeof(out)), 0);
+  char uids[32] = "0";
+  if (geteuid() != 0)
+    snprintf(uids, sizeof(uids), "0,%u", (unsigned)geteuid());
+  char expect[2048];
+  snprintf(expect, sizeof(expect),
+           "socket = /tmp/sp.sock\n"
+           "socket_group = none\n"
+           "allowed_uids = %s\n"
+           "allowed_gid = %u\n"
+           "log_level = info\n"
+           "max_frame = 16777216\n"
+           "max_depth = 16\n"
+           "max_items = 1048576\n"
+           "max_string = 1048576\n"
+           "max_fds = 32\n"
+           "max_clients = 1024\n"
+           "max_output = 33554432\n"
+           "backend = auto\n"
+           "watchdog = yes\n",
+           uids, (unsigned)getegid());
+  ck_assert_str_eq(out, expect);
+
+  /* The printed configuration reads back to itself. */
+  char dir[256], path[300], again[4096];
+  ck_assert_int_eq(sp_test_mkdtemp(dir, sizeof(dir)), 0);
+  snprintf(path, sizeof(path), "%s/printed.conf", dir);
+  ck_assert_int_eq(sp_test_write_file(path, out), 0);
+  const char *reread[] = {"--print-config", "--config", path, NULL};
+  ck_assert_int_eq(run_daemon(reread, again, sizeof(again)), 0);
+  ck_assert_str_eq(again, out);
+  sp_test_rmdir(dir);
+}
+END_TEST
+
+/* Runs shardportd with stderr in a file; with journal, JOURNAL_STREAM names
+ * that file as systemd would name the journal stream. */
+static void run_logged(const char *const *args, bool journal, char *err,
+                       size_t errsize) {
+  char dir[256], path[300];
+  ck_assert_int_eq(sp_test_mkdtemp(dir, sizeof(dir)), 0);
+  snprintf(path, sizeof(path), "%s/err", dir);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ck_assert_int_ge(fd, 0);
+  struct stat st;
+  ck_assert_int_eq(fstat(fd, &st), 0);
+  char stream[64];
+  snprintf(stream, sizeof(stream), "%llu:%llu", (unsigned long long)st.st_dev,
+           (unsigned long long)st.st_ino);
+  if (journal)
+    ck_assert_int_eq(setenv("JOURNAL_STREAM", stream, 1), 0);
+  int saved = dup(STDERR_FILENO);
+  ck_assert_int_ge(dup2(fd, STDERR_FILENO), 0);
+  close(fd);
+  pid_t pid = sp_test_spawn(args);
+  ck_assert_int_ge(dup2(saved, STDERR_FILENO), 0);
+  close(saved);
+  unsetenv("JOURNAL_STREAM");
+  ck_assert_int_gt(pid, 0);
+  ck_assert_int_eq(sp_test_wait(pid, SP_TEST_TIMEOUT_MS), 1);
+  FILE *f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  size_t n = fread(err, 1, errsize - 1, f);
+  err[n] = '\0';
+  fclose(f);
+  sp_test_rmdir(dir);
+}
+
+START_TEST(log_prefixes) {
+  char dir[256], bad[300];
+  ck_assert_int_eq(sp_test_mkdtemp(dir, sizeof(dir)), 0);
+  snprintf(bad, sizeof(bad), "%s/bad.conf", dir);
+  ck_assert_int_eq(sp_test_write_file(bad, "no_such_key = 1\n"), 0);
+  const char *args[] = {"-n", "--config", bad, NULL};
+  char err[1024];
+  /* Under systemd the journal takes the priority from "<N>". */
+  run_logged(args, true, err, sizeof(err));
+  ck_assert_msg(strncmp(err, "<3>", 3) == 0, "got: %s", err);
+  ck_assert_ptr_nonnull(strstr(err, "bad.conf:1: unknown key"));
+  /* On a terminal, plain words. */
+  run_logged(args, false, err, sizeof(err));
+  ck_assert_msg(strncmp(err, "shardportd: error: ", 19) == 0, "got: %s", err);
+  sp_test_rmdir(dir);
+}
+END_TEST
+
+START_TEST(command_line_errors) {
+  const char *unknown[] = {"--no-such-flag", NULL};
+  ck_assert_int_eq(run_daemon(unknown, NULL, 0), 2);
+  const char *level[] = {"--config", "/dev/null", "--log-level", "loud", NULL};
+  ck_assert_int_eq(run_daemon(level, NULL, 0), 2);
+  const char *extra[] = {"stray", NULL};
+  ck_assert_int_eq(run_daemon(extra, NULL, 0), 2);
+  /* Only the host backend exists so far: asking for CUDA fails closed. */
+  const char *cuda[] = {"-n", "--config", "/dev/null", "--backend", "cuda",
+                        "--socket", "/tmp/sp.sock", NULL};
+  ck_assert_int_eq(run_daemon(cuda, NULL, 0), 1);
+  char out[4096];
+  const char *version[] = {"--version", NULL};
+  ck_assert_int_eq(run_daemon(version, out, sizeof(out)), 0);
+  ck_assert_ptr_nonnull(strstr(out, SP_VERSION));
+  const char *help[] = {"--help", NULL};
+  ck_assert_int_eq(run_daemon(help, out, sizeof(out)), 0);
+  ck_assert_ptr_nonnull(strstr(out, "--print-config"));
+}
+END_TEST
+
+/* usage: test-daemon-basic [served | "command line"] (default: both) */
+int main(int argc, char **argv) {
+  Suite *s = suite_create("daemon-basic");
+  TCase *served = tcase_create("served");
+  tcase_add_checked_fixture(served, start, stop);
+  tcase_set_timeout(served, 30);
+  tcase_add_test(served, hello_ping_status);
+  tcase_add_test(served, clients_counted);
+  tcase_add_test(served, version_mismatch);
+  tcase_add_test(served, hello_required);
+  tcase_add_test(served, hello_without_version);
+  tcase_add_test(served, unknown_op_and_second_hello);
+  tcase_add_test(served, sigterm_clean_shutdown);
+  tcase_add_test(served, sigint_clean_shutdown);
+  suite_add_tcase(s, served);
+  TCase *cli = tcase_create("command line");
+  tcase_set_timeout(cli, 30);
+  tcase_add_test(cli, check_config);
+  tcase_add_test(cli, print_config_defaults);
+  tcase_add_test(cli, command_line_errors);
+  tcase_add_test(cli, log_prefixes);
+  suite_add_tcase(s, cli);
+  SRunner *sr = srunner_create(s);
+  srunner_run(sr, NULL, argc > 1 ? argv[1] : NULL, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  int run = srunner_ntests_run(sr);
+  srunner_free(sr);
+  return failed == 0 && run > 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,280 @@
+/*
+ * test_client_socket.c - the default socket path and every way sp_connect
+ * can fail before a daemon answers, without any daemon.
+ */
+#include <check.h>
+#include <dirent.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "shardport.h"
+
+/* The uid and gid of "nobody" on Debian. */
+#define NOBODY 65534
+
+/* Runs fn in a child process, as nobody when we are root, and returns its
+ * exit status.  A test that needs "not root" works either way. */
+static int as_unprivileged(int (*fn)(void *), void *arg) {
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    if (geteuid() == 0 &&
+        (setgroups(0, NULL) != 0 || setresgid(NOBODY, NOBODY, NOBODY) != 0 ||
+         setresuid(NOBODY, NOBODY, NOBODY) != 0))
+      _exit(100);
+    _exit(fn(arg));
+  }
+  int status;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert(WIFEXITED(status));
+  return WEXITSTATUS(status);
+}
+
+static int count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+static char tmpdir[64];
+
+static void make_tmpdir(void) {
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/sp-client-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+}
+
+static void remove_tmpdir(void) {
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+
+/* ---- sp_default_socket_path ---- */
+
+START_TEST(explicit_env_wins) {
+  char buf[256];
+  setenv("SHARDPORT_SOCKET", "/somewhere/else.sock", 1);
+  setenv("XDG_RUNTIME_DIR", "/run/user/1000", 1);
+  ck_assert_int_eq(sp_default_socket_path(buf, sizeof buf), 0);
+  ck_assert_str_eq(buf, "/somewhere/else.sock");
+}
+END_TEST
+
+START_TEST(root_uses_system_socket) {
+  if (geteuid() != 0) {
+    fprintf(stderr, "root_uses_system_socket: not root, the root branch "
+                    "is checked only when the suite runs as root\n");
+    return;
+  }
+  char buf[256];
+  unsetenv("SHARDPORT_SOCKET");
+  setenv("XDG_RUNTIME_DIR", "/run/user/0", 1);
+  ck_assert_int_eq(sp_default_socket_path(buf, sizeof buf), 0);
+  ck_assert_str_eq(buf, "/run/shardport/shardport.sock");
+  /* An empty SHARDPORT_SOCKET counts as unset. */
+  setenv("SHARDPORT_SOCKET", "", 1);
+  ck_assert_int_eq(sp_default_socket_path(buf, sizeof buf), 0);
+  ck_assert_str_eq(buf, "/run/shardport/shardport.sock");
+}
+END_TEST
+
+static int user_path(void *arg) {
+  (void)arg;
+  char buf[256];
+  unsetenv("SHARDPORT_SOCKET");
+  setenv("XDG_RUNTIME_DIR", "/run/user/4242", 1);
+  if (sp_default_socket_path(buf, sizeof buf) != 0 ||
+      strcmp(buf, "/run/user/4242/shardport.sock") != 0)
+    return 1;
+  /* Too small a buffer is refused, never truncated. */
+  if (sp_default_socket_path(buf, 10) != SP_EINVAL || buf[0] != '\0')
+    return 2;
+  setenv("SHARDPORT_SOCKET", "/x.sock", 1);
+  if (sp_default_socket_path(buf, sizeof buf) != 0 ||
+      strcmp(buf, "/x.sock") != 0)
+    return 3;
+  return 0;
+}
+
+START_TEST(user_uses_runtime_dir) {
+  ck_assert_int_eq(as_unprivileged(user_path, NULL), 0);
+}
+END_TEST
+
+static int no_path(void *arg) {
+  (void)arg;
+  char buf[256] = "junk";
+  unsetenv("SHARDPORT_SOCKET");
+  unsetenv("XDG_RUNTIME_DIR");
+  if (sp_default_socket_path(buf, sizeof buf) != SP_EINVAL || buf[0] != '\0')
+    return 1;
+  setenv("XDG_RUNTIME_DIR", "", 1);
+  if (sp_default_socket_path(buf, sizeof buf) != SP_EINVAL)
+    return 2;
+  /* sp_connect(NULL, ...) has no path to try either. */
+  sp_client *c = (sp_client *)buf;
+  if (sp_connect(NULL, &c) != SP_EINVAL || c != (sp_client *)buf)
+    return 3;
+  return 0;
+}
+
+START_TEST(user_without_runtime_dir_has_no_path) {
+  ck_assert_int_eq(as_unprivileged(no_path, NULL), 0);
+}
+END_TEST
+
+START_TEST(bad_buffers) {
+  char buf[4];
+  ck_assert_int_eq(sp_default_socket_path(NULL, 100), SP_EINVAL);
+  ck_assert_int_eq(sp_default_socket_path(buf, 0), SP_EINVAL);
+}
+END_TEST
+
+/* ---- sp_connect failures ---- */
+
+static void expect_connect(const char *path, int code) {
+  sp_client *sentinel = (sp_client *)&tmpdir, *c = sentinel;
+  ck_assert_int_eq(sp_connect(path, &c), code);
+  /* On failure *out is untouched. */
+  ck_assert_ptr_eq(c, sentinel);
+}
+
+START_TEST(missing_socket_is_no_daemon) {
+  char path[128];
+  make_tmpdir();
+  snprintf(path, sizeof path, "%s/none.sock", tmpdir);
+  expect_connect(path, SP_ENODAEMON);
+  snprintf(path, sizeof path, "%s/no/such/dir.sock", tmpdir);
+  expect_connect(path, SP_ENODAEMON);
+  /* The default path too, when SHARDPORT_SOCKET points nowhere. */
+  snprintf(path, sizeof path, "%s/none.sock", tmpdir);
+  setenv("SHARDPORT_SOCKET", path, 1);
+  expect_connect(NULL, SP_ENODAEMON);
+  remove_tmpdir();
+}
+END_TEST
+
+START_TEST(stale_socket_is_no_daemon) {
+  char path[128];
+  make_tmpdir();
+  snprintf(path, sizeof path, "%s/stale.sock", tmpdir);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  strcpy(sa.sun_path, path);
+  int s = socket(AF_UNIX, SOCK_STREAM, 0);
+  ck_assert_int_eq(bind(s, (struct sockaddr *)&sa, sizeof sa), 0);
+  close(s); /* the file stays, nobody listens: ECONNREFUSED */
+  expect_connect(path, SP_ENODAEMON);
+
+  snprintf(path, sizeof path, "%s/plain-file", tmpdir);
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fclose(f);
+  expect_connect(path, SP_ENODAEMON);
+  remove_tmpdir();
+}
+END_TEST
+
+START_TEST(bad_paths_are_invalid) {
+  char path[300];
+  memset(path, 'a', sizeof path - 1);
+  path[0] = '/';
+  path[sizeof path - 1] = '\0';
+  expect_connect(path, SP_EINVAL);
+  expect_connect("", SP_EINVAL);
+  ck_assert_int_eq(sp_connect("/tmp/x.sock", NULL), SP_EINVAL);
+}
+END_TEST
+
+static int forbidden(void *arg) {
+  const char *path = arg;
+  sp_client *c = NULL;
+  int rc = sp_connect(path, &c);
+  return rc == SP_EPERM && c == NULL ? 0 : 1;
+}
+
+START_TEST(forbidden_directory_is_permission_denied) {
+  char path[128];
+  make_tmpdir();
+  snprintf(path, sizeof path, "%s/d", tmpdir);
+  ck_assert_int_eq(mkdir(path, 0700), 0);
+  snprintf(path, sizeof path, "%s/d/s.sock", tmpdir);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  strcpy(sa.sun_path, path);
+  int s = socket(AF_UNIX, SOCK_STREAM, 0);
+  ck_assert_int_eq(bind(s, (struct sockaddr *)&sa, sizeof sa), 0);
+  ck_assert_int_eq(listen(s, 1), 0);
+  /* As root the child runs as nobody, whom 0700 keeps out; otherwise the
+   * directory is closed to its owner too. */
+  char dir[128];
+  snprintf(dir, sizeof dir, "%s/d", tmpdir);
+  if (geteuid() != 0)
+    ck_assert_int_eq(chmod(dir, 0), 0);
+  ck_assert_int_eq(as_unprivileged(forbidden, path), 0);
+  chmod(dir, 0700);
+  close(s);
+  remove_tmpdir();
+}
+END_TEST
+
+START_TEST(failed_connects_leak_no_fd) {
+  char path[128];
+  make_tmpdir();
+  snprintf(path, sizeof path, "%s/none.sock", tmpdir);
+  int before = count_fds();
+  for (int i = 0; i < 100; i++) {
+    sp_client *c;
+    ck_assert_int_eq(sp_connect(path, &c), SP_ENODAEMON);
+  }
+  ck_assert_int_eq(count_fds(), before);
+  remove_tmpdir();
+}
+END_TEST
+
+START_TEST(null_clients_are_refused) {
+  sp_status_info *st = NULL;
+  uint64_t rtt;
+  ck_assert_int_eq(sp_ping(NULL, &rtt), SP_EINVAL);
+  ck_assert_int_eq(sp_status(NULL, &st), SP_EINVAL);
+  ck_assert_ptr_null(st);
+  ck_assert_int_eq(sp_set_timeout(NULL, 5), SP_EINVAL);
+  ck_assert_str_eq(sp_last_message(NULL), "");
+  sp_close(NULL);
+  sp_status_free(NULL);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("client_socket");
+  TCase *path = tcase_create("default_path");
+  tcase_add_test(path, explicit_env_wins);
+  tcase_add_test(path, root_uses_system_socket);
+  tcase_add_test(path, user_uses_runtime_dir);
+  tcase_add_test(path, user_without_runtime_dir_has_no_path);
+  tcase_add_test(path, bad_buffers);
+  suite_add_tcase(s, path);
+  TCase *conn = tcase_create("connect");
+  tcase_add_test(conn, missing_socket_is_no_daemon);
+  tcase_add_test(conn, stale_socket_is_no_daemon);
+  tcase_add_test(conn, bad_paths_are_invalid);
+  tcase_add_test(conn, forbidden_directory_is_permission_denied);
+  tcase_add_test(conn, failed_connects_leak_no_fd);
+  tcase_add_test(conn, null_clients_are_refused);
+  suite_add_tcase(s, conn);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? 0 : 1;
+}
