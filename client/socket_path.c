@@ -23,6 +23,10 @@ SP_EXPORT int sp_default_socket_path(char *buf, size_t size) {
     return SP_EINVAL;
   const char *explicit_path = nonempty_env("SHARDPORT_SOCKET");
   const char *runtime_dir = nonempty_env("XDG_RUNTIME_DIR");
+  /* The XDG base directory rules: a relative path there is invalid and
+   * ignored, as the daemon ignores it. */
+  if (runtime_dir && runtime_dir[0] != '/')
+    runtime_dir = NULL;
   int n;
   if (explicit_path)
     n = snprintf(buf, size, "%s", explicit_path);

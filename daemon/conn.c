@@ -83,14 +83,6 @@ static void on_poll(uv_poll_t *handle, int status, int events);
 
 struct server *conn_server(const struct conn *c) { return c->srv; }
 
-static void tx_free(struct sp_frame_tx *tx) {
-  for (size_t i = 0; i < tx->nfds; i++)
-    if (tx->fds[i] >= 0)
-      close(tx->fds[i]);
-  free(tx->buf);
-  free(tx);
-}
-
 static void on_handle_closed(uv_handle_t *handle) {
   struct conn *c = handle->data;
   if (--c->open_handles > 0)
@@ -100,7 +92,7 @@ static void on_handle_closed(uv_handle_t *handle) {
   while (c->out_head != NULL) {
     struct sp_frame_tx *tx = c->out_head;
     c->out_head = tx->next;
-    tx_free(tx);
+    sp_frame_tx_free(tx);
   }
   free(c);
 }
@@ -168,7 +160,7 @@ static int flush(struct conn *c) {
     if (c->out_head == NULL)
       c->out_tail = NULL;
     c->out_bytes -= tx->len;
-    tx_free(tx);
+    sp_frame_tx_free(tx);
   }
   if (c->draining && c->out_head == NULL) {
     conn_close(c);
@@ -188,7 +180,7 @@ static void drain(struct conn *c) {
 int conn_send(struct conn *c, struct sp_frame_tx *tx) {
   tx->next = NULL;
   if (c->closed) {
-    tx_free(tx);
+    sp_frame_tx_free(tx);
     return SP_ECLOSED;
   }
   if (c->out_bytes + tx->len > c->srv->cfg->max_output) {
@@ -196,7 +188,7 @@ int conn_send(struct conn *c, struct sp_frame_tx *tx) {
             "client %" PRIu64 " (pid %d): more than max_output (%" PRIu64
             " bytes) of replies unread; disconnecting",
             c->id, (int)c->peer.pid, c->srv->cfg->max_output);
-    tx_free(tx);
+    sp_frame_tx_free(tx);
     conn_close(c);
     return SP_ELIMIT;
   }

@@ -118,8 +118,9 @@ SP_EXPORT const char *sp_err_name(int code);
 
 /* The socket path used when none is given: $SHARDPORT_SOCKET, else
  * /run/shardport/shardport.sock for root, else
- * $XDG_RUNTIME_DIR/shardport.sock.  Returns 0 and writes at most size bytes,
- * or SP_EINVAL when no path can be derived or it does not fit. */
+ * $XDG_RUNTIME_DIR/shardport.sock (when that is an absolute path).  Returns
+ * 0 and writes at most size bytes, or SP_EINVAL when no path can be derived
+ * or it does not fit. */
 SP_EXPORT int sp_default_socket_path(char *buf, size_t size);
 
 typedef struct sp_client sp_client;

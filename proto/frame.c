@@ -162,7 +162,8 @@ int sp_frame_tx_write(struct sp_frame_tx *tx, int sock) {
   while (tx->off < tx->len) {
     struct iovec iov = {.iov_base = tx->buf + tx->off,
                         .iov_len = tx->len - tx->off};
-    union fd_control control;
+    /* Zeroed: the kernel reads the padding around the descriptors too. */
+    union fd_control control = {0};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
     if (tx->off == 0 && tx->nfds > 0) {
       msg.msg_control = control.buf;
@@ -184,6 +185,14 @@ int sp_frame_tx_write(struct sp_frame_tx *tx, int sock) {
     tx->off += (size_t)n;
   }
   return 0;
+}
+
+void sp_frame_tx_free(struct sp_frame_tx *tx) {
+  if (!tx)
+    return;
+  close_fds(tx->fds, &tx->nfds);
+  free(tx->buf);
+  free(tx);
 }
 
 int sp_frame_send(int sock, const uint8_t *buf, size_t len, const int *fds,

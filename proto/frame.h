@@ -80,6 +80,9 @@ struct sp_frame_tx {
  */
 int sp_frame_tx_write(struct sp_frame_tx *tx, int sock);
 
+/* Frees a heap-allocated tx with its buffer, closing the fds it owns. */
+void sp_frame_tx_free(struct sp_frame_tx *tx);
+
 /* Writes a whole frame to a blocking socket. */
 int sp_frame_send(int sock, const uint8_t *buf, size_t len, const int *fds,
                   size_t nfds);

@@ -52,12 +52,13 @@ static void hash_key(struct plan_hash *h, const struct plan_key *key) {
   }
 }
 
+/* A move's layout is hashed from what it is derived from: the source
+ * view for shard0 (its destination follows from the key's shape and
+ * dst_offset), the piece's strides for affine. */
 static void hash_move(struct plan_hash *h, const struct plan *plan,
                       const struct plan_move *m) {
-  struct sp_view src;
-  struct plan_region dst;
+  const struct plan_key_in *from = m->from;
 
-  plan_moves_regions(plan, m, &src, &dst);
   plan_hash_u64(h, m->key);
   plan_hash_u64(h, m->src);
   plan_hash_u64(h, m->dst);
@@ -66,14 +67,19 @@ static void hash_move(struct plan_hash *h, const struct plan *plan,
   plan_hash_u64(h, m->nbytes);
   plan_hash_u64(h, m->dst_offset);
   plan_hash_u64(h, m->bucket_offset);
-  plan_hash_u64(h, m->from->storage);
-  plan_hash_u64(h, src.ndim);
-  hash_dims(h, src.ndim, src.shape);
-  hash_dims(h, src.ndim, src.stride);
-  plan_hash_u64(h, (uint64_t)src.offset);
-  plan_hash_u64(h, dst.ndim);
-  hash_dims(h, dst.ndim, dst.stride);
-  plan_hash_u64(h, (uint64_t)dst.offset);
+  plan_hash_u64(h, from->storage);
+  plan_hash_u64(h, (uint64_t)from->view.offset);
+  if (plan->keys[m->key].placement == PLAN_AFFINE) {
+    const struct affine_piece *p = &from->pieces[m->piece];
+    plan_hash_u64(h, p->ndim);
+    hash_dims(h, p->ndim, p->shape);
+    plan_hash_u64(h, (uint64_t)p->src_offset);
+    hash_dims(h, p->ndim, p->src_stride);
+    hash_dims(h, p->ndim, p->dst_stride);
+  } else {
+    hash_dims(h, from->view.ndim, from->view.shape);
+    hash_dims(h, from->view.ndim, from->view.stride);
+  }
 }
 
 static void hash_round(struct plan_hash *h, const struct plan *plan,

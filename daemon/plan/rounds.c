@@ -141,49 +141,64 @@ static int index_ranks(const struct plan *plan, struct plan_round *round,
   return 0;
 }
 
+/* Buffers every round reuses: the moves as generated, a sorting buffer,
+ * and the counting sorts' counters. */
+struct scratch {
+  struct plan_move *all;
+  struct plan_move *tmp;
+  size_t cap;
+  size_t *count;
+};
+
+static int scratch_fit(struct scratch *sc, size_t n) {
+  if (n <= sc->cap)
+    return 0;
+  free(sc->all);
+  free(sc->tmp);
+  sc->all = malloc(n * sizeof *sc->all);
+  sc->tmp = malloc(n * sizeof *sc->tmp);
+  sc->cap = sc->all != NULL && sc->tmp != NULL ? n : 0;
+  return sc->cap == n ? 0 : SP_ENOMEM;
+}
+
 static int build_round(const struct plan_index *ix, struct plan *plan,
-                       struct plan_round *round, size_t *count) {
-  struct plan_move *all = NULL, *tmp = NULL;
+                       struct plan_round *round, struct scratch *sc) {
   size_t total = 0, at = 0;
-  int rc = SP_ENOMEM;
+  int rc;
 
   for (size_t i = 0; i < round->nkeys; i++)
     total += plan_moves_of_key(ix, plan, plan->transfer[round->first + i],
                                NULL);
-  all = malloc((total > 0 ? total : 1) * sizeof *all);
-  if (all == NULL)
-    goto out;
+  rc = scratch_fit(sc, total);
+  if (rc != 0)
+    return rc;
   for (size_t i = 0; i < round->nkeys; i++) {
     uint32_t k = plan->transfer[round->first + i];
     plan->keys[k].round = (uint32_t)(round - plan->rounds);
-    at += plan_moves_of_key(ix, plan, k, all + at);
+    at += plan_moves_of_key(ix, plan, k, sc->all + at);
   }
   for (size_t i = 0; i < total; i++)
-    round->nlocal += move_in(plan, &all[i], LOCAL_MOVES);
+    round->nlocal += move_in(plan, &sc->all[i], LOCAL_MOVES);
   round->nmoves = total - round->nlocal;
   round->local = malloc((round->nlocal > 0 ? round->nlocal : 1) *
                         sizeof *round->local);
   round->moves = malloc((round->nmoves > 0 ? round->nmoves : 1) *
                         sizeof *round->moves);
-  tmp = malloc((round->nmoves > 0 ? round->nmoves : 1) * sizeof *tmp);
-  if (round->local == NULL || round->moves == NULL || tmp == NULL)
-    goto out;
-  sort_moves(plan, all, total, LOCAL_MOVES, BY_DST, count, plan->world,
-             round->local);
+  if (round->local == NULL || round->moves == NULL)
+    return SP_ENOMEM;
+  sort_moves(plan, sc->all, total, LOCAL_MOVES, BY_DST, sc->count,
+             plan->world, round->local);
   /* Least significant field first: the last pass leaves source as the
    * primary order, then owner, then code, then generation order. */
-  sort_moves(plan, all, total, REMOTE_MOVES, BY_CODE, count, CODES, tmp);
-  sort_moves(plan, tmp, round->nmoves, ALL_MOVES, BY_DST, count, plan->world,
-             round->moves);
-  sort_moves(plan, round->moves, round->nmoves, ALL_MOVES, BY_SRC, count,
-             plan->world, tmp);
-  memcpy(round->moves, tmp, round->nmoves * sizeof *tmp);
+  sort_moves(plan, sc->all, total, REMOTE_MOVES, BY_CODE, sc->count, CODES,
+             sc->tmp);
+  sort_moves(plan, sc->tmp, round->nmoves, ALL_MOVES, BY_DST, sc->count,
+             plan->world, sc->all);
+  sort_moves(plan, sc->all, round->nmoves, ALL_MOVES, BY_SRC, sc->count,
+             plan->world, round->moves);
   rc = make_buckets(plan, round);
   if (rc == 0)
-    rc = index_ranks(plan, round, count);
-out:
-  free(all);
-  free(tmp);
+    rc = index_ranks(plan, round, sc->count);
   return rc;
 }
 
@@ -217,7 +232,7 @@ static size_t cut_rounds(struct plan *plan, struct plan_round *rounds) {
 
 int plan_rounds_build(const struct plan_index *ix, struct plan *plan,
                       char *msg, size_t msglen) {
-  size_t *count = NULL;
+  struct scratch sc = {0};
   int rc = 0;
 
   for (size_t k = 0; k < plan->nkeys; k++)
@@ -233,17 +248,19 @@ int plan_rounds_build(const struct plan_index *ix, struct plan *plan,
   plan->nrounds = cut_rounds(plan, NULL);
   plan->rounds = calloc(plan->nrounds > 0 ? plan->nrounds : 1,
                         sizeof *plan->rounds);
-  count = malloc(((size_t)(plan->world > CODES ? plan->world : CODES) + 1) *
-                 sizeof *count);
-  if (plan->rounds == NULL || count == NULL) {
+  sc.count = malloc(((size_t)(plan->world > CODES ? plan->world : CODES) + 1) *
+                    sizeof *sc.count);
+  if (plan->rounds == NULL || sc.count == NULL) {
     plan->nrounds = 0;
-    free(count);
+    free(sc.count);
     return plan_refuse(msg, msglen, SP_ENOMEM, "out of memory");
   }
   cut_rounds(plan, plan->rounds);
   for (size_t r = 0; r < plan->nrounds && rc == 0; r++)
-    rc = build_round(ix, plan, &plan->rounds[r], count);
-  free(count);
+    rc = build_round(ix, plan, &plan->rounds[r], &sc);
+  free(sc.all);
+  free(sc.tmp);
+  free(sc.count);
   if (rc != 0)
     return plan_refuse(msg, msglen, rc, "out of memory building round moves");
   return 0;

@@ -123,6 +123,10 @@ static int no_path(void *arg) {
   setenv("XDG_RUNTIME_DIR", "", 1);
   if (sp_default_socket_path(buf, sizeof buf) != SP_EINVAL)
     return 2;
+  /* A relative runtime directory is invalid (XDG base directory rules). */
+  setenv("XDG_RUNTIME_DIR", "run/user/4242", 1);
+  if (sp_default_socket_path(buf, sizeof buf) != SP_EINVAL)
+    return 4;
   /* sp_connect(NULL, ...) has no path to try either. */
   sp_client *c = (sp_client *)buf;
   if (sp_connect(NULL, &c) != SP_EINVAL || c != (sp_client *)buf)
