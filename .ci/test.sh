@@ -8,8 +8,8 @@ log="$dir.test.log"
 meson test -C "$dir" --print-errorlogs "$@" >"$log" 2>&1
 rc=$?
 if [ $rc -ne 0 ]; then
-  grep -E '^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT|ERROR)' "$log" >&2 || true
-  sed -n '/^Summary of Failures/,$p' "$log" >&2
+  # The failing tests' own output (--print-errorlogs) and meson's summary.
+  tail -n 400 "$log" >&2
   echo "shardport: tests failed in $dir (full log: $log)" >&2
 fi
 grep -E '^(Ok|Fail|Skipped|Timeout):' "$log" | tr '\n' ' ' | sed 's/  */ /g; s/ $/\n/' | sed "s|^|$dir: |"
