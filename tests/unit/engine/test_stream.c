@@ -1,0 +1,233 @@
+/*
+ * test_stream.c - the all-peers exchange over socket pairs: full-duplex
+ * volume without deadlock, scatter/gather of many regions, and the ways an
+ * exchange ends early (peer closed, silent peer, cancel), while a slow peer
+ * is not mistaken for a lost one.
+ */
+#include <check.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shardport.h"
+#include "daemon/xfer/stream.h"
+
+static void nonblocking_pair(int sv[2]) {
+  ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  for (int i = 0; i < 2; i++)
+    fcntl(sv[i], F_SETFL, O_NONBLOCK);
+}
+
+static uint8_t *pattern(size_t len, unsigned seed) {
+  uint8_t *p = malloc(len ? len : 1);
+  for (size_t i = 0; i < len; i++)
+    p[i] = (uint8_t)(i * 2654435761u + seed);
+  return p;
+}
+
+static const struct xfer_watch patient = {.idle_timeout_ms = 10000};
+
+struct side {
+  struct xfer_peer peer;
+  int rc;
+};
+
+static void *run_side(void *arg) {
+  struct side *s = arg;
+  size_t failed;
+  s->rc = xfer_exchange(&s->peer, 1, &patient, &failed);
+  return NULL;
+}
+
+START_TEST(both_sides_send_volumes_larger_than_socket_buffers) {
+  int sv[2];
+  nonblocking_pair(sv);
+  size_t len = 16u << 20;
+  uint8_t *a_out = pattern(len, 1), *b_out = pattern(len, 2);
+  uint8_t *a_in = calloc(1, len), *b_in = calloc(1, len);
+  struct iovec a_send = {a_out, len}, a_recv = {a_in, len};
+  struct iovec b_send = {b_out, len}, b_recv = {b_in, len};
+  struct side a = {.peer = {.sock = sv[0], .send = {&a_send, 1}, .recv = {&a_recv, 1}}};
+  struct side b = {.peer = {.sock = sv[1], .send = {&b_send, 1}, .recv = {&b_recv, 1}}};
+  pthread_t t;
+  pthread_create(&t, NULL, run_side, &b);
+  run_side(&a);
+  pthread_join(t, NULL);
+  ck_assert_int_eq(a.rc, 0);
+  ck_assert_int_eq(b.rc, 0);
+  ck_assert_mem_eq(a_in, b_out, len);
+  ck_assert_mem_eq(b_in, a_out, len);
+  ck_assert_uint_eq(a.peer.sent, len);
+  ck_assert_uint_eq(a.peer.received, len);
+  free(a_out), free(b_out), free(a_in), free(b_in);
+  close(sv[0]), close(sv[1]);
+}
+END_TEST
+
+START_TEST(many_regions_scatter_and_gather_exactly) {
+  int sv[2];
+  nonblocking_pair(sv);
+  /* More regions than one writev takes, some of them empty. */
+  enum { REGIONS = 3000 };
+  size_t total = 0;
+  struct iovec *send = calloc(REGIONS, sizeof *send);
+  struct iovec *recv = calloc(REGIONS, sizeof *recv);
+  uint8_t *src = pattern(REGIONS * 40, 3), *dst = calloc(1, REGIONS * 40);
+  for (size_t i = 0; i < REGIONS; i++) {
+    size_t len = (i * 7) % 40;
+    send[i] = (struct iovec){src + i * 40, len};
+    /* The receiver cuts the same stream at other boundaries. */
+    recv[i] = (struct iovec){dst + i * 40, ((i * 7) % 40)};
+    total += len;
+  }
+  struct side a = {.peer = {.sock = sv[0], .send = {send, REGIONS}}};
+  struct side b = {.peer = {.sock = sv[1], .recv = {recv, REGIONS}}};
+  pthread_t t;
+  pthread_create(&t, NULL, run_side, &b);
+  run_side(&a);
+  pthread_join(t, NULL);
+  ck_assert_int_eq(a.rc, 0);
+  ck_assert_int_eq(b.rc, 0);
+  ck_assert_uint_eq(b.peer.received, total);
+  for (size_t i = 0; i < REGIONS; i++)
+    ck_assert_mem_eq(dst + i * 40, src + i * 40, (i * 7) % 40);
+  free(send), free(recv), free(src), free(dst);
+  close(sv[0]), close(sv[1]);
+}
+END_TEST
+
+START_TEST(a_peer_that_closes_is_named) {
+  int good[2], gone[2];
+  nonblocking_pair(good);
+  nonblocking_pair(gone);
+  uint8_t buf[64];
+  struct iovec r0 = {buf, 32}, r1 = {buf + 32, 32};
+  struct xfer_peer peers[2] = {
+      {.sock = good[0], .recv = {&r0, 1}},
+      {.sock = gone[0], .recv = {&r1, 1}},
+  };
+  ck_assert_int_eq(write(good[1], buf, 32), 32);
+  ck_assert_int_eq(write(gone[1], buf, 5), 5);
+  close(gone[1]);
+  size_t failed = 99;
+  ck_assert_int_eq(xfer_exchange(peers, 2, &patient, &failed), SP_ECLOSED);
+  ck_assert_uint_eq(failed, 1);
+  ck_assert_uint_eq(peers[1].received, 5);
+  close(good[0]), close(good[1]), close(gone[0]);
+}
+END_TEST
+
+START_TEST(a_silent_peer_times_out) {
+  int sv[2];
+  nonblocking_pair(sv);
+  uint8_t buf[8];
+  struct iovec r = {buf, sizeof buf};
+  struct xfer_peer peer = {.sock = sv[0], .recv = {&r, 1}};
+  struct xfer_watch watch = {.idle_timeout_ms = 200};
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  size_t failed = 99;
+  ck_assert_int_eq(xfer_exchange(&peer, 1, &watch, &failed), SP_ETIMEOUT);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  ck_assert_uint_eq(failed, 0);
+  double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+  ck_assert(waited >= 0.19);
+  close(sv[0]), close(sv[1]);
+}
+END_TEST
+
+struct trickle {
+  int sock;
+  const uint8_t *data;
+  size_t len;
+};
+
+/* Sends in small pieces with pauses shorter than the idle timeout. */
+static void *trickle_out(void *arg) {
+  struct trickle *t = arg;
+  for (size_t off = 0; off < t->len; off += 10) {
+    struct timespec pause = {0, 60 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    ck_assert_int_eq(write(t->sock, t->data + off, 10), 10);
+  }
+  return NULL;
+}
+
+START_TEST(a_slow_peer_is_not_a_lost_peer) {
+  int sv[2];
+  nonblocking_pair(sv);
+  uint8_t *src = pattern(100, 4), dst[100];
+  struct iovec r = {dst, sizeof dst};
+  struct xfer_peer peer = {.sock = sv[0], .recv = {&r, 1}};
+  /* 10 pauses of 60 ms: longer than the timeout in all, shorter each. */
+  struct xfer_watch watch = {.idle_timeout_ms = 250};
+  struct trickle t = {sv[1], src, 100};
+  pthread_t th;
+  pthread_create(&th, NULL, trickle_out, &t);
+  size_t failed;
+  ck_assert_int_eq(xfer_exchange(&peer, 1, &watch, &failed), 0);
+  pthread_join(th, NULL);
+  ck_assert_mem_eq(dst, src, 100);
+  free(src);
+  close(sv[0]), close(sv[1]);
+}
+END_TEST
+
+static atomic_bool cancel_flag;
+
+static void *cancel_later(void *arg) {
+  (void)arg;
+  struct timespec pause = {0, 150 * 1000 * 1000};
+  nanosleep(&pause, NULL);
+  atomic_store(&cancel_flag, true);
+  return NULL;
+}
+
+START_TEST(cancel_stops_the_exchange) {
+  int sv[2];
+  nonblocking_pair(sv);
+  uint8_t buf[8];
+  struct iovec r = {buf, sizeof buf};
+  struct xfer_peer peer = {.sock = sv[0], .recv = {&r, 1}};
+  atomic_store(&cancel_flag, false);
+  struct xfer_watch watch = {.cancel = &cancel_flag, .idle_timeout_ms = 10000};
+  pthread_t th;
+  pthread_create(&th, NULL, cancel_later, NULL);
+  size_t failed;
+  ck_assert_int_eq(xfer_exchange(&peer, 1, &watch, &failed), 1);
+  pthread_join(th, NULL);
+  close(sv[0]), close(sv[1]);
+}
+END_TEST
+
+START_TEST(nothing_to_move_returns_at_once) {
+  struct iovec empty = {NULL, 0};
+  struct xfer_peer peer = {.sock = -1, .send = {&empty, 1}};
+  size_t failed;
+  ck_assert_int_eq(xfer_exchange(&peer, 1, &patient, &failed), 0);
+  ck_assert_int_eq(xfer_exchange(NULL, 0, &patient, &failed), 0);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("stream");
+  TCase *tc = tcase_create("core");
+  tcase_set_timeout(tc, 30);
+  tcase_add_test(tc, both_sides_send_volumes_larger_than_socket_buffers);
+  tcase_add_test(tc, many_regions_scatter_and_gather_exactly);
+  tcase_add_test(tc, a_peer_that_closes_is_named);
+  tcase_add_test(tc, a_silent_peer_times_out);
+  tcase_add_test(tc, a_slow_peer_is_not_a_lost_peer);
+  tcase_add_test(tc, cancel_stops_the_exchange);
+  tcase_add_test(tc, nothing_to_move_returns_at_once);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
