@@ -38,7 +38,7 @@ enum sp_dtype {
 #define SP_DTYPE_ENUM(name, str, size) SP_DTYPE_##name,
   SP_DTYPE_MAP(SP_DTYPE_ENUM)
 #undef SP_DTYPE_ENUM
-  SP_DTYPE_COUNT
+      SP_DTYPE_COUNT
 };
 
 /* The dtype named by name[0..len) ("float32", or str(torch.float32), i.e.

@@ -12,8 +12,7 @@
 static int view_fail(char *msg, size_t msglen, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-static int view_fail(char *msg, size_t msglen, int code, const char *fmt,
-                     ...) {
+static int view_fail(char *msg, size_t msglen, int code, const char *fmt, ...) {
   if (msg != NULL && msglen > 0) {
     va_list ap;
     va_start(ap, fmt);
@@ -118,8 +117,8 @@ uint64_t sp_view_whole_elements(uint64_t nbytes, enum sp_dtype dtype) {
   return size == 0 ? 0 : nbytes / size;
 }
 
-int sp_view_check(const struct sp_view *view, uint64_t storage_bytes,
-                  char *msg, size_t msglen) {
+int sp_view_check(const struct sp_view *view, uint64_t storage_bytes, char *msg,
+                  size_t msglen) {
   uint32_t size = sp_dtype_size(view->dtype);
   uint64_t numel, nbytes, extent, whole;
   int rc;
@@ -135,7 +134,8 @@ int sp_view_check(const struct sp_view *view, uint64_t storage_bytes,
       return view_fail(msg, msglen, SP_EINVAL,
                        "dim %u has size %lld and stride %lld; both must be "
                        "non-negative",
-                       i, (long long)view->shape[i], (long long)view->stride[i]);
+                       i, (long long)view->shape[i],
+                       (long long)view->stride[i]);
   if (view->offset < 0)
     return view_fail(msg, msglen, SP_EINVAL,
                      "the storage offset %lld is negative",
@@ -316,8 +316,8 @@ int sp_view_decode(const struct sp_storage *storages, size_t nstorages,
     int rc;
     if (metas[i].storage >= nstorages)
       return view_fail(msg, msglen, SP_ENOSTORAGE,
-                       "view %zu names storage %u of %zu", i,
-                       metas[i].storage, nstorages);
+                       "view %zu names storage %u of %zu", i, metas[i].storage,
+                       nstorages);
     s = &storages[metas[i].storage];
     rc = sp_view_check(&metas[i].view, s->nbytes, why, sizeof why);
     if (rc != 0)

@@ -93,8 +93,8 @@ uint64_t sp_view_whole_elements(uint64_t nbytes, enum sp_dtype dtype);
  * (too many dims, a negative dim, stride or offset), SP_EOVERFLOW,
  * SP_EZEROSTRIDE, SP_ESELFOVERLAP or SP_EOUTOFBOUNDS, with a sentence in msg
  * (which may be NULL). */
-int sp_view_check(const struct sp_view *view, uint64_t storage_bytes,
-                  char *msg, size_t msglen);
+int sp_view_check(const struct sp_view *view, uint64_t storage_bytes, char *msg,
+                  size_t msglen);
 
 /* Bytes the view's elements occupy (numel * element size), for a view that
  * passed sp_view_check. */

@@ -17,7 +17,6 @@ enum {
   WRITER_NOBODY = 0,
   WRITER_SINGLE = 1,
   WRITER_REPLICA = 2,
-  WRITER_KIND = 3,
   WRITER_WRITTEN = 4,
 };
 
@@ -32,8 +31,7 @@ struct piece_iter {
 };
 
 static void piece_iter_start(struct piece_iter *it,
-                             const struct affine_piece *piece,
-                             uint64_t numel) {
+                             const struct affine_piece *piece, uint64_t numel) {
   memset(it->idx, 0, sizeof it->idx);
   it->piece = piece;
   it->src = (uint64_t)piece->src_offset;
@@ -65,8 +63,8 @@ static uint64_t piece_numel(const struct affine_piece *p) {
 }
 
 /* "[1, 2]": the multi-index of element flat in the full tensor. */
-static void format_index(const struct affine_map *map, uint64_t flat,
-                         char *buf, size_t len) {
+static void format_index(const struct affine_map *map, uint64_t flat, char *buf,
+                         size_t len) {
   uint64_t idx[SP_MAX_DIMS];
   size_t used = 0;
 
@@ -169,9 +167,8 @@ static int check_piece(const struct affine_map *map, uint32_t rank, size_t pi,
                   p->src_stride, numel, map->shards[rank].numel, msg, msglen);
   if (rc != 0)
     return rc;
-  return check_side(map, rank, pi, "destination", SP_EDESTBOUNDS,
-                    p->dst_offset, p->dst_stride, numel, full_numel, msg,
-                    msglen);
+  return check_side(map, rank, pi, "destination", SP_EDESTBOUNDS, p->dst_offset,
+                    p->dst_stride, numel, full_numel, msg, msglen);
 }
 
 /* The first piece of rank, before piece `before`, that reads shard element
@@ -254,8 +251,8 @@ int affine_check_rank(const struct affine_map *map, uint32_t rank, char *msg,
 
 /* The first piece, in visiting order before (rank, pi), that writes full
  * element d; walked only to name both sides of a refusal. */
-static void first_writer(const struct affine_map *map, uint32_t rank,
-                         size_t pi, uint64_t d, uint32_t *wr, size_t *wp) {
+static void first_writer(const struct affine_map *map, uint32_t rank, size_t pi,
+                         uint64_t d, uint32_t *wr, size_t *wp) {
   for (uint32_t r = 0; r <= rank; r++) {
     const struct affine_shard *shard = &map->shards[r];
     size_t end = r == rank ? pi : shard->npieces;
@@ -346,8 +343,8 @@ static int writers(const struct affine_map *map, uint64_t *full_numel,
         if (seen == WRITER_NOBODY) {
           mask[it.dst] = kind;
         } else if (seen == WRITER_SINGLE || kind == WRITER_SINGLE) {
-          rc = refuse_conflict(map, r, pi, it.dst, SP_EDOUBLEWRITE, msg,
-                               msglen);
+          rc =
+              refuse_conflict(map, r, pi, it.dst, SP_EDOUBLEWRITE, msg, msglen);
           free(mask);
           return rc;
         }
@@ -394,8 +391,7 @@ int affine_rebuild(const struct affine_map *map, size_t elsize,
   if (__builtin_mul_overflow(full_numel, (uint64_t)elsize, &bytes)) {
     free(mask);
     return plan_refuse(msg, msglen, SP_EOVERFLOW,
-                       "key '%s': the full tensor's size overflows",
-                       map->key);
+                       "key '%s': the full tensor's size overflows", map->key);
   }
   for (uint32_t r = 0; r < map->nranks; r++) {
     const struct affine_shard *shard = &map->shards[r];
@@ -409,8 +405,8 @@ int affine_rebuild(const struct affine_map *map, size_t elsize,
         const uint8_t *from = src + it.src * elsize;
         if (mask[it.dst] & WRITER_WRITTEN) {
           if (memcmp(to, from, elsize) != 0) {
-            rc = refuse_conflict(map, r, pi, it.dst, SP_EDIFFERENT, msg,
-                                 msglen);
+            rc =
+                refuse_conflict(map, r, pi, it.dst, SP_EDIFFERENT, msg, msglen);
             free(mask);
             return rc;
           }

@@ -34,7 +34,7 @@ static uint32_t slot_id(uint64_t slot) {
 
 struct builder {
   struct plan_index *ix;
-  const char **names; /* by id */
+  const char **names;  /* by id */
   uint32_t *last_rank; /* by id: the last rank that listed it, to find a key
                           a rank lists twice */
   size_t nids;
@@ -240,7 +240,6 @@ int plan_index_build(const struct plan_input *in, struct plan_index *ix,
   int rc;
 
   memset(ix, 0, sizeof *ix);
-  ix->in = in;
   ix->world = in->world;
   rc = order_ranks(in, ix, msg, msglen);
   if (rc != 0)

@@ -18,13 +18,11 @@ int plan_refuse(char *msg, size_t msglen, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* "rank 3" or "ranks 1, 2 and 5", naming at most eight and counting the
  * rest, so a refusal in a world of thousands stays one line. */
-void plan_refuse_ranks(char *buf, size_t len, const uint32_t *ranks,
-                       size_t n);
+void plan_refuse_ranks(char *buf, size_t len, const uint32_t *ranks, size_t n);
 
 /* index.c: every rank's keys, gathered per key in rank order. */
 
 struct plan_index {
-  const struct plan_input *in;
   uint32_t world;
   const struct plan_rank_in **rank; /* [world], by rank number */
   size_t nkeys;                     /* distinct names over all ranks */
@@ -84,8 +82,8 @@ size_t plan_moves_of_key(const struct plan_index *ix, const struct plan *plan,
                          uint32_t k, struct plan_move *out);
 
 /* rounds.c: plan->transfer and plan->rounds. */
-int plan_rounds_build(const struct plan_index *ix, struct plan *plan,
-                      char *msg, size_t msglen);
+int plan_rounds_build(const struct plan_index *ix, struct plan *plan, char *msg,
+                      size_t msglen);
 
 /* digest.c, and the word hash it shares with units.c's tie finding.  A
  * word at a time, inline, because the digest covers every move of a plan:

@@ -47,10 +47,10 @@ struct plan_key_in {
   uint32_t device_type; /* enum sp_device_type the trainer declares */
   uint32_t ndim;        /* of the global shape */
   int64_t shape[SP_MAX_DIMS];
-  uint32_t storage;     /* index into the rank's storages */
-  struct sp_view view;  /* what the rank holds: shard, whole, or affine shard */
-  uint64_t nbytes;      /* bytes the rank reports for its holding */
-  size_t npieces;       /* affine only */
+  uint32_t storage;    /* index into the rank's storages */
+  struct sp_view view; /* what the rank holds: shard, whole, or affine shard */
+  uint64_t nbytes;     /* bytes the rank reports for its holding */
+  size_t npieces;      /* affine only */
   const struct affine_piece *pieces;
 };
 

@@ -103,15 +103,15 @@ size_t plan_moves_of_key(const struct plan_index *ix, const struct plan *plan,
       const struct affine_piece *p = &e->pieces[pi];
       uint64_t numel = piece_numel(p);
       if (numel > 0 && out != NULL)
-        out[count] = (struct plan_move){
-            .key = k,
-            .src = src,
-            .dst = key->owner,
-            .piece = (uint32_t)pi,
-            .flags = p->nholders > 1 ? PLAN_MOVE_REPLICA : 0,
-            .from = e,
-            .nbytes = numel * size,
-            .dst_offset = (uint64_t)p->dst_offset};
+        out[count] =
+            (struct plan_move){.key = k,
+                               .src = src,
+                               .dst = key->owner,
+                               .piece = (uint32_t)pi,
+                               .flags = p->nholders > 1 ? PLAN_MOVE_REPLICA : 0,
+                               .from = e,
+                               .nbytes = numel * size,
+                               .dst_offset = (uint64_t)p->dst_offset};
       count += numel > 0;
     }
   }

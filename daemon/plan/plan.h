@@ -91,7 +91,7 @@ struct plan_move {
   uint32_t flags; /* PLAN_MOVE_REPLICA: compare with other replicas */
   const struct plan_key_in *from; /* the source rank's registration */
   uint64_t nbytes;
-  uint64_t dst_offset;    /* first element of the region in the owner's tensor */
+  uint64_t dst_offset; /* first element of the region in the owner's tensor */
   uint64_t bucket_offset; /* byte offset in its bucket; 0 for local moves */
 };
 

@@ -18,8 +18,7 @@ int plan_refuse(char *msg, size_t msglen, int code, const char *fmt, ...) {
   return code;
 }
 
-void plan_refuse_ranks(char *buf, size_t len, const uint32_t *ranks,
-                       size_t n) {
+void plan_refuse_ranks(char *buf, size_t len, const uint32_t *ranks, size_t n) {
   size_t named = n < NAMED_RANKS ? n : NAMED_RANKS;
   size_t used = 0;
 

@@ -16,6 +16,7 @@
  * moves, so a send and its receive always agree on length and layout.
  * Counting sorts keep a round at O(moves + world).
  */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -88,12 +89,12 @@ static int make_buckets(const struct plan *plan, struct plan_round *round) {
     struct plan_bucket *b;
     if (i == 0 || !same_bucket(plan, &round->moves[i - 1], m)) {
       const struct plan_key *key = &plan->keys[m->key];
-      round->buckets[nb++] = (struct plan_bucket){.src = m->src,
-                                                  .dst = m->dst,
-                                                  .device_type =
-                                                      key->device_type,
-                                                  .dtype = key->dtype,
-                                                  .first = i};
+      round->buckets[nb++] =
+          (struct plan_bucket){.src = m->src,
+                               .dst = m->dst,
+                               .device_type = key->device_type,
+                               .dtype = key->dtype,
+                               .first = i};
       offset = 0;
     }
     b = &round->buckets[nb - 1];
@@ -167,8 +168,8 @@ static int build_round(const struct plan_index *ix, struct plan *plan,
   int rc;
 
   for (size_t i = 0; i < round->nkeys; i++)
-    total += plan_moves_of_key(ix, plan, plan->transfer[round->first + i],
-                               NULL);
+    total +=
+        plan_moves_of_key(ix, plan, plan->transfer[round->first + i], NULL);
   rc = scratch_fit(sc, total);
   if (rc != 0)
     return rc;
@@ -180,14 +181,14 @@ static int build_round(const struct plan_index *ix, struct plan *plan,
   for (size_t i = 0; i < total; i++)
     round->nlocal += move_in(plan, &sc->all[i], LOCAL_MOVES);
   round->nmoves = total - round->nlocal;
-  round->local = malloc((round->nlocal > 0 ? round->nlocal : 1) *
-                        sizeof *round->local);
-  round->moves = malloc((round->nmoves > 0 ? round->nmoves : 1) *
-                        sizeof *round->moves);
+  round->local =
+      malloc((round->nlocal > 0 ? round->nlocal : 1) * sizeof *round->local);
+  round->moves =
+      malloc((round->nmoves > 0 ? round->nmoves : 1) * sizeof *round->moves);
   if (round->local == NULL || round->moves == NULL)
     return SP_ENOMEM;
-  sort_moves(plan, sc->all, total, LOCAL_MOVES, BY_DST, sc->count,
-             plan->world, round->local);
+  sort_moves(plan, sc->all, total, LOCAL_MOVES, BY_DST, sc->count, plan->world,
+             round->local);
   /* Least significant field first: the last pass leaves source as the
    * primary order, then owner, then code, then generation order. */
   sort_moves(plan, sc->all, total, REMOTE_MOVES, BY_CODE, sc->count, CODES,
@@ -230,8 +231,8 @@ static size_t cut_rounds(struct plan *plan, struct plan_round *rounds) {
   return n + (keys > 0);
 }
 
-int plan_rounds_build(const struct plan_index *ix, struct plan *plan,
-                      char *msg, size_t msglen) {
+int plan_rounds_build(const struct plan_index *ix, struct plan *plan, char *msg,
+                      size_t msglen) {
   struct scratch sc = {0};
   int rc = 0;
 
@@ -246,8 +247,8 @@ int plan_rounds_build(const struct plan_index *ix, struct plan *plan,
     if (plan->keys[k].kind == PLAN_KEY_MOVE)
       plan->transfer[plan->ntransfer++] = (uint32_t)k;
   plan->nrounds = cut_rounds(plan, NULL);
-  plan->rounds = calloc(plan->nrounds > 0 ? plan->nrounds : 1,
-                        sizeof *plan->rounds);
+  plan->rounds =
+      calloc(plan->nrounds > 0 ? plan->nrounds : 1, sizeof *plan->rounds);
   sc.count = malloc(((size_t)(plan->world > CODES ? plan->world : CODES) + 1) *
                     sizeof *sc.count);
   if (plan->rounds == NULL || sc.count == NULL) {

@@ -38,8 +38,8 @@ static void set_union(uint32_t *parent, uint32_t a, uint32_t b) {
 /* Only whole views can be tied: a tie between affine maps would also need
  * equal pieces, and experts are never balanced. */
 static bool tie_candidate(const struct plan_key *key) {
-  return key->placement == PLAN_SHARD0 ||
-         key->placement == PLAN_REPLICATED || key->placement == PLAN_PLAIN;
+  return key->placement == PLAN_SHARD0 || key->placement == PLAN_REPLICATED ||
+         key->placement == PLAN_PLAIN;
 }
 
 static const struct sp_storage *entry_storage(const struct plan_index *ix,
@@ -108,8 +108,8 @@ static int tie_slot_cmp(const void *pa, const void *pb) {
 
 static int find_ties(const struct plan_index *ix, struct plan *plan,
                      uint32_t *parent, char *msg, size_t msglen) {
-  struct tie_slot *slots = malloc((plan->nkeys > 0 ? plan->nkeys : 1) *
-                                  sizeof *slots);
+  struct tie_slot *slots =
+      malloc((plan->nkeys > 0 ? plan->nkeys : 1) * sizeof *slots);
   uint32_t *reps = malloc((plan->nkeys > 0 ? plan->nkeys : 1) * sizeof *reps);
   size_t n = 0;
 

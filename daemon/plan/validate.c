@@ -7,6 +7,7 @@
  * check is the refusal, the same on every daemon and whichever rank's point
  * of view the metadata was gathered from.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,8 +55,7 @@ struct key_view {
   size_t n;
 };
 
-static const struct plan_key_in *kv_entry(const struct key_view *kv,
-                                          size_t i) {
+static const struct plan_key_in *kv_entry(const struct key_view *kv, size_t i) {
   return kv->ix->entry[kv->first + i];
 }
 
@@ -69,8 +69,7 @@ static const struct sp_storage *kv_storage(const struct key_view *kv,
 }
 
 /* Names the ranks that list the key and those that do not. */
-static int refuse_keyset(const struct key_view *kv, char *msg,
-                         size_t msglen) {
+static int refuse_keyset(const struct key_view *kv, char *msg, size_t msglen) {
   uint32_t world = kv->ix->world;
   uint32_t *missing = malloc((size_t)world * sizeof *missing);
   uint32_t *holders = malloc((kv->n > 0 ? kv->n : 1) * sizeof *holders);
@@ -179,8 +178,8 @@ static int check_global(const struct key_view *kv, struct plan_key *out,
                        kv->name, e0->device_type);
   if (e0->ndim > SP_MAX_DIMS)
     return plan_refuse(msg, msglen, SP_EINVAL,
-                       "key '%s' has %u dims, more than %d", kv->name,
-                       e0->ndim, SP_MAX_DIMS);
+                       "key '%s' has %u dims, more than %d", kv->name, e0->ndim,
+                       SP_MAX_DIMS);
   if (sp_view_numel(e0->ndim, e0->shape, &numel) != 0 ||
       __builtin_mul_overflow(numel, sp_dtype_size(e0->view.dtype),
                              &out->nbytes))
@@ -190,8 +189,7 @@ static int check_global(const struct key_view *kv, struct plan_key *out,
   return 0;
 }
 
-static int check_entries(const struct key_view *kv, char *msg,
-                         size_t msglen) {
+static int check_entries(const struct key_view *kv, char *msg, size_t msglen) {
   uint32_t first_type = PLAN_NONE;
   uint32_t first_rank = 0;
 
@@ -209,8 +207,8 @@ static int check_entries(const struct key_view *kv, char *msg,
     s = kv_storage(kv, i);
     rc = sp_view_check(&e->view, s->nbytes, why, sizeof why);
     if (rc != 0)
-      return plan_refuse(msg, msglen, rc, "key '%s' on rank %u: %s",
-                         kv->name, r, why);
+      return plan_refuse(msg, msglen, rc, "key '%s' on rank %u: %s", kv->name,
+                         r, why);
     if (sp_view_nbytes(&e->view, &nbytes) != 0 || nbytes != e->nbytes)
       return plan_refuse(msg, msglen, SP_EBYTES,
                          "key '%s': rank %u reports %llu bytes but its view "
@@ -425,8 +423,8 @@ static int canon_build(const struct plan_index *ix, const struct plan *plan,
       return plan_refuse(msg, msglen, SP_EOVERFLOW,
                          "rank %u's together-groups overflow", r);
   out->keys = malloc((total > 0 ? total : 1) * sizeof *out->keys);
-  out->groups = malloc((rank->ngroups > 0 ? rank->ngroups : 1) *
-                       sizeof *out->groups);
+  out->groups =
+      malloc((rank->ngroups > 0 ? rank->ngroups : 1) * sizeof *out->groups);
   if (out->keys == NULL || out->groups == NULL) {
     plan_groups_free(out);
     return plan_refuse(msg, msglen, SP_ENOMEM, "out of memory");

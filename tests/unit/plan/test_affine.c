@@ -14,8 +14,11 @@ static const uint32_t R0[] = {0}, R1[] = {1}, R01[] = {0, 1};
 /* A 1-D piece of n elements, stride 1 on both sides. */
 static struct affine_piece p1(int64_t n, int64_t src, int64_t dst,
                               const uint32_t *holders, uint32_t nholders) {
-  struct affine_piece p = {.ndim = 1, .src_offset = src, .dst_offset = dst,
-                           .nholders = nholders, .holders = holders};
+  struct affine_piece p = {.ndim = 1,
+                           .src_offset = src,
+                           .dst_offset = dst,
+                           .nholders = nholders,
+                           .holders = holders};
   p.shape[0] = n;
   p.src_stride[0] = 1;
   p.dst_stride[0] = 1;
@@ -26,8 +29,11 @@ static struct affine_piece p2(int64_t a, int64_t b, int64_t src, int64_t ss0,
                               int64_t ss1, int64_t dst, int64_t ds0,
                               int64_t ds1, const uint32_t *holders,
                               uint32_t nholders) {
-  struct affine_piece p = {.ndim = 2, .src_offset = src, .dst_offset = dst,
-                           .nholders = nholders, .holders = holders};
+  struct affine_piece p = {.ndim = 2,
+                           .src_offset = src,
+                           .dst_offset = dst,
+                           .nholders = nholders,
+                           .holders = holders};
   p.shape[0] = a;
   p.shape[1] = b;
   p.src_stride[0] = ss0;
@@ -97,8 +103,7 @@ START_TEST(two_ranks_claiming_one_block_refused) {
   ck_assert_int_eq(affine_rebuild(&t.map, 4, shards, full, msg, sizeof msg),
                    SP_EDOUBLEWRITE);
   b.dst_offset = 4;
-  ck_assert_int_eq(affine_rebuild(&t.map, 4, shards, full, msg, sizeof msg),
-                   0);
+  ck_assert_int_eq(affine_rebuild(&t.map, 4, shards, full, msg, sizeof msg), 0);
   ck_assert_uint_eq(full[5], 6);
 }
 END_TEST

@@ -246,7 +246,8 @@ START_TEST(owners_are_deterministic) {
                 shape, rows);
   }
   tjob_expert(job, 3, "moe.e3", SP_DTYPE_FLOAT32, 1, (const int64_t[]){9});
-  tjob_group(job, PLAN_NONE, 2, (const char *const[]){"layer.1.w", "layer.7.w"});
+  tjob_group(job, PLAN_NONE, 2,
+             (const char *const[]){"layer.1.w", "layer.7.w"});
   for (uint32_t view = 0; view < 5; view++) {
     for (uint64_t seed = 0; seed < 4; seed++) {
       struct plan *plan;

@@ -43,9 +43,7 @@ struct pool {
   size_t used;
 };
 
-static uint64_t rnd(uint64_t *s, uint64_t n) {
-  return tjob_rand(s) % n;
-}
+static uint64_t rnd(uint64_t *s, uint64_t n) { return tjob_rand(s) % n; }
 
 static void add_piece(struct layout *l, uint32_t rank, const int64_t *origin,
                       const int64_t *size, const uint32_t *holders,
@@ -71,8 +69,8 @@ static void add_piece(struct layout *l, uint32_t rank, const int64_t *origin,
 }
 
 /* Holders in ascending order: a random subset of at least two ranks. */
-static uint32_t pick_replicas(struct layout *l, struct pool *pool,
-                              uint64_t *s, const uint32_t **out) {
+static uint32_t pick_replicas(struct layout *l, struct pool *pool, uint64_t *s,
+                              const uint32_t **out) {
   uint32_t *h = &pool->holders[pool->used];
   uint32_t n = 0;
 
@@ -120,8 +118,7 @@ static void add_box(struct layout *l, struct pool *pool, uint64_t *s,
 
 /* Uneven cut points along one dim: up to `parts` parts of random widths
  * (edge[0] = 0 < edge[1] < ... < edge[n] = dim); returns n. */
-static uint32_t cuts(uint64_t *s, int64_t dim, uint32_t parts,
-                     int64_t *edge) {
+static uint32_t cuts(uint64_t *s, int64_t dim, uint32_t parts, int64_t *edge) {
   uint32_t n = 0;
   int64_t inner[8];
 
@@ -154,8 +151,8 @@ static void grid_layout(struct layout *l, struct pool *pool, uint64_t *s,
     /* A grid over every dim takes at most three parts per dim, so a rank
      * never holds more than MAX_PIECES pieces. */
     uint32_t most = style == 2 ? 3 : l->nranks + 1;
-    n[d] = cuts(s, l->shape[d], split ? 1 + (uint32_t)rnd(s, most) : 1,
-                edge[d]);
+    n[d] =
+        cuts(s, l->shape[d], split ? 1 + (uint32_t)rnd(s, most) : 1, edge[d]);
   }
   for (uint32_t i = 0; i < n[0]; i++)
     for (uint32_t j = 0; j < n[1]; j++)
@@ -211,8 +208,8 @@ static void finish(struct layout *l, uint64_t *s) {
     }
   }
   for (uint32_t r = 0; r < l->nranks; r++)
-    l->shards[r] = (struct affine_shard){l->shard_numel[r], l->npieces[r],
-                                         l->pieces[r]};
+    l->shards[r] =
+        (struct affine_shard){l->shard_numel[r], l->npieces[r], l->pieces[r]};
   l->map = (struct affine_map){"p", l->ndim, l->shape, l->nranks, l->shards};
 }
 

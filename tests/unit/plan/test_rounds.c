@@ -139,7 +139,8 @@ START_TEST(mixed_dtypes_bucket_apart) {
   round = &plan->rounds[0];
   ck_assert_uint_eq(round->ranks[1].nsend, 4);
   for (size_t i = 0; i < round->ranks[1].nsend; i++) {
-    const struct plan_bucket *b = &round->buckets[round->ranks[1].send_first + i];
+    const struct plan_bucket *b =
+        &round->buckets[round->ranks[1].send_first + i];
     ck_assert_uint_eq(b->src, 1);
     ck_assert_uint_eq(b->dst, 0);
     ck_assert_uint_eq(b->nmoves, 1);
@@ -167,8 +168,10 @@ struct affine_fixture {
 static struct affine_piece box(int64_t r0, int64_t rows, int64_t c0,
                                int64_t cols, int64_t src,
                                const uint32_t *holders, uint32_t n) {
-  struct affine_piece p = {.ndim = 2, .src_offset = src,
-                           .dst_offset = r0 * 8 + c0, .nholders = n,
+  struct affine_piece p = {.ndim = 2,
+                           .src_offset = src,
+                           .dst_offset = r0 * 8 + c0,
+                           .nholders = n,
                            .holders = holders};
   p.shape[0] = rows;
   p.shape[1] = cols;
@@ -445,11 +448,11 @@ static void sim_affine(struct sim *sim, uint32_t k, uint64_t *state) {
   }
   for (uint32_t r = 0; r < 6; r++) {
     const struct plan_key_in *e = find_entry(sim, r, key->name);
-    ck_assert_msg(affine_extract(&map, r, es, sim->expected[k],
-                                 sim->mem[r][e->storage] +
-                                     (size_t)e->view.offset * es,
-                                 msg, sizeof msg) == 0,
-                  "%s", msg);
+    ck_assert_msg(
+        affine_extract(&map, r, es, sim->expected[k],
+                       sim->mem[r][e->storage] + (size_t)e->view.offset * es,
+                       msg, sizeof msg) == 0,
+        "%s", msg);
   }
 }
 

@@ -289,8 +289,12 @@ START_TEST(affine_refusals_through_the_planner) {
   static const uint32_t h0[] = {0}, h1[] = {1};
   const int64_t shape[1] = {8};
   const uint64_t numel[2] = {4, 4};
-  struct affine_piece a = {.ndim = 1, .shape = {4}, .src_stride = {1},
-                           .dst_stride = {1}, .nholders = 1, .holders = h0};
+  struct affine_piece a = {.ndim = 1,
+                           .shape = {4},
+                           .src_stride = {1},
+                           .dst_stride = {1},
+                           .nholders = 1,
+                           .holders = h0};
   struct affine_piece b = a;
   const struct affine_piece *pieces[2] = {&a, &b};
   const size_t npieces[2] = {1, 1};
@@ -313,12 +317,33 @@ START_TEST(affine_refusals_through_the_planner) {
 }
 END_TEST
 
+START_TEST(placement_names_round_trip) {
+  for (int p = PLAN_SHARD0; p <= PLAN_AFFINE; p++) {
+    const char *name = plan_layout_placement_name((enum plan_placement)p);
+    enum plan_placement back;
+    ck_assert_int_eq(plan_layout_placement_from_name(name, strlen(name), &back),
+                     0);
+    ck_assert_int_eq(back, p);
+  }
+  ck_assert_str_eq(plan_layout_placement_name((enum plan_placement)0),
+                   "unknown");
+  {
+    enum plan_placement back;
+    ck_assert_int_eq(plan_layout_placement_from_name("shard", 5, &back),
+                     SP_EUNSUPPORTED);
+    ck_assert_int_eq(plan_layout_placement_from_name("shard0x", 7, &back),
+                     SP_EUNSUPPORTED);
+  }
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("plan-validate");
   TCase *tc = tcase_create("validate");
   SRunner *sr;
   int failed;
 
+  tcase_add_test(tc, placement_names_round_trip);
   tcase_add_test(tc, valid_job_is_planned);
   tcase_add_test(tc, key_sets_differ);
   tcase_add_test(tc, placement_differs);

@@ -33,12 +33,15 @@ START_TEST(dtype_names_and_sizes) {
     const char *name;
     uint32_t size;
   } want[] = {
-      {"float64", 8},         {"float32", 4},        {"float16", 2},
-      {"bfloat16", 2},        {"float8_e4m3fn", 1},  {"float8_e4m3fnuz", 1},
-      {"float8_e5m2", 1},     {"float8_e5m2fnuz", 1}, {"int8", 1},
-      {"int16", 2},           {"int32", 4},          {"int64", 8},
-      {"uint8", 1},           {"uint16", 2},         {"uint32", 4},
-      {"uint64", 8},          {"bool", 1},           {"complex64", 8},
+      {"float64", 8},       {"float32", 4},
+      {"float16", 2},       {"bfloat16", 2},
+      {"float8_e4m3fn", 1}, {"float8_e4m3fnuz", 1},
+      {"float8_e5m2", 1},   {"float8_e5m2fnuz", 1},
+      {"int8", 1},          {"int16", 2},
+      {"int32", 4},         {"int64", 8},
+      {"uint8", 1},         {"uint16", 2},
+      {"uint32", 4},        {"uint64", 8},
+      {"bool", 1},          {"complex64", 8},
       {"complex128", 16},
   };
   enum sp_dtype d;
@@ -190,8 +193,7 @@ START_TEST(codec_dedupes_by_device_and_address) {
              view2(SP_DTYPE_FLOAT16, 2, 4, 4, 1, 8)),
       tensor(SP_DEVICE_CUDA, 0, 1, 0x1000, 64,
              view1(SP_DTYPE_FLOAT32, 16, 1, 0)),
-      tensor(SP_DEVICE_CUDA, 1, 2, 0x1000, 64,
-             view1(SP_DTYPE_INT64, 8, 1, 0)),
+      tensor(SP_DEVICE_CUDA, 1, 2, 0x1000, 64, view1(SP_DTYPE_INT64, 8, 1, 0)),
       tensor(SP_DEVICE_CPU, 0, 0, 0x2000, 7, view1(SP_DTYPE_UINT8, 7, 1, 0)),
       tensor(SP_DEVICE_CUDA, 0, 1, 0x1000, 64,
              view1(SP_DTYPE_BFLOAT16, 4, 2, 1)),
@@ -228,8 +230,10 @@ END_TEST
 /* Same index, other uuid: another GPU. */
 START_TEST(codec_tells_gpus_apart_by_uuid) {
   struct sp_tensor in[2] = {
-      tensor(SP_DEVICE_CUDA, 0, 1, 0x1000, 64, view1(SP_DTYPE_FLOAT32, 4, 1, 0)),
-      tensor(SP_DEVICE_CUDA, 0, 2, 0x1000, 64, view1(SP_DTYPE_FLOAT32, 4, 1, 0)),
+      tensor(SP_DEVICE_CUDA, 0, 1, 0x1000, 64,
+             view1(SP_DTYPE_FLOAT32, 4, 1, 0)),
+      tensor(SP_DEVICE_CUDA, 0, 2, 0x1000, 64,
+             view1(SP_DTYPE_FLOAT32, 4, 1, 0)),
   };
   struct sp_storage *storages;
   struct sp_view_meta *metas;
@@ -260,8 +264,8 @@ START_TEST(codec_refusals) {
   ck_assert_ptr_null(storages);
   ck_assert_ptr_null(metas);
   ck_assert_uint_eq(ns, 0);
-  in[1] = tensor(SP_DEVICE_CPU, 0, 0, 0x3000, 8,
-                 view1(SP_DTYPE_FLOAT32, 4, 1, 0));
+  in[1] =
+      tensor(SP_DEVICE_CPU, 0, 0, 0x3000, 8, view1(SP_DTYPE_FLOAT32, 4, 1, 0));
   ck_assert_int_eq(
       sp_view_encode(in, 2, &storages, &ns, &metas, msg, sizeof msg),
       SP_EOUTOFBOUNDS);
@@ -270,14 +274,14 @@ START_TEST(codec_refusals) {
   ck_assert_ptr_null(storages);
   bad.storage = 1;
   bad.view = view1(SP_DTYPE_FLOAT32, 4, 1, 0);
-  ck_assert_int_eq(sp_view_decode(&in[0].storage, 1, &bad, 1, &out, msg,
-                                  sizeof msg),
-                   SP_ENOSTORAGE);
+  ck_assert_int_eq(
+      sp_view_decode(&in[0].storage, 1, &bad, 1, &out, msg, sizeof msg),
+      SP_ENOSTORAGE);
   bad.storage = 0;
   bad.view = view1(SP_DTYPE_FLOAT32, 17, 1, 0);
-  ck_assert_int_eq(sp_view_decode(&in[0].storage, 1, &bad, 1, &out, msg,
-                                  sizeof msg),
-                   SP_EOUTOFBOUNDS);
+  ck_assert_int_eq(
+      sp_view_decode(&in[0].storage, 1, &bad, 1, &out, msg, sizeof msg),
+      SP_EOUTOFBOUNDS);
 }
 END_TEST
 

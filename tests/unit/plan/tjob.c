@@ -99,12 +99,10 @@ void tjob_node(struct tjob *job, uint32_t rank, uint64_t node) {
   job->ranks[rank].node = node;
 }
 
-static struct plan_key_in *add_entry(struct tjob *job, uint32_t r,
-                                     const char *name,
-                                     enum plan_placement placement,
-                                     enum sp_dtype dtype, uint32_t ndim,
-                                     const int64_t *shape, uint32_t vndim,
-                                     const int64_t *vshape) {
+static struct plan_key_in *
+add_entry(struct tjob *job, uint32_t r, const char *name,
+          enum plan_placement placement, enum sp_dtype dtype, uint32_t ndim,
+          const int64_t *shape, uint32_t vndim, const int64_t *vshape) {
   struct trank *rank = &job->ranks[r];
   struct plan_key_in *e;
   struct sp_storage *s;
@@ -113,8 +111,8 @@ static struct plan_key_in *add_entry(struct tjob *job, uint32_t r,
 
   for (uint32_t d = 0; d < vndim; d++)
     numel *= (uint64_t)vshape[d];
-  rank->storages = grow(rank->storages, rank->nstorages,
-                        sizeof *rank->storages);
+  rank->storages =
+      grow(rank->storages, rank->nstorages, sizeof *rank->storages);
   s = &rank->storages[rank->nstorages];
   memset(s, 0, sizeof *s);
   s->device.type = SP_DEVICE_CPU;

@@ -46,8 +46,7 @@ void tjob_group(struct tjob *job, uint32_t rank, size_t n,
 
 /* Rank's registration of name (valid until the next key is added), and
  * its storage. */
-struct plan_key_in *tjob_key(struct tjob *job, uint32_t rank,
-                             const char *name);
+struct plan_key_in *tjob_key(struct tjob *job, uint32_t rank, const char *name);
 struct sp_storage *tjob_storage(struct tjob *job, uint32_t rank,
                                 const char *name);
 /* Lists name once more on rank (a duplicate registration). */
