@@ -45,6 +45,11 @@ void config_default(struct config *cfg) {
   cfg->max_output = CONFIG_DEFAULT_MAX_OUTPUT;
   cfg->backend = BACKEND_AUTO;
   cfg->watchdog = true;
+  cfg->pool_capacity = 0;
+  cfg->max_bytes = CONFIG_DEFAULT_MAX_BYTES;
+  cfg->export_timeout_ms = CONFIG_DEFAULT_EXPORT_TIMEOUT_MS;
+  cfg->job_timeout_ms = CONFIG_DEFAULT_JOB_TIMEOUT_MS;
+  cfg->max_jobs = CONFIG_DEFAULT_MAX_JOBS;
 }
 
 /* A decimal number with an optional binary suffix k, M or G. */
@@ -72,6 +77,43 @@ static int parse_size(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
     return -1;
   *out = v;
   return 0;
+}
+
+/* A duration: a decimal number with the unit ms, s or m (seconds when none
+ * is given), in milliseconds from lo to hi. */
+static int parse_duration(const char *s, uint64_t lo, uint64_t hi,
+                          uint64_t *out) {
+  if (!isdigit((unsigned char)s[0]))
+    return -1;
+  errno = 0;
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno != 0 || v > UINT32_MAX)
+    return -1;
+  uint64_t scale;
+  if (strcmp(end, "ms") == 0)
+    scale = 1;
+  else if (strcmp(end, "s") == 0 || *end == '\0')
+    scale = 1000;
+  else if (strcmp(end, "m") == 0)
+    scale = 60000;
+  else
+    return -1;
+  v *= scale;
+  if (v < lo || v > hi)
+    return -1;
+  *out = v;
+  return 0;
+}
+
+/* How config_print writes a duration: the largest unit that is exact. */
+static void print_duration(FILE *out, const char *key, uint64_t ms) {
+  if (ms % 60000 == 0)
+    fprintf(out, "%s = %" PRIu64 "m\n", key, ms / 60000);
+  else if (ms % 1000 == 0)
+    fprintf(out, "%s = %" PRIu64 "s\n", key, ms / 1000);
+  else
+    fprintf(out, "%s = %" PRIu64 "ms\n", key, ms);
 }
 
 static int parse_bool(const char *s, bool *out) {
@@ -152,12 +194,21 @@ struct size_key {
 
 static const struct size_key size_keys[] = {
     {"max_frame", 64, 1u << 30},
-    {"max_depth", 1, 128},
+    {"max_depth", 1, SP_LIMITS_MAX_DEPTH},
     {"max_items", 16, 1u << 28},
     {"max_string", 64, 1u << 30},
     {"max_fds", 0, SP_FDS_MAX},
     {"max_clients", 1, 1u << 20},
     {"max_output", 4096, UINT64_C(1) << 40},
+    {"pool_capacity", 0, UINT64_C(1) << 50},
+    {"max_bytes", 4096, UINT64_C(1) << 50},
+    {"max_jobs", 1, 1u << 16},
+};
+
+/* Keys that take a duration, with their bounds in milliseconds. */
+static const struct size_key duration_keys[] = {
+    {"export_timeout", 100, REQ_MAX_TIMEOUT_MS},
+    {"job_timeout", 1000, REQ_MAX_TIMEOUT_MS},
 };
 
 static void store_size(struct config *cfg, const char *key, uint64_t v) {
@@ -173,6 +224,16 @@ static void store_size(struct config *cfg, const char *key, uint64_t v) {
     cfg->limits.max_fds = (uint32_t)v;
   else if (strcmp(key, "max_clients") == 0)
     cfg->max_clients = (uint32_t)v;
+  else if (strcmp(key, "pool_capacity") == 0)
+    cfg->pool_capacity = v;
+  else if (strcmp(key, "max_bytes") == 0)
+    cfg->max_bytes = v;
+  else if (strcmp(key, "max_jobs") == 0)
+    cfg->max_jobs = (uint32_t)v;
+  else if (strcmp(key, "export_timeout") == 0)
+    cfg->export_timeout_ms = (uint32_t)v;
+  else if (strcmp(key, "job_timeout") == 0)
+    cfg->job_timeout_ms = (uint32_t)v;
   else
     cfg->max_output = v;
 }
@@ -187,6 +248,20 @@ int config_set(struct config *cfg, const char *key, const char *value,
       return fail(err, errsize,
                   "%s: \"%s\" is not a number from %" PRIu64 " to %" PRIu64,
                   key, value, size_keys[i].lo, size_keys[i].hi);
+    store_size(cfg, key, v);
+    return 0;
+  }
+  for (size_t i = 0; i < sizeof(duration_keys) / sizeof(duration_keys[0]);
+       i++) {
+    if (strcmp(key, duration_keys[i].key) != 0)
+      continue;
+    uint64_t v;
+    if (parse_duration(value, duration_keys[i].lo, duration_keys[i].hi, &v) !=
+        0)
+      return fail(err, errsize,
+                  "%s: \"%s\" is not a duration from %" PRIu64
+                  "ms to %" PRIu64 "ms (units ms, s, m)",
+                  key, value, duration_keys[i].lo, duration_keys[i].hi);
     store_size(cfg, key, v);
     return 0;
   }
@@ -347,4 +422,9 @@ void config_print(const struct config *cfg, FILE *out) {
   fprintf(out, "max_output = %" PRIu64 "\n", cfg->max_output);
   fprintf(out, "backend = %s\n", backend_name(cfg->backend));
   fprintf(out, "watchdog = %s\n", cfg->watchdog ? "yes" : "no");
+  fprintf(out, "pool_capacity = %" PRIu64 "\n", cfg->pool_capacity);
+  fprintf(out, "max_bytes = %" PRIu64 "\n", cfg->max_bytes);
+  print_duration(out, "export_timeout", cfg->export_timeout_ms);
+  print_duration(out, "job_timeout", cfg->job_timeout_ms);
+  fprintf(out, "max_jobs = %" PRIu32 "\n", cfg->max_jobs);
 }

@@ -55,6 +55,7 @@ void sp_frame_rx_reset(struct sp_frame_rx *rx) {
   close_fds(rx->fds, &rx->nfds);
   free(rx->buf);
   rx->buf = NULL;
+  rx->cap = 0;
   rx->header_have = 0;
   rx->need = 0;
   rx->have = 0;
@@ -88,17 +89,34 @@ static uint32_t read_be32(const uint8_t *p) {
          (uint32_t)p[3];
 }
 
+/* The first allocation for a payload; it doubles as bytes arrive. */
+#define FRAME_FIRST_ALLOC 65536u
+
 /* Called once the header is complete: checks the length before allocating. */
 static int start_payload(struct sp_frame_rx *rx) {
   uint32_t len = read_be32(rx->header);
   if (len > rx->limits.max_frame)
     return SP_EFRAMETOOBIG;
   /* One spare byte so that an empty payload still owns a buffer. */
-  rx->buf = malloc((size_t)len + 1);
+  rx->cap = (len < FRAME_FIRST_ALLOC ? len : FRAME_FIRST_ALLOC) + 1;
+  rx->buf = malloc(rx->cap);
   if (!rx->buf)
     return SP_ENOMEM;
   rx->need = len;
   rx->have = 0;
+  return 0;
+}
+
+/* Makes room for more of the payload once the buffer is full. */
+static int grow_payload(struct sp_frame_rx *rx) {
+  if (rx->have < rx->cap)
+    return 0;
+  size_t cap = rx->cap * 2 > rx->need + 1 ? rx->need + 1 : rx->cap * 2;
+  uint8_t *p = realloc(rx->buf, cap);
+  if (!p)
+    return SP_ENOMEM;
+  rx->buf = p;
+  rx->cap = cap;
   return 0;
 }
 
@@ -129,8 +147,13 @@ int sp_frame_rx_read(struct sp_frame_rx *rx, int sock, struct sp_frame *out) {
       iov.iov_base = rx->header + rx->header_have;
       iov.iov_len = SP_FRAME_HEADER - rx->header_have;
     } else {
+      int rc = grow_payload(rx);
+      if (rc < 0)
+        return rc;
+      size_t room = rx->cap - rx->have;
+      size_t left = rx->need - rx->have;
       iov.iov_base = rx->buf + rx->have;
-      iov.iov_len = rx->need - rx->have;
+      iov.iov_len = left < room ? left : room;
     }
     union fd_control control;
     struct msghdr msg = {.msg_iov = &iov,
@@ -138,13 +161,9 @@ int sp_frame_rx_read(struct sp_frame_rx *rx, int sock, struct sp_frame *out) {
                          .msg_control = control.buf,
                          .msg_controllen = sizeof control.buf};
     ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK)
-        return 0;
-      return errno == ETIMEDOUT ? SP_ETIMEOUT : SP_EIO;
-    }
+    if (n < 0)
+      return errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK ? 0
+                                                                      : SP_EIO;
     if (!take_fds(rx, &msg))
       return SP_ETOOMANYFDS;
     if (n == 0) {
@@ -176,9 +195,7 @@ int sp_frame_tx_write(struct sp_frame_tx *tx, int sock) {
     }
     ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
     if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK)
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
         return 1;
       return errno == EPIPE || errno == ECONNRESET ? SP_ECLOSED : SP_EIO;
     }
@@ -202,7 +219,9 @@ int sp_frame_send(int sock, const uint8_t *buf, size_t len, const int *fds,
   struct sp_frame_tx tx = {.buf = (uint8_t *)buf, .len = len, .nfds = nfds};
   if (nfds)
     memcpy(tx.fds, fds, nfds * sizeof(int));
-  int rc = sp_frame_tx_write(&tx, sock);
-  /* A blocking socket never reports full; one that does was misconfigured. */
-  return rc == 1 ? SP_EIO : rc;
+  int rc;
+  /* On a blocking socket only a signal makes the write return early. */
+  while ((rc = sp_frame_tx_write(&tx, sock)) == 1)
+    ;
+  return rc;
 }

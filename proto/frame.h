@@ -40,6 +40,7 @@ struct sp_frame_rx {
   uint8_t header[SP_FRAME_HEADER];
   size_t header_have;
   uint8_t *buf;
+  size_t cap; /* bytes allocated: grows with what arrives, up to need */
   size_t need;
   size_t have;
   int fds[SP_FDS_MAX];
@@ -52,8 +53,11 @@ void sp_frame_rx_reset(struct sp_frame_rx *rx);
 
 /*
  * Reads what the socket offers, never past the end of the current frame.
+ * The payload buffer grows with the bytes that actually arrive, so a peer
+ * that announces a large frame and stalls holds little memory.
  * Returns 1 and moves a complete frame into *out; 0 when a non-blocking
- * socket has nothing more now; or a negative code: SP_ECLOSED on an orderly
+ * socket has nothing more now or a signal interrupted the read (the caller
+ * checks its deadline and calls again); or a negative code: SP_ECLOSED on an orderly
  * end of stream between frames, SP_EIO on a stream cut inside a frame or a
  * socket error, SP_EFRAMETOOBIG when the header announces more than
  * limits.max_frame (checked before the payload is allocated),
@@ -75,7 +79,8 @@ struct sp_frame_tx {
 /*
  * Writes as much of tx as the socket takes, attaching the fds to the first
  * byte.  Returns 0 when the whole frame is written, 1 when a non-blocking
- * socket is full (call again when writable), or SP_EIO / SP_ECLOSED.  The
+ * socket is full or a signal interrupted the write (call again), or SP_EIO /
+ * SP_ECLOSED.  The
  * fds stay owned by tx; the peer receives duplicates.
  */
 int sp_frame_tx_write(struct sp_frame_tx *tx, int sock);

@@ -16,14 +16,17 @@
 struct sp_limits {
   uint32_t max_frame;  /* payload bytes of one frame */
   uint32_t max_depth;  /* msgpack nesting; the top-level map is depth 1 */
-  uint32_t max_items;  /* elements of one array or pairs of one map */
+  uint32_t max_items;  /* elements of one array or pairs of one map; the
+                          whole frame holds at most twice as many items */
   uint32_t max_string; /* bytes of one str, bin or ext */
   uint32_t max_fds;    /* fds carried by one frame, at most SP_FDS_MAX */
 };
 
 #define SP_LIMITS_DEFAULT_MAX_FRAME (16u << 20)
 #define SP_LIMITS_DEFAULT_MAX_DEPTH 16u
-#define SP_LIMITS_DEFAULT_MAX_ITEMS (1u << 20)
+/* The deepest nesting any configuration may allow (msgpack-c's own stack). */
+#define SP_LIMITS_MAX_DEPTH 32u
+#define SP_LIMITS_DEFAULT_MAX_ITEMS (1u << 18)
 #define SP_LIMITS_DEFAULT_MAX_STRING (1u << 20)
 #define SP_LIMITS_DEFAULT_MAX_FDS 32u
 

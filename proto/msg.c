@@ -8,21 +8,29 @@
 #include "shardport.h"
 #include "proto/msg.h"
 
+/* The packer's writer: remembers the first failure, after which nothing more
+ * is appended, so that a message never goes out with a hole in it. */
+static int msgbuf_write(void *data, const char *buf, size_t len) {
+  struct sp_msgbuf *mb = data;
+  if (!mb->failed && msgpack_sbuffer_write(&mb->sbuf, buf, len) != 0)
+    mb->failed = true;
+  return mb->failed ? -1 : 0;
+}
+
 void sp_msgbuf_begin(struct sp_msgbuf *mb, const char *op, uint64_t id,
                      uint32_t nfields) {
   static const char header_space[SP_FRAME_HEADER];
   msgpack_sbuffer_init(&mb->sbuf);
-  msgpack_sbuffer_write(&mb->sbuf, header_space, sizeof header_space);
-  msgpack_packer_init(&mb->pk, &mb->sbuf, msgpack_sbuffer_write);
+  mb->failed = false;
+  msgpack_packer_init(&mb->pk, mb, msgbuf_write);
+  msgbuf_write(mb, header_space, sizeof header_space);
   msgpack_pack_map(&mb->pk, nfields + 2);
   sp_pack_kv_str(&mb->pk, "op", op);
   sp_pack_kv_u64(&mb->pk, "id", id);
 }
 
 int sp_msgbuf_finish(struct sp_msgbuf *mb, struct sp_frame_tx *tx) {
-  /* msgpack_sbuffer_write reports allocation failure only through its
-   * return value, which the packer drops; a short buffer shows it. */
-  if (!mb->sbuf.data || mb->sbuf.size < SP_FRAME_HEADER) {
+  if (mb->failed) {
     sp_msgbuf_discard(mb);
     return SP_ENOMEM;
   }

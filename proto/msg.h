@@ -25,6 +25,9 @@
 struct sp_msgbuf {
   msgpack_sbuffer sbuf;
   msgpack_packer pk;
+  /* A write failed for want of memory: the message is incomplete and
+   * sp_msgbuf_finish refuses it (msgpack-c's packers drop write errors). */
+  bool failed;
 };
 
 /* Starts a message: reserves the frame header and packs a map of

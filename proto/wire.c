@@ -7,8 +7,14 @@
 #include "shardport.h"
 #include "proto/wire.h"
 
-/* The scanner's stack is fixed; configured depths above it are clamped. */
-#define WIRE_DEPTH_CAP 64
+#include <msgpack/unpack_define.h>
+
+/* msgpack-c's unpacker has a fixed stack of MSGPACK_EMBED_STACK_SIZE
+ * levels and fails beyond it with an out-of-memory error, so no configured
+ * depth may exceed it. */
+#define WIRE_DEPTH_CAP SP_LIMITS_MAX_DEPTH
+_Static_assert(WIRE_DEPTH_CAP <= MSGPACK_EMBED_STACK_SIZE,
+               "the scanner allows deeper nesting than msgpack-c unpacks");
 
 enum wire_kind { WIRE_SCALAR, WIRE_ARRAY, WIRE_MAP };
 
@@ -17,7 +23,8 @@ struct wire_item {
   enum wire_kind kind;
   uint64_t count; /* elements of an array, pairs of a map */
   uint64_t skip;  /* payload bytes after the length field */
-  bool is_blob;   /* str, bin or ext: skip is bounded by max_string */
+  bool is_blob;   /* str, bin or ext: its data is bounded by max_string */
+  bool is_ext;    /* an ext's type byte comes before its data */
 };
 
 static uint64_t read_be(const uint8_t *p, size_t n) {
@@ -78,9 +85,10 @@ static int wire_classify(const uint8_t *data, size_t len, size_t *pos,
     return SP_EMALFORMED;
   uint64_t n = read_be(data + *pos, width);
   *pos += width;
-  if (item->kind == WIRE_SCALAR)
-    item->skip = n + (t >= 0xc7 && t <= 0xc9); /* ext adds its type byte */
-  else
+  if (item->kind == WIRE_SCALAR) {
+    item->is_ext = t >= 0xc7 && t <= 0xc9;
+    item->skip = n + item->is_ext;
+  } else
     item->count = n;
   return 0;
 }
@@ -93,6 +101,9 @@ int sp_wire_check(const uint8_t *data, size_t len,
   size_t depth = 0;
   size_t pos = 0;
   bool top = true;
+  /* msgpack-c spends 24 to 48 bytes on every item it unpacks, so the items
+   * of the whole frame are bounded too, not only those of each container. */
+  uint64_t total_items = 0;
 
   do {
     if (pos >= len)
@@ -107,7 +118,8 @@ int sp_wire_check(const uint8_t *data, size_t len,
     size_t left = len - pos;
 
     if (item.kind == WIRE_SCALAR) {
-      if (item.is_blob && (item.skip > limits->max_string || item.skip > left))
+      if (item.is_blob &&
+          (item.skip - item.is_ext > limits->max_string || item.skip > left))
         return SP_ESTRTOOLONG;
       if (item.skip > left)
         return SP_EMALFORMED;
@@ -116,7 +128,9 @@ int sp_wire_check(const uint8_t *data, size_t len,
       /* Every item takes at least one byte, so a count beyond the bytes left
        * is a lie, refused before msgpack-c would allocate for it. */
       uint64_t items = item.kind == WIRE_MAP ? item.count * 2 : item.count;
-      if (item.count > limits->max_items || items > left)
+      total_items += items;
+      if (item.count > limits->max_items || items > left ||
+          total_items > (uint64_t)limits->max_items * 2)
         return SP_ETOOMANY;
       if (depth + 1 > max_depth)
         return SP_ETOODEEP;

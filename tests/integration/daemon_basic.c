@@ -315,7 +315,7 @@ START_TEST(print_config_defaults) {
            "log_level = info\n"
            "max_frame = 16777216\n"
            "max_depth = 16\n"
-           "max_items = 1048576\n"
+           "max_items = 262144\n"
            "max_string = 1048576\n"
            "max_fds = 32\n"
            "max_clients = 1024\n"

@@ -118,6 +118,20 @@ START_TEST(length_of_four_gib_is_refused_before_allocation) {
 }
 END_TEST
 
+START_TEST(a_stalled_large_frame_holds_only_what_arrived) {
+  /* 16 MiB announced, 100 bytes sent: the buffer follows the bytes. */
+  static const uint8_t header[] = {0x00, 0xff, 0xff, 0xff};
+  uint8_t body[100] = {0x80};
+  write_all(sv[0], header, sizeof header);
+  write_all(sv[0], body, sizeof body);
+  set_nonblocking(sv[1]);
+  struct sp_frame f;
+  ck_assert_int_eq(sp_frame_rx_read(&rx, sv[1], &f), 0);
+  ck_assert_uint_eq(rx.have, sizeof body);
+  ck_assert_uint_le(rx.cap, 65536 + 1);
+}
+END_TEST
+
 START_TEST(configured_frame_limit_is_applied) {
   limits.max_frame = 8;
   sp_frame_rx_init(&rx, &limits);
@@ -208,6 +222,7 @@ static Suite *frame_suite(void) {
   tcase_add_test(tc, stray_fds_are_closed);
   tcase_add_test(tc, frame_arrives_in_pieces);
   tcase_add_test(tc, length_of_four_gib_is_refused_before_allocation);
+  tcase_add_test(tc, a_stalled_large_frame_holds_only_what_arrived);
   tcase_add_test(tc, configured_frame_limit_is_applied);
   tcase_add_test(tc, too_many_fds_are_all_closed);
   tcase_add_test(tc, end_of_stream_is_reported);

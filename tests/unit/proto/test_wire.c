@@ -178,6 +178,18 @@ static uint8_t *nested(size_t depth, size_t *len) {
   return buf;
 }
 
+START_TEST(items_of_the_whole_frame_are_bounded) {
+  limits.max_items = 4;
+  /* Each container is within the limit; together they hold 4 + 3 + 3 = 10
+   * items (a map pair counting two), more than twice the limit. */
+  static const uint8_t in[] = {0x82, 0xa1, 'a', 0x93, 1, 2, 3,
+                               0xa1, 'b', 0x93, 1, 2, 3};
+  ck_assert_int_eq(check_bytes(in, sizeof in), SP_ETOOMANY);
+  static const uint8_t ok[] = {0x82, 0xa1, 'a', 0x92, 1, 2, 0xa1, 'b', 0x92, 1, 2};
+  ck_assert_int_eq(check_bytes(ok, sizeof ok), 0);
+}
+END_TEST
+
 START_TEST(nesting_beyond_limit_is_refused) {
   size_t len;
   uint8_t *ok = nested(limits.max_depth, &len);
@@ -203,6 +215,9 @@ START_TEST(string_limits_are_applied) {
   ck_assert_int_eq(check_bytes(bin, sizeof bin), SP_ESTRTOOLONG);
   static const uint8_t ext[] = {0x81, 0xa1, 'a', 0xc7, 0x03, 0x01, 'x', 'y', 'z'};
   ck_assert_int_eq(check_bytes(ext, sizeof ext), SP_ESTRTOOLONG);
+  /* An ext's type byte does not count against the limit on its data. */
+  static const uint8_t ext_ok[] = {0x81, 0xa1, 'a', 0xc7, 0x02, 0x01, 'x', 'y'};
+  ck_assert_int_eq(check_bytes(ext_ok, sizeof ext_ok), 0);
 }
 END_TEST
 
@@ -259,6 +274,7 @@ static Suite *wire_suite(void) {
   tcase_add_test(tc, map32_of_max_count_is_refused);
   tcase_add_test(tc, count_beyond_bytes_left_is_refused);
   tcase_add_test(tc, item_limit_is_applied);
+  tcase_add_test(tc, items_of_the_whole_frame_are_bounded);
   tcase_add_test(tc, nesting_beyond_limit_is_refused);
   tcase_add_test(tc, string_limits_are_applied);
   tcase_add_test(tc, malformed_frames_are_refused);
