@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -115,10 +116,12 @@ static int check_dir(const struct config *cfg, const char *dir) {
             dir, (unsigned)st.st_uid, (unsigned)geteuid());
     return -1;
   }
-  if (st.st_mode & S_IWOTH) {
+  /* Anyone else who may write the directory may swap the socket for a link
+   * between our bind and our chown. */
+  if (st.st_mode & (S_IWGRP | S_IWOTH)) {
     log_msg(LOG_LEVEL_ERROR,
-            "refusing socket directory %s: it is writable by everyone (mode "
-            "%04o)",
+            "refusing socket directory %s: it is writable by others than its "
+            "owner (mode %04o)",
             dir, (unsigned)(st.st_mode & 07777));
     return -1;
   }
@@ -167,6 +170,32 @@ static int remove_stale(const char *path, const struct sockaddr_un *sa) {
   return 0;
 }
 
+/* Takes "<path>.lock" exclusively, or fails when another daemon holds it. */
+static int take_lock(const char *path, struct listener *l) {
+  char lock_path[sizeof(((struct sockaddr_un *)0)->sun_path) + 8];
+  snprintf(lock_path, sizeof lock_path, "%s.lock", path);
+  int fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    log_msg(LOG_LEVEL_ERROR, "lock %s: %s", lock_path, strerror(errno));
+    return -1;
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    log_msg(LOG_LEVEL_ERROR, "%s: another daemon is starting or running there",
+            path);
+    close(fd);
+    return -1;
+  }
+  l->lock_fd = fd;
+  return 0;
+}
+
+static int release_lock(struct listener *l) {
+  if (l->lock_fd >= 0)
+    close(l->lock_fd);
+  l->lock_fd = -1;
+  return -1;
+}
+
 static int make_path_socket(const struct config *cfg, struct listener *l) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   size_t len = strlen(cfg->socket);
@@ -190,8 +219,10 @@ static int make_path_socket(const struct config *cfg, struct listener *l) {
   else
     *slash = '\0';
 
-  if (check_dir(cfg, dir) != 0 || remove_stale(path, &sa) != 0)
+  if (check_dir(cfg, dir) != 0 || take_lock(path, l) != 0)
     return -1;
+  if (remove_stale(path, &sa) != 0)
+    return release_lock(l);
 
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
@@ -205,17 +236,19 @@ static int make_path_socket(const struct config *cfg, struct listener *l) {
   if (rc != 0) {
     log_msg(LOG_LEVEL_ERROR, "bind %s: %s", path, strerror(err));
     close(fd);
-    return -1;
+    return release_lock(l);
   }
+  /* The umask above gave the socket its mode; the group is set without
+   * following a link, whatever now stands at the path. */
   struct stat st;
-  if (chmod(path, SOCKET_MODE) != 0 ||
-      (cfg->socket_group_set &&
-       chown(path, (uid_t)-1, cfg->socket_group) != 0) ||
+  if ((cfg->socket_group_set &&
+       fchownat(AT_FDCWD, path, (uid_t)-1, cfg->socket_group,
+                AT_SYMLINK_NOFOLLOW) != 0) ||
       lstat(path, &st) != 0 || listen(fd, SOMAXCONN) != 0) {
     log_msg(LOG_LEVEL_ERROR, "socket %s: %s", path, strerror(errno));
     unlink(path);
     close(fd);
-    return -1;
+    return release_lock(l);
   }
   l->dev = st.st_dev;
   l->ino = st.st_ino;
@@ -228,6 +261,7 @@ static int make_path_socket(const struct config *cfg, struct listener *l) {
 int listen_open(const struct config *cfg, struct listener *l) {
   memset(l, 0, sizeof(*l));
   l->fd = -1;
+  l->lock_fd = -1;
 #if SP_HAVE_SYSTEMD
   int taken = take_systemd_socket(l);
   if (taken != 0)
@@ -243,10 +277,13 @@ void listen_close(struct listener *l) {
   l->fd = -1;
   if (l->from_systemd)
     return;
+  /* The lock file stays: removing it would let a third daemon lock a new
+   * file while a second still holds the old one. */
   /* Only our own file: if the path was replaced meanwhile, it is not ours
    * to remove. */
   struct stat st;
   if (lstat(l->path, &st) == 0 && st.st_dev == l->dev &&
       st.st_ino == l->ino && unlink(l->path) != 0)
     log_msg(LOG_LEVEL_WARN, "removing %s: %s", l->path, strerror(errno));
+  release_lock(l);
 }

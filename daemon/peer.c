@@ -14,19 +14,27 @@
 #include "daemon/daemon.h"
 #include "shardport.h"
 
-/* Enough for any real user; a peer with more groups is checked on the
- * groups that fit plus its primary gid. */
-#define PEER_MAX_GROUPS 256
+/* Enough for almost every user; the kernel tells the size when a peer has
+ * more (directory-service users may), and the groups are read again. */
+#define PEER_USUAL_GROUPS 256
 
 static bool in_groups(int sock, gid_t gid) {
-  gid_t groups[PEER_MAX_GROUPS];
-  socklen_t len = sizeof(groups);
-  if (getsockopt(sock, SOL_SOCKET, SO_PEERGROUPS, groups, &len) != 0)
-    return false;
-  for (size_t i = 0; i < len / sizeof(gid_t); i++)
-    if (groups[i] == gid)
-      return true;
-  return false;
+  gid_t usual[PEER_USUAL_GROUPS];
+  gid_t *groups = usual;
+  socklen_t len = sizeof(usual);
+  int rc = getsockopt(sock, SOL_SOCKET, SO_PEERGROUPS, groups, &len);
+  if (rc != 0 && errno == ERANGE) {
+    groups = malloc(len);
+    if (!groups)
+      return false;
+    rc = getsockopt(sock, SOL_SOCKET, SO_PEERGROUPS, groups, &len);
+  }
+  bool found = false;
+  for (size_t i = 0; rc == 0 && i < len / sizeof(gid_t) && !found; i++)
+    found = groups[i] == gid;
+  if (groups != usual)
+    free(groups);
+  return found;
 }
 
 int peer_check(const struct config *cfg, int sock, struct peer *out) {
