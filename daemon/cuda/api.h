@@ -161,7 +161,8 @@ struct cuda_device_info {
  * why (what shardport status shows as the backend reason): which library
  * could not be loaded and why, which symbol is missing, or what
  * cudaGetDeviceCount said (error 35: no NVIDIA driver; error 100 or a count
- * of 0: no device).  On failure nothing stays loaded and *api is zeroed. */
+ * of 0: no device).  On failure nothing stays loaded and *api is zeroed.
+ * *api must not hold a loaded table (unload it first). */
 int cuda_api_load(struct cuda_api *api, char *why, size_t whylen);
 
 /* Releases what cuda_api_load() took and zeroes *api.  The libraries are
@@ -176,8 +177,9 @@ void cuda_api_unload(struct cuda_api *api);
 int cuda_api_probe(const struct cuda_api *api, struct cuda_device_info *devs,
                    int maxdevs, char *why, size_t whylen);
 
-/* The one way to turn a failed call into a reason: writes "<what>: CUDA
- * error <n> (<string>)" into why and returns SP_EBACKEND. */
+/* The one way to turn a failed call into a reason: each writes "<what>:
+ * CUDA error <n> (<string>)" (driver: "CUDA driver error <n>"; NCCL: "NCCL
+ * error <n> (<string>)") into why and returns SP_EBACKEND. */
 int cuda_api_cuda_error(const struct cuda_api *api, cudaError_t err,
                         const char *what, char *why, size_t whylen);
 int cuda_api_driver_error(CUresult err, const char *what, char *why,

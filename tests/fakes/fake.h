@@ -34,12 +34,19 @@ struct fake_config {
 
 #define FAKE_POISON_BYTE 0xa5
 
-/* Reads a non-negative integer variable; dflt when unset, -1 when garbage. */
-long fake_env_long(const char *name, long dflt);
-
 /* Initialises on first use; returns the configuration, and in *err the
  * error device calls must answer (cudaSuccess when there are devices). */
 const struct fake_config *fake_config(cudaError_t *err);
+
+/* The first thing every device call does: return the initialisation error
+ * when there is one (it is sticky, as with the real runtime). */
+#define FAKE_READY()                                                           \
+  do {                                                                         \
+    cudaError_t ready_;                                                        \
+    fake_config(&ready_);                                                      \
+    if (ready_ != cudaSuccess)                                                 \
+      return fake_error(ready_);                                               \
+  } while (0)
 
 /* The calling thread's current device (a visible ordinal). */
 int fake_current_device(void);
@@ -55,9 +62,8 @@ int fake_ordinal(int physical);
 enum fake_access { FAKE_READ = 1, FAKE_WRITE = 2 };
 
 /* cudaSuccess when [ptr, ptr + len) lies in one device allocation (or
- * mapping) that allows the access; *device gets its visible ordinal, or -1.
- * With must_be_device false, memory outside every allocation counts as host
- * memory and passes. */
+ * mapping) that allows the access.  With must_be_device false, memory
+ * outside every allocation counts as host memory and passes. */
 cudaError_t fake_check_range(const void *ptr, size_t len, int access,
                              bool must_be_device);
 
@@ -103,6 +109,15 @@ CUresult fake_cuMemSetAccess(CUdeviceptr ptr, size_t size,
  * waits.  Returns cudaSuccess or the error cudaMemcpyAsync would. */
 FAKE_EXPORT cudaError_t spfake_stream_enqueue(cudaStream_t stream,
                                               void (*fn)(void *), void *arg);
+
+/* Reads a non-negative integer environment variable: dflt when unset, -1
+ * when not a number.  Shared with the fake NCCL. */
+FAKE_EXPORT long fake_env_long(const char *name, long dflt);
+
+/* The hook NCCL's pointer checks use: cudaSuccess when [ptr, ptr + len) is
+ * device memory of one allocation that allows reading (and writing). */
+FAKE_EXPORT cudaError_t spfake_check_device_range(const void *ptr, size_t len,
+                                                  bool write);
 
 
 #endif

@@ -157,16 +157,6 @@ int fake_ordinal(int physical) {
   return -1;
 }
 
-/* The first thing every device call does: the initialisation error is
- * sticky, as with the real runtime. */
-#define FAKE_READY()                                                           \
-  do {                                                                         \
-    cudaError_t ready_;                                                        \
-    fake_config(&ready_);                                                      \
-    if (ready_ != cudaSuccess)                                                 \
-      return fake_error(ready_);                                               \
-  } while (0)
-
 cudaError_t cudaRuntimeGetVersion(int *runtimeVersion) {
   if (runtimeVersion == NULL)
     return fake_error(cudaErrorInvalidValue);

@@ -153,6 +153,12 @@ cudaError_t fake_check_range(const void *ptr, size_t len, int access,
   return err;
 }
 
+cudaError_t spfake_check_device_range(const void *ptr, size_t len,
+                                      bool write) {
+  return fake_check_range(ptr, len, write ? FAKE_READ | FAKE_WRITE : FAKE_READ,
+                          true);
+}
+
 /* A memfd of size bytes, filled with the poison byte unless disabled. */
 static int memfd_new(const char *name, size_t size) {
   const struct fake_config *cfg = fake_config(NULL);
@@ -185,10 +191,7 @@ static bool budget_take(int phys, size_t size) {
 }
 
 cudaError_t cudaMalloc(void **devPtr, size_t size) {
-  cudaError_t err;
-  fake_config(&err);
-  if (err != cudaSuccess)
-    return fake_error(err);
+  FAKE_READY();
   if (devPtr == NULL)
     return fake_error(cudaErrorInvalidValue);
   if (size == 0) {
@@ -233,10 +236,7 @@ cudaError_t cudaMalloc(void **devPtr, size_t size) {
 /* Like the real cudaFree, waits for the device's work first, so that no
  * queued copy touches memory that is gone. */
 cudaError_t cudaFree(void *devPtr) {
-  cudaError_t err;
-  fake_config(&err);
-  if (err != cudaSuccess)
-    return fake_error(err);
+  FAKE_READY();
   if (devPtr == NULL)
     return cudaSuccess;
   pthread_mutex_lock(&mem.lock);
@@ -257,10 +257,7 @@ cudaError_t cudaFree(void *devPtr) {
 
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes,
                                      const void *ptr) {
-  cudaError_t err;
-  fake_config(&err);
-  if (err != cudaSuccess)
-    return fake_error(err);
+  FAKE_READY();
   if (attributes == NULL)
     return fake_error(cudaErrorInvalidValue);
   memset(attributes, 0, sizeof(*attributes));
@@ -283,10 +280,8 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes,
 /* The handle of the allocation that contains devPtr: the base's handle for
  * any pointer inside it, as with real CUDA; the caller sends the offset. */
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr) {
-  cudaError_t err;
-  const struct fake_config *cfg = fake_config(&err);
-  if (err != cudaSuccess)
-    return fake_error(err);
+  FAKE_READY();
+  const struct fake_config *cfg = fake_config(NULL);
   if (handle == NULL)
     return fake_error(cudaErrorInvalidValue);
   pthread_mutex_lock(&mem.lock);
@@ -313,6 +308,22 @@ static struct region *ipc_find(pid_t pid, uint64_t ino) {
   return NULL;
 }
 
+/* A handle this process has open already: the same pointer and one more
+ * reference under the same device, refused under another.  Lock held;
+ * false when the handle is not open here. */
+static bool ipc_reopen(const struct ipc_mem_wire *w, int dev, void **devPtr,
+                       cudaError_t *err) {
+  struct region *r = ipc_find(w->pid, w->ino);
+  if (r == NULL)
+    return false;
+  *err = r->ctx_device == dev ? cudaSuccess : cudaErrorInvalidValue;
+  if (*err == cudaSuccess) {
+    r->refs++;
+    *devPtr = (void *)r->base;
+  }
+  return true;
+}
+
 /* Maps the exporter's memfd.  A process cannot open its own handles
  * (cudaErrorDeviceUninitialized, "invalid device context", as the real
  * driver answers); a second open of the same handle under the same device
@@ -320,10 +331,8 @@ static struct region *ipc_find(pid_t pid, uint64_t ino) {
  * under another device is refused (docs/fakes.md explains the choice). */
 cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle,
                                  unsigned int flags) {
-  cudaError_t err;
-  const struct fake_config *cfg = fake_config(&err);
-  if (err != cudaSuccess)
-    return fake_error(err);
+  FAKE_READY();
+  const struct fake_config *cfg = fake_config(NULL);
   if (devPtr == NULL || (flags & ~(unsigned)cudaIpcMemLazyEnablePeerAccess) != 0)
     return fake_error(cudaErrorInvalidValue);
   struct ipc_mem_wire w;
@@ -334,18 +343,12 @@ cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle,
   if (w.pid == (int32_t)getpid())
     return fake_error(cudaErrorDeviceUninitialized);
   int dev = fake_current_device();
+  cudaError_t err;
   pthread_mutex_lock(&mem.lock);
-  struct region *r = ipc_find(w.pid, w.ino);
-  if (r != NULL) {
-    err = r->ctx_device == dev ? cudaSuccess : cudaErrorInvalidValue;
-    if (err == cudaSuccess) {
-      r->refs++;
-      *devPtr = (void *)r->base;
-    }
-    pthread_mutex_unlock(&mem.lock);
-    return fake_error(err);
-  }
+  bool open_here = ipc_reopen(&w, dev, devPtr, &err);
   pthread_mutex_unlock(&mem.lock);
+  if (open_here)
+    return fake_error(err);
 
   char path[64];
   snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)w.pid, (int)w.fd);
@@ -353,15 +356,13 @@ cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle,
   struct stat st;
   if (fd < 0)
     return fake_error(cudaErrorMapBufferObjectFailed);
-  if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != w.ino ||
-      (uint64_t)st.st_size < w.size) {
-    close(fd);
-    return fake_error(cudaErrorMapBufferObjectFailed);
-  }
   size_t len = page_round((size_t)w.size);
-  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void *p = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && (uint64_t)st.st_ino == w.ino &&
+      (uint64_t)st.st_size >= w.size)
+    p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
-  r = calloc(1, sizeof(*r));
+  struct region *r = calloc(1, sizeof(*r));
   if (p == MAP_FAILED || r == NULL) {
     if (p != MAP_FAILED)
       munmap(p, len);
@@ -373,23 +374,22 @@ cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle,
                        .access = FAKE_READ | FAKE_WRITE, .fd = -1,
                        .ino = w.ino, .exporter = w.pid, .refs = 1,
                        .ctx_device = dev};
+  /* Another thread may have opened the same handle meanwhile. */
   pthread_mutex_lock(&mem.lock);
-  bool ok = region_insert(r);
+  open_here = ipc_reopen(&w, dev, devPtr, &err);
+  bool inserted = !open_here && region_insert(r);
   pthread_mutex_unlock(&mem.lock);
-  if (!ok) {
-    munmap(p, len);
-    free(r);
-    return fake_error(cudaErrorMapBufferObjectFailed);
+  if (inserted) {
+    *devPtr = p;
+    return cudaSuccess;
   }
-  *devPtr = p;
-  return cudaSuccess;
+  munmap(p, len);
+  free(r);
+  return fake_error(open_here ? err : cudaErrorMapBufferObjectFailed);
 }
 
 cudaError_t cudaIpcCloseMemHandle(void *devPtr) {
-  cudaError_t err;
-  fake_config(&err);
-  if (err != cudaSuccess)
-    return fake_error(err);
+  FAKE_READY();
   pthread_mutex_lock(&mem.lock);
   struct region *r = region_find((uintptr_t)devPtr);
   if (r == NULL || r->base != (uintptr_t)devPtr || r->kind != REGION_IPC) {
@@ -626,19 +626,28 @@ static struct reservation *reservation_of(uintptr_t p, size_t size) {
   return NULL;
 }
 
-/* The mappings inside [p, p + size): how many, and whether any straddles. */
-static size_t mappings_in(uintptr_t p, size_t size, bool *straddle) {
-  size_t count = 0;
-  *straddle = false;
+static bool is_mapping_within(const struct region *r, uintptr_t p, size_t size) {
+  return r->kind == REGION_VMM && r->base >= p && r->base - p < size &&
+         r->size <= size - (r->base - p);
+}
+
+static bool overlaps_mapping(uintptr_t p, size_t size) {
   for (size_t i = 0; i < mem.n; i++) {
-    struct region *r = mem.v[i];
-    if (r->kind != REGION_VMM || r->base >= p + size || r->base + r->size <= p)
-      continue;
-    if (r->base < p || r->base + r->size > p + size)
-      *straddle = true;
-    count++;
+    const struct region *r = mem.v[i];
+    if (r->kind == REGION_VMM && r->base < p + size && r->base + r->size > p)
+      return true;
   }
-  return count;
+  return false;
+}
+
+/* True when [p, p + size) is exactly a run of whole mappings, the unit
+ * cuMemSetAccess and cuMemUnmap take. */
+static bool whole_mappings(uintptr_t p, size_t size) {
+  size_t covered = 0;
+  for (size_t i = 0; i < mem.n; i++)
+    if (is_mapping_within(mem.v[i], p, size))
+      covered += mem.v[i]->size;
+  return size > 0 && covered == size;
 }
 
 /* Refused while anything is still mapped inside the range. */
@@ -647,8 +656,7 @@ CUresult fake_cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   struct reservation **pp = &mem.reservations;
   while (*pp != NULL && ((*pp)->base != (uintptr_t)ptr || (*pp)->size != size))
     pp = &(*pp)->next;
-  bool straddle;
-  if (*pp == NULL || mappings_in((uintptr_t)ptr, size, &straddle) > 0) {
+  if (*pp == NULL || overlaps_mapping((uintptr_t)ptr, size)) {
     pthread_mutex_unlock(&mem.lock);
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -674,10 +682,9 @@ CUresult fake_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     return CUDA_ERROR_OUT_OF_MEMORY;
   pthread_mutex_lock(&mem.lock);
   struct vmm_alloc *a = alloc_find(handle);
-  bool straddle;
   CUresult res = CUDA_SUCCESS;
   if (a == NULL || size > a->size || reservation_of(p, size) == NULL ||
-      mappings_in(p, size, &straddle) > 0)
+      overlaps_mapping(p, size))
     res = CUDA_ERROR_INVALID_VALUE;
   else if (mmap((void *)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, 0) ==
            MAP_FAILED)
@@ -724,21 +731,11 @@ CUresult fake_cuMemSetAccess(CUdeviceptr ptr, size_t size,
              : (access & FAKE_READ) ? PROT_READ
                                     : PROT_NONE;
   pthread_mutex_lock(&mem.lock);
-  bool straddle;
-  size_t covered = 0;
-  for (size_t i = 0; i < mem.n; i++)
-    if (mem.v[i]->kind == REGION_VMM && mem.v[i]->base >= p &&
-        mem.v[i]->base + mem.v[i]->size <= p + size)
-      covered += mem.v[i]->size;
-  CUresult res = mappings_in(p, size, &straddle) == 0 || straddle ||
-                         covered != size
-                     ? CUDA_ERROR_INVALID_VALUE
-                     : CUDA_SUCCESS;
-  if (res == CUDA_SUCCESS && mprotect((void *)p, size, prot) != 0)
-    res = CUDA_ERROR_INVALID_VALUE;
+  CUresult res = whole_mappings(p, size) && mprotect((void *)p, size, prot) == 0
+                     ? CUDA_SUCCESS
+                     : CUDA_ERROR_INVALID_VALUE;
   for (size_t i = 0; res == CUDA_SUCCESS && i < mem.n; i++)
-    if (mem.v[i]->kind == REGION_VMM && mem.v[i]->base >= p &&
-        mem.v[i]->base + mem.v[i]->size <= p + size)
+    if (is_mapping_within(mem.v[i], p, size))
       mem.v[i]->access = access;
   pthread_mutex_unlock(&mem.lock);
   return res;
@@ -749,21 +746,19 @@ CUresult fake_cuMemSetAccess(CUdeviceptr ptr, size_t size,
 CUresult fake_cuMemUnmap(CUdeviceptr ptr, size_t size) {
   uintptr_t p = (uintptr_t)ptr;
   pthread_mutex_lock(&mem.lock);
-  bool straddle;
-  size_t covered = 0, n = mappings_in(p, size, &straddle);
+  size_t n = 0;
   for (size_t i = 0; i < mem.n; i++)
-    if (mem.v[i]->kind == REGION_VMM && mem.v[i]->base >= p &&
-        mem.v[i]->base + mem.v[i]->size <= p + size)
-      covered += mem.v[i]->size;
-  if (n == 0 || straddle || covered != size) {
+    n += is_mapping_within(mem.v[i], p, size);
+  struct region **gone = whole_mappings(p, size) ? calloc(n, sizeof(*gone)) : NULL;
+  if (gone == NULL) {
     pthread_mutex_unlock(&mem.lock);
-    return CUDA_ERROR_INVALID_VALUE;
+    return n == 0 || !whole_mappings(p, size) ? CUDA_ERROR_INVALID_VALUE
+                                              : CUDA_ERROR_OUT_OF_MEMORY;
   }
-  struct region *gone[n];
+  /* Out of the table first, so that no new work can be enqueued on them. */
   size_t k = 0;
   for (size_t i = 0; i < mem.n; i++)
-    if (mem.v[i]->kind == REGION_VMM && mem.v[i]->base >= p &&
-        mem.v[i]->base + mem.v[i]->size <= p + size)
+    if (is_mapping_within(mem.v[i], p, size))
       gone[k++] = mem.v[i];
   for (size_t i = 0; i < k; i++)
     region_remove(gone[i]);
@@ -777,5 +772,6 @@ CUresult fake_cuMemUnmap(CUdeviceptr ptr, size_t size) {
     free(gone[i]);
   }
   pthread_mutex_unlock(&mem.lock);
+  free(gone);
   return CUDA_SUCCESS;
 }

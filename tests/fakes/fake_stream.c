@@ -62,8 +62,9 @@ struct op {
 };
 
 struct fake_stream {
-  struct fake_stream *next; /* every live stream */
+  struct fake_stream *next; /* every stream whose worker still runs */
   bool is_default;
+  bool destroyed;           /* under reg.lock: the handle is gone */
   pthread_mutex_t lock;
   pthread_cond_t cond;
   struct op *head, *tail;
@@ -90,14 +91,6 @@ struct ipc_event_wire {
 _Static_assert(sizeof(struct ipc_event_wire) <= sizeof(cudaIpcEventHandle_t),
                "the fake handle must fit a cudaIpcEventHandle_t");
 static const char ipc_event_magic[8] = "SPFKEVT1";
-
-#define READY_OR_RETURN()                                                      \
-  do {                                                                         \
-    cudaError_t ready_;                                                        \
-    fake_config(&ready_);                                                      \
-    if (ready_ != cudaSuccess)                                                 \
-      return fake_error(ready_);                                               \
-  } while (0)
 
 static void event_unref(struct fake_event *ev) {
   if (atomic_fetch_sub(&ev->refs, 1) != 1)
@@ -134,7 +127,8 @@ static void event_wait(struct fake_event *ev, uint64_t seq) {
 static void run_op(struct op *op) {
   switch (op->kind) {
   case OP_COPY:
-    memmove(op->u.copy.dst, op->u.copy.src, op->u.copy.n);
+    if (op->u.copy.n > 0)
+      memmove(op->u.copy.dst, op->u.copy.src, op->u.copy.n);
     break;
   case OP_COPY2D:
     for (size_t row = 0; row < op->u.copy2d.height; row++)
@@ -142,7 +136,8 @@ static void run_op(struct op *op) {
               op->u.copy2d.src + row * op->u.copy2d.spitch, op->u.copy2d.width);
     break;
   case OP_SET:
-    memset(op->u.set.dst, op->u.set.value, op->u.set.n);
+    if (op->u.set.n > 0)
+      memset(op->u.set.dst, op->u.set.value, op->u.set.n);
     break;
   case OP_RECORD: {
     struct event_state *st = op->u.event.ev->state;
@@ -186,6 +181,14 @@ static void *stream_worker(void *arg) {
     pthread_cond_broadcast(&s->cond);
   }
   pthread_mutex_unlock(&s->lock);
+  /* Only now does the stream leave the list that cudaFree waits on. */
+  pthread_mutex_lock(&reg.lock);
+  for (struct fake_stream **pp = &reg.all; *pp != NULL; pp = &(*pp)->next)
+    if (*pp == s) {
+      *pp = s->next;
+      break;
+    }
+  pthread_mutex_unlock(&reg.lock);
   stream_unref(s);
   return NULL;
 }
@@ -227,8 +230,9 @@ static struct fake_stream *stream_get(cudaStream_t handle) {
     }
     s = reg.dflt[dev];
   } else {
-    for (s = reg.all; s != NULL && s != (struct fake_stream *)handle; s = s->next)
-      ;
+    for (s = reg.all; s != NULL; s = s->next)
+      if (s == (struct fake_stream *)handle && !s->destroyed)
+        break;
   }
   if (s != NULL)
     atomic_fetch_add(&s->refs, 1);
@@ -289,7 +293,7 @@ void fake_sync_all_streams(void) {
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags) {
-  READY_OR_RETURN();
+  FAKE_READY();
   if (pStream == NULL || (flags & ~(unsigned)cudaStreamNonBlocking) != 0)
     return fake_error(cudaErrorInvalidValue);
   struct fake_stream *s = stream_new(false);
@@ -306,14 +310,14 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
 /* Returns at once; the worker finishes the queued work, then goes, as the
  * real call documents. */
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  READY_OR_RETURN();
+  FAKE_READY();
   pthread_mutex_lock(&reg.lock);
-  struct fake_stream **pp = &reg.all;
-  while (*pp != NULL && (*pp != (struct fake_stream *)stream || (*pp)->is_default))
-    pp = &(*pp)->next;
-  struct fake_stream *s = *pp;
+  struct fake_stream *s = reg.all;
+  while (s != NULL && (s != (struct fake_stream *)stream || s->is_default ||
+                       s->destroyed))
+    s = s->next;
   if (s != NULL)
-    *pp = s->next;
+    s->destroyed = true;
   pthread_mutex_unlock(&reg.lock);
   if (s == NULL)
     return fake_error(cudaErrorInvalidResourceHandle);
@@ -326,7 +330,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  READY_OR_RETURN();
+  FAKE_READY();
   struct fake_stream *s = stream_get(stream);
   if (s == NULL)
     return fake_error(cudaErrorInvalidResourceHandle);
@@ -368,7 +372,7 @@ static cudaError_t check_copy(void *dst, const void *src, size_t dlen,
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
                             enum cudaMemcpyKind kind, cudaStream_t stream) {
-  READY_OR_RETURN();
+  FAKE_READY();
   cudaError_t err = check_copy(dst, src, count, count, kind);
   if (err != cudaSuccess)
     return fake_error(err);
@@ -397,7 +401,7 @@ static bool pitched_extent(size_t pitch, size_t width, size_t height,
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
                               size_t spitch, size_t width, size_t height,
                               enum cudaMemcpyKind kind, cudaStream_t stream) {
-  READY_OR_RETURN();
+  FAKE_READY();
   if (dpitch < width || spitch < width)
     return fake_error(cudaErrorInvalidPitchValue);
   size_t dlen, slen;
@@ -422,7 +426,7 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
 cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src,
                                 int srcDevice, size_t count,
                                 cudaStream_t stream) {
-  READY_OR_RETURN();
+  FAKE_READY();
   if (fake_physical(dstDevice) < 0 || fake_physical(srcDevice) < 0)
     return fake_error(cudaErrorInvalidDevice);
   cudaError_t err = check_copy(dst, src, count, count, cudaMemcpyDeviceToDevice);
@@ -439,7 +443,7 @@ cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src,
 
 cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count,
                             cudaStream_t stream) {
-  READY_OR_RETURN();
+  FAKE_READY();
   cudaError_t err = fake_check_range(devPtr, count, FAKE_WRITE, true);
   if (err != cudaSuccess)
     return fake_error(err);
@@ -454,7 +458,7 @@ cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count,
 
 cudaError_t spfake_stream_enqueue(cudaStream_t stream, void (*fn)(void *),
                                   void *arg) {
-  READY_OR_RETURN();
+  FAKE_READY();
   struct op *op = op_new(OP_HOST);
   if (op == NULL)
     return fake_error(cudaErrorMemoryAllocation);
@@ -483,7 +487,7 @@ static void event_register(struct fake_event *ev) {
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
-  READY_OR_RETURN();
+  FAKE_READY();
   const unsigned known = cudaEventBlockingSync | cudaEventDisableTiming |
                          cudaEventInterprocess;
   if (event == NULL || (flags & ~known) != 0 ||
@@ -524,7 +528,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
 
 /* Returns at once; queued operations keep the event until they have run. */
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
-  READY_OR_RETURN();
+  FAKE_READY();
   pthread_mutex_lock(&reg.lock);
   struct fake_event **pp = &reg.events;
   while (*pp != NULL && *pp != (struct fake_event *)event)
@@ -540,7 +544,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  READY_OR_RETURN();
+  FAKE_READY();
   struct fake_event *ev = event_get(event);
   if (ev == NULL)
     return fake_error(cudaErrorInvalidResourceHandle);
@@ -566,7 +570,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 
 /* "Not ready" is an answer, not an error: it is not recorded as one. */
 cudaError_t cudaEventQuery(cudaEvent_t event) {
-  READY_OR_RETURN();
+  FAKE_READY();
   struct fake_event *ev = event_get(event);
   if (ev == NULL)
     return fake_error(cudaErrorInvalidResourceHandle);
@@ -577,7 +581,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  READY_OR_RETURN();
+  FAKE_READY();
   struct fake_event *ev = event_get(event);
   if (ev == NULL)
     return fake_error(cudaErrorInvalidResourceHandle);
@@ -588,7 +592,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event,
                                 unsigned int flags) {
-  READY_OR_RETURN();
+  FAKE_READY();
   if (flags != 0)
     return fake_error(cudaErrorInvalidValue);
   struct fake_event *ev = event_get(event);
@@ -609,10 +613,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event,
 
 cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle,
                                   cudaEvent_t event) {
-  cudaError_t err;
-  const struct fake_config *cfg = fake_config(&err);
-  if (err != cudaSuccess)
-    return fake_error(err);
+  FAKE_READY();
+  const struct fake_config *cfg = fake_config(NULL);
   if (handle == NULL)
     return fake_error(cudaErrorInvalidValue);
   struct fake_event *ev = event_get(event);
@@ -635,10 +637,8 @@ cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle,
  * local event created with cudaEventDisableTiming, as documented. */
 cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *event,
                                    cudaIpcEventHandle_t handle) {
-  cudaError_t err;
-  const struct fake_config *cfg = fake_config(&err);
-  if (err != cudaSuccess)
-    return fake_error(err);
+  FAKE_READY();
+  const struct fake_config *cfg = fake_config(NULL);
   struct ipc_event_wire w;
   memcpy(&w, handle.reserved, sizeof(w));
   if (event == NULL || memcmp(w.magic, ipc_event_magic, sizeof(w.magic)) != 0 ||
