@@ -8,6 +8,7 @@ packages=(
   libuv1-dev libmsgpack-dev check libsystemd-dev
   clang libclang-rt-14-dev valgrind
   systemd python3 python3-msgpack iproute2 procps
+  python3-torch python3-numpy
 )
 
 missing=()

@@ -117,11 +117,29 @@ void client_reply_release(struct client_reply *reply) {
   sp_frame_release(&reply->frame);
 }
 
-static int send_request(sp_client *c, struct sp_msgbuf *mb, int64_t deadline) {
+/* Sends the request in mb with nfds descriptors attached to its first byte
+ * (the caller keeps them).  A request the daemon would refuse by closing the
+ * connection (over its frame or descriptor limit) fails here instead, with
+ * the client still usable. */
+static int send_request(sp_client *c, struct sp_msgbuf *mb, const int *fds,
+                        size_t nfds, int64_t deadline) {
+  if (nfds > c->rx.limits.max_fds) {
+    sp_msgbuf_discard(mb);
+    return SP_ETOOMANYFDS;
+  }
   struct sp_frame_tx tx;
   int rc = sp_msgbuf_finish(mb, &tx);
   if (rc < 0)
     return rc;
+  if (tx.len - SP_FRAME_HEADER > c->rx.limits.max_frame) {
+    free(tx.buf);
+    return SP_EFRAMETOOBIG;
+  }
+  /* tx only borrows the descriptors: it is never passed to
+   * sp_frame_tx_free, which would close them. */
+  tx.nfds = nfds;
+  if (nfds > 0)
+    memcpy(tx.fds, fds, nfds * sizeof *fds);
   for (;;) {
     rc = arm_timeout(c->sock, SO_SNDTIMEO, deadline);
     if (rc < 0)
@@ -139,12 +157,14 @@ static int send_request(sp_client *c, struct sp_msgbuf *mb, int64_t deadline) {
   return rc;
 }
 
-/* Decodes a frame into reply (taking the frame) and sets head. */
-static int decode_reply(sp_client *c, struct sp_frame *frame,
+/* Decodes a frame into reply (taking the frame) and sets head.  Unless
+ * keep_fds, descriptors that came with the frame are closed: only the
+ * replies a caller reads with client_next may carry them, and a stray one
+ * would otherwise leak into the caller's process. */
+static int decode_reply(sp_client *c, struct sp_frame *frame, bool keep_fds,
                         struct client_reply *reply, struct sp_msg_head *head) {
-  /* No reply so far carries descriptors: one that arrives is a stray and
-   * would otherwise leak into the caller's process. */
-  sp_frame_close_fds(frame);
+  if (!keep_fds)
+    sp_frame_close_fds(frame);
   reply->frame = *frame;
   if (!msgpack_zone_init(&reply->zone, 2048)) {
     sp_frame_release(&reply->frame);
@@ -159,13 +179,14 @@ static int decode_reply(sp_client *c, struct sp_frame *frame,
   return rc;
 }
 
-/* Reads frames until the one that answers id.  An error reply with id 0
- * answers too: the daemon sends one when it refuses the connection before
- * reading our frame (permission_denied) or could not read the request's id.
- * *refused tells whether the result is the code of an error reply. */
-static int wait_reply(sp_client *c, uint64_t id, const char *op,
+/* Reads frames until one that answers id and carries op (any op when op is
+ * NULL; its envelope then in *head).  An error reply with id 0 answers too:
+ * the daemon sends one when it refuses the connection before reading our
+ * frame (permission_denied) or could not read the request's id.  *refused
+ * tells whether the result is the code of an error reply. */
+static int wait_reply(sp_client *c, uint64_t id, const char *op, bool keep_fds,
                       int64_t deadline, struct client_reply *reply,
-                      bool *refused) {
+                      struct sp_msg_head *head, bool *refused) {
   *refused = false;
   for (;;) {
     int rc = arm_timeout(c->sock, SO_RCVTIMEO, deadline);
@@ -181,12 +202,11 @@ static int wait_reply(sp_client *c, uint64_t id, const char *op,
       return rc;
     }
 
-    struct sp_msg_head head;
-    rc = decode_reply(c, &frame, reply, &head);
+    rc = decode_reply(c, &frame, keep_fds, reply, head);
     if (rc < 0)
       return rc;
-    bool is_error = strcmp(head.op, "error") == 0;
-    if (head.id != id && !(is_error && head.id == 0)) {
+    bool is_error = strcmp(head->op, "error") == 0;
+    if (head->id != id && !(is_error && head->id == 0)) {
       /* A late reply to a request that timed out. */
       client_reply_release(reply);
       continue;
@@ -197,7 +217,7 @@ static int wait_reply(sp_client *c, uint64_t id, const char *op,
       *refused = rc < 0;
       return rc < 0 ? rc : SP_EBADMSG;
     }
-    if (strcmp(head.op, op) != 0) {
+    if (op && strcmp(head->op, op) != 0) {
       client_reply_release(reply);
       return SP_EBADMSG;
     }
@@ -205,29 +225,61 @@ static int wait_reply(sp_client *c, uint64_t id, const char *op,
   }
 }
 
-int client_call(sp_client *c, struct sp_msgbuf *mb, uint64_t id,
-                const char *op, struct client_reply *reply) {
+/* Sends a request.  When the connection turns out to be gone, reads for a
+ * moment more and returns the daemon's reason when it sent one. */
+static int start_request(sp_client *c, struct sp_msgbuf *mb, uint64_t id,
+                         const int *fds, size_t nfds, int64_t deadline) {
   if (c->broken) {
     sp_msgbuf_discard(mb);
     return c->broken;
   }
   c->message[0] = '\0';
-  int64_t deadline = deadline_after(c->timeout_ms);
-  bool refused;
-  int rc = send_request(c, mb, deadline);
+  int rc = send_request(c, mb, fds, nfds, deadline);
   if (rc == SP_ECLOSED || rc == SP_EIO) {
-    /* The connection is gone; keep the daemon's reason when it sent one. */
     if (!c->broken)
       c->broken = rc;
-    int answer = wait_reply(c, id, op, now_ms() + CLIENT_GRACE_MS, reply,
-                            &refused);
+    struct client_reply reply;
+    struct sp_msg_head head;
+    bool refused;
+    int answer = wait_reply(c, id, NULL, false, now_ms() + CLIENT_GRACE_MS,
+                            &reply, &head, &refused);
     if (answer == 0)
-      client_reply_release(reply);
+      client_reply_release(&reply);
     return refused ? answer : rc;
   }
+  return rc;
+}
+
+int client_call_fds(sp_client *c, struct sp_msgbuf *mb, uint64_t id,
+                    const char *op, const int *fds, size_t nfds,
+                    struct client_reply *reply) {
+  int64_t deadline = deadline_after(c->timeout_ms);
+  int rc = start_request(c, mb, id, fds, nfds, deadline);
   if (rc < 0)
     return rc;
-  return wait_reply(c, id, op, deadline, reply, &refused);
+  struct sp_msg_head head;
+  bool refused;
+  return wait_reply(c, id, op, false, deadline, reply, &head, &refused);
+}
+
+int client_call(sp_client *c, struct sp_msgbuf *mb, uint64_t id,
+                const char *op, struct client_reply *reply) {
+  return client_call_fds(c, mb, id, op, NULL, 0, reply);
+}
+
+int client_start(sp_client *c, struct sp_msgbuf *mb, uint64_t id) {
+  return start_request(c, mb, id, NULL, 0, deadline_after(c->timeout_ms));
+}
+
+int client_next(sp_client *c, uint64_t id, uint64_t wait_ms,
+                struct client_reply *reply, struct sp_msg_head *head) {
+  if (c->broken)
+    return c->broken;
+  int64_t deadline = INT64_MAX;
+  if (wait_ms > 0 && wait_ms < (uint64_t)INT64_MAX / 2)
+    deadline = now_ms() + (int64_t)wait_ms;
+  bool refused;
+  return wait_reply(c, id, NULL, true, deadline, reply, head, &refused);
 }
 
 static int hello(sp_client *c) {
@@ -290,6 +342,8 @@ SP_EXPORT int sp_connect(const char *path, sp_client **out) {
 SP_EXPORT void sp_close(sp_client *client) {
   if (!client)
     return;
+  client_exports_detach(client);
+  client_storages_clear(&client->storages);
   sp_frame_rx_reset(&client->rx);
   close(client->sock);
   free(client);

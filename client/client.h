@@ -10,6 +10,8 @@
 #define SP_CLIENT_CLIENT_H
 
 #include <msgpack.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "proto/frame.h"
@@ -18,6 +20,27 @@
 
 /* How long one request may take unless sp_set_timeout says otherwise. */
 #define CLIENT_DEFAULT_TIMEOUT_MS 30000u
+
+/* A storage this rank registered: what an identity tensor of an export
+ * points into (client/register.c). */
+struct client_storage {
+  uint32_t id;
+  bool used;
+  uint64_t length;
+  const void *addr;
+};
+
+/* The registered storages by id: an open-addressing table, at most half
+ * full. */
+struct client_storages {
+  struct client_storage *slots;
+  size_t cap; /* 0 or a power of two */
+  size_t count;
+};
+
+/* An export published to this connection and not yet released
+ * (client/export.c). */
+struct client_export;
 
 struct sp_client {
   int sock;
@@ -29,6 +52,9 @@ struct sp_client {
   int broken;
   /* The daemon's text from the last error reply, for sp_last_message. */
   char message[SP_ERRMSG_MAX + 1];
+  /* The job this connection joined: its storages and its live exports. */
+  struct client_storages storages;
+  struct client_export *exports;
 };
 
 /* A reply being held: map points into frame.data and zone, which the reply
@@ -53,6 +79,41 @@ uint64_t client_begin(sp_client *c, struct sp_msgbuf *mb, const char *op,
 int client_call(sp_client *c, struct sp_msgbuf *mb, uint64_t id,
                 const char *op, struct client_reply *reply);
 
+/* As client_call, with nfds descriptors attached to the request's first
+ * byte; the caller keeps them (the daemon receives duplicates).  More than
+ * the frame limits allow fails with SP_ETOOMANYFDS or SP_EFRAMETOOBIG before
+ * anything is sent. */
+int client_call_fds(sp_client *c, struct sp_msgbuf *mb, uint64_t id,
+                    const char *op, const int *fds, size_t nfds,
+                    struct client_reply *reply);
+
+/*
+ * For a request answered by several frames (export): client_start sends it
+ * (0, or the code of a refusal or of the transport), then client_next reads
+ * each frame that carries the request's id, whatever its op, waiting at most
+ * wait_ms for it (0: forever).  The frame's descriptors stay in
+ * reply->frame.fds for the caller to take; client_reply_release closes the
+ * rest.  An error reply ends the answer: its code is returned as by
+ * client_call.
+ */
+int client_start(sp_client *c, struct sp_msgbuf *mb, uint64_t id);
+int client_next(sp_client *c, uint64_t id, uint64_t wait_ms,
+                struct client_reply *reply, struct sp_msg_head *head);
+
 void client_reply_release(struct client_reply *reply);
+
+/* client/register.c: the storage table.  reserve makes room for n more so
+ * that the adds after a daemon accepted a frame cannot fail. */
+int client_storages_reserve(struct client_storages *t, size_t n);
+void client_storages_add(struct client_storages *t, uint32_t id,
+                         uint64_t length, const void *addr);
+const struct client_storage *client_storages_find(
+    const struct client_storages *t, uint32_t id);
+void client_storages_clear(struct client_storages *t);
+
+/* client/export.c: unmaps every live export of c and detaches it from c, for
+ * when the daemon has released them all (leave, close).  The caller's sets
+ * stay allocated until sp_release, which then only frees them. */
+void client_exports_detach(sp_client *c);
 
 #endif /* SP_CLIENT_CLIENT_H */

@@ -54,6 +54,11 @@ struct conn {
   /* Reading has stopped; the conn closes once its queue is written. */
   bool draining;
   bool closed;
+  /* The job rank this connection joined as (job.c). */
+  struct job_member *member;
+  /* Called when a write leaves the queue at most half full. */
+  void (*drained)(struct conn *c, void *arg);
+  void *drained_arg;
 };
 
 typedef int (*op_handler)(struct conn *c, const struct sp_msg_head *head,
@@ -77,11 +82,35 @@ static const struct op {
     {"hello", false, op_hello},
     {"ping", false, op_ping},
     {"status", false, op_status},
+    {"job_create", false, job_op_create},
+    {"join", false, job_op_join},
+    {"leave", false, job_op_leave},
+    {"storage_add", true, job_op_storage_add},
+    {"tensor_add", false, job_op_tensor_add},
+    {"export", false, export_op_request},
+    {"release", false, export_op_release},
 };
 
 static void on_poll(uv_poll_t *handle, int status, int events);
 
 struct server *conn_server(const struct conn *c) { return c->srv; }
+
+struct job_member *conn_member(const struct conn *c) { return c->member; }
+
+void conn_set_member(struct conn *c, struct job_member *member) {
+  c->member = member;
+}
+
+uint64_t conn_output_room(const struct conn *c) {
+  uint64_t max = c->srv->cfg->max_output;
+  return c->closed || c->out_bytes >= max ? 0 : max - c->out_bytes;
+}
+
+void conn_on_drained(struct conn *c, void (*fn)(struct conn *c, void *arg),
+                     void *arg) {
+  c->drained = fn;
+  c->drained_arg = arg;
+}
 
 static void on_handle_closed(uv_handle_t *handle) {
   struct conn *c = handle->data;
@@ -109,6 +138,13 @@ void conn_close(struct conn *c) {
   if (c->next != NULL)
     c->next->prev = c->prev;
   c->srv->nclients--;
+  /* The job only notes the loss here and acts on it from its own wake-up:
+   * a close can happen inside another member's reply. */
+  if (c->member != NULL) {
+    job_conn_closed(c->member);
+    c->member = NULL;
+  }
+  c->drained = NULL;
   /* uv_close stops the poll at once, so the socket can be closed in the
    * close callback without libuv ever seeing a reused descriptor. */
   uv_close((uv_handle_t *)&c->poll, on_handle_closed);
@@ -166,6 +202,8 @@ static int flush(struct conn *c) {
     conn_close(c);
     return -1;
   }
+  if (c->drained != NULL && c->out_bytes <= c->srv->cfg->max_output / 2)
+    c->drained(c, c->drained_arg);
   return update_events(c);
 }
 

@@ -454,8 +454,9 @@ struct publish_layout {
 
 int publish_layout_build(const struct plan *plan, struct publish_layout *out);
 void publish_layout_free(struct publish_layout *l);
-/* Cuts rank's owned keys into parts whose frames stay under frame_limit
- * bytes and max_items tensors: part i lists owned[(*first)[i] ..
+/* Cuts rank's owned keys into parts whose frames pass a peer's wire check
+ * with frame_limit and max_items (sp_limits: items per container, and twice
+ * that in the whole frame): part i lists owned[(*first)[i] ..
  * (*first)[i + 1]) (the last up to owned_first[rank + 1]).  There is always
  * at least one part. */
 int publish_parts(const struct plan *plan, const struct publish_layout *l,
@@ -527,7 +528,7 @@ struct job {
   uint64_t last_bytes_moved, last_bytes_total;
   double rate_bps;
   /* The last plan and its layout, reused by an export with the same
-   * registrations, groups and options (cache.c in export.c). */
+   * registrations, groups and options (export.c). */
   struct plan *cached_plan;
   struct publish_layout cached_layout;
   uint64_t cached_max_bytes;

@@ -18,6 +18,7 @@
 
 #include "config.h"
 #include "daemon/daemon.h"
+#include "daemon/pool.h"
 #include "shardport.h"
 
 /* Connections accepted per wakeup, so that a burst of connects cannot keep
@@ -128,6 +129,9 @@ static void stop(struct server *srv, const char *why) {
     uv_close((uv_handle_t *)&srv->watchdog, NULL);
   while (srv->conns != NULL)
     conn_close(srv->conns);
+  /* Jobs end from their own wake-ups, once any engine thread has stopped;
+   * the loop runs until they have closed their handles. */
+  job_shutdown(srv);
 }
 
 static void on_signal(uv_signal_t *handle, int signum) {
@@ -165,6 +169,23 @@ static void start_watchdog(struct server *srv) {
   log_msg(LOG_LEVEL_INFO, "watchdog: pinging every %" PRIu64 " ms", ms);
 }
 
+/* The test seam of docs/operations.md: SHARDPORTD_TEST_ROUND_DELAY_MS=N
+ * makes the engine pause N ms after every round (at most a minute), so
+ * that tests can watch or break an export while it moves. */
+static uint32_t test_round_delay(void) {
+  const char *v = getenv("SHARDPORTD_TEST_ROUND_DELAY_MS");
+  if (v == NULL || v[0] == '\0')
+    return 0;
+  char *end;
+  unsigned long ms = strtoul(v, &end, 10);
+  if (*end != '\0' || ms > 60000) {
+    log_msg(LOG_LEVEL_WARN, "SHARDPORTD_TEST_ROUND_DELAY_MS=%s ignored", v);
+    return 0;
+  }
+  log_msg(LOG_LEVEL_WARN, "test seam: the engine pauses %lu ms per round", ms);
+  return (uint32_t)ms;
+}
+
 /* Runs the loop until every handle is closed and checks that none leaked. */
 static int finish_loop(uv_loop_t *loop) {
   uv_run(loop, UV_RUN_DEFAULT);
@@ -190,6 +211,14 @@ int server_run(const struct config *cfg, const struct backend_choice *backend) {
       .listener = {.fd = -1},
   };
   srv.reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  srv.test_round_delay_ms = test_round_delay();
+  if (pool_create(cfg->pool_capacity, &srv.pool) != 0) {
+    log_msg(LOG_LEVEL_ERROR, "cannot create the memory pool");
+    if (srv.reserve_fd >= 0)
+      close(srv.reserve_fd);
+    uv_loop_close(&loop);
+    return -1;
+  }
 
   if (start_signals(&srv) != 0 || listen_open(cfg, &srv.listener) != 0 ||
       (rc = uv_poll_init(&loop, &srv.listen_poll, srv.listener.fd)) != 0) {
@@ -199,6 +228,7 @@ int server_run(const struct config *cfg, const struct backend_choice *backend) {
     uv_close((uv_handle_t *)&srv.sig_term, NULL);
     uv_close((uv_handle_t *)&srv.sig_int, NULL);
     finish_loop(&loop);
+    pool_destroy(srv.pool);
     if (srv.reserve_fd >= 0)
       close(srv.reserve_fd);
     return -1;
@@ -217,6 +247,7 @@ int server_run(const struct config *cfg, const struct backend_choice *backend) {
   notify_ready(status);
 
   rc = finish_loop(&loop);
+  pool_destroy(srv.pool);
   if (srv.reserve_fd >= 0)
     close(srv.reserve_fd);
   log_msg(LOG_LEVEL_INFO, "stopped");

@@ -1,11 +1,12 @@
 /*
  * status.c - the status reply (docs/protocol.md, "status"): what the daemon
  * is, which backend serves and why, how long it has run, who is connected,
- * the memory pool and the jobs.  The pool and jobs do not exist yet, so the
- * pool reads 0 of 0 and the job list is empty.
+ * the memory pool and the jobs.  Everything is read from the loop's own
+ * state and the engines' atomics, so it answers at once during an export.
  */
 #include "config.h"
 #include "daemon/daemon.h"
+#include "daemon/pool.h"
 
 void status_pack(const struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
   sp_msgbuf_begin(mb, "status", id, 10);
@@ -21,8 +22,8 @@ void status_pack(const struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
   sp_pack_kv_f64(pk, "uptime_s",
                  (double)(uv_hrtime() - srv->started_ns) / 1e9);
   sp_pack_kv_u64(pk, "clients", srv->nclients);
-  sp_pack_kv_u64(pk, "pool_used", 0);
-  sp_pack_kv_u64(pk, "pool_capacity", 0);
+  sp_pack_kv_u64(pk, "pool_used", pool_used(srv->pool));
+  sp_pack_kv_u64(pk, "pool_capacity", pool_capacity(srv->pool));
   sp_pack_str(pk, "jobs");
-  msgpack_pack_array(pk, 0);
+  job_status_pack(srv, pk);
 }

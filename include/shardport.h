@@ -143,7 +143,8 @@ SP_EXPORT int sp_set_timeout(sp_client *client, uint32_t timeout_ms);
 
 /* The daemon's own text from the last error reply on client ("" when none
  * came); it says more than sp_strerror, such as which limit or which rank.
- * Valid until the next call on client. */
+ * When the library itself refused a reply (sp_export: SP_EBADMSG), it holds
+ * the library's reason instead.  Valid until the next call on client. */
 SP_EXPORT const char *sp_last_message(const sp_client *client);
 
 /* A round trip; *rtt_ns (optional) receives its duration. */
@@ -190,7 +191,8 @@ SP_EXPORT void sp_status_free(sp_status_info *status);
 
 /* A job's ticket: opaque bytes that rank 0's process gets from
  * sp_job_create and hands to its peers by its own means (a broadcast, a
- * file, an environment variable: it is plain bytes). */
+ * file, an environment variable: it is plain bytes).  sp_job_create zeroes
+ * the bytes past len, so the whole struct may be sent as it is. */
 typedef struct sp_ticket {
   size_t len;
   uint8_t bytes[SP_TICKET_MAX];
@@ -204,7 +206,9 @@ SP_EXPORT int sp_job_create(sp_client *client, uint32_t world,
  * closing the connection leaves the job. */
 SP_EXPORT int sp_job_join(sp_client *client, const sp_ticket *ticket,
                           uint32_t rank, uint32_t world, const char *device);
-/* Leaves the job: releases every export and registration of this rank. */
+/* Leaves the job: the daemon releases every export and registration of this
+ * rank, and the library unmaps every set this rank still holds (their data
+ * pointers become NULL; sp_release then only frees them). */
 SP_EXPORT int sp_job_leave(sp_client *client);
 
 /* A host storage: bytes [offset, offset + length) of a memfd or shm file.
@@ -220,8 +224,12 @@ typedef struct sp_storage_desc {
 } sp_storage_desc;
 
 /* Registers n storages; any number, sent in as many frames as the limits
- * need.  Each frame is registered whole or not at all; on failure the
- * storages of this call's earlier frames stay registered. */
+ * need (32 descriptors a frame).  Each frame is registered whole or not at
+ * all; on failure the storages of this call's earlier frames stay
+ * registered.  SP_EINVAL, before anything is sent, for a negative fd, a
+ * NULL addr with a non-zero length, or an id already registered or given
+ * twice; the daemon checks the rest (bad_fd for a file shorter than
+ * offset + length). */
 SP_EXPORT int sp_register_storages(sp_client *client,
                                    const sp_storage_desc *storages, size_t n);
 
@@ -261,7 +269,15 @@ typedef struct sp_tensor_desc {
   const sp_piece *pieces;
 } sp_tensor_desc;
 
-/* Registers n tensors (keys unique within the job's rank). */
+/* Registers n tensors (keys unique within the job's rank), in as many
+ * frames as their size needs; as with storages, each frame is registered
+ * whole or not at all and earlier frames stay registered on failure.  The
+ * daemon checks every view against its storage.  SP_EINVAL, before anything
+ * is sent, for what the wire cannot carry: a NULL or empty key or one
+ * longer than 1024 bytes, a NULL dtype, an unknown placement, more than
+ * SP_MAX_DIMS dims, a negative shape, stride or offset, pieces on a
+ * placement other than affine; SP_ELIMIT for one tensor whose description
+ * alone exceeds 4 MiB. */
 SP_EXPORT int sp_register_tensors(sp_client *client,
                                   const sp_tensor_desc *tensors, size_t n);
 
@@ -271,6 +287,7 @@ typedef struct sp_group {
   const char *const *keys;
 } sp_group;
 
+/* Valid during the callback only. */
 typedef struct sp_progress {
   const char *phase; /* waiting, planning, moving, publishing */
   uint32_t round;
@@ -298,7 +315,12 @@ typedef struct sp_owned_tensor {
   uint32_t ndim;
   int64_t shape[SP_MAX_DIMS];
   int64_t stride[SP_MAX_DIMS];
-  void *data;   /* the first element; valid until sp_release */
+  /* The first element: in a pool segment the library mapped read-write
+   * (the tensor is the rank's to use), or for identity in the caller's own
+   * storage.  Valid until sp_release, sp_job_leave or sp_close, whichever
+   * comes first; tied weights share one data pointer.  NULL only for an
+   * empty tensor in an empty segment. */
+  void *data;
   int identity; /* 1: data points into the caller's own storage (no copy) */
 } sp_owned_tensor;
 
@@ -311,10 +333,23 @@ typedef struct sp_owned_set {
 /* Runs one export of the job: returns when every rank asked, the plan ran
  * and this rank's tensors are published, or with the job's one error (the
  * same code on every rank; sp_last_message names the key and ranks).
- * opts NULL means defaults.  *out is released with sp_release. */
+ * opts NULL means defaults.  *out is released with sp_release.
+ *
+ * The library waits for each frame of the daemon (progress or reply) at
+ * most the client's timeout plus opts->timeout_ms, so a long export that
+ * keeps reporting progress does not time out here; the daemon bounds the
+ * wait for the other ranks with opts->timeout_ms.  Every reply is checked
+ * before a pointer is formed (segments mapped once, their length taken from
+ * the file; identity tensors only into storages this rank registered; every
+ * view inside its bytes): a reply that fails is SP_EBADMSG, the export is
+ * released and sp_last_message says why. */
 SP_EXPORT int sp_export(sp_client *client, const sp_export_opts *opts,
                         sp_owned_set **out);
-/* Unmaps the set, tells the daemon to free its memory, frees the set. */
+/* Unmaps the set, tells the daemon to free its memory, frees the set; set
+ * NULL does nothing.  The set is freed even when the daemon's answer is an
+ * error.  A set that sp_job_leave or sp_close already detached is only
+ * freed (client is not used then); otherwise client must be the one that
+ * exported it (SP_EINVAL, nothing freed). */
 SP_EXPORT int sp_release(sp_client *client, sp_owned_set *set);
 
 #ifdef __cplusplus
