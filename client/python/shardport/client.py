@@ -1,0 +1,348 @@
+"""A connection to the node's shardportd, over libshardport.
+
+Nothing here imports PyTorch: the status and ping calls, jobs, registration
+of raw storages and views, and exports all work with plain Python values.
+The tensor layer (tensors.py, export.py) is built on top of this one.
+"""
+
+import ctypes
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence, Tuple
+
+from . import _lib, errors
+from .errors import ShardportError, error_for
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """One job as the daemon reports it (sp_job_status)."""
+    job_id: str
+    phase: str
+    error: Optional[str]
+    world: int
+    joined: int
+    round: int
+    rounds: int
+    bytes_moved: int
+    bytes_total: int
+    rate_bps: float
+
+
+@dataclass(frozen=True)
+class Status:
+    """A snapshot of the daemon (sp_status_info)."""
+    daemon_version: str
+    protocol_version: int
+    backends_built: Tuple[str, ...]
+    backend_active: str
+    backend_reason: str
+    uptime_s: float
+    clients: int
+    pool_used: int
+    pool_capacity: int
+    jobs: Tuple[JobStatus, ...]
+
+
+@dataclass(frozen=True)
+class StorageDesc:
+    """A host storage: bytes [offset, offset + length) of a memfd or shm
+    file, and the caller's own address of its first byte."""
+    id: int
+    fd: int
+    offset: int
+    length: int
+    addr: int
+
+
+@dataclass(frozen=True)
+class TensorDesc:
+    """A view into a registered storage and how this rank holds the key.
+    shape, stride and offset are in elements; placement is one of
+    ``shard0``, ``replicated``, ``plain``, ``expert``."""
+    key: str
+    storage: int
+    dtype: str
+    shape: Tuple[int, ...]
+    stride: Tuple[int, ...]
+    offset: int
+    placement: str
+    global_shape: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where an export stands (sp_progress)."""
+    phase: str
+    round: int
+    rounds: int
+    bytes_moved: int
+    bytes_total: int
+
+
+@dataclass(frozen=True)
+class OwnedTensor:
+    """A whole tensor this rank owns after an export.  data is the address
+    of its first element, valid until the export is released; identity says
+    it points into one of this rank's own registered storages."""
+    key: str
+    dtype: str
+    shape: Tuple[int, ...]
+    stride: Tuple[int, ...]
+    data: int
+    identity: bool
+
+
+_PLACEMENTS = {
+    "shard0": _lib.SP_PLACEMENT_SHARD0,
+    "replicated": _lib.SP_PLACEMENT_REPLICATED,
+    "plain": _lib.SP_PLACEMENT_PLAIN,
+    "expert": _lib.SP_PLACEMENT_EXPERT,
+}
+
+
+def _text(raw):
+    return None if raw is None else raw.decode("utf-8", "replace")
+
+
+def _dims(values, what, key):
+    if len(values) > _lib.SP_MAX_DIMS:
+        raise errors.InvalidArgument(
+            "%s: %d dims in %s, at most %d are supported"
+            % (key, len(values), what, _lib.SP_MAX_DIMS))
+    return (ctypes.c_int64 * _lib.SP_MAX_DIMS)(*values)
+
+
+class OwnedSet:
+    """The tensors one export published to this rank.
+
+    Release it with Client.release (or through the tensor layer's Export);
+    until then the memory behind every non-identity tensor stays mapped.
+    """
+
+    def __init__(self, pointer):
+        self._pointer = pointer
+        contents = pointer.contents
+        self.export_id = contents.export_id
+        self.tensors = tuple(
+            OwnedTensor(
+                key=t.key.decode(),
+                dtype=t.dtype.decode(),
+                shape=tuple(t.shape[:t.ndim]),
+                stride=tuple(t.stride[:t.ndim]),
+                data=t.data or 0,
+                identity=bool(t.identity))
+            for t in contents.tensors[:contents.ntensors])
+
+    @property
+    def released(self):
+        return self._pointer is None
+
+
+class Client:
+    """One connection to shardportd.
+
+    socket is the daemon's socket path (None: $SHARDPORT_SOCKET, then the
+    default path).  timeout is how long each request may take, in seconds
+    (None keeps the library's 30 s; 0 waits forever).  A Client serves one
+    thread at a time.  Use it as a context manager or call close().
+    """
+
+    def __init__(self, socket: Optional[str] = None,
+                 timeout: Optional[float] = None):
+        self._handle = None
+        handle = ctypes.c_void_p()
+        path = None if socket is None else socket.encode()
+        rc = _lib.fn.sp_connect(path, ctypes.byref(handle))
+        if rc < 0:
+            where = socket if socket is not None else "the default socket"
+            raise error_for(rc, "%s (%s)" % (
+                _lib.fn.sp_strerror(rc).decode(), where))
+        self._handle = handle
+        if timeout is not None:
+            self.set_timeout(timeout)
+
+    def close(self):
+        """Closes the connection; a job it joined is left, and the tensors
+        of every export not yet released are unmapped."""
+        if self._handle is not None:
+            _lib.fn.sp_close(self._handle)
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def _live(self):
+        if self._handle is None:
+            raise errors.Closed("this Client is closed")
+        return self._handle
+
+    def _check(self, rc):
+        """Turns a negative return code into its exception, with the
+        daemon's own text when it sent one."""
+        if rc < 0:
+            raise error_for(rc, _lib.fn.sp_last_message(self._live()).decode(
+                "utf-8", "replace"))
+        return rc
+
+    def set_timeout(self, seconds: float):
+        self._check(_lib.fn.sp_set_timeout(self._live(),
+                                           int(round(seconds * 1000))))
+
+    def ping(self) -> float:
+        """A round trip to the daemon; returns its duration in seconds."""
+        rtt_ns = ctypes.c_uint64()
+        self._check(_lib.fn.sp_ping(self._live(), ctypes.byref(rtt_ns)))
+        return rtt_ns.value / 1e9
+
+    def status(self) -> Status:
+        info = ctypes.POINTER(_lib.sp_status_info)()
+        self._check(_lib.fn.sp_status(self._live(), ctypes.byref(info)))
+        try:
+            s = info.contents
+            jobs = tuple(
+                JobStatus(job_id=_text(j.job_id), phase=_text(j.phase),
+                          error=_text(j.error), world=j.world,
+                          joined=j.joined, round=j.round, rounds=j.rounds,
+                          bytes_moved=j.bytes_moved,
+                          bytes_total=j.bytes_total, rate_bps=j.rate_bps)
+                for j in s.jobs[:s.njobs])
+            built = _text(s.backends_built) or ""
+            return Status(
+                daemon_version=_text(s.daemon_version),
+                protocol_version=s.protocol_version,
+                backends_built=tuple(b for b in built.split(",") if b),
+                backend_active=_text(s.backend_active),
+                backend_reason=_text(s.backend_reason),
+                uptime_s=s.uptime_s, clients=s.clients,
+                pool_used=s.pool_used, pool_capacity=s.pool_capacity,
+                jobs=jobs)
+        finally:
+            _lib.fn.sp_status_free(info)
+
+    # ---- jobs (docs/protocol.md, "Jobs") ----
+
+    def create_job(self, world: int) -> bytes:
+        """Creates a job of world ranks; returns its ticket, opaque bytes
+        that the trainers hand to each other by their own means."""
+        ticket = _lib.sp_ticket()
+        self._check(_lib.fn.sp_job_create(self._live(), world,
+                                          ctypes.byref(ticket)))
+        return bytes(ticket.bytes[:ticket.len])
+
+    def join(self, ticket: bytes, rank: int, world: int,
+             device: str = "cpu"):
+        """Joins this connection to the job as rank.  device is ``cpu`` for
+        host storages or ``cuda:<GPU UUID>``."""
+        if len(ticket) > _lib.SP_TICKET_MAX:
+            raise errors.BadTicket("a ticket is at most %d bytes, this one "
+                                   "has %d" % (_lib.SP_TICKET_MAX,
+                                               len(ticket)))
+        raw = _lib.sp_ticket(len=len(ticket))
+        ctypes.memmove(raw.bytes, ticket, len(ticket))
+        self._check(_lib.fn.sp_job_join(self._live(), ctypes.byref(raw),
+                                        rank, world, device.encode()))
+
+    def leave(self):
+        """Leaves the job: releases every export and registration."""
+        self._check(_lib.fn.sp_job_leave(self._live()))
+
+    def register_storages(self, storages: Sequence[StorageDesc]):
+        array = (_lib.sp_storage_desc * len(storages))(*(
+            _lib.sp_storage_desc(id=s.id, fd=s.fd, offset=s.offset,
+                                 length=s.length, addr=s.addr or None)
+            for s in storages))
+        self._check(_lib.fn.sp_register_storages(self._live(), array,
+                                                 len(storages)))
+
+    def register_tensors(self, tensors: Sequence[TensorDesc]):
+        array = (_lib.sp_tensor_desc * len(tensors))()
+        for slot, t in zip(array, tensors):
+            if t.placement not in _PLACEMENTS:
+                raise errors.UnsupportedLayout(
+                    "%s: unknown placement %r (expected one of %s)"
+                    % (t.key, t.placement, ", ".join(_PLACEMENTS)))
+            slot.key = t.key.encode()
+            slot.storage = t.storage
+            slot.dtype = t.dtype.encode()
+            slot.ndim = len(t.shape)
+            slot.shape = _dims(t.shape, "its shape", t.key)
+            slot.stride = _dims(t.stride, "its stride", t.key)
+            slot.offset = t.offset
+            slot.placement = _PLACEMENTS[t.placement]
+            slot.global_ndim = len(t.global_shape)
+            slot.global_shape = _dims(t.global_shape, "its global shape",
+                                      t.key)
+        self._check(_lib.fn.sp_register_tensors(self._live(), array,
+                                                len(tensors)))
+
+    def export(self, groups: Sequence[Sequence[str]] = (),
+               max_keys: int = 0, max_bytes: int = 0,
+               timeout: Optional[float] = None,
+               progress: Optional[Callable[[Progress], None]] = None
+               ) -> OwnedSet:
+        """Runs one export of the job and returns what this rank owns.
+
+        groups are together-groups (keys that must end on one owner);
+        max_keys and max_bytes bound a round (0: the defaults); timeout is
+        how long the daemon waits for the other ranks and for progress, in
+        seconds (None: the daemon's default).  progress is called from
+        inside this call with a Progress; an exception it raises ends the
+        export with that exception once the export returns, after the
+        published tensors are released.
+        """
+        handle = self._live()
+        group_keys = [(ctypes.c_char_p * len(g))(*(k.encode() for k in g))
+                      for g in groups]
+        group_array = (_lib.sp_group * len(group_keys))(*(
+            _lib.sp_group(nkeys=len(keys), keys=keys) for keys in group_keys))
+        opts = _lib.sp_export_opts(
+            ngroups=len(group_keys), groups=group_array,
+            max_keys=max_keys, max_bytes=max_bytes,
+            timeout_ms=0 if timeout is None else int(round(timeout * 1000)))
+        raised = []
+        if progress is not None:
+            def report(p, _arg):
+                # ctypes cannot carry an exception through C; keep the first
+                # one and stop calling the callback.
+                if raised:
+                    return
+                c = p.contents
+                try:
+                    progress(Progress(phase=_text(c.phase), round=c.round,
+                                      rounds=c.rounds,
+                                      bytes_moved=c.bytes_moved,
+                                      bytes_total=c.bytes_total))
+                except BaseException as exc:  # re-raised after sp_export
+                    raised.append(exc)
+            opts.progress = _lib.sp_progress_fn(report)
+        out = ctypes.POINTER(_lib.sp_owned_set)()
+        rc = _lib.fn.sp_export(handle, ctypes.byref(opts), ctypes.byref(out))
+        if raised:
+            if rc >= 0:
+                _lib.fn.sp_release(handle, out)
+            raise raised[0]
+        self._check(rc)
+        return OwnedSet(out)
+
+    def release(self, owned: OwnedSet):
+        """Unmaps an export's tensors and lets the daemon free them.  A
+        second release of the same set does nothing."""
+        if owned.released:
+            return
+        pointer, owned._pointer = owned._pointer, None
+        if self._handle is None:
+            # close() already unmapped the set and the daemon released it;
+            # sp_release only frees a detached set and never uses the client.
+            _lib.fn.sp_release(None, pointer)
+            return
+        self._check(_lib.fn.sp_release(self._handle, pointer))
+
+
+__all__ = ["Client", "Status", "JobStatus", "StorageDesc", "TensorDesc",
+           "Progress", "OwnedSet", "OwnedTensor", "ShardportError"]

@@ -1,0 +1,237 @@
+"""Jobs and exports of PyTorch state dicts.
+
+A Job is this process's rank in a shardport job: one connection to the
+node's daemon.  It lives as long as the training run, so that its daemons'
+communicators stay warm: register the state dict once (the daemon maps the
+tensors' shared memory, so later updates made in place are seen), then
+export as often as needed.  export_state_dict does all of it in one call.
+"""
+
+from collections.abc import Mapping
+
+from . import errors
+from ._progress import TerminalProgress
+from .client import Client
+
+
+def _torch_distributed():
+    """torch.distributed, initialized; else a clear error."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        raise errors.InvalidArgument(
+            "torch.distributed is not initialized: call "
+            "torch.distributed.init_process_group() first, or make the job "
+            "with Job.create and Job.join and hand the ticket over yourself")
+    return dist
+
+
+class Job:
+    """One rank of a job.  Make it with Job.create (rank 0), Job.join (the
+    other ranks, with rank 0's ticket) or Job.from_torch_distributed (every
+    rank at once); their socket and timeout are Client's.  Closing it leaves
+    the job and releases its exports."""
+
+    def __init__(self, client, ticket, rank, world):
+        self.client = client
+        self.ticket = ticket
+        self.rank = rank
+        self.world = world
+        self._registration = None
+
+    @classmethod
+    def create(cls, world, *, socket=None, timeout=None):
+        """Creates a job of world ranks and joins it as rank 0; hand
+        job.ticket to the other ranks."""
+        client = Client(socket, timeout)
+        try:
+            ticket = client.create_job(world)
+            client.join(ticket, 0, world)
+        except BaseException:
+            client.close()
+            raise
+        return cls(client, ticket, 0, world)
+
+    @classmethod
+    def join(cls, ticket, rank, world, *, socket=None, timeout=None):
+        client = Client(socket, timeout)
+        try:
+            client.join(ticket, rank, world)
+        except BaseException:
+            client.close()
+            raise
+        return cls(client, ticket, rank, world)
+
+    @classmethod
+    def from_torch_distributed(cls, *, socket=None, timeout=None):
+        """Collective over torch.distributed's default group: rank 0
+        creates the job and broadcasts its ticket, every rank joins as its
+        own rank.  If rank 0 cannot create the job, every rank raises its
+        error."""
+        dist = _torch_distributed()
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if rank != 0:
+            (outcome,) = cls._broadcast(dist, None)
+            if isinstance(outcome, tuple):
+                raise errors.error_for(*outcome)
+            return cls.join(outcome, rank, world, socket=socket,
+                            timeout=timeout)
+        try:
+            job = cls.create(world, socket=socket, timeout=timeout)
+        except Exception as exc:
+            # The other ranks wait in the broadcast: they get the error too.
+            if isinstance(exc, errors.ShardportError):
+                cls._broadcast(dist, (exc.code, exc.message))
+            else:
+                cls._broadcast(dist, (errors.Internal.code,
+                                      "rank 0 could not create the job: %s"
+                                      % exc))
+            raise
+        cls._broadcast(dist, job.ticket)
+        return job
+
+    @staticmethod
+    def _broadcast(dist, value):
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box
+
+    def register(self, state_dict, placements=None):
+        """Registers this rank's tensors: once per job.
+
+        placements maps keys to "shard0", "replicated", "plain", "expert" or
+        a shardport.Placement; keys it leaves out are inferred (a DTensor
+        with Shard(0) on a 1-D mesh is shard0, with Replicate() replicated,
+        a plain tensor plain).  CPU tensors not yet in shared memory are
+        moved there, as Tensor.share_memory_() does.
+        """
+        from .tensors import Registration
+        if self._registration is not None:
+            raise errors.BadState("this rank already registered its state "
+                                  "dict; register once, export many times")
+        registration = Registration(state_dict, placements, self.world)
+        self.client.register_storages(registration.storage_descs)
+        self.client.register_tensors(registration.tensor_descs)
+        self._registration = registration
+
+    def export(self, *, groups=(), progress=None, timeout=None, max_keys=0,
+               max_bytes=0):
+        """Runs one export; returns the Export of this rank's whole tensors.
+
+        groups: lists of keys that must end on one owner.  progress: None
+        shows a progress line when stderr is a terminal, False shows
+        nothing, a callable receives every shardport.Progress.  timeout:
+        seconds the daemon waits for the other ranks and for progress.
+        max_keys, max_bytes: the bounds of one round (0: the defaults).
+        """
+        return self._export(groups, progress, timeout, max_keys, max_bytes,
+                            close_job=False)
+
+    def _export(self, groups, progress, timeout, max_keys, max_bytes,
+                close_job):
+        if self._registration is None:
+            raise errors.BadState("register the state dict before exporting")
+        shown = None
+        if progress is None and TerminalProgress.wanted():
+            progress = shown = TerminalProgress()
+        try:
+            owned = self.client.export(groups=groups, max_keys=max_keys,
+                                       max_bytes=max_bytes, timeout=timeout,
+                                       progress=progress or None)
+        finally:
+            if shown is not None:
+                shown.close()
+        return Export(self, owned, close_job)
+
+    def close(self):
+        self.client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_exc):
+        self.close()
+
+
+class Export(Mapping):
+    """The whole tensors this rank owns after one export, by key.
+
+    A mapping of key to torch.Tensor.  The tensors lie in memory the daemon
+    published (no copy), valid until release(): leaving a `with` block
+    releases, and so does closing the job.  Use of a tensor after its
+    export is released reads unmapped memory; copy what must outlive it.
+    Identity tensors, which this rank already held whole, are the caller's
+    own objects and stay valid.
+    """
+
+    def __init__(self, job, owned, close_job=False):
+        from .tensors import OwnedTensors
+        self._job = job
+        self._owned = owned
+        self._close_job = close_job
+        self.export_id = owned.export_id
+        maker = OwnedTensors(job._registration, keepalive=self)
+        try:
+            self._tensors = {o.key: maker.tensor(o) for o in owned.tensors}
+        except BaseException:
+            job.client.release(owned)
+            raise
+
+    def _live(self):
+        if self._tensors is None:
+            raise errors.NoSuchExport("export %d was released; its tensors "
+                                      "are gone" % self.export_id)
+        return self._tensors
+
+    def __getitem__(self, key):
+        return self._live()[key]
+
+    def __iter__(self):
+        return iter(self._live())
+
+    def __len__(self):
+        return len(self._live())
+
+    @property
+    def released(self):
+        return self._tensors is None
+
+    def release(self):
+        """Releases the export (a second call does nothing)."""
+        if self._tensors is None:
+            return
+        self._tensors = None
+        try:
+            self._job.client.release(self._owned)
+        finally:
+            if self._close_job:
+                self._job.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_exc):
+        self.release()
+
+
+def export_state_dict(state_dict, placements=None, *, groups=(),
+                      progress=None, timeout=None, socket=None):
+    """Exports a sharded state dict in one call; collective over
+    torch.distributed's default group.
+
+    Creates a job of every rank, registers state_dict (see Job.register for
+    placements), runs one export (see Job.export for groups and progress)
+    and returns the Export of this rank's whole tensors.  Release it, or use
+    it as a context manager: the release also leaves the job.  For repeated
+    exports keep a Job.
+
+    timeout, in seconds, bounds each request to the daemon and how long the
+    daemon waits for the other ranks; socket is the daemon's socket path
+    (None: $SHARDPORT_SOCKET, then the default path).
+    """
+    job = Job.from_torch_distributed(socket=socket, timeout=timeout)
+    try:
+        job.register(state_dict, placements)
+        return job._export(groups, progress, timeout, 0, 0, close_job=True)
+    except BaseException:
+        job.close()
+        raise

@@ -1,0 +1,279 @@
+"""PyTorch tensors in and out: registration descriptors from a state dict,
+and owned tensors over published memory.
+
+This is the only module that imports PyTorch at its top, and the package
+imports it only when tensors are handled.
+
+Tensors in.  A CPU tensor is registered as its whole storage (a shared
+memory fd, as PyTorch's file-descriptor sharing produces it) plus a view:
+dtype, shape, stride and storage offset in elements.  Views of one storage
+(tied weights, a flat parameter buffer cut into shards, a transposed view)
+become one storage and many views; storages are told apart by (device, base
+address), never by address alone (docs/protocol.md, storage_add).
+
+Tensors out.  An owned tensor is a PyTorch tensor over the published memory,
+made without a copy: the bytes are wrapped as uint8, reinterpreted as the
+dtype (which also covers bfloat16, which numpy lacks) and given the owned
+view's shape and strides.  An identity tensor is the caller's own object.
+"""
+
+import ctypes
+import functools
+import importlib
+import os
+
+import torch
+
+from . import errors
+from .client import StorageDesc, TensorDesc
+from .placements import Placement, normalize
+
+
+def dtype_name(dtype):
+    """The PyTorch name the protocol uses: torch.bfloat16 is "bfloat16"."""
+    return str(dtype)[len("torch."):]
+
+
+def torch_dtype(name):
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise errors.UnknownDtype("the daemon published dtype %r, which this "
+                                  "PyTorch does not have" % name)
+    return dtype
+
+
+@functools.lru_cache(maxsize=None)
+def _dtensor_api():
+    """(DTensor, Shard, Replicate) of this PyTorch, or None on versions
+    without DTensor (1.13 has none in its public API).  Cached: a failed
+    import searches the path again every time."""
+    for module in ("torch.distributed.tensor", "torch.distributed._tensor"):
+        try:
+            m = importlib.import_module(module)
+            return m.DTensor, m.Shard, m.Replicate
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+def _infer(key, value, world):
+    """(local tensor, Placement) for a value without an explicit placement:
+    a DTensor with Shard(0) on a 1-D mesh of every rank is shard0, with
+    Replicate() replicated; a plain tensor is plain; anything else is
+    refused."""
+    dtensor = _dtensor_api()
+    if dtensor is not None and isinstance(value, dtensor[0]):
+        _, shard, replicate = dtensor
+        mesh = value.device_mesh
+        ranks = mesh.mesh.flatten().tolist()
+        if mesh.ndim != 1 or ranks != list(range(world)):
+            raise errors.UnsupportedLayout(
+                "%s: a DTensor on device mesh %s; shardport infers placements "
+                "only on a 1-D mesh of ranks 0..%d in order; give this key's "
+                "placement explicitly" % (key, mesh.mesh.tolist(), world - 1))
+        (placement,) = value.placements
+        global_shape = tuple(value.shape)
+        if isinstance(placement, shard) and placement.dim == 0:
+            return value.to_local(), Placement("shard0", global_shape)
+        if isinstance(placement, replicate):
+            return value.to_local(), Placement("replicated", global_shape)
+        raise errors.UnsupportedLayout(
+            "%s: DTensor placement %s cannot be inferred (only Shard(0) and "
+            "Replicate() are); give this key's placement explicitly"
+            % (key, placement))
+    return value, Placement("plain", tuple(value.shape))
+
+
+def _local(key, value, explicit, world):
+    """The local tensor and Placement of one state dict entry."""
+    if not isinstance(value, torch.Tensor):
+        raise errors.InvalidArgument("%s: a %s is not a tensor"
+                                     % (key, type(value).__name__))
+    if explicit is None:
+        tensor, placement = _infer(key, value, world)
+    else:
+        dtensor = _dtensor_api()
+        is_dtensor = dtensor is not None and isinstance(value, dtensor[0])
+        tensor = value.to_local() if is_dtensor else value
+        placement = normalize(key, explicit)
+    if tensor.device.type == "cuda":
+        raise errors.Backend(
+            "%s: a CUDA tensor; the GPU backend's registration is not "
+            "available in this build of libshardport, so CUDA tensors cannot "
+            "be registered (move them to the CPU first)" % key)
+    if tensor.device.type != "cpu":
+        raise errors.InvalidArgument("%s: tensors on %s cannot be registered"
+                                     % (key, tensor.device))
+    if tensor.layout != torch.strided:
+        raise errors.UnsupportedLayout("%s: a %s tensor; only strided tensors "
+                                       "can be registered"
+                                       % (key, tensor.layout))
+    return tensor, placement
+
+
+def _untyped_storage(tensor):
+    # PyTorch 2 names it untyped_storage(); 1.13 reaches it through the
+    # typed storage.
+    if hasattr(tensor, "untyped_storage"):
+        return tensor.untyped_storage()
+    return tensor.storage().untyped()
+
+
+def _gather_rows(rows, world):
+    """The whole tensor's dim 0 of every key in rows (this rank's shard0
+    keys without a global shape, with their local rows): the sum of every
+    rank's rows, added up through torch.distributed.
+
+    Every rank takes part whenever torch.distributed spans the job, also
+    with nothing to ask: a rank that skipped the collective would leave the
+    others waiting in it."""
+    import torch.distributed as dist
+    spans_job = (dist.is_available() and dist.is_initialized()
+                 and dist.get_world_size() == world)
+    if not spans_job:
+        if rows:
+            raise errors.InvalidArgument(
+                "%s: shard0 needs the whole tensor's shape: give "
+                "shardport.Placement('shard0', global_shape), or initialize "
+                "torch.distributed over the job's %d ranks so that "
+                "shardport can add up their rows" % (next(iter(rows)), world))
+        return {}
+    everyone = [None] * world
+    dist.all_gather_object(everyone, rows)
+    return {key: sum(r.get(key, 0) for r in everyone) for key in rows}
+
+
+class Registration:
+    """One rank's state dict as storages plus views.
+
+    It keeps every registered storage alive: the fd the daemon duplicated
+    and the memory an identity tensor points into belong to them.  local
+    maps each key to the tensor registered for it (the caller's own object,
+    or a DTensor's local tensor).
+    """
+
+    def __init__(self, state_dict, placements, world):
+        placements = dict(placements or {})
+        unknown = sorted(set(placements) - set(state_dict))
+        if unknown:
+            raise errors.InvalidArgument("placements name keys that are not "
+                                         "in the state dict: %s"
+                                         % ", ".join(unknown))
+        self.local = {}
+        self._storages = []
+        self.storage_descs = []
+        self.tensor_descs = []
+        chosen = {}
+        for key, value in state_dict.items():
+            self.local[key], chosen[key] = _local(key, value,
+                                                  placements.get(key), world)
+        needs_rows = {}
+        for key, placement in chosen.items():
+            if (placement.kind != "shard0"
+                    or placement.global_shape is not None):
+                continue
+            if self.local[key].dim() == 0:
+                raise errors.InvalidArgument("%s: a 0-dim tensor cannot be "
+                                             "shard0" % key)
+            needs_rows[key] = self.local[key].shape[0]
+        for key, rows in _gather_rows(needs_rows, world).items():
+            shape = (rows,) + tuple(self.local[key].shape[1:])
+            chosen[key] = Placement("shard0", shape)
+        ids = {}
+        for key, tensor in self.local.items():
+            self.tensor_descs.append(self._describe(key, tensor, chosen[key],
+                                                    ids))
+
+    def _storage_id(self, tensor, ids):
+        """The id of tensor's storage, registering it on first sight."""
+        storage = _untyped_storage(tensor)
+        # _share_fd_cpu_ moves a storage that is not yet in shared memory
+        # into a new shm file (every view of it follows, as with
+        # share_memory_()) and returns the file's fd, which the storage
+        # keeps open.  Calling it directly leaves the process's sharing
+        # strategy alone.  The base address is read after the move.
+        fd, length = storage._share_fd_cpu_()
+        identity = (str(tensor.device), storage.data_ptr())
+        if identity in ids:
+            return ids[identity]
+        sid = len(self.storage_descs)
+        ids[identity] = sid
+        if length == 0:
+            # An empty storage has no shm file; it still needs one, empty,
+            # for the views (an empty shard) that name it.
+            fd = os.memfd_create("shardport-empty", os.MFD_CLOEXEC)
+            storage = _EmptyFile(fd)
+        self._storages.append(storage)
+        self.storage_descs.append(StorageDesc(
+            id=sid, fd=fd, offset=0, length=length,
+            addr=storage.data_ptr()))
+        return sid
+
+    def _describe(self, key, tensor, placement, ids):
+        return TensorDesc(
+            key=key, storage=self._storage_id(tensor, ids),
+            dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape),
+            stride=tuple(tensor.stride()), offset=tensor.storage_offset(),
+            placement=placement.kind,
+            global_shape=placement.global_shape or tuple(tensor.shape))
+
+
+class _EmptyFile:
+    """An empty memfd standing for an empty storage; closed with it."""
+
+    def __init__(self, fd):
+        self.fd = fd
+
+    @staticmethod
+    def data_ptr():
+        return 0
+
+    def __del__(self):
+        os.close(self.fd)
+
+
+def _extent_bytes(shape, stride, itemsize):
+    """Bytes from the first element to the end of the last one."""
+    if any(d == 0 for d in shape):
+        return 0
+    return (1 + sum((d - 1) * s for d, s in zip(shape, stride))) * itemsize
+
+
+class OwnedTensors:
+    """Builds PyTorch tensors over an export's published memory.
+
+    keepalive is attached to every buffer wrapped, so a tensor still in use
+    keeps its export from being released by the garbage collector; an
+    explicit release still ends the memory, as documented.
+    """
+
+    def __init__(self, registration, keepalive):
+        self._registration = registration
+        self._keepalive = keepalive
+        # Tied weights arrive sharing one buffer; wrapping each address once
+        # makes their tensors share one PyTorch storage too.
+        self._buffers = {}
+
+    def tensor(self, owned):
+        dtype = torch_dtype(owned.dtype)
+        if owned.identity:
+            mine = self._registration.local.get(owned.key)
+            if mine is not None and self._same_view(mine, owned, dtype):
+                return mine
+        itemsize = torch.tensor([], dtype=dtype).element_size()
+        nbytes = _extent_bytes(owned.shape, owned.stride, itemsize)
+        if nbytes == 0:
+            return torch.empty(owned.shape, dtype=dtype)
+        flat = self._buffers.get((owned.data, nbytes))
+        if flat is None:
+            raw = (ctypes.c_uint8 * nbytes).from_address(owned.data)
+            raw.keepalive = self._keepalive
+            flat = torch.frombuffer(raw, dtype=torch.uint8)
+            self._buffers[(owned.data, nbytes)] = flat
+        return torch.as_strided(flat.view(dtype), owned.shape, owned.stride)
+
+    @staticmethod
+    def _same_view(mine, owned, dtype):
+        return (mine.dtype == dtype and tuple(mine.shape) == owned.shape
+                and tuple(mine.stride()) == owned.stride
+                and mine.data_ptr() == owned.data)

@@ -1,0 +1,140 @@
+/*
+ * abi_layout.c - prints the public structs' sizes and field offsets and the
+ * header's constants as JSON, so that test_client.py can check the Python
+ * package's ctypes mirror (client/python/shardport/_lib.py) against the
+ * header it must repeat field for field.
+ */
+#include <stddef.h>
+#include <stdio.h>
+
+#include "shardport.h"
+
+static int first_struct = 1;
+
+static void begin(const char *name, size_t size) {
+  printf("%s\n  \"%s\": {\"size\": %zu", first_struct ? "" : ",", name,
+         size);
+  first_struct = 0;
+}
+
+#define BEGIN(T) begin(#T, sizeof(T))
+#define FIELD(T, f) printf(", \"%s\": %zu", #f, offsetof(T, f))
+#define END() printf("}")
+
+int main(void) {
+  printf("{\"constants\": {\"SP_MAX_DIMS\": %d, \"SP_TICKET_MAX\": %d, "
+         "\"SP_PLACEMENT_SHARD0\": %d, \"SP_PLACEMENT_REPLICATED\": %d, "
+         "\"SP_PLACEMENT_PLAIN\": %d, \"SP_PLACEMENT_EXPERT\": %d, "
+         "\"SP_PLACEMENT_AFFINE\": %d},\n\"structs\": {",
+         SP_MAX_DIMS, SP_TICKET_MAX, SP_PLACEMENT_SHARD0,
+         SP_PLACEMENT_REPLICATED, SP_PLACEMENT_PLAIN, SP_PLACEMENT_EXPERT,
+         SP_PLACEMENT_AFFINE);
+
+  BEGIN(sp_job_status);
+  FIELD(sp_job_status, job_id);
+  FIELD(sp_job_status, phase);
+  FIELD(sp_job_status, error);
+  FIELD(sp_job_status, world);
+  FIELD(sp_job_status, joined);
+  FIELD(sp_job_status, round);
+  FIELD(sp_job_status, rounds);
+  FIELD(sp_job_status, bytes_moved);
+  FIELD(sp_job_status, bytes_total);
+  FIELD(sp_job_status, rate_bps);
+  END();
+
+  BEGIN(sp_status_info);
+  FIELD(sp_status_info, daemon_version);
+  FIELD(sp_status_info, protocol_version);
+  FIELD(sp_status_info, backends_built);
+  FIELD(sp_status_info, backend_active);
+  FIELD(sp_status_info, backend_reason);
+  FIELD(sp_status_info, uptime_s);
+  FIELD(sp_status_info, clients);
+  FIELD(sp_status_info, pool_used);
+  FIELD(sp_status_info, pool_capacity);
+  FIELD(sp_status_info, njobs);
+  FIELD(sp_status_info, jobs);
+  END();
+
+  BEGIN(sp_ticket);
+  FIELD(sp_ticket, len);
+  FIELD(sp_ticket, bytes);
+  END();
+
+  BEGIN(sp_storage_desc);
+  FIELD(sp_storage_desc, id);
+  FIELD(sp_storage_desc, fd);
+  FIELD(sp_storage_desc, offset);
+  FIELD(sp_storage_desc, length);
+  FIELD(sp_storage_desc, addr);
+  END();
+
+  BEGIN(sp_piece);
+  FIELD(sp_piece, ndim);
+  FIELD(sp_piece, shape);
+  FIELD(sp_piece, src_offset);
+  FIELD(sp_piece, src_stride);
+  FIELD(sp_piece, dst_offset);
+  FIELD(sp_piece, dst_stride);
+  FIELD(sp_piece, nholders);
+  FIELD(sp_piece, holders);
+  END();
+
+  BEGIN(sp_tensor_desc);
+  FIELD(sp_tensor_desc, key);
+  FIELD(sp_tensor_desc, storage);
+  FIELD(sp_tensor_desc, dtype);
+  FIELD(sp_tensor_desc, ndim);
+  FIELD(sp_tensor_desc, shape);
+  FIELD(sp_tensor_desc, stride);
+  FIELD(sp_tensor_desc, offset);
+  FIELD(sp_tensor_desc, placement);
+  FIELD(sp_tensor_desc, global_ndim);
+  FIELD(sp_tensor_desc, global_shape);
+  FIELD(sp_tensor_desc, npieces);
+  FIELD(sp_tensor_desc, pieces);
+  END();
+
+  BEGIN(sp_group);
+  FIELD(sp_group, nkeys);
+  FIELD(sp_group, keys);
+  END();
+
+  BEGIN(sp_progress);
+  FIELD(sp_progress, phase);
+  FIELD(sp_progress, round);
+  FIELD(sp_progress, rounds);
+  FIELD(sp_progress, bytes_moved);
+  FIELD(sp_progress, bytes_total);
+  END();
+
+  BEGIN(sp_export_opts);
+  FIELD(sp_export_opts, ngroups);
+  FIELD(sp_export_opts, groups);
+  FIELD(sp_export_opts, max_keys);
+  FIELD(sp_export_opts, max_bytes);
+  FIELD(sp_export_opts, timeout_ms);
+  FIELD(sp_export_opts, progress);
+  FIELD(sp_export_opts, progress_arg);
+  END();
+
+  BEGIN(sp_owned_tensor);
+  FIELD(sp_owned_tensor, key);
+  FIELD(sp_owned_tensor, dtype);
+  FIELD(sp_owned_tensor, ndim);
+  FIELD(sp_owned_tensor, shape);
+  FIELD(sp_owned_tensor, stride);
+  FIELD(sp_owned_tensor, data);
+  FIELD(sp_owned_tensor, identity);
+  END();
+
+  BEGIN(sp_owned_set);
+  FIELD(sp_owned_set, export_id);
+  FIELD(sp_owned_set, ntensors);
+  FIELD(sp_owned_set, tensors);
+  END();
+
+  printf("\n}}\n");
+  return 0;
+}

@@ -1,0 +1,303 @@
+"""The tensor layer in one process with real PyTorch: registration of
+storages and views, local refusals, owned tensors over raw memory, and an
+export of a one-rank job through a private daemon.
+
+Exits 77 (skipped), loudly, when PyTorch cannot be imported.
+"""
+
+import ctypes
+import dataclasses
+import io
+import os
+import types
+import unittest
+from unittest import mock
+
+import harness
+
+torch = harness.require_torch()
+
+import shardport  # noqa: E402 (after the torch check, on purpose)
+from shardport import Placement, errors  # noqa: E402
+from shardport.client import OwnedTensor, Progress  # noqa: E402
+from shardport._progress import TerminalProgress  # noqa: E402
+from shardport.tensors import OwnedTensors, Registration  # noqa: E402
+
+
+class OnCuda(torch.Tensor):
+    """A CPU tensor that says it is on a GPU: this PyTorch may have no CUDA,
+    and the refusal looks only at the device."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
+class StandInDTensor(torch.Tensor):
+    """Stands in for DTensor where PyTorch has none (1.13): the attributes
+    the inference reads, with DTensor's meaning."""
+
+
+class StandInShard:
+    def __init__(self, dim):
+        self.dim = dim
+
+    def __repr__(self):
+        return "Shard(dim=%d)" % self.dim
+
+
+class StandInReplicate:
+    pass
+
+
+def stand_in_dtensor(local, global_shape, placement, mesh):
+    t = torch.Tensor._make_subclass(StandInDTensor, torch.empty(global_shape))
+    t.device_mesh = types.SimpleNamespace(ndim=mesh.dim(), mesh=mesh)
+    t.placements = (placement,)
+    t.to_local = lambda: local
+    return t
+
+
+def plain(state):
+    return {k: "plain" for k in state}
+
+
+class RegistrationTest(unittest.TestCase):
+
+    def test_views_of_one_storage_are_one_storage(self):
+        flat = torch.arange(40, dtype=torch.float32)
+        state = {
+            "a": flat[0:12].view(3, 4),
+            "b": flat[12:20],
+            "t": flat[20:32].view(4, 3).t(),
+            "tied": None,
+            "other": torch.ones(5),
+        }
+        state["tied"] = state["a"]
+        reg = Registration(state, plain(state), world=1)
+        self.assertEqual(len(reg.storage_descs), 2)
+        shared, other = reg.storage_descs
+        self.assertEqual(shared.length, 40 * 4)
+        self.assertEqual(shared.addr, flat.data_ptr())
+        self.assertEqual(os.fstat(shared.fd).st_size, 40 * 4)
+        self.assertEqual(other.length, 5 * 4)
+        by_key = {t.key: t for t in reg.tensor_descs}
+        self.assertEqual([by_key[k].storage for k in "abt"], [0, 0, 0])
+        self.assertEqual(by_key["other"].storage, 1)
+        self.assertEqual(by_key["b"].offset, 12)
+        self.assertEqual((by_key["t"].shape, by_key["t"].stride,
+                          by_key["t"].offset), ((3, 4), (1, 3), 20))
+        self.assertEqual(by_key["tied"],
+                         dataclasses.replace(by_key["a"], key="tied"))
+        self.assertIs(reg.local["tied"], state["a"])
+
+    def test_storage_is_moved_into_shared_memory(self):
+        t = torch.arange(6, dtype=torch.int16)
+        view = t[2:]
+        self.assertFalse(t.is_shared())
+        reg = Registration({"t": t, "v": view}, {"t": "plain", "v": "plain"},
+                           world=1)
+        self.assertTrue(t.is_shared())
+        self.assertEqual(len(reg.storage_descs), 1)
+        self.assertEqual(view.data_ptr(), t.data_ptr() + 4)
+        self.assertEqual(t.tolist(), list(range(6)))
+        desc = reg.storage_descs[0]
+        self.assertEqual(os.pread(desc.fd, 12, 0),
+                         bytes(bytearray(t.numpy().tobytes())))
+
+    def test_empty_storage_gets_an_empty_file(self):
+        state = {"e": torch.empty(0, 4)}
+        reg = Registration(state, {"e": Placement("shard0", (0, 4))}, 1)
+        (desc,) = reg.storage_descs
+        self.assertEqual((desc.length, desc.addr), (0, 0))
+        self.assertEqual(os.fstat(desc.fd).st_size, 0)
+
+    def test_explicit_global_shape(self):
+        state = {"w": torch.zeros(2, 3)}
+        reg = Registration(state, {"w": Placement("shard0", [7, 3])}, 4)
+        (desc,) = reg.tensor_descs
+        self.assertEqual((desc.placement, desc.global_shape),
+                         ("shard0", (7, 3)))
+
+    def test_refusals(self):
+        cases = [
+            ({"w": torch.zeros(2)}, {"w": "sharded"},
+             errors.UnsupportedLayout, "unknown placement"),
+            ({"w": torch.zeros(2)}, {"x": "plain"},
+             errors.InvalidArgument, "not in the state dict"),
+            ({"w": 3}, None, errors.InvalidArgument, "not a tensor"),
+            ({"w": torch.zeros(2, device="meta")}, None,
+             errors.InvalidArgument, "meta"),
+            ({"w": torch.zeros(2, 2).to_sparse()}, None,
+             errors.UnsupportedLayout, "strided"),
+            ({"w": torch.zeros(2)}, {"w": "shard0"},
+             errors.InvalidArgument, "torch.distributed"),
+            ({"w": torch.tensor(1.0)}, {"w": "shard0"},
+             errors.InvalidArgument, "0-dim"),
+            ({"w": torch.zeros(2)}, {"w": 5},
+             errors.InvalidArgument, "a placement is"),
+            ({"w": torch.Tensor._make_subclass(OnCuda, torch.zeros(2))},
+             None, errors.Backend, "GPU backend"),
+        ]
+        for state, placements, cls, text in cases:
+            with self.subTest(text=text):
+                with self.assertRaises(cls) as caught:
+                    Registration(state, placements, world=2)
+                self.assertIn(text, caught.exception.message)
+                self.assertIn("w" if text != "not in the state dict" else "x",
+                              caught.exception.message)
+
+    def test_no_dtensor_on_this_pytorch_means_plain(self):
+        from shardport.tensors import _dtensor_api
+        if torch.__version__.startswith("1."):
+            self.assertIsNone(_dtensor_api())
+        reg = Registration({"w": torch.zeros(3)}, None, world=1)
+        self.assertEqual(reg.tensor_descs[0].placement, "plain")
+
+
+class DTensorInferenceTest(unittest.TestCase):
+    """The inference rules against a stand-in DTensor API: PyTorch 1.13 has
+    no DTensor, so a real one is not checked here."""
+
+    def setUp(self):
+        patcher = mock.patch("shardport.tensors._dtensor_api", lambda: (
+            StandInDTensor, StandInShard, StandInReplicate))
+        patcher.start()
+        self.addCleanup(patcher.stop)
+
+    def register(self, value, placements=None):
+        return Registration({"w": value}, placements, world=2)
+
+    def test_shard0_on_a_1d_mesh(self):
+        local = torch.ones(2, 3)
+        reg = self.register(stand_in_dtensor(
+            local, (5, 3), StandInShard(0), torch.arange(2)))
+        (desc,) = reg.tensor_descs
+        self.assertEqual((desc.placement, desc.global_shape, desc.shape),
+                         ("shard0", (5, 3), (2, 3)))
+        self.assertIs(reg.local["w"], local)
+
+    def test_replicate(self):
+        local = torch.ones(5, 3)
+        reg = self.register(stand_in_dtensor(
+            local, (5, 3), StandInReplicate(), torch.arange(2)))
+        self.assertEqual(reg.tensor_descs[0].placement, "replicated")
+
+    def test_explicit_placement_registers_the_local_tensor(self):
+        local = torch.ones(2, 3)
+        reg = self.register(stand_in_dtensor(
+            local, (4, 3), StandInShard(1), torch.arange(2)),
+            {"w": Placement("expert")})
+        self.assertIs(reg.local["w"], local)
+        self.assertEqual(reg.tensor_descs[0].placement, "expert")
+
+    def test_refusals(self):
+        cases = [
+            (StandInShard(1), torch.arange(2), "cannot be inferred"),
+            (StandInShard(0), torch.arange(2).view(1, 2), "1-D mesh"),
+            (StandInShard(0), torch.tensor([1, 0]), "1-D mesh"),
+        ]
+        for placement, mesh, text in cases:
+            with self.subTest(text=text, mesh=mesh.tolist()):
+                with self.assertRaises(errors.UnsupportedLayout) as caught:
+                    self.register(stand_in_dtensor(torch.ones(2, 3), (4, 3),
+                                                   placement, mesh))
+                self.assertIn(text, caught.exception.message)
+                self.assertIn("w:", caught.exception.message)
+
+
+class OwnedTensorsTest(unittest.TestCase):
+
+    def wrap(self, raw, **fields):
+        registration = Registration({}, None, world=1)
+        maker = OwnedTensors(registration, keepalive=raw)
+        return maker, maker.tensor(OwnedTensor(
+            key=fields.pop("key", "k"), identity=False, **fields))
+
+    def test_bfloat16_without_a_copy(self):
+        want = torch.tensor([1.5, -2.0, 3.25, 0.0], dtype=torch.bfloat16)
+        raw = ctypes.create_string_buffer(
+            want.view(torch.int16).numpy().tobytes(), 8)
+        address = ctypes.addressof(raw)
+        _, got = self.wrap(raw, dtype="bfloat16", shape=(2, 2),
+                           stride=(2, 1), data=address)
+        self.assertEqual(got.dtype, torch.bfloat16)
+        self.assertEqual(got.data_ptr(), address)
+        self.assertTrue(torch.equal(got, want.view(2, 2)))
+        ctypes.memmove(address, b"\x00\x00", 2)
+        self.assertEqual(got[0, 0].item(), 0.0)  # the same memory
+
+    def test_strided_view_and_tied_buffers(self):
+        base = torch.arange(6, dtype=torch.int16)
+        raw = ctypes.create_string_buffer(base.numpy().tobytes(), 12)
+        address = ctypes.addressof(raw)
+        maker, got = self.wrap(raw, dtype="int16", shape=(3, 2),
+                               stride=(1, 3), data=address)
+        self.assertTrue(torch.equal(got, base.view(2, 3).t()))
+        twin = maker.tensor(OwnedTensor(key="twin", dtype="int16",
+                                        shape=(3, 2), stride=(1, 3),
+                                        data=address, identity=False))
+        self.assertEqual(twin.storage().data_ptr(),
+                         got.storage().data_ptr())
+
+    def test_empty_tensor(self):
+        _, got = self.wrap(None, dtype="float32", shape=(0, 4),
+                           stride=(4, 1), data=0)
+        self.assertEqual(tuple(got.shape), (0, 4))
+
+    def test_identity_is_the_callers_object(self):
+        mine = torch.arange(4.0)
+        registration = Registration({"m": mine}, None, world=1)
+        maker = OwnedTensors(registration, keepalive=None)
+        got = maker.tensor(OwnedTensor(key="m", dtype="float32", shape=(4,),
+                                       stride=(1,), data=mine.data_ptr(),
+                                       identity=True))
+        self.assertIs(got, mine)
+
+
+class TerminalProgressTest(unittest.TestCase):
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    def test_shown_on_a_terminal_only(self):
+        self.assertFalse(TerminalProgress.wanted(io.StringIO()))
+        tty = self.Tty()
+        self.assertTrue(TerminalProgress.wanted(tty))
+        shown = TerminalProgress(tty)
+        shown(Progress("moving", 2, 5, 3 << 20, 8 << 20))
+        shown.close()
+        self.assertIn("round 2/5", tty.getvalue())
+        self.assertIn("3.0 MiB / 8.0 MiB (37%)", tty.getvalue())
+        self.assertTrue(tty.getvalue().endswith("\n"))
+
+
+class OneRankExportTest(unittest.TestCase):
+
+    def test_export_of_a_one_rank_job(self):
+        state = {
+            "w": torch.arange(12, dtype=torch.float32).view(3, 4),
+            "b": torch.arange(3, dtype=torch.bfloat16),
+        }
+        placements = {"w": Placement("shard0", (3, 4)), "b": "replicated"}
+        phases = []
+        with harness.daemon() as daemon, \
+                shardport.Job.create(1, socket=daemon.socket) as job:
+            job.register(state, placements)
+            with self.assertRaises(errors.BadState):
+                job.register(state, placements)
+            with job.export(progress=lambda p: phases.append(p.phase)) \
+                    as owned:
+                self.assertEqual(sorted(owned), ["b", "w"])
+                # This rank holds everything whole: nothing is copied.
+                self.assertIs(owned["w"], state["w"])
+                self.assertIs(owned["b"], state["b"])
+            self.assertTrue(owned.released)
+            owned.release()  # a second release does nothing
+        self.assertTrue(phases, "the progress callback was never called")
+        self.assertEqual(phases[0], "waiting")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
