@@ -12,5 +12,7 @@ if [ $rc -ne 0 ]; then
   tail -n 400 "$log" >&2
   echo "shardport: tests failed in $dir (full log: $log)" >&2
 fi
+# A skipped suite says why in its log; name it here so nobody misses it.
+grep -E '^ *[0-9]+/[0-9]+ .* SKIP ' "$log" | sed 's/^/shardport: SKIPPED: /' >&2
 grep -E '^(Ok|Fail|Skipped|Timeout):' "$log" | tr '\n' ' ' | sed 's/  */ /g; s/ $/\n/' | sed "s|^|$dir: |"
 exit $rc
