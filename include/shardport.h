@@ -277,7 +277,7 @@ typedef struct sp_tensor_desc {
  * longer than 1024 bytes, a NULL dtype, an unknown placement, more than
  * SP_MAX_DIMS dims, a negative shape, stride or offset, pieces on a
  * placement other than affine; SP_ELIMIT for one tensor whose description
- * alone exceeds 4 MiB. */
+ * alone exceeds 4 MiB or the msgpack items one frame may hold. */
 SP_EXPORT int sp_register_tensors(sp_client *client,
                                   const sp_tensor_desc *tensors, size_t n);
 
@@ -335,13 +335,15 @@ typedef struct sp_owned_set {
  * same code on every rank; sp_last_message names the key and ranks).
  * opts NULL means defaults.  *out is released with sp_release.
  *
- * The library waits for each frame of the daemon (progress or reply) at
- * most the client's timeout plus opts->timeout_ms, so a long export that
- * keeps reporting progress does not time out here; the daemon bounds the
- * wait for the other ranks with opts->timeout_ms.  Every reply is checked
+ * The daemon bounds the wait for the other ranks, and for progress, with
+ * opts->timeout_ms (0: its export_timeout, 1 minute by default) and then
+ * fails the export with SP_ETIMEOUT on every rank.  The library waits for
+ * each frame of the daemon (progress or reply) at most the client's timeout
+ * plus opts->timeout_ms, or plus 24 hours (the protocol's longest) when
+ * opts->timeout_ms is 0, so that the daemon's answer ends the wait.  Every reply is checked
  * before a pointer is formed (segments mapped once, their length taken from
- * the file; identity tensors only into storages this rank registered; every
- * view inside its bytes): a reply that fails is SP_EBADMSG, the export is
+ * the file, which must be sealed against shrinking; identity tensors only
+ * into storages this rank registered; every view inside its bytes): a reply that fails is SP_EBADMSG, the export is
  * released and sp_last_message says why. */
 SP_EXPORT int sp_export(sp_client *client, const sp_export_opts *opts,
                         sp_owned_set **out);

@@ -1,0 +1,909 @@
+/*
+ * shardport-demo.c - the main job: N trainer ranks export a synthetic
+ * sharded model through the node's shardportd and check every byte.
+ *
+ * The parent forks ranks 1..N-1 before anything connects and then runs rank
+ * 0 itself.  Rank 0 creates the job and hands the ticket to each other rank
+ * through a pipe.  Every rank builds its part of one deterministic model
+ * (each element a hash of its key and flat index, so any rank can compute
+ * the unsharded original): dim-0 shards with uneven and empty row ranges,
+ * replicated and plain tensors, experts held whole by one rank, in bfloat16
+ * and float32, several tensors per memfd storage at aligned offsets.  Each
+ * rank registers, exports, checks every tensor it owns against the
+ * original, releases, checks that its registered memory is byte for byte
+ * what it wrote, and leaves; then it sends rank 0 what it owned, and rank 0
+ * checks that every key was owned exactly once and prints one summary line.
+ *
+ * The same program is the load generator of tests/bench/export_bench
+ * (--machine prints the figures as key=value pairs).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shardport.h"
+
+#define MAX_RANKS 64
+#define LAYERS 32
+#define EXPERTS 4
+#define ALIGN 64
+/* Bytes that fill a storage between tensors: they must survive too. */
+#define FILLER 0xa5
+
+/* ---- options ---- */
+
+struct opts {
+  uint32_t ranks;
+  double scale;
+  const char *socket;
+  uint32_t max_keys;
+  uint64_t max_bytes;
+  uint32_t timeout_ms;
+  const char *status_cmd;
+  bool machine;
+};
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: shardport-demo [options]\n"
+          "  -r, --ranks N        trainer ranks (default 4, at most %d)\n"
+          "  -S, --scale X        model size factor (default 1: about 450 "
+          "MiB)\n"
+          "  -s, --socket PATH    the daemon's socket (default: as "
+          "libshardport finds it)\n"
+          "      --max-keys N     keys per round (default: the daemon's)\n"
+          "      --max-bytes N    traffic per round in bytes (default: the "
+          "daemon's)\n"
+          "      --timeout-ms N   the export's timeout (default: the "
+          "daemon's)\n"
+          "      --status-cmd CMD run CMD with /bin/sh once while the export "
+          "moves data\n"
+          "      --machine        print the summary as key=value pairs\n"
+          "  -h, --help           this text\n",
+          MAX_RANKS);
+}
+
+static int parse_u64(const char *s, uint64_t max, uint64_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || end == s || *end || s[0] == '-' || v > max)
+    return -1;
+  *out = v;
+  return 0;
+}
+
+static int parse_opts(int argc, char **argv, struct opts *o) {
+  enum { MAX_KEYS = 256, MAX_BYTES, TIMEOUT, STATUS_CMD, MACHINE };
+  static const struct option longopts[] = {
+      {"ranks", required_argument, NULL, 'r'},
+      {"scale", required_argument, NULL, 'S'},
+      {"socket", required_argument, NULL, 's'},
+      {"max-keys", required_argument, NULL, MAX_KEYS},
+      {"max-bytes", required_argument, NULL, MAX_BYTES},
+      {"timeout-ms", required_argument, NULL, TIMEOUT},
+      {"status-cmd", required_argument, NULL, STATUS_CMD},
+      {"machine", no_argument, NULL, MACHINE},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0},
+  };
+  *o = (struct opts){.ranks = 4, .scale = 1.0};
+  int c;
+  uint64_t v;
+  while ((c = getopt_long(argc, argv, "r:S:s:h", longopts, NULL)) != -1) {
+    switch (c) {
+    case 'r':
+      if (parse_u64(optarg, MAX_RANKS, &v) < 0 || v == 0)
+        return -1;
+      o->ranks = (uint32_t)v;
+      break;
+    case 'S': {
+      char *end;
+      o->scale = strtod(optarg, &end);
+      if (end == optarg || *end || !(o->scale > 0) || o->scale > 16)
+        return -1;
+      break;
+    }
+    case 's':
+      o->socket = optarg;
+      break;
+    case MAX_KEYS:
+      if (parse_u64(optarg, UINT32_MAX, &v) < 0)
+        return -1;
+      o->max_keys = (uint32_t)v;
+      break;
+    case MAX_BYTES:
+      if (parse_u64(optarg, UINT64_MAX, &o->max_bytes) < 0)
+        return -1;
+      break;
+    case TIMEOUT:
+      if (parse_u64(optarg, UINT32_MAX, &v) < 0)
+        return -1;
+      o->timeout_ms = (uint32_t)v;
+      break;
+    case STATUS_CMD:
+      o->status_cmd = optarg;
+      break;
+    case MACHINE:
+      o->machine = true;
+      break;
+    case 'h':
+      usage(stdout);
+      exit(0);
+    default:
+      return -1;
+    }
+  }
+  return optind == argc ? 0 : -1;
+}
+
+/* ---- the model ---- */
+
+enum kind { SHARD0, REPLICATED, PLAIN, EXPERT };
+
+struct key {
+  char name[64];
+  enum kind kind;
+  bool bf16; /* else float32 */
+  uint32_t ndim;
+  int64_t shape[2];
+  uint32_t expert; /* EXPERT: the one rank holding it */
+  uint32_t group;  /* the storage it lives in on every rank */
+  uint64_t seed;
+  int64_t rows[MAX_RANKS + 1]; /* SHARD0: rank r holds [rows[r], rows[r+1]) */
+};
+
+struct model {
+  uint32_t ranks;
+  size_t nkeys;
+  struct key *keys;   /* in the order built */
+  uint32_t *by_name;  /* key indices sorted by name */
+  uint32_t ngroups;
+  uint64_t bytes;     /* every whole tensor */
+};
+
+static uint64_t mix(uint64_t x) {
+  x += UINT64_C(0x9e3779b97f4a7c15);
+  x = (x ^ (x >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+  x = (x ^ (x >> 27)) * UINT64_C(0x94d049bb133111eb);
+  return x ^ (x >> 31);
+}
+
+static uint64_t hash_name(const char *s) {
+  uint64_t h = UINT64_C(0xcbf29ce484222325);
+  for (; *s; s++)
+    h = (h ^ (uint8_t)*s) * UINT64_C(0x100000001b3);
+  return mix(h);
+}
+
+static uint32_t esize(const struct key *k) { return k->bf16 ? 2 : 4; }
+
+static int64_t cols(const struct key *k) {
+  return k->ndim == 2 ? k->shape[1] : 1;
+}
+
+static uint64_t numel(const struct key *k) {
+  uint64_t n = 1;
+  for (uint32_t d = 0; d < k->ndim; d++)
+    n *= (uint64_t)k->shape[d];
+  return n;
+}
+
+static uint64_t nbytes(const struct key *k) { return numel(k) * esize(k); }
+
+/* The unsharded original: count elements from flat index first. */
+static void fill(const struct key *k, uint64_t first, uint64_t count,
+                 uint8_t *out) {
+  if (k->bf16) {
+    for (uint64_t i = 0; i < count; i++) {
+      uint16_t v = (uint16_t)mix(k->seed + first + i);
+      memcpy(out + 2 * i, &v, 2);
+    }
+  } else {
+    for (uint64_t i = 0; i < count; i++) {
+      uint32_t v = (uint32_t)mix(k->seed + first + i);
+      memcpy(out + 4 * i, &v, 4);
+    }
+  }
+}
+
+/* Uneven rows: each rank weighs 0 to 3 (so some hold nothing), drawn from
+ * the key's seed. */
+static void split_rows(struct key *k, uint32_t ranks) {
+  uint32_t w[MAX_RANKS], total = 0;
+  for (uint32_t r = 0; r < ranks; r++) {
+    w[r] = (uint32_t)(mix(k->seed ^ (r + 1)) % 4);
+    total += w[r];
+  }
+  if (total == 0) {
+    w[0] = 1;
+    total = 1;
+  }
+  uint32_t cum = 0;
+  for (uint32_t r = 0; r <= ranks; r++) {
+    k->rows[r] = (int64_t)((uint64_t)k->shape[0] * cum / total);
+    if (r < ranks)
+      cum += w[r];
+  }
+}
+
+static int64_t scaled(double base, double f) {
+  int64_t v = llround(base * f);
+  return v < 1 ? 1 : v;
+}
+
+static const struct model *sort_model;
+
+static int cmp_name(const void *a, const void *b) {
+  return strcmp(sort_model->keys[*(const uint32_t *)a].name,
+                sort_model->keys[*(const uint32_t *)b].name);
+}
+
+static void add_key(struct model *m, const char *name, enum kind kind,
+                    bool bf16, uint32_t ndim, int64_t rows, int64_t ncols,
+                    uint32_t group, uint32_t expert) {
+  struct key *k = &m->keys[m->nkeys++];
+  memset(k, 0, sizeof *k);
+  snprintf(k->name, sizeof k->name, "%s", name);
+  k->kind = kind;
+  k->bf16 = bf16;
+  k->ndim = ndim;
+  k->shape[0] = rows;
+  k->shape[1] = ncols;
+  k->group = group;
+  k->expert = expert;
+  k->seed = hash_name(name);
+  if (kind == SHARD0)
+    split_rows(k, m->ranks);
+  m->bytes += nbytes(k);
+}
+
+/* About 450 MiB in 289 keys at scale 1; dims grow with sqrt(scale). */
+static int build_model(struct model *m, uint32_t ranks, double scale) {
+  double f = sqrt(scale);
+  int64_t d = scaled(1024, f);
+  memset(m, 0, sizeof *m);
+  m->ranks = ranks;
+  m->ngroups = LAYERS + 1;
+  m->keys = calloc(LAYERS * (5 + EXPERTS) + 1, sizeof *m->keys);
+  m->by_name = calloc(LAYERS * (5 + EXPERTS) + 1, sizeof *m->by_name);
+  if (!m->keys || !m->by_name)
+    return -1;
+  char name[64];
+  for (uint32_t l = 0; l < LAYERS; l++) {
+    snprintf(name, sizeof name, "layers.%02u.attn.qkv.weight", l);
+    add_key(m, name, SHARD0, true, 2, 3 * d, d, l, 0);
+    snprintf(name, sizeof name, "layers.%02u.attn.out.weight", l);
+    add_key(m, name, SHARD0, false, 2, scaled(1000, f), d, l, 0);
+    /* Fewer rows than ranks: some shards are empty. */
+    snprintf(name, sizeof name, "layers.%02u.attn.bias", l);
+    add_key(m, name, SHARD0, false, 2, 3, d, l, 0);
+    snprintf(name, sizeof name, "layers.%02u.norm.weight", l);
+    add_key(m, name, REPLICATED, false, 1, d, 0, l, 0);
+    snprintf(name, sizeof name, "layers.%02u.norm.bias", l);
+    add_key(m, name, PLAIN, true, 1, d, 0, l, 0);
+    for (uint32_t e = 0; e < EXPERTS; e++) {
+      snprintf(name, sizeof name, "layers.%02u.experts.%u.weight", l, e);
+      add_key(m, name, EXPERT, true, 2, scaled(256, f), d, l,
+              (l + e) % ranks);
+    }
+  }
+  add_key(m, "embed.weight", SHARD0, true, 2, scaled(32003, f), d, LAYERS, 0);
+  for (uint32_t i = 0; i < m->nkeys; i++)
+    m->by_name[i] = i;
+  sort_model = m;
+  qsort(m->by_name, m->nkeys, sizeof *m->by_name, cmp_name);
+  return 0;
+}
+
+static void free_model(struct model *m) {
+  free(m->keys);
+  free(m->by_name);
+}
+
+static const struct key *find_key(const struct model *m, const char *name,
+                                  uint32_t *index) {
+  size_t lo = 0, hi = m->nkeys;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    int c = strcmp(m->keys[m->by_name[mid]].name, name);
+    if (c == 0) {
+      *index = m->by_name[mid];
+      return &m->keys[*index];
+    }
+    if (c < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return NULL;
+}
+
+/* ---- one rank's holdings ---- */
+
+/* What a rank holds of a key: elements [first, first + count) of the
+ * original, as a tensor of shape rows x cols at byte_off in its group's
+ * storage. */
+struct holding {
+  uint32_t key;
+  int64_t rows;
+  uint64_t first, count;
+  uint64_t byte_off;
+};
+
+struct storage {
+  int fd;
+  uint8_t *addr;
+  uint64_t len;
+};
+
+struct rank_state {
+  const struct model *m;
+  uint32_t rank;
+  size_t nheld;
+  struct holding *held;
+  struct storage *storages; /* [ngroups] */
+};
+
+static bool holds(const struct key *k, uint32_t rank) {
+  return k->kind != EXPERT || k->expert == rank;
+}
+
+static void holding_of(const struct key *k, uint32_t rank,
+                       struct holding *h) {
+  if (k->kind == SHARD0) {
+    h->rows = k->rows[rank + 1] - k->rows[rank];
+    h->first = (uint64_t)(k->rows[rank] * cols(k));
+    h->count = (uint64_t)(h->rows * cols(k));
+  } else {
+    h->rows = k->shape[0];
+    h->first = 0;
+    h->count = numel(k);
+  }
+}
+
+/* Lays out the rank's holdings group by group; storage lengths in len. */
+static int plan_rank(struct rank_state *s) {
+  const struct model *m = s->m;
+  s->held = calloc(m->nkeys, sizeof *s->held);
+  s->storages = calloc(m->ngroups, sizeof *s->storages);
+  if (!s->held || !s->storages)
+    return -1;
+  for (uint32_t i = 0; i < m->nkeys; i++) {
+    const struct key *k = &m->keys[i];
+    if (!holds(k, s->rank))
+      continue;
+    struct holding *h = &s->held[s->nheld++];
+    h->key = i;
+    holding_of(k, s->rank, h);
+    struct storage *st = &s->storages[k->group];
+    h->byte_off = (st->len + ALIGN - 1) / ALIGN * ALIGN;
+    st->len = h->byte_off + h->count * esize(k);
+  }
+  for (uint32_t g = 0; g < m->ngroups; g++) {
+    s->storages[g].fd = -1;
+    if (s->storages[g].len == 0)
+      s->storages[g].len = 1;
+  }
+  return 0;
+}
+
+/* Writes group g's storage bytes, filler included, into buf. */
+static void build_storage(const struct rank_state *s, uint32_t g,
+                          uint8_t *buf) {
+  memset(buf, FILLER, s->storages[g].len);
+  for (size_t i = 0; i < s->nheld; i++) {
+    const struct holding *h = &s->held[i];
+    const struct key *k = &s->m->keys[h->key];
+    if (k->group == g)
+      fill(k, h->first, h->count, buf + h->byte_off);
+  }
+}
+
+static void free_rank(struct rank_state *s) {
+  for (uint32_t g = 0; s->storages && g < s->m->ngroups; g++) {
+    if (s->storages[g].addr)
+      munmap(s->storages[g].addr, s->storages[g].len);
+    if (s->storages[g].fd >= 0)
+      close(s->storages[g].fd);
+  }
+  free(s->storages);
+  free(s->held);
+}
+
+/* ---- what a rank reports to rank 0 ---- */
+
+struct result {
+  int ok;
+  double t_start, t_end; /* CLOCK_MONOTONIC around sp_export, seconds */
+  uint64_t owned, owned_bytes, identity_bytes;
+  char error[512];
+};
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+__attribute__((format(printf, 2, 3))) static int fail(struct result *r,
+                                                      const char *fmt, ...) {
+  if (r->error[0])
+    return -1;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->error, sizeof r->error, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+static int fail_sp(struct result *r, sp_client *c, const char *what, int rc) {
+  const char *msg = c ? sp_last_message(c) : "";
+  return fail(r, "%s: %s%s%s", what, sp_strerror(rc), msg[0] ? ": " : "",
+              msg);
+}
+
+static int write_all(int fd, const void *buf, size_t len) {
+  const uint8_t *p = buf;
+  while (len > 0) {
+    ssize_t n = write(fd, p, len);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return -1;
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+static int read_all(int fd, void *buf, size_t len) {
+  uint8_t *p = buf;
+  while (len > 0) {
+    ssize_t n = read(fd, p, len);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return -1;
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+/* ---- progress (rank 0) ---- */
+
+struct progress {
+  bool tty;
+  const char *status_cmd;
+  bool status_done;
+};
+
+static void run_status(const char *cmd) {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+    _exit(127);
+  }
+  if (pid > 0)
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+      ;
+}
+
+static void on_progress(const sp_progress *p, void *arg) {
+  struct progress *pr = arg;
+  if (pr->tty) {
+    fprintf(stderr, "\r\033[K  export: %s", p->phase);
+    if (p->rounds > 0)
+      fprintf(stderr, ", round %u of %u", p->round, p->rounds);
+    if (p->bytes_total > 0)
+      fprintf(stderr, ", %.1f of %.1f MiB", (double)p->bytes_moved / 1048576,
+              (double)p->bytes_total / 1048576);
+    fflush(stderr);
+  }
+  /* Once some bytes have moved (or in the last round of a short export),
+   * so that the table shows the export on its way. */
+  if (pr->status_cmd && !pr->status_done && strcmp(p->phase, "moving") == 0 &&
+      p->round >= 1 && (p->bytes_moved > 0 || p->round == p->rounds)) {
+    pr->status_done = true;
+    if (pr->tty)
+      fputc('\n', stderr);
+    run_status(pr->status_cmd);
+  }
+}
+
+/* ---- one rank ---- */
+
+static int make_storages(struct rank_state *s, struct result *r) {
+  for (uint32_t g = 0; g < s->m->ngroups; g++) {
+    struct storage *st = &s->storages[g];
+    st->fd = memfd_create("shardport-demo", MFD_CLOEXEC);
+    if (st->fd < 0 || ftruncate(st->fd, (off_t)st->len) != 0)
+      return fail(r, "memfd: %s", strerror(errno));
+    st->addr = mmap(NULL, st->len, PROT_READ | PROT_WRITE, MAP_SHARED, st->fd,
+                    0);
+    if (st->addr == MAP_FAILED) {
+      st->addr = NULL;
+      return fail(r, "mmap: %s", strerror(errno));
+    }
+    build_storage(s, g, st->addr);
+  }
+  return 0;
+}
+
+static int register_all(sp_client *c, struct rank_state *s, struct result *r) {
+  const struct model *m = s->m;
+  sp_storage_desc *sd = calloc(m->ngroups, sizeof *sd);
+  sp_tensor_desc *td = calloc(s->nheld, sizeof *td);
+  int rc = -1;
+  if (!sd || !td) {
+    fail(r, "out of memory");
+    goto out;
+  }
+  for (uint32_t g = 0; g < m->ngroups; g++)
+    sd[g] = (sp_storage_desc){.id = g, .fd = s->storages[g].fd,
+                              .length = s->storages[g].len,
+                              .addr = s->storages[g].addr};
+  for (size_t i = 0; i < s->nheld; i++) {
+    const struct holding *h = &s->held[i];
+    const struct key *k = &m->keys[h->key];
+    sp_tensor_desc *t = &td[i];
+    t->key = k->name;
+    t->storage = k->group;
+    t->dtype = k->bf16 ? "bfloat16" : "float32";
+    t->ndim = k->ndim;
+    t->shape[0] = h->rows;
+    t->shape[1] = k->shape[1];
+    t->stride[0] = k->ndim == 2 ? k->shape[1] : 1;
+    t->stride[1] = 1;
+    t->offset = (int64_t)(h->byte_off / esize(k));
+    t->placement = k->kind == SHARD0       ? SP_PLACEMENT_SHARD0
+                   : k->kind == REPLICATED ? SP_PLACEMENT_REPLICATED
+                   : k->kind == PLAIN      ? SP_PLACEMENT_PLAIN
+                                           : SP_PLACEMENT_EXPERT;
+    t->global_ndim = k->ndim;
+    t->global_shape[0] = k->shape[0];
+    t->global_shape[1] = k->shape[1];
+  }
+  int e = sp_register_storages(c, sd, m->ngroups);
+  if (e < 0) {
+    fail_sp(r, c, "register storages", e);
+    goto out;
+  }
+  e = sp_register_tensors(c, td, s->nheld);
+  if (e < 0) {
+    fail_sp(r, c, "register tensors", e);
+    goto out;
+  }
+  rc = 0;
+out:
+  free(sd);
+  free(td);
+  return rc;
+}
+
+/* Compares an owned tensor, element by element through its strides, with
+ * the original; contiguous tensors in chunks. */
+static int verify_tensor(const struct key *k, const sp_owned_tensor *t,
+                         struct result *r) {
+  const char *dtype = k->bf16 ? "bfloat16" : "float32";
+  if (strcmp(t->dtype, dtype) != 0 || t->ndim != k->ndim)
+    return fail(r, "%s: dtype %s, %u dims; expected %s, %u dims", k->name,
+                t->dtype, t->ndim, dtype, k->ndim);
+  for (uint32_t d = 0; d < k->ndim; d++)
+    if (t->shape[d] != k->shape[d])
+      return fail(r, "%s: dim %u is %lld, expected %lld", k->name, d,
+                  (long long)t->shape[d], (long long)k->shape[d]);
+  uint64_t n = numel(k);
+  uint32_t es = esize(k);
+  bool contiguous =
+      k->ndim == 1 ? (t->stride[0] == 1 || n <= 1)
+                   : (t->stride[1] == 1 || k->shape[1] <= 1) &&
+                         (t->stride[0] == k->shape[1] || k->shape[0] <= 1);
+  uint8_t chunk[64 * 1024];
+  if (contiguous) {
+    uint64_t per = sizeof chunk / es;
+    for (uint64_t at = 0; at < n; at += per) {
+      uint64_t cnt = n - at < per ? n - at : per;
+      fill(k, at, cnt, chunk);
+      if (memcmp((const uint8_t *)t->data + at * es, chunk, cnt * es) != 0)
+        return fail(r, "%s: bytes differ from the original in elements "
+                    "[%llu, %llu)", k->name, (unsigned long long)at,
+                    (unsigned long long)(at + cnt));
+    }
+    return 0;
+  }
+  for (uint64_t i = 0; i < n; i++) {
+    uint64_t row = k->ndim == 2 ? i / (uint64_t)k->shape[1] : 0;
+    uint64_t col = k->ndim == 2 ? i % (uint64_t)k->shape[1] : i;
+    int64_t off = k->ndim == 2 ? (int64_t)row * t->stride[0] +
+                                     (int64_t)col * t->stride[1]
+                               : (int64_t)col * t->stride[0];
+    fill(k, i, 1, chunk);
+    if (memcmp((const uint8_t *)t->data + off * es, chunk, es) != 0)
+      return fail(r, "%s: element %llu differs from the original", k->name,
+                  (unsigned long long)i);
+  }
+  return 0;
+}
+
+static int verify_owned(const struct rank_state *s, const sp_owned_set *set,
+                        uint8_t *owned, struct result *r) {
+  for (size_t i = 0; i < set->ntensors; i++) {
+    const sp_owned_tensor *t = &set->tensors[i];
+    uint32_t index;
+    const struct key *k = find_key(s->m, t->key, &index);
+    if (!k)
+      return fail(r, "received \"%s\", which is no key of the model", t->key);
+    if (owned[index])
+      return fail(r, "received \"%s\" twice", t->key);
+    owned[index] = 1;
+    if (verify_tensor(k, t, r) < 0)
+      return -1;
+    r->owned++;
+    r->owned_bytes += nbytes(k);
+    if (t->identity)
+      r->identity_bytes += nbytes(k);
+  }
+  return 0;
+}
+
+/* The rank's registered memory must be exactly what it wrote. */
+static int verify_storages(const struct rank_state *s, struct result *r) {
+  uint64_t biggest = 0;
+  for (uint32_t g = 0; g < s->m->ngroups; g++)
+    if (s->storages[g].len > biggest)
+      biggest = s->storages[g].len;
+  uint8_t *buf = malloc(biggest);
+  if (!buf)
+    return fail(r, "out of memory");
+  int rc = 0;
+  for (uint32_t g = 0; g < s->m->ngroups && rc == 0; g++) {
+    build_storage(s, g, buf);
+    if (memcmp(buf, s->storages[g].addr, s->storages[g].len) != 0)
+      rc = fail(r, "registered storage %u changed during the export", g);
+  }
+  free(buf);
+  return rc;
+}
+
+static int run_rank(const struct opts *o, const struct model *m,
+                    uint32_t rank, int ticket_fd, const int *ticket_out,
+                    struct progress *pr, uint8_t *owned, struct result *r) {
+  struct rank_state s = {.m = m, .rank = rank};
+  sp_client *c = NULL;
+  sp_owned_set *set = NULL;
+  int rc = -1, e;
+  if (plan_rank(&s) < 0) {
+    fail(r, "out of memory");
+    goto out;
+  }
+  if (make_storages(&s, r) < 0)
+    goto out;
+  if ((e = sp_connect(o->socket, &c)) < 0) {
+    fail_sp(r, NULL, "connect", e);
+    goto out;
+  }
+  sp_ticket ticket;
+  if (rank == 0) {
+    if ((e = sp_job_create(c, o->ranks, &ticket)) < 0) {
+      fail_sp(r, c, "create the job", e);
+      goto out;
+    }
+    for (uint32_t i = 1; i < o->ranks; i++)
+      if (write_all(ticket_out[i], &ticket, sizeof ticket) < 0) {
+        fail(r, "passing the ticket to rank %u: %s", i, strerror(errno));
+        goto out;
+      }
+  } else if (read_all(ticket_fd, &ticket, sizeof ticket) < 0 ||
+             ticket.len > SP_TICKET_MAX) {
+    fail(r, "no ticket from rank 0");
+    goto out;
+  }
+  if ((e = sp_job_join(c, &ticket, rank, o->ranks, "cpu")) < 0) {
+    fail_sp(r, c, "join", e);
+    goto out;
+  }
+  if (register_all(c, &s, r) < 0)
+    goto out;
+
+  sp_export_opts eo = {.max_keys = o->max_keys, .max_bytes = o->max_bytes,
+                       .timeout_ms = o->timeout_ms};
+  if (pr) {
+    eo.progress = on_progress;
+    eo.progress_arg = pr;
+  }
+  r->t_start = now_s();
+  e = sp_export(c, &eo, &set);
+  r->t_end = now_s();
+  if (pr && pr->tty)
+    fprintf(stderr, "\r\033[K");
+  /* An export too quick to catch moving still shows its status, done. */
+  if (e == 0 && pr && pr->status_cmd && !pr->status_done) {
+    pr->status_done = true;
+    run_status(pr->status_cmd);
+  }
+  if (e < 0) {
+    fail_sp(r, c, "export", e);
+    goto out;
+  }
+  if (verify_owned(&s, set, owned, r) < 0)
+    goto out;
+  e = sp_release(c, set);
+  set = NULL;
+  if (e < 0) {
+    fail_sp(r, c, "release", e);
+    goto out;
+  }
+  if (verify_storages(&s, r) < 0)
+    goto out;
+  if ((e = sp_job_leave(c)) < 0) {
+    fail_sp(r, c, "leave", e);
+    goto out;
+  }
+  rc = 0;
+out:
+  if (set)
+    sp_release(c, set);
+  sp_close(c);
+  free_rank(&s);
+  r->ok = rc == 0;
+  return rc;
+}
+
+/* ---- the parent: rank 0 and the summary ---- */
+
+int main(int argc, char **argv) {
+  struct opts o;
+  if (parse_opts(argc, argv, &o) < 0) {
+    usage(stderr);
+    return 2;
+  }
+  struct model m;
+  if (build_model(&m, o.ranks, o.scale) < 0) {
+    fprintf(stderr, "shardport-demo: out of memory\n");
+    return 1;
+  }
+
+  /* Everything is forked before any connection: a process never shares a
+   * socket (or, with CUDA, a driver context) with its parent. */
+  int ticket_pipe[MAX_RANKS][2], result_pipe[MAX_RANKS][2];
+  pid_t pids[MAX_RANKS] = {0};
+  for (uint32_t i = 1; i < o.ranks; i++)
+    if (pipe2(ticket_pipe[i], O_CLOEXEC) != 0 ||
+        pipe2(result_pipe[i], O_CLOEXEC) != 0) {
+      fprintf(stderr, "shardport-demo: pipe: %s\n", strerror(errno));
+      return 1;
+    }
+  /* A rank that dies must not kill the parent through a closed pipe. */
+  signal(SIGPIPE, SIG_IGN);
+  uint8_t *owned = calloc(m.nkeys, 1);
+  uint8_t *theirs = calloc(m.nkeys, 1);
+  if (!owned || !theirs)
+    return 1;
+  for (uint32_t i = 1; i < o.ranks; i++) {
+    pids[i] = fork();
+    if (pids[i] < 0) {
+      fprintf(stderr, "shardport-demo: fork: %s\n", strerror(errno));
+      return 1;
+    }
+    if (pids[i] == 0) {
+      for (uint32_t j = 1; j < o.ranks; j++) {
+        close(ticket_pipe[j][1]);
+        close(result_pipe[j][0]);
+        if (j != i) {
+          close(ticket_pipe[j][0]);
+          close(result_pipe[j][1]);
+        }
+      }
+      struct result r = {0};
+      run_rank(&o, &m, i, ticket_pipe[i][0], NULL, NULL, owned, &r);
+      int ok = write_all(result_pipe[i][1], &r, sizeof r) == 0 &&
+               write_all(result_pipe[i][1], owned, m.nkeys) == 0;
+      exit(ok && r.ok ? 0 : 1);
+    }
+  }
+  for (uint32_t i = 1; i < o.ranks; i++) {
+    close(ticket_pipe[i][0]);
+    close(result_pipe[i][1]);
+  }
+
+  int ticket_out[MAX_RANKS];
+  for (uint32_t i = 1; i < o.ranks; i++)
+    ticket_out[i] = ticket_pipe[i][1];
+  struct progress pr = {.tty = isatty(STDERR_FILENO) && !o.machine,
+                        .status_cmd = o.status_cmd};
+  struct result results[MAX_RANKS];
+  memset(results, 0, sizeof results);
+  run_rank(&o, &m, 0, -1, ticket_out, &pr, owned, &results[0]);
+  /* Ranks still waiting for a ticket see end of file and give up. */
+  for (uint32_t i = 1; i < o.ranks; i++)
+    close(ticket_pipe[i][1]);
+
+  bool ok = results[0].ok;
+  for (uint32_t i = 1; i < o.ranks; i++) {
+    memset(theirs, 0, m.nkeys);
+    if (read_all(result_pipe[i][0], &results[i], sizeof results[i]) < 0 ||
+        read_all(result_pipe[i][0], theirs, m.nkeys) < 0) {
+      results[i].ok = 0;
+      snprintf(results[i].error, sizeof results[i].error,
+               "exited without a result");
+    }
+    close(result_pipe[i][0]);
+    for (size_t k = 0; k < m.nkeys && results[i].ok; k++)
+      owned[k] += theirs[k];
+    ok = ok && results[i].ok;
+  }
+  for (uint32_t i = 1; i < o.ranks; i++) {
+    int status;
+    while (waitpid(pids[i], &status, 0) < 0 && errno == EINTR)
+      ;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      ok = false;
+  }
+  for (uint32_t i = 0; i < o.ranks; i++)
+    if (!results[i].ok)
+      fprintf(stderr, "shardport-demo: rank %u: %s\n", i,
+              results[i].error[0] ? results[i].error : "failed");
+
+  /* Every key owned by exactly one rank. */
+  uint64_t total_bytes = 0, identity_bytes = 0, max_owned = 0;
+  double last_start = 0, last_end = 0;
+  for (uint32_t i = 0; i < o.ranks && ok; i++) {
+    total_bytes += results[i].owned_bytes;
+    identity_bytes += results[i].identity_bytes;
+    if (results[i].owned_bytes > max_owned)
+      max_owned = results[i].owned_bytes;
+    if (results[i].t_start > last_start)
+      last_start = results[i].t_start;
+    if (results[i].t_end > last_end)
+      last_end = results[i].t_end;
+  }
+  for (size_t k = 0; k < m.nkeys && ok; k++)
+    if (owned[k] != 1) {
+      fprintf(stderr, "shardport-demo: \"%s\" was owned by %u ranks\n",
+              m.keys[k].name, owned[k]);
+      ok = false;
+    }
+  if (ok && total_bytes != m.bytes) {
+    fprintf(stderr, "shardport-demo: ranks own %llu bytes of %llu\n",
+            (unsigned long long)total_bytes, (unsigned long long)m.bytes);
+    ok = false;
+  }
+  if (ok) {
+    /* The export runs once every rank has asked: from the last request to
+     * the last rank holding its tensors. */
+    double secs = last_end - last_start;
+    double gib = (double)m.bytes / (1024.0 * 1024.0 * 1024.0);
+    if (o.machine)
+      printf("ranks=%u keys=%zu bytes=%llu pool_bytes=%llu "
+             "identity_bytes=%llu max_rank_bytes=%llu seconds=%.6f "
+             "verified=1\n",
+             o.ranks, m.nkeys, (unsigned long long)m.bytes,
+             (unsigned long long)(m.bytes - identity_bytes),
+             (unsigned long long)identity_bytes,
+             (unsigned long long)max_owned, secs);
+    else
+      printf("shardport-demo: %u ranks exported %zu keys, %.1f MiB in %.3f s "
+             "(%.2f GiB/s); every owned tensor verified OK\n",
+             o.ranks, m.nkeys, (double)m.bytes / 1048576.0, secs,
+             secs > 0 ? gib / secs : 0.0);
+  }
+  free(owned);
+  free(theirs);
+  free_model(&m);
+  return ok ? 0 : 1;
+}

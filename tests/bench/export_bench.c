@@ -1,0 +1,262 @@
+/*
+ * export_bench.c - export throughput and the daemon's memory on one node.
+ *
+ * For 2 and 4 ranks, a fresh shardportd serves shardport-demo (the main
+ * job: the same synthetic model, every owned tensor verified) and the
+ * bench reads the demo's figures (--machine).  Throughput is the model's
+ * bytes over the export's time (from the last rank's request to the last
+ * rank holding its tensors), reported as a fraction of single-thread memcpy
+ * bandwidth measured in the same run over the same byte count (and, for
+ * context, memcpy into pages never touched, as a fresh pool is).  Memory:
+ * while the export runs, the daemon's /proc status (VmRSS, RssAnon,
+ * RssShmem) and its pool use (sp_status) are sampled; VmHWM is read after.
+ * The pool (memfd segments the daemon maps) and the trainers' storages (which
+ * it maps read-only and reads) are shared memory, so they count in RSS as
+ * RssShmem; private staging shows in RssAnon.  The figures are compared
+ * with the bytes the ranks own in the pool (identity tensors take none).
+ * Printed, never asserted: these machines are shared.
+ *
+ *   export_bench [RUNS]    (default 3 runs per rank count, the median shown)
+ *
+ * $SHARDPORTD and $SHARDPORT_DEMO name the programs (meson sets them).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shardport.h"
+#include "tests/integration/harness.h"
+
+#define MIB (1024.0 * 1024.0)
+#define GIB (1024.0 * 1024.0 * 1024.0)
+#define MAX_RUNS 9
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Single-thread memcpy bandwidth over bytes, in bytes per second, between
+ * two buffers of that size.  warm: both buffers touched before (the limit:
+ * the best of three); fresh: into pages never touched, so that the page
+ * faults and zeroing a fresh pool costs are in it too. */
+static void memcpy_bps(uint64_t bytes, double *warm, double *fresh) {
+  *warm = *fresh = 0;
+  char *src = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  char *dst = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (src == MAP_FAILED || dst == MAP_FAILED)
+    goto out;
+  memset(src, 1, bytes);
+  double t0 = now_s();
+  memcpy(dst, src, bytes);
+  __asm__ volatile("" : : "r"(dst) : "memory");
+  *fresh = (double)bytes / (now_s() - t0);
+  for (int rep = 0; rep < 3; rep++) {
+    t0 = now_s();
+    memcpy(dst, src, bytes);
+    /* Keeps the copy from being optimised away. */
+    __asm__ volatile("" : : "r"(dst) : "memory");
+    double bps = (double)bytes / (now_s() - t0);
+    if (bps > *warm)
+      *warm = bps;
+  }
+out:
+  if (src != MAP_FAILED)
+    munmap(src, bytes);
+  if (dst != MAP_FAILED)
+    munmap(dst, bytes);
+}
+
+/* What the demo printed with --machine. */
+struct demo_figures {
+  unsigned ranks;
+  size_t keys;
+  unsigned long long bytes, pool_bytes, identity_bytes, max_rank_bytes;
+  double seconds;
+  int verified;
+};
+
+static int parse_figures(const char *line, struct demo_figures *f) {
+  return sscanf(line,
+                "ranks=%u keys=%zu bytes=%llu pool_bytes=%llu "
+                "identity_bytes=%llu max_rank_bytes=%llu seconds=%lf "
+                "verified=%d",
+                &f->ranks, &f->keys, &f->bytes, &f->pool_bytes,
+                &f->identity_bytes, &f->max_rank_bytes, &f->seconds,
+                &f->verified) == 8
+             ? 0
+             : -1;
+}
+
+/* Samples the daemon while the demo runs. */
+struct sampler {
+  pid_t daemon;
+  const char *socket;
+  atomic_bool stop;
+  long rss_kb, anon_kb, shmem_kb; /* peaks */
+  uint64_t pool_used;             /* peak */
+};
+
+static void *sample(void *p) {
+  struct sampler *s = p;
+  sp_client *c = NULL;
+  sp_connect(s->socket, &c);
+  while (!atomic_load(&s->stop)) {
+    long v;
+    if ((v = sp_test_vm_kb(s->daemon, "VmRSS")) > s->rss_kb)
+      s->rss_kb = v;
+    if ((v = sp_test_vm_kb(s->daemon, "RssAnon")) > s->anon_kb)
+      s->anon_kb = v;
+    if ((v = sp_test_vm_kb(s->daemon, "RssShmem")) > s->shmem_kb)
+      s->shmem_kb = v;
+    sp_status_info *st = NULL;
+    if (c && sp_status(c, &st) == 0) {
+      if (st->pool_used > s->pool_used)
+        s->pool_used = st->pool_used;
+      sp_status_free(st);
+    }
+    struct timespec ts = {0, 2 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  sp_close(c);
+  return NULL;
+}
+
+/* Runs the demo with its output on a pipe; returns its figures line. */
+static int run_demo(const char *demo, const char *socket, unsigned ranks,
+                    struct demo_figures *f) {
+  int out[2];
+  if (pipe(out) != 0)
+    return -1;
+  char nranks[16];
+  snprintf(nranks, sizeof nranks, "%u", ranks);
+  pid_t pid = fork();
+  if (pid < 0)
+    return -1;
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    close(out[0]);
+    close(out[1]);
+    execl(demo, demo, "--ranks", nranks, "--socket", socket, "--machine",
+          (char *)NULL);
+    _exit(127);
+  }
+  close(out[1]);
+  char buf[1024];
+  size_t have = 0;
+  ssize_t n;
+  while ((n = read(out[0], buf + have, sizeof buf - 1 - have)) > 0)
+    have += (size_t)n;
+  buf[have] = '\0';
+  close(out[0]);
+  int status;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+    ;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    fprintf(stderr, "export_bench: shardport-demo failed: %s\n", buf);
+    return -1;
+  }
+  return parse_figures(buf, f);
+}
+
+struct run {
+  struct demo_figures f;
+  double hwm_mib, rss_mib, anon_mib, shmem_mib, pool_mib;
+};
+
+static int one_run(const char *demo, unsigned ranks, struct run *r) {
+  static const char *const args[] = {"--log-level", "warn", NULL};
+  struct sp_test_daemon d;
+  if (sp_test_daemon_start(&d, args) != 0)
+    return -1;
+  long hwm0 = sp_test_vm_kb(d.pid, "VmHWM");
+  long anon0 = sp_test_vm_kb(d.pid, "RssAnon");
+  long shmem0 = sp_test_vm_kb(d.pid, "RssShmem");
+  long rss0 = sp_test_vm_kb(d.pid, "VmRSS");
+  struct sampler s = {.daemon = d.pid, .socket = d.socket};
+  pthread_t th;
+  int rc = pthread_create(&th, NULL, sample, &s);
+  if (rc == 0) {
+    rc = run_demo(demo, d.socket, ranks, &r->f);
+    atomic_store(&s.stop, true);
+    pthread_join(th, NULL);
+  }
+  long hwm = sp_test_vm_kb(d.pid, "VmHWM");
+  sp_test_daemon_stop(&d);
+  if (rc != 0)
+    return -1;
+  r->hwm_mib = (double)(hwm - hwm0) / 1024.0;
+  r->rss_mib = (double)(s.rss_kb - rss0) / 1024.0;
+  r->anon_mib = (double)(s.anon_kb - anon0) / 1024.0;
+  r->shmem_mib = (double)(s.shmem_kb - shmem0) / 1024.0;
+  r->pool_mib = (double)s.pool_used / MIB;
+  return 0;
+}
+
+static int cmp_time(const void *a, const void *b) {
+  double x = ((const struct run *)a)->f.seconds,
+         y = ((const struct run *)b)->f.seconds;
+  return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+  const char *demo = getenv("SHARDPORT_DEMO");
+  if (!demo || !getenv("SHARDPORTD")) {
+    fprintf(stderr, "export_bench: set SHARDPORTD and SHARDPORT_DEMO\n");
+    return 1;
+  }
+  int runs = argc > 1 ? atoi(argv[1]) : 3;
+  if (runs < 1 || runs > MAX_RUNS)
+    runs = 3;
+  static const unsigned rank_counts[] = {2, 4};
+
+  printf("export on one node: shardport-demo, %d runs per rank count "
+         "(median by time; memory the largest of the runs)\n\n", runs);
+  printf("| ranks | keys | model | export | throughput | memcpy, 1 thread "
+         "| ratio | memcpy into fresh pages | owned in pool | pool peak "
+         "| RSS peak above base | of it anon | of it shmem |\n");
+  printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+         "\n");
+  for (size_t i = 0; i < sizeof rank_counts / sizeof rank_counts[0]; i++) {
+    struct run r[MAX_RUNS];
+    for (int k = 0; k < runs; k++)
+      if (one_run(demo, rank_counts[i], &r[k]) != 0) {
+        fprintf(stderr, "export_bench: run with %u ranks failed\n",
+                rank_counts[i]);
+        return 1;
+      }
+    double hwm = 0, anon = 0, shmem = 0, pool = 0;
+    for (int k = 0; k < runs; k++) {
+      hwm = r[k].hwm_mib > hwm ? r[k].hwm_mib : hwm;
+      anon = r[k].anon_mib > anon ? r[k].anon_mib : anon;
+      shmem = r[k].shmem_mib > shmem ? r[k].shmem_mib : shmem;
+      pool = r[k].pool_mib > pool ? r[k].pool_mib : pool;
+    }
+    qsort(r, (size_t)runs, sizeof r[0], cmp_time);
+    const struct demo_figures *f = &r[runs / 2].f;
+    double bps = (double)f->bytes / f->seconds;
+    double mbps, fresh;
+    memcpy_bps(f->bytes, &mbps, &fresh);
+    double owned = (double)f->pool_bytes / MIB;
+    printf("| %u | %zu | %.1f MiB | %.3f s | %.2f GiB/s | %.2f GiB/s | %.2f "
+           "| %.2f GiB/s | %.1f MiB | %.1f MiB (%.2fx) | %.1f MiB (%.2fx) "
+           "| %.1f MiB | %.1f MiB |\n",
+           f->ranks, f->keys, (double)f->bytes / MIB, f->seconds, bps / GIB,
+           mbps / GIB, mbps > 0 ? bps / mbps : 0.0, fresh / GIB, owned, pool,
+           owned > 0 ? pool / owned : 0.0, hwm, owned > 0 ? hwm / owned : 0.0,
+           anon, shmem);
+    fflush(stdout);
+  }
+  return 0;
+}
