@@ -50,6 +50,7 @@ void config_default(struct config *cfg) {
   cfg->export_timeout_ms = CONFIG_DEFAULT_EXPORT_TIMEOUT_MS;
   cfg->job_timeout_ms = CONFIG_DEFAULT_JOB_TIMEOUT_MS;
   cfg->max_jobs = CONFIG_DEFAULT_MAX_JOBS;
+  cfg->engine_threads = 0;
 }
 
 /* A decimal number with an optional binary suffix k, M or G. */
@@ -203,6 +204,7 @@ static const struct size_key size_keys[] = {
     {"pool_capacity", 0, UINT64_C(1) << 50},
     {"max_bytes", 4096, UINT64_C(1) << 50},
     {"max_jobs", 1, 1u << 16},
+    {"engine_threads", 0, 64},
 };
 
 /* Keys that take a duration, with their bounds in milliseconds. */
@@ -230,6 +232,8 @@ static void store_size(struct config *cfg, const char *key, uint64_t v) {
     cfg->max_bytes = v;
   else if (strcmp(key, "max_jobs") == 0)
     cfg->max_jobs = (uint32_t)v;
+  else if (strcmp(key, "engine_threads") == 0)
+    cfg->engine_threads = (uint32_t)v;
   else if (strcmp(key, "export_timeout") == 0)
     cfg->export_timeout_ms = (uint32_t)v;
   else if (strcmp(key, "job_timeout") == 0)
@@ -427,4 +431,5 @@ void config_print(const struct config *cfg, FILE *out) {
   print_duration(out, "export_timeout", cfg->export_timeout_ms);
   print_duration(out, "job_timeout", cfg->job_timeout_ms);
   fprintf(out, "max_jobs = %" PRIu32 "\n", cfg->max_jobs);
+  fprintf(out, "engine_threads = %" PRIu32 "\n", cfg->engine_threads);
 }

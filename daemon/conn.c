@@ -19,6 +19,10 @@
  *
  * Every frame is decoded exactly once here, with sp_wire_decode; handlers
  * see only checked msgpack objects.
+ *
+ * A connection that joined a job carries its member (job.c); closing the
+ * connection tells the job, which fails and frees what the rank took part
+ * in from its own wake-up.
  */
 #include <inttypes.h>
 #include <stdarg.h>

@@ -102,6 +102,8 @@ struct config {
   /* How long a job may wait for its first rank to join. */
   uint32_t job_timeout_ms;
   uint32_t max_jobs;
+  /* Threads copying one export's data; 0 means min(4, online CPUs). */
+  uint32_t engine_threads;
 };
 
 /* Built-in defaults: root and the daemon's own uid, its own gid. */
@@ -193,6 +195,8 @@ struct server {
   struct job *jobs;
   uint32_t njobs;
   struct pool *pool;
+  /* Copying threads per export: engine_threads, resolved. */
+  uint32_t engine_threads;
   /* Test seam (docs/operations.md): SHARDPORTD_TEST_ROUND_DELAY_MS makes
    * the engine pause after every round, so tests can act mid-export. */
   uint32_t test_round_delay_ms;
@@ -403,14 +407,17 @@ void registry_rank_in(const struct registry *reg, uint32_t rank,
 
 /* ---- engine.c --------------------------------------------------------- */
 
-/* One run of a plan's rounds.  The caller fills the inputs; the engine
- * thread writes only the segments, the progress atomics and the result. */
+struct engine_item;
+
+/* One run of a plan's rounds.  The caller fills the inputs; the engine's
+ * threads write only the segments, the progress atomics and the result. */
 struct engine {
   const struct plan *plan;
   const struct reg_storage *const *src; /* [world]: each rank's storages */
   uint8_t *const *dst;                  /* [world]: owner's segment */
   const uint64_t *dst_size;             /* [world] */
   const uint64_t *key_offset;           /* [nkeys]: publish_layout offsets */
+  uint32_t threads;                     /* copying threads, at least 1 */
   uint32_t round_delay_ms;              /* test seam */
   /* Called from the engine thread when a round starts and when it ends. */
   void (*notify)(void *arg);
@@ -423,12 +430,16 @@ struct engine {
   int rc;
   char msg[SP_ERRMSG_MAX + 1];
   pthread_t thread;
-  /* The engine thread's own. */
-  const struct plan_move *current;
-  uint8_t *seen;
+  /* The current round's work, shared by its copying threads. */
+  struct engine_item *items;
+  size_t nitems;
+  _Atomic size_t next_item;
+  _Atomic bool failed;
+  pthread_mutex_t fail_lock;
 };
 
-/* Runs every round in the calling thread; returns e->rc. */
+/* Runs every round from the calling thread (with e->threads - 1 helpers);
+ * returns e->rc. */
 int engine_run(struct engine *e);
 /* Runs engine_run on a new thread, which sets done and notifies at the
  * end; 0 or SP_ENOMEM. */
@@ -502,7 +513,7 @@ struct job_member {
   bool in_export;
   /* Left or disconnected; freed once no export uses its storages. */
   bool lost;
-  bool lost_handled;
+  bool lost_handled; /* export_member_lost ran for it */
   bool disconnected;
   struct job_published *published;
 };
@@ -542,7 +553,6 @@ struct job {
   int open_handles;
   bool ticking;
   bool dying;
-  uint64_t created_ms;
 };
 
 /* Handlers of the dispatch table (conn.c): they reply themselves. */
@@ -564,8 +574,6 @@ void job_shutdown(struct server *srv);
 void job_wake(struct job *job);
 /* Keeps the tick timer running while the job has something to watch. */
 void job_schedule(struct job *job);
-/* Frees the member's published exports, returning their pool memory. */
-void job_member_release_all(struct job_member *m);
 /* Sends the error reply to a member's pending ask and forgets the ask. */
 void job_answer_ask(struct job_member *m, int code, const char *message);
 uint64_t job_now_ms(void);

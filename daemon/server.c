@@ -212,6 +212,11 @@ int server_run(const struct config *cfg, const struct backend_choice *backend) {
   };
   srv.reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   srv.test_round_delay_ms = test_round_delay();
+  srv.engine_threads = cfg->engine_threads;
+  if (srv.engine_threads == 0) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    srv.engine_threads = cpus >= 4 ? 4 : cpus > 1 ? (uint32_t)cpus : 1;
+  }
   if (pool_create(cfg->pool_capacity, &srv.pool) != 0) {
     log_msg(LOG_LEVEL_ERROR, "cannot create the memory pool");
     if (srv.reserve_fd >= 0)

@@ -321,7 +321,13 @@ START_TEST(print_config_defaults) {
            "max_clients = 1024\n"
            "max_output = 33554432\n"
            "backend = auto\n"
-           "watchdog = yes\n",
+           "watchdog = yes\n"
+           "pool_capacity = 0\n"
+           "max_bytes = 1073741824\n"
+           "export_timeout = 1m\n"
+           "job_timeout = 5m\n"
+           "max_jobs = 256\n"
+           "engine_threads = 0\n",
            uids, (unsigned)getegid());
   ck_assert_str_eq(out, expect);
 

@@ -1,0 +1,528 @@
+/*
+ * engine.c - runs a plan's rounds: every move copied from its source rank's
+ * read-only mapping into its owner's pool segment; see daemon.h.
+ *
+ * The engine runs on its own thread so that the loop never waits on data
+ * movement: it publishes the round and the bytes moved through atomics and
+ * wakes the loop through the notify callback (a uv_async_send).
+ *
+ * Each round is cut into items that its copying threads take in turn: a
+ * slice of at most ENGINE_CHUNK bytes of whole dim-0 rows of one move, or,
+ * for a key with affine replicas, all of that key's moves to its owner
+ * (replicas are compared with what an earlier holder wrote, so they run in
+ * order on one thread).  Threads look at the cancel flag between items, so
+ * a lost rank stops an export within milliseconds.  The owners' segments
+ * are populated first, by the same threads: a fresh memfd page costs a
+ * fault on first write, which populating in bulk avoids.
+ *
+ * Reading a trainer's mapping can fault: a trainer that truncates its memfd
+ * after registering it turns the daemon's next read into SIGBUS.  A SIGBUS
+ * handler with a thread-local sigjmp_buf, armed only while a copying thread
+ * works, turns that fault into a failed export naming the rank and key
+ * instead of a dead daemon.  A SIGBUS anywhere else keeps its old effect.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "daemon/daemon.h"
+#include "daemon/xfer/copy.h"
+#include "shardport.h"
+
+/* The most bytes one item copies (or populates). */
+#define ENGINE_CHUNK (32u << 20)
+#define ENGINE_MAX_THREADS 64
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+enum item_kind { ITEM_POPULATE, ITEM_SLICE, ITEM_REPLICAS };
+
+struct engine_item {
+  enum item_kind kind;
+  const struct plan_move *move; /* the slice's move, or a run's first */
+  size_t nmoves;                /* ITEM_REPLICAS */
+  int64_t row, rows;            /* ITEM_SLICE: dim-0 rows */
+  uint8_t *addr;                /* ITEM_POPULATE */
+  size_t len;
+};
+
+/* One copying thread's own state. */
+struct worker {
+  struct engine *e;
+  const struct plan_move *current;
+  uint8_t *seen; /* which elements of a replicated key are written */
+  pthread_t thread;
+};
+
+static _Thread_local sigjmp_buf *fault_jump;
+static _Thread_local void *volatile fault_addr;
+static struct sigaction previous_sigbus;
+static pthread_once_t sigbus_once = PTHREAD_ONCE_INIT;
+
+static void on_sigbus(int sig, siginfo_t *info, void *uc) {
+  if (fault_jump != NULL) {
+    fault_addr = info->si_addr;
+    siglongjmp(*fault_jump, 1);
+  }
+  /* Not an engine copy: behave as if this handler were not there. */
+  if (previous_sigbus.sa_flags & SA_SIGINFO) {
+    previous_sigbus.sa_sigaction(sig, info, uc);
+  } else if (previous_sigbus.sa_handler != SIG_IGN &&
+             previous_sigbus.sa_handler != SIG_DFL) {
+    previous_sigbus.sa_handler(sig);
+  } else {
+    /* Returning re-runs the faulting access, which now kills. */
+    sigaction(SIGBUS, &previous_sigbus, NULL);
+  }
+}
+
+static void install_sigbus(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_sigbus;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGBUS, &sa, &previous_sigbus);
+}
+
+/* The first failure of a run is its result; the others stop. */
+static int engine_fail(struct engine *e, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int engine_fail(struct engine *e, int code, const char *fmt, ...) {
+  pthread_mutex_lock(&e->fail_lock);
+  if (e->rc == 0) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    e->rc = code;
+  }
+  atomic_store(&e->failed, true);
+  pthread_mutex_unlock(&e->fail_lock);
+  return code;
+}
+
+static bool stopped(struct engine *e) {
+  return atomic_load_explicit(&e->failed, memory_order_relaxed) ||
+         atomic_load_explicit(&e->cancel, memory_order_relaxed);
+}
+
+/* "[2, 5]": the multi-index of element flat of a row-major tensor. */
+static void format_index(const struct plan_key *key, uint64_t flat, char *buf,
+                         size_t len) {
+  uint64_t idx[SP_MAX_DIMS];
+  for (uint32_t d = key->ndim; d-- > 0;) {
+    uint64_t dim = (uint64_t)key->shape[d];
+    idx[d] = dim == 0 ? 0 : flat % dim;
+    flat = dim == 0 ? 0 : flat / dim;
+  }
+  size_t used = (size_t)snprintf(buf, len, "[");
+  for (uint32_t d = 0; d < key->ndim && used < len; d++)
+    used += (size_t)snprintf(buf + used, len - used, "%s%llu", d ? ", " : "",
+                             (unsigned long long)idx[d]);
+  if (used < len)
+    snprintf(buf + used, len - used, "]");
+}
+
+/* Whether a region reaches element elem.  Its strides passed the overlap
+ * check (each clears the span of the smaller ones), so dividing greedily
+ * by strides from the largest down finds the one index that can match.
+ * Used only to name the rank in a different_data refusal. */
+static bool region_contains(const struct plan_region *r, int64_t elem) {
+  uint32_t order[SP_MAX_DIMS];
+  int64_t rest = elem - r->offset;
+  if (rest < 0)
+    return false;
+  for (uint32_t d = 0; d < r->ndim; d++) {
+    if (r->shape[d] == 0)
+      return false;
+    order[d] = d;
+  }
+  for (uint32_t i = 1; i < r->ndim; i++)
+    for (uint32_t j = i; j > 0 && r->stride[order[j]] > r->stride[order[j - 1]];
+         j--) {
+      uint32_t t = order[j];
+      order[j] = order[j - 1];
+      order[j - 1] = t;
+    }
+  for (uint32_t i = 0; i < r->ndim; i++) {
+    uint32_t d = order[i];
+    if (r->shape[d] == 1 || r->stride[d] == 0)
+      continue;
+    int64_t at = rest / r->stride[d];
+    if (at >= r->shape[d])
+      at = r->shape[d] - 1;
+    rest -= at * r->stride[d];
+  }
+  return rest == 0;
+}
+
+static const uint8_t *move_source(const struct engine *e,
+                                  const struct plan_move *m,
+                                  const struct sp_view *sv, size_t esz) {
+  return e->src[m->src][m->from->storage].data + (size_t)sv->offset * esz;
+}
+
+static uint8_t *key_base(const struct engine *e, const struct plan_move *m) {
+  return e->dst[m->dst] + e->key_offset[m->key];
+}
+
+/* A replica writes the elements nobody wrote yet and compares the others:
+ * replicas must agree byte for byte, and the first holder's bytes stand. */
+static int copy_replica(struct worker *w, const struct plan_move *m,
+                        const struct plan_move *first) {
+  struct engine *e = w->e;
+  const struct plan_key *key = &e->plan->keys[m->key];
+  size_t esz = sp_dtype_size(key->dtype);
+  struct sp_view sv;
+  struct plan_region dr;
+  plan_moves_regions(e->plan, m, &sv, &dr);
+  const uint8_t *src = move_source(e, m, &sv, esz);
+  uint8_t *dst = key_base(e, m);
+  int64_t idx[SP_MAX_DIMS] = {0};
+  uint32_t nd = sv.ndim;
+  for (uint32_t d = 0; d < nd; d++)
+    if (sv.shape[d] == 0)
+      return 0;
+  for (;;) {
+    int64_t s = 0, t = dr.offset;
+    for (uint32_t d = 0; d < nd; d++) {
+      s += idx[d] * sv.stride[d];
+      t += idx[d] * dr.stride[d];
+    }
+    uint8_t bit = (uint8_t)(1u << (t & 7));
+    if (!(w->seen[t >> 3] & bit)) {
+      memcpy(dst + (size_t)t * esz, src + (size_t)s * esz, esz);
+      w->seen[t >> 3] |= bit;
+    } else if (memcmp(dst + (size_t)t * esz, src + (size_t)s * esz, esz) != 0) {
+      uint32_t earlier = m->src;
+      for (const struct plan_move *p = first; p < m; p++) {
+        struct sp_view pv;
+        struct plan_region pr;
+        if (!(p->flags & PLAN_MOVE_REPLICA))
+          continue;
+        plan_moves_regions(e->plan, p, &pv, &pr);
+        if (region_contains(&pr, t)) {
+          earlier = p->src;
+          break;
+        }
+      }
+      char where[160];
+      format_index(key, (uint64_t)t, where, sizeof where);
+      return engine_fail(e, SP_EDIFFERENT,
+                         "key '%s': replicas hold different data at element "
+                         "%s: rank %u and rank %u disagree",
+                         key->name, where, earlier, m->src);
+    }
+    uint32_t d = nd;
+    while (d > 0 && ++idx[d - 1] == sv.shape[d - 1])
+      idx[--d] = 0;
+    if (d == 0)
+      break;
+  }
+  atomic_fetch_add_explicit(&e->bytes_moved, m->nbytes, memory_order_relaxed);
+  return 0;
+}
+
+/* Rows [row, row + rows) of a single holder's box. */
+static void copy_slice(struct worker *w, const struct plan_move *m, int64_t row,
+                       int64_t rows) {
+  struct engine *e = w->e;
+  const struct plan_key *key = &e->plan->keys[m->key];
+  size_t esz = sp_dtype_size(key->dtype);
+  struct sp_view sv;
+  struct plan_region dr;
+  plan_moves_regions(e->plan, m, &sv, &dr);
+  const uint8_t *src = move_source(e, m, &sv, esz);
+  uint8_t *dst = key_base(e, m) + (size_t)dr.offset * esz;
+  if (sv.ndim == 0) {
+    memcpy(dst, src, esz);
+    atomic_fetch_add_explicit(&e->bytes_moved, esz, memory_order_relaxed);
+    return;
+  }
+  struct xfer_box box = {.ndim = (int)sv.ndim, .elem_size = esz};
+  for (uint32_t d = 0; d < sv.ndim; d++) {
+    box.shape[d] = sv.shape[d];
+    box.src_stride[d] = sv.stride[d];
+    box.dst_stride[d] = dr.stride[d];
+  }
+  box.shape[0] = rows;
+  uint64_t n = xfer_copy(dst + (size_t)(row * dr.stride[0]) * esz,
+                         src + (size_t)(row * sv.stride[0]) * esz, &box);
+  atomic_fetch_add_explicit(&e->bytes_moved, n, memory_order_relaxed);
+}
+
+static int64_t move_rows(const struct plan_move *m, const struct plan *plan) {
+  struct sp_view sv;
+  struct plan_region dr;
+  plan_moves_regions(plan, m, &sv, &dr);
+  return sv.ndim > 0 ? sv.shape[0] : 1;
+}
+
+static int run_replicas(struct worker *w, const struct engine_item *it) {
+  const struct plan_key *key = &w->e->plan->keys[it->move->key];
+  uint64_t numel = key->nbytes / sp_dtype_size(key->dtype);
+  w->seen = calloc((size_t)(numel / 8 + 1), 1);
+  if (w->seen == NULL)
+    return engine_fail(w->e, SP_ENOMEM,
+                       "out of memory for the replica record of key '%s'",
+                       key->name);
+  int rc = 0;
+  for (size_t k = 0; k < it->nmoves && rc == 0 && !stopped(w->e); k++) {
+    const struct plan_move *m = it->move + k;
+    w->current = m;
+    if (m->flags & PLAN_MOVE_REPLICA)
+      rc = copy_replica(w, m, it->move);
+    else
+      copy_slice(w, m, 0, move_rows(m, w->e->plan));
+  }
+  free(w->seen);
+  w->seen = NULL;
+  return rc;
+}
+
+/* Says what a SIGBUS during the current move hit: the owner's segment (the
+ * pool's memory ran out) or the source rank's storage. */
+static void report_fault(struct worker *w) {
+  struct engine *e = w->e;
+  const struct plan_move *m = w->current;
+  const uint8_t *addr = (const uint8_t *)fault_addr;
+  if (m == NULL) {
+    engine_fail(e, SP_EPOOL, "the pool's memory ran out while populating it");
+    return;
+  }
+  const struct plan_key *key = &e->plan->keys[m->key];
+  if (addr >= e->dst[m->dst] && addr < e->dst[m->dst] + e->dst_size[m->dst]) {
+    engine_fail(e, SP_EPOOL,
+                "the pool's memory ran out while assembling key '%s' for "
+                "rank %u",
+                key->name, m->dst);
+    return;
+  }
+  engine_fail(e, SP_EBADFD,
+              "rank %u's storage sid %u could not be read for key '%s' (was "
+              "its file truncated after it was registered?)",
+              m->src, e->src[m->src][m->from->storage].sid, key->name);
+}
+
+/* Takes the round's items until none is left or the run stops. */
+static void work(struct worker *w) {
+  struct engine *e = w->e;
+  sigjmp_buf jump;
+  w->current = NULL;
+  w->seen = NULL;
+  if (sigsetjmp(jump, 0) != 0) {
+    /* Back from the handler, which ran with SIGBUS blocked. */
+    sigset_t set;
+    fault_jump = NULL;
+    sigemptyset(&set);
+    sigaddset(&set, SIGBUS);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+    free(w->seen);
+    w->seen = NULL;
+    report_fault(w);
+    return;
+  }
+  fault_jump = &jump;
+  while (!stopped(e)) {
+    size_t i = atomic_fetch_add(&e->next_item, 1);
+    if (i >= e->nitems)
+      break;
+    const struct engine_item *it = &e->items[i];
+    switch (it->kind) {
+    case ITEM_POPULATE:
+      w->current = NULL;
+      /* Best effort: without it (old kernels) pages fault in as written. */
+      madvise(it->addr, it->len, MADV_POPULATE_WRITE);
+      break;
+    case ITEM_SLICE:
+      w->current = it->move;
+      copy_slice(w, it->move, it->row, it->rows);
+      break;
+    case ITEM_REPLICAS:
+      run_replicas(w, it);
+      break;
+    }
+  }
+  fault_jump = NULL;
+}
+
+static void *worker_main(void *arg) {
+  work(arg);
+  return NULL;
+}
+
+/* Runs the items on e->threads threads, this one included. */
+static void run_items(struct engine *e, struct worker *workers) {
+  uint32_t helpers = 0;
+  atomic_store(&e->next_item, 0);
+  for (uint32_t t = 1; t < e->threads && e->nitems > 1; t++) {
+    workers[t] = (struct worker){.e = e};
+    if (engine_spawn(&workers[t].thread, worker_main, &workers[t]) != 0)
+      break;
+    helpers++;
+  }
+  workers[0] = (struct worker){.e = e};
+  work(&workers[0]);
+  for (uint32_t t = 1; t <= helpers; t++)
+    pthread_join(workers[t].thread, NULL);
+}
+
+/* Appends items to e->items (counting only when it is NULL). */
+static void add_item(struct engine *e, struct engine_item item) {
+  if (e->items != NULL)
+    e->items[e->nitems] = item;
+  e->nitems++;
+}
+
+/* A round's moves as items: a key's run of moves to one owner (sorted by
+ * owner, key, source, piece) is one item when it holds replicas, else each
+ * move is cut into slices of whole rows. */
+static void cut_moves(struct engine *e, const struct plan_move *moves,
+                      size_t n) {
+  for (size_t i = 0; i < n;) {
+    size_t j = i;
+    bool replicas = false;
+    while (j < n && moves[j].key == moves[i].key &&
+           moves[j].dst == moves[i].dst) {
+      replicas = replicas || (moves[j].flags & PLAN_MOVE_REPLICA);
+      j++;
+    }
+    if (replicas) {
+      add_item(e, (struct engine_item){.kind = ITEM_REPLICAS,
+                                       .move = &moves[i],
+                                       .nmoves = j - i});
+      i = j;
+      continue;
+    }
+    for (; i < j; i++) {
+      int64_t rows = move_rows(&moves[i], e->plan);
+      uint64_t row_bytes = moves[i].nbytes / (uint64_t)rows;
+      int64_t per = row_bytes > 0 && row_bytes < ENGINE_CHUNK
+                        ? (int64_t)(ENGINE_CHUNK / row_bytes)
+                        : 1;
+      for (int64_t r = 0; r < rows; r += per)
+        add_item(e,
+                 (struct engine_item){.kind = ITEM_SLICE,
+                                      .move = &moves[i],
+                                      .row = r,
+                                      .rows = rows - r < per ? rows - r : per});
+    }
+  }
+}
+
+static void cut_populate(struct engine *e) {
+  for (uint32_t r = 0; r < e->plan->world; r++)
+    for (uint64_t at = 0; at < e->dst_size[r]; at += ENGINE_CHUNK) {
+      uint64_t len = e->dst_size[r] - at;
+      add_item(e, (struct engine_item){
+                      .kind = ITEM_POPULATE,
+                      .addr = e->dst[r] + at,
+                      .len = len < ENGINE_CHUNK ? len : ENGINE_CHUNK});
+    }
+}
+
+/* Builds the items of one step (round < 0: populating the segments). */
+static int cut(struct engine *e, long round) {
+  for (int pass = 0; pass < 2; pass++) {
+    e->nitems = 0;
+    if (round < 0) {
+      cut_populate(e);
+    } else {
+      const struct plan_round *rd = &e->plan->rounds[round];
+      /* On one daemon every rank is local; moves the planner lists as
+       * remote (ranks it was told sit on other nodes) are copied the same
+       * way. */
+      cut_moves(e, rd->local, rd->nlocal);
+      cut_moves(e, rd->moves, rd->nmoves);
+    }
+    if (pass == 0) {
+      e->items = malloc((e->nitems > 0 ? e->nitems : 1) * sizeof *e->items);
+      if (e->items == NULL)
+        return engine_fail(e, SP_ENOMEM, "out of memory cutting round %ld",
+                           round + 1);
+    }
+  }
+  return 0;
+}
+
+static void pause_ms(struct engine *e, uint32_t ms) {
+  for (uint32_t waited = 0; waited < ms && !stopped(e); waited += 10) {
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+int engine_run(struct engine *e) {
+  struct worker workers[ENGINE_MAX_THREADS];
+  pthread_once(&sigbus_once, install_sigbus);
+  if (e->threads == 0)
+    e->threads = 1;
+  if (e->threads > ENGINE_MAX_THREADS)
+    e->threads = ENGINE_MAX_THREADS;
+  e->rc = 0;
+  e->msg[0] = '\0';
+  atomic_store(&e->failed, false);
+  pthread_mutex_init(&e->fail_lock, NULL);
+  for (long r = -1; r < (long)e->plan->nrounds && !stopped(e); r++) {
+    if (r >= 0) {
+      atomic_store(&e->round, (uint32_t)(r + 1));
+      if (e->notify != NULL)
+        e->notify(e->notify_arg);
+    }
+    e->items = NULL;
+    if (cut(e, r) != 0)
+      break;
+    run_items(e, workers);
+    free(e->items);
+    e->items = NULL;
+    if (r >= 0)
+      pause_ms(e, e->round_delay_ms);
+  }
+  if (e->rc == 0 && atomic_load(&e->cancel))
+    engine_fail(e, SP_EBUSY, "the export was canceled");
+  pthread_mutex_destroy(&e->fail_lock);
+  return e->rc;
+}
+
+static void *engine_main(void *arg) {
+  struct engine *e = arg;
+  engine_run(e);
+  atomic_store(&e->done, true);
+  if (e->notify != NULL)
+    e->notify(e->notify_arg);
+  return NULL;
+}
+
+int engine_spawn(pthread_t *thread, void *(*fn)(void *), void *arg) {
+  /* Workers take no asynchronous signals: those are the loop's.  Faults
+   * stay deliverable (a blocked SIGBUS from a fault would kill). */
+  sigset_t all, old;
+  sigfillset(&all);
+  sigdelset(&all, SIGBUS);
+  sigdelset(&all, SIGSEGV);
+  sigdelset(&all, SIGFPE);
+  sigdelset(&all, SIGILL);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int rc = pthread_create(thread, NULL, fn, arg);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  return rc == 0 ? 0 : SP_ENOMEM;
+}
+
+int engine_start(struct engine *e) {
+  atomic_store(&e->done, false);
+  atomic_store(&e->round, 0);
+  atomic_store(&e->bytes_moved, 0);
+  return engine_spawn(&e->thread, engine_main, e);
+}
+
+void engine_join(struct engine *e) { pthread_join(e->thread, NULL); }

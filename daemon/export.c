@@ -1,0 +1,847 @@
+/*
+ * export.c - one export of a job, from the ranks' requests to their
+ * replies; see daemon.h and docs/protocol.md ("export").
+ *
+ *   waiting     ranks ask; the export starts when every rank of the job has
+ *               asked (each ask has a deadline; the first to pass fails
+ *               every asking rank with `timeout`).
+ *   planning    plan_build and the publication layout run on a worker
+ *               thread (a big job's plan takes long enough to stall the
+ *               loop); skipped when the job's cached plan still applies.
+ *   moving      the owners' pool segments are allocated, then the engine
+ *               thread runs the rounds (engine.c).
+ *   publishing  each rank's owned tensors are streamed to it in parts, no
+ *               faster than its connection takes them.
+ *   published / failed   the outcome, kept for status.
+ *
+ * Fail closed and together: a refusal or failure sends every rank of the
+ * export the same code and message, at once, even while a thread still
+ * winds down; the export's memory is freed when that thread has stopped.
+ * A rank lost before publishing fails the export for all (`rank_lost`
+ * naming it); a rank lost while publishing only stops its own stream.
+ * Everything here runs on the loop.
+ */
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/daemon.h"
+#include "daemon/pool.h"
+#include "shardport.h"
+
+struct export_rank {
+  struct job_member *m;
+  uint64_t request_id;
+  bool progress;
+  uint32_t timeout_ms;
+  /* Got its error or every part of its reply. */
+  bool answered;
+  struct req_groups groups;
+  struct pool_segment *segment; /* until handed to a job_published */
+  int segment_fd;               /* a duplicate for part 0 of the reply, or -1 */
+  size_t *part_first;
+  size_t nparts;
+  size_t next_part;
+  /* What the last progress frame said. */
+  uint32_t sent_round;
+  uint64_t sent_bytes;
+  enum job_phase sent_phase;
+};
+
+struct export {
+  struct job *job;
+  uint64_t id;
+  enum job_phase phase;
+  uint32_t max_keys;
+  uint64_t max_bytes;
+  uint32_t timeout_ms; /* the smallest the ranks asked for */
+  struct export_rank *ranks;
+  bool failed;
+  /* Planning: the worker's input and output. */
+  struct plan_rank_in *rin;
+  struct plan_input in;
+  struct plan *new_plan;
+  struct publish_layout new_layout;
+  int plan_rc;
+  char plan_msg[SP_ERRMSG_MAX + 1];
+  _Atomic bool planned;
+  pthread_t planner;
+  bool thread_alive;
+  /* The plan used, owned by the job's cache. */
+  const struct plan *plan;
+  const struct publish_layout *layout;
+  uint64_t bytes_total;
+  uint64_t part_limit; /* the most bytes of one reply frame */
+  /* Moving. */
+  struct engine engine;
+  const struct reg_storage **src;
+  uint8_t **dst;
+  uint64_t *dst_size;
+  /* Watching. */
+  uint64_t started_ms, moving_ms, sample_ms, progress_ms;
+  uint64_t sample_bytes;
+  double rate_bps;
+};
+
+const char *export_phase_name(enum job_phase phase) {
+  switch (phase) {
+  case JOB_WAITING:
+    return "waiting";
+  case JOB_PLANNING:
+    return "planning";
+  case JOB_MOVING:
+    return "moving";
+  case JOB_PUBLISHING:
+    return "publishing";
+  case JOB_PUBLISHED:
+    return "published";
+  case JOB_FAILED:
+    return "failed";
+  }
+  return "unknown";
+}
+
+bool export_busy(const struct job *job) { return job->running != NULL; }
+
+static void drop_cache_now(struct job *job) {
+  plan_free(job->cached_plan);
+  job->cached_plan = NULL;
+  publish_layout_free(&job->cached_layout);
+  if (job->cached_groups != NULL)
+    for (uint32_t r = 0; r < job->world; r++)
+      free(job->cached_groups[r]);
+  free(job->cached_groups);
+  free(job->cached_groups_len);
+  job->cached_groups = NULL;
+  job->cached_groups_len = NULL;
+  job->cache_stale = false;
+}
+
+void export_drop_cache(struct job *job) {
+  /* The running export reads the cached plan until it finishes. */
+  if (job->running != NULL)
+    job->cache_stale = true;
+  else
+    drop_cache_now(job);
+}
+
+static bool cache_applies(const struct export *ex) {
+  const struct job *job = ex->job;
+  if (job->cached_plan == NULL || job->cached_max_keys != ex->max_keys ||
+      job->cached_max_bytes != ex->max_bytes)
+    return false;
+  for (uint32_t r = 0; r < job->world; r++) {
+    const struct req_groups *g = &ex->ranks[r].groups;
+    if (job->cached_groups_len[r] != g->blob_len ||
+        (g->blob_len > 0 &&
+         memcmp(job->cached_groups[r], g->blob, g->blob_len) != 0))
+      return false;
+  }
+  return true;
+}
+
+/* The new plan becomes the job's cache; the export reads it from there. */
+static int cache_install(struct export *ex) {
+  struct job *job = ex->job;
+  char **groups = calloc(job->world, sizeof *groups);
+  size_t *lens = calloc(job->world, sizeof *lens);
+  bool ok = groups != NULL && lens != NULL;
+  for (uint32_t r = 0; ok && r < job->world; r++) {
+    const struct req_groups *g = &ex->ranks[r].groups;
+    lens[r] = g->blob_len;
+    groups[r] = malloc(g->blob_len > 0 ? g->blob_len : 1);
+    ok = groups[r] != NULL;
+    if (ok && g->blob_len > 0)
+      memcpy(groups[r], g->blob, g->blob_len);
+  }
+  if (!ok) {
+    for (uint32_t r = 0; groups != NULL && r < job->world; r++)
+      free(groups[r]);
+    free(groups);
+    free(lens);
+    return SP_ENOMEM;
+  }
+  drop_cache_now(job);
+  job->cached_plan = ex->new_plan;
+  job->cached_layout = ex->new_layout;
+  job->cached_max_keys = ex->max_keys;
+  job->cached_max_bytes = ex->max_bytes;
+  job->cached_groups = groups;
+  job->cached_groups_len = lens;
+  ex->new_plan = NULL;
+  memset(&ex->new_layout, 0, sizeof ex->new_layout);
+  return 0;
+}
+
+static void send_progress(struct export *ex, struct export_rank *er,
+                          uint32_t round, uint32_t rounds, uint64_t moved) {
+  if (!er->progress || er->answered || er->m->conn == NULL)
+    return;
+  struct sp_msgbuf mb;
+  sp_msgbuf_begin(&mb, "progress", er->request_id, 5);
+  sp_pack_kv_str(&mb.pk, "phase", export_phase_name(ex->phase));
+  sp_pack_kv_u64(&mb.pk, "round", round);
+  sp_pack_kv_u64(&mb.pk, "rounds", rounds);
+  sp_pack_kv_u64(&mb.pk, "bytes_moved", moved);
+  sp_pack_kv_u64(&mb.pk, "bytes_total", ex->bytes_total);
+  conn_send_msgbuf(er->m->conn, &mb);
+  er->sent_round = round;
+  er->sent_bytes = moved;
+  er->sent_phase = ex->phase;
+}
+
+static uint32_t plan_rounds(const struct export *ex) {
+  return ex->plan != NULL ? (uint32_t)ex->plan->nrounds : 0;
+}
+
+/* Tells every rank that asked for progress what changed since it last
+ * heard; a phase change always goes out. */
+static void progress_all(struct export *ex) {
+  uint32_t round = ex->phase == JOB_MOVING ? atomic_load(&ex->engine.round)
+                   : ex->phase == JOB_PUBLISHING ? plan_rounds(ex)
+                                                 : 0;
+  uint64_t moved =
+      ex->phase >= JOB_MOVING ? atomic_load(&ex->engine.bytes_moved) : 0;
+  for (uint32_t r = 0; r < ex->job->world; r++) {
+    struct export_rank *er = &ex->ranks[r];
+    if (er->sent_phase != ex->phase || er->sent_round != round ||
+        er->sent_bytes != moved)
+      send_progress(ex, er, round, plan_rounds(ex), moved);
+  }
+}
+
+static void free_export(struct export *ex) {
+  struct pool *pool = ex->job->srv->pool;
+  for (uint32_t r = 0; r < ex->job->world; r++) {
+    struct export_rank *er = &ex->ranks[r];
+    pool_segment_free(pool, er->segment);
+    if (er->segment_fd >= 0)
+      close(er->segment_fd);
+    free(er->part_first);
+    request_groups_free(&er->groups);
+    if (er->m->conn != NULL)
+      conn_on_drained(er->m->conn, NULL, NULL);
+    er->m->in_export = false;
+  }
+  plan_free(ex->new_plan);
+  publish_layout_free(&ex->new_layout);
+  free(ex->ranks);
+  free(ex->rin);
+  free(ex->src);
+  free(ex->dst);
+  free(ex->dst_size);
+  free(ex);
+}
+
+/* The export is over and no thread runs: record the outcome, free it. */
+static void finish(struct export *ex) {
+  struct job *job = ex->job;
+  uint64_t now = job_now_ms();
+  job->last_round = plan_rounds(ex);
+  job->last_rounds = plan_rounds(ex);
+  job->last_bytes_total = ex->bytes_total;
+  job->last_bytes_moved = atomic_load(&ex->engine.bytes_moved);
+  if (!ex->failed) {
+    job->last_phase = JOB_PUBLISHED;
+    uint64_t ms = now - ex->moving_ms;
+    job->rate_bps =
+        ms > 0 ? (double)ex->bytes_total * 1000.0 / (double)ms : ex->rate_bps;
+    log_msg(LOG_LEVEL_INFO,
+            "job %s: export %" PRIu64 " published: %" PRIu64
+            " bytes in %" PRIu32 " round(s), %" PRIu64 " ms",
+            job->hex, ex->id, ex->bytes_total, plan_rounds(ex),
+            now - ex->started_ms);
+  }
+  job->running = NULL;
+  free_export(ex);
+  if (job->cache_stale)
+    drop_cache_now(job);
+}
+
+/* Fails the export on every rank still waiting for it, with one code and
+ * message; stops its thread.  The memory goes when the thread has ended. */
+static void fail_export(struct export *ex, int code, const char *message) {
+  struct job *job = ex->job;
+  if (ex->failed)
+    return;
+  ex->failed = true;
+  job->last_phase = JOB_FAILED;
+  snprintf(job->error, sizeof job->error, "%s: %s", sp_err_name(code), message);
+  log_msg(LOG_LEVEL_INFO, "job %s: export %" PRIu64 " failed: %s", job->hex,
+          ex->id, job->error);
+  atomic_store(&ex->engine.cancel, true);
+  for (uint32_t r = 0; r < job->world; r++) {
+    struct export_rank *er = &ex->ranks[r];
+    if (er->answered)
+      continue;
+    er->answered = true;
+    if (er->m->conn != NULL)
+      conn_send_error(er->m->conn, er->request_id, code, "%s", message);
+  }
+}
+
+/* Fails every ask of a gathering export, for status too. */
+static void fail_gather(struct job *job, int code, const char *message) {
+  job->last_phase = JOB_FAILED;
+  snprintf(job->error, sizeof job->error, "%s: %s", sp_err_name(code), message);
+  log_msg(LOG_LEVEL_INFO, "job %s: export failed before it started: %s",
+          job->hex, job->error);
+  for (uint32_t r = 0; r < job->world; r++)
+    if (job->members[r] != NULL)
+      job_answer_ask(job->members[r], code, message);
+}
+
+static void *plan_main(void *arg) {
+  struct export *ex = arg;
+  ex->plan_rc =
+      plan_build(&ex->in, &ex->new_plan, ex->plan_msg, sizeof ex->plan_msg);
+  if (ex->plan_rc == 0 &&
+      publish_layout_build(ex->new_plan, &ex->new_layout) != 0) {
+    ex->plan_rc = SP_ENOMEM;
+    snprintf(ex->plan_msg, sizeof ex->plan_msg,
+             "out of memory laying out the owned tensors");
+  }
+  atomic_store(&ex->planned, true);
+  job_wake(ex->job);
+  return NULL;
+}
+
+static void engine_notify(void *arg) { job_wake(arg); }
+
+static void start_moving(struct export *ex) {
+  struct job *job = ex->job;
+  struct server *srv = job->srv;
+  uint32_t world = job->world;
+  ex->plan = job->cached_plan;
+  ex->layout = &job->cached_layout;
+  ex->bytes_total = 0;
+  for (size_t r = 0; r < ex->plan->nrounds; r++)
+    ex->bytes_total += ex->plan->rounds[r].nbytes;
+  ex->src = calloc(world, sizeof *ex->src);
+  ex->dst = calloc(world, sizeof *ex->dst);
+  ex->dst_size = calloc(world, sizeof *ex->dst_size);
+  if (ex->src == NULL || ex->dst == NULL || ex->dst_size == NULL) {
+    fail_export(ex, SP_ENOMEM, "out of memory starting the export");
+    return;
+  }
+  uint64_t need = 0;
+  for (uint32_t r = 0; r < world; r++)
+    need += ex->layout->seg_size[r];
+  for (uint32_t r = 0; r < world; r++) {
+    ex->src[r] = ex->ranks[r].m->reg.info;
+    ex->dst_size[r] = ex->layout->seg_size[r];
+    if (ex->layout->seg_size[r] == 0)
+      continue;
+    int rc = pool_segment_new(srv->pool, ex->layout->seg_size[r],
+                              &ex->ranks[r].segment);
+    if (rc != 0) {
+      char msg[256];
+      snprintf(msg, sizeof msg,
+               "export %" PRIu64 " of job %s needs %" PRIu64
+               " bytes of pool (rank %" PRIu32 ": %" PRIu64 "); %" PRIu64
+               " of %" PRIu64 " bytes are in use",
+               ex->id, job->hex, need, r, ex->layout->seg_size[r],
+               pool_used(srv->pool), pool_capacity(srv->pool));
+      fail_export(ex, rc, msg);
+      return;
+    }
+    ex->dst[r] = ex->ranks[r].segment->base;
+  }
+  struct engine *e = &ex->engine;
+  e->plan = ex->plan;
+  e->src = ex->src;
+  e->dst = ex->dst;
+  e->dst_size = ex->dst_size;
+  e->key_offset = ex->layout->offset;
+  e->threads = srv->engine_threads;
+  e->round_delay_ms = srv->test_round_delay_ms;
+  e->notify = engine_notify;
+  e->notify_arg = job;
+  ex->phase = JOB_MOVING;
+  ex->moving_ms = ex->sample_ms = ex->progress_ms = job_now_ms();
+  if (engine_start(e) != 0) {
+    fail_export(ex, SP_ENOMEM, "cannot start the engine thread");
+    return;
+  }
+  ex->thread_alive = true;
+  progress_all(ex);
+}
+
+static void on_conn_drained(struct conn *c, void *arg) {
+  (void)c;
+  job_wake(arg);
+}
+
+/* Queues the next parts of each rank's reply while its connection has room
+ * for a whole part; the rest goes when it has drained. */
+static void pump(struct export *ex) {
+  struct job *job = ex->job;
+  for (uint32_t r = 0; r < job->world; r++) {
+    struct export_rank *er = &ex->ranks[r];
+    struct conn *c = er->m->conn;
+    if (er->answered)
+      continue;
+    if (c == NULL) {
+      er->answered = true;
+      continue;
+    }
+    while (er->next_part < er->nparts &&
+           conn_output_room(c) >= ex->part_limit) {
+      size_t p = er->next_part;
+      size_t end = p + 1 < er->nparts ? er->part_first[p + 1]
+                                      : ex->layout->owned_first[r + 1];
+      struct sp_msgbuf mb;
+      publish_pack(ex->plan, ex->layout, &er->m->reg, r, er->request_id, ex->id,
+                   p, er->nparts, er->part_first[p], end, &mb);
+      /* A reply that cannot be built would leave the rank waiting: its
+       * connection closes instead, which it sees at once. */
+      struct sp_frame_tx *tx = calloc(1, sizeof *tx);
+      if (tx == NULL) {
+        sp_msgbuf_discard(&mb);
+        conn_close(c);
+        break;
+      }
+      if (sp_msgbuf_finish(&mb, tx) != 0) {
+        free(tx);
+        conn_close(c);
+        break;
+      }
+      if (p == 0 && er->segment_fd >= 0) {
+        /* The frame takes the duplicate and closes it once written. */
+        tx->fds[0] = er->segment_fd;
+        tx->nfds = 1;
+        er->segment_fd = -1;
+      }
+      er->next_part++;
+      ex->progress_ms = job_now_ms();
+      if (conn_send(c, tx) != 0)
+        break;
+    }
+    if (er->m->conn == NULL || er->next_part == er->nparts) {
+      er->answered = true;
+      er->m->in_export = false;
+      if (er->m->conn != NULL)
+        conn_on_drained(er->m->conn, NULL, NULL);
+    } else {
+      conn_on_drained(c, on_conn_drained, job);
+    }
+  }
+}
+
+static void start_publishing(struct export *ex) {
+  struct job *job = ex->job;
+  const struct config *cfg = job->srv->cfg;
+  /* A part must fit the client's frame limit (the protocol's default), the
+   * daemon's own, and half the reply queue, so that a queue at most half
+   * full always has room for one. */
+  uint64_t limit = SP_LIMITS_DEFAULT_MAX_FRAME;
+  if (cfg->limits.max_frame < limit)
+    limit = cfg->limits.max_frame;
+  if (cfg->max_output / 2 < limit)
+    limit = cfg->max_output / 2;
+  uint32_t items = cfg->limits.max_items < SP_LIMITS_DEFAULT_MAX_ITEMS
+                       ? cfg->limits.max_items
+                       : SP_LIMITS_DEFAULT_MAX_ITEMS;
+  ex->part_limit = limit;
+  ex->phase = JOB_PUBLISHING;
+  progress_all(ex);
+  for (uint32_t r = 0; r < job->world; r++) {
+    struct export_rank *er = &ex->ranks[r];
+    if (er->answered)
+      continue;
+    struct job_published *pub = calloc(1, sizeof *pub);
+    if (pub == NULL ||
+        publish_parts(ex->plan, ex->layout, r, limit, items, &er->part_first,
+                      &er->nparts) != 0 ||
+        (er->segment != NULL &&
+         (er->segment_fd = fcntl(er->segment->fd, F_DUPFD_CLOEXEC, 0)) < 0)) {
+      free(pub);
+      fail_export(ex, SP_ENOMEM, "out of memory publishing");
+      return;
+    }
+    /* From here the rank holds the export until it releases it. */
+    pub->export_id = ex->id;
+    pub->segment = er->segment;
+    er->segment = NULL;
+    pub->next = er->m->published;
+    er->m->published = pub;
+  }
+  pump(ex);
+}
+
+/* Moves a running export on after its thread finished or its connections
+ * drained. */
+static void step(struct export *ex) {
+  switch (ex->phase) {
+  case JOB_PLANNING:
+    if (!atomic_load(&ex->planned))
+      return;
+    pthread_join(ex->planner, NULL);
+    ex->thread_alive = false;
+    if (ex->failed)
+      break;
+    if (ex->plan_rc != 0) {
+      fail_export(ex, ex->plan_rc, ex->plan_msg);
+      break;
+    }
+    if (cache_install(ex) != 0) {
+      fail_export(ex, SP_ENOMEM, "out of memory keeping the plan");
+      break;
+    }
+    start_moving(ex);
+    if (ex->failed && !ex->thread_alive)
+      break;
+    return;
+  case JOB_MOVING:
+    if (!atomic_load(&ex->engine.done)) {
+      progress_all(ex);
+      return;
+    }
+    engine_join(&ex->engine);
+    ex->thread_alive = false;
+    if (ex->failed)
+      break;
+    if (ex->engine.rc != 0) {
+      fail_export(ex, ex->engine.rc, ex->engine.msg);
+      break;
+    }
+    start_publishing(ex);
+    if (ex->failed)
+      break;
+    /* Every reply may already be queued. */
+    __attribute__((fallthrough));
+  case JOB_PUBLISHING:
+    pump(ex);
+    for (uint32_t r = 0; r < ex->job->world; r++)
+      if (!ex->ranks[r].answered)
+        return;
+    break;
+  default:
+    break;
+  }
+  if (!ex->thread_alive)
+    finish(ex);
+}
+
+/* The options every rank must agree on, resolved against the defaults. */
+static void resolved(const struct job *job, const struct req_export *a,
+                     uint32_t *max_keys, uint64_t *max_bytes) {
+  *max_keys = a->max_keys > 0 ? a->max_keys : PLAN_DEFAULT_MAX_KEYS;
+  *max_bytes = a->max_bytes > 0 ? a->max_bytes : job->srv->cfg->max_bytes;
+}
+
+static void maybe_start(struct job *job) {
+  if (job->dying || job->running != NULL)
+    return;
+  for (uint32_t r = 0; r < job->world; r++) {
+    const struct job_member *m = job->members[r];
+    if (m == NULL || m->lost || !m->asked)
+      return;
+  }
+  uint32_t max_keys0, max_keys;
+  uint64_t max_bytes0, max_bytes;
+  resolved(job, &job->members[0]->ask, &max_keys0, &max_bytes0);
+  for (uint32_t r = 1; r < job->world; r++) {
+    resolved(job, &job->members[r]->ask, &max_keys, &max_bytes);
+    if (max_keys != max_keys0 || max_bytes != max_bytes0) {
+      char msg[256];
+      snprintf(msg, sizeof msg,
+               "ranks disagree on the export options: rank 0 asked max_keys "
+               "%" PRIu32 " and max_bytes %" PRIu64 ", rank %" PRIu32
+               " asked %" PRIu32 " and %" PRIu64,
+               max_keys0, max_bytes0, r, max_keys, max_bytes);
+      fail_gather(job, SP_EINVAL, msg);
+      return;
+    }
+  }
+  struct export *ex = calloc(1, sizeof *ex);
+  if (ex != NULL) {
+    ex->ranks = calloc(job->world, sizeof *ex->ranks);
+    ex->rin = calloc(job->world, sizeof *ex->rin);
+  }
+  if (ex == NULL || ex->ranks == NULL || ex->rin == NULL) {
+    if (ex != NULL) {
+      free(ex->ranks);
+      free(ex->rin);
+    }
+    free(ex);
+    fail_gather(job, SP_ENOMEM, "out of memory starting the export");
+    return;
+  }
+  ex->job = job;
+  ex->id = job->next_export_id++;
+  ex->max_keys = max_keys0;
+  ex->max_bytes = max_bytes0;
+  ex->timeout_ms = UINT32_MAX;
+  ex->started_ms = job_now_ms();
+  for (uint32_t r = 0; r < job->world; r++) {
+    struct job_member *m = job->members[r];
+    struct export_rank *er = &ex->ranks[r];
+    er->m = m;
+    er->request_id = m->ask_id;
+    er->progress = m->ask.progress;
+    er->timeout_ms = m->ask.timeout_ms > 0 ? m->ask.timeout_ms
+                                           : job->srv->cfg->export_timeout_ms;
+    er->groups = m->ask.groups;
+    er->sent_phase = JOB_WAITING;
+    er->segment_fd = -1;
+    memset(&m->ask.groups, 0, sizeof m->ask.groups);
+    if (er->timeout_ms < ex->timeout_ms)
+      ex->timeout_ms = er->timeout_ms;
+    m->asked = false;
+    m->in_export = true;
+    registry_rank_in(&m->reg, r, &ex->rin[r]);
+    ex->rin[r].ngroups = er->groups.ngroups;
+    ex->rin[r].groups = er->groups.groups;
+  }
+  ex->in = (struct plan_input){.world = job->world,
+                               .nranks = job->world,
+                               .ranks = ex->rin,
+                               .max_keys = ex->max_keys,
+                               .max_bytes = ex->max_bytes};
+  job->running = ex;
+  job->error[0] = '\0';
+  log_msg(LOG_LEVEL_INFO, "job %s: export %" PRIu64 " started", job->hex,
+          ex->id);
+  if (cache_applies(ex)) {
+    start_moving(ex);
+    if (ex->failed && !ex->thread_alive)
+      finish(ex);
+    return;
+  }
+  ex->phase = JOB_PLANNING;
+  progress_all(ex);
+  if (engine_spawn(&ex->planner, plan_main, ex) != 0) {
+    fail_export(ex, SP_ENOMEM, "cannot start the planning thread");
+    finish(ex);
+    return;
+  }
+  ex->thread_alive = true;
+}
+
+void export_advance(struct job *job) {
+  if (job->running != NULL)
+    step(job->running);
+  if (job->running == NULL)
+    maybe_start(job);
+}
+
+void export_member_lost(struct job *job, struct job_member *m) {
+  if (m->lost_handled)
+    return;
+  m->lost_handled = true;
+  char msg[256];
+  if (job->dying)
+    snprintf(msg, sizeof msg, "shardportd is stopping; job %s ends", job->hex);
+  else
+    snprintf(msg, sizeof msg, "rank %" PRIu32 " %s job %s", m->rank,
+             m->disconnected ? "disconnected from" : "left", job->hex);
+  struct export *ex = job->running;
+  if (ex != NULL && !ex->ranks[m->rank].answered) {
+    if (ex->phase < JOB_PUBLISHING) {
+      char full[300];
+      snprintf(full, sizeof full, "%s during export %" PRIu64, msg, ex->id);
+      fail_export(ex, SP_ERANKLOST, full);
+    } else {
+      /* The data is whole; only this rank's own stream stops. */
+      ex->ranks[m->rank].answered = true;
+      m->in_export = false;
+    }
+  }
+  /* Ranks waiting for the next export would wait for this one in vain. */
+  bool waiting = false;
+  for (uint32_t r = 0; r < job->world; r++)
+    waiting = waiting || (job->members[r] != NULL && job->members[r]->asked);
+  if (waiting) {
+    char full[300];
+    snprintf(full, sizeof full, "%s while its ranks waited for an export", msg);
+    fail_gather(job, SP_ERANKLOST, full);
+  }
+  job_wake(job);
+}
+
+/* "ranks 2 and 5 (rank 5 has not joined)": who a timed-out export waited
+ * for. */
+static void missing_ranks(const struct job *job, char *buf, size_t len) {
+  size_t used = 0, named = 0, count = 0;
+  for (uint32_t r = 0; r < job->world; r++) {
+    const struct job_member *m = job->members[r];
+    if (m != NULL && m->asked)
+      continue;
+    count++;
+    if (named < 8 && used < len) {
+      used += (size_t)snprintf(buf + used, len - used, "%s%" PRIu32 "%s",
+                               named > 0 ? ", " : "", r,
+                               m == NULL ? " (not joined)" : "");
+      named++;
+    }
+  }
+  if (count > named && used < len)
+    snprintf(buf + used, len - used, " and %zu more", count - named);
+}
+
+void export_tick(struct job *job) {
+  uint64_t now = job_now_ms();
+  struct export *ex = job->running;
+  if (ex == NULL) {
+    for (uint32_t r = 0; r < job->world; r++) {
+      struct job_member *m = job->members[r];
+      if (m == NULL || !m->asked || now < m->ask_deadline_ms)
+        continue;
+      char who[200], msg[300];
+      missing_ranks(job, who, sizeof who);
+      snprintf(msg, sizeof msg,
+               "the export of job %s timed out waiting for rank(s) %s to ask "
+               "for it",
+               job->hex, who);
+      fail_gather(job, SP_ETIMEOUT, msg);
+      return;
+    }
+    return;
+  }
+  if (ex->phase == JOB_MOVING && !ex->failed) {
+    uint64_t moved = atomic_load(&ex->engine.bytes_moved);
+    if (moved != ex->sample_bytes || atomic_load(&ex->engine.done)) {
+      double inst = now > ex->sample_ms
+                        ? (double)(moved - ex->sample_bytes) * 1000.0 /
+                              (double)(now - ex->sample_ms)
+                        : 0.0;
+      ex->rate_bps = ex->rate_bps > 0 ? 0.5 * ex->rate_bps + 0.5 * inst : inst;
+      ex->sample_bytes = moved;
+      ex->sample_ms = ex->progress_ms = now;
+    } else if (now - ex->progress_ms > ex->timeout_ms &&
+               ex->engine.round_delay_ms == 0) {
+      char msg[200];
+      snprintf(msg, sizeof msg,
+               "export %" PRIu64 " of job %s moved nothing for %" PRIu32 " ms",
+               ex->id, job->hex, ex->timeout_ms);
+      fail_export(ex, SP_ETIMEOUT, msg);
+    }
+    progress_all(ex);
+  }
+  if (ex->phase == JOB_PUBLISHING && now - ex->progress_ms > ex->timeout_ms) {
+    /* A rank that does not read its reply would hold the job forever. */
+    for (uint32_t r = 0; r < job->world; r++) {
+      struct export_rank *er = &ex->ranks[r];
+      if (!er->answered && er->m->conn != NULL) {
+        log_msg(LOG_LEVEL_WARN,
+                "job %s: rank %" PRIu32 " did not read its export reply in "
+                "%" PRIu32 " ms; disconnecting it",
+                job->hex, r, ex->timeout_ms);
+        conn_close(er->m->conn);
+      }
+    }
+  }
+}
+
+void export_view(const struct job *job, struct export_view *out) {
+  memset(out, 0, sizeof *out);
+  for (uint32_t r = 0; r < job->world; r++) {
+    const struct job_member *m = job->members[r];
+    for (const struct job_published *p = m != NULL ? m->published : NULL;
+         p != NULL; p = p->next)
+      out->pool_used += p->segment != NULL ? p->segment->size : 0;
+  }
+  const struct export *ex = job->running;
+  if (ex != NULL) {
+    out->phase = ex->failed ? JOB_FAILED : ex->phase;
+    out->export_id = ex->id;
+    out->rounds = plan_rounds(ex);
+    out->round = ex->phase == JOB_MOVING       ? atomic_load(&ex->engine.round)
+                 : ex->phase == JOB_PUBLISHING ? out->rounds
+                                               : 0;
+    out->bytes_total = ex->bytes_total;
+    out->bytes_moved =
+        ex->phase >= JOB_MOVING ? atomic_load(&ex->engine.bytes_moved) : 0;
+    out->rate_bps = ex->rate_bps;
+    for (uint32_t r = 0; r < job->world; r++)
+      out->pool_used +=
+          ex->ranks[r].segment != NULL ? ex->ranks[r].segment->size : 0;
+    return;
+  }
+  out->export_id = job->next_export_id - 1;
+  bool asked = false;
+  for (uint32_t r = 0; r < job->world; r++)
+    asked = asked || (job->members[r] != NULL && job->members[r]->asked);
+  if (asked || out->export_id == 0) {
+    out->phase = JOB_WAITING;
+    return;
+  }
+  out->phase = job->last_phase;
+  out->round = job->last_round;
+  out->rounds = job->last_rounds;
+  out->bytes_moved = job->last_bytes_moved;
+  out->bytes_total = job->last_bytes_total;
+  out->rate_bps = job->rate_bps;
+}
+
+int export_op_request(struct conn *c, const struct sp_msg_head *head,
+                      const msgpack_object *map, struct sp_frame *frame) {
+  (void)frame;
+  struct job_member *m = conn_member(c);
+  if (m == NULL)
+    return conn_send_error(c, head->id, SP_ESTATE, "export: join a job first");
+  struct job *job = m->job;
+  if (m->asked || m->in_export)
+    return conn_send_error(c, head->id, SP_EEXPORTING,
+                           "export: rank %" PRIu32 " of job %s already asked "
+                           "for an export that has not finished",
+                           m->rank, job->hex);
+  struct req_export req;
+  char msg[256];
+  int rc = request_parse_export(map, &req, msg, sizeof msg);
+  if (rc != 0)
+    return conn_send_error(c, head->id, rc, "export: %s", msg);
+  m->ask = req;
+  m->asked = true;
+  m->ask_id = head->id;
+  m->ask_deadline_ms =
+      job_now_ms() +
+      (req.timeout_ms > 0 ? req.timeout_ms : job->srv->cfg->export_timeout_ms);
+  if (req.progress) {
+    struct sp_msgbuf mb;
+    sp_msgbuf_begin(&mb, "progress", head->id, 5);
+    sp_pack_kv_str(&mb.pk, "phase", "waiting");
+    sp_pack_kv_u64(&mb.pk, "round", 0);
+    sp_pack_kv_u64(&mb.pk, "rounds", 0);
+    sp_pack_kv_u64(&mb.pk, "bytes_moved", 0);
+    sp_pack_kv_u64(&mb.pk, "bytes_total", 0);
+    conn_send_msgbuf(c, &mb);
+  }
+  job_wake(job);
+  job_schedule(job);
+  return 0;
+}
+
+int export_op_release(struct conn *c, const struct sp_msg_head *head,
+                      const msgpack_object *map, struct sp_frame *frame) {
+  (void)frame;
+  struct job_member *m = conn_member(c);
+  if (m == NULL)
+    return conn_send_error(c, head->id, SP_ESTATE, "release: join a job first");
+  uint64_t export_id;
+  char msg[128];
+  int rc = request_parse_release(map, &export_id, msg, sizeof msg);
+  if (rc != 0)
+    return conn_send_error(c, head->id, rc, "release: %s", msg);
+  for (struct job_published **p = &m->published; *p != NULL; p = &(*p)->next) {
+    if ((*p)->export_id != export_id)
+      continue;
+    struct job_published *pub = *p;
+    /* A reply still streaming keeps its part 0 until it is written; the
+     * segment's descriptor in it is a duplicate. */
+    *p = pub->next;
+    pool_segment_free(m->job->srv->pool, pub->segment);
+    free(pub);
+    struct sp_msgbuf mb;
+    sp_msgbuf_begin(&mb, "release", head->id, 0);
+    return conn_send_msgbuf(c, &mb);
+  }
+  return conn_send_error(c, head->id, SP_ENOEXPORT,
+                         "release: export %" PRIu64 " is not published to "
+                         "rank %" PRIu32 " of job %s",
+                         export_id, m->rank, m->job->hex);
+}

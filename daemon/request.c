@@ -1,0 +1,582 @@
+/*
+ * request.c - the job messages of docs/protocol.md ("Jobs") read from their
+ * decoded maps into plain structs, with every bound the protocol states.
+ *
+ * This is the one place that reads these requests: job.c, registry.c and
+ * export.c see only what passed here.  A field that is missing or has the
+ * wrong type is bad_message; a value outside its bound is invalid_argument
+ * (or the code the protocol names for it), always with a sentence that
+ * names the field and, for an element of an array, its index.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/daemon.h"
+#include "proto/wire.h"
+#include "shardport.h"
+
+static int req_fail(char *msg, size_t msglen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int req_fail(char *msg, size_t msglen, int code, const char *fmt, ...) {
+  if (msg != NULL && msglen > 0) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, msglen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+/* An unsigned field at most max.  where prefixes the message ("" at the top
+ * level, "tensors[3]: " inside an array). */
+static int get_uint(const msgpack_object *map, const char *key, bool optional,
+                    uint64_t max, uint64_t *out, const char *where, char *msg,
+                    size_t msglen) {
+  int rc = sp_msg_get_u64(map, key, optional, out);
+  if (rc < 0)
+    return req_fail(msg, msglen, SP_EBADMSG,
+                    "%s\"%s\" must be an unsigned integer", where, key);
+  if (rc == 0 && *out > max)
+    return req_fail(msg, msglen, SP_EINVAL, "%s\"%s\" is %llu, more than %llu",
+                    where, key, (unsigned long long)*out,
+                    (unsigned long long)max);
+  return rc;
+}
+
+/* An array of at most SP_MAX_DIMS unsigned values below 2^62. */
+static int get_dims(const msgpack_object *map, const char *key, uint32_t *ndim,
+                    int64_t *dims, const char *where, char *msg,
+                    size_t msglen) {
+  const msgpack_object_array *a;
+  if (sp_msg_get_array(map, key, false, &a) != 0)
+    return req_fail(msg, msglen, SP_EBADMSG,
+                    "%s\"%s\" must be an array of unsigned integers", where,
+                    key);
+  if (a->size > SP_MAX_DIMS)
+    return req_fail(msg, msglen, SP_EINVAL,
+                    "%s\"%s\" has %u dims, more than %d", where, key, a->size,
+                    SP_MAX_DIMS);
+  for (uint32_t d = 0; d < a->size; d++) {
+    if (a->ptr[d].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+      return req_fail(msg, msglen, SP_EBADMSG,
+                      "%s\"%s\"[%u] must be an unsigned integer", where, key,
+                      d);
+    if (a->ptr[d].via.u64 > REQ_MAX_VALUE)
+      return req_fail(msg, msglen, SP_EINVAL,
+                      "%s\"%s\"[%u] is %llu, not below 2^62", where, key, d,
+                      (unsigned long long)a->ptr[d].via.u64);
+    dims[d] = (int64_t)a->ptr[d].via.u64;
+  }
+  *ndim = a->size;
+  return 0;
+}
+
+bool request_utf8_valid(const char *s, size_t len) {
+  const uint8_t *p = (const uint8_t *)s;
+  size_t i = 0;
+  while (i < len) {
+    uint8_t c = p[i];
+    size_t n;
+    uint32_t cp;
+    if (c == 0)
+      return false;
+    if (c < 0x80) {
+      i++;
+      continue;
+    }
+    if (c >= 0xc2 && c <= 0xdf) {
+      n = 1;
+      cp = c & 0x1f;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      n = 2;
+      cp = c & 0x0f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      n = 3;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (len - i <= n)
+      return false;
+    for (size_t k = 1; k <= n; k++) {
+      if ((p[i + k] & 0xc0) != 0x80)
+        return false;
+      cp = (cp << 6) | (p[i + k] & 0x3f);
+    }
+    /* Overlong forms, UTF-16 surrogates and values past U+10FFFF. */
+    if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
+        (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
+      return false;
+    i += n + 1;
+  }
+  return true;
+}
+
+/* A key: 1 to REQ_MAX_KEY bytes of UTF-8 without NUL. */
+static int check_key(const char *s, size_t len, const char *where, char *msg,
+                     size_t msglen) {
+  if (len == 0 || len > REQ_MAX_KEY)
+    return req_fail(msg, msglen, SP_EINVAL,
+                    "%sa key must have 1 to %u bytes, not %zu", where,
+                    REQ_MAX_KEY, len);
+  if (!request_utf8_valid(s, len))
+    return req_fail(msg, msglen, SP_EINVAL,
+                    "%sthe key is not UTF-8 without NUL bytes", where);
+  return 0;
+}
+
+int request_parse_job_create(const msgpack_object *map,
+                             struct req_job_create *out, char *msg,
+                             size_t msglen) {
+  uint64_t world;
+  int rc =
+      get_uint(map, "world", false, REQ_MAX_WORLD, &world, "", msg, msglen);
+  if (rc != 0)
+    return rc;
+  if (world == 0)
+    return req_fail(msg, msglen, SP_EINVAL, "\"world\" must be at least 1");
+  out->world = (uint32_t)world;
+  return 0;
+}
+
+int request_parse_device(const char *s, size_t len, uint32_t *type) {
+  static const char cuda[] = "cuda:";
+  if (len == 3 && memcmp(s, "cpu", 3) == 0) {
+    *type = SP_DEVICE_CPU;
+    return 0;
+  }
+  /* A GPU UUID as nvidia-smi prints it ("GPU-" and 36 characters); only
+   * its characters are checked here, the CUDA backend resolves it. */
+  if (len > sizeof cuda - 1 && len <= REQ_MAX_DEVICE &&
+      memcmp(s, cuda, sizeof cuda - 1) == 0) {
+    for (size_t i = sizeof cuda - 1; i < len; i++)
+      if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'z') ||
+            (s[i] >= 'A' && s[i] <= 'Z') || s[i] == '-'))
+        return SP_EINVAL;
+    *type = SP_DEVICE_CUDA;
+    return 0;
+  }
+  return SP_EINVAL;
+}
+
+int request_parse_join(const msgpack_object *map, struct req_join *out,
+                       char *msg, size_t msglen) {
+  uint64_t rank, world;
+  const char *device;
+  size_t device_len;
+  int rc;
+  if (sp_msg_get_bin(map, "ticket", false, &out->ticket, &out->ticket_len) != 0)
+    return req_fail(msg, msglen, SP_EBADMSG, "\"ticket\" must be a bin");
+  if (out->ticket_len > SP_TICKET_MAX)
+    return req_fail(msg, msglen, SP_ETICKET,
+                    "the ticket has %zu bytes, more than %d", out->ticket_len,
+                    SP_TICKET_MAX);
+  if ((rc = get_uint(map, "rank", false, UINT32_MAX, &rank, "", msg, msglen)) !=
+          0 ||
+      (rc = get_uint(map, "world", false, UINT32_MAX, &world, "", msg,
+                     msglen)) != 0)
+    return rc;
+  if (sp_msg_get_str(map, "device", false, &device, &device_len) != 0)
+    return req_fail(msg, msglen, SP_EBADMSG, "\"device\" must be a string");
+  if (request_parse_device(device, device_len, &out->device_type) != 0)
+    return req_fail(msg, msglen, SP_EINVAL,
+                    "device \"%.*s\" is not \"cpu\" or \"cuda:<GPU UUID>\"",
+                    (int)(device_len < 80 ? device_len : 80), device);
+  memcpy(out->device, device, device_len);
+  out->device[device_len] = '\0';
+  out->rank = (uint32_t)rank;
+  out->world = (uint32_t)world;
+  return 0;
+}
+
+int request_parse_ticket(const uint8_t *data, size_t len,
+                         const struct sp_limits *limits,
+                         struct req_ticket *out) {
+  msgpack_zone zone;
+  msgpack_object map;
+  const uint8_t *job, *secret;
+  size_t job_len, secret_len;
+  uint64_t version, world;
+  int rc = SP_ETICKET;
+  if (len == 0 || len > SP_TICKET_MAX ||
+      !msgpack_zone_init(&zone, MSGPACK_ZONE_CHUNK_SIZE))
+    return SP_ETICKET;
+  /* The ticket came from a trainer, so it goes through the same bounded
+   * decoder as a frame. */
+  if (sp_wire_decode(data, len, limits, &zone, &map) == 0 &&
+      sp_msg_get_u64(&map, "v", false, &version) == 0 && version == 1 &&
+      sp_msg_get_bin(&map, "job", false, &job, &job_len) == 0 &&
+      job_len == JOB_ID_BYTES &&
+      sp_msg_get_bin(&map, "secret", false, &secret, &secret_len) == 0 &&
+      secret_len == JOB_SECRET_BYTES &&
+      sp_msg_get_u64(&map, "world", false, &world) == 0 &&
+      world <= REQ_MAX_WORLD) {
+    memcpy(out->job, job, JOB_ID_BYTES);
+    memcpy(out->secret, secret, JOB_SECRET_BYTES);
+    out->world = (uint32_t)world;
+    rc = 0;
+  }
+  msgpack_zone_destroy(&zone);
+  return rc;
+}
+
+int request_parse_storages(const msgpack_object *map, size_t nfds,
+                           struct req_storage **out, size_t *n, char *msg,
+                           size_t msglen) {
+  const msgpack_object_array *a;
+  *out = NULL;
+  *n = 0;
+  if (sp_msg_get_array(map, "storages", false, &a) != 0)
+    return req_fail(msg, msglen, SP_EBADMSG,
+                    "\"storages\" must be an array of storage maps");
+  if (a->size > REQ_MAX_PER_RANK)
+    return req_fail(msg, msglen, SP_ELIMIT,
+                    "%u storages in one frame, more than %u", a->size,
+                    REQ_MAX_PER_RANK);
+  struct req_storage *s = calloc(a->size > 0 ? a->size : 1, sizeof *s);
+  if (s == NULL)
+    return req_fail(msg, msglen, SP_ENOMEM, "out of memory");
+  int rc = 0;
+  for (uint32_t i = 0; i < a->size && rc == 0; i++) {
+    const msgpack_object *o = &a->ptr[i];
+    char where[48];
+    uint64_t sid, fd;
+    const char *kind;
+    size_t kind_len;
+    snprintf(where, sizeof where, "storages[%u]: ", i);
+    if (o->type != MSGPACK_OBJECT_MAP) {
+      rc = req_fail(msg, msglen, SP_EBADMSG, "%snot a map", where);
+      break;
+    }
+    if ((rc = get_uint(o, "sid", false, UINT32_MAX, &sid, where, msg,
+                       msglen)) != 0 ||
+        (rc = get_uint(o, "fd", false, UINT32_MAX, &fd, where, msg, msglen)) !=
+            0 ||
+        (rc = get_uint(o, "offset", false, REQ_MAX_VALUE, &s[i].offset, where,
+                       msg, msglen)) != 0 ||
+        (rc = get_uint(o, "length", false, REQ_MAX_VALUE, &s[i].length, where,
+                       msg, msglen)) != 0 ||
+        (rc = get_uint(o, "base", false, UINT64_MAX, &s[i].base, where, msg,
+                       msglen)) != 0)
+      break;
+    if (sp_msg_get_str(o, "kind", false, &kind, &kind_len) != 0) {
+      rc = req_fail(msg, msglen, SP_EBADMSG, "%s\"kind\" must be a string",
+                    where);
+      break;
+    }
+    if (kind_len != 5 || memcmp(kind, "memfd", 5) != 0) {
+      rc = req_fail(msg, msglen, SP_EINVAL,
+                    "%skind \"%.*s\" is not supported (only \"memfd\")", where,
+                    (int)(kind_len < 32 ? kind_len : 32), kind);
+      break;
+    }
+    if (fd >= nfds) {
+      rc = req_fail(msg, msglen, SP_EBADFD,
+                    "%sfd index %llu, but the frame carries %zu descriptors",
+                    where, (unsigned long long)fd, nfds);
+      break;
+    }
+    if (s[i].offset + s[i].length > REQ_MAX_VALUE) {
+      rc = req_fail(msg, msglen, SP_EINVAL,
+                    "%soffset + length is not below 2^62", where);
+      break;
+    }
+    s[i].sid = (uint32_t)sid;
+    s[i].fd = (uint32_t)fd;
+  }
+  if (rc != 0) {
+    free(s);
+    return rc;
+  }
+  *out = s;
+  *n = a->size;
+  return 0;
+}
+
+/* One piece map into p, its holders into holders (at most REQ_MAX_WORLD). */
+static int parse_piece(const msgpack_object *o, struct affine_piece *p,
+                       uint32_t *holders, const char *where, char *msg,
+                       size_t msglen) {
+  const msgpack_object_array *h;
+  uint32_t nd_src, nd_dst;
+  uint64_t v;
+  int rc;
+  if (o->type != MSGPACK_OBJECT_MAP)
+    return req_fail(msg, msglen, SP_EBADMSG, "%snot a map", where);
+  if ((rc = get_dims(o, "shape", &p->ndim, p->shape, where, msg, msglen)) !=
+          0 ||
+      (rc = get_dims(o, "src_stride", &nd_src, p->src_stride, where, msg,
+                     msglen)) != 0 ||
+      (rc = get_dims(o, "dst_stride", &nd_dst, p->dst_stride, where, msg,
+                     msglen)) != 0)
+    return rc;
+  if (nd_src != p->ndim || nd_dst != p->ndim)
+    return req_fail(msg, msglen, SP_EINVAL,
+                    "%sshape, src_stride and dst_stride have %u, %u and %u "
+                    "dims",
+                    where, p->ndim, nd_src, nd_dst);
+  if ((rc = get_uint(o, "src_offset", false, REQ_MAX_VALUE, &v, where, msg,
+                     msglen)) != 0)
+    return rc;
+  p->src_offset = (int64_t)v;
+  if ((rc = get_uint(o, "dst_offset", false, REQ_MAX_VALUE, &v, where, msg,
+                     msglen)) != 0)
+    return rc;
+  p->dst_offset = (int64_t)v;
+  if (sp_msg_get_array(o, "holders", false, &h) != 0)
+    return req_fail(msg, msglen, SP_EBADMSG,
+                    "%s\"holders\" must be an array of ranks", where);
+  if (h->size == 0 || h->size > REQ_MAX_WORLD)
+    return req_fail(msg, msglen, SP_EINVAL,
+                    "%sa piece has 1 to %u holders, not %u", where,
+                    REQ_MAX_WORLD, h->size);
+  for (uint32_t k = 0; k < h->size; k++) {
+    if (h->ptr[k].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+        h->ptr[k].via.u64 >= REQ_MAX_WORLD)
+      return req_fail(msg, msglen, SP_EINVAL,
+                      "%sholders[%u] is not a rank below %u", where, k,
+                      REQ_MAX_WORLD);
+    holders[k] = (uint32_t)h->ptr[k].via.u64;
+  }
+  p->nholders = h->size;
+  p->holders = holders;
+  return 0;
+}
+
+/* The pieces of an affine tensor in one allocation: pieces, then holders. */
+static int parse_pieces(const msgpack_object_array *a, struct req_tensor *t,
+                        const char *where, char *msg, size_t msglen) {
+  size_t nholders = 0;
+  for (uint32_t i = 0; i < a->size; i++) {
+    const msgpack_object_array *h;
+    if (a->ptr[i].type == MSGPACK_OBJECT_MAP &&
+        sp_msg_get_array(&a->ptr[i], "holders", false, &h) == 0)
+      nholders += h->size;
+  }
+  /* Both counts are bounded by the frame, which the wire check bounded. */
+  size_t bytes = (size_t)a->size * sizeof(struct affine_piece) +
+                 nholders * sizeof(uint32_t);
+  uint8_t *block = malloc(bytes > 0 ? bytes : 1);
+  if (block == NULL)
+    return req_fail(msg, msglen, SP_ENOMEM, "out of memory");
+  struct affine_piece *pieces = (struct affine_piece *)block;
+  uint32_t *holders =
+      (uint32_t *)(block + (size_t)a->size * sizeof(struct affine_piece));
+  memset(pieces, 0, (size_t)a->size * sizeof *pieces);
+  size_t at = 0;
+  for (uint32_t i = 0; i < a->size; i++) {
+    char pwhere[96];
+    snprintf(pwhere, sizeof pwhere, "%spieces[%u]: ", where, i);
+    int rc =
+        parse_piece(&a->ptr[i], &pieces[i], holders + at, pwhere, msg, msglen);
+    if (rc != 0) {
+      free(block);
+      return rc;
+    }
+    at += pieces[i].nholders;
+  }
+  t->pieces = pieces;
+  t->npieces = a->size;
+  return 0;
+}
+
+static int parse_tensor(const msgpack_object *o, uint32_t i,
+                        struct req_tensor *t, char *msg, size_t msglen) {
+  char where[64];
+  const char *dtype, *placement;
+  size_t dtype_len, placement_len;
+  const msgpack_object_array *pieces;
+  uint64_t sid, offset;
+  uint32_t nstride;
+  int rc;
+  snprintf(where, sizeof where, "tensors[%u]: ", i);
+  if (o->type != MSGPACK_OBJECT_MAP)
+    return req_fail(msg, msglen, SP_EBADMSG, "%snot a map", where);
+  if (sp_msg_get_str(o, "key", false, &t->key, &t->key_len) != 0)
+    return req_fail(msg, msglen, SP_EBADMSG, "%s\"key\" must be a string",
+                    where);
+  if ((rc = check_key(t->key, t->key_len, where, msg, msglen)) != 0)
+    return rc;
+  /* From here on messages name the key as well. */
+  snprintf(where, sizeof where, "tensors[%u] ('%.*s'): ", i,
+           (int)(t->key_len < 24 ? t->key_len : 24), t->key);
+  if ((rc = get_uint(o, "sid", false, UINT32_MAX, &sid, where, msg, msglen)) !=
+          0 ||
+      (rc = get_uint(o, "offset", false, REQ_MAX_VALUE, &offset, where, msg,
+                     msglen)) != 0)
+    return rc;
+  t->sid = (uint32_t)sid;
+  t->view.offset = (int64_t)offset;
+  if (sp_msg_get_str(o, "dtype", false, &dtype, &dtype_len) != 0)
+    return req_fail(msg, msglen, SP_EBADMSG, "%s\"dtype\" must be a string",
+                    where);
+  if (sp_dtype_from_name(dtype, dtype_len, &t->view.dtype) != 0)
+    return req_fail(msg, msglen, SP_EDTYPE, "%sunknown dtype \"%.*s\"", where,
+                    (int)(dtype_len < 32 ? dtype_len : 32), dtype);
+  if ((rc = get_dims(o, "shape", &t->view.ndim, t->view.shape, where, msg,
+                     msglen)) != 0 ||
+      (rc = get_dims(o, "stride", &nstride, t->view.stride, where, msg,
+                     msglen)) != 0 ||
+      (rc = get_dims(o, "global_shape", &t->ndim, t->shape, where, msg,
+                     msglen)) != 0)
+    return rc;
+  if (nstride != t->view.ndim)
+    return req_fail(msg, msglen, SP_EINVAL,
+                    "%sshape has %u dims but stride has %u", where,
+                    t->view.ndim, nstride);
+  if (sp_msg_get_str(o, "placement", false, &placement, &placement_len) != 0)
+    return req_fail(msg, msglen, SP_EBADMSG, "%s\"placement\" must be a string",
+                    where);
+  if (plan_layout_placement_from_name(placement, placement_len,
+                                      &t->placement) != 0)
+    return req_fail(msg, msglen, SP_EUNSUPPORTED,
+                    "%splacement \"%.*s\" is not shard0, replicated, plain, "
+                    "expert or affine",
+                    where, (int)(placement_len < 32 ? placement_len : 32),
+                    placement);
+  rc = sp_msg_get_array(o, "pieces", true, &pieces);
+  if (rc < 0)
+    return req_fail(msg, msglen, SP_EBADMSG,
+                    "%s\"pieces\" must be an array of piece maps", where);
+  if (rc == 0 && t->placement != PLAN_AFFINE && pieces->size > 0)
+    return req_fail(msg, msglen, SP_EINVAL,
+                    "%sonly an affine tensor has pieces", where);
+  if (rc == 0 && t->placement == PLAN_AFFINE)
+    return parse_pieces(pieces, t, where, msg, msglen);
+  return 0;
+}
+
+int request_parse_tensors(const msgpack_object *map, struct req_tensor **out,
+                          size_t *n, char *msg, size_t msglen) {
+  const msgpack_object_array *a;
+  *out = NULL;
+  *n = 0;
+  if (sp_msg_get_array(map, "tensors", false, &a) != 0)
+    return req_fail(msg, msglen, SP_EBADMSG,
+                    "\"tensors\" must be an array of tensor maps");
+  if (a->size > REQ_MAX_PER_RANK)
+    return req_fail(msg, msglen, SP_ELIMIT,
+                    "%u tensors in one frame, more than %u", a->size,
+                    REQ_MAX_PER_RANK);
+  struct req_tensor *t = calloc(a->size > 0 ? a->size : 1, sizeof *t);
+  if (t == NULL)
+    return req_fail(msg, msglen, SP_ENOMEM, "out of memory");
+  for (uint32_t i = 0; i < a->size; i++) {
+    int rc = parse_tensor(&a->ptr[i], i, &t[i], msg, msglen);
+    if (rc != 0) {
+      request_tensors_free(t, a->size);
+      return rc;
+    }
+  }
+  *out = t;
+  *n = a->size;
+  return 0;
+}
+
+void request_tensors_free(struct req_tensor *t, size_t n) {
+  if (t == NULL)
+    return;
+  /* The pieces and their holders are one block (parse_pieces). */
+  for (size_t i = 0; i < n; i++)
+    free(t[i].pieces);
+  free(t);
+}
+
+/* Groups become one blob of names, each NUL-terminated and each group
+ * ended by an empty name: compared byte for byte to reuse a cached plan,
+ * and pointed into by the plan_group arrays. */
+static int parse_groups(const msgpack_object_array *a, struct req_groups *g,
+                        char *msg, size_t msglen) {
+  size_t nnames = 0, bytes = 0;
+  for (uint32_t i = 0; i < a->size; i++) {
+    const msgpack_object *grp = &a->ptr[i];
+    if (grp->type != MSGPACK_OBJECT_ARRAY)
+      return req_fail(msg, msglen, SP_EBADMSG,
+                      "groups[%u] must be an array of keys", i);
+    for (uint32_t j = 0; j < grp->via.array.size; j++) {
+      const msgpack_object *k = &grp->via.array.ptr[j];
+      char where[48];
+      snprintf(where, sizeof where, "groups[%u][%u]: ", i, j);
+      if (k->type != MSGPACK_OBJECT_STR)
+        return req_fail(msg, msglen, SP_EBADMSG, "%snot a string", where);
+      int rc = check_key(k->via.str.ptr, k->via.str.size, where, msg, msglen);
+      if (rc != 0)
+        return rc;
+      bytes += k->via.str.size + 1;
+    }
+    nnames += grp->via.array.size;
+    bytes += 1;
+  }
+  g->blob = malloc(bytes > 0 ? bytes : 1);
+  g->names = malloc((nnames > 0 ? nnames : 1) * sizeof *g->names);
+  g->groups = calloc(a->size > 0 ? a->size : 1, sizeof *g->groups);
+  if (g->blob == NULL || g->names == NULL || g->groups == NULL) {
+    request_groups_free(g);
+    return req_fail(msg, msglen, SP_ENOMEM, "out of memory");
+  }
+  size_t at = 0, name = 0;
+  for (uint32_t i = 0; i < a->size; i++) {
+    const msgpack_object_array *grp = &a->ptr[i].via.array;
+    g->groups[i].keys = g->names + name;
+    g->groups[i].nkeys = grp->size;
+    for (uint32_t j = 0; j < grp->size; j++) {
+      const msgpack_object_str *k = &grp->ptr[j].via.str;
+      g->names[name++] = g->blob + at;
+      memcpy(g->blob + at, k->ptr, k->size);
+      at += k->size;
+      g->blob[at++] = '\0';
+    }
+    g->blob[at++] = '\0';
+  }
+  g->ngroups = a->size;
+  g->blob_len = bytes;
+  return 0;
+}
+
+void request_groups_free(struct req_groups *g) {
+  free(g->blob);
+  free(g->names);
+  free(g->groups);
+  memset(g, 0, sizeof *g);
+}
+
+int request_parse_export(const msgpack_object *map, struct req_export *out,
+                         char *msg, size_t msglen) {
+  uint64_t v;
+  const msgpack_object_array *groups;
+  int rc;
+  memset(out, 0, sizeof *out);
+  if ((rc = get_uint(map, "max_keys", true, UINT32_MAX, &v, "", msg, msglen)) <
+      0)
+    return rc;
+  out->max_keys = rc == 0 ? (uint32_t)v : 0;
+  if ((rc = get_uint(map, "max_bytes", true, UINT64_MAX, &v, "", msg, msglen)) <
+      0)
+    return rc;
+  out->max_bytes = rc == 0 ? v : 0;
+  if ((rc = get_uint(map, "timeout_ms", true, REQ_MAX_TIMEOUT_MS, &v, "", msg,
+                     msglen)) < 0)
+    return rc;
+  out->timeout_ms = rc == 0 ? (uint32_t)v : 0;
+  rc = sp_msg_get_bool(map, "progress", true, &out->progress);
+  if (rc < 0)
+    return req_fail(msg, msglen, SP_EBADMSG, "\"progress\" must be a bool");
+  if (rc == 1)
+    out->progress = false;
+  rc = sp_msg_get_array(map, "groups", true, &groups);
+  if (rc < 0)
+    return req_fail(msg, msglen, SP_EBADMSG,
+                    "\"groups\" must be an array of arrays of keys");
+  if (rc == 0)
+    return parse_groups(groups, &out->groups, msg, msglen);
+  return 0;
+}
+
+int request_parse_release(const msgpack_object *map, uint64_t *export_id,
+                          char *msg, size_t msglen) {
+  return get_uint(map, "export_id", false, UINT64_MAX, export_id, "", msg,
+                  msglen);
+}

@@ -1,0 +1,698 @@
+/*
+ * test_registry.c - job requests parsed from crafted msgpack (every bound of
+ * docs/protocol.md, "Jobs"), and the registry's checks against real memfds:
+ * read-only mappings, whole-or-nothing frames, views inside their storage.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "daemon/daemon.h"
+#include "proto/wire.h"
+#include "shardport.h"
+
+/* A message built with the proto packers, decoded as the daemon would. */
+struct msg {
+  struct sp_msgbuf mb;
+  msgpack_zone zone;
+  msgpack_object map;
+};
+
+static void msg_begin(struct msg *m, const char *op, uint32_t nfields) {
+  sp_msgbuf_begin(&m->mb, op, 1, nfields);
+}
+
+static const msgpack_object *msg_decode(struct msg *m) {
+  struct sp_limits limits;
+  sp_limits_default(&limits);
+  msgpack_zone_init(&m->zone, 4096);
+  ck_assert_int_eq(
+      sp_wire_decode((const uint8_t *)m->mb.sbuf.data + SP_FRAME_HEADER,
+                     m->mb.sbuf.size - SP_FRAME_HEADER, &limits, &m->zone,
+                     &m->map),
+      0);
+  return &m->map;
+}
+
+static void msg_free(struct msg *m) {
+  msgpack_zone_destroy(&m->zone);
+  sp_msgbuf_discard(&m->mb);
+}
+
+static void pack_u64s(msgpack_packer *pk, const char *key, size_t n,
+                      const uint64_t *v) {
+  sp_pack_str(pk, key);
+  msgpack_pack_array(pk, n);
+  for (size_t i = 0; i < n; i++)
+    msgpack_pack_uint64(pk, v[i]);
+}
+
+/* ---- requests ---------------------------------------------------------- */
+
+static int parse_create(uint64_t world, bool present) {
+  struct msg m;
+  struct req_job_create req;
+  char err[256];
+  msg_begin(&m, "job_create", present ? 1 : 0);
+  if (present)
+    sp_pack_kv_u64(&m.mb.pk, "world", world);
+  int rc = request_parse_job_create(msg_decode(&m), &req, err, sizeof err);
+  if (rc == 0)
+    ck_assert_uint_eq(req.world, world);
+  msg_free(&m);
+  return rc;
+}
+
+START_TEST(job_create_bounds) {
+  ck_assert_int_eq(parse_create(1, true), 0);
+  ck_assert_int_eq(parse_create(65536, true), 0);
+  ck_assert_int_eq(parse_create(0, true), SP_EINVAL);
+  ck_assert_int_eq(parse_create(65537, true), SP_EINVAL);
+  ck_assert_int_eq(parse_create(0, false), SP_EBADMSG);
+}
+END_TEST
+
+static int parse_join(size_t ticket_len, const char *device,
+                      struct req_join *out) {
+  struct msg m;
+  char err[256];
+  uint8_t ticket[600] = {0};
+  msg_begin(&m, "join", 4);
+  sp_pack_str(&m.mb.pk, "ticket");
+  sp_pack_bin(&m.mb.pk, ticket, ticket_len);
+  sp_pack_kv_u64(&m.mb.pk, "rank", 1);
+  sp_pack_kv_u64(&m.mb.pk, "world", 2);
+  sp_pack_kv_str(&m.mb.pk, "device", device);
+  int rc = request_parse_join(msg_decode(&m), out, err, sizeof err);
+  msg_free(&m);
+  return rc;
+}
+
+START_TEST(join_bounds) {
+  struct req_join j;
+  ck_assert_int_eq(parse_join(64, "cpu", &j), 0);
+  ck_assert_uint_eq(j.device_type, SP_DEVICE_CPU);
+  ck_assert_int_eq(
+      parse_join(64, "cuda:GPU-6f1c2a3e-1b2c-4d5e-8f90-123456789abc", &j), 0);
+  ck_assert_uint_eq(j.device_type, SP_DEVICE_CUDA);
+  ck_assert_str_eq(j.device, "cuda:GPU-6f1c2a3e-1b2c-4d5e-8f90-123456789abc");
+  ck_assert_int_eq(parse_join(64, "cuda:", &j), SP_EINVAL);
+  ck_assert_int_eq(parse_join(64, "cpu ", &j), SP_EINVAL);
+  ck_assert_int_eq(parse_join(64, "cuda:GPU/0", &j), SP_EINVAL);
+  ck_assert_int_eq(parse_join(512, "cpu", &j), 0);
+  ck_assert_int_eq(parse_join(513, "cpu", &j), SP_ETICKET);
+}
+END_TEST
+
+/* A ticket with the given fields, as job.c packs them. */
+static size_t make_ticket(uint8_t *buf, uint64_t v, size_t job_len,
+                          size_t secret_len, uint64_t world) {
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  uint8_t bytes[32] = {0};
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 4);
+  sp_pack_kv_u64(&pk, "v", v);
+  sp_pack_str(&pk, "job");
+  sp_pack_bin(&pk, bytes, job_len);
+  sp_pack_str(&pk, "secret");
+  sp_pack_bin(&pk, bytes, secret_len);
+  sp_pack_kv_u64(&pk, "world", world);
+  memcpy(buf, sb.data, sb.size);
+  size_t n = sb.size;
+  msgpack_sbuffer_destroy(&sb);
+  return n;
+}
+
+START_TEST(ticket_decoding) {
+  struct sp_limits limits;
+  struct req_ticket t;
+  uint8_t buf[256];
+  sp_limits_default(&limits);
+  size_t n = make_ticket(buf, 1, 16, 16, 8);
+  ck_assert_int_eq(request_parse_ticket(buf, n, &limits, &t), 0);
+  ck_assert_uint_eq(t.world, 8);
+  n = make_ticket(buf, 2, 16, 16, 8);
+  ck_assert_int_eq(request_parse_ticket(buf, n, &limits, &t), SP_ETICKET);
+  n = make_ticket(buf, 1, 15, 16, 8);
+  ck_assert_int_eq(request_parse_ticket(buf, n, &limits, &t), SP_ETICKET);
+  n = make_ticket(buf, 1, 16, 17, 8);
+  ck_assert_int_eq(request_parse_ticket(buf, n, &limits, &t), SP_ETICKET);
+  n = make_ticket(buf, 1, 16, 16, 8);
+  buf[n] = 0xc0; /* trailing bytes */
+  ck_assert_int_eq(request_parse_ticket(buf, n + 1, &limits, &t), SP_ETICKET);
+  /* An array that claims four billion elements is refused unallocated. */
+  static const uint8_t huge[] = {0xdd, 0xff, 0, 0, 0};
+  ck_assert_int_eq(request_parse_ticket(huge, sizeof huge, &limits, &t),
+                   SP_ETICKET);
+  ck_assert_int_eq(request_parse_ticket(buf, 0, &limits, &t), SP_ETICKET);
+}
+END_TEST
+
+struct storage_fields {
+  uint64_t sid, fd, offset, length;
+  const char *kind;
+};
+
+static int parse_storage(struct storage_fields f, size_t nfds) {
+  struct msg m;
+  struct req_storage *s;
+  size_t n;
+  char err[256];
+  msg_begin(&m, "storage_add", 1);
+  sp_pack_str(&m.mb.pk, "storages");
+  msgpack_pack_array(&m.mb.pk, 1);
+  msgpack_pack_map(&m.mb.pk, 6);
+  sp_pack_kv_u64(&m.mb.pk, "sid", f.sid);
+  sp_pack_kv_str(&m.mb.pk, "kind", f.kind);
+  sp_pack_kv_u64(&m.mb.pk, "fd", f.fd);
+  sp_pack_kv_u64(&m.mb.pk, "offset", f.offset);
+  sp_pack_kv_u64(&m.mb.pk, "length", f.length);
+  sp_pack_kv_u64(&m.mb.pk, "base", 0x1000);
+  int rc =
+      request_parse_storages(msg_decode(&m), nfds, &s, &n, err, sizeof err);
+  if (rc == 0) {
+    ck_assert_uint_eq(n, 1);
+    ck_assert_uint_eq(s[0].sid, f.sid);
+    free(s);
+  }
+  msg_free(&m);
+  return rc;
+}
+
+START_TEST(storage_bounds) {
+  const uint64_t big = UINT64_C(1) << 62;
+  ck_assert_int_eq(
+      parse_storage((struct storage_fields){1, 0, 0, 8, "memfd"}, 1), 0);
+  ck_assert_int_eq(
+      parse_storage((struct storage_fields){1, 0, 0, 8, "dmabuf"}, 1),
+      SP_EINVAL);
+  ck_assert_int_eq(
+      parse_storage((struct storage_fields){1, 1, 0, 8, "memfd"}, 1),
+      SP_EBADFD);
+  ck_assert_int_eq(
+      parse_storage((struct storage_fields){1, 0, 0, 8, "memfd"}, 0),
+      SP_EBADFD);
+  ck_assert_int_eq(
+      parse_storage((struct storage_fields){1, 0, big, 8, "memfd"}, 1),
+      SP_EINVAL);
+  ck_assert_int_eq(
+      parse_storage((struct storage_fields){1, 0, big - 8, 8, "memfd"}, 1),
+      SP_EINVAL);
+  ck_assert_int_eq(
+      parse_storage(
+          (struct storage_fields){UINT64_C(1) << 32, 0, 0, 8, "memfd"}, 1),
+      SP_EINVAL);
+}
+END_TEST
+
+/* One tensor map with overridable pieces of it. */
+struct tensor_fields {
+  const char *key;
+  size_t key_len; /* 0: strlen */
+  const char *dtype;
+  const char *placement;
+  size_t ndim, nstride;
+  uint64_t dim; /* every shape entry */
+  bool pieces;
+  size_t piece_ndim, piece_holders;
+  uint64_t holder;
+};
+
+static struct tensor_fields good_tensor(void) {
+  return (struct tensor_fields){.key = "w",
+                                .dtype = "float32",
+                                .placement = "shard0",
+                                .ndim = 2,
+                                .nstride = 2,
+                                .dim = 3,
+                                .piece_ndim = 2,
+                                .piece_holders = 1};
+}
+
+static int parse_tensor(struct tensor_fields f, struct req_tensor **out,
+                        char *err, size_t errlen) {
+  struct msg m;
+  size_t n;
+  uint64_t dims[10], strides[10];
+  for (int i = 0; i < 10; i++) {
+    dims[i] = f.dim;
+    strides[i] = 1;
+  }
+  msg_begin(&m, "tensor_add", 1);
+  sp_pack_str(&m.mb.pk, "tensors");
+  msgpack_pack_array(&m.mb.pk, 1);
+  msgpack_pack_map(&m.mb.pk, f.pieces ? 9 : 8);
+  sp_pack_str(&m.mb.pk, "key");
+  sp_pack_strn(&m.mb.pk, f.key, f.key_len ? f.key_len : strlen(f.key));
+  sp_pack_kv_u64(&m.mb.pk, "sid", 1);
+  sp_pack_kv_str(&m.mb.pk, "dtype", f.dtype);
+  pack_u64s(&m.mb.pk, "shape", f.ndim, dims);
+  pack_u64s(&m.mb.pk, "stride", f.nstride, strides);
+  sp_pack_kv_u64(&m.mb.pk, "offset", 0);
+  sp_pack_kv_str(&m.mb.pk, "placement", f.placement);
+  pack_u64s(&m.mb.pk, "global_shape", f.ndim, dims);
+  if (f.pieces) {
+    uint64_t holders[3] = {f.holder, f.holder + 1, f.holder + 2};
+    sp_pack_str(&m.mb.pk, "pieces");
+    msgpack_pack_array(&m.mb.pk, 2);
+    for (int p = 0; p < 2; p++) {
+      msgpack_pack_map(&m.mb.pk, 6);
+      pack_u64s(&m.mb.pk, "shape", f.piece_ndim, dims);
+      pack_u64s(&m.mb.pk, "src_stride", 2, strides);
+      pack_u64s(&m.mb.pk, "dst_stride", 2, strides);
+      sp_pack_kv_u64(&m.mb.pk, "src_offset", 0);
+      sp_pack_kv_u64(&m.mb.pk, "dst_offset", 5);
+      pack_u64s(&m.mb.pk, "holders", f.piece_holders, holders);
+    }
+  }
+  int rc = request_parse_tensors(msg_decode(&m), out, &n, err, errlen);
+  msg_free(&m);
+  return rc;
+}
+
+static int tensor_code(struct tensor_fields f) {
+  struct req_tensor *t = NULL;
+  char err[256];
+  int rc = parse_tensor(f, &t, err, sizeof err);
+  request_tensors_free(t, 1);
+  return rc;
+}
+
+START_TEST(tensor_bounds) {
+  struct tensor_fields f = good_tensor();
+  ck_assert_int_eq(tensor_code(f), 0);
+  f.ndim = f.nstride = 8;
+  ck_assert_int_eq(tensor_code(f), 0);
+  f.ndim = f.nstride = 9;
+  ck_assert_int_eq(tensor_code(f), SP_EINVAL);
+  f = good_tensor();
+  f.nstride = 1;
+  ck_assert_int_eq(tensor_code(f), SP_EINVAL);
+  f = good_tensor();
+  f.dim = UINT64_C(1) << 62;
+  ck_assert_int_eq(tensor_code(f), SP_EINVAL);
+  f.dim = (UINT64_C(1) << 62) - 1;
+  ck_assert_int_eq(tensor_code(f), 0);
+  f = good_tensor();
+  f.dtype = "float33";
+  ck_assert_int_eq(tensor_code(f), SP_EDTYPE);
+  f.dtype = "torch.bfloat16";
+  ck_assert_int_eq(tensor_code(f), 0);
+  f = good_tensor();
+  f.placement = "sharded";
+  ck_assert_int_eq(tensor_code(f), SP_EUNSUPPORTED);
+
+  /* Keys: 1 to 1024 bytes of UTF-8 without NUL. */
+  char key[1100];
+  memset(key, 'k', sizeof key);
+  f = good_tensor();
+  f.key = key;
+  f.key_len = 1024;
+  ck_assert_int_eq(tensor_code(f), 0);
+  f.key_len = 1025;
+  ck_assert_int_eq(tensor_code(f), SP_EINVAL);
+  f.key = "";
+  f.key_len = 0;
+  ck_assert_int_eq(tensor_code(f), SP_EINVAL);
+  static const char *bad[] = {"\xc0\x80",         "a\0b",     "\xed\xa0\x80",
+                              "\xf4\x90\x80\x80", "\xe2\x82", "\xff"};
+  static const size_t bad_len[] = {2, 3, 3, 4, 2, 1};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    f.key = bad[i];
+    f.key_len = bad_len[i];
+    ck_assert_int_eq(tensor_code(f), SP_EINVAL);
+  }
+  f.key = "layer.\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80";
+  f.key_len = 0;
+  ck_assert_int_eq(tensor_code(f), 0);
+
+  /* Pieces: affine only, matching dims, 1 to 65536 holders below 65536. */
+  f = good_tensor();
+  f.pieces = true;
+  ck_assert_int_eq(tensor_code(f), SP_EINVAL);
+  f.placement = "affine";
+  ck_assert_int_eq(tensor_code(f), 0);
+  f.piece_ndim = 3;
+  ck_assert_int_eq(tensor_code(f), SP_EINVAL);
+  f.piece_ndim = 2;
+  f.piece_holders = 0;
+  ck_assert_int_eq(tensor_code(f), SP_EINVAL);
+  f.piece_holders = 3;
+  f.holder = 65534;
+  ck_assert_int_eq(tensor_code(f), SP_EINVAL);
+  f.holder = 4;
+  struct req_tensor *t;
+  char err[256];
+  ck_assert_int_eq(parse_tensor(f, &t, err, sizeof err), 0);
+  ck_assert_uint_eq(t[0].npieces, 2);
+  ck_assert_uint_eq(t[0].pieces[1].nholders, 3);
+  ck_assert_uint_eq(t[0].pieces[1].holders[2], 6);
+  ck_assert_int_eq(t[0].pieces[1].dst_offset, 5);
+  request_tensors_free(t, 1);
+}
+END_TEST
+
+START_TEST(export_options) {
+  struct msg m;
+  struct req_export a, b;
+  char err[256];
+  msg_begin(&m, "export", 4);
+  sp_pack_kv_u64(&m.mb.pk, "max_keys", 100);
+  sp_pack_kv_u64(&m.mb.pk, "timeout_ms", 5000);
+  sp_pack_kv_bool(&m.mb.pk, "progress", true);
+  sp_pack_str(&m.mb.pk, "groups");
+  msgpack_pack_array(&m.mb.pk, 2);
+  msgpack_pack_array(&m.mb.pk, 2);
+  sp_pack_str(&m.mb.pk, "q");
+  sp_pack_str(&m.mb.pk, "k");
+  msgpack_pack_array(&m.mb.pk, 1);
+  sp_pack_str(&m.mb.pk, "v");
+  ck_assert_int_eq(request_parse_export(msg_decode(&m), &a, err, sizeof err),
+                   0);
+  ck_assert_uint_eq(a.max_keys, 100);
+  ck_assert_uint_eq(a.max_bytes, 0);
+  ck_assert(a.progress);
+  ck_assert_uint_eq(a.groups.ngroups, 2);
+  ck_assert_uint_eq(a.groups.groups[0].nkeys, 2);
+  ck_assert_str_eq(a.groups.groups[0].keys[1], "k");
+  ck_assert_str_eq(a.groups.groups[1].keys[0], "v");
+  msg_free(&m);
+  /* Groups [q], [k, v] hold the same names but are a different list. */
+  msg_begin(&m, "export", 1);
+  sp_pack_str(&m.mb.pk, "groups");
+  msgpack_pack_array(&m.mb.pk, 2);
+  msgpack_pack_array(&m.mb.pk, 1);
+  sp_pack_str(&m.mb.pk, "q");
+  msgpack_pack_array(&m.mb.pk, 2);
+  sp_pack_str(&m.mb.pk, "k");
+  sp_pack_str(&m.mb.pk, "v");
+  ck_assert_int_eq(request_parse_export(msg_decode(&m), &b, err, sizeof err),
+                   0);
+  ck_assert(a.groups.blob_len != b.groups.blob_len ||
+            memcmp(a.groups.blob, b.groups.blob, a.groups.blob_len) != 0);
+  request_groups_free(&a.groups);
+  request_groups_free(&b.groups);
+  msg_free(&m);
+
+  msg_begin(&m, "export", 1);
+  sp_pack_kv_u64(&m.mb.pk, "timeout_ms", 86400001);
+  ck_assert_int_eq(request_parse_export(msg_decode(&m), &a, err, sizeof err),
+                   SP_EINVAL);
+  msg_free(&m);
+  msg_begin(&m, "export", 1);
+  sp_pack_kv_u64(&m.mb.pk, "max_keys", UINT64_C(1) << 32);
+  ck_assert_int_eq(request_parse_export(msg_decode(&m), &a, err, sizeof err),
+                   SP_EINVAL);
+  msg_free(&m);
+  msg_begin(&m, "export", 1);
+  sp_pack_str(&m.mb.pk, "groups");
+  msgpack_pack_array(&m.mb.pk, 1);
+  sp_pack_str(&m.mb.pk, "q");
+  ck_assert_int_eq(request_parse_export(msg_decode(&m), &a, err, sizeof err),
+                   SP_EBADMSG);
+  msg_free(&m);
+  msg_begin(&m, "export", 1);
+  sp_pack_kv_u64(&m.mb.pk, "progress", 1);
+  ck_assert_int_eq(request_parse_export(msg_decode(&m), &a, err, sizeof err),
+                   SP_EBADMSG);
+  msg_free(&m);
+}
+END_TEST
+
+/* ---- the registry over memfds ------------------------------------------ */
+
+static int memfd_of(size_t size) {
+  int fd = memfd_create("reg", MFD_CLOEXEC);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(ftruncate(fd, (off_t)size), 0);
+  return fd;
+}
+
+/* The permissions /proc/self/maps shows for the mapping holding p. */
+static void maps_perms(const void *p, char *perms) {
+  FILE *f = fopen("/proc/self/maps", "re");
+  char line[512];
+  uintptr_t a = (uintptr_t)p;
+  perms[0] = '\0';
+  while (fgets(line, sizeof line, f) != NULL) {
+    unsigned long lo, hi;
+    char pr[8];
+    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, pr) == 3 && a >= lo && a < hi) {
+      strcpy(perms, pr);
+      break;
+    }
+  }
+  fclose(f);
+}
+
+/* Mappings of this test's memfds (named "reg"), so that allocator and
+ * sanitizer mappings do not count. */
+static int count_maps(void) {
+  FILE *f = fopen("/proc/self/maps", "re");
+  char line[512];
+  int n = 0;
+  while (fgets(line, sizeof line, f) != NULL)
+    n += strstr(line, "/memfd:reg") != NULL;
+  fclose(f);
+  return n;
+}
+
+START_TEST(storages_map_read_only) {
+  struct registry reg;
+  char err[256];
+  registry_init(&reg, SP_DEVICE_CPU);
+  int fd = memfd_of(3 * 4096);
+  uint8_t *w = mmap(NULL, 3 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  for (int i = 0; i < 3 * 4096; i++)
+    w[i] = (uint8_t)(i * 7);
+  struct sp_frame frame = {.nfds = 1};
+  frame.fds[0] = fd;
+  /* An offset that is not page aligned, and an empty storage. */
+  struct req_storage s[2] = {
+      {.sid = 3, .fd = 0, .offset = 4100, .length = 5000, .base = 0x5000},
+      {.sid = 4, .fd = 0, .offset = 0, .length = 0, .base = 0x5000}};
+  ck_assert_int_eq(registry_add_storages(&reg, s, 2, &frame, err, sizeof err),
+                   0);
+  ck_assert_uint_eq(reg.nstorages, 2);
+  uint32_t i3 = registry_find_sid(&reg, 3);
+  ck_assert_uint_eq(i3, 0);
+  ck_assert_uint_eq(registry_find_sid(&reg, 4), 1);
+  ck_assert_uint_eq(registry_find_sid(&reg, 5), IDXSET_NONE);
+  ck_assert_mem_eq(reg.info[i3].data, w + 4100, 5000);
+  ck_assert_uint_eq(reg.storages[i3].nbytes, 5000);
+  ck_assert_uint_eq(reg.storages[i3].base, 0x5000);
+  char perms[8];
+  maps_perms(reg.info[i3].data, perms);
+  ck_assert_str_eq(perms, "r--s");
+  ck_assert_ptr_null(reg.info[1].data);
+  int before = count_maps();
+  registry_free(&reg);
+  ck_assert_int_eq(count_maps(), before - 1);
+  munmap(w, 3 * 4096);
+  close(fd);
+}
+END_TEST
+
+START_TEST(storage_frames_whole_or_nothing) {
+  struct registry reg;
+  char err[256];
+  registry_init(&reg, SP_DEVICE_CPU);
+  int big = memfd_of(8192), small = memfd_of(100);
+  struct sp_frame frame = {.nfds = 2};
+  frame.fds[0] = big;
+  frame.fds[1] = small;
+  int maps = count_maps();
+  /* The third does not fit its file: none is registered or left mapped. */
+  struct req_storage s[3] = {
+      {.sid = 1, .fd = 0, .offset = 0, .length = 4096, .base = 0x1000},
+      {.sid = 2, .fd = 0, .offset = 4096, .length = 4096, .base = 0x2000},
+      {.sid = 3, .fd = 1, .offset = 50, .length = 51, .base = 0x3000}};
+  ck_assert_int_eq(registry_add_storages(&reg, s, 3, &frame, err, sizeof err),
+                   SP_EBADFD);
+  ck_assert_ptr_nonnull(strstr(err, "sid 3"));
+  ck_assert_uint_eq(reg.nstorages, 0);
+  ck_assert_int_eq(count_maps(), maps);
+  /* Repeated sids and bases, in the frame or against the registry. */
+  s[2].length = 50;
+  s[1].sid = 1;
+  ck_assert_int_eq(registry_add_storages(&reg, s, 3, &frame, err, sizeof err),
+                   SP_EINVAL);
+  s[1].sid = 2;
+  s[1].base = 0x1000;
+  ck_assert_int_eq(registry_add_storages(&reg, s, 3, &frame, err, sizeof err),
+                   SP_EINVAL);
+  ck_assert_ptr_nonnull(strstr(err, "base address"));
+  s[1].base = 0x2000;
+  ck_assert_int_eq(registry_add_storages(&reg, s, 3, &frame, err, sizeof err),
+                   0);
+  ck_assert_uint_eq(reg.nstorages, 3);
+  struct req_storage again = {
+      .sid = 9, .fd = 0, .offset = 0, .length = 8, .base = 0x3000};
+  ck_assert_int_eq(
+      registry_add_storages(&reg, &again, 1, &frame, err, sizeof err),
+      SP_EINVAL);
+  again.sid = 2;
+  again.base = 0x9000;
+  ck_assert_int_eq(
+      registry_add_storages(&reg, &again, 1, &frame, err, sizeof err),
+      SP_EINVAL);
+  ck_assert_uint_eq(reg.nstorages, 3);
+  registry_free(&reg);
+  close(big);
+  close(small);
+}
+END_TEST
+
+static struct req_tensor tensor(const char *key, uint32_t sid, int64_t rows,
+                                int64_t cols, int64_t offset) {
+  struct req_tensor t;
+  memset(&t, 0, sizeof t);
+  t.key = key;
+  t.key_len = strlen(key);
+  t.sid = sid;
+  t.view = (struct sp_view){.dtype = SP_DTYPE_FLOAT32,
+                            .ndim = 2,
+                            .shape = {rows, cols},
+                            .stride = {cols, 1},
+                            .offset = offset};
+  t.placement = PLAN_REPLICATED;
+  t.ndim = 2;
+  t.shape[0] = rows;
+  t.shape[1] = cols;
+  return t;
+}
+
+START_TEST(tensors_checked_against_storages) {
+  struct registry reg;
+  char err[256];
+  registry_init(&reg, SP_DEVICE_CPU);
+  int fd = memfd_of(4096);
+  struct sp_frame frame = {.nfds = 1};
+  frame.fds[0] = fd;
+  /* 103 bytes: 25 whole float32 elements, the tail is never part of a view. */
+  struct req_storage s = {
+      .sid = 1, .fd = 0, .offset = 0, .length = 103, .base = 0x1000};
+  ck_assert_int_eq(registry_add_storages(&reg, &s, 1, &frame, err, sizeof err),
+                   0);
+  struct req_tensor t[3];
+  t[0] = tensor("a", 1, 5, 5, 0);
+  ck_assert_int_eq(registry_add_tensors(&reg, t, 1, err, sizeof err), 0);
+  t[0] = tensor("b", 1, 2, 13, 0);
+  ck_assert_int_eq(registry_add_tensors(&reg, t, 1, err, sizeof err),
+                   SP_EOUTOFBOUNDS);
+  ck_assert_ptr_nonnull(strstr(err, "'b'"));
+  ck_assert_ptr_nonnull(strstr(err, "sid 1"));
+  t[0] = tensor("b", 1, 1, 1, 25);
+  ck_assert_int_eq(registry_add_tensors(&reg, t, 1, err, sizeof err),
+                   SP_EOUTOFBOUNDS);
+  t[0] = tensor("b", 2, 1, 1, 0);
+  ck_assert_int_eq(registry_add_tensors(&reg, t, 1, err, sizeof err),
+                   SP_ENOSTORAGE);
+  t[0] = tensor("b", 1, 2, 2, 0);
+  t[0].view.stride[1] = 0;
+  ck_assert_int_eq(registry_add_tensors(&reg, t, 1, err, sizeof err),
+                   SP_EZEROSTRIDE);
+  t[0] = tensor("b", 1, 2, 2, 0);
+  t[0].view.stride[0] = 1;
+  ck_assert_int_eq(registry_add_tensors(&reg, t, 1, err, sizeof err),
+                   SP_ESELFOVERLAP);
+  ck_assert_uint_eq(reg.nkeys, 1);
+
+  /* A duplicate in the frame, or of a registered key, refuses the frame. */
+  t[0] = tensor("b", 1, 1, 1, 0);
+  t[1] = tensor("c", 1, 1, 1, 1);
+  t[2] = tensor("b", 1, 1, 1, 2);
+  ck_assert_int_eq(registry_add_tensors(&reg, t, 3, err, sizeof err),
+                   SP_EDUPKEY);
+  t[2] = tensor("a", 1, 1, 1, 2);
+  ck_assert_int_eq(registry_add_tensors(&reg, t, 3, err, sizeof err),
+                   SP_EDUPKEY);
+  ck_assert_ptr_nonnull(strstr(err, "'a'"));
+  /* A bad view last refuses the good ones before it. */
+  t[2] = tensor("d", 1, 1, 1, 99);
+  ck_assert_int_eq(registry_add_tensors(&reg, t, 3, err, sizeof err),
+                   SP_EOUTOFBOUNDS);
+  ck_assert_uint_eq(reg.nkeys, 1);
+  t[2] = tensor("d", 1, 1, 1, 24);
+  ck_assert_int_eq(registry_add_tensors(&reg, t, 3, err, sizeof err), 0);
+  ck_assert_uint_eq(reg.nkeys, 4);
+  ck_assert_str_eq(reg.keys[3].name, "d");
+  ck_assert_uint_eq(reg.keys[3].nbytes, 4);
+  ck_assert_uint_eq(reg.keys[3].device_type, SP_DEVICE_CPU);
+
+  struct plan_rank_in in;
+  registry_rank_in(&reg, 3, &in);
+  ck_assert_uint_eq(in.rank, 3);
+  ck_assert_uint_eq(in.nkeys, 4);
+  ck_assert_uint_eq(in.nstorages, 1);
+  registry_free(&reg);
+  close(fd);
+}
+END_TEST
+
+static uint64_t set_values[5000];
+
+static bool match_value(const void *ctx, uint32_t idx) {
+  return set_values[idx] == *(const uint64_t *)ctx;
+}
+
+START_TEST(idxset_grows_and_finds) {
+  struct idxset s;
+  idxset_init(&s);
+  ck_assert_uint_eq(idxset_find(&s, 1, match_value, &set_values[0]),
+                    IDXSET_NONE);
+  for (uint32_t i = 0; i < 5000; i++) {
+    set_values[i] = (uint64_t)i * 0x9e3779b97f4a7c15ull;
+    ck_assert_int_eq(idxset_reserve(&s, 1), 0);
+    idxset_insert(&s, idxset_hash_u64(set_values[i]), i);
+  }
+  ck_assert_uint_eq(s.count, 5000);
+  ck_assert_uint_ge(s.mask + 1, 10000);
+  for (uint32_t i = 0; i < 5000; i++)
+    ck_assert_uint_eq(idxset_find(&s, idxset_hash_u64(set_values[i]),
+                                  match_value, &set_values[i]),
+                      i);
+  uint64_t absent = 12345;
+  ck_assert_uint_eq(
+      idxset_find(&s, idxset_hash_u64(absent), match_value, &absent),
+      IDXSET_NONE);
+  /* Equal strings hash equal; the hash looks at every byte. */
+  ck_assert_uint_eq(idxset_hash_bytes("layer.0", 7),
+                    idxset_hash_bytes("layer.0", 7));
+  ck_assert_uint_ne(idxset_hash_bytes("layer.0", 7),
+                    idxset_hash_bytes("layer.1", 7));
+  idxset_free(&s);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("daemon-registry");
+  TCase *tc = tcase_create("requests");
+  tcase_add_test(tc, job_create_bounds);
+  tcase_add_test(tc, join_bounds);
+  tcase_add_test(tc, ticket_decoding);
+  tcase_add_test(tc, storage_bounds);
+  tcase_add_test(tc, tensor_bounds);
+  tcase_add_test(tc, export_options);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("registry");
+  tcase_add_test(tc, storages_map_read_only);
+  tcase_add_test(tc, storage_frames_whole_or_nothing);
+  tcase_add_test(tc, tensors_checked_against_storages);
+  tcase_add_test(tc, idxset_grows_and_finds);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
