@@ -37,6 +37,15 @@
 #include "shardport.h"
 
 #define CONN_FRAMES_PER_WAKEUP 32
+/* Bytes of frames served per wakeup: decoding costs a multiple of a frame's
+ * size, so the count alone would let one client hold the loop for long. */
+#define CONN_BYTES_PER_WAKEUP (1u << 20)
+/* The largest frame before hello: a hello is well under a hundred bytes, and
+ * an unauthenticated peer must not make the daemon hold max_frame. */
+#define CONN_HELLO_MAX_FRAME 4096u
+/* A frame that has started must finish within this, or the peer is dropped:
+ * a stalled partial frame holds memory and descriptors. */
+#define CONN_FRAME_TIMEOUT_MS 30000
 #define CONN_HELLO_TIMEOUT_MS 10000
 #define CONN_DRAIN_TIMEOUT_MS 5000
 
@@ -159,9 +168,22 @@ static void on_timeout(uv_timer_t *timer) {
   struct conn *c = timer->data;
   log_msg(LOG_LEVEL_INFO, "client %" PRIu64 " (pid %d): %s", c->id,
           (int)c->peer.pid,
-          c->draining ? "did not take its last reply in time"
-                      : "no hello in time");
+          c->draining      ? "did not take its last reply in time"
+          : !c->hello_done ? "no hello in time"
+                           : "did not finish a frame in time");
   conn_close(c);
+}
+
+/* After hello the timer watches partial frames: it runs while one is being
+ * received and stops once the stream is between frames. */
+static void watch_partial_frame(struct conn *c) {
+  if (!c->hello_done || c->draining || c->closed)
+    return;
+  bool partial = c->rx.header_have > 0;
+  if (partial && !uv_is_active((uv_handle_t *)&c->timer))
+    uv_timer_start(&c->timer, on_timeout, CONN_FRAME_TIMEOUT_MS, 0);
+  else if (!partial)
+    uv_timer_stop(&c->timer);
 }
 
 /* Asks for exactly the events the connection can use now. */
@@ -305,6 +327,7 @@ static int op_hello(struct conn *c, const struct sp_msg_head *head,
   log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": hello from %s", c->id,
           client[0] != '\0' ? client : "(unnamed)");
   c->hello_done = true;
+  c->rx.limits.max_frame = c->srv->cfg->limits.max_frame;
   uv_timer_stop(&c->timer);
   struct sp_msgbuf mb;
   sp_msgbuf_begin(&mb, "hello", head->id, 2);
@@ -391,12 +414,15 @@ out:
 
 /* Reads and serves frames.  Returns -1 when the conn was closed. */
 static int read_frames(struct conn *c) {
-  for (int i = 0; i < CONN_FRAMES_PER_WAKEUP; i++) {
+  size_t bytes = 0;
+  for (int i = 0; i < CONN_FRAMES_PER_WAKEUP && bytes < CONN_BYTES_PER_WAKEUP;
+       i++) {
     struct sp_frame frame = {.data = NULL};
     int rc = sp_frame_rx_read(&c->rx, c->sock, &frame);
     if (rc == 0)
       return 0;
     if (rc == 1) {
+      bytes += frame.len;
       dispatch(c, &frame);
       if (c->closed)
         return -1;
@@ -448,6 +474,7 @@ static void on_poll(uv_poll_t *handle, int status, int events) {
   }
   if ((events & UV_READABLE) && !c->draining && read_frames(c) < 0)
     return;
+  watch_partial_frame(c);
   flush(c);
 }
 
@@ -461,7 +488,10 @@ int conn_open(struct server *srv, int sock, const struct peer *peer) {
   c->sock = sock;
   c->peer = *peer;
   c->id = ++srv->next_conn_id;
-  sp_frame_rx_init(&c->rx, &srv->cfg->limits);
+  struct sp_limits before_hello = srv->cfg->limits;
+  if (before_hello.max_frame > CONN_HELLO_MAX_FRAME)
+    before_hello.max_frame = CONN_HELLO_MAX_FRAME;
+  sp_frame_rx_init(&c->rx, &before_hello);
   int rc = uv_poll_init(srv->loop, &c->poll, sock);
   if (rc != 0) {
     log_msg(LOG_LEVEL_ERROR, "uv_poll_init: %s", uv_strerror(rc));

@@ -80,7 +80,13 @@ void log_msg(enum log_level level, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
   va_end(ap);
+  /* Messages quote what peers sent (client names, keys): a control byte
+   * there must not end the line and forge another, with its own priority,
+   * in the journal. */
   size_t len = strlen(line);
+  for (size_t i = (size_t)n; i < len; i++)
+    if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f)
+      line[i] = '?';
   line[len++] = '\n';
   ssize_t w = write(STDERR_FILENO, line, len);
   (void)w;

@@ -220,6 +220,32 @@ START_TEST(hostile_first_frame) {
 }
 END_TEST
 
+/* Before hello, a frame larger than a hello needs is refused unread, so
+ * that a peer that never says hello cannot make the daemon hold max_frame. */
+START_TEST(large_frame_before_hello_refused) {
+  int sock = sp_test_connect(daemon_.socket);
+  ck_assert_int_ge(sock, 0);
+  static const uint8_t header[] = {0x00, 0x00, 0x10, 0x01}; /* 4097 bytes */
+  ck_assert_int_eq(sp_test_send_raw(sock, header, sizeof(header), NULL, 0), 0);
+  expect_error(sock, SP_EFRAMETOOBIG, 0);
+  ck_assert_int_eq(sp_test_wait_closed(sock, SP_TEST_TIMEOUT_MS), 0);
+  close(sock);
+  /* After hello the configured max_frame applies again. */
+  int good = sp_test_connect_hello(daemon_.socket);
+  ck_assert_int_ge(good, 0);
+  /* {"op":"ping","id":7,"pad":<bin of 4976 bytes>}: 4996 bytes of payload. */
+  uint8_t ping[5000] = {0x00, 0x00, 0x13, 0x84, 0x83, 0xa2, 'o', 'p', 0xa4,
+                        'p', 'i', 'n', 'g', 0xa2, 'i', 'd', 0x07, 0xa3,
+                        'p', 'a', 'd', 0xc5, 0x13, 0x70};
+  ck_assert_int_eq(sp_test_send_raw(good, ping, sizeof(ping), NULL, 0), 0);
+  struct sp_test_reply reply;
+  ck_assert_int_eq(sp_test_recv(good, &reply, SP_TEST_TIMEOUT_MS), 0);
+  ck_assert_str_eq(reply.head.op, "ping");
+  sp_test_reply_free(&reply);
+  close(good);
+}
+END_TEST
+
 /* A frame whose length is announced but whose payload never comes holds
  * only its own connection. */
 START_TEST(stalled_frame_isolated) {
@@ -433,6 +459,7 @@ int main(void) {
   tcase_set_timeout(tc, 50);
   tcase_add_test(tc, hostile_frames_bounded);
   tcase_add_test(tc, hostile_first_frame);
+  tcase_add_test(tc, large_frame_before_hello_refused);
   tcase_add_test(tc, stalled_frame_isolated);
   tcase_add_test(tc, stray_fds_closed);
   tcase_add_test(tc, too_many_fds);
