@@ -15,10 +15,10 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
+#include "proto/socket_path.h"
 
 /* Where the default socket lives when the daemon runs as root (systemd's
  * RuntimeDirectory=shardport makes the directory). */
-#define CONFIG_ROOT_SOCKET "/run/shardport/shardport.sock"
 
 static int fail(char *err, size_t errsize, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -383,21 +383,11 @@ int config_load(struct config *cfg, const char *path, bool must_exist,
 int config_resolve_socket(struct config *cfg, char *err, size_t errsize) {
   if (cfg->socket[0] != '\0')
     return 0;
-  int n;
-  if (geteuid() == 0) {
-    n = snprintf(cfg->socket, sizeof(cfg->socket), "%s", CONFIG_ROOT_SOCKET);
-  } else {
-    const char *xdg = getenv("XDG_RUNTIME_DIR");
-    if (xdg == NULL || xdg[0] != '/')
-      return fail(err, errsize,
-                  "no socket path: not root and XDG_RUNTIME_DIR is not set "
-                  "(use --socket)");
-    n = snprintf(cfg->socket, sizeof(cfg->socket), "%s/shardport.sock", xdg);
-  }
-  if (n < 0 || (size_t)n >= sizeof(cfg->socket)) {
-    cfg->socket[0] = '\0';
-    return fail(err, errsize, "the default socket path is too long");
-  }
+  if (sp_socket_path_for_user(cfg->socket, sizeof(cfg->socket)) != 0)
+    return fail(err, errsize,
+                geteuid() == 0 ? "the default socket path is too long"
+                               : "no socket path: not root and XDG_RUNTIME_DIR "
+                                 "is not an absolute path (use --socket)");
   cfg->socket_is_default = true;
   return 0;
 }
