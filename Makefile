@@ -1,11 +1,14 @@
 # The README's two commands.  Everything they do lives in .ci/ so that CI
-# runs exactly what a user runs.
+# runs exactly what a user runs.  `make demo NODES=2` runs the demo on two
+# daemons (a job across nodes, over loopback TCP).
 .PHONY: demo check
+
+NODES ?= 1
 
 demo:
 	@.ci/deps.sh
 	@.ci/build.sh build
-	@.ci/demo.sh build
+	@NODES=$(NODES) .ci/demo.sh build
 
 check:
 	@.ci/deps.sh

@@ -28,6 +28,10 @@ struct client_storage {
   bool used;
   uint64_t length;
   const void *addr;
+  /* "cuda:<GPU UUID>" of a CUDA storage and this process's ordinal of that
+   * GPU; "" and -1 for host memory. */
+  char device[48];
+  int device_index;
 };
 
 /* The registered storages by id: an open-addressing table, at most half
@@ -105,8 +109,8 @@ void client_reply_release(struct client_reply *reply);
 /* client/register.c: the storage table.  reserve makes room for n more so
  * that the adds after a daemon accepted a frame cannot fail. */
 int client_storages_reserve(struct client_storages *t, size_t n);
-void client_storages_add(struct client_storages *t, uint32_t id,
-                         uint64_t length, const void *addr);
+void client_storages_add(struct client_storages *t,
+                         const struct client_storage *s);
 const struct client_storage *client_storages_find(
     const struct client_storages *t, uint32_t id);
 void client_storages_clear(struct client_storages *t);

@@ -10,6 +10,12 @@
  * must lie inside the bytes it points into (sp_view_check) before a pointer
  * is formed.  A reply that breaks any of this fails the export with
  * SP_EBADMSG, its reason in sp_last_message, and the export is released.
+ *
+ * A rank on a GPU gets its segment as an IPC handle (cuda_segments in part
+ * 0) instead of a descriptor: it is opened once, on this process's ordinal
+ * of the GPU the daemon names by UUID, its allocation's extent checked,
+ * and the daemon's completion event waited on before any pointer is handed
+ * out (client/cudart.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,6 +28,7 @@
 #include <unistd.h>
 
 #include "client/client.h"
+#include "client/cudart.h"
 #include "proto/view.h"
 
 /* Bounds on what one reply may declare, from docs/protocol.md: at most
@@ -40,6 +47,9 @@
 struct segment {
   void *base; /* NULL for an empty segment */
   size_t len;
+  bool cuda;  /* an opened IPC handle: base is a device address */
+  int device_index;
+  char device[CLIENT_CUDA_DEVICE_MAX]; /* "cpu" or "cuda:<GPU UUID>" */
 };
 
 struct client_export {
@@ -72,9 +82,14 @@ __attribute__((format(printf, 2, 3))) static int refuse(sp_client *c,
 }
 
 static void unmap_segments(struct client_export *e) {
-  for (size_t i = 0; i < e->nsegments; i++)
-    if (e->segments[i].base)
+  for (size_t i = 0; i < e->nsegments; i++) {
+    if (!e->segments[i].base)
+      continue;
+    if (e->segments[i].cuda)
+      client_cuda_close(e->segments[i].base);
+    else
       munmap(e->segments[i].base, e->segments[i].len);
+  }
   free(e->segments);
   e->segments = NULL;
   e->nsegments = 0;
@@ -82,8 +97,10 @@ static void unmap_segments(struct client_export *e) {
 
 static void free_export(struct client_export *e) {
   unmap_segments(e);
-  for (size_t i = 0; i < e->set.ntensors; i++)
+  for (size_t i = 0; i < e->set.ntensors; i++) {
     free((char *)(uintptr_t)e->set.tensors[i].key);
+    free((char *)(uintptr_t)e->set.tensors[i].device);
+  }
   free(e->set.tensors);
   free(e);
 }
@@ -212,6 +229,7 @@ static int take_segments(struct export_rx *rx, struct sp_frame *frame,
     int fd = frame->fds[i];
     frame->fds[i] = -1;
     struct stat st;
+    struct segment seg = {NULL, 0, false, -1, "cpu"};
     int rc = 0;
     int seals = fcntl(fd, F_GET_SEALS);
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 0 ||
@@ -223,7 +241,7 @@ static int take_segments(struct export_rx *rx, struct sp_frame *frame,
       rc = refuse(rx->c, "segment %zu is not sealed against shrinking",
                   e->nsegments);
     } else {
-      struct segment seg = {NULL, (size_t)st.st_size};
+      seg.len = (size_t)st.st_size;
       if (seg.len > 0) {
         seg.base = mmap(NULL, seg.len, PROT_READ | PROT_WRITE, MAP_SHARED,
                         fd, 0);
@@ -241,6 +259,53 @@ static int take_segments(struct export_rx *rx, struct sp_frame *frame,
     close(fd);
     if (rc < 0)
       return rc;
+  }
+  return 0;
+}
+
+/* Opens each device segment of part 0 once: {"device", "handle", "event",
+ * "size"} per segment, no descriptors. */
+static int take_cuda_segments(struct export_rx *rx, struct sp_frame *frame,
+                              const msgpack_object_array *list,
+                              uint64_t count) {
+  struct client_export *e = rx->e;
+  if (list->size != count || frame->nfds != 0)
+    return refuse(rx->c, "part 0 announces %llu segments but lists %u "
+                  "device segments and carries %zu descriptors",
+                  (unsigned long long)count, list->size, frame->nfds);
+  if (count == 0)
+    return 0;
+  if (e->nsegments + count > EXPORT_SEGMENTS_MAX)
+    return refuse(rx->c, "too many segments");
+  struct segment *s =
+      realloc(e->segments, (e->nsegments + count) * sizeof *s);
+  if (!s)
+    return SP_ENOMEM;
+  e->segments = s;
+  for (uint32_t i = 0; i < list->size; i++) {
+    const msgpack_object *o = &list->ptr[i];
+    struct segment seg = {NULL, 0, true, -1, ""};
+    const uint8_t *handle, *event;
+    size_t handle_len, event_len;
+    uint64_t size;
+    if (o->type != MSGPACK_OBJECT_MAP ||
+        sp_msg_get_strbuf(o, "device", false, seg.device,
+                          sizeof seg.device) != 0 ||
+        sp_msg_get_bin(o, "handle", false, &handle, &handle_len) != 0 ||
+        sp_msg_get_bin(o, "event", false, &event, &event_len) != 0 ||
+        sp_msg_get_u64(o, "size", false, &size) != 0 ||
+        handle_len != CLIENT_CUDA_HANDLE_BYTES ||
+        event_len != CLIENT_CUDA_HANDLE_BYTES || size == 0 || size > SIZE_MAX)
+      return refuse(rx->c, "device segment %u is not a device, a 64-byte "
+                    "handle and event and a size", i);
+    int rc = client_cuda_ordinal(rx->c, seg.device, &seg.device_index);
+    if (rc == 0)
+      rc = client_cuda_open(rx->c, seg.device_index, handle, event, size,
+                            &seg.base);
+    if (rc < 0)
+      return rc;
+    seg.len = (size_t)size;
+    e->segments[e->nsegments++] = seg;
   }
   return 0;
 }
@@ -288,6 +353,10 @@ static int region_of(struct export_rx *rx, const msgpack_object *o,
                   "did not register", key, (unsigned long long)sid);
   region->base = (void *)(uintptr_t)s->addr;
   region->len = s->length;
+  region->cuda = s->device[0] != '\0';
+  region->device_index = s->device_index;
+  snprintf(region->device, sizeof region->device, "%s",
+           region->cuda ? s->device : "cpu");
   *identity = 1;
   return 0;
 }
@@ -312,7 +381,7 @@ static int parse_tensor(struct export_rx *rx, const msgpack_object *o,
   uint64_t byte_offset;
   if (sp_msg_get_u64(o, "byte_offset", false, &byte_offset) != 0)
     return refuse(rx->c, "tensor \"%s\" has no byte_offset", key);
-  struct segment region = {NULL, 0};
+  struct segment region = {NULL, 0, false, -1, "cpu"};
   int rc = region_of(rx, o, key, &region, &t->identity);
   if (rc < 0)
     return rc;
@@ -334,6 +403,13 @@ static int parse_tensor(struct export_rx *rx, const msgpack_object *o,
   memcpy(t->shape, v.shape, sizeof t->shape);
   memcpy(t->stride, v.stride, sizeof t->stride);
   t->data = region.base ? (char *)region.base + byte_offset : NULL;
+  t->device_index = region.device_index;
+  t->device = strdup(region.device);
+  if (!t->device) {
+    free((char *)(uintptr_t)t->key);
+    t->key = NULL;
+    return SP_ENOMEM;
+  }
   return 0;
 }
 
@@ -342,11 +418,13 @@ static int on_part(struct export_rx *rx, struct client_reply *reply) {
   struct client_export *e = rx->e;
   uint64_t export_id, part, parts, segments = 0;
   const msgpack_object_array *tensors;
+  const msgpack_object_array *cuda_segments = NULL;
   if (sp_msg_get_u64(map, "export_id", false, &export_id) != 0 ||
       sp_msg_get_u64(map, "part", false, &part) != 0 ||
       sp_msg_get_u64(map, "parts", false, &parts) != 0 ||
       sp_msg_get_array(map, "tensors", false, &tensors) != 0 ||
-      sp_msg_get_u64(map, "segments", part > 0, &segments) < 0)
+      sp_msg_get_u64(map, "segments", part > 0, &segments) < 0 ||
+      sp_msg_get_array(map, "cuda_segments", true, &cuda_segments) < 0)
     return refuse(rx->c, "a part lacks a field or has a bad one");
   if (part != rx->next_part || parts == 0 || parts > EXPORT_PARTS_MAX ||
       (rx->have_id && (export_id != e->set.export_id || parts != rx->parts)))
@@ -359,7 +437,12 @@ static int on_part(struct export_rx *rx, struct client_reply *reply) {
     e->set.export_id = export_id;
     rx->parts = parts;
   }
-  int rc = take_segments(rx, &reply->frame, segments);
+  if (part > 0 && cuda_segments)
+    return refuse(rx->c, "part %llu lists device segments",
+                  (unsigned long long)part);
+  int rc = cuda_segments
+               ? take_cuda_segments(rx, &reply->frame, cuda_segments, segments)
+               : take_segments(rx, &reply->frame, segments);
   if (rc < 0)
     return rc;
 

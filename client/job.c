@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "client/client.h"
+#include "client/cudart.h"
 
 /* The largest world docs/protocol.md allows. */
 #define JOB_WORLD_MAX 65536u
@@ -56,6 +57,13 @@ SP_EXPORT int sp_job_join(sp_client *client, const sp_ticket *ticket,
     return rc;
   client_reply_release(&reply);
   return 0;
+}
+
+SP_EXPORT int sp_cuda_device_name(sp_client *client, int ordinal, char *buf,
+                                  size_t size) {
+  if (!client || !buf || size < CLIENT_CUDA_DEVICE_MAX)
+    return SP_EINVAL;
+  return client_cuda_name(client, ordinal, buf);
 }
 
 SP_EXPORT int sp_job_leave(sp_client *client) {

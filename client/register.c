@@ -7,10 +7,12 @@
  * library refuses only what it cannot encode (negative numbers, too many
  * dims) and what would break its own table (a storage id used twice).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "client/client.h"
+#include "client/cudart.h"
 
 /* Payload bytes one tensor_add frame may take: far under the 16 MiB frame
  * limit, so that a frame is never refused for its size, yet large enough
@@ -64,12 +66,11 @@ int client_storages_reserve(struct client_storages *t, size_t n) {
   return 0;
 }
 
-void client_storages_add(struct client_storages *t, uint32_t id,
-                         uint64_t length, const void *addr) {
-  struct client_storage s = {.id = id, .length = length, .addr = addr};
-  if (!client_storages_find(t, id))
+void client_storages_add(struct client_storages *t,
+                         const struct client_storage *s) {
+  if (!client_storages_find(t, s->id))
     t->count++;
-  insert(t->slots, t->cap, &s);
+  insert(t->slots, t->cap, s);
 }
 
 const struct client_storage *client_storages_find(
@@ -95,7 +96,12 @@ static int cmp_u32(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* Every id new to the table and to this call; every fd and address usable. */
+static bool needs_fd(sp_storage_kind kind) {
+  return kind == SP_STORAGE_MEMFD || kind == SP_STORAGE_CUDA_FD;
+}
+
+/* Every id new to the table and to this call; every kind known, and the fd,
+ * address and handle each kind needs present. */
 static int check_storages(const sp_client *c, const sp_storage_desc *s,
                           size_t n) {
   uint32_t *ids = malloc(n * sizeof *ids);
@@ -103,7 +109,11 @@ static int check_storages(const sp_client *c, const sp_storage_desc *s,
     return SP_ENOMEM;
   int rc = 0;
   for (size_t i = 0; i < n && rc == 0; i++) {
-    if (s[i].fd < 0 || (s[i].length > 0 && !s[i].addr) ||
+    if ((unsigned)s[i].kind > SP_STORAGE_CUDA_FD ||
+        (needs_fd(s[i].kind) && s[i].fd < 0) ||
+        (s[i].length > 0 && !s[i].addr) ||
+        (s[i].kind == SP_STORAGE_CUDA_IPC &&
+         (!s[i].handle || s[i].handle_len == 0)) ||
         client_storages_find(&c->storages, s[i].id))
       rc = SP_EINVAL;
     ids[i] = s[i].id;
@@ -118,38 +128,113 @@ static int check_storages(const sp_client *c, const sp_storage_desc *s,
   return rc;
 }
 
+/* What one storage goes on the wire as: for SP_STORAGE_CUDA the IPC handle
+ * and offset the runtime gives, and for every CUDA kind the GPU. */
+struct wire_storage {
+  const char *kind;
+  const void *handle;
+  size_t handle_len;
+  uint64_t offset;
+  uint8_t own_handle[CLIENT_CUDA_HANDLE_BYTES];
+  struct client_storage rec; /* what the table keeps once accepted */
+};
+
+static int resolve_storage(sp_client *c, const sp_storage_desc *d,
+                           struct wire_storage *w) {
+  memset(w, 0, sizeof *w);
+  w->rec.id = d->id;
+  w->rec.length = d->length;
+  w->rec.addr = d->addr;
+  w->rec.device_index = -1;
+  w->offset = d->offset;
+  w->handle = d->handle;
+  w->handle_len = d->handle_len;
+  int rc = 0;
+  switch (d->kind) {
+  case SP_STORAGE_MEMFD:
+    w->kind = "memfd";
+    return 0;
+  case SP_STORAGE_CUDA:
+    w->kind = "cuda_ipc";
+    w->handle = w->own_handle;
+    w->handle_len = sizeof w->own_handle;
+    w->offset = 0;
+    /* An empty storage has no memory to name: the daemon opens nothing. */
+    if (d->length == 0)
+      return 0;
+    rc = client_cuda_describe(c, d->addr, w->own_handle, &w->offset,
+                              w->rec.device);
+    break;
+  case SP_STORAGE_CUDA_IPC:
+  case SP_STORAGE_CUDA_FD:
+    w->kind = d->kind == SP_STORAGE_CUDA_IPC ? "cuda_ipc" : "cuda_fd";
+    if (d->device) {
+      if (strlen(d->device) >= sizeof w->rec.device)
+        return SP_EINVAL;
+      snprintf(w->rec.device, sizeof w->rec.device, "%s", d->device);
+    } else if (d->length > 0) {
+      rc = client_cuda_device_of(c, d->addr, w->rec.device);
+    }
+    break;
+  }
+  if (rc == 0 && w->rec.device[0])
+    rc = client_cuda_ordinal(c, w->rec.device, &w->rec.device_index);
+  return rc;
+}
+
 /* Sends one storage_add frame for s[0..n) and records them once accepted. */
 static int add_storage_frame(sp_client *c, const sp_storage_desc *s,
                              size_t n) {
   int fds[SP_FDS_MAX];
+  size_t nfds = 0;
+  struct wire_storage *w = malloc(n * sizeof *w);
+  if (!w)
+    return SP_ENOMEM;
+  for (size_t i = 0; i < n; i++) {
+    int rc = resolve_storage(c, &s[i], &w[i]);
+    if (rc < 0) {
+      free(w);
+      return rc;
+    }
+  }
   struct sp_msgbuf mb;
   uint64_t id = client_begin(c, &mb, "storage_add", 1);
   sp_pack_str(&mb.pk, "storages");
   msgpack_pack_array(&mb.pk, n);
   for (size_t i = 0; i < n; i++) {
-    fds[i] = s[i].fd;
-    msgpack_pack_map(&mb.pk, 6);
+    bool fd = needs_fd(s[i].kind), handle = w[i].handle_len > 0,
+         device = w[i].rec.device[0] != '\0';
+    msgpack_pack_map(&mb.pk, 5 + fd + handle + device);
     sp_pack_kv_u64(&mb.pk, "sid", s[i].id);
-    sp_pack_kv_str(&mb.pk, "kind", "memfd");
-    sp_pack_kv_u64(&mb.pk, "fd", i);
-    sp_pack_kv_u64(&mb.pk, "offset", s[i].offset);
+    sp_pack_kv_str(&mb.pk, "kind", w[i].kind);
+    if (fd) {
+      sp_pack_kv_u64(&mb.pk, "fd", nfds);
+      fds[nfds++] = s[i].fd;
+    }
+    if (handle) {
+      sp_pack_str(&mb.pk, "handle");
+      sp_pack_bin(&mb.pk, w[i].handle, w[i].handle_len);
+    }
+    if (device)
+      sp_pack_kv_str(&mb.pk, "device", w[i].rec.device);
+    sp_pack_kv_u64(&mb.pk, "offset", w[i].offset);
     sp_pack_kv_u64(&mb.pk, "length", s[i].length);
     sp_pack_kv_u64(&mb.pk, "base", (uint64_t)(uintptr_t)s[i].addr);
   }
   struct client_reply reply;
-  int rc = client_call_fds(c, &mb, id, "storage_add", fds, n, &reply);
-  if (rc < 0)
-    return rc;
-  uint64_t count;
-  rc = sp_msg_get_u64(&reply.map, "count", false, &count);
-  client_reply_release(&reply);
-  if (rc == 0 && count != n)
-    rc = SP_EBADMSG;
-  if (rc < 0)
-    return rc;
-  for (size_t i = 0; i < n; i++)
-    client_storages_add(&c->storages, s[i].id, s[i].length, s[i].addr);
-  return 0;
+  int rc = client_call_fds(c, &mb, id, "storage_add", fds, nfds, &reply);
+  if (rc == 0) {
+    uint64_t count;
+    rc = sp_msg_get_u64(&reply.map, "count", false, &count);
+    client_reply_release(&reply);
+    if (rc == 0 && count != n)
+      rc = SP_EBADMSG;
+  }
+  if (rc == 0)
+    for (size_t i = 0; i < n; i++)
+      client_storages_add(&c->storages, &w[i].rec);
+  free(w);
+  return rc < 0 ? rc : 0;
 }
 
 SP_EXPORT int sp_register_storages(sp_client *client,

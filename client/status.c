@@ -78,6 +78,54 @@ static int join_backends(const msgpack_object *map, char **out) {
   return 0;
 }
 
+static int get_flag(const msgpack_object *map, const char *key, int *out) {
+  bool v;
+  int rc = sp_msg_get_bool(map, key, false, &v);
+  if (rc == 0)
+    *out = v ? 1 : 0;
+  return rc;
+}
+
+static int decode_node(const msgpack_object *o, sp_node_status *n) {
+  if (o->type != MSGPACK_OBJECT_MAP)
+    return SP_EBADMSG;
+  int rc = get_u32(o, "node", &n->node);
+  if (rc == 0)
+    rc = copy_str(o, "address", false, &n->address);
+  if (rc == 0)
+    rc = get_flag(o, "self", &n->self);
+  if (rc == 0)
+    rc = get_flag(o, "connected", &n->connected);
+  if (rc == 0)
+    rc = sp_msg_get_u64(o, "bytes_sent", false, &n->bytes_sent);
+  if (rc == 0)
+    rc = sp_msg_get_u64(o, "bytes_received", false, &n->bytes_received);
+  return rc;
+}
+
+/* The fields of a job across nodes; a daemon that predates them sends none
+ * (plan_digest stays NULL, nodes empty). */
+static int decode_nodes(const msgpack_object *o, sp_job_status *job) {
+  int rc = copy_str(o, "plan_digest", true, &job->plan_digest);
+  uint64_t node = 0;
+  if (rc == 0 && (rc = sp_msg_get_u64(o, "node", true, &node)) == 1)
+    rc = 0;
+  if (rc == 0 && node > UINT32_MAX)
+    rc = SP_EBADMSG;
+  job->node = (uint32_t)node;
+  const msgpack_object_array *a;
+  int has = rc == 0 ? sp_msg_get_array(o, "nodes", true, &a) : rc;
+  if (has != 0 || a->size == 0)
+    return has < 0 ? has : rc;
+  job->nodes = calloc(a->size, sizeof *job->nodes);
+  if (!job->nodes)
+    return SP_ENOMEM;
+  job->nnodes = a->size;
+  for (uint32_t i = 0; i < a->size && rc == 0; i++)
+    rc = decode_node(&a->ptr[i], &job->nodes[i]);
+  return rc;
+}
+
 static int decode_job(const msgpack_object *o, sp_job_status *job) {
   if (o->type != MSGPACK_OBJECT_MAP)
     return SP_EBADMSG;
@@ -105,6 +153,8 @@ static int decode_job(const msgpack_object *o, sp_job_status *job) {
     rc = sp_msg_get_u64(o, "bytes_total", false, &job->bytes_total);
   if (rc == 0)
     rc = get_amount(o, "rate_bps", &job->rate_bps);
+  if (rc == 0)
+    rc = decode_nodes(o, job);
   return rc;
 }
 
@@ -142,6 +192,13 @@ static int decode_status(const msgpack_object *map, sp_status_info *info) {
     rc = sp_msg_get_u64(map, "pool_capacity", false, &info->pool_capacity);
   if (rc == 0)
     rc = decode_jobs(map, info);
+  if (rc == 0)
+    rc = copy_str(map, "peer_address", true, &info->peer_address);
+  if (rc == 0 && info->peer_address && info->peer_address[0] == '\0') {
+    /* Sent empty when the daemon does not listen for peers. */
+    free(info->peer_address);
+    info->peer_address = NULL;
+  }
   return rc;
 }
 
@@ -169,10 +226,16 @@ SP_EXPORT void sp_status_free(sp_status_info *status) {
   if (!status)
     return;
   for (size_t i = 0; i < status->njobs; i++) {
-    free(status->jobs[i].job_id);
-    free(status->jobs[i].phase);
-    free(status->jobs[i].error);
+    sp_job_status *job = &status->jobs[i];
+    free(job->job_id);
+    free(job->phase);
+    free(job->error);
+    free(job->plan_digest);
+    for (size_t n = 0; n < job->nnodes; n++)
+      free(job->nodes[n].address);
+    free(job->nodes);
   }
+  free(status->peer_address);
   free(status->jobs);
   free(status->daemon_version);
   free(status->backends_built);

@@ -1,10 +1,13 @@
 /*
  * backend.c - which memory and transport backend serves, and why.
  *
- * The host backend (memfd storages, TCP between daemons) is always built.
- * The CUDA backend is compiled when its headers are found, and until its
- * implementation lands it cannot be selected; `auto` then says so in the
- * reason that `shardport status` shows.
+ * The host backend (memfd storages, TCP between daemons) is always built
+ * and always works.  The CUDA backend (daemon/cuda/gpu.h) is compiled when
+ * the toolkit's headers are found and serves when the CUDA runtime, NCCL
+ * and a GPU are there at run time: `auto` tries it and falls back to the
+ * host backend, giving the reason (no driver, no device, a library that
+ * does not load) that `shardport status` shows; `cuda` insists and refuses
+ * to start without it.
  */
 #include <stdio.h>
 #include <string.h>
@@ -38,22 +41,37 @@ const char *backend_name(enum backend_kind kind) { return backend_names[kind]; }
 
 int backend_select(enum backend_kind want, struct backend_choice *out,
                    char *err, size_t errsize) {
+  memset(out, 0, sizeof *out);
   out->active = "host";
-  switch (want) {
-  case BACKEND_HOST:
+  if (want == BACKEND_HOST) {
     snprintf(out->reason, sizeof(out->reason), "selected by configuration");
     return 0;
-  case BACKEND_AUTO:
-    snprintf(out->reason, sizeof(out->reason), "%s",
-             SP_HAVE_CUDA ? "the CUDA backend is not implemented yet"
-                          : "built without the CUDA backend");
-    return 0;
-  case BACKEND_CUDA:
-    snprintf(err, errsize, "backend cuda is not available: %s",
-             SP_HAVE_CUDA ? "it is not implemented yet"
-                          : "this build has no CUDA backend");
+  }
+  if (want != BACKEND_AUTO && want != BACKEND_CUDA) {
+    snprintf(err, errsize, "unknown backend");
     return SP_EBACKEND;
   }
-  snprintf(err, errsize, "unknown backend");
-  return SP_EBACKEND;
+  char why[sizeof out->reason - 64];
+  if (gpu_open(&out->gpu, why, sizeof why) != 0) {
+    out->gpu = NULL;
+    if (want == BACKEND_CUDA) {
+      snprintf(err, errsize, "backend cuda is not available: %s", why);
+      return SP_EBACKEND;
+    }
+    snprintf(out->reason, sizeof(out->reason),
+             "the CUDA backend cannot serve: %s", why);
+    return 0;
+  }
+  char found[sizeof out->reason - 64];
+  gpu_describe(out->gpu, found, sizeof found);
+  out->active = "cuda";
+  snprintf(out->reason, sizeof(out->reason), "%s: %s",
+           want == BACKEND_CUDA ? "selected by configuration" : "found",
+           found);
+  return 0;
+}
+
+void backend_release(struct backend_choice *choice) {
+  gpu_close(choice->gpu);
+  choice->gpu = NULL;
 }

@@ -242,6 +242,46 @@ static void store_size(struct config *cfg, const char *key, uint64_t v) {
     cfg->max_output = v;
 }
 
+/* peer_listen = ADDR:PORT and peer_advertise = ADDR[:PORT], numeric
+ * addresses (IPv6 in brackets), or none.  Other daemons dial the advertised
+ * address, so it must be one they can reach: never a wildcard. */
+static int set_peer(struct config *cfg, const char *key, const char *value,
+                    char *err, size_t errsize) {
+  bool listen = strcmp(key, "peer_listen") == 0;
+  bool *set = listen ? &cfg->peer_listen_set : &cfg->peer_advertise_set;
+  char *text = listen ? cfg->peer_listen : cfg->peer_advertise;
+  struct sockaddr_storage *sa =
+      listen ? &cfg->peer_listen_addr : &cfg->peer_advertise_addr;
+  socklen_t len;
+  *set = false;
+  text[0] = '\0';
+  if (value[0] == '\0' || strcmp(value, "none") == 0)
+    return 0;
+  if (nodelink_addr_parse(value, strlen(value), !listen, sa, &len) != 0)
+    return fail(err, errsize,
+                "%s: \"%s\" is not a numeric address%s (\"10.0.0.1:7070\", "
+                "\"[fd00::1]:7070\") or none",
+                key, value, listen ? " and port" : ", with or without a port");
+  if (!listen && nodelink_addr_wildcard(sa))
+    return fail(err, errsize, "%s: \"%s\" is a wildcard; other daemons need "
+                "an address they can dial", key, value);
+  if (listen)
+    cfg->peer_listen_len = len;
+  snprintf(text, NODE_ADDR_MAX, "%s", value);
+  *set = true;
+  return 0;
+}
+
+int config_check(const struct config *cfg, char *err, size_t errsize) {
+  if (cfg->peer_listen_set && !cfg->peer_advertise_set &&
+      nodelink_addr_wildcard(&cfg->peer_listen_addr))
+    return fail(err, errsize,
+                "peer_listen %s is a wildcard address: set peer_advertise to "
+                "the address other daemons dial",
+                cfg->peer_listen);
+  return 0;
+}
+
 int config_set(struct config *cfg, const char *key, const char *value,
                char *err, size_t errsize) {
   for (size_t i = 0; i < sizeof(size_keys) / sizeof(size_keys[0]); i++) {
@@ -326,6 +366,8 @@ int config_set(struct config *cfg, const char *key, const char *value,
       return fail(err, errsize, "watchdog: \"%s\" is not yes or no", value);
     return 0;
   }
+  if (strcmp(key, "peer_listen") == 0 || strcmp(key, "peer_advertise") == 0)
+    return set_peer(cfg, key, value, err, errsize);
   return fail(err, errsize, "unknown key \"%s\"", key);
 }
 
@@ -422,4 +464,8 @@ void config_print(const struct config *cfg, FILE *out) {
   print_duration(out, "job_timeout", cfg->job_timeout_ms);
   fprintf(out, "max_jobs = %" PRIu32 "\n", cfg->max_jobs);
   fprintf(out, "engine_threads = %" PRIu32 "\n", cfg->engine_threads);
+  fprintf(out, "peer_listen = %s\n",
+          cfg->peer_listen_set ? cfg->peer_listen : "none");
+  fprintf(out, "peer_advertise = %s\n",
+          cfg->peer_advertise_set ? cfg->peer_advertise : "none");
 }

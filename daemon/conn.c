@@ -108,6 +108,15 @@ static void on_poll(uv_poll_t *handle, int status, int events);
 
 struct server *conn_server(const struct conn *c) { return c->srv; }
 
+uint64_t conn_id(const struct conn *c) { return c->id; }
+
+struct conn *conn_find(const struct server *srv, uint64_t id) {
+  for (struct conn *c = srv->conns; c != NULL; c = c->next)
+    if (c->id == id)
+      return c;
+  return NULL;
+}
+
 struct job_member *conn_member(const struct conn *c) { return c->member; }
 
 void conn_set_member(struct conn *c, struct job_member *member) {

@@ -15,10 +15,12 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/un.h>
 #include <uv.h>
 
+#include "daemon/cuda/gpu.h"
 #include "daemon/plan/plan.h"
 #include "proto/frame.h"
 #include "proto/limits.h"
@@ -52,7 +54,9 @@ enum backend_kind { BACKEND_AUTO, BACKEND_HOST, BACKEND_CUDA };
 /* Which backend serves, and why, in words for status and the log. */
 struct backend_choice {
   const char *active;
-  char reason[128];
+  char reason[512];
+  /* The CUDA backend when it serves (daemon/cuda/gpu.h), else NULL. */
+  struct gpu *gpu;
 };
 
 /* "auto", "host", "cuda" <-> kind; -1 for an unknown name. */
@@ -65,6 +69,8 @@ extern const size_t backend_nbuilt;
  * requested one cannot serve. */
 int backend_select(enum backend_kind want, struct backend_choice *out,
                    char *err, size_t errsize);
+/* Releases what backend_select loaded (the CUDA backend). */
+void backend_release(struct backend_choice *choice);
 
 /* ---- config.c --------------------------------------------------------- */
 
@@ -75,6 +81,8 @@ int backend_select(enum backend_kind want, struct backend_choice *out,
 #define CONFIG_DEFAULT_EXPORT_TIMEOUT_MS 60000u
 #define CONFIG_DEFAULT_JOB_TIMEOUT_MS 300000u
 #define CONFIG_DEFAULT_MAX_JOBS 256u
+/* "addr:port" of a daemon, numeric (IPv6 in brackets), with its NUL. */
+#define NODE_ADDR_MAX 64
 
 struct config {
   char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -104,6 +112,16 @@ struct config {
   uint32_t max_jobs;
   /* Threads copying one export's data; 0 means min(4, online CPUs). */
   uint32_t engine_threads;
+  /* Jobs across nodes: where this daemon listens for other daemons (off
+   * unless set), and the address they dial (default: the listen address;
+   * a port of 0 in either means the port the kernel gives). */
+  bool peer_listen_set;
+  char peer_listen[NODE_ADDR_MAX];
+  struct sockaddr_storage peer_listen_addr;
+  socklen_t peer_listen_len;
+  bool peer_advertise_set;
+  char peer_advertise[NODE_ADDR_MAX];
+  struct sockaddr_storage peer_advertise_addr;
 };
 
 /* Built-in defaults: root and the daemon's own uid, its own gid. */
@@ -123,6 +141,9 @@ int config_set(struct config *cfg, const char *key, const char *value,
 int config_resolve_socket(struct config *cfg, char *err, size_t errsize);
 /* Prints every key with its effective value, in config file syntax. */
 void config_print(const struct config *cfg, FILE *out);
+/* Checks what no single key can (peer_listen on a wildcard address needs
+ * peer_advertise): 0, or -1 with err. */
+int config_check(const struct config *cfg, char *err, size_t errsize);
 
 /* ---- listen.c --------------------------------------------------------- */
 
@@ -200,6 +221,18 @@ struct server {
   /* Test seam (docs/operations.md): SHARDPORTD_TEST_ROUND_DELAY_MS makes
    * the engine pause after every round, so tests can act mid-export. */
   uint32_t test_round_delay_ms;
+  /* Test seam: SHARDPORTD_TEST_DIGEST_XOR flips bits of the plan digests
+   * this daemon reports to a job's root, to test the mismatch path. */
+  uint64_t test_digest_xor;
+  /* Other daemons (nodelink.c): the peer listener (-1 when peer_listen is
+   * off), the address they dial, this daemon's random id among them, and
+   * the links not yet closed. */
+  int peer_fd;
+  uv_poll_t peer_poll;
+  char peer_address[NODE_ADDR_MAX];
+  uint64_t node_id;
+  uint64_t next_link_id;
+  struct nodelink *links;
 };
 
 /* Listens, serves until SIGTERM/SIGINT and shuts down cleanly.  Returns 0,
@@ -222,6 +255,10 @@ int conn_send_error(struct conn *c, uint64_t id, int code, const char *fmt,
 /* Finishes mb and queues it. */
 int conn_send_msgbuf(struct conn *c, struct sp_msgbuf *mb);
 struct server *conn_server(const struct conn *c);
+/* The connection's number, and the open connection of that number (NULL
+ * once it closed): a reference that cannot dangle. */
+uint64_t conn_id(const struct conn *c);
+struct conn *conn_find(const struct server *srv, uint64_t id);
 
 struct job_member;
 /* The job rank this connection joined as, or NULL. */
@@ -274,6 +311,8 @@ uint64_t idxset_hash_u64(uint64_t v);
 
 #define JOB_ID_BYTES 16
 #define JOB_SECRET_BYTES 16
+/* An NCCL unique id (ncclUniqueId), reserved in version 2 tickets. */
+#define NODE_NCCL_ID_BYTES 128
 
 struct req_job_create {
   uint32_t world;
@@ -290,17 +329,34 @@ struct req_join {
 
 /* What a ticket holds (docs/protocol.md, "job_create"). */
 struct req_ticket {
+  uint32_t version; /* 1, or 2 for a job that may span nodes */
   uint8_t job[JOB_ID_BYTES];
   uint8_t secret[JOB_SECRET_BYTES];
   uint32_t world;
+  /* Version 2: the root daemon's peer address ("" in version 1), and the
+   * job's NCCL unique id when the root made one. */
+  char root[NODE_ADDR_MAX];
+  bool has_nccl_id;
+  uint8_t nccl_id[NODE_NCCL_ID_BYTES];
+};
+
+enum req_storage_kind {
+  REQ_STORAGE_MEMFD,    /* a memfd or shm file: fd, offset */
+  REQ_STORAGE_CUDA_IPC, /* a CUDA IPC handle of the allocation base: handle */
+  REQ_STORAGE_CUDA_FD,  /* a cuMem POSIX descriptor of the allocation: fd */
 };
 
 struct req_storage {
   uint32_t sid;
-  uint32_t fd; /* index among the frame's descriptors */
+  enum req_storage_kind kind;
+  uint32_t fd; /* index among the frame's descriptors (memfd, cuda_fd) */
   uint64_t offset;
   uint64_t length;
   uint64_t base;
+  uint8_t handle[GPU_IPC_HANDLE_BYTES]; /* cuda_ipc, decoded */
+  /* cuda kinds: "cuda:<GPU UUID>" the storage lives on; "" for the
+   * rank's own device. */
+  char device[REQ_MAX_DEVICE + 1];
 };
 
 struct req_tensor {
@@ -370,12 +426,19 @@ struct reg_storage {
   void *map; /* the read-only mapping, page-aligned; NULL when empty */
   size_t map_len;
   const uint8_t *data; /* the storage's first byte */
+  /* A CUDA storage: its opened allocation and device address (gpu.data;
+   * data is then NULL: it is not host memory). */
+  struct gpu_mapping gpu;
 };
 
 /* One rank's registrations, in the planner's form.  Used from the loop
  * thread, and read (never changed) by an engine while an export runs. */
 struct registry {
   uint32_t device_type; /* the rank's device, declared at join */
+  /* For a CUDA rank: the backend and the local ordinal of its GPU, which
+   * storages live on unless they name another. */
+  struct gpu *gpu;
+  int device;
   size_t nstorages;
   size_t storage_cap_s, storage_cap_i;
   struct sp_storage *storages;
@@ -404,6 +467,13 @@ uint32_t registry_find_sid(const struct registry *reg, uint32_t sid);
 /* The rank's part of a plan_input, pointing into reg (no groups). */
 void registry_rank_in(const struct registry *reg, uint32_t rank,
                       struct plan_rank_in *out);
+/* Registers n storages of a rank on another node (mesh.c): what the
+ * planner needs (sid, base, length, device), no memory; the same checks
+ * as registry_add_storages.  All or none. */
+int registry_add_remote_storages(struct registry *reg,
+                                 const struct req_storage *s,
+                                 const struct sp_device *device, size_t n,
+                                 char *msg, size_t msglen);
 
 /* ---- engine.c --------------------------------------------------------- */
 
@@ -419,6 +489,12 @@ struct engine {
   const uint64_t *key_offset;           /* [nkeys]: publish_layout offsets */
   uint32_t threads;                     /* copying threads, at least 1 */
   uint32_t round_delay_ms;              /* test seam */
+  /* The CUDA backend's part of the run (gpu.h): set, the rounds run on the
+   * GPUs (gpu_engine_run) and src[r][i].gpu and dst are device memory. */
+  const struct gpu_run *gpu_run;
+  /* A job across nodes (remote.c): this node's part of each round, moves
+   * to and from other nodes included; NULL on one node. */
+  struct remote *remote;
   /* Called from the engine thread when a round starts and when it ends. */
   void (*notify)(void *arg);
   void *notify_arg;
@@ -473,13 +549,22 @@ void publish_layout_free(struct publish_layout *l);
 int publish_parts(const struct plan *plan, const struct publish_layout *l,
                   uint32_t rank, uint64_t frame_limit, uint32_t max_items,
                   size_t **first, size_t *nparts);
+/* A rank's segment on a GPU, as part 0 of its reply names it. */
+struct publish_device {
+  const char *device;    /* "cuda:<GPU UUID>" */
+  const uint8_t *handle; /* GPU_IPC_HANDLE_BYTES: cudaIpcMemHandle_t */
+  const uint8_t *event;  /* GPU_IPC_HANDLE_BYTES: cudaIpcEventHandle_t */
+  uint64_t size;
+};
+
 /* Packs one part of rank's export reply; owner is rank's registry (for
- * identity tensors' sids). */
+ * identity tensors' sids); dev is the rank's segment when it is on a GPU
+ * (part 0 lists it in cuda_segments and carries no descriptor), else NULL. */
 void publish_pack(const struct plan *plan, const struct publish_layout *l,
                   const struct registry *owner, uint32_t rank,
                   uint64_t request_id, uint64_t export_id, size_t part,
                   size_t nparts, size_t first, size_t end,
-                  struct sp_msgbuf *mb);
+                  const struct publish_device *dev, struct sp_msgbuf *mb);
 
 /* ---- job.c ------------------------------------------------------------ */
 
@@ -548,6 +633,18 @@ struct job {
   size_t *cached_groups_len;
   /* Registrations or members changed while an export used the cache. */
   bool cache_stale;
+  /* The digest of the last plan built, for status (has_plan_digest). */
+  uint64_t plan_digest;
+  bool has_plan_digest;
+  /* A job that may span nodes (mesh.c), or NULL. */
+  struct mesh *mesh;
+  /* A job on GPUs across nodes (daemon/cuda/gpu.h, docs/gpu.md): the NCCL
+   * unique id its root made (in its ticket), and this node's
+   * communicators, made by the first export and kept for the next ones
+   * (an export that fails aborts them, and the job cannot export again). */
+  bool has_nccl_id;
+  uint8_t nccl_id[GPU_NCCL_ID_BYTES];
+  struct gpu_comms *gpu_comms;
   uv_timer_t tick;
   uv_async_t wake;
   int open_handles;
@@ -579,6 +676,21 @@ void job_answer_ask(struct job_member *m, int code, const char *message);
 uint64_t job_now_ms(void);
 /* The jobs array of the status reply. */
 void job_status_pack(const struct server *srv, msgpack_packer *pk);
+/* For jobs across nodes (mesh.c): the job of an id, or NULL; secrets
+ * compared in constant time; a new job of that id and secret (a shadow of
+ * a job rooted on another daemon); a rank admitted after the root said so
+ * (replies to the join; NULL when out of memory, nothing replied); a rank
+ * joined elsewhere (the job no longer waits for a first rank); the job's
+ * end, as soon as no export runs. */
+struct job *job_find(const struct server *srv, const uint8_t *id);
+bool job_secret_equal(const uint8_t *a, const uint8_t *b, size_t len);
+struct job *job_new(struct server *srv, const uint8_t *id,
+                    const uint8_t *secret, uint32_t world);
+struct job_member *job_admit(struct job *job, struct conn *c,
+                             uint64_t request_id, const struct req_join *req,
+                             int device);
+void job_note_joined(struct job *job);
+void job_end(struct job *job);
 
 /* ---- export.c --------------------------------------------------------- */
 
@@ -609,6 +721,269 @@ struct export_view {
 };
 void export_view(const struct job *job, struct export_view *out);
 const char *export_phase_name(enum job_phase phase);
+/* Jobs across nodes (mesh.c).  Starts the export the root announced, from
+ * the local ranks that asked and the gathered metadata of every rank, with
+ * the options the root resolved: 0 (the export owns mx), or a code and a
+ * message to fail it everywhere with (mx stays the caller's). */
+struct mesh_export;
+int export_start_gathered(struct job *job, struct mesh_export *mx,
+                          uint64_t export_id, uint32_t max_keys,
+                          uint64_t max_bytes, uint32_t timeout_ms, char *msg,
+                          size_t msglen);
+/* The root's go (every node planned alike) and publish (every node moved
+ * its data). */
+void export_go(struct job *job);
+void export_publish(struct job *job);
+/* Fails the running export, or the ranks waiting for one, with the root's
+ * code and message (nothing is reported back to the root). */
+void export_fail(struct job *job, int code, const char *message);
+void export_fail_asks(struct job *job, int code, const char *message);
+
+/* ---- nodelink.c ------------------------------------------------------- */
+
+/* The most bytes of one frame between daemons: a rank's registrations
+ * travel in one, and the most items it may hold. */
+#define NODE_MAX_FRAME (1u << 30)
+#define NODE_MAX_ITEMS (1u << 26)
+#define NODE_MAX_NODES 4096u
+/* Bump when a message between daemons changes (docs/protocol.md). */
+#define NODE_PROTOCOL_VERSION 1
+
+/* Frame bytes shared by the links that send them (the root relays one
+ * rank's registrations to every node): refcounted, loop thread only. */
+struct nodeblob {
+  uint32_t refs;
+  uint8_t hdr[SP_FRAME_HEADER];
+  uint8_t *mem; /* freed with the last reference */
+  const uint8_t *payload;
+  size_t len;
+};
+
+struct nodeblob *nodeblob_wrap(uint8_t *mem, const uint8_t *payload,
+                               size_t len);
+struct nodeblob *nodeblob_ref(struct nodeblob *b);
+void nodeblob_unref(struct nodeblob *b);
+
+struct nodelink;
+
+/* What a link tells its owner.  A callback may close the link. */
+struct nodelink_ops {
+  /* An outbound link connected. */
+  void (*connected)(struct nodelink *l, void *arg);
+  /* A control frame, decoded (valid during the call). */
+  void (*frame)(struct nodelink *l, void *arg, const struct sp_msg_head *head,
+                const msgpack_object *map);
+  /* A frame announced with nodelink_expect_blobs; the callee owns b. */
+  void (*blob)(struct nodelink *l, void *arg, struct nodeblob *b);
+  /* The link ended by the peer or an error (not by nodelink_close). */
+  void (*closed)(struct nodelink *l, void *arg, int code);
+};
+
+/* "a.b.c.d:port" or "[v6]:port", numeric only (port_optional: "addr"
+ * alone means port 0): 0 or SP_EINVAL. */
+int nodelink_addr_parse(const char *s, size_t len, bool port_optional,
+                        struct sockaddr_storage *out, socklen_t *outlen);
+void nodelink_addr_format(const struct sockaddr *sa, char *buf, size_t len);
+bool nodelink_addr_wildcard(const struct sockaddr_storage *sa);
+/* Keepalive, TCP_USER_TIMEOUT and TCP_NODELAY on a socket to a daemon. */
+void nodelink_tune(int sock);
+/* The limits a rank's registrations are decoded with. */
+void nodelink_meta_limits(struct sp_limits *l);
+/* Listens on peer_listen (when set): 0 or -1 (logged). */
+int nodelink_listen_open(struct server *srv);
+void nodelink_listen_close(struct server *srv);
+/* Closes every link at shutdown. */
+void nodelink_shutdown(struct server *srv);
+/* Dials addr; ops->connected (or ->closed) follows. */
+int nodelink_connect(struct server *srv, const char *addr,
+                     const struct nodelink_ops *ops, void *arg,
+                     struct nodelink **out);
+void nodelink_set_ops(struct nodelink *l, const struct nodelink_ops *ops,
+                      void *arg);
+/* The peer said who it is: no hello deadline, and blobs may be large. */
+void nodelink_hello_done(struct nodelink *l);
+/* The next n frames are blobs. */
+void nodelink_expect_blobs(struct nodelink *l, uint32_t n);
+/* Queue a message (mb is left empty), a shared blob, an error reply. */
+int nodelink_send(struct nodelink *l, struct sp_msgbuf *mb);
+int nodelink_send_blob(struct nodelink *l, struct nodeblob *b);
+int nodelink_send_error(struct nodelink *l, int code, const char *message);
+/* Closes at once (a pending hand-over is cancelled); NULL allowed. */
+void nodelink_close(struct nodelink *l);
+/* Stops reading; closes once the queue is written. */
+void nodelink_close_after_flush(struct nodelink *l);
+/* Stops reading; once the queue is written, hands the bare socket to
+ * fn(arg, sock) instead of closing it (fn(arg, -1) when the link failed
+ * first; never once nodelink_close cancelled it). */
+void nodelink_detach(struct nodelink *l, void (*fn)(void *arg, int sock),
+                     void *arg);
+const char *nodelink_peer(const struct nodelink *l);
+
+/* ---- nodemsg.c -------------------------------------------------------- */
+
+enum nodemsg_op {
+  NODEMSG_HELLO = 1, /* peer_hello: a node to the root, and its reply */
+  NODEMSG_DATA,      /* peer_data: a data link's handshake, and its reply */
+  NODEMSG_JOIN,      /* a rank joins on a node; the root's reply */
+  NODEMSG_LEFT,
+  NODEMSG_ASK,
+  NODEMSG_PLAN,
+  NODEMSG_PLANNED,
+  NODEMSG_GO,
+  NODEMSG_MOVED,
+  NODEMSG_PUBLISH,
+  NODEMSG_FAIL,
+  NODEMSG_BEAT,
+  NODEMSG_BYE,
+  NODEMSG_ERROR,
+};
+
+struct nodemsg_node {
+  uint32_t node;
+  uint64_t node_id;
+  char addr[NODE_ADDR_MAX];
+};
+
+/* One message between daemons; which fields mean something depends on op
+ * (docs/protocol.md, "Between daemons"). */
+struct nodemsg {
+  enum nodemsg_op op;
+  uint64_t id;
+  bool reply;
+  uint64_t version;
+  uint8_t job[JOB_ID_BYTES];
+  uint8_t secret[JOB_SECRET_BYTES];
+  char addr[NODE_ADDR_MAX];
+  uint64_t node_id;
+  uint32_t node;
+  uint32_t rank, world, device_type;
+  bool disconnected;
+  uint64_t gather, export_id;
+  uint32_t max_keys, timeout_ms;
+  uint64_t max_bytes;
+  size_t nnodes;
+  struct nodemsg_node *nodes; /* plan: owned */
+  uint32_t *rank_nodes;       /* plan: [world], owned */
+  int code;
+  uint64_t digest;
+  char message[SP_ERRMSG_MAX + 1];
+};
+
+const char *nodemsg_op_name(enum nodemsg_op op);
+/* 0, or a code and a sentence naming the field; free with nodemsg_free
+ * either way. */
+int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
+                  struct nodemsg *m, char *msg, size_t msglen);
+void nodemsg_free(struct nodemsg *m);
+void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb);
+/* A rank's registrations and groups as one `meta` map, and back into a
+ * registry of that rank without memory (on a planning thread). */
+void nodemsg_pack_meta(uint32_t rank, const struct registry *reg,
+                       const struct req_groups *groups, struct sp_msgbuf *mb);
+int nodemsg_parse_meta(const uint8_t *data, size_t len, uint32_t rank,
+                       struct registry *reg, struct req_groups *groups,
+                       char *msg, size_t msglen);
+
+/* ---- mesh.c ----------------------------------------------------------- */
+
+struct mesh;
+
+/* job_create on a daemon that listens for peers: the job's root. */
+int mesh_create_root(struct job *job);
+void mesh_free(struct mesh *ms);
+bool mesh_is_root(const struct mesh *ms);
+uint32_t mesh_self(const struct job *job);
+/* A ticket of a job rooted on another daemon: makes the job's shadow here
+ * (*out), or replies with the error (*out NULL). */
+int mesh_shadow_job(struct conn *c, const struct sp_msg_head *head,
+                    const struct req_ticket *t, struct job **out);
+/* A join that passed the local checks: 1 when the mesh took it (queued for
+ * the root's word, or refused), 0 to admit it here now, or a code. */
+int mesh_join(struct job *job, struct conn *c, const struct sp_msg_head *head,
+              const struct req_join *req, int device);
+void mesh_rank_joined(struct job *job, uint32_t rank);
+void mesh_rank_left(struct job *job, uint32_t rank, bool disconnected);
+/* Sends the root the asks of local ranks it has not heard. */
+void mesh_asks(struct job *job);
+/* Starts an export the root announced, once none runs. */
+void mesh_try_start(struct job *job);
+/* Messages the root's own node queued for itself; beats and silences. */
+void mesh_advance(struct job *job);
+void mesh_tick(struct job *job);
+/* Something to watch (asks out, an export under way); may the job end. */
+bool mesh_active(const struct job *job);
+bool mesh_may_end(const struct job *job);
+/* The first frame of a link another daemon opened. */
+void mesh_link_hello(struct server *srv, struct nodelink *l,
+                     const struct sp_msg_head *head,
+                     const msgpack_object *map);
+/* The export's part (export.c): its plan input from the gathered bytes
+ * (on the planning thread), the plan's digest, the rounds done, a failure
+ * found here, the data plane, and the end. */
+int mesh_plan_input(struct mesh_export *mx, struct plan_input *in, char *msg,
+                    size_t msglen);
+void mesh_planned(struct job *job, uint64_t digest);
+void mesh_moved(struct job *job);
+void mesh_failed(struct job *job, int code, const char *message);
+int mesh_remote(struct job *job, struct mesh_export *mx,
+                const struct plan *plan, const struct reg_storage *const *src,
+                uint8_t *const *dst, const uint64_t *key_offset,
+                struct remote **out);
+void mesh_export_free(struct mesh_export *mx);
+/* "node N (ADDR) was lost during export E of job J" (export_id 0: while
+ * the ranks waited): the one text every node shows for a lost node. */
+void mesh_lost_message(const char *job_hex, uint32_t node, const char *addr,
+                       uint64_t export_id, char *buf, size_t len);
+/* The job's nodes for status: "nodes" and its array. */
+void mesh_status_pack(const struct job *job, msgpack_packer *pk);
+
+/* ---- remote.c --------------------------------------------------------- */
+
+struct remote;
+
+struct remote_peer_setup {
+  int sock; /* the data link, or -1 (this node, or none) */
+  char addr[NODE_ADDR_MAX];
+  _Atomic uint64_t *sent, *received; /* the node's counters, or NULL */
+};
+
+struct remote_setup {
+  const struct plan *plan;
+  uint32_t self;
+  uint32_t nnodes;
+  const struct remote_peer_setup *peers; /* [nnodes], copied */
+  const struct reg_storage *const *src;  /* [world]: local ranks' storages */
+  uint8_t *const *dst;                   /* [world]: local owners' segments */
+  const uint64_t *key_offset;
+  const char *job_hex;
+  uint64_t export_id;
+  uint32_t timeout_ms; /* a peer that moves nothing this long is lost */
+};
+
+/* One round as the engine runs it: pack (copy into staging) before the
+ * exchange, early (local copies) during it, late (from staging, and keys
+ * whose replicas crossed nodes) after it. */
+struct remote_round {
+  const struct plan_move *pack, *early, *late;
+  size_t npack, nearly, nlate;
+};
+
+int remote_new(const struct remote_setup *s, struct remote **out);
+void remote_free(struct remote *r);
+/* The bytes this node copies, sends and receives over all rounds. */
+uint64_t remote_bytes_total(const struct remote *r);
+int remote_round(struct remote *r, size_t round, struct remote_round *out,
+                 char *msg, size_t msglen);
+/* Sends and receives the round's buckets; 0, 1 when cancelled, or a code
+ * and a sentence (SP_ENODELOST names the node). */
+int remote_exchange(struct remote *r, const atomic_bool *cancel,
+                    _Atomic uint64_t *bytes_moved, char *msg, size_t msglen);
+/* For a move of the round's lists that goes through staging: its bytes
+ * there, and the view rewritten as the contiguous box; NULL otherwise. */
+const uint8_t *remote_source(const struct remote *r, const struct plan_move *m,
+                             struct sp_view *sv);
+uint8_t *remote_dest(const struct remote *r, const struct plan_move *m,
+                     struct plan_region *dr);
 
 /* ---- status.c --------------------------------------------------------- */
 

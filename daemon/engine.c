@@ -107,6 +107,8 @@ static int engine_fail(struct engine *e, int code, const char *fmt, ...) {
     e->rc = code;
   }
   atomic_store(&e->failed, true);
+  /* The exchange with other nodes watches cancel: it stops too. */
+  atomic_store(&e->cancel, true);
   pthread_mutex_unlock(&e->fail_lock);
   return code;
 }
@@ -166,10 +168,39 @@ static bool region_contains(const struct plan_region *r, int64_t elem) {
   return rest == 0;
 }
 
+/* Where a move's elements are read: the source rank's storage, or for a
+ * move that arrived from another node, staging (remote.c: sv is then the
+ * contiguous box). */
 static const uint8_t *move_source(const struct engine *e,
                                   const struct plan_move *m,
-                                  const struct sp_view *sv, size_t esz) {
+                                  struct sp_view *sv, size_t esz) {
+  if (e->remote != NULL) {
+    const uint8_t *staged = remote_source(e->remote, m, sv);
+    if (staged != NULL)
+      return staged;
+  }
   return e->src[m->src][m->from->storage].data + (size_t)sv->offset * esz;
+}
+
+/* Where a slice's first element is written: the owner's tensor, or for a
+ * move packed to go to another node, staging (dr is then the contiguous
+ * box). */
+static uint8_t *move_dest(const struct engine *e, const struct plan_move *m,
+                          struct plan_region *dr, size_t esz) {
+  if (e->remote != NULL) {
+    uint8_t *staged = remote_dest(e->remote, m, dr);
+    if (staged != NULL)
+      return staged;
+  }
+  return e->dst[m->dst] + e->key_offset[m->key] + (size_t)dr->offset * esz;
+}
+
+/* Copies count toward progress; bytes between nodes count as the exchange
+ * moves them (remote.c), not when they are packed or unpacked. */
+static void count_bytes(struct engine *e, const struct plan_move *m,
+                        uint64_t n) {
+  if (e->remote == NULL || e->plan->node[m->src] == e->plan->node[m->dst])
+    atomic_fetch_add_explicit(&e->bytes_moved, n, memory_order_relaxed);
 }
 
 static uint8_t *key_base(const struct engine *e, const struct plan_move *m) {
@@ -229,7 +260,7 @@ static int copy_replica(struct worker *w, const struct plan_move *m,
     if (d == 0)
       break;
   }
-  atomic_fetch_add_explicit(&e->bytes_moved, m->nbytes, memory_order_relaxed);
+  count_bytes(e, m, m->nbytes);
   return 0;
 }
 
@@ -243,10 +274,10 @@ static void copy_slice(struct worker *w, const struct plan_move *m, int64_t row,
   struct plan_region dr;
   plan_moves_regions(e->plan, m, &sv, &dr);
   const uint8_t *src = move_source(e, m, &sv, esz);
-  uint8_t *dst = key_base(e, m) + (size_t)dr.offset * esz;
+  uint8_t *dst = move_dest(e, m, &dr, esz);
   if (sv.ndim == 0) {
     memcpy(dst, src, esz);
-    atomic_fetch_add_explicit(&e->bytes_moved, esz, memory_order_relaxed);
+    count_bytes(e, m, esz);
     return;
   }
   struct xfer_box box = {.ndim = (int)sv.ndim, .elem_size = esz};
@@ -258,7 +289,7 @@ static void copy_slice(struct worker *w, const struct plan_move *m, int64_t row,
   box.shape[0] = rows;
   uint64_t n = xfer_copy(dst + (size_t)(row * dr.stride[0]) * esz,
                          src + (size_t)(row * sv.stride[0]) * esz, &box);
-  atomic_fetch_add_explicit(&e->bytes_moved, n, memory_order_relaxed);
+  count_bytes(e, m, n);
 }
 
 static int64_t move_rows(const struct plan_move *m, const struct plan *plan) {
@@ -302,6 +333,15 @@ static void report_fault(struct worker *w) {
   }
   const struct plan_key *key = &e->plan->keys[m->key];
   if (addr >= e->dst[m->dst] && addr < e->dst[m->dst] + e->dst_size[m->dst]) {
+    engine_fail(e, SP_EPOOL,
+                "the pool's memory ran out while assembling key '%s' for "
+                "rank %u",
+                key->name, m->dst);
+    return;
+  }
+  if (e->src[m->src] == NULL) {
+    /* Staging and the pool are the daemon's own: only the pool can run
+     * out under a write. */
     engine_fail(e, SP_EPOOL,
                 "the pool's memory ran out while assembling key '%s' for "
                 "rank %u",
@@ -361,17 +401,26 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
-/* Runs the items on e->threads threads, this one included. */
-static void run_items(struct engine *e, struct worker *workers) {
+/* Runs the items on e->threads threads, this one included.  alongside,
+ * when set, runs on this thread first (the exchange with other nodes),
+ * while at least one helper copies. */
+static void run_items(struct engine *e, struct worker *workers,
+                      void (*alongside)(struct engine *e)) {
   uint32_t helpers = 0;
+  uint32_t want = e->threads - 1;
+  if (alongside != NULL && want == 0)
+    want = 1;
+  size_t enough = alongside != NULL ? 0 : 1;
   atomic_store(&e->next_item, 0);
-  for (uint32_t t = 1; t < e->threads && e->nitems > 1; t++) {
+  for (uint32_t t = 1; t <= want && e->nitems > enough; t++) {
     workers[t] = (struct worker){.e = e};
     if (engine_spawn(&workers[t].thread, worker_main, &workers[t]) != 0)
       break;
     helpers++;
   }
   workers[0] = (struct worker){.e = e};
+  if (alongside != NULL)
+    alongside(e);
   work(&workers[0]);
   for (uint32_t t = 1; t <= helpers; t++)
     pthread_join(workers[t].thread, NULL);
@@ -431,19 +480,17 @@ static void cut_populate(struct engine *e) {
     }
 }
 
-/* Builds the items of one step (round < 0: populating the segments). */
-static int cut(struct engine *e, long round) {
+/* Builds the items of one step: populating the segments (round < 0), or
+ * copying the moves a[0..na) and b[0..nb) of a round. */
+static int cut(struct engine *e, long round, const struct plan_move *a,
+               size_t na, const struct plan_move *b, size_t nb) {
   for (int pass = 0; pass < 2; pass++) {
     e->nitems = 0;
     if (round < 0) {
       cut_populate(e);
     } else {
-      const struct plan_round *rd = &e->plan->rounds[round];
-      /* On one daemon every rank is local; moves the planner lists as
-       * remote (ranks it was told sit on other nodes) are copied the same
-       * way. */
-      cut_moves(e, rd->local, rd->nlocal);
-      cut_moves(e, rd->moves, rd->nmoves);
+      cut_moves(e, a, na);
+      cut_moves(e, b, nb);
     }
     if (pass == 0) {
       e->items = malloc((e->nitems > 0 ? e->nitems : 1) * sizeof *e->items);
@@ -453,6 +500,38 @@ static int cut(struct engine *e, long round) {
     }
   }
   return 0;
+}
+
+static void exchange(struct engine *e) {
+  char msg[SP_ERRMSG_MAX + 1];
+  int rc = remote_exchange(e->remote, &e->cancel, &e->bytes_moved, msg,
+                           sizeof msg);
+  if (rc < 0)
+    engine_fail(e, rc, "%s", msg);
+}
+
+/* A round of a job across nodes (remote.c): the moves packed for other
+ * nodes first, then this node's local copies on the helpers while this
+ * thread exchanges with the other nodes, then what waited for the
+ * exchange (unpacking, and keys whose replicas crossed nodes). */
+static void run_remote_round(struct engine *e, size_t round,
+                             struct worker *workers) {
+  struct remote_round rr;
+  char msg[SP_ERRMSG_MAX + 1];
+  int rc = remote_round(e->remote, round, &rr, msg, sizeof msg);
+  if (rc != 0) {
+    engine_fail(e, rc, "%s", msg);
+    return;
+  }
+  const struct plan_move *lists[3] = {rr.pack, rr.early, rr.late};
+  size_t counts[3] = {rr.npack, rr.nearly, rr.nlate};
+  for (int step = 0; step < 3 && !stopped(e); step++) {
+    if (cut(e, (long)round, lists[step], counts[step], NULL, 0) != 0)
+      return;
+    run_items(e, workers, step == 1 ? exchange : NULL);
+    free(e->items);
+    e->items = NULL;
+  }
 }
 
 static void pause_ms(struct engine *e, uint32_t ms) {
@@ -480,9 +559,18 @@ int engine_run(struct engine *e) {
         e->notify(e->notify_arg);
     }
     e->items = NULL;
-    if (cut(e, r) != 0)
-      break;
-    run_items(e, workers);
+    if (r >= 0 && e->remote != NULL) {
+      run_remote_round(e, (size_t)r, workers);
+    } else {
+      /* On one daemon every rank is local; moves the planner lists as
+       * remote (ranks it was told sit on other nodes) are copied the same
+       * way. */
+      const struct plan_round *rd = r >= 0 ? &e->plan->rounds[r] : NULL;
+      if (cut(e, r, rd != NULL ? rd->local : NULL, rd != NULL ? rd->nlocal : 0,
+              rd != NULL ? rd->moves : NULL, rd != NULL ? rd->nmoves : 0) != 0)
+        break;
+      run_items(e, workers, NULL);
+    }
     free(e->items);
     e->items = NULL;
     if (r >= 0)
@@ -496,7 +584,10 @@ int engine_run(struct engine *e) {
 
 static void *engine_main(void *arg) {
   struct engine *e = arg;
-  engine_run(e);
+  if (e->gpu_run != NULL)
+    gpu_engine_run(e);
+  else
+    engine_run(e);
   atomic_store(&e->done, true);
   if (e->notify != NULL)
     e->notify(e->notify_arg);

@@ -42,6 +42,10 @@ struct export_rank {
   struct req_groups groups;
   struct pool_segment *segment; /* until handed to a job_published */
   int segment_fd;               /* a duplicate for part 0 of the reply, or -1 */
+  /* A device segment's handles for part 0 of the reply (copied: the rank
+   * may release the export before part 0 is written). */
+  bool device_segment;
+  struct gpu_segment_info device_info;
   size_t *part_first;
   size_t nparts;
   size_t next_part;
@@ -80,6 +84,14 @@ struct export {
   const struct reg_storage **src;
   uint8_t **dst;
   uint64_t *dst_size;
+  /* On the CUDA backend: the owners' device segments and the engine's
+   * GPU part (daemon/cuda/gpu.h). */
+  struct gpu_segment **gpu_segments;
+  struct gpu_run gpu_run;
+  /* A job across nodes (mesh.c): the gathered metadata and data plane,
+   * and which word of the root the export waits for. */
+  struct mesh_export *mx;
+  enum { AWAIT_NONE, AWAIT_GO, AWAIT_PUBLISH } await;
   /* Watching. */
   uint64_t started_ms, moving_ms, sample_ms, progress_ms;
   uint64_t sample_bytes;
@@ -222,17 +234,23 @@ static void free_export(struct export *ex) {
       close(er->segment_fd);
     free(er->part_first);
     request_groups_free(&er->groups);
+    /* A rank on another node has no member here. */
+    if (er->m == NULL)
+      continue;
     if (er->m->conn != NULL)
       conn_on_drained(er->m->conn, NULL, NULL);
     er->m->in_export = false;
   }
+  /* The plan borrows the gathered metadata: it goes first. */
   plan_free(ex->new_plan);
   publish_layout_free(&ex->new_layout);
+  mesh_export_free(ex->mx);
   free(ex->ranks);
   free(ex->rin);
   free(ex->src);
   free(ex->dst);
   free(ex->dst_size);
+  free(ex->gpu_segments);
   free(ex);
 }
 
@@ -262,11 +280,23 @@ static void finish(struct export *ex) {
 }
 
 /* Fails the export on every rank still waiting for it, with one code and
- * message; stops its thread.  The memory goes when the thread has ended. */
+ * message; stops its thread.  The memory goes when the thread has ended.
+ * A failure found on this node of a job across nodes is reported to the
+ * job's root, which fails the export on every other node alike. */
+static void fail_export_as(struct export *ex, int code, const char *message,
+                           bool report);
+
 static void fail_export(struct export *ex, int code, const char *message) {
+  fail_export_as(ex, code, message, true);
+}
+
+static void fail_export_as(struct export *ex, int code, const char *message,
+                           bool report) {
   struct job *job = ex->job;
   if (ex->failed)
     return;
+  if (report && job->mesh != NULL)
+    mesh_failed(job, code, message);
   ex->failed = true;
   job->last_phase = JOB_FAILED;
   snprintf(job->error, sizeof job->error, "%s: %s", sp_err_name(code), message);
@@ -294,16 +324,72 @@ static void fail_gather(struct job *job, int code, const char *message) {
       job_answer_ask(job->members[r], code, message);
 }
 
+/* A job on GPUs across nodes: this node's communicators, one per local
+ * rank, made by the first export once every node has the roster (all
+ * nodes' planning threads meet in NCCL's set-up) and warmed before the
+ * pool is carved; kept for the job's next exports.  Runs on the planning
+ * thread: the set-up blocks until every node's ranks joined, or the
+ * export's timeout. */
+static int make_comms(struct export *ex) {
+  struct job *job = ex->job;
+  struct gpu *gpu = NULL;
+  struct gpu_comm_rank ranks[64];
+  size_t n = 0;
+  for (uint32_t r = 0; r < job->world; r++) {
+    const struct job_member *m = ex->ranks[r].m;
+    if (m == NULL)
+      continue;
+    gpu = m->reg.gpu;
+    if (n == sizeof ranks / sizeof ranks[0])
+      break;
+    ranks[n++] = (struct gpu_comm_rank){.rank = r, .device = m->reg.device};
+  }
+  if (ex->mx == NULL || gpu == NULL)
+    return 0;
+  if (job->gpu_comms != NULL) {
+    if (!gpu_comms_failed(job->gpu_comms))
+      return 0;
+    snprintf(ex->plan_msg, sizeof ex->plan_msg,
+             "job %s's NCCL communicators were aborted by an earlier "
+             "failure; start a new job",
+             job->hex);
+    return SP_EBACKEND;
+  }
+  if (!job->has_nccl_id) {
+    snprintf(ex->plan_msg, sizeof ex->plan_msg,
+             "job %s spans nodes on GPUs, but its root daemon made no NCCL "
+             "id (it does not serve the CUDA backend)",
+             job->hex);
+    return SP_EBACKEND;
+  }
+  int rc = gpu_comms_create(gpu, job->nccl_id, job->world, ranks, n,
+                            ex->timeout_ms, &job->gpu_comms, ex->plan_msg,
+                            sizeof ex->plan_msg);
+  if (rc == 0)
+    log_msg(LOG_LEVEL_INFO,
+            "job %s: %zu NCCL communicator(s) of %" PRIu32 " ranks made and "
+            "warmed on this node",
+            job->hex, n, job->world);
+  return rc;
+}
+
 static void *plan_main(void *arg) {
   struct export *ex = arg;
-  ex->plan_rc =
-      plan_build(&ex->in, &ex->new_plan, ex->plan_msg, sizeof ex->plan_msg);
+  /* Across nodes, the input is read from the bytes every node got. */
+  ex->plan_rc = ex->mx != NULL ? mesh_plan_input(ex->mx, &ex->in, ex->plan_msg,
+                                                 sizeof ex->plan_msg)
+                               : 0;
+  if (ex->plan_rc == 0)
+    ex->plan_rc =
+        plan_build(&ex->in, &ex->new_plan, ex->plan_msg, sizeof ex->plan_msg);
   if (ex->plan_rc == 0 &&
       publish_layout_build(ex->new_plan, &ex->new_layout) != 0) {
     ex->plan_rc = SP_ENOMEM;
     snprintf(ex->plan_msg, sizeof ex->plan_msg,
              "out of memory laying out the owned tensors");
   }
+  if (ex->plan_rc == 0)
+    ex->plan_rc = make_comms(ex);
   atomic_store(&ex->planned, true);
   job_wake(ex->job);
   return NULL;
@@ -311,44 +397,80 @@ static void *plan_main(void *arg) {
 
 static void engine_notify(void *arg) { job_wake(arg); }
 
+/* The job's ranks are on GPUs (job.c admits no mix): the owners' tensors
+ * go to device segments, and the engine runs on the GPUs. */
+static struct gpu *job_gpu(const struct export *ex) {
+  for (uint32_t r = 0; r < ex->job->world; r++)
+    if (ex->ranks[r].m != NULL)
+      return ex->ranks[r].m->reg.gpu;
+  return NULL;
+}
+
+/* An owner's segment: device memory on its GPU for a CUDA job, else a
+ * memfd.  0, or fails the export. */
+static int new_segment(struct export *ex, uint32_t r, uint64_t need) {
+  struct job *job = ex->job;
+  struct server *srv = job->srv;
+  struct gpu *gpu = job_gpu(ex);
+  char why[256] = "";
+  int rc = gpu != NULL
+               ? pool_segment_new_device(srv->pool, gpu,
+                                         ex->ranks[r].m->reg.device,
+                                         ex->layout->seg_size[r],
+                                         &ex->ranks[r].segment, why,
+                                         sizeof why)
+               : pool_segment_new(srv->pool, ex->layout->seg_size[r],
+                                  &ex->ranks[r].segment);
+  if (rc == 0)
+    return 0;
+  char msg[512];
+  snprintf(msg, sizeof msg,
+           "export %" PRIu64 " of job %s needs %" PRIu64
+           " bytes of pool (rank %" PRIu32 ": %" PRIu64 "); %" PRIu64
+           " of %" PRIu64 " bytes are in use%s%s",
+           ex->id, job->hex, need, r, ex->layout->seg_size[r],
+           pool_used(srv->pool), pool_capacity(srv->pool),
+           why[0] != '\0' ? ": " : "", why);
+  fail_export(ex, rc, msg);
+  return rc;
+}
+
 static void start_moving(struct export *ex) {
   struct job *job = ex->job;
   struct server *srv = job->srv;
   uint32_t world = job->world;
-  ex->plan = job->cached_plan;
-  ex->layout = &job->cached_layout;
+  if (ex->mx == NULL) {
+    ex->plan = job->cached_plan;
+    ex->layout = &job->cached_layout;
+  }
   ex->bytes_total = 0;
   for (size_t r = 0; r < ex->plan->nrounds; r++)
     ex->bytes_total += ex->plan->rounds[r].nbytes;
   ex->src = calloc(world, sizeof *ex->src);
   ex->dst = calloc(world, sizeof *ex->dst);
   ex->dst_size = calloc(world, sizeof *ex->dst_size);
-  if (ex->src == NULL || ex->dst == NULL || ex->dst_size == NULL) {
+  ex->gpu_segments = calloc(world, sizeof *ex->gpu_segments);
+  if (ex->src == NULL || ex->dst == NULL || ex->dst_size == NULL ||
+      ex->gpu_segments == NULL) {
     fail_export(ex, SP_ENOMEM, "out of memory starting the export");
     return;
   }
   uint64_t need = 0;
   for (uint32_t r = 0; r < world; r++)
-    need += ex->layout->seg_size[r];
+    if (ex->ranks[r].m != NULL)
+      need += ex->layout->seg_size[r];
   for (uint32_t r = 0; r < world; r++) {
+    /* Ranks on other nodes: their storages and segments are theirs. */
+    if (ex->ranks[r].m == NULL)
+      continue;
     ex->src[r] = ex->ranks[r].m->reg.info;
     ex->dst_size[r] = ex->layout->seg_size[r];
     if (ex->layout->seg_size[r] == 0)
       continue;
-    int rc = pool_segment_new(srv->pool, ex->layout->seg_size[r],
-                              &ex->ranks[r].segment);
-    if (rc != 0) {
-      char msg[256];
-      snprintf(msg, sizeof msg,
-               "export %" PRIu64 " of job %s needs %" PRIu64
-               " bytes of pool (rank %" PRIu32 ": %" PRIu64 "); %" PRIu64
-               " of %" PRIu64 " bytes are in use",
-               ex->id, job->hex, need, r, ex->layout->seg_size[r],
-               pool_used(srv->pool), pool_capacity(srv->pool));
-      fail_export(ex, rc, msg);
+    if (new_segment(ex, r, need) != 0)
       return;
-    }
     ex->dst[r] = ex->ranks[r].segment->base;
+    ex->gpu_segments[r] = ex->ranks[r].segment->dev;
   }
   struct engine *e = &ex->engine;
   e->plan = ex->plan;
@@ -360,6 +482,25 @@ static void start_moving(struct export *ex) {
   e->round_delay_ms = srv->test_round_delay_ms;
   e->notify = engine_notify;
   e->notify_arg = job;
+  if (ex->mx != NULL) {
+    if (mesh_remote(job, ex->mx, ex->plan, ex->src, ex->dst,
+                    ex->layout->offset, &e->remote) != 0) {
+      fail_export(ex, SP_ENOMEM, "out of memory starting the export");
+      return;
+    }
+    /* What this node copies, sends and receives. */
+    ex->bytes_total = remote_bytes_total(e->remote);
+  }
+  if (job_gpu(ex) != NULL) {
+    /* The moves between this node's ranks are device copies, the moves
+     * between nodes go through the job's communicators (docs/gpu.md). */
+    ex->gpu_run = (struct gpu_run){.gpu = job_gpu(ex),
+                                   .segments = ex->gpu_segments,
+                                   .node = ex->mx != NULL ? mesh_self(job) : 0,
+                                   .comms = job->gpu_comms,
+                                   .timeout_ms = ex->timeout_ms};
+    e->gpu_run = &ex->gpu_run;
+  }
   ex->phase = JOB_MOVING;
   ex->moving_ms = ex->sample_ms = ex->progress_ms = job_now_ms();
   if (engine_start(e) != 0) {
@@ -381,9 +522,9 @@ static void pump(struct export *ex) {
   struct job *job = ex->job;
   for (uint32_t r = 0; r < job->world; r++) {
     struct export_rank *er = &ex->ranks[r];
-    struct conn *c = er->m->conn;
     if (er->answered)
       continue;
+    struct conn *c = er->m->conn;
     if (c == NULL) {
       er->answered = true;
       continue;
@@ -394,8 +535,16 @@ static void pump(struct export *ex) {
       size_t end = p + 1 < er->nparts ? er->part_first[p + 1]
                                       : ex->layout->owned_first[r + 1];
       struct sp_msgbuf mb;
+      struct publish_device dev = {
+          .device = er->device_segment
+                        ? gpu_device_name(job_gpu(ex), er->device_info.device)
+                        : NULL,
+          .handle = er->device_info.handle,
+          .event = er->device_info.event,
+          .size = er->device_info.size};
       publish_pack(ex->plan, ex->layout, &er->m->reg, r, er->request_id, ex->id,
-                   p, er->nparts, er->part_first[p], end, &mb);
+                   p, er->nparts, er->part_first[p], end,
+                   er->device_segment ? &dev : NULL, &mb);
       /* A reply that cannot be built would leave the rank waiting: its
        * connection closes instead, which it sees at once. */
       struct sp_frame_tx *tx = calloc(1, sizeof *tx);
@@ -453,10 +602,14 @@ static void start_publishing(struct export *ex) {
     if (er->answered)
       continue;
     struct job_published *pub = calloc(1, sizeof *pub);
+    if (er->segment != NULL && er->segment->dev != NULL) {
+      er->device_segment = true;
+      er->device_info = *gpu_segment_info(er->segment->dev);
+    }
     if (pub == NULL ||
         publish_parts(ex->plan, ex->layout, r, limit, items, &er->part_first,
                       &er->nparts) != 0 ||
-        (er->segment != NULL &&
+        (er->segment != NULL && !er->device_segment &&
          (er->segment_fd = fcntl(er->segment->fd, F_DUPFD_CLOEXEC, 0)) < 0)) {
       free(pub);
       fail_export(ex, SP_ENOMEM, "out of memory publishing");
@@ -475,6 +628,12 @@ static void start_publishing(struct export *ex) {
 /* Moves a running export on after its thread finished or its connections
  * drained. */
 static void step(struct export *ex) {
+  /* Across nodes, the root's go or publish: nothing runs meanwhile. */
+  if (ex->await != AWAIT_NONE) {
+    if (ex->failed)
+      finish(ex);
+    return;
+  }
   switch (ex->phase) {
   case JOB_PLANNING:
     if (!atomic_load(&ex->planned))
@@ -486,6 +645,16 @@ static void step(struct export *ex) {
     if (ex->plan_rc != 0) {
       fail_export(ex, ex->plan_rc, ex->plan_msg);
       break;
+    }
+    ex->job->plan_digest = ex->new_plan->digest;
+    ex->job->has_plan_digest = true;
+    if (ex->mx != NULL) {
+      /* The export keeps its plan; the root compares digests first. */
+      ex->plan = ex->new_plan;
+      ex->layout = &ex->new_layout;
+      ex->await = AWAIT_GO;
+      mesh_planned(ex->job, ex->new_plan->digest);
+      return;
     }
     if (cache_install(ex) != 0) {
       fail_export(ex, SP_ENOMEM, "out of memory keeping the plan");
@@ -507,6 +676,12 @@ static void step(struct export *ex) {
     if (ex->engine.rc != 0) {
       fail_export(ex, ex->engine.rc, ex->engine.msg);
       break;
+    }
+    if (ex->mx != NULL) {
+      /* Published only once every node moved its data. */
+      ex->await = AWAIT_PUBLISH;
+      mesh_moved(ex->job);
+      return;
     }
     start_publishing(ex);
     if (ex->failed)
@@ -536,6 +711,12 @@ static void resolved(const struct job *job, const struct req_export *a,
 static void maybe_start(struct job *job) {
   if (job->dying || job->running != NULL)
     return;
+  /* Across nodes the root gathers the asks and announces the export. */
+  if (job->mesh != NULL) {
+    mesh_asks(job);
+    mesh_try_start(job);
+    return;
+  }
   for (uint32_t r = 0; r < job->world; r++) {
     const struct job_member *m = job->members[r];
     if (m == NULL || m->lost || !m->asked)
@@ -651,6 +832,12 @@ void export_member_lost(struct job *job, struct job_member *m) {
       m->in_export = false;
     }
   }
+  /* Across nodes the root hears of the loss (mesh_rank_left) and fails
+   * the ranks waiting on every node alike. */
+  if (job->mesh != NULL) {
+    job_wake(job);
+    return;
+  }
   /* Ranks waiting for the next export would wait for this one in vain. */
   bool waiting = false;
   for (uint32_t r = 0; r < job->world; r++)
@@ -687,7 +874,8 @@ void export_tick(struct job *job) {
   uint64_t now = job_now_ms();
   struct export *ex = job->running;
   if (ex == NULL) {
-    for (uint32_t r = 0; r < job->world; r++) {
+    /* Across nodes the root watches the asks' deadlines (mesh.c). */
+    for (uint32_t r = 0; r < job->world && job->mesh == NULL; r++) {
       struct job_member *m = job->members[r];
       if (m == NULL || !m->asked || now < m->ask_deadline_ms)
         continue;
@@ -713,7 +901,9 @@ void export_tick(struct job *job) {
       ex->sample_bytes = moved;
       ex->sample_ms = ex->progress_ms = now;
     } else if (now - ex->progress_ms > ex->timeout_ms &&
-               ex->engine.round_delay_ms == 0) {
+               ex->engine.round_delay_ms == 0 && job->mesh == NULL) {
+      /* Across nodes, the exchange's own idle timeout names the node that
+       * stalled (remote.c), and the root's beats its silence. */
       char msg[200];
       snprintf(msg, sizeof msg,
                "export %" PRIu64 " of job %s moved nothing for %" PRIu32 " ms",
@@ -844,4 +1034,98 @@ int export_op_release(struct conn *c, const struct sp_msg_head *head,
                          "release: export %" PRIu64 " is not published to "
                          "rank %" PRIu32 " of job %s",
                          export_id, m->rank, m->job->hex);
+}
+
+int export_start_gathered(struct job *job, struct mesh_export *mx,
+                          uint64_t export_id, uint32_t max_keys,
+                          uint64_t max_bytes, uint32_t timeout_ms, char *msg,
+                          size_t msglen) {
+  if (job->running != NULL) {
+    snprintf(msg, msglen, "job %s is still running export %" PRIu64,
+             job->hex, job->running->id);
+    return SP_ESTATE;
+  }
+  struct export *ex = calloc(1, sizeof *ex);
+  if (ex != NULL)
+    ex->ranks = calloc(job->world, sizeof *ex->ranks);
+  if (ex == NULL || ex->ranks == NULL) {
+    free(ex);
+    snprintf(msg, msglen, "out of memory starting the export");
+    return SP_ENOMEM;
+  }
+  ex->job = job;
+  ex->mx = mx;
+  ex->id = export_id;
+  job->next_export_id = export_id + 1;
+  ex->max_keys = max_keys;
+  ex->max_bytes = max_bytes;
+  ex->timeout_ms = timeout_ms;
+  ex->started_ms = job_now_ms();
+  for (uint32_t r = 0; r < job->world; r++) {
+    struct job_member *m = job->members[r];
+    struct export_rank *er = &ex->ranks[r];
+    er->segment_fd = -1;
+    er->sent_phase = JOB_WAITING;
+    if (m == NULL || m->lost || !m->asked) {
+      /* A rank of another node: its daemon answers it. */
+      er->answered = true;
+      continue;
+    }
+    er->m = m;
+    er->request_id = m->ask_id;
+    er->progress = m->ask.progress;
+    er->timeout_ms = timeout_ms;
+    er->groups = m->ask.groups;
+    memset(&m->ask.groups, 0, sizeof m->ask.groups);
+    m->asked = false;
+    m->in_export = true;
+  }
+  job->running = ex;
+  job->error[0] = '\0';
+  log_msg(LOG_LEVEL_INFO, "job %s: export %" PRIu64 " started (node %" PRIu32
+          ")", job->hex, ex->id, mesh_self(job));
+  ex->phase = JOB_PLANNING;
+  progress_all(ex);
+  if (engine_spawn(&ex->planner, plan_main, ex) != 0) {
+    fail_export(ex, SP_ENOMEM, "cannot start the planning thread");
+    finish(ex);
+    return 0;
+  }
+  ex->thread_alive = true;
+  return 0;
+}
+
+void export_go(struct job *job) {
+  struct export *ex = job->running;
+  if (ex == NULL || ex->await != AWAIT_GO || ex->failed)
+    return;
+  ex->await = AWAIT_NONE;
+  start_moving(ex);
+  if (ex->failed && !ex->thread_alive)
+    finish(ex);
+}
+
+void export_publish(struct job *job) {
+  struct export *ex = job->running;
+  if (ex == NULL || ex->await != AWAIT_PUBLISH || ex->failed)
+    return;
+  ex->await = AWAIT_NONE;
+  start_publishing(ex);
+  /* Replies stream, and the export ends, from the job's wake-ups. */
+  job_wake(job);
+}
+
+void export_fail(struct job *job, int code, const char *message) {
+  if (job->running == NULL)
+    return;
+  fail_export_as(job->running, code, message, false);
+  job_wake(job);
+}
+
+void export_fail_asks(struct job *job, int code, const char *message) {
+  bool asked = false;
+  for (uint32_t r = 0; r < job->world; r++)
+    asked = asked || (job->members[r] != NULL && job->members[r]->asked);
+  if (asked)
+    fail_gather(job, code, message);
 }

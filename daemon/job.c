@@ -43,14 +43,14 @@ static int random_bytes(uint8_t *buf, size_t len) {
 
 /* Compares secrets in time independent of where they first differ, so a
  * peer cannot find a job's secret byte by byte from reply times. */
-static bool secret_equal(const uint8_t *a, const uint8_t *b, size_t len) {
+bool job_secret_equal(const uint8_t *a, const uint8_t *b, size_t len) {
   volatile uint8_t diff = 0;
   for (size_t i = 0; i < len; i++)
     diff |= (uint8_t)(a[i] ^ b[i]);
   return diff == 0;
 }
 
-static struct job *find_job(const struct server *srv, const uint8_t *id) {
+struct job *job_find(const struct server *srv, const uint8_t *id) {
   for (struct job *j = srv->jobs; j != NULL; j = j->next)
     if (memcmp(j->id, id, JOB_ID_BYTES) == 0)
       return j;
@@ -101,6 +101,12 @@ static void job_destroy(struct job *job) {
       job->members[r] = NULL;
     }
   export_drop_cache(job);
+  mesh_free(job->mesh);
+  job->mesh = NULL;
+  /* Finalized and destroyed (idle peers see a goodbye, not an error), or
+   * aborted when that does not finish (gpu_comms_free bounds it). */
+  gpu_comms_free(job->gpu_comms);
+  job->gpu_comms = NULL;
   uv_close((uv_handle_t *)&job->tick, on_job_handle_closed);
   uv_close((uv_handle_t *)&job->wake, on_job_handle_closed);
 }
@@ -133,6 +139,8 @@ static void free_lost(struct job *job) {
       continue;
     log_msg(LOG_LEVEL_INFO, "job %s: rank %u %s", job->hex, r,
             m->disconnected ? "disconnected" : "left");
+    if (job->mesh != NULL)
+      mesh_rank_left(job, r, m->disconnected);
     member_free(m);
     job->members[r] = NULL;
     job->joined--;
@@ -142,10 +150,14 @@ static void free_lost(struct job *job) {
 
 static void on_wake(uv_async_t *handle) {
   struct job *job = handle->data;
+  if (job->mesh != NULL && !job->dying)
+    mesh_advance(job);
   process_lost(job);
   export_advance(job);
   free_lost(job);
-  if ((job->dying || (job->ever_joined && job->joined == 0)) &&
+  /* A job across nodes ends on its root once no node holds a rank. */
+  if ((job->dying || (job->ever_joined && job->joined == 0 &&
+                      (job->mesh == NULL || mesh_may_end(job)))) &&
       !export_busy(job)) {
     job_destroy(job);
     return;
@@ -165,13 +177,16 @@ static void on_tick(uv_timer_t *timer) {
     return;
   }
   export_tick(job);
+  if (job->mesh != NULL)
+    mesh_tick(job);
   job_schedule(job);
 }
 
 void job_schedule(struct job *job) {
   if (!job->ever_joined || job->dying)
     return;
-  bool active = job->running != NULL;
+  bool active = job->running != NULL ||
+                (job->mesh != NULL && mesh_active(job));
   for (uint32_t r = 0; r < job->world && !active; r++)
     active = job->members[r] != NULL && job->members[r]->asked;
   if (active && !job->ticking) {
@@ -204,23 +219,81 @@ void job_shutdown(struct server *srv) {
   }
 }
 
-/* {"v":1,"job":<bin>,"secret":<bin>,"world":W} (docs/protocol.md). */
+/* {"v":1,"job":<bin>,"secret":<bin>,"world":W}, and with "v":2 the root's
+ * "root":"addr:port" for a job that may span nodes, and on a daemon serving
+ * the CUDA backend the job's "nccl_id" (docs/protocol.md). */
 static int ticket_pack(const struct job *job, msgpack_sbuffer *sb) {
   msgpack_packer pk;
   msgpack_sbuffer_init(sb);
   msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
-  msgpack_pack_map(&pk, 4);
-  sp_pack_kv_u64(&pk, "v", 1);
+  bool nodes = job->mesh != NULL;
+  bool nccl = nodes && job->has_nccl_id;
+  msgpack_pack_map(&pk, (nodes ? 5 : 4) + (nccl ? 1 : 0));
+  sp_pack_kv_u64(&pk, "v", nodes ? 2 : 1);
+  if (nodes)
+    sp_pack_kv_str(&pk, "root", job->srv->peer_address);
   sp_pack_str(&pk, "job");
   sp_pack_bin(&pk, job->id, JOB_ID_BYTES);
   sp_pack_str(&pk, "secret");
   sp_pack_bin(&pk, job->secret, JOB_SECRET_BYTES);
   sp_pack_kv_u64(&pk, "world", job->world);
+  if (nccl) {
+    sp_pack_str(&pk, "nccl_id");
+    sp_pack_bin(&pk, job->nccl_id, GPU_NCCL_ID_BYTES);
+  }
   if (sb->data == NULL || sb->size > SP_TICKET_MAX) {
     msgpack_sbuffer_destroy(sb);
     return SP_ENOMEM;
   }
   return 0;
+}
+
+struct job *job_new(struct server *srv, const uint8_t *id,
+                    const uint8_t *secret, uint32_t world) {
+  struct job *job = calloc(1, sizeof *job);
+  struct job_member **members = calloc(world, sizeof *members);
+  if (job == NULL || members == NULL ||
+      (id == NULL && random_bytes(job->id, JOB_ID_BYTES) != 0) ||
+      (secret == NULL && random_bytes(job->secret, JOB_SECRET_BYTES) != 0)) {
+    free(job);
+    free(members);
+    return NULL;
+  }
+  if (id != NULL)
+    memcpy(job->id, id, JOB_ID_BYTES);
+  if (secret != NULL)
+    memcpy(job->secret, secret, JOB_SECRET_BYTES);
+  job->srv = srv;
+  job->members = members;
+  job->world = world;
+  job->next_export_id = 1;
+  for (size_t i = 0; i < JOB_ID_BYTES; i++)
+    snprintf(job->hex + 2 * i, 3, "%02x", job->id[i]);
+  uv_timer_init(srv->loop, &job->tick);
+  uv_async_init(srv->loop, &job->wake, on_wake);
+  job->tick.data = job;
+  job->wake.data = job;
+  job->open_handles = 2;
+  /* A job nobody joins would stay forever: it has job_timeout. */
+  uv_timer_start(&job->tick, on_tick, srv->cfg->job_timeout_ms, 0);
+  job->ticking = true;
+  job->next = srv->jobs;
+  srv->jobs = job;
+  srv->njobs++;
+  return job;
+}
+
+void job_end(struct job *job) {
+  job->dying = true;
+  job_wake(job);
+}
+
+void job_note_joined(struct job *job) {
+  if (job->ever_joined)
+    return;
+  job->ever_joined = true;
+  uv_timer_stop(&job->tick);
+  job->ticking = false;
 }
 
 int job_op_create(struct conn *c, const struct sp_msg_head *head,
@@ -237,40 +310,28 @@ int job_op_create(struct conn *c, const struct sp_msg_head *head,
                            "job_create: %" PRIu32 " jobs exist, the most "
                            "max_jobs allows",
                            srv->cfg->max_jobs);
-  struct job *job = calloc(1, sizeof *job);
-  struct job_member **members = calloc(req.world, sizeof *members);
-  if (job == NULL || members == NULL ||
-      random_bytes(job->id, JOB_ID_BYTES) != 0 ||
-      random_bytes(job->secret, JOB_SECRET_BYTES) != 0) {
-    free(job);
-    free(members);
+  struct job *job = job_new(srv, NULL, NULL, req.world);
+  if (job == NULL)
     return conn_send_error(c, head->id, SP_ENOMEM,
                            "job_create: cannot make a job");
-  }
-  job->srv = srv;
-  job->members = members;
-  job->world = req.world;
-  job->next_export_id = 1;
-  for (size_t i = 0; i < JOB_ID_BYTES; i++)
-    snprintf(job->hex + 2 * i, 3, "%02x", job->id[i]);
+  /* A daemon that listens for peers roots its jobs: they may span nodes. */
   msgpack_sbuffer ticket;
-  if (ticket_pack(job, &ticket) != 0) {
-    free(job);
-    free(members);
+  if (srv->peer_fd >= 0 && srv->backend->gpu != NULL) {
+    /* The NCCL id of the job's communicators across nodes: made here, on
+     * the root, whose process stays up for the rendezvous. */
+    if (gpu_comms_unique_id(srv->backend->gpu, job->nccl_id, msg,
+                            sizeof msg) != 0) {
+      job_end(job);
+      return conn_send_error(c, head->id, SP_EBACKEND, "job_create: %s", msg);
+    }
+    job->has_nccl_id = true;
+  }
+  if ((srv->peer_fd >= 0 && mesh_create_root(job) != 0) ||
+      ticket_pack(job, &ticket) != 0) {
+    job_end(job);
     return conn_send_error(c, head->id, SP_ENOMEM,
                            "job_create: cannot make a ticket");
   }
-  uv_timer_init(srv->loop, &job->tick);
-  uv_async_init(srv->loop, &job->wake, on_wake);
-  job->tick.data = job;
-  job->wake.data = job;
-  job->open_handles = 2;
-  /* A job nobody joins would stay forever: it has job_timeout. */
-  uv_timer_start(&job->tick, on_tick, srv->cfg->job_timeout_ms, 0);
-  job->ticking = true;
-  job->next = srv->jobs;
-  srv->jobs = job;
-  srv->njobs++;
   log_msg(LOG_LEVEL_INFO, "job %s: created for %" PRIu32 " ranks", job->hex,
           job->world);
 
@@ -303,12 +364,18 @@ int job_op_join(struct conn *c, const struct sp_msg_head *head,
                            &ticket) != 0)
     return conn_send_error(c, head->id, SP_ETICKET,
                            "join: the ticket is not a shardport job ticket");
-  struct job *job = find_job(srv, ticket.job);
+  struct job *job = job_find(srv, ticket.job);
+  /* A job rooted on another daemon gets its shadow here. */
+  if (job == NULL && ticket.root[0] != '\0') {
+    rc = mesh_shadow_job(c, head, &ticket, &job);
+    if (job == NULL)
+      return rc;
+  }
   if (job == NULL || job->dying)
     return conn_send_error(c, head->id, SP_ETICKET,
                            "join: no job of this ticket on this daemon (it "
                            "ended, or was never created here)");
-  if (!secret_equal(ticket.secret, job->secret, JOB_SECRET_BYTES) ||
+  if (!job_secret_equal(ticket.secret, job->secret, JOB_SECRET_BYTES) ||
       ticket.world != job->world)
     return conn_send_error(c, head->id, SP_ETICKET,
                            "join: the ticket's secret does not match job %s",
@@ -331,37 +398,78 @@ int job_op_join(struct conn *c, const struct sp_msg_head *head,
                            job->members[req.rank]->lost
                                ? " (it is leaving; try again shortly)"
                                : "");
-  if (req.device_type != SP_DEVICE_CPU)
-    return conn_send_error(c, head->id, SP_EBACKEND,
-                           "join: device \"%s\" needs the CUDA backend; this "
-                           "daemon serves the %s backend",
-                           req.device, srv->backend->active);
+  int device = -1;
+  if (req.device_type != SP_DEVICE_CPU) {
+    if (srv->backend->gpu == NULL)
+      return conn_send_error(c, head->id, SP_EBACKEND,
+                             "join: device \"%s\" needs the CUDA backend; "
+                             "this daemon serves the %s backend (%s)",
+                             req.device, srv->backend->active,
+                             srv->backend->reason);
+    device = gpu_find_device(srv->backend->gpu, req.device, strlen(req.device));
+    if (device < 0)
+      return conn_send_error(c, head->id, SP_EINVAL,
+                             "join: device \"%s\" is not a GPU of this node "
+                             "(GPUs are named by UUID, as nvidia-smi -L "
+                             "shows them)",
+                             req.device);
+  }
+  /* One engine moves a job's data: its ranks are all on GPUs or all on
+   * the host. */
+  for (uint32_t r = 0; r < job->world; r++)
+    if (job->members[r] != NULL &&
+        job->members[r]->reg.device_type != req.device_type)
+      return conn_send_error(c, head->id, SP_EDEVICEMISMATCH,
+                             "join: rank %" PRIu32 " joined job %s on %s; "
+                             "rank %" PRIu32 " on \"%s\" cannot join it",
+                             r, job->hex,
+                             job->members[r]->reg.device_type == SP_DEVICE_CPU
+                                 ? "the host"
+                                 : "a GPU",
+                             req.rank, req.device);
+  if (job->mesh != NULL) {
+    /* Every rank of a job across nodes joins once, as its root decides. */
+    rc = mesh_join(job, c, head, &req, device);
+    if (rc != 0)
+      return rc < 0 ? rc : 0;
+  }
+  if (job_admit(job, c, head->id, &req, device) == NULL)
+    return conn_send_error(c, head->id, SP_ENOMEM, "join: out of memory");
+  return 0;
+}
+
+struct job_member *job_admit(struct job *job, struct conn *c,
+                             uint64_t request_id, const struct req_join *req,
+                             int device) {
+  struct server *srv = job->srv;
   struct job_member *m = calloc(1, sizeof *m);
   if (m == NULL)
-    return conn_send_error(c, head->id, SP_ENOMEM, "join: out of memory");
+    return NULL;
   m->job = job;
   m->conn = c;
-  m->rank = req.rank;
-  registry_init(&m->reg, req.device_type);
-  job->members[req.rank] = m;
+  m->rank = req->rank;
+  registry_init(&m->reg, req->device_type);
+  if (device >= 0) {
+    m->reg.gpu = srv->backend->gpu;
+    m->reg.device = device;
+  }
+  job->members[req->rank] = m;
   job->joined++;
   conn_set_member(c, m);
-  if (!job->ever_joined) {
-    job->ever_joined = true;
-    uv_timer_stop(&job->tick);
-    job->ticking = false;
-  }
+  job_note_joined(job);
+  if (job->mesh != NULL)
+    mesh_rank_joined(job, req->rank);
   export_drop_cache(job);
   log_msg(LOG_LEVEL_INFO,
           "job %s: rank %" PRIu32 " joined (%" PRIu32 " of %" PRIu32 ")",
-          job->hex, req.rank, job->joined, job->world);
+          job->hex, req->rank, job->joined, job->world);
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "join", head->id, 1);
+  sp_msgbuf_begin(&mb, "join", request_id, 1);
   sp_pack_kv_str(&mb.pk, "job_id", job->hex);
-  rc = conn_send_msgbuf(c, &mb);
+  conn_send_msgbuf(c, &mb);
   /* An export may have waited for this rank's registrations only. */
   job_wake(job);
-  return rc;
+  return m;
 }
 
 int job_op_leave(struct conn *c, const struct sp_msg_head *head,
@@ -458,7 +566,7 @@ void job_status_pack(const struct server *srv, msgpack_packer *pk) {
       asked += m != NULL && !m->lost && m->asked;
     }
     bool failed = v.phase == JOB_FAILED;
-    msgpack_pack_map(pk, failed ? 13 : 12);
+    msgpack_pack_map(pk, failed ? 16 : 15);
     sp_pack_kv_str(pk, "job_id", job->hex);
     sp_pack_kv_str(pk, "phase", export_phase_name(v.phase));
     if (failed)
@@ -473,5 +581,12 @@ void job_status_pack(const struct server *srv, msgpack_packer *pk) {
     sp_pack_kv_u64(pk, "bytes_total", v.bytes_total);
     sp_pack_kv_f64(pk, "rate_bps", v.rate_bps);
     sp_pack_kv_u64(pk, "pool_used", v.pool_used);
+    /* Every daemon of a job across nodes shows the same digest. */
+    char digest[17] = "";
+    if (job->has_plan_digest)
+      snprintf(digest, sizeof digest, "%016" PRIx64, job->plan_digest);
+    sp_pack_kv_str(pk, "plan_digest", digest);
+    sp_pack_kv_u64(pk, "node", mesh_self(job));
+    mesh_status_pack(job, pk);
   }
 }

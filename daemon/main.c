@@ -31,6 +31,11 @@ static void usage(FILE *out) {
           "  -c, --config FILE        configuration file (default: %s)\n"
           "  -l, --log-level LEVEL    error, warn, info or debug\n"
           "  -b, --backend NAME       auto, host or cuda\n"
+          "      --peer-listen ADDR:PORT\n"
+          "                           listen for other daemons (jobs across\n"
+          "                           nodes); port 0 takes any free port\n"
+          "      --peer-advertise ADDR[:PORT]\n"
+          "                           the address other daemons dial\n"
           "  -n, --check              check the configuration and exit\n"
           "      --print-config       print every setting and exit\n"
           "  -V, --version            print the version and exit\n"
@@ -38,7 +43,7 @@ static void usage(FILE *out) {
           DEFAULT_CONFIG);
 }
 
-enum { OPT_PRINT_CONFIG = 256 };
+enum { OPT_PRINT_CONFIG = 256, OPT_PEER_LISTEN, OPT_PEER_ADVERTISE };
 
 static const struct option long_options[] = {
     {"socket", required_argument, NULL, 's'},
@@ -47,6 +52,8 @@ static const struct option long_options[] = {
     {"backend", required_argument, NULL, 'b'},
     {"check", no_argument, NULL, 'n'},
     {"print-config", no_argument, NULL, OPT_PRINT_CONFIG},
+    {"peer-listen", required_argument, NULL, OPT_PEER_LISTEN},
+    {"peer-advertise", required_argument, NULL, OPT_PEER_ADVERTISE},
     {"version", no_argument, NULL, 'V'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
@@ -61,8 +68,11 @@ struct flag_setting {
 int main(int argc, char **argv) {
   log_init(LOG_LEVEL_INFO);
   const char *config_path = NULL;
-  struct flag_setting flags[3] = {
-      {"socket", NULL}, {"log_level", NULL}, {"backend", NULL}};
+  struct flag_setting flags[5] = {{"socket", NULL},
+                                  {"log_level", NULL},
+                                  {"backend", NULL},
+                                  {"peer_listen", NULL},
+                                  {"peer_advertise", NULL}};
   bool check = false, print = false;
   int opt;
   while ((opt = getopt_long(argc, argv, "s:c:l:b:nVh", long_options, NULL)) !=
@@ -85,6 +95,12 @@ int main(int argc, char **argv) {
       break;
     case OPT_PRINT_CONFIG:
       print = true;
+      break;
+    case OPT_PEER_LISTEN:
+      flags[3].value = optarg;
+      break;
+    case OPT_PEER_ADVERTISE:
+      flags[4].value = optarg;
       break;
     case 'V':
       printf("shardportd %s (protocol %d)\n", SP_VERSION, SP_PROTOCOL_VERSION);
@@ -125,7 +141,8 @@ int main(int argc, char **argv) {
       return EXIT_USAGE;
     }
   }
-  if (config_resolve_socket(&cfg, err, sizeof(err)) != 0) {
+  if (config_check(&cfg, err, sizeof(err)) != 0 ||
+      config_resolve_socket(&cfg, err, sizeof(err)) != 0) {
     log_msg(LOG_LEVEL_ERROR, "%s", err);
     return EXIT_CONFIG;
   }
@@ -137,9 +154,12 @@ int main(int argc, char **argv) {
   if (print)
     config_print(&cfg, stdout);
   if (check)
-    fprintf(stderr, "shardportd: configuration OK\n");
-  if (print || check)
+    fprintf(stderr, "shardportd: configuration OK (backend %s: %s)\n",
+            backend.active, backend.reason);
+  if (print || check) {
+    backend_release(&backend);
     return 0;
+  }
 
   log_set_level(cfg.log_level);
   /* Replies are written with MSG_NOSIGNAL; this covers every other write to
@@ -147,5 +167,7 @@ int main(int argc, char **argv) {
    * a terminal outlives it; stop it with SIGTERM or SIGINT. */
   signal(SIGPIPE, SIG_IGN);
   signal(SIGHUP, SIG_IGN);
-  return server_run(&cfg, &backend) == 0 ? 0 : EXIT_SERVE;
+  int rc = server_run(&cfg, &backend);
+  backend_release(&backend);
+  return rc == 0 ? 0 : EXIT_SERVE;
 }

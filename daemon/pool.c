@@ -8,11 +8,13 @@
 #include <unistd.h>
 
 #include "shardport.h"
+#include "daemon/cuda/gpu.h"
 #include "daemon/pool.h"
 
 struct pool {
   uint64_t capacity;
-  uint64_t used;
+  uint64_t used;        /* host segments */
+  uint64_t device_used; /* device segments */
 };
 
 int pool_create(uint64_t capacity, struct pool **out) {
@@ -65,9 +67,36 @@ fail:;
   return rc;
 }
 
+int pool_segment_new_device(struct pool *pool, struct gpu *gpu, int device,
+                            uint64_t size, struct pool_segment **out,
+                            char *msg, size_t msglen) {
+  struct pool_segment *seg = calloc(1, sizeof *seg);
+  if (!seg)
+    return SP_ENOMEM;
+  int rc = gpu_segment_new(gpu, device, size, &seg->dev, msg, msglen);
+  if (rc != 0) {
+    free(seg);
+    return rc;
+  }
+  const struct gpu_segment_info *info = gpu_segment_info(seg->dev);
+  seg->fd = -1;
+  seg->base = info->ptr;
+  seg->size = info->size;
+  seg->gpu = gpu;
+  pool->device_used += seg->size;
+  *out = seg;
+  return 0;
+}
+
 void pool_segment_free(struct pool *pool, struct pool_segment *segment) {
   if (!segment)
     return;
+  if (segment->dev) {
+    gpu_segment_free(segment->gpu, segment->dev);
+    pool->device_used -= segment->size;
+    free(segment);
+    return;
+  }
   if (segment->base)
     munmap(segment->base, segment->size);
   close(segment->fd);
@@ -75,6 +104,8 @@ void pool_segment_free(struct pool *pool, struct pool_segment *segment) {
   free(segment);
 }
 
-uint64_t pool_used(const struct pool *pool) { return pool->used; }
+uint64_t pool_used(const struct pool *pool) {
+  return pool->used + pool->device_used;
+}
 
 uint64_t pool_capacity(const struct pool *pool) { return pool->capacity; }

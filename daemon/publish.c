@@ -185,18 +185,38 @@ static void pack_tensor(msgpack_packer *pk, const struct plan *plan,
   sp_pack_kv_u64(pk, "byte_offset", l->offset[k]);
 }
 
+/* {"device": .., "handle": <bin>, "event": <bin>, "size": N}. */
+static void pack_device_segment(msgpack_packer *pk,
+                                const struct publish_device *dev) {
+  msgpack_pack_map(pk, 4);
+  sp_pack_kv_str(pk, "device", dev->device);
+  sp_pack_str(pk, "handle");
+  sp_pack_bin(pk, dev->handle, GPU_IPC_HANDLE_BYTES);
+  sp_pack_str(pk, "event");
+  sp_pack_bin(pk, dev->event, GPU_IPC_HANDLE_BYTES);
+  sp_pack_kv_u64(pk, "size", dev->size);
+}
+
 void publish_pack(const struct plan *plan, const struct publish_layout *l,
                   const struct registry *owner, uint32_t rank,
                   uint64_t request_id, uint64_t export_id, size_t part,
                   size_t nparts, size_t first, size_t end,
-                  struct sp_msgbuf *mb) {
+                  const struct publish_device *dev, struct sp_msgbuf *mb) {
   bool segment_list = part == 0;
-  sp_msgbuf_begin(mb, "export", request_id, segment_list ? 5 : 4);
+  bool device_list = segment_list && dev != NULL;
+  sp_msgbuf_begin(mb, "export", request_id,
+                  4 + (segment_list ? 1 : 0) + (device_list ? 1 : 0));
   sp_pack_kv_u64(&mb->pk, "export_id", export_id);
   sp_pack_kv_u64(&mb->pk, "part", part);
   sp_pack_kv_u64(&mb->pk, "parts", nparts);
   if (segment_list)
     sp_pack_kv_u64(&mb->pk, "segments", l->seg_size[rank] > 0 ? 1 : 0);
+  if (device_list) {
+    /* A device segment travels as its IPC handle, not as a descriptor. */
+    sp_pack_str(&mb->pk, "cuda_segments");
+    msgpack_pack_array(&mb->pk, 1);
+    pack_device_segment(&mb->pk, dev);
+  }
   sp_pack_str(&mb->pk, "tensors");
   msgpack_pack_array(&mb->pk, (uint32_t)(end - first));
   for (size_t i = first; i < end; i++)

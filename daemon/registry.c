@@ -7,8 +7,11 @@
  * plan_build copies nothing.
  *
  * Two rules protect the trainer and the daemon:
- *   - a trainer's memory is never written: every storage is mapped
- *     PROT_READ, so even a bug in the engine cannot corrupt a trainer;
+ *   - a trainer's memory is never written: every host storage is mapped
+ *     PROT_READ, so even a bug in the engine cannot corrupt a trainer; a
+ *     CUDA storage (a rank on the CUDA backend) is opened through the
+ *     backend (daemon/cuda/storage.c: cuMem allocations read-only, IPC
+ *     allocations only ever copied from);
  *   - a frame is registered whole or not at all: everything is checked and
  *     mapped first, and committed only when nothing can fail any more, so a
  *     refusal leaves the registry exactly as it was.
@@ -46,15 +49,17 @@ void registry_init(struct registry *reg, uint32_t device_type) {
   idxset_init(&reg->by_name);
 }
 
-static void unmap(struct reg_storage *s) {
+static void unmap(const struct registry *reg, struct reg_storage *s) {
   if (s->map != NULL)
     munmap(s->map, s->map_len);
   s->map = NULL;
+  if (s->gpu.import != NULL)
+    gpu_storage_close(reg->gpu, &s->gpu);
 }
 
 void registry_free(struct registry *reg) {
   for (size_t i = 0; i < reg->nstorages; i++)
-    unmap(&reg->info[i]);
+    unmap(reg, &reg->info[i]);
   for (size_t i = 0; i < reg->nkeys; i++) {
     free((char *)reg->keys[i].name);
     free((void *)reg->keys[i].pieces);
@@ -148,6 +153,57 @@ static int map_storage(int fd, const struct req_storage *rs, uint32_t index,
   return 0;
 }
 
+/* Opens a CUDA storage of a CUDA rank on the GPU it names (its rank's
+ * when it names none). */
+static int open_cuda_storage(const struct registry *reg,
+                             const struct req_storage *rs,
+                             const struct sp_frame *frame, uint32_t index,
+                             struct reg_storage *out, char *msg,
+                             size_t msglen) {
+  memset(out, 0, sizeof *out);
+  out->sid = rs->sid;
+  if (reg->gpu == NULL)
+    return reg_fail(msg, msglen, SP_EINVAL,
+                    "storages[%u] (sid %u): a CUDA storage, but this rank "
+                    "joined with a \"cpu\" device",
+                    index, rs->sid);
+  int device = reg->device;
+  if (rs->device[0] != '\0' &&
+      (device = gpu_find_device(reg->gpu, rs->device, strlen(rs->device))) < 0)
+    return reg_fail(msg, msglen, SP_EINVAL,
+                    "storages[%u] (sid %u): device \"%s\" is not a GPU of "
+                    "this node",
+                    index, rs->sid, rs->device);
+  out->gpu.device = device;
+  if (rs->length == 0)
+    return 0;
+  char why[SP_ERRMSG_MAX / 2];
+  int rc = gpu_storage_open(
+      reg->gpu, device,
+      rs->kind == REQ_STORAGE_CUDA_IPC ? GPU_STORAGE_IPC : GPU_STORAGE_FD,
+      rs->handle, rs->kind == REQ_STORAGE_CUDA_FD ? frame->fds[rs->fd] : -1,
+      rs->offset, rs->length, &out->gpu, why, sizeof why);
+  if (rc != 0)
+    return reg_fail(msg, msglen, rc, "storages[%u] (sid %u): %s", index,
+                    rs->sid, why);
+  return 0;
+}
+
+/* Maps or opens one storage as its kind says. */
+static int open_storage(const struct registry *reg,
+                        const struct req_storage *rs,
+                        const struct sp_frame *frame, uint32_t index,
+                        struct reg_storage *out, char *msg, size_t msglen) {
+  if (rs->kind != REQ_STORAGE_MEMFD)
+    return open_cuda_storage(reg, rs, frame, index, out, msg, msglen);
+  if (reg->gpu != NULL)
+    return reg_fail(msg, msglen, SP_EINVAL,
+                    "storages[%u] (sid %u): a memfd storage, but this rank "
+                    "joined with a CUDA device; register its CUDA storages",
+                    index, rs->sid);
+  return map_storage(frame->fds[rs->fd], rs, index, out, msg, msglen);
+}
+
 static int sid_cmp(const void *a, const void *b) {
   uint32_t x = (*(const struct req_storage *const *)a)->sid;
   uint32_t y = (*(const struct req_storage *const *)b)->sid;
@@ -220,14 +276,14 @@ int registry_add_storages(struct registry *reg, const struct req_storage *s,
   struct reg_storage *fresh = reg->info + reg->nstorages;
   size_t mapped = 0;
   for (; mapped < n; mapped++) {
-    rc = map_storage(frame->fds[s[mapped].fd], &s[mapped], (uint32_t)mapped,
-                     &fresh[mapped], msg, msglen);
+    rc = open_storage(reg, &s[mapped], frame, (uint32_t)mapped,
+                      &fresh[mapped], msg, msglen);
     if (rc != 0)
       break;
   }
   if (rc != 0) {
     for (size_t i = 0; i < mapped; i++)
-      unmap(&fresh[i]);
+      unmap(reg, &fresh[i]);
     return rc;
   }
   for (size_t i = 0; i < n; i++) {
@@ -235,6 +291,15 @@ int registry_add_storages(struct registry *reg, const struct req_storage *s,
     struct sp_storage *st = &reg->storages[idx];
     memset(st, 0, sizeof *st);
     st->device.type = SP_DEVICE_CPU;
+    if (s[i].kind != REQ_STORAGE_MEMFD) {
+      /* The planner tells storages apart by (device, base): the GPU's
+       * UUID is what identifies it across processes. */
+      int device = reg->info[idx].gpu.device;
+      st->device.type = SP_DEVICE_CUDA;
+      st->device.index = device;
+      memcpy(st->device.uuid, gpu_device_uuid(reg->gpu, device),
+             sizeof st->device.uuid);
+    }
     st->base = s[i].base;
     st->nbytes = s[i].length;
     idxset_insert(&reg->by_sid, idxset_hash_u64(s[i].sid), idx);
@@ -370,4 +435,41 @@ void registry_rank_in(const struct registry *reg, uint32_t rank,
   out->storages = reg->storages;
   out->nkeys = reg->nkeys;
   out->keys = reg->keys;
+}
+
+int registry_add_remote_storages(struct registry *reg,
+                                 const struct req_storage *s,
+                                 const struct sp_device *device, size_t n,
+                                 char *msg, size_t msglen) {
+  if (n > REQ_MAX_PER_RANK - reg->nstorages)
+    return reg_fail(msg, msglen, SP_ELIMIT,
+                    "a rank may register at most %u storages",
+                    REQ_MAX_PER_RANK);
+  int rc = check_unique(reg, s, n, msg, msglen);
+  if (rc != 0)
+    return rc;
+  size_t need = reg->nstorages + n;
+  if (grow((void **)&reg->storages, &reg->storage_cap_s, need,
+           sizeof *reg->storages) != 0 ||
+      grow((void **)&reg->info, &reg->storage_cap_i, need, sizeof *reg->info) !=
+          0 ||
+      idxset_reserve(&reg->by_sid, n) != 0 ||
+      idxset_reserve(&reg->by_base, n) != 0)
+    return reg_fail(msg, msglen, SP_ENOMEM, "out of memory");
+  /* The rank's memory is on its own node: nothing here maps it. */
+  for (size_t i = 0; i < n; i++) {
+    uint32_t idx = (uint32_t)(reg->nstorages + i);
+    memset(&reg->info[idx], 0, sizeof reg->info[idx]);
+    reg->info[idx].sid = s[i].sid;
+    struct sp_storage *st = &reg->storages[idx];
+    memset(st, 0, sizeof *st);
+    st->device = device[i];
+    st->base = s[i].base;
+    st->nbytes = s[i].length;
+    idxset_insert(&reg->by_sid, idxset_hash_u64(s[i].sid), idx);
+    if (s[i].length > 0)
+      idxset_insert(&reg->by_base, idxset_hash_u64(s[i].base), idx);
+  }
+  reg->nstorages = need;
+  return 0;
 }

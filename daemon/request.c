@@ -192,6 +192,28 @@ int request_parse_join(const msgpack_object *map, struct req_join *out,
   return 0;
 }
 
+/* Version 2's additions: the root daemon's numeric "addr:port", and an
+ * NCCL unique id of exactly its size when present. */
+static bool parse_ticket_v2(const msgpack_object *map, struct req_ticket *out) {
+  const char *root;
+  const uint8_t *nccl;
+  size_t root_len, nccl_len;
+  struct sockaddr_storage sa;
+  socklen_t salen;
+  if (sp_msg_get_str(map, "root", false, &root, &root_len) != 0 ||
+      nodelink_addr_parse(root, root_len, false, &sa, &salen) != 0)
+    return false;
+  memcpy(out->root, root, root_len);
+  out->root[root_len] = '\0';
+  int rc = sp_msg_get_bin(map, "nccl_id", true, &nccl, &nccl_len);
+  if (rc < 0 || (rc == 0 && nccl_len != NODE_NCCL_ID_BYTES))
+    return false;
+  out->has_nccl_id = rc == 0;
+  if (out->has_nccl_id)
+    memcpy(out->nccl_id, nccl, NODE_NCCL_ID_BYTES);
+  return true;
+}
+
 int request_parse_ticket(const uint8_t *data, size_t len,
                          const struct sp_limits *limits,
                          struct req_ticket *out) {
@@ -201,19 +223,23 @@ int request_parse_ticket(const uint8_t *data, size_t len,
   size_t job_len, secret_len;
   uint64_t version, world;
   int rc = SP_ETICKET;
+  memset(out, 0, sizeof *out);
   if (len == 0 || len > SP_TICKET_MAX ||
       !msgpack_zone_init(&zone, MSGPACK_ZONE_CHUNK_SIZE))
     return SP_ETICKET;
   /* The ticket came from a trainer, so it goes through the same bounded
    * decoder as a frame. */
   if (sp_wire_decode(data, len, limits, &zone, &map) == 0 &&
-      sp_msg_get_u64(&map, "v", false, &version) == 0 && version == 1 &&
+      sp_msg_get_u64(&map, "v", false, &version) == 0 &&
+      (version == 1 || version == 2) &&
       sp_msg_get_bin(&map, "job", false, &job, &job_len) == 0 &&
       job_len == JOB_ID_BYTES &&
       sp_msg_get_bin(&map, "secret", false, &secret, &secret_len) == 0 &&
       secret_len == JOB_SECRET_BYTES &&
       sp_msg_get_u64(&map, "world", false, &world) == 0 &&
-      world <= REQ_MAX_WORLD) {
+      world <= REQ_MAX_WORLD &&
+      (version == 1 || parse_ticket_v2(&map, out))) {
+    out->version = (uint32_t)version;
     memcpy(out->job, job, JOB_ID_BYTES);
     memcpy(out->secret, secret, JOB_SECRET_BYTES);
     out->world = (uint32_t)world;
@@ -221,6 +247,56 @@ int request_parse_ticket(const uint8_t *data, size_t len,
   }
   msgpack_zone_destroy(&zone);
   return rc;
+}
+
+/* A storage's kind and what only CUDA storages carry: the IPC handle
+ * (decoded from a raw cudaIpcMemHandle_t or PyTorch's bytes) and the GPU
+ * it lives on. */
+static int parse_storage_kind(const msgpack_object *o, struct req_storage *s,
+                              const char *where, char *msg, size_t msglen) {
+  const char *kind, *device;
+  size_t kind_len, device_len;
+  if (sp_msg_get_str(o, "kind", false, &kind, &kind_len) != 0)
+    return req_fail(msg, msglen, SP_EBADMSG, "%s\"kind\" must be a string",
+                    where);
+  if (kind_len == 5 && memcmp(kind, "memfd", 5) == 0)
+    s->kind = REQ_STORAGE_MEMFD;
+  else if (kind_len == 8 && memcmp(kind, "cuda_ipc", 8) == 0)
+    s->kind = REQ_STORAGE_CUDA_IPC;
+  else if (kind_len == 7 && memcmp(kind, "cuda_fd", 7) == 0)
+    s->kind = REQ_STORAGE_CUDA_FD;
+  else
+    return req_fail(msg, msglen, SP_EINVAL,
+                    "%skind \"%.*s\" is not \"memfd\", \"cuda_ipc\" or "
+                    "\"cuda_fd\"",
+                    where, (int)(kind_len < 32 ? kind_len : 32), kind);
+  if (s->kind == REQ_STORAGE_MEMFD)
+    return 0;
+  if (s->kind == REQ_STORAGE_CUDA_IPC) {
+    const uint8_t *handle;
+    size_t handle_len;
+    char why[256];
+    if (sp_msg_get_bin(o, "handle", false, &handle, &handle_len) != 0)
+      return req_fail(msg, msglen, SP_EBADMSG, "%s\"handle\" must be a bin",
+                      where);
+    if (gpu_handle_decode(handle, handle_len, s->handle, why, sizeof why) != 0)
+      return req_fail(msg, msglen, SP_EINVAL, "%s%s", where, why);
+  }
+  int rc = sp_msg_get_str(o, "device", true, &device, &device_len);
+  if (rc < 0)
+    return req_fail(msg, msglen, SP_EBADMSG, "%s\"device\" must be a string",
+                    where);
+  if (rc == 0) {
+    uint32_t type;
+    if (request_parse_device(device, device_len, &type) != 0 ||
+        type != SP_DEVICE_CUDA)
+      return req_fail(msg, msglen, SP_EINVAL,
+                      "%sdevice \"%.*s\" is not \"cuda:<GPU UUID>\"", where,
+                      (int)(device_len < 80 ? device_len : 80), device);
+    memcpy(s->device, device, device_len);
+    s->device[device_len] = '\0';
+  }
+  return 0;
 }
 
 int request_parse_storages(const msgpack_object *map, size_t nfds,
@@ -243,18 +319,18 @@ int request_parse_storages(const msgpack_object *map, size_t nfds,
   for (uint32_t i = 0; i < a->size && rc == 0; i++) {
     const msgpack_object *o = &a->ptr[i];
     char where[48];
-    uint64_t sid, fd;
-    const char *kind;
-    size_t kind_len;
+    uint64_t sid, fd = 0;
     snprintf(where, sizeof where, "storages[%u]: ", i);
     if (o->type != MSGPACK_OBJECT_MAP) {
       rc = req_fail(msg, msglen, SP_EBADMSG, "%snot a map", where);
       break;
     }
-    if ((rc = get_uint(o, "sid", false, UINT32_MAX, &sid, where, msg,
+    if ((rc = parse_storage_kind(o, &s[i], where, msg, msglen)) != 0 ||
+        (rc = get_uint(o, "sid", false, UINT32_MAX, &sid, where, msg,
                        msglen)) != 0 ||
-        (rc = get_uint(o, "fd", false, UINT32_MAX, &fd, where, msg, msglen)) !=
-            0 ||
+        (s[i].kind != REQ_STORAGE_CUDA_IPC &&
+         (rc = get_uint(o, "fd", false, UINT32_MAX, &fd, where, msg,
+                        msglen)) != 0) ||
         (rc = get_uint(o, "offset", false, REQ_MAX_VALUE, &s[i].offset, where,
                        msg, msglen)) != 0 ||
         (rc = get_uint(o, "length", false, REQ_MAX_VALUE, &s[i].length, where,
@@ -262,18 +338,7 @@ int request_parse_storages(const msgpack_object *map, size_t nfds,
         (rc = get_uint(o, "base", false, UINT64_MAX, &s[i].base, where, msg,
                        msglen)) != 0)
       break;
-    if (sp_msg_get_str(o, "kind", false, &kind, &kind_len) != 0) {
-      rc = req_fail(msg, msglen, SP_EBADMSG, "%s\"kind\" must be a string",
-                    where);
-      break;
-    }
-    if (kind_len != 5 || memcmp(kind, "memfd", 5) != 0) {
-      rc = req_fail(msg, msglen, SP_EINVAL,
-                    "%skind \"%.*s\" is not supported (only \"memfd\")", where,
-                    (int)(kind_len < 32 ? kind_len : 32), kind);
-      break;
-    }
-    if (fd >= nfds) {
+    if (s[i].kind != REQ_STORAGE_CUDA_IPC && fd >= nfds) {
       rc = req_fail(msg, msglen, SP_EBADFD,
                     "%sfd index %llu, but the frame carries %zu descriptors",
                     where, (unsigned long long)fd, nfds);

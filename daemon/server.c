@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -130,8 +131,11 @@ static void stop(struct server *srv, const char *why) {
   while (srv->conns != NULL)
     conn_close(srv->conns);
   /* Jobs end from their own wake-ups, once any engine thread has stopped;
-   * the loop runs until they have closed their handles. */
+   * the loop runs until they have closed their handles (and their links
+   * to other daemons). */
   job_shutdown(srv);
+  nodelink_listen_close(srv);
+  nodelink_shutdown(srv);
 }
 
 static void on_signal(uv_signal_t *handle, int signum) {
@@ -186,6 +190,24 @@ static uint32_t test_round_delay(void) {
   return (uint32_t)ms;
 }
 
+/* The test seam of docs/operations.md: SHARDPORTD_TEST_DIGEST_XOR=N
+ * (decimal or 0x hex) is xored into every plan digest this daemon reports
+ * to a job's root, so that tests see daemons disagree. */
+static uint64_t test_digest_xor(void) {
+  const char *v = getenv("SHARDPORTD_TEST_DIGEST_XOR");
+  if (v == NULL || v[0] == '\0')
+    return 0;
+  char *end;
+  unsigned long long x = strtoull(v, &end, 0);
+  if (*end != '\0') {
+    log_msg(LOG_LEVEL_WARN, "SHARDPORTD_TEST_DIGEST_XOR=%s ignored", v);
+    return 0;
+  }
+  log_msg(LOG_LEVEL_WARN, "test seam: plan digests reported with 0x%llx "
+          "xored in", x);
+  return x;
+}
+
 /* Runs the loop until every handle is closed and checks that none leaked. */
 static int finish_loop(uv_loop_t *loop) {
   uv_run(loop, UV_RUN_DEFAULT);
@@ -209,9 +231,14 @@ int server_run(const struct config *cfg, const struct backend_choice *backend) {
       .backend = backend,
       .started_ns = uv_hrtime(),
       .listener = {.fd = -1},
+      .peer_fd = -1,
   };
+  /* Tells this daemon apart from others of a job (and from itself). */
+  if (getrandom(&srv.node_id, sizeof srv.node_id, 0) != sizeof srv.node_id)
+    srv.node_id = uv_hrtime() ^ ((uint64_t)getpid() << 32);
   srv.reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   srv.test_round_delay_ms = test_round_delay();
+  srv.test_digest_xor = test_digest_xor();
   srv.engine_threads = cfg->engine_threads;
   if (srv.engine_threads == 0) {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -226,9 +253,12 @@ int server_run(const struct config *cfg, const struct backend_choice *backend) {
   }
 
   if (start_signals(&srv) != 0 || listen_open(cfg, &srv.listener) != 0 ||
-      (rc = uv_poll_init(&loop, &srv.listen_poll, srv.listener.fd)) != 0) {
+      (rc = uv_poll_init(&loop, &srv.listen_poll, srv.listener.fd)) != 0 ||
+      nodelink_listen_open(&srv) != 0) {
     if (rc != 0)
       log_msg(LOG_LEVEL_ERROR, "uv_poll_init: %s", uv_strerror(rc));
+    else if (srv.listener.fd >= 0 && srv.listen_poll.type == UV_POLL)
+      uv_close((uv_handle_t *)&srv.listen_poll, NULL);
     listen_close(&srv.listener);
     uv_close((uv_handle_t *)&srv.sig_term, NULL);
     uv_close((uv_handle_t *)&srv.sig_int, NULL);

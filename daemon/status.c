@@ -9,7 +9,7 @@
 #include "daemon/pool.h"
 
 void status_pack(const struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
-  sp_msgbuf_begin(mb, "status", id, 10);
+  sp_msgbuf_begin(mb, "status", id, 11);
   msgpack_packer *pk = &mb->pk;
   sp_pack_kv_str(pk, "daemon_version", SP_VERSION);
   sp_pack_kv_u64(pk, "protocol_version", SP_PROTOCOL_VERSION);
@@ -24,6 +24,8 @@ void status_pack(const struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
   sp_pack_kv_u64(pk, "clients", srv->nclients);
   sp_pack_kv_u64(pk, "pool_used", pool_used(srv->pool));
   sp_pack_kv_u64(pk, "pool_capacity", pool_capacity(srv->pool));
+  /* Where other daemons reach this one ("" when peer_listen is off). */
+  sp_pack_kv_str(pk, "peer_address", srv->peer_address);
   sp_pack_str(pk, "jobs");
   job_status_pack(srv, pk);
 }

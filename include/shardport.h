@@ -150,6 +150,16 @@ SP_EXPORT const char *sp_last_message(const sp_client *client);
 /* A round trip; *rtt_ns (optional) receives its duration. */
 SP_EXPORT int sp_ping(sp_client *client, uint64_t *rtt_ns);
 
+/* One daemon of a job across nodes, as the daemon answering sees it. */
+typedef struct sp_node_status {
+  uint32_t node;           /* its node number in the job (0: the job's root) */
+  char *address;           /* "addr:port" other daemons dial */
+  int self;                /* 1: the daemon that answered */
+  int connected;           /* 1: a connection to it is up (always for self) */
+  uint64_t bytes_sent;     /* bytes of exports sent to it */
+  uint64_t bytes_received; /* bytes of exports received from it */
+} sp_node_status;
+
 /* The daemon's view of one job, as sp_status reports it. */
 typedef struct sp_job_status {
   char *job_id;         /* hex id */
@@ -162,6 +172,13 @@ typedef struct sp_job_status {
   uint64_t bytes_moved; /* bytes moved by the export so far */
   uint64_t bytes_total; /* bytes the export will move */
   double rate_bps;      /* recent bytes per second */
+  /* The last plan's digest as 16 hex digits ("" before the first plan;
+   * NULL from a daemon that does not report it): equal on every daemon of
+   * a job across nodes. */
+  char *plan_digest;
+  uint32_t node;          /* this daemon's node number in the job */
+  size_t nnodes;          /* 0 for a job on one daemon */
+  sp_node_status *nodes;  /* the job's daemons, by node number */
 } sp_job_status;
 
 typedef struct sp_status_info {
@@ -176,6 +193,9 @@ typedef struct sp_status_info {
   uint64_t pool_capacity;
   size_t njobs;
   sp_job_status *jobs;
+  /* Where other daemons reach this one for jobs across nodes; NULL when it
+   * does not listen for them. */
+  char *peer_address;
 } sp_status_info;
 
 /* Fills *out with a newly allocated snapshot; free it with sp_status_free. */
@@ -206,30 +226,74 @@ SP_EXPORT int sp_job_create(sp_client *client, uint32_t world,
  * closing the connection leaves the job. */
 SP_EXPORT int sp_job_join(sp_client *client, const sp_ticket *ticket,
                           uint32_t rank, uint32_t world, const char *device);
+/* Writes "cuda:<GPU UUID>", the name sp_job_join takes for a GPU, of this
+ * process's CUDA device ordinal (as cudaSetDevice and torch number it),
+ * into buf.  Loads the CUDA runtime as CUDA storages do.  SP_EBACKEND
+ * without a usable runtime (sp_last_message says why), SP_EINVAL for an
+ * ordinal this process does not see or a buf of fewer than 48 bytes. */
+SP_EXPORT int sp_cuda_device_name(sp_client *client, int ordinal, char *buf,
+                                  size_t size);
 /* Leaves the job: the daemon releases every export and registration of this
  * rank, and the library unmaps every set this rank still holds (their data
  * pointers become NULL; sp_release then only frees them). */
 SP_EXPORT int sp_job_leave(sp_client *client);
 
-/* A host storage: bytes [offset, offset + length) of a memfd or shm file.
- * The daemon maps it read-only and never writes it.  The fd stays the
- * caller's (the daemon receives a duplicate). */
+/* What memory a storage is (sp_storage_desc.kind).  The CUDA kinds need a
+ * rank joined with a "cuda:<GPU UUID>" device and a daemon serving the CUDA
+ * backend; the library reaches the CUDA runtime at run time (it does not
+ * link it; SHARDPORT_CUDART_LIB names the file), only when a call needs it.
+ *
+ * Readiness: the daemon reads a CUDA storage from the moment every rank
+ * asked for an export.  A trainer must therefore have finished writing it
+ * before it calls sp_export: synchronize the streams that wrote it
+ * (cudaStreamSynchronize, torch.cuda.synchronize()) first. */
+typedef enum sp_storage_kind {
+  SP_STORAGE_MEMFD = 0,    /* host memory: bytes [offset, offset + length) of
+                              the memfd or shm file fd */
+  SP_STORAGE_CUDA = 1,     /* device memory at addr: the library gets the IPC
+                              handle of its allocation, the offset from the
+                              allocation's base and the GPU itself; offset,
+                              fd, handle and device are ignored */
+  SP_STORAGE_CUDA_IPC = 2, /* device memory given by handle: a
+                              cudaIpcMemHandle_t of the allocation's base (64
+                              bytes) or PyTorch's _share_cuda_() handle bytes,
+                              with offset the storage's bytes from that base
+                              (_share_cuda_()'s storage offset) */
+  SP_STORAGE_CUDA_FD = 3,  /* device memory in a cuMem allocation (PyTorch's
+                              expandable segments) exported as the POSIX
+                              descriptor fd; offset into the allocation */
+} sp_storage_kind;
+
+/* A storage: memory the daemon reads the rank's tensors from.  The daemon
+ * maps host storages read-only and never writes any storage.  Descriptors
+ * stay the caller's (the daemon receives duplicates). */
 typedef struct sp_storage_desc {
   uint32_t id;      /* chosen by the caller, unique within its rank */
-  int fd;
-  uint64_t offset;  /* bytes into fd */
+  int fd;           /* SP_STORAGE_MEMFD and SP_STORAGE_CUDA_FD */
+  uint64_t offset;  /* bytes into fd, or (CUDA_IPC) from the handle's base */
   uint64_t length;  /* bytes */
-  const void *addr; /* the caller's own mapping of the storage; identity
+  const void *addr; /* the caller's own address of the storage's first byte
+                       (a device address for the CUDA kinds); identity
                        tensors are returned as pointers into it */
+  sp_storage_kind kind;   /* 0 (SP_STORAGE_MEMFD) when left zeroed */
+  const void *handle;     /* SP_STORAGE_CUDA_IPC: the handle bytes */
+  size_t handle_len;
+  const char *device;     /* CUDA_IPC, CUDA_FD: "cuda:<GPU UUID>" of the
+                             GPU it lives on, or NULL: the library asks the
+                             runtime which GPU holds addr */
 } sp_storage_desc;
 
 /* Registers n storages; any number, sent in as many frames as the limits
  * need (32 descriptors a frame).  Each frame is registered whole or not at
  * all; on failure the storages of this call's earlier frames stay
- * registered.  SP_EINVAL, before anything is sent, for a negative fd, a
- * NULL addr with a non-zero length, or an id already registered or given
- * twice; the daemon checks the rest (bad_fd for a file shorter than
- * offset + length). */
+ * registered.  SP_EINVAL, before anything is sent, for an unknown kind, a
+ * negative fd where one is needed, a NULL addr with a non-zero length, a
+ * CUDA_IPC storage without handle bytes, or an id already registered or
+ * given twice; SP_EBACKEND when a CUDA storage needs the CUDA runtime and
+ * it cannot be loaded, or the runtime refuses addr (sp_last_message says
+ * why; a pointer into an expandable segment has no IPC handle: register it
+ * as SP_STORAGE_CUDA_FD).  The daemon checks the rest (bad_fd for a file
+ * shorter than offset + length, or an IPC handle it cannot open). */
 SP_EXPORT int sp_register_storages(sp_client *client,
                                    const sp_storage_desc *storages, size_t n);
 
@@ -319,9 +383,13 @@ typedef struct sp_owned_tensor {
    * (the tensor is the rank's to use), or for identity in the caller's own
    * storage.  Valid until sp_release, sp_job_leave or sp_close, whichever
    * comes first; tied weights share one data pointer.  NULL only for an
-   * empty tensor in an empty segment. */
+   * empty tensor in an empty segment.  For a rank on a GPU it is a device
+   * address (device says which GPU), and the library has waited for the
+   * daemon's completion event: the tensor is assembled. */
   void *data;
   int identity; /* 1: data points into the caller's own storage (no copy) */
+  const char *device; /* "cpu", or "cuda:<GPU UUID>" */
+  int device_index;   /* this process's CUDA ordinal of that GPU; -1: cpu */
 } sp_owned_tensor;
 
 typedef struct sp_owned_set {

@@ -14,6 +14,39 @@ static void row(FILE *out, const char *label, const char *value) {
   fprintf(out, "%-18s%s\n", label, value);
 }
 
+/* A job across nodes: its plan's digest, and one line per daemon. */
+static void print_nodes(FILE *out, const sp_job_status *job) {
+  if (job->nnodes == 0)
+    return;
+  char digest[CELL];
+  text_sanitize(job->plan_digest ? job->plan_digest : "", digest,
+                sizeof digest);
+  fprintf(out, "    nodes: %zu, this daemon is node %u; plan %s\n",
+          job->nnodes, job->node, digest[0] ? digest : "(none yet)");
+  size_t aw = strlen("ADDRESS");
+  for (size_t n = 0; n < job->nnodes; n++) {
+    char addr[CELL];
+    text_sanitize(job->nodes[n].address, addr, sizeof addr);
+    if (strlen(addr) > aw)
+      aw = strlen(addr);
+  }
+  fprintf(out, "    %-6s%-*s  %-11s%-12s%s\n", "NODE", (int)aw, "ADDRESS",
+          "CONNECTED", "SENT", "RECEIVED");
+  for (size_t n = 0; n < job->nnodes; n++) {
+    const sp_node_status *nd = &job->nodes[n];
+    char addr[CELL], sent[32], received[32];
+    text_sanitize(nd->address, addr, sizeof addr);
+    text_bytes(nd->bytes_sent, sent, sizeof sent);
+    text_bytes(nd->bytes_received, received, sizeof received);
+    if (nd->self)
+      fprintf(out, "    %-6u%-*s  %s\n", nd->node, (int)aw, addr,
+              "this daemon");
+    else
+      fprintf(out, "    %-6u%-*s  %-11s%-12s%s\n", nd->node, (int)aw, addr,
+              nd->connected ? "yes" : "no", sent, received);
+  }
+}
+
 /* The jobs as a table whose columns fit their widest cell. */
 static void print_jobs(FILE *out, const sp_status_info *st) {
   enum { ID, PHASE, RANKS, ROUND, MOVED, RATE, NCOLS };
@@ -59,6 +92,7 @@ static void print_jobs(FILE *out, const sp_status_info *st) {
       text_sanitize(st->jobs[j].error, error, sizeof error);
       fprintf(out, "    error: %s\n", error);
     }
+    print_nodes(out, &st->jobs[j]);
   }
   free(cells);
 }
@@ -88,6 +122,10 @@ static void print_table(FILE *out, const sp_status_info *st) {
   else
     snprintf(line, sizeof line, "%s used of %s", a, b);
   row(out, "pool", line);
+  if (st->peer_address) {
+    text_sanitize(st->peer_address, a, sizeof a);
+    row(out, "peer address", a);
+  }
   if (st->njobs == 0) {
     row(out, "jobs", "no jobs");
     return;
@@ -158,9 +196,24 @@ static void print_json(FILE *out, const sp_status_info *st,
     json_u64(out, "bytes_total", job->bytes_total);
     fputs(",\"rate_bps\":", out);
     json_double(out, job->rate_bps);
-    fputc('}', out);
+    json_str_field(out, "plan_digest", job->plan_digest);
+    json_u64(out, "node", job->node);
+    fputs(",\"nodes\":[", out);
+    for (size_t n = 0; n < job->nnodes; n++) {
+      const sp_node_status *nd = &job->nodes[n];
+      fprintf(out, "%s{\"node\":%u", n ? "," : "", nd->node);
+      json_str_field(out, "address", nd->address);
+      fprintf(out, ",\"self\":%s,\"connected\":%s", nd->self ? "true" : "false",
+              nd->connected ? "true" : "false");
+      json_u64(out, "bytes_sent", nd->bytes_sent);
+      json_u64(out, "bytes_received", nd->bytes_received);
+      fputc('}', out);
+    }
+    fputs("]}", out);
   }
-  fputs("]}\n", out);
+  fputs("]", out);
+  json_str_field(out, "peer_address", st->peer_address);
+  fputs("}\n", out);
 }
 
 static int status_exec(sp_client *client, const struct cli_options *opts,

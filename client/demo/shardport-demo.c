@@ -36,6 +36,8 @@
 #include "shardport.h"
 
 #define MAX_RANKS 64
+/* Daemons the ranks may be spread over (one --socket each). */
+#define MAX_NODES 8
 #define LAYERS 32
 #define EXPERTS 4
 #define ALIGN 64
@@ -47,7 +49,10 @@
 struct opts {
   uint32_t ranks;
   double scale;
-  const char *socket;
+  /* The daemons' sockets: ranks are spread over them in blocks, rank 0's
+   * daemon first (a job across nodes when there are several). */
+  const char *sockets[MAX_NODES];
+  uint32_t nsockets;
   uint32_t max_keys;
   uint64_t max_bytes;
   uint32_t timeout_ms;
@@ -62,7 +67,11 @@ static void usage(FILE *f) {
           "  -S, --scale X        model size factor (default 1: about 450 "
           "MiB)\n"
           "  -s, --socket PATH    the daemon's socket (default: as "
-          "libshardport finds it)\n"
+          "libshardport finds it);\n"
+          "                       given up to %d times, the ranks are "
+          "spread over\n"
+          "                       those daemons in blocks (a job across "
+          "nodes)\n"
           "      --max-keys N     keys per round (default: the daemon's)\n"
           "      --max-bytes N    traffic per round in bytes (default: the "
           "daemon's)\n"
@@ -72,7 +81,7 @@ static void usage(FILE *f) {
           "moves data\n"
           "      --machine        print the summary as key=value pairs\n"
           "  -h, --help           this text\n",
-          MAX_RANKS);
+          MAX_RANKS, MAX_NODES);
 }
 
 static int parse_u64(const char *s, uint64_t max, uint64_t *out) {
@@ -117,7 +126,9 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
       break;
     }
     case 's':
-      o->socket = optarg;
+      if (o->nsockets == MAX_NODES)
+        return -1;
+      o->sockets[o->nsockets++] = optarg;
       break;
     case MAX_KEYS:
       if (parse_u64(optarg, UINT32_MAX, &v) < 0)
@@ -693,7 +704,11 @@ static int run_rank(const struct opts *o, const struct model *m,
   }
   if (make_storages(&s, r) < 0)
     goto out;
-  if ((e = sp_connect(o->socket, &c)) < 0) {
+  /* Ranks in blocks over the daemons: rank 0 on the first. */
+  const char *socket =
+      o->nsockets > 0 ? o->sockets[(uint64_t)rank * o->nsockets / o->ranks]
+                      : NULL;
+  if ((e = sp_connect(socket, &c)) < 0) {
     fail_sp(r, NULL, "connect", e);
     goto out;
   }
@@ -891,16 +906,17 @@ int main(int argc, char **argv) {
     if (o.machine)
       printf("ranks=%u keys=%zu bytes=%llu pool_bytes=%llu "
              "identity_bytes=%llu max_rank_bytes=%llu seconds=%.6f "
-             "verified=1\n",
+             "verified=1 nodes=%u\n",
              o.ranks, m.nkeys, (unsigned long long)m.bytes,
              (unsigned long long)(m.bytes - identity_bytes),
              (unsigned long long)identity_bytes,
-             (unsigned long long)max_owned, secs);
+             (unsigned long long)max_owned, secs,
+             o.nsockets > 1 ? o.nsockets : 1);
     else
-      printf("shardport-demo: %u ranks exported %zu keys, %.1f MiB in %.3f s "
-             "(%.2f GiB/s); every owned tensor verified OK\n",
-             o.ranks, m.nkeys, (double)m.bytes / 1048576.0, secs,
-             secs > 0 ? gib / secs : 0.0);
+      printf("shardport-demo: %u ranks%s exported %zu keys, %.1f MiB in "
+             "%.3f s (%.2f GiB/s); every owned tensor verified OK\n",
+             o.ranks, o.nsockets > 1 ? " on several daemons" : "", m.nkeys,
+             (double)m.bytes / 1048576.0, secs, secs > 0 ? gib / secs : 0.0);
   }
   free(owned);
   free(theirs);

@@ -5,10 +5,7 @@
 
 #include "daemon/xfer/copy.h"
 
-/* Drops unit dimensions and merges each dimension into the one inside it when
- * both sides are contiguous across the boundary, so that the innermost
- * dimension becomes the longest run memcpy can move at once. */
-static void box_simplify(const struct xfer_box *in, struct xfer_box *out) {
+void xfer_box_simplify(const struct xfer_box *in, struct xfer_box *out) {
   out->elem_size = in->elem_size;
   out->ndim = 0;
   for (int d = 0; d < in->ndim; d++) {
@@ -35,7 +32,7 @@ uint64_t xfer_copy(void *dst, const void *src, const struct xfer_box *box) {
       return 0;
 
   struct xfer_box b;
-  box_simplify(box, &b);
+  xfer_box_simplify(box, &b);
   size_t esz = b.elem_size;
   if (b.ndim == 0) {
     memcpy(dst, src, esz);

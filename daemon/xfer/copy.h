@@ -21,6 +21,12 @@ struct xfer_box {
   int64_t dst_stride[XFER_MAX_DIMS];
 };
 
+/* Drops unit dimensions and merges each dimension into the one inside it
+ * when both sides are contiguous across the boundary, so that the innermost
+ * dimension becomes the longest run one copy can move at once (the host
+ * copies here and the CUDA backend's device copies share it). */
+void xfer_box_simplify(const struct xfer_box *in, struct xfer_box *out);
+
 /* Copies the box; dimensions that are contiguous on both sides are merged so
  * that a dense box is one memcpy.  Returns the bytes copied. */
 uint64_t xfer_copy(void *dst, const void *src, const struct xfer_box *box);

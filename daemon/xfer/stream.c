@@ -70,6 +70,10 @@ static ssize_t move_some(int sock, struct xfer_iovs *v, bool sending) {
       continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK)
       return 0;
+    /* EFAULT: a region could not be read (a trainer cut its registered
+     * file short); that is the region's fault, not the peer's. */
+    if (errno == EFAULT)
+      return SP_EBADFD;
     return errno == EPIPE || errno == ECONNRESET ? SP_ECLOSED : SP_EIO;
   }
 }

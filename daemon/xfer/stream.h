@@ -52,7 +52,9 @@ struct xfer_watch {
  * Moves every region of every peer.  Returns 0 when all are moved; 1 when
  * cancelled; SP_ETIMEOUT after idle_timeout_ms without progress; SP_ECLOSED
  * or SP_EIO when a peer's connection ends or fails, with *failed set to that
- * peer's index (for SP_ETIMEOUT, to a peer that still had bytes to move).
+ * peer's index (for SP_ETIMEOUT, to a peer that still had bytes to move);
+ * SP_EBADFD when a region to send cannot be read (EFAULT), with *failed set
+ * to the peer whose send.next is that region.
  */
 int xfer_exchange(struct xfer_peer *peers, size_t npeers,
                   const struct xfer_watch *watch, size_t *failed);

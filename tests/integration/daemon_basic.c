@@ -294,6 +294,29 @@ START_TEST(check_config) {
   ck_assert_int_eq(run_daemon(flag_args, out, sizeof(out)), 0);
   ck_assert_ptr_nonnull(strstr(out, "log_level = warn\n"));
   ck_assert_ptr_nonnull(strstr(out, "socket = /tmp/y.sock\n"));
+  /* Listening for other daemons: numeric addresses, a wildcard only with
+   * an address to advertise. */
+  const char *peer_args[] = {"--print-config", "--config", good,
+                             "--peer-listen", "[::1]:7070",
+                             "--peer-advertise", "10.1.2.3", NULL};
+  ck_assert_int_eq(run_daemon(peer_args, out, sizeof(out)), 0);
+  ck_assert_ptr_nonnull(strstr(out, "peer_listen = [::1]:7070\n"));
+  ck_assert_ptr_nonnull(strstr(out, "peer_advertise = 10.1.2.3\n"));
+  const char *wild_args[] = {"-n", "--config", good, "--peer-listen",
+                             "0.0.0.0:7070", NULL};
+  ck_assert_int_eq(run_daemon(wild_args, NULL, 0), 1);
+  const char *wild_ok[] = {"-n", "--config", good, "--peer-listen",
+                           "0.0.0.0:7070", "--peer-advertise",
+                           "192.168.1.5:7070", NULL};
+  ck_assert_int_eq(run_daemon(wild_ok, NULL, 0), 0);
+  const char *bad_peer[][6] = {
+      {"-n", "--config", good, "--peer-listen", "localhost:7070", NULL},
+      {"-n", "--config", good, "--peer-listen", "127.0.0.1", NULL},
+      {"-n", "--config", good, "--peer-listen", "127.0.0.1:70000", NULL},
+      {"-n", "--config", good, "--peer-advertise", "0.0.0.0", NULL},
+  };
+  for (size_t i = 0; i < sizeof bad_peer / sizeof bad_peer[0]; i++)
+    ck_assert_int_eq(run_daemon(bad_peer[i], NULL, 0), 2);
   sp_test_rmdir(dir);
 }
 END_TEST
@@ -327,7 +350,9 @@ START_TEST(print_config_defaults) {
            "export_timeout = 1m\n"
            "job_timeout = 5m\n"
            "max_jobs = 256\n"
-           "engine_threads = 0\n",
+           "engine_threads = 0\n"
+           "peer_listen = none\n"
+           "peer_advertise = none\n",
            uids, (unsigned)getegid());
   ck_assert_str_eq(out, expect);
 
@@ -401,10 +426,14 @@ START_TEST(command_line_errors) {
   ck_assert_int_eq(run_daemon(level, NULL, 0), 2);
   const char *extra[] = {"stray", NULL};
   ck_assert_int_eq(run_daemon(extra, NULL, 0), 2);
-  /* Only the host backend exists so far: asking for CUDA fails closed. */
+  /* Asking for CUDA where it cannot serve fails closed: here a CUDA
+   * runtime that is not there (the fakes' suite covers a machine without
+   * a driver, and one with GPUs). */
   const char *cuda[] = {"-n", "--config", "/dev/null", "--backend", "cuda",
                         "--socket", "/tmp/sp.sock", NULL};
+  setenv("SHARDPORT_CUDART_LIB", "/nonexistent/libcudart.so", 1);
   ck_assert_int_eq(run_daemon(cuda, NULL, 0), 1);
+  unsetenv("SHARDPORT_CUDART_LIB");
   char out[4096];
   const char *version[] = {"--version", NULL};
   ck_assert_int_eq(run_daemon(version, out, sizeof(out)), 0);

@@ -25,10 +25,22 @@ int main(void) {
   printf("{\"constants\": {\"SP_MAX_DIMS\": %d, \"SP_TICKET_MAX\": %d, "
          "\"SP_PLACEMENT_SHARD0\": %d, \"SP_PLACEMENT_REPLICATED\": %d, "
          "\"SP_PLACEMENT_PLAIN\": %d, \"SP_PLACEMENT_EXPERT\": %d, "
-         "\"SP_PLACEMENT_AFFINE\": %d},\n\"structs\": {",
+         "\"SP_PLACEMENT_AFFINE\": %d, \"SP_STORAGE_MEMFD\": %d, "
+         "\"SP_STORAGE_CUDA\": %d, \"SP_STORAGE_CUDA_IPC\": %d, "
+         "\"SP_STORAGE_CUDA_FD\": %d},\n\"structs\": {",
          SP_MAX_DIMS, SP_TICKET_MAX, SP_PLACEMENT_SHARD0,
          SP_PLACEMENT_REPLICATED, SP_PLACEMENT_PLAIN, SP_PLACEMENT_EXPERT,
-         SP_PLACEMENT_AFFINE);
+         SP_PLACEMENT_AFFINE, SP_STORAGE_MEMFD, SP_STORAGE_CUDA,
+         SP_STORAGE_CUDA_IPC, SP_STORAGE_CUDA_FD);
+
+  BEGIN(sp_node_status);
+  FIELD(sp_node_status, node);
+  FIELD(sp_node_status, address);
+  FIELD(sp_node_status, self);
+  FIELD(sp_node_status, connected);
+  FIELD(sp_node_status, bytes_sent);
+  FIELD(sp_node_status, bytes_received);
+  END();
 
   BEGIN(sp_job_status);
   FIELD(sp_job_status, job_id);
@@ -41,6 +53,10 @@ int main(void) {
   FIELD(sp_job_status, bytes_moved);
   FIELD(sp_job_status, bytes_total);
   FIELD(sp_job_status, rate_bps);
+  FIELD(sp_job_status, plan_digest);
+  FIELD(sp_job_status, node);
+  FIELD(sp_job_status, nnodes);
+  FIELD(sp_job_status, nodes);
   END();
 
   BEGIN(sp_status_info);
@@ -55,6 +71,7 @@ int main(void) {
   FIELD(sp_status_info, pool_capacity);
   FIELD(sp_status_info, njobs);
   FIELD(sp_status_info, jobs);
+  FIELD(sp_status_info, peer_address);
   END();
 
   BEGIN(sp_ticket);
@@ -68,6 +85,10 @@ int main(void) {
   FIELD(sp_storage_desc, offset);
   FIELD(sp_storage_desc, length);
   FIELD(sp_storage_desc, addr);
+  FIELD(sp_storage_desc, kind);
+  FIELD(sp_storage_desc, handle);
+  FIELD(sp_storage_desc, handle_len);
+  FIELD(sp_storage_desc, device);
   END();
 
   BEGIN(sp_piece);
@@ -127,6 +148,8 @@ int main(void) {
   FIELD(sp_owned_tensor, stride);
   FIELD(sp_owned_tensor, data);
   FIELD(sp_owned_tensor, identity);
+  FIELD(sp_owned_tensor, device);
+  FIELD(sp_owned_tensor, device_index);
   END();
 
   BEGIN(sp_owned_set);

@@ -26,7 +26,7 @@ from shardport.tensors import OwnedTensors, Registration  # noqa: E402
 
 class OnCuda(torch.Tensor):
     """A CPU tensor that says it is on a GPU: this PyTorch may have no CUDA,
-    and the refusal looks only at the device."""
+    and the refusal of a mix looks only at the devices."""
 
     @property
     def device(self):
@@ -136,8 +136,9 @@ class RegistrationTest(unittest.TestCase):
              errors.InvalidArgument, "0-dim"),
             ({"w": torch.zeros(2)}, {"w": 5},
              errors.InvalidArgument, "a placement is"),
-            ({"w": torch.Tensor._make_subclass(OnCuda, torch.zeros(2))},
-             None, errors.Backend, "GPU backend"),
+            ({"w": torch.Tensor._make_subclass(OnCuda, torch.zeros(2)),
+              "x": torch.zeros(2)},
+             None, errors.InvalidArgument, "mixes CPU tensors (x) and CUDA"),
         ]
         for state, placements, cls, text in cases:
             with self.subTest(text=text):

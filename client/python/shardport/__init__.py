@@ -17,14 +17,15 @@ docs/python.md.
 
 from . import errors
 from ._lib import path as library_path
-from .client import (Client, JobStatus, OwnedSet, OwnedTensor, Progress,
-                     Status, StorageDesc, TensorDesc)
+from .client import (Client, JobStatus, NodeStatus, OwnedSet, OwnedTensor,
+                     Progress, Status, StorageDesc, TensorDesc)
 from .errors import ShardportError
 from .export import Export, Job, export_state_dict
 from .placements import Placement
 
 __all__ = [
-    "Client", "Export", "Job", "JobStatus", "OwnedSet", "OwnedTensor",
+    "Client", "Export", "Job", "JobStatus", "NodeStatus", "OwnedSet",
+    "OwnedTensor",
     "Placement", "Progress", "ShardportError", "Status", "StorageDesc",
     "TensorDesc", "errors", "export_state_dict", "library_path",
 ]

@@ -51,6 +51,17 @@ def _load():
 lib, path = _load()
 
 
+class sp_node_status(ctypes.Structure):
+    _fields_ = [
+        ("node", ctypes.c_uint32),
+        ("address", ctypes.c_char_p),
+        ("self", ctypes.c_int),
+        ("connected", ctypes.c_int),
+        ("bytes_sent", ctypes.c_uint64),
+        ("bytes_received", ctypes.c_uint64),
+    ]
+
+
 class sp_job_status(ctypes.Structure):
     _fields_ = [
         ("job_id", ctypes.c_char_p),
@@ -63,6 +74,10 @@ class sp_job_status(ctypes.Structure):
         ("bytes_moved", ctypes.c_uint64),
         ("bytes_total", ctypes.c_uint64),
         ("rate_bps", ctypes.c_double),
+        ("plan_digest", ctypes.c_char_p),
+        ("node", ctypes.c_uint32),
+        ("nnodes", ctypes.c_size_t),
+        ("nodes", ctypes.POINTER(sp_node_status)),
     ]
 
 
@@ -79,6 +94,7 @@ class sp_status_info(ctypes.Structure):
         ("pool_capacity", ctypes.c_uint64),
         ("njobs", ctypes.c_size_t),
         ("jobs", ctypes.POINTER(sp_job_status)),
+        ("peer_address", ctypes.c_char_p),
     ]
 
 
@@ -96,8 +112,18 @@ class sp_storage_desc(ctypes.Structure):
         ("offset", ctypes.c_uint64),
         ("length", ctypes.c_uint64),
         ("addr", ctypes.c_void_p),
+        ("kind", ctypes.c_int),
+        ("handle", ctypes.c_void_p),
+        ("handle_len", ctypes.c_size_t),
+        ("device", ctypes.c_char_p),
     ]
 
+
+# enum sp_storage_kind
+SP_STORAGE_MEMFD = 0
+SP_STORAGE_CUDA = 1
+SP_STORAGE_CUDA_IPC = 2
+SP_STORAGE_CUDA_FD = 3
 
 # enum sp_placement
 SP_PLACEMENT_SHARD0 = 1
@@ -181,6 +207,8 @@ class sp_owned_tensor(ctypes.Structure):
         ("stride", _Dims),
         ("data", ctypes.c_void_p),
         ("identity", ctypes.c_int),
+        ("device", ctypes.c_char_p),
+        ("device_index", ctypes.c_int),
     ]
 
 
@@ -211,6 +239,9 @@ _PROTOTYPES = {
     "sp_job_join": (ctypes.c_int,
                     [_client_p, ctypes.POINTER(sp_ticket), ctypes.c_uint32,
                      ctypes.c_uint32, ctypes.c_char_p]),
+    "sp_cuda_device_name": (ctypes.c_int,
+                            [_client_p, ctypes.c_int, ctypes.c_char_p,
+                             ctypes.c_size_t]),
     "sp_job_leave": (ctypes.c_int, [_client_p]),
     "sp_register_storages": (ctypes.c_int,
                              [_client_p, ctypes.POINTER(sp_storage_desc),

@@ -14,6 +14,17 @@ from .errors import ShardportError, error_for
 
 
 @dataclass(frozen=True)
+class NodeStatus:
+    """One daemon of a job across nodes (sp_node_status)."""
+    node: int
+    address: str
+    self: bool
+    connected: bool
+    bytes_sent: int
+    bytes_received: int
+
+
+@dataclass(frozen=True)
 class JobStatus:
     """One job as the daemon reports it (sp_job_status)."""
     job_id: str
@@ -26,6 +37,9 @@ class JobStatus:
     bytes_moved: int
     bytes_total: int
     rate_bps: float
+    plan_digest: Optional[str] = None
+    node: int = 0
+    nodes: Tuple[NodeStatus, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -41,17 +55,28 @@ class Status:
     pool_used: int
     pool_capacity: int
     jobs: Tuple[JobStatus, ...]
+    peer_address: Optional[str] = None
 
 
 @dataclass(frozen=True)
 class StorageDesc:
-    """A host storage: bytes [offset, offset + length) of a memfd or shm
-    file, and the caller's own address of its first byte."""
+    """A storage and the caller's own address of its first byte.
+
+    kind ``memfd``: bytes [offset, offset + length) of the memfd or shm
+    file fd.  On GPUs (include/shardport.h, sp_storage_kind): ``cuda``, the
+    device memory at addr (the library finds its IPC handle); ``cuda_ipc``,
+    handle (a cudaIpcMemHandle_t of the allocation's base, or PyTorch's
+    _share_cuda_() bytes) and offset from that base; ``cuda_fd``, a cuMem
+    allocation's POSIX descriptor fd and the offset into it.  device is
+    ``cuda:<GPU UUID>`` or None (the library asks the CUDA runtime)."""
     id: int
     fd: int
     offset: int
     length: int
     addr: int
+    kind: str = "memfd"
+    handle: Optional[bytes] = None
+    device: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -83,14 +108,25 @@ class Progress:
 class OwnedTensor:
     """A whole tensor this rank owns after an export.  data is the address
     of its first element, valid until the export is released; identity says
-    it points into one of this rank's own registered storages."""
+    it points into one of this rank's own registered storages.  device is
+    ``cpu`` or ``cuda:<GPU UUID>`` (then data is a device address, on this
+    process's CUDA device device_index)."""
     key: str
     dtype: str
     shape: Tuple[int, ...]
     stride: Tuple[int, ...]
     data: int
     identity: bool
+    device: str = "cpu"
+    device_index: int = -1
 
+
+_STORAGE_KINDS = {
+    "memfd": _lib.SP_STORAGE_MEMFD,
+    "cuda": _lib.SP_STORAGE_CUDA,
+    "cuda_ipc": _lib.SP_STORAGE_CUDA_IPC,
+    "cuda_fd": _lib.SP_STORAGE_CUDA_FD,
+}
 
 _PLACEMENTS = {
     "shard0": _lib.SP_PLACEMENT_SHARD0,
@@ -130,7 +166,9 @@ class OwnedSet:
                 shape=tuple(t.shape[:t.ndim]),
                 stride=tuple(t.stride[:t.ndim]),
                 data=t.data or 0,
-                identity=bool(t.identity))
+                identity=bool(t.identity),
+                device=_text(t.device) or "cpu",
+                device_index=t.device_index)
             for t in contents.tensors[:contents.ntensors])
 
     @property
@@ -210,7 +248,16 @@ class Client:
                           error=_text(j.error), world=j.world,
                           joined=j.joined, round=j.round, rounds=j.rounds,
                           bytes_moved=j.bytes_moved,
-                          bytes_total=j.bytes_total, rate_bps=j.rate_bps)
+                          bytes_total=j.bytes_total, rate_bps=j.rate_bps,
+                          plan_digest=_text(j.plan_digest), node=j.node,
+                          nodes=tuple(
+                              NodeStatus(node=n.node,
+                                         address=_text(n.address),
+                                         self=bool(n.self),
+                                         connected=bool(n.connected),
+                                         bytes_sent=n.bytes_sent,
+                                         bytes_received=n.bytes_received)
+                              for n in j.nodes[:j.nnodes]))
                 for j in s.jobs[:s.njobs])
             built = _text(s.backends_built) or ""
             return Status(
@@ -221,7 +268,7 @@ class Client:
                 backend_reason=_text(s.backend_reason),
                 uptime_s=s.uptime_s, clients=s.clients,
                 pool_used=s.pool_used, pool_capacity=s.pool_capacity,
-                jobs=jobs)
+                jobs=jobs, peer_address=_text(s.peer_address))
         finally:
             _lib.fn.sp_status_free(info)
 
@@ -252,11 +299,39 @@ class Client:
         """Leaves the job: releases every export and registration."""
         self._check(_lib.fn.sp_job_leave(self._live()))
 
+    def cuda_device_name(self, ordinal: int) -> str:
+        """``cuda:<GPU UUID>`` of this process's CUDA device ordinal: the
+        device join takes for a rank on that GPU."""
+        buf = ctypes.create_string_buffer(64)
+        self._check(_lib.fn.sp_cuda_device_name(self._live(), ordinal, buf,
+                                                len(buf)))
+        return buf.value.decode()
+
     def register_storages(self, storages: Sequence[StorageDesc]):
-        array = (_lib.sp_storage_desc * len(storages))(*(
-            _lib.sp_storage_desc(id=s.id, fd=s.fd, offset=s.offset,
-                                 length=s.length, addr=s.addr or None)
-            for s in storages))
+        array = (_lib.sp_storage_desc * len(storages))()
+        # The handle bytes and device names must outlive the call.
+        keep = []
+        for slot, s in zip(array, storages):
+            if s.kind not in _STORAGE_KINDS:
+                raise errors.InvalidArgument(
+                    "storage %d: unknown kind %r (expected one of %s)"
+                    % (s.id, s.kind, ", ".join(_STORAGE_KINDS)))
+            slot.id = s.id
+            slot.fd = s.fd
+            slot.offset = s.offset
+            slot.length = s.length
+            slot.addr = s.addr or None
+            slot.kind = _STORAGE_KINDS[s.kind]
+            if s.handle is not None:
+                handle = ctypes.create_string_buffer(bytes(s.handle),
+                                                     len(s.handle))
+                keep.append(handle)
+                slot.handle = ctypes.cast(handle, ctypes.c_void_p)
+                slot.handle_len = len(s.handle)
+            if s.device is not None:
+                device = s.device.encode()
+                keep.append(device)
+                slot.device = device
         self._check(_lib.fn.sp_register_storages(self._live(), array,
                                                  len(storages)))
 

@@ -38,35 +38,58 @@ class Job:
         self.world = world
         self._registration = None
 
+    @staticmethod
+    def _device_name(client, device):
+        """The join device: "cpu", "cuda:<GPU UUID>" as given, or a CUDA
+        device (a torch.device or an ordinal) named by its GPU's UUID."""
+        if device is None or isinstance(device, str) and (
+                device == "cpu" or device.startswith("cuda:GPU-")):
+            return device or "cpu"
+        import torch
+        device = torch.device("cuda", device) if isinstance(device, int) \
+            else torch.device(device)
+        if device.type == "cpu":
+            return "cpu"
+        if device.type != "cuda":
+            raise errors.InvalidArgument("a rank is on the CPU or a CUDA "
+                                         "device, not on %s" % device)
+        index = device.index if device.index is not None \
+            else torch.cuda.current_device()
+        return client.cuda_device_name(index)
+
     @classmethod
-    def create(cls, world, *, socket=None, timeout=None):
+    def create(cls, world, *, socket=None, timeout=None, device=None):
         """Creates a job of world ranks and joins it as rank 0; hand
-        job.ticket to the other ranks."""
+        job.ticket to the other ranks.  device is where this rank's tensors
+        are: None or "cpu", or a CUDA device (torch.device, ordinal, or
+        "cuda:<GPU UUID>")."""
         client = Client(socket, timeout)
         try:
             ticket = client.create_job(world)
-            client.join(ticket, 0, world)
+            client.join(ticket, 0, world, cls._device_name(client, device))
         except BaseException:
             client.close()
             raise
         return cls(client, ticket, 0, world)
 
     @classmethod
-    def join(cls, ticket, rank, world, *, socket=None, timeout=None):
+    def join(cls, ticket, rank, world, *, socket=None, timeout=None,
+             device=None):
         client = Client(socket, timeout)
         try:
-            client.join(ticket, rank, world)
+            client.join(ticket, rank, world, cls._device_name(client, device))
         except BaseException:
             client.close()
             raise
         return cls(client, ticket, rank, world)
 
     @classmethod
-    def from_torch_distributed(cls, *, socket=None, timeout=None):
+    def from_torch_distributed(cls, *, socket=None, timeout=None,
+                               device=None):
         """Collective over torch.distributed's default group: rank 0
         creates the job and broadcasts its ticket, every rank joins as its
-        own rank.  If rank 0 cannot create the job, every rank raises its
-        error."""
+        own rank (on device, as Job.create).  If rank 0 cannot create the
+        job, every rank raises its error."""
         dist = _torch_distributed()
         rank, world = dist.get_rank(), dist.get_world_size()
         if rank != 0:
@@ -74,9 +97,10 @@ class Job:
             if isinstance(outcome, tuple):
                 raise errors.error_for(*outcome)
             return cls.join(outcome, rank, world, socket=socket,
-                            timeout=timeout)
+                            timeout=timeout, device=device)
         try:
-            job = cls.create(world, socket=socket, timeout=timeout)
+            job = cls.create(world, socket=socket, timeout=timeout,
+                             device=device)
         except Exception as exc:
             # The other ranks wait in the broadcast: they get the error too.
             if isinstance(exc, errors.ShardportError):
@@ -130,6 +154,13 @@ class Job:
                 close_job):
         if self._registration is None:
             raise errors.BadState("register the state dict before exporting")
+        if self._registration.cuda_devices:
+            # The daemon reads the registered device memory as soon as every
+            # rank asked: whatever this process's streams still write into
+            # it must be done first (docs/protocol.md, storage_add).
+            import torch
+            for index in self._registration.cuda_devices:
+                torch.cuda.synchronize(index)
         shown = None
         if progress is None and TerminalProgress.wanted():
             progress = shown = TerminalProgress()
@@ -228,7 +259,10 @@ def export_state_dict(state_dict, placements=None, *, groups=(),
     daemon waits for the other ranks; socket is the daemon's socket path
     (None: $SHARDPORT_SOCKET, then the default path).
     """
-    job = Job.from_torch_distributed(socket=socket, timeout=timeout)
+    device = next((v.device for v in state_dict.values()
+                   if getattr(v, "is_cuda", False)), None)
+    job = Job.from_torch_distributed(socket=socket, timeout=timeout,
+                                     device=device)
     try:
         job.register(state_dict, placements)
         return job._export(groups, progress, timeout, 0, 0, close_job=True)

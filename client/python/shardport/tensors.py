@@ -6,15 +6,21 @@ imports it only when tensors are handled.
 
 Tensors in.  A CPU tensor is registered as its whole storage (a shared
 memory fd, as PyTorch's file-descriptor sharing produces it) plus a view:
-dtype, shape, stride and storage offset in elements.  Views of one storage
+dtype, shape, stride and storage offset in elements.  A CUDA tensor's
+storage is registered as the CUDA IPC handle PyTorch's _share_cuda_() gives
+(its allocation's base, in PyTorch's own byte format, which the daemon
+reads) and the storage's offset from that base.  Views of one storage
 (tied weights, a flat parameter buffer cut into shards, a transposed view)
 become one storage and many views; storages are told apart by (device, base
-address), never by address alone (docs/protocol.md, storage_add).
+address), never by address alone (docs/protocol.md, storage_add).  One
+registration is all CPU or all CUDA tensors.
 
 Tensors out.  An owned tensor is a PyTorch tensor over the published memory,
-made without a copy: the bytes are wrapped as uint8, reinterpreted as the
-dtype (which also covers bfloat16, which numpy lacks) and given the owned
-view's shape and strides.  An identity tensor is the caller's own object.
+made without a copy: the bytes are wrapped as uint8 (host memory through
+ctypes, device memory through __cuda_array_interface__), reinterpreted as
+the dtype (which also covers bfloat16, which numpy lacks) and given the
+owned view's shape and strides.  An identity tensor is the caller's own
+object.
 """
 
 import ctypes
@@ -96,12 +102,7 @@ def _local(key, value, explicit, world):
         is_dtensor = dtensor is not None and isinstance(value, dtensor[0])
         tensor = value.to_local() if is_dtensor else value
         placement = normalize(key, explicit)
-    if tensor.device.type == "cuda":
-        raise errors.Backend(
-            "%s: a CUDA tensor; the GPU backend's registration is not "
-            "available in this build of libshardport, so CUDA tensors cannot "
-            "be registered (move them to the CPU first)" % key)
-    if tensor.device.type != "cpu":
+    if tensor.device.type not in ("cpu", "cuda"):
         raise errors.InvalidArgument("%s: tensors on %s cannot be registered"
                                      % (key, tensor.device))
     if tensor.layout != torch.strided:
@@ -179,6 +180,17 @@ class Registration:
         for key, rows in _gather_rows(needs_rows, world).items():
             shape = (rows,) + tuple(self.local[key].shape[1:])
             chosen[key] = Placement("shard0", shape)
+        on = {}
+        for key, t in self.local.items():
+            on.setdefault(t.device.type, key)
+        if len(on) > 1:
+            raise errors.InvalidArgument(
+                "the state dict mixes CPU tensors (%s) and CUDA tensors (%s); "
+                "a rank registers one or the other (move the CPU ones to its "
+                "GPU, or the CUDA ones to the CPU)" % (on["cpu"], on["cuda"]))
+        # The GPUs whose streams must be synchronized before each export.
+        self.cuda_devices = sorted({t.device.index for t in self.local.values()
+                                    if t.device.type == "cuda"})
         ids = {}
         for key, tensor in self.local.items():
             self.tensor_descs.append(self._describe(key, tensor, chosen[key],
@@ -187,6 +199,8 @@ class Registration:
     def _storage_id(self, tensor, ids):
         """The id of tensor's storage, registering it on first sight."""
         storage = _untyped_storage(tensor)
+        if tensor.device.type == "cuda":
+            return self._cuda_storage_id(tensor, storage, ids)
         # _share_fd_cpu_ moves a storage that is not yet in shared memory
         # into a new shm file (every view of it follows, as with
         # share_memory_()) and returns the file's fd, which the storage
@@ -207,6 +221,30 @@ class Registration:
         self.storage_descs.append(StorageDesc(
             id=sid, fd=fd, offset=0, length=length,
             addr=storage.data_ptr()))
+        return sid
+
+    def _cuda_storage_id(self, tensor, storage, ids):
+        """A CUDA storage as its IPC handle: _share_cuda_() returns the
+        handle of the storage's allocation base in PyTorch's own format
+        (which the daemon reads as it is) and the storage's byte offset
+        from that base.  The library finds the GPU's UUID itself."""
+        identity = (str(tensor.device), storage.data_ptr())
+        if identity in ids:
+            return ids[identity]
+        sid = len(self.storage_descs)
+        ids[identity] = sid
+        length = storage.nbytes() if callable(storage.nbytes) else storage.size()
+        self._storages.append(storage)
+        if length == 0:
+            # No allocation to name: the daemon opens nothing for it.
+            self.storage_descs.append(StorageDesc(
+                id=sid, fd=-1, offset=0, length=0, addr=0, kind="cuda"))
+            return sid
+        shared = storage._share_cuda_()
+        handle, offset = shared[1], shared[3]
+        self.storage_descs.append(StorageDesc(
+            id=sid, fd=-1, offset=offset, length=length,
+            addr=storage.data_ptr(), kind="cuda_ipc", handle=bytes(handle)))
         return sid
 
     def _describe(self, key, tensor, placement, ids):
@@ -239,6 +277,20 @@ def _extent_bytes(shape, stride, itemsize):
     return (1 + sum((d - 1) * s for d, s in zip(shape, stride))) * itemsize
 
 
+class _DeviceBytes:
+    """nbytes of device memory at ptr as __cuda_array_interface__ sees
+    them: what torch.as_tensor wraps without a copy.  The tensor keeps this
+    object, and through it keepalive, alive."""
+
+    def __init__(self, ptr, nbytes, keepalive):
+        self.keepalive = keepalive
+        # The library waited on the daemon's completion event before it
+        # returned: no stream needs to wait (stream None).
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
+            "version": 2}
+
+
 class OwnedTensors:
     """Builds PyTorch tensors over an export's published memory.
 
@@ -262,10 +314,18 @@ class OwnedTensors:
                 return mine
         itemsize = torch.tensor([], dtype=dtype).element_size()
         nbytes = _extent_bytes(owned.shape, owned.stride, itemsize)
+        cuda = owned.device.startswith("cuda:")
+        device = (torch.device("cuda", owned.device_index) if cuda
+                  else torch.device("cpu"))
         if nbytes == 0:
-            return torch.empty(owned.shape, dtype=dtype)
+            return torch.empty(owned.shape, dtype=dtype, device=device)
         flat = self._buffers.get((owned.data, nbytes))
-        if flat is None:
+        if flat is None and cuda:
+            flat = torch.as_tensor(_DeviceBytes(owned.data, nbytes,
+                                                self._keepalive),
+                                   device=device)
+            self._buffers[(owned.data, nbytes)] = flat
+        elif flat is None:
             raw = (ctypes.c_uint8 * nbytes).from_address(owned.data)
             raw.keepalive = self._keepalive
             flat = torch.frombuffer(raw, dtype=torch.uint8)

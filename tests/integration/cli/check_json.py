@@ -62,6 +62,7 @@ STATUS = {
     "pool_used": is_uint,
     "pool_capacity": is_uint,
     "jobs": lambda v: type(v) is list,
+    "peer_address": is_str_or_null,
 }
 
 JOB = {
@@ -75,6 +76,18 @@ JOB = {
     "bytes_moved": is_uint,
     "bytes_total": is_uint,
     "rate_bps": is_number,
+    "plan_digest": is_str_or_null,
+    "node": is_uint,
+    "nodes": lambda v: type(v) is list,
+}
+
+NODE = {
+    "node": is_uint,
+    "address": is_str,
+    "self": lambda v: type(v) is bool,
+    "connected": lambda v: type(v) is bool,
+    "bytes_sent": is_uint,
+    "bytes_received": is_uint,
 }
 
 PING = {"socket": is_str, "rtt_ns": is_uint}
@@ -94,6 +107,8 @@ def check_status(obj, socket):
     check_fields(obj, STATUS, "status")
     for i, job in enumerate(obj["jobs"]):
         check_fields(job, JOB, f"jobs[{i}]")
+        for k, node in enumerate(job["nodes"]):
+            check_fields(node, NODE, f"jobs[{i}].nodes[{k}]")
     if obj["socket"] != socket:
         raise Bad(f"socket {obj['socket']!r} != {socket!r}")
     if obj["protocol_version"] != 1 or obj["uptime_s"] < 0:
@@ -111,6 +126,7 @@ def check_fake(obj):
         "clients": 2,
         "pool_used": 1536,
         "pool_capacity": 1 << 30,
+        "peer_address": None,
     }
     for key, value in expect.items():
         if obj[key] != value:
@@ -119,10 +135,12 @@ def check_fake(obj):
     want_jobs = [
         {"job_id": "00ff00ff", "phase": "moving", "error": None, "world": 8,
          "joined": 8, "round": 3, "rounds": 10, "bytes_moved": 1 << 20,
-         "bytes_total": 1 << 30, "rate_bps": 5e8},
+         "bytes_total": 1 << 30, "rate_bps": 5e8, "plan_digest": None,
+         "node": 0, "nodes": []},
         {"job_id": "a1", "phase": "failed", "error": "rank 3 lost",
          "world": 2, "joined": 1, "round": 0, "rounds": 0, "bytes_moved": 0,
-         "bytes_total": 0, "rate_bps": 0},
+         "bytes_total": 0, "rate_bps": 0, "plan_digest": None, "node": 0,
+         "nodes": []},
     ]
     if jobs != want_jobs:
         raise Bad(f"jobs {jobs!r} != {want_jobs!r}")

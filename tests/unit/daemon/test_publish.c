@@ -158,7 +158,7 @@ START_TEST(parts_fit_and_list_only_owned) {
       size_t end = p + 1 < nparts ? first[p + 1] : l.owned_first[r + 1];
       struct sp_msgbuf mb;
       publish_pack(plan, &l, &m.reg[r], r, 77, 5, p, nparts, first[p], end,
-                   &mb);
+                   NULL, &mb);
       msgpack_zone zone;
       msgpack_object map;
       size_t len;
@@ -229,7 +229,7 @@ START_TEST(parts_fit_and_list_only_owned) {
         size_t end = p + 1 < nparts ? first[p + 1] : l.owned_first[r + 1];
         struct sp_msgbuf mb;
         publish_pack(plan, &l, &m.reg[r], r, 1, 1, p, nparts, first[p], end,
-                     &mb);
+                     NULL, &mb);
         ck_assert_int_eq(
             sp_wire_check((const uint8_t *)mb.sbuf.data + SP_FRAME_HEADER,
                           mb.sbuf.size - SP_FRAME_HEADER, &limits),

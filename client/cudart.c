@@ -1,0 +1,354 @@
+/*
+ * cudart.c - the CUDA runtime for libshardport, loaded at run time; see
+ * client/cudart.h.
+ *
+ * The runtime is looked for once per process: SHARDPORT_CUDART_LIB when
+ * set (the only place then), else a runtime this process already loaded
+ * (RTLD_NOLOAD: PyTorch's own, so that the trainer's allocations and the
+ * library's calls share one runtime), else the usual sonames.  Driver
+ * functions come through cudaGetDriverEntryPointByVersion, so libcuda is
+ * never named here.  Nothing is ever unloaded (RTLD_NODELETE): the runtime
+ * does not support it.
+ */
+#include "client/cudart.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "config.h"
+
+__attribute__((format(printf, 3, 4))) static int say(sp_client *c, int code,
+                                                     const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->message, sizeof c->message, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+#if SP_HAVE_CUDA
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#define RT(X)                                                                  \
+  X(cudaGetErrorString)                                                        \
+  X(cudaGetLastError)                                                          \
+  X(cudaGetDeviceCount)                                                        \
+  X(cudaGetDevice)                                                             \
+  X(cudaSetDevice)                                                             \
+  X(cudaPointerGetAttributes)                                                  \
+  X(cudaIpcGetMemHandle)                                                       \
+  X(cudaIpcOpenMemHandle)                                                      \
+  X(cudaIpcCloseMemHandle)                                                     \
+  X(cudaIpcOpenEventHandle)                                                    \
+  X(cudaEventSynchronize)                                                      \
+  X(cudaEventDestroy)                                                          \
+  X(cudaGetDriverEntryPointByVersion)
+
+#define DRV(X)                                                                 \
+  X(cuDeviceGet)                                                               \
+  X(cuDeviceGetUuid)                                                           \
+  X(cuMemGetAddressRange)
+
+static struct {
+#define MEMBER(name) __typeof__(name) *name;
+  RT(MEMBER)
+  DRV(MEMBER)
+#undef MEMBER
+  int loaded;
+  char why[256];
+} rt;
+
+static pthread_once_t rt_once = PTHREAD_ONCE_INIT;
+
+static const char *const candidates[] = {
+    "libcudart.so.13", "libcudart.so.12", "libcudart.so",
+};
+
+static void *open_runtime(void) {
+  const int flags = RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE;
+  const char *env = getenv("SHARDPORT_CUDART_LIB");
+  if (env != NULL && env[0] != '\0') {
+    void *h = dlopen(env, flags);
+    if (h == NULL)
+      snprintf(rt.why, sizeof rt.why, "SHARDPORT_CUDART_LIB=%s cannot be "
+               "loaded: %s", env, dlerror());
+    return h;
+  }
+  size_t n = sizeof candidates / sizeof candidates[0];
+  for (size_t i = 0; i < n; i++) {
+    void *h = dlopen(candidates[i], flags | RTLD_NOLOAD);
+    if (h != NULL)
+      return h;
+  }
+  for (size_t i = 0; i < n; i++) {
+    void *h = dlopen(candidates[i], flags);
+    if (h != NULL)
+      return h;
+  }
+  snprintf(rt.why, sizeof rt.why, "no CUDA runtime found (tried %s ... %s; "
+           "set SHARDPORT_CUDART_LIB): %s", candidates[0], candidates[n - 1],
+           dlerror());
+  return NULL;
+}
+
+static void load(void) {
+  void *h = open_runtime();
+  if (h == NULL)
+    return;
+  void *sym;
+#define RESOLVE(name)                                                          \
+  if ((sym = dlsym(h, #name)) == NULL) {                                       \
+    snprintf(rt.why, sizeof rt.why, "the CUDA runtime lacks %s (CUDA 12.5 "    \
+             "or newer is needed)", #name);                                    \
+    return;                                                                    \
+  }                                                                            \
+  rt.name = (__typeof__(rt.name))sym;
+  RT(RESOLVE)
+#undef RESOLVE
+  enum cudaDriverEntryPointQueryResult status;
+#define ENTRY(name)                                                            \
+  sym = NULL;                                                                  \
+  if (rt.cudaGetDriverEntryPointByVersion(#name, &sym, 12000,                  \
+                                          cudaEnableDefault, &status) !=       \
+          cudaSuccess ||                                                       \
+      sym == NULL || status != cudaDriverEntryPointSuccess) {                  \
+    rt.cudaGetLastError();                                                     \
+    snprintf(rt.why, sizeof rt.why, "the CUDA driver does not provide %s "     \
+             "(is there an NVIDIA driver?)", #name);                           \
+    return;                                                                    \
+  }                                                                            \
+  rt.name = (__typeof__(rt.name))sym;
+  DRV(ENTRY)
+#undef ENTRY
+  rt.loaded = 1;
+}
+
+static int ready(sp_client *c) {
+  pthread_once(&rt_once, load);
+  if (!rt.loaded)
+    return say(c, SP_EBACKEND, "%s", rt.why);
+  return 0;
+}
+
+static int cuda_fail(sp_client *c, cudaError_t err, const char *what) {
+  rt.cudaGetLastError();
+  return say(c, SP_EBACKEND, "%s: CUDA error %d (%s)", what, (int)err,
+             rt.cudaGetErrorString(err));
+}
+
+static int uuid_name(sp_client *c, int ordinal,
+                     char device[CLIENT_CUDA_DEVICE_MAX]) {
+  CUdevice dev;
+  CUuuid u;
+  CUresult res = rt.cuDeviceGet(&dev, ordinal);
+  if (res == CUDA_SUCCESS)
+    res = rt.cuDeviceGetUuid(&u, dev);
+  if (res != CUDA_SUCCESS)
+    return say(c, SP_EBACKEND, "cuDeviceGetUuid(%d): CUDA driver error %d",
+               ordinal, (int)res);
+  const unsigned char *b = (const unsigned char *)u.bytes;
+  snprintf(device, CLIENT_CUDA_DEVICE_MAX,
+           "cuda:GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-"
+           "%02x%02x%02x%02x%02x%02x",
+           b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10],
+           b[11], b[12], b[13], b[14], b[15]);
+  return 0;
+}
+
+/* The GPU of device memory at addr, or SP_EINVAL for other memory. */
+static int device_ordinal(sp_client *c, const void *addr, int *ordinal) {
+  struct cudaPointerAttributes attr;
+  cudaError_t err = rt.cudaPointerGetAttributes(&attr, addr);
+  if (err != cudaSuccess)
+    return cuda_fail(c, err, "cudaPointerGetAttributes");
+  if (attr.type != cudaMemoryTypeDevice)
+    return say(c, SP_EINVAL, "address %p is not device memory", addr);
+  *ordinal = attr.device;
+  return 0;
+}
+
+int client_cuda_device_of(sp_client *c, const void *addr,
+                          char device[CLIENT_CUDA_DEVICE_MAX]) {
+  int ordinal = 0, rc = ready(c);
+  if (rc == 0)
+    rc = device_ordinal(c, addr, &ordinal);
+  if (rc == 0)
+    rc = uuid_name(c, ordinal, device);
+  return rc;
+}
+
+int client_cuda_describe(sp_client *c, const void *addr,
+                         uint8_t handle[CLIENT_CUDA_HANDLE_BYTES],
+                         uint64_t *offset,
+                         char device[CLIENT_CUDA_DEVICE_MAX]) {
+  int rc = client_cuda_device_of(c, addr, device);
+  if (rc < 0)
+    return rc;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  CUresult res =
+      rt.cuMemGetAddressRange(&base, &size, (CUdeviceptr)(uintptr_t)addr);
+  if (res != CUDA_SUCCESS)
+    return say(c, SP_EINVAL, "cuMemGetAddressRange(%p): CUDA driver error "
+               "%d", addr, (int)res);
+  /* The handle names the allocation's base; the daemon opens it there and
+   * adds the offset (DESIGN section 8.5). */
+  cudaIpcMemHandle_t h;
+  cudaError_t err = rt.cudaIpcGetMemHandle(&h, (void *)(uintptr_t)base);
+  if (err != cudaSuccess) {
+    rt.cudaGetLastError();
+    return say(c, SP_EINVAL, "cudaIpcGetMemHandle of the allocation at %p "
+               "failed with CUDA error %d (%s); memory of a cuMem "
+               "allocation (PyTorch's expandable segments) has no IPC "
+               "handle: register it as SP_STORAGE_CUDA_FD", (void *)base,
+               (int)err, rt.cudaGetErrorString(err));
+  }
+  memcpy(handle, h.reserved, CLIENT_CUDA_HANDLE_BYTES);
+  *offset = (uint64_t)((uintptr_t)addr - (uintptr_t)base);
+  return 0;
+}
+
+int client_cuda_name(sp_client *c, int ordinal,
+                     char device[CLIENT_CUDA_DEVICE_MAX]) {
+  int rc = ready(c);
+  if (rc < 0)
+    return rc;
+  int count = 0;
+  cudaError_t err = rt.cudaGetDeviceCount(&count);
+  if (err != cudaSuccess)
+    return cuda_fail(c, err, "cudaGetDeviceCount");
+  if (ordinal < 0 || ordinal >= count)
+    return say(c, SP_EINVAL, "this process sees %d GPUs; %d is none of "
+               "them", count, ordinal);
+  return uuid_name(c, ordinal, device);
+}
+
+int client_cuda_ordinal(sp_client *c, const char *device, int *ordinal) {
+  int rc = ready(c);
+  if (rc < 0)
+    return rc;
+  int count = 0;
+  cudaError_t err = rt.cudaGetDeviceCount(&count);
+  if (err != cudaSuccess)
+    return cuda_fail(c, err, "cudaGetDeviceCount");
+  for (int d = 0; d < count; d++) {
+    char name[CLIENT_CUDA_DEVICE_MAX];
+    rc = uuid_name(c, d, name);
+    if (rc < 0)
+      return rc;
+    if (strcasecmp(name, device) == 0) {
+      *ordinal = d;
+      return 0;
+    }
+  }
+  return say(c, SP_EINVAL, "this process sees no GPU %s (check its "
+             "CUDA_VISIBLE_DEVICES)", device);
+}
+
+int client_cuda_open(sp_client *c, int ordinal,
+                     const uint8_t handle[CLIENT_CUDA_HANDLE_BYTES],
+                     const uint8_t event[CLIENT_CUDA_HANDLE_BYTES],
+                     uint64_t size, void **ptr) {
+  int rc = ready(c);
+  if (rc < 0)
+    return rc;
+  int current = 0;
+  cudaError_t err = rt.cudaGetDevice(&current);
+  if (err == cudaSuccess)
+    err = rt.cudaSetDevice(ordinal);
+  if (err != cudaSuccess)
+    return cuda_fail(c, err, "cudaSetDevice");
+  cudaIpcMemHandle_t mh;
+  cudaIpcEventHandle_t eh;
+  memcpy(mh.reserved, handle, CLIENT_CUDA_HANDLE_BYTES);
+  memcpy(eh.reserved, event, CLIENT_CUDA_HANDLE_BYTES);
+  void *p = NULL;
+  err = rt.cudaIpcOpenMemHandle(&p, mh, cudaIpcMemLazyEnablePeerAccess);
+  if (err != cudaSuccess) {
+    rc = cuda_fail(c, err, "cudaIpcOpenMemHandle of the export's segment");
+  } else {
+    CUdeviceptr base = 0;
+    size_t have = 0;
+    if (rt.cuMemGetAddressRange(&base, &have, (CUdeviceptr)(uintptr_t)p) !=
+            CUDA_SUCCESS ||
+        (uintptr_t)base != (uintptr_t)p || have < size)
+      rc = say(c, SP_EBADMSG, "bad export reply: the segment's allocation "
+               "is smaller than the %llu bytes announced",
+               (unsigned long long)size);
+  }
+  /* The daemon recorded the event once the tensors were assembled: wait
+   * for it, so that no tensor is handed out before it is whole. */
+  cudaEvent_t ev = NULL;
+  if (rc == 0) {
+    err = rt.cudaIpcOpenEventHandle(&ev, eh);
+    if (err == cudaSuccess)
+      err = rt.cudaEventSynchronize(ev);
+    if (err != cudaSuccess)
+      rc = cuda_fail(c, err, "waiting on the export's completion event");
+    if (ev != NULL)
+      rt.cudaEventDestroy(ev);
+  }
+  if (rc < 0 && p != NULL)
+    rt.cudaIpcCloseMemHandle(p);
+  rt.cudaSetDevice(current);
+  if (rc == 0)
+    *ptr = p;
+  return rc;
+}
+
+void client_cuda_close(void *ptr) {
+  if (rt.loaded && ptr != NULL)
+    rt.cudaIpcCloseMemHandle(ptr);
+}
+
+#else /* !SP_HAVE_CUDA */
+
+static int unsupported(sp_client *c) {
+  return say(c, SP_EBACKEND, "this libshardport was built without CUDA "
+             "support");
+}
+
+int client_cuda_describe(sp_client *c, const void *addr,
+                         uint8_t handle[CLIENT_CUDA_HANDLE_BYTES],
+                         uint64_t *offset,
+                         char device[CLIENT_CUDA_DEVICE_MAX]) {
+  (void)addr, (void)handle, (void)offset, (void)device;
+  return unsupported(c);
+}
+
+int client_cuda_device_of(sp_client *c, const void *addr,
+                          char device[CLIENT_CUDA_DEVICE_MAX]) {
+  (void)addr, (void)device;
+  return unsupported(c);
+}
+
+int client_cuda_name(sp_client *c, int ordinal,
+                     char device[CLIENT_CUDA_DEVICE_MAX]) {
+  (void)ordinal, (void)device;
+  return unsupported(c);
+}
+
+int client_cuda_ordinal(sp_client *c, const char *device, int *ordinal) {
+  (void)device, (void)ordinal;
+  return unsupported(c);
+}
+
+int client_cuda_open(sp_client *c, int ordinal,
+                     const uint8_t handle[CLIENT_CUDA_HANDLE_BYTES],
+                     const uint8_t event[CLIENT_CUDA_HANDLE_BYTES],
+                     uint64_t size, void **ptr) {
+  (void)ordinal, (void)handle, (void)event, (void)size, (void)ptr;
+  return unsupported(c);
+}
+
+void client_cuda_close(void *ptr) { (void)ptr; }
+
+#endif

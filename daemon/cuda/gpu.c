@@ -1,0 +1,159 @@
+/*
+ * gpu.c - the CUDA backend's devices: loading, probing, peer access and
+ * the per-GPU copy streams; see gpu.h.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "daemon/cuda/internal.h"
+#include "shardport.h"
+
+int gpu_cuda_fail(const struct gpu *gpu, cudaError_t err, const char *what,
+                  char *msg, size_t msglen) {
+  return cuda_api_cuda_error(&gpu->api, err, what, msg, msglen);
+}
+
+int gpu_set_device(const struct gpu *gpu, int device, char *msg,
+                   size_t msglen) {
+  cudaError_t err = gpu->api.cudaSetDevice(device);
+  if (err == cudaSuccess)
+    return 0;
+  char what[64];
+  snprintf(what, sizeof what, "cudaSetDevice(%d)", device);
+  return gpu_cuda_fail(gpu, err, what, msg, msglen);
+}
+
+/* Lets every GPU read every other one directly where the hardware allows;
+ * elsewhere the runtime stages peer copies through the host, which is
+ * slower but correct, so a refusal is not an error. */
+static void enable_peers(struct gpu *gpu) {
+  for (int a = 0; a < gpu->ndevices; a++) {
+    if (gpu->api.cudaSetDevice(a) != cudaSuccess)
+      continue;
+    for (int b = 0; b < gpu->ndevices; b++) {
+      int can = 0;
+      if (a == b ||
+          gpu->api.cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || !can)
+        continue;
+      cudaError_t err = gpu->api.cudaDeviceEnablePeerAccess(b, 0);
+      if (err != cudaSuccess && err != cudaErrorPeerAccessAlreadyEnabled)
+        gpu->api.cudaGetLastError();
+    }
+  }
+}
+
+static void destroy_streams(struct gpu *gpu) {
+  for (int d = 0; d < gpu->ndevices; d++)
+    if (gpu->devices[d].stream != NULL) {
+      gpu->api.cudaSetDevice(d);
+      gpu->api.cudaStreamDestroy(gpu->devices[d].stream);
+      gpu->devices[d].stream = NULL;
+    }
+}
+
+int gpu_open(struct gpu **out, char *why, size_t whylen) {
+  struct gpu *gpu = calloc(1, sizeof *gpu);
+  if (gpu == NULL) {
+    snprintf(why, whylen, "out of memory");
+    return SP_ENOMEM;
+  }
+  int rc = cuda_api_load(&gpu->api, why, whylen);
+  if (rc != 0) {
+    free(gpu);
+    return rc;
+  }
+  struct cuda_device_info info[GPU_MAX_DEVICES];
+  int count = cuda_api_probe(&gpu->api, info, GPU_MAX_DEVICES, why, whylen);
+  if (count > GPU_MAX_DEVICES) {
+    snprintf(why, whylen,
+             "%d GPUs are visible; shardportd serves at most %d (narrow "
+             "CUDA_VISIBLE_DEVICES)",
+             count, GPU_MAX_DEVICES);
+    count = SP_EBACKEND;
+  } else if (count == 0) {
+    snprintf(why, whylen, "no CUDA device is visible");
+    count = SP_EBACKEND;
+  }
+  if (count < 0) {
+    cuda_api_unload(&gpu->api);
+    free(gpu);
+    return count;
+  }
+  gpu->ndevices = count;
+  pthread_mutex_init(&gpu->imports_lock, NULL);
+  for (int d = 0; d < count; d++) {
+    gpu->devices[d].info = info[d];
+    snprintf(gpu->devices[d].name, sizeof gpu->devices[d].name, "cuda:%s",
+             info[d].uuid_str);
+  }
+  enable_peers(gpu);
+  for (int d = 0; d < count && rc == 0; d++) {
+    rc = gpu_set_device(gpu, d, why, whylen);
+    if (rc == 0) {
+      cudaError_t err = gpu->api.cudaStreamCreateWithFlags(
+          &gpu->devices[d].stream, cudaStreamNonBlocking);
+      if (err != cudaSuccess)
+        rc = gpu_cuda_fail(gpu, err, "cudaStreamCreateWithFlags", why,
+                           whylen);
+    }
+  }
+  if (rc != 0) {
+    gpu_close(gpu);
+    return rc;
+  }
+  *out = gpu;
+  return 0;
+}
+
+void gpu_close(struct gpu *gpu) {
+  if (gpu == NULL)
+    return;
+  destroy_streams(gpu);
+  pthread_mutex_destroy(&gpu->imports_lock);
+  cuda_api_unload(&gpu->api);
+  free(gpu);
+}
+
+void gpu_describe(const struct gpu *gpu, char *out, size_t outlen) {
+  size_t used = (size_t)snprintf(out, outlen, "%d GPU%s (", gpu->ndevices,
+                                 gpu->ndevices == 1 ? "" : "s");
+  for (int d = 0; d < gpu->ndevices && used < outlen; d++)
+    used += (size_t)snprintf(out + used, outlen - used, "%s%s",
+                             d > 0 ? ", " : "",
+                             gpu->devices[d].info.uuid_str);
+  const struct cuda_api *a = &gpu->api;
+  if (used < outlen)
+    snprintf(out + used, outlen - used,
+             "); CUDA runtime %d.%d, driver %d.%d, NCCL %d.%d.%d",
+             a->runtime_version / 1000, a->runtime_version % 1000 / 10,
+             a->driver_version / 1000, a->driver_version % 1000 / 10,
+             a->nccl_version / 10000, a->nccl_version / 100 % 100,
+             a->nccl_version % 100);
+}
+
+int gpu_device_count(const struct gpu *gpu) { return gpu->ndevices; }
+
+int gpu_find_device(const struct gpu *gpu, const char *name, size_t len) {
+  static const char prefix[] = "cuda:";
+  if (len >= sizeof prefix - 1 && memcmp(name, prefix, sizeof prefix - 1) == 0) {
+    name += sizeof prefix - 1;
+    len -= sizeof prefix - 1;
+  }
+  for (int d = 0; d < gpu->ndevices; d++) {
+    const char *uuid = gpu->devices[d].info.uuid_str;
+    if (strlen(uuid) == len && strncasecmp(uuid, name, len) == 0)
+      return d;
+  }
+  return -1;
+}
+
+const char *gpu_device_name(const struct gpu *gpu, int device) {
+  return gpu->devices[device].name;
+}
+
+const uint8_t *gpu_device_uuid(const struct gpu *gpu, int device) {
+  return gpu->devices[device].info.uuid;
+}

@@ -1,0 +1,196 @@
+/*
+ * gpu.h - the CUDA backend as the rest of shardportd sees it: which GPUs
+ * this node has, CUDA storages opened from their IPC handles or cuMem
+ * descriptors, device pool segments published as IPC handles, the device
+ * copy engine and NCCL between nodes.
+ *
+ * Nothing here needs the CUDA headers, so the generic daemon (registry.c,
+ * export.c, job.c, pool.c) includes it in every build; a build without the
+ * CUDA backend links daemon/cuda/none.c, whose functions only refuse.  The
+ * implementation (daemon/cuda/gpu.c and its neighbours) reaches CUDA and
+ * NCCL through the run-time loaded table of daemon/cuda/api.h and never
+ * links them.
+ *
+ * Threads: gpu_open/gpu_close on the main thread; storages, segments and
+ * communicators are made and freed on the loop thread (or a worker it
+ * waits for); the engine's thread only issues copies, sends and receives
+ * and records events.  Each function sets the current device it needs on
+ * the calling thread.
+ *
+ * Errors are a negative SP_E* code and one sentence in msg (SP_EBACKEND for
+ * a failed CUDA or NCCL call, naming the call and its error).
+ */
+#ifndef SP_DAEMON_CUDA_GPU_H
+#define SP_DAEMON_CUDA_GPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Bytes of a cudaIpcMemHandle_t and of a cudaIpcEventHandle_t. */
+#define GPU_IPC_HANDLE_BYTES 64
+/* Bytes of an ncclUniqueId. */
+#define GPU_NCCL_ID_BYTES 128
+/* "cuda:GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" and its NUL. */
+#define GPU_DEVICE_NAME_MAX 48
+
+struct gpu;
+struct gpu_import;
+struct gpu_segment;
+struct gpu_comms;
+struct engine;
+
+/* ---- gpu.c: the backend ------------------------------------------------ */
+
+/* Loads the CUDA runtime and NCCL (daemon/cuda/api.h), probes every visible
+ * GPU, enables peer access between the pairs that allow it and makes one
+ * copy stream per GPU.  SP_EBACKEND with why when there is no usable GPU:
+ * the sentence shardport status shows as the backend reason. */
+int gpu_open(struct gpu **out, char *why, size_t whylen);
+/* Frees everything gpu_open made; every storage, segment and communicator
+ * must have been released.  NULL is allowed. */
+void gpu_close(struct gpu *gpu);
+/* "2 GPUs (GPU-…, GPU-…); CUDA runtime 13.0, driver 13.0, NCCL 2.28.9". */
+void gpu_describe(const struct gpu *gpu, char *out, size_t outlen);
+int gpu_device_count(const struct gpu *gpu);
+/* The local ordinal of the GPU named "cuda:<UUID>" (or the bare UUID), or
+ * -1 when no visible GPU has that UUID.  GPUs are told apart by UUID, never
+ * by index: a trainer's index depends on its own CUDA_VISIBLE_DEVICES. */
+int gpu_find_device(const struct gpu *gpu, const char *name, size_t len);
+/* "cuda:<UUID>" of a local ordinal. */
+const char *gpu_device_name(const struct gpu *gpu, int device);
+/* The 16 bytes of a local ordinal's UUID. */
+const uint8_t *gpu_device_uuid(const struct gpu *gpu, int device);
+
+/* ---- handle.c: what a trainer sends ------------------------------------ */
+
+/* The cudaIpcMemHandle_t inside handle bytes as trainers send them: either
+ * the 64 bytes of the handle itself, or PyTorch's _share_cuda_() bytes,
+ * which put a version byte (1 to 3 so far) and a type byte before it: 'c'
+ * for a cudaMalloc block (then the 64 handle bytes), 'e' for an expandable
+ * segment (not an IPC handle: those storages are registered as cuMem
+ * descriptors, kind cuda_fd).  Returns 0, or SP_EINVAL with a sentence.
+ * Pure byte checks; built in every configuration. */
+int gpu_handle_decode(const uint8_t *bytes, size_t len,
+                      uint8_t out[GPU_IPC_HANDLE_BYTES], char *why,
+                      size_t whylen);
+
+/* ---- storage.c: registered CUDA storages ------------------------------- */
+
+enum gpu_storage_kind {
+  GPU_STORAGE_IPC = 1, /* a cudaIpcMemHandle_t of the allocation's base */
+  GPU_STORAGE_FD,      /* a cuMem POSIX descriptor of the allocation */
+};
+
+/* One registered CUDA storage as the engine reads it. */
+struct gpu_mapping {
+  struct gpu_import *import; /* the opened allocation, shared and counted */
+  const uint8_t *data;       /* the storage's first byte (device address) */
+  int device;                /* the local ordinal it lives on */
+};
+
+/* Opens bytes [offset, offset + length) of an allocation on local GPU
+ * device: by its IPC handle (kind GPU_STORAGE_IPC, handle) or its cuMem
+ * descriptor (GPU_STORAGE_FD, fd; the caller keeps the fd).  Each
+ * allocation is opened once per daemon process and its mapping shared by
+ * every storage in it (counted); a storage that reaches past the end of
+ * its allocation is refused (SP_EBADFD).  A cuMem allocation is mapped
+ * read-only: the daemon never writes a trainer's memory. */
+int gpu_storage_open(struct gpu *gpu, int device, enum gpu_storage_kind kind,
+                     const uint8_t handle[GPU_IPC_HANDLE_BYTES], int fd,
+                     uint64_t offset, uint64_t length, struct gpu_mapping *out,
+                     char *msg, size_t msglen);
+/* Drops the storage's reference; the last one closes the handle or unmaps
+ * the allocation.  Safe on a zeroed mapping. */
+void gpu_storage_close(struct gpu *gpu, struct gpu_mapping *m);
+/* Allocations open now (for tests and status). */
+size_t gpu_storage_open_count(const struct gpu *gpu);
+
+/* ---- segment.c: the device pool ---------------------------------------- */
+
+/* A segment of device memory that one owner rank's tensors of one export
+ * are assembled in: its own allocation on one GPU, exported once as one IPC
+ * handle (tensors are published as offsets into it, never one handle per
+ * tensor), with an interprocess event that the engine records once the
+ * tensors are assembled and the library waits on.  Never reused for
+ * another rank: released segments are freed. */
+struct gpu_segment_info {
+  int device;
+  uint8_t *ptr;
+  uint64_t size;
+  uint8_t handle[GPU_IPC_HANDLE_BYTES];
+  uint8_t event[GPU_IPC_HANDLE_BYTES];
+};
+
+/* A segment of size bytes (at least 1) on local GPU device.  The engine
+ * zeroes it before assembling (device memory is not zeroed, and may hold an
+ * earlier export's bytes).  SP_EPOOL when the GPU has no memory left. */
+int gpu_segment_new(struct gpu *gpu, int device, uint64_t size,
+                    struct gpu_segment **out, char *msg, size_t msglen);
+void gpu_segment_free(struct gpu *gpu, struct gpu_segment *seg);
+const struct gpu_segment_info *gpu_segment_info(const struct gpu_segment *seg);
+
+/* ---- copy.c: the device engine ------------------------------------------ */
+
+/* What the device engine needs besides struct engine's plan, sources
+ * (reg_storage.gpu mappings), owners' segment addresses (engine.dst) and
+ * publication offsets. */
+struct gpu_run {
+  struct gpu *gpu;
+  /* The owners' segments on this node, [world]; NULL for ranks that own
+   * nothing and ranks of other nodes.  Their events are recorded once
+   * every round is done. */
+  struct gpu_segment *const *segments;
+  /* The node this daemon serves (plan->node values); moves whose source
+   * and owner both sit on it are copied, the others go through comms. */
+  uint64_t node;
+  /* The job's communicators, or NULL when every rank is on this node. */
+  struct gpu_comms *comms;
+  /* How long one round may make no progress before the export fails (and
+   * the communicators are aborted). */
+  uint32_t timeout_ms;
+};
+
+/* Runs every round of e->plan on the GPUs: the owners' segments zeroed,
+ * then per round the local moves as batched device-to-device and peer
+ * copies (cudaMemcpy2DAsync for strided boxes, cudaMemcpyAsync for dense
+ * ones) on each owner GPU's stream, the moves between nodes as one NCCL
+ * group of sends and receives, and events polled until the round is done,
+ * while e->cancel, the communicators' async errors and the round's
+ * deadline are watched.  Updates e->round and e->bytes_moved as struct
+ * engine documents; returns e->rc. */
+int gpu_engine_run(struct engine *e);
+
+/* ---- comm.c: NCCL between nodes ----------------------------------------- */
+
+/* One local rank of a job's communicator. */
+struct gpu_comm_rank {
+  uint32_t rank;   /* the job rank, which is its NCCL rank */
+  int device;      /* local ordinal */
+};
+
+/* Creates one communicator per local rank, all of one NCCL id, inside one
+ * group with cudaSetDevice before each ncclCommInitRankConfig,
+ * non-blocking; waits (polling, up to timeout_ms) until every one is ready,
+ * then warms them with a one-element all-reduce on every local communicator
+ * (lazy connection set-up allocates device memory, so this runs before the
+ * pool is carved).  On any error or the timeout every local communicator is
+ * aborted and nothing is kept.  Blocks: call it from a worker thread. */
+int gpu_comms_create(struct gpu *gpu, const uint8_t id[GPU_NCCL_ID_BYTES],
+                     uint32_t world, const struct gpu_comm_rank *ranks,
+                     size_t nranks, uint32_t timeout_ms,
+                     struct gpu_comms **out, char *msg, size_t msglen);
+/* A fresh NCCL unique id (ncclGetUniqueId): what a ticket carries. */
+int gpu_comms_unique_id(struct gpu *gpu, uint8_t id[GPU_NCCL_ID_BYTES],
+                        char *msg, size_t msglen);
+/* Aborts every local communicator: their peers' pending operations fail at
+ * once.  Safe to call again; gpu_comms_free still frees them. */
+void gpu_comms_abort(struct gpu_comms *comms);
+/* Whether an error or an abort has ended the communicators. */
+bool gpu_comms_failed(const struct gpu_comms *comms);
+/* Finalizes and destroys the communicators (their peers see a goodbye),
+ * or aborts them when they failed or finalizing takes more than 5 s, and
+ * frees them.  Blocks that long at most.  NULL is allowed. */
+void gpu_comms_free(struct gpu_comms *comms);
+
+#endif /* SP_DAEMON_CUDA_GPU_H */

@@ -1,0 +1,91 @@
+/*
+ * internal.h - what the files of the CUDA backend share (gpu.h is what the
+ * rest of the daemon sees).  Only daemon/cuda/ and the GPU tests include it.
+ */
+#ifndef SP_DAEMON_CUDA_INTERNAL_H
+#define SP_DAEMON_CUDA_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "daemon/cuda/api.h"
+#include "daemon/cuda/gpu.h"
+#include "daemon/daemon.h"
+#include "daemon/xfer/copy.h"
+
+/* Devices one daemon serves: a node with more is refused at start. */
+#define GPU_MAX_DEVICES 64
+
+struct gpu_device {
+  struct cuda_device_info info;
+  char name[GPU_DEVICE_NAME_MAX]; /* "cuda:GPU-…" */
+  /* The stream every copy into this GPU's segments is issued on, so that
+   * zeroing a segment, assembling it and recording its event are ordered. */
+  cudaStream_t stream;
+};
+
+struct gpu {
+  struct cuda_api api;
+  int ndevices;
+  struct gpu_device devices[GPU_MAX_DEVICES];
+  /* The allocations storages are opened from, each once (storage.c). */
+  pthread_mutex_t imports_lock;
+  struct gpu_import *imports;
+  size_t nimports;
+};
+
+/* "<what>: CUDA error …" into msg; SP_EBACKEND. */
+int gpu_cuda_fail(const struct gpu *gpu, cudaError_t err, const char *what,
+                  char *msg, size_t msglen);
+/* cudaSetDevice(device) on the calling thread: 0 or SP_EBACKEND. */
+int gpu_set_device(const struct gpu *gpu, int device, char *msg,
+                   size_t msglen);
+
+/* The interprocess event the engine records on the segment's GPU stream
+ * once the segment's tensors are assembled (segment.c). */
+cudaEvent_t gpu_segment_event(const struct gpu_segment *seg);
+
+/* Issues the copies of one box (daemon/xfer/copy.h) on stream: one
+ * cudaMemcpyAsync when it is dense on both sides once contiguous dimensions
+ * are merged, else one cudaMemcpy2DAsync per 2-D slab (rows of the
+ * innermost dense run, or single elements when the innermost dimension is
+ * strided), or a cudaMemcpyAsync per row where a pitch is too wide for a 2-D
+ * copy.  Returns 0, or SP_EBACKEND naming the call. */
+int gpu_box_copy(const struct gpu *gpu, cudaStream_t stream, uint8_t *dst,
+                 const uint8_t *src, const struct xfer_box *box, char *msg,
+                 size_t msglen);
+
+/* The source and destination of one move as device addresses and a box
+ * (copy.c): src and dst as the engine's inputs give them. */
+void gpu_move_box(const struct engine *e, const struct plan_move *m,
+                  const uint8_t **src, uint8_t **dst, struct xfer_box *box);
+
+/* ---- comm.c, as the engine drives it ---- */
+
+/* Issues the moves between nodes of round rd for every local rank: each
+ * rank's send buckets packed into its staging, one NCCL group of all local
+ * ranks' sends and receives, and the received buckets unpacked into the
+ * owners' tensors, in that order on each local rank's stream; returns once
+ * NCCL has enqueued the group.  Watches e->cancel and the deadline
+ * (milliseconds of CLOCK_MONOTONIC) while it waits.  0, or a code with
+ * msg; on any failure the communicators are aborted. */
+int gpu_comms_round(struct gpu_comms *c, const struct engine *e,
+                    const struct plan_round *rd, uint64_t deadline_ms,
+                    char *msg, size_t msglen);
+/* Whether the last round's work on the communicators' streams is done: 0
+ * done, 1 still running, or a code with msg when a communicator reported
+ * an error (they are then aborted). */
+int gpu_comms_query(struct gpu_comms *c, char *msg, size_t msglen);
+
+/* Local communicator i (of the job ranks given at creation, in order)
+ * and its stream: for tests that drive NCCL themselves. */
+ncclComm_t gpu_comms_comm(const struct gpu_comms *c, size_t i);
+cudaStream_t gpu_comms_stream(const struct gpu_comms *c, size_t i);
+
+/* Milliseconds of CLOCK_MONOTONIC. */
+uint64_t gpu_now_ms(void);
+/* Sleeps a little, longer the longer a wait has lasted (polls). */
+void gpu_backoff(unsigned *spins);
+
+#endif /* SP_DAEMON_CUDA_INTERNAL_H */

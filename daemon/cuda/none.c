@@ -1,0 +1,117 @@
+/*
+ * none.c - the CUDA backend's interface (gpu.h) in a build without it: the
+ * backend cannot be opened, so nothing else here is ever reached with a
+ * struct gpu; each function still answers as its contract says.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "daemon/cuda/gpu.h"
+#include "shardport.h"
+
+int gpu_open(struct gpu **out, char *why, size_t whylen) {
+  (void)out;
+  snprintf(why, whylen, "this build has no CUDA backend");
+  return SP_EBACKEND;
+}
+
+void gpu_close(struct gpu *gpu) { (void)gpu; }
+
+void gpu_describe(const struct gpu *gpu, char *out, size_t outlen) {
+  (void)gpu;
+  snprintf(out, outlen, "no CUDA backend");
+}
+
+int gpu_device_count(const struct gpu *gpu) {
+  (void)gpu;
+  return 0;
+}
+
+int gpu_find_device(const struct gpu *gpu, const char *name, size_t len) {
+  (void)gpu;
+  (void)name;
+  (void)len;
+  return -1;
+}
+
+const char *gpu_device_name(const struct gpu *gpu, int device) {
+  (void)gpu;
+  (void)device;
+  return "cuda:none";
+}
+
+const uint8_t *gpu_device_uuid(const struct gpu *gpu, int device) {
+  static const uint8_t zero[16];
+  (void)gpu;
+  (void)device;
+  return zero;
+}
+
+int gpu_storage_open(struct gpu *gpu, int device, enum gpu_storage_kind kind,
+                     const uint8_t handle[GPU_IPC_HANDLE_BYTES], int fd,
+                     uint64_t offset, uint64_t length, struct gpu_mapping *out,
+                     char *msg, size_t msglen) {
+  (void)gpu, (void)device, (void)kind, (void)handle, (void)fd, (void)offset,
+      (void)length;
+  memset(out, 0, sizeof *out);
+  snprintf(msg, msglen, "this build has no CUDA backend");
+  return SP_EBACKEND;
+}
+
+void gpu_storage_close(struct gpu *gpu, struct gpu_mapping *m) {
+  (void)gpu;
+  memset(m, 0, sizeof *m);
+}
+
+size_t gpu_storage_open_count(const struct gpu *gpu) {
+  (void)gpu;
+  return 0;
+}
+
+int gpu_segment_new(struct gpu *gpu, int device, uint64_t size,
+                    struct gpu_segment **out, char *msg, size_t msglen) {
+  (void)gpu, (void)device, (void)size, (void)out;
+  snprintf(msg, msglen, "this build has no CUDA backend");
+  return SP_EBACKEND;
+}
+
+void gpu_segment_free(struct gpu *gpu, struct gpu_segment *seg) {
+  (void)gpu;
+  (void)seg;
+}
+
+const struct gpu_segment_info *gpu_segment_info(const struct gpu_segment *seg) {
+  (void)seg;
+  return NULL;
+}
+
+int gpu_engine_run(struct engine *e) {
+  (void)e;
+  return SP_EBACKEND;
+}
+
+int gpu_comms_create(struct gpu *gpu, const uint8_t id[GPU_NCCL_ID_BYTES],
+                     uint32_t world, const struct gpu_comm_rank *ranks,
+                     size_t nranks, uint32_t timeout_ms,
+                     struct gpu_comms **out, char *msg, size_t msglen) {
+  (void)gpu, (void)id, (void)world, (void)ranks, (void)nranks,
+      (void)timeout_ms, (void)out;
+  snprintf(msg, msglen, "this build has no CUDA backend");
+  return SP_EBACKEND;
+}
+
+int gpu_comms_unique_id(struct gpu *gpu, uint8_t id[GPU_NCCL_ID_BYTES],
+                        char *msg, size_t msglen) {
+  (void)gpu, (void)id;
+  snprintf(msg, msglen, "this build has no CUDA backend");
+  return SP_EBACKEND;
+}
+
+void gpu_comms_abort(struct gpu_comms *comms) { (void)comms; }
+
+bool gpu_comms_failed(const struct gpu_comms *comms) {
+  (void)comms;
+  return true;
+}
+
+void gpu_comms_free(struct gpu_comms *comms) { (void)comms; }

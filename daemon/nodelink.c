@@ -1,0 +1,716 @@
+/*
+ * nodelink.c - connections between daemons: the peer listener, and one
+ * framed connection over TCP per link; see daemon.h.
+ *
+ * A link carries the same frames as a client connection (a 4-byte length,
+ * one msgpack map) and is driven the same way, by a uv_poll_t and the
+ * framing layer, so that nothing here blocks the loop.  Two kinds exist:
+ * a control link from a daemon to its job's root, which stays a link, and
+ * a data link between two daemons of a job, which is a link only for its
+ * handshake and is then handed over as a bare socket to the job's
+ * exchanges (remote.c), which run on the engine thread.
+ *
+ * Another daemon is a peer, not a trusted party: every frame is bounded by
+ * the link's limits before anything is allocated for it and decoded with
+ * the bounded decoder, and a link must say who it is (mesh.c checks the
+ * job and its secret) within NODELINK_HELLO_MS.  Frames a link was told to
+ * expect as blobs (the registrations the root relays) are kept as bytes and
+ * decoded later, off the loop, on a planning thread.
+ *
+ * Liveness: TCP keepalive probes an idle link and TCP_USER_TIMEOUT bounds
+ * how long unacknowledged data may wait, so that a dead host or a cut link
+ * ends the connection even when the daemons have nothing to say; during an
+ * export the job's beats and timeouts (mesh.c) notice sooner.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "daemon/daemon.h"
+#include "proto/wire.h"
+#include "shardport.h"
+
+/* A link that has not said who it is by then is closed. */
+#define NODELINK_HELLO_MS 10000
+/* A link that cannot be written to for that long after a close was asked
+ * for is dropped. */
+#define NODELINK_DRAIN_MS 5000
+/* Frames served per wakeup, as for clients (conn.c). */
+#define NODELINK_FRAMES_PER_WAKEUP 32
+
+/* Keepalive: probe after 5 s idle, every 2 s, give up after 3 misses. */
+#define NODELINK_KEEPIDLE_S 5
+#define NODELINK_KEEPINTVL_S 2
+#define NODELINK_KEEPCNT 3
+#define NODELINK_USER_TIMEOUT_MS 15000
+
+struct nodelink_tx {
+  struct nodelink_tx *next;
+  struct nodeblob *blob;
+  size_t off; /* of header and payload together */
+};
+
+struct nodelink {
+  struct server *srv;
+  struct nodelink *prev, *next;
+  uint64_t id;
+  int sock;
+  uv_poll_t poll;
+  uv_timer_t timer;
+  int open_handles;
+  int events;
+  bool connecting;
+  bool closed;
+  /* Reading has stopped; the link closes (or is handed over) once its
+   * queue is written. */
+  bool draining;
+  /* A hand-over that cannot finish gives the owner -1 instead. */
+  bool failed;
+  void (*detach_fn)(void *arg, int sock);
+  void *detach_arg;
+  struct sp_frame_rx rx;
+  struct nodelink_tx *out_head, *out_tail;
+  uint64_t out_bytes;
+  uint32_t expect_blobs;
+  const struct nodelink_ops *ops;
+  void *arg;
+  char peer[NODE_ADDR_MAX];
+};
+
+/* Frames that are not blobs are control messages: small. */
+static void control_limits(struct sp_limits *l) {
+  sp_limits_default(l);
+  l->max_fds = 0;
+}
+
+void nodelink_meta_limits(struct sp_limits *l) {
+  sp_limits_default(l);
+  l->max_frame = NODE_MAX_FRAME;
+  l->max_depth = 8;
+  l->max_items = NODE_MAX_ITEMS;
+  l->max_fds = 0;
+}
+
+/* ---- addresses ---- */
+
+int nodelink_addr_parse(const char *s, size_t len, bool port_optional,
+                        struct sockaddr_storage *out, socklen_t *outlen) {
+  char host[NODE_ADDR_MAX];
+  const char *port = NULL;
+  size_t hlen;
+  if (len == 0 || len >= NODE_ADDR_MAX || memchr(s, '\0', len) != NULL)
+    return SP_EINVAL;
+  if (s[0] == '[') {
+    const char *end = memchr(s, ']', len);
+    if (end == NULL)
+      return SP_EINVAL;
+    hlen = (size_t)(end - s - 1);
+    memcpy(host, s + 1, hlen);
+    size_t rest = len - (size_t)(end - s) - 1;
+    if (rest > 0) {
+      if (end[1] != ':')
+        return SP_EINVAL;
+      port = end + 2;
+    }
+  } else {
+    const char *colon = memchr(s, ':', len);
+    hlen = colon != NULL ? (size_t)(colon - s) : len;
+    memcpy(host, s, hlen);
+    if (colon != NULL)
+      port = colon + 1;
+  }
+  host[hlen] = '\0';
+  unsigned long p = 0;
+  if (port != NULL) {
+    size_t plen = len - (size_t)(port - s);
+    if (plen == 0 || plen > 5)
+      return SP_EINVAL;
+    for (size_t i = 0; i < plen; i++) {
+      if (port[i] < '0' || port[i] > '9')
+        return SP_EINVAL;
+      p = p * 10 + (unsigned long)(port[i] - '0');
+    }
+    if (p > 65535)
+      return SP_EINVAL;
+  } else if (!port_optional) {
+    return SP_EINVAL;
+  }
+  memset(out, 0, sizeof *out);
+  struct sockaddr_in *v4 = (struct sockaddr_in *)out;
+  struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)out;
+  if (s[0] != '[' && inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons((uint16_t)p);
+    *outlen = sizeof *v4;
+    return 0;
+  }
+  if (s[0] == '[' && inet_pton(AF_INET6, host, &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons((uint16_t)p);
+    *outlen = sizeof *v6;
+    return 0;
+  }
+  return SP_EINVAL;
+}
+
+void nodelink_addr_format(const struct sockaddr *sa, char *buf, size_t len) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  unsigned port = 0;
+  if (sa->sa_family == AF_INET) {
+    const struct sockaddr_in *v4 = (const struct sockaddr_in *)sa;
+    inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
+    port = ntohs(v4->sin_port);
+    snprintf(buf, len, "%s:%u", host, port);
+  } else if (sa->sa_family == AF_INET6) {
+    const struct sockaddr_in6 *v6 = (const struct sockaddr_in6 *)sa;
+    inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
+    port = ntohs(v6->sin6_port);
+    snprintf(buf, len, "[%s]:%u", host, port);
+  } else {
+    snprintf(buf, len, "?");
+  }
+}
+
+bool nodelink_addr_wildcard(const struct sockaddr_storage *sa) {
+  if (sa->ss_family == AF_INET)
+    return ((const struct sockaddr_in *)sa)->sin_addr.s_addr ==
+           htonl(INADDR_ANY);
+  const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+  return IN6_IS_ADDR_UNSPECIFIED(a);
+}
+
+/* Keepalive and a bound on unacknowledged data, so that a dead peer ends
+ * the connection; TCP_NODELAY for the small control messages.  Failures
+ * are only logged: the export's own timeouts still apply. */
+void nodelink_tune(int sock) {
+  int on = 1, idle = NODELINK_KEEPIDLE_S, intvl = NODELINK_KEEPINTVL_S,
+      cnt = NODELINK_KEEPCNT;
+  unsigned timeout = NODELINK_USER_TIMEOUT_MS;
+  if (setsockopt(sock, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on) != 0 ||
+      setsockopt(sock, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle) != 0 ||
+      setsockopt(sock, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl) !=
+          0 ||
+      setsockopt(sock, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt) != 0 ||
+      setsockopt(sock, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout,
+                 sizeof timeout) != 0 ||
+      setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on) != 0)
+    log_msg(LOG_LEVEL_WARN, "peer socket options: %s", strerror(errno));
+}
+
+/* ---- blobs ---- */
+
+struct nodeblob *nodeblob_wrap(uint8_t *mem, const uint8_t *payload,
+                               size_t len) {
+  struct nodeblob *b = calloc(1, sizeof *b);
+  if (b == NULL)
+    return NULL;
+  b->refs = 1;
+  b->mem = mem;
+  b->payload = payload;
+  b->len = len;
+  b->hdr[0] = (uint8_t)(len >> 24);
+  b->hdr[1] = (uint8_t)(len >> 16);
+  b->hdr[2] = (uint8_t)(len >> 8);
+  b->hdr[3] = (uint8_t)len;
+  return b;
+}
+
+struct nodeblob *nodeblob_ref(struct nodeblob *b) {
+  b->refs++;
+  return b;
+}
+
+void nodeblob_unref(struct nodeblob *b) {
+  if (b == NULL || --b->refs > 0)
+    return;
+  free(b->mem);
+  free(b);
+}
+
+/* ---- links ---- */
+
+static void on_poll(uv_poll_t *handle, int status, int events);
+
+const char *nodelink_peer(const struct nodelink *l) { return l->peer; }
+
+void nodelink_set_ops(struct nodelink *l, const struct nodelink_ops *ops,
+                      void *arg) {
+  l->ops = ops;
+  l->arg = arg;
+}
+
+void nodelink_expect_blobs(struct nodelink *l, uint32_t n) {
+  l->expect_blobs = n;
+}
+
+static void on_handle_closed(uv_handle_t *handle) {
+  struct nodelink *l = handle->data;
+  if (--l->open_handles > 0)
+    return;
+  if (l->detach_fn != NULL && !l->failed) {
+    l->detach_fn(l->detach_arg, l->sock);
+  } else {
+    close(l->sock);
+    if (l->detach_fn != NULL)
+      l->detach_fn(l->detach_arg, -1);
+  }
+  sp_frame_rx_reset(&l->rx);
+  while (l->out_head != NULL) {
+    struct nodelink_tx *tx = l->out_head;
+    l->out_head = tx->next;
+    nodeblob_unref(tx->blob);
+    free(tx);
+  }
+  free(l);
+}
+
+/* Takes the link off the server's list and closes its handles; the socket
+ * is closed (or handed over) once libuv has let go of it. */
+static void link_end(struct nodelink *l) {
+  if (l->closed)
+    return;
+  l->closed = true;
+  if (l->prev != NULL)
+    l->prev->next = l->next;
+  else
+    l->srv->links = l->next;
+  if (l->next != NULL)
+    l->next->prev = l->prev;
+  uv_close((uv_handle_t *)&l->poll, on_handle_closed);
+  uv_close((uv_handle_t *)&l->timer, on_handle_closed);
+}
+
+void nodelink_close(struct nodelink *l) {
+  if (l == NULL)
+    return;
+  /* A hand-over not yet done is cancelled too: the socket is closed. */
+  l->detach_fn = NULL;
+  l->ops = NULL;
+  if (l->closed)
+    return;
+  log_msg(LOG_LEVEL_DEBUG, "peer %s: link closed", l->peer);
+  link_end(l);
+}
+
+/* An error ends the link and tells its owner, once. */
+static void link_fail(struct nodelink *l, int code) {
+  if (l->closed)
+    return;
+  const struct nodelink_ops *ops = l->ops;
+  void *arg = l->arg;
+  l->failed = true;
+  link_end(l);
+  if (ops != NULL && ops->closed != NULL)
+    ops->closed(l, arg, code);
+}
+
+static void on_timeout(uv_timer_t *timer) {
+  struct nodelink *l = timer->data;
+  log_msg(LOG_LEVEL_INFO, "peer %s: %s", l->peer,
+          l->draining     ? "did not take its last frames in time"
+          : l->connecting ? "connect timed out"
+                          : "did not say who it is in time");
+  link_fail(l, SP_ETIMEOUT);
+}
+
+static int update_events(struct nodelink *l) {
+  int want = l->connecting ? UV_WRITABLE
+             : (l->draining ? 0 : UV_READABLE) |
+                   (l->out_head != NULL ? UV_WRITABLE : 0);
+  if (want == l->events)
+    return 0;
+  l->events = want;
+  int rc = want != 0 ? uv_poll_start(&l->poll, want, on_poll)
+                     : uv_poll_stop(&l->poll);
+  if (rc != 0) {
+    log_msg(LOG_LEVEL_ERROR, "peer %s: uv_poll: %s", l->peer, uv_strerror(rc));
+    link_fail(l, SP_EIO);
+    return -1;
+  }
+  return 0;
+}
+
+/* Writes what the socket takes.  -1 when the link ended. */
+static int flush(struct nodelink *l) {
+  while (l->out_head != NULL) {
+    struct nodelink_tx *tx = l->out_head;
+    struct nodeblob *b = tx->blob;
+    struct iovec iov[2];
+    int n = 0;
+    if (tx->off < sizeof b->hdr)
+      iov[n++] = (struct iovec){b->hdr + tx->off, sizeof b->hdr - tx->off};
+    size_t poff = tx->off > sizeof b->hdr ? tx->off - sizeof b->hdr : 0;
+    if (b->len > poff)
+      iov[n++] = (struct iovec){(void *)(b->payload + poff), b->len - poff};
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    ssize_t w = n > 0 ? sendmsg(l->sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT)
+                      : 0;
+    if (w < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
+        break;
+      log_msg(LOG_LEVEL_DEBUG, "peer %s: write: %s", l->peer, strerror(errno));
+      link_fail(l, errno == EPIPE || errno == ECONNRESET ? SP_ECLOSED : SP_EIO);
+      return -1;
+    }
+    tx->off += (size_t)w;
+    if (tx->off < sizeof b->hdr + b->len)
+      continue;
+    l->out_head = tx->next;
+    if (l->out_head == NULL)
+      l->out_tail = NULL;
+    l->out_bytes -= sizeof b->hdr + b->len;
+    nodeblob_unref(b);
+    free(tx);
+  }
+  if (l->draining && l->out_head == NULL) {
+    link_end(l);
+    return -1;
+  }
+  return update_events(l);
+}
+
+int nodelink_send_blob(struct nodelink *l, struct nodeblob *b) {
+  if (l->closed || l->draining)
+    return SP_ECLOSED;
+  struct nodelink_tx *tx = calloc(1, sizeof *tx);
+  if (tx == NULL)
+    return SP_ENOMEM;
+  tx->blob = nodeblob_ref(b);
+  if (l->out_tail != NULL)
+    l->out_tail->next = tx;
+  else
+    l->out_head = tx;
+  l->out_tail = tx;
+  l->out_bytes += sizeof b->hdr + b->len;
+  return update_events(l) == 0 ? 0 : SP_ECLOSED;
+}
+
+int nodelink_send(struct nodelink *l, struct sp_msgbuf *mb) {
+  struct sp_frame_tx tx;
+  int rc = sp_msgbuf_finish(mb, &tx);
+  if (rc != 0)
+    return rc;
+  struct nodeblob *b =
+      nodeblob_wrap(tx.buf, tx.buf + SP_FRAME_HEADER, tx.len - SP_FRAME_HEADER);
+  if (b == NULL) {
+    free(tx.buf);
+    return SP_ENOMEM;
+  }
+  rc = nodelink_send_blob(l, b);
+  nodeblob_unref(b);
+  return rc;
+}
+
+int nodelink_send_error(struct nodelink *l, int code, const char *message) {
+  struct sp_frame_tx tx;
+  int rc = sp_msg_error(&tx, 0, code, "%s", message);
+  if (rc != 0)
+    return rc;
+  struct nodeblob *b =
+      nodeblob_wrap(tx.buf, tx.buf + SP_FRAME_HEADER, tx.len - SP_FRAME_HEADER);
+  if (b == NULL) {
+    free(tx.buf);
+    return SP_ENOMEM;
+  }
+  rc = nodelink_send_blob(l, b);
+  nodeblob_unref(b);
+  return rc;
+}
+
+/* Stops reading and ends the link once its queue is written. */
+static void drain(struct nodelink *l) {
+  if (l->draining || l->closed)
+    return;
+  l->draining = true;
+  l->ops = NULL;
+  uv_timer_start(&l->timer, on_timeout, NODELINK_DRAIN_MS, 0);
+  flush(l);
+}
+
+void nodelink_close_after_flush(struct nodelink *l) { drain(l); }
+
+void nodelink_detach(struct nodelink *l, void (*fn)(void *arg, int sock),
+                     void *arg) {
+  l->detach_fn = fn;
+  l->detach_arg = arg;
+  drain(l);
+}
+
+void nodelink_hello_done(struct nodelink *l) {
+  uv_timer_stop(&l->timer);
+  /* Known now: the blobs it may relay can be as large as registrations. */
+  l->rx.limits.max_frame = NODE_MAX_FRAME;
+}
+
+/* One complete frame: a blob the owner expects, or a control message
+ * decoded here, once, with the control limits. */
+static void dispatch(struct nodelink *l, struct sp_frame *frame) {
+  if (l->expect_blobs > 0 && l->ops != NULL && l->ops->blob != NULL) {
+    struct nodeblob *b = nodeblob_wrap(frame->data, frame->data, frame->len);
+    if (b == NULL) {
+      sp_frame_release(frame);
+      link_fail(l, SP_ENOMEM);
+      return;
+    }
+    frame->data = NULL;
+    l->expect_blobs--;
+    l->ops->blob(l, l->arg, b);
+    return;
+  }
+  struct sp_limits limits;
+  control_limits(&limits);
+  msgpack_zone zone;
+  if (frame->len > limits.max_frame ||
+      !msgpack_zone_init(&zone, MSGPACK_ZONE_CHUNK_SIZE)) {
+    sp_frame_release(frame);
+    link_fail(l, frame->len > limits.max_frame ? SP_EFRAMETOOBIG : SP_ENOMEM);
+    return;
+  }
+  msgpack_object map;
+  struct sp_msg_head head;
+  int rc = sp_wire_decode(frame->data, frame->len, &limits, &zone, &map);
+  if (rc == 0)
+    rc = sp_msg_head(&map, &head);
+  if (rc != 0) {
+    log_msg(LOG_LEVEL_INFO, "peer %s: bad frame: %s; closing", l->peer,
+            sp_err_name(rc));
+    nodelink_send_error(l, rc, sp_strerror(rc));
+    drain(l);
+  } else if (l->ops != NULL && l->ops->frame != NULL) {
+    l->ops->frame(l, l->arg, &head, &map);
+  } else {
+    /* The first frame of an accepted link says who it is. */
+    mesh_link_hello(l->srv, l, &head, &map);
+  }
+  msgpack_zone_destroy(&zone);
+  sp_frame_release(frame);
+}
+
+static int read_frames(struct nodelink *l) {
+  for (int i = 0; i < NODELINK_FRAMES_PER_WAKEUP; i++) {
+    struct sp_frame frame = {.data = NULL};
+    int rc = sp_frame_rx_read(&l->rx, l->sock, &frame);
+    if (rc == 0)
+      return 0;
+    if (rc < 0) {
+      log_msg(LOG_LEVEL_DEBUG, "peer %s: read: %s", l->peer, sp_strerror(rc));
+      link_fail(l, rc);
+      return -1;
+    }
+    dispatch(l, &frame);
+    if (l->closed)
+      return -1;
+    if (l->draining)
+      return 0;
+  }
+  return 0;
+}
+
+static void finish_connect(struct nodelink *l) {
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (getsockopt(l->sock, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+    err = errno;
+  if (err != 0) {
+    log_msg(LOG_LEVEL_INFO, "peer %s: connect: %s", l->peer, strerror(err));
+    link_fail(l, SP_ECLOSED);
+    return;
+  }
+  l->connecting = false;
+  uv_timer_stop(&l->timer);
+  nodelink_tune(l->sock);
+  if (update_events(l) != 0)
+    return;
+  if (l->ops != NULL && l->ops->connected != NULL)
+    l->ops->connected(l, l->arg);
+}
+
+static void on_poll(uv_poll_t *handle, int status, int events) {
+  struct nodelink *l = handle->data;
+  if (status < 0) {
+    log_msg(LOG_LEVEL_DEBUG, "peer %s: poll: %s", l->peer, uv_strerror(status));
+    link_fail(l, SP_EIO);
+    return;
+  }
+  if (l->connecting) {
+    finish_connect(l);
+    return;
+  }
+  if ((events & UV_READABLE) && !l->draining && read_frames(l) < 0)
+    return;
+  flush(l);
+}
+
+static struct nodelink *link_new(struct server *srv, int sock) {
+  struct nodelink *l = calloc(1, sizeof *l);
+  if (l == NULL)
+    return NULL;
+  l->srv = srv;
+  l->sock = sock;
+  l->id = ++srv->next_link_id;
+  /* Until the peer has said who it is, only control frames. */
+  struct sp_limits limits;
+  control_limits(&limits);
+  sp_frame_rx_init(&l->rx, &limits);
+  if (uv_poll_init(srv->loop, &l->poll, sock) != 0) {
+    free(l);
+    return NULL;
+  }
+  l->poll.data = l;
+  uv_timer_init(srv->loop, &l->timer);
+  l->timer.data = l;
+  l->open_handles = 2;
+  l->next = srv->links;
+  if (srv->links != NULL)
+    srv->links->prev = l;
+  srv->links = l;
+  return l;
+}
+
+int nodelink_connect(struct server *srv, const char *addr,
+                     const struct nodelink_ops *ops, void *arg,
+                     struct nodelink **out) {
+  struct sockaddr_storage sa;
+  socklen_t salen;
+  if (nodelink_addr_parse(addr, strlen(addr), false, &sa, &salen) != 0)
+    return SP_EINVAL;
+  int sock =
+      socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (sock < 0)
+    return SP_EIO;
+  if (connect(sock, (struct sockaddr *)&sa, salen) != 0 &&
+      errno != EINPROGRESS) {
+    int err = errno;
+    close(sock);
+    log_msg(LOG_LEVEL_INFO, "peer %s: connect: %s", addr, strerror(err));
+    return SP_ECLOSED;
+  }
+  struct nodelink *l = link_new(srv, sock);
+  if (l == NULL) {
+    close(sock);
+    return SP_ENOMEM;
+  }
+  snprintf(l->peer, sizeof l->peer, "%s", addr);
+  l->ops = ops;
+  l->arg = arg;
+  l->connecting = true;
+  uv_timer_start(&l->timer, on_timeout, NODELINK_HELLO_MS, 0);
+  if (update_events(l) != 0)
+    return SP_EIO;
+  *out = l;
+  return 0;
+}
+
+/* ---- the listener ---- */
+
+static void on_accept(uv_poll_t *handle, int status, int events) {
+  struct server *srv = handle->data;
+  (void)events;
+  if (status < 0)
+    return;
+  for (int i = 0; i < 64; i++) {
+    struct sockaddr_storage sa;
+    socklen_t salen = sizeof sa;
+    int sock = accept4(srv->peer_fd, (struct sockaddr *)&sa, &salen,
+                       SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (sock < 0) {
+      if (errno == EINTR || errno == ECONNABORTED)
+        continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        log_msg(LOG_LEVEL_WARN, "peer accept: %s", strerror(errno));
+      return;
+    }
+    nodelink_tune(sock);
+    struct nodelink *l = link_new(srv, sock);
+    if (l == NULL) {
+      close(sock);
+      continue;
+    }
+    nodelink_addr_format((struct sockaddr *)&sa, l->peer, sizeof l->peer);
+    log_msg(LOG_LEVEL_DEBUG, "peer %s: connected", l->peer);
+    uv_timer_start(&l->timer, on_timeout, NODELINK_HELLO_MS, 0);
+    update_events(l);
+  }
+}
+
+int nodelink_listen_open(struct server *srv) {
+  const struct config *cfg = srv->cfg;
+  srv->peer_fd = -1;
+  if (!cfg->peer_listen_set)
+    return 0;
+  int sock = socket(cfg->peer_listen_addr.ss_family,
+                    SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int on = 1;
+  if (sock < 0 ||
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) != 0 ||
+      bind(sock, (const struct sockaddr *)&cfg->peer_listen_addr,
+           cfg->peer_listen_len) != 0 ||
+      listen(sock, 128) != 0) {
+    log_msg(LOG_LEVEL_ERROR, "peer_listen %s: %s", cfg->peer_listen,
+            strerror(errno));
+    if (sock >= 0)
+      close(sock);
+    return -1;
+  }
+  struct sockaddr_storage bound;
+  socklen_t blen = sizeof bound;
+  getsockname(sock, (struct sockaddr *)&bound, &blen);
+  char where[NODE_ADDR_MAX];
+  nodelink_addr_format((struct sockaddr *)&bound, where, sizeof where);
+  /* What other daemons dial: peer_advertise, or the listen address; a port
+   * of 0 in either means the port the kernel gave. */
+  struct sockaddr_storage adv =
+      cfg->peer_advertise_set ? cfg->peer_advertise_addr : bound;
+  uint16_t port = bound.ss_family == AF_INET
+                      ? ((struct sockaddr_in *)&bound)->sin_port
+                      : ((struct sockaddr_in6 *)&bound)->sin6_port;
+  if (adv.ss_family == AF_INET && ((struct sockaddr_in *)&adv)->sin_port == 0)
+    ((struct sockaddr_in *)&adv)->sin_port = port;
+  if (adv.ss_family == AF_INET6 &&
+      ((struct sockaddr_in6 *)&adv)->sin6_port == 0)
+    ((struct sockaddr_in6 *)&adv)->sin6_port = port;
+  nodelink_addr_format((struct sockaddr *)&adv, srv->peer_address,
+                       sizeof srv->peer_address);
+  if (uv_poll_init(srv->loop, &srv->peer_poll, sock) != 0) {
+    close(sock);
+    return -1;
+  }
+  srv->peer_fd = sock;
+  srv->peer_poll.data = srv;
+  uv_poll_start(&srv->peer_poll, UV_READABLE, on_accept);
+  log_msg(LOG_LEVEL_INFO, "listening for peer daemons on %s (advertised as %s)",
+          where, srv->peer_address);
+  return 0;
+}
+
+static void on_listener_closed(uv_handle_t *handle) {
+  struct server *srv = handle->data;
+  close(srv->peer_fd);
+  srv->peer_fd = -1;
+}
+
+void nodelink_listen_close(struct server *srv) {
+  if (srv->peer_fd < 0 || uv_is_closing((uv_handle_t *)&srv->peer_poll))
+    return;
+  uv_close((uv_handle_t *)&srv->peer_poll, on_listener_closed);
+}
+
+void nodelink_shutdown(struct server *srv) {
+  /* Links a job owns close with the job (mesh_free); these are the ones
+   * nobody owns: still saying hello, or refused and draining. */
+  struct nodelink *next;
+  for (struct nodelink *l = srv->links; l != NULL; l = next) {
+    next = l->next;
+    if (l->ops == NULL && l->detach_fn == NULL)
+      nodelink_close(l);
+  }
+}

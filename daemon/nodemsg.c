@@ -1,0 +1,609 @@
+/*
+ * nodemsg.c - the messages between daemons (docs/protocol.md, "Between
+ * daemons"), packed and parsed in one place; see daemon.h.
+ *
+ * Every field is read with the bounds the protocol states, and a message
+ * that breaks one is refused with a sentence naming the field, exactly as
+ * request.c does for clients: another daemon of a job is a peer, not a
+ * trusted party.  A rank's registrations travel as a `meta` map whose
+ * storages and tensors are what the rank registered (sids, views, pieces
+ * and groups as the rank's own requests spelled them), so the receiving
+ * daemon reads them with request.c's parsers and builds a registry of the
+ * remote rank with registry.c's checks: one set of rules for a view,
+ * wherever it was registered.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/daemon.h"
+#include "proto/wire.h"
+#include "shardport.h"
+
+static int msg_fail(char *msg, size_t msglen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int msg_fail(char *msg, size_t msglen, int code, const char *fmt, ...) {
+  if (msg != NULL && msglen > 0) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, msglen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+static const struct {
+  enum nodemsg_op op;
+  const char *name;
+} op_names[] = {
+    {NODEMSG_HELLO, "peer_hello"}, {NODEMSG_DATA, "peer_data"},
+    {NODEMSG_JOIN, "join"},        {NODEMSG_LEFT, "left"},
+    {NODEMSG_ASK, "ask"},          {NODEMSG_PLAN, "plan"},
+    {NODEMSG_PLANNED, "planned"},  {NODEMSG_GO, "go"},
+    {NODEMSG_MOVED, "moved"},      {NODEMSG_PUBLISH, "publish"},
+    {NODEMSG_FAIL, "fail"},        {NODEMSG_BEAT, "beat"},
+    {NODEMSG_BYE, "bye"},          {NODEMSG_ERROR, "error"},
+};
+
+const char *nodemsg_op_name(enum nodemsg_op op) {
+  for (size_t i = 0; i < sizeof op_names / sizeof op_names[0]; i++)
+    if (op_names[i].op == op)
+      return op_names[i].name;
+  return "?";
+}
+
+void nodemsg_free(struct nodemsg *m) {
+  free(m->nodes);
+  free(m->rank_nodes);
+  m->nodes = NULL;
+  m->rank_nodes = NULL;
+}
+
+/* ---- reading ---- */
+
+static int get_u(const msgpack_object *map, const char *key, uint64_t max,
+                 uint64_t *out, char *msg, size_t msglen) {
+  int rc = sp_msg_get_u64(map, key, false, out);
+  if (rc != 0)
+    return msg_fail(msg, msglen, SP_EBADMSG,
+                    "\"%s\" must be an unsigned integer", key);
+  if (*out > max)
+    return msg_fail(msg, msglen, SP_EINVAL, "\"%s\" is %" PRIu64
+                    ", more than %" PRIu64, key, *out, max);
+  return 0;
+}
+
+static int get_u32(const msgpack_object *map, const char *key, uint32_t max,
+                   uint32_t *out, char *msg, size_t msglen) {
+  uint64_t v;
+  int rc = get_u(map, key, max, &v, msg, msglen);
+  if (rc == 0)
+    *out = (uint32_t)v;
+  return rc;
+}
+
+static int get_fixed_bin(const msgpack_object *map, const char *key,
+                         uint8_t *out, size_t len, char *msg, size_t msglen) {
+  const uint8_t *p;
+  size_t n;
+  if (sp_msg_get_bin(map, key, false, &p, &n) != 0 || n != len)
+    return msg_fail(msg, msglen, SP_EBADMSG, "\"%s\" must be a bin of %zu "
+                    "bytes", key, len);
+  memcpy(out, p, len);
+  return 0;
+}
+
+/* A peer's "addr:port": numeric, as peer_advertise is. */
+static int get_addr(const msgpack_object *map, const char *key, char *out,
+                    char *msg, size_t msglen) {
+  const char *p;
+  size_t n;
+  struct sockaddr_storage sa;
+  socklen_t salen;
+  if (sp_msg_get_str(map, key, false, &p, &n) != 0)
+    return msg_fail(msg, msglen, SP_EBADMSG, "\"%s\" must be a string", key);
+  if (nodelink_addr_parse(p, n, false, &sa, &salen) != 0)
+    return msg_fail(msg, msglen, SP_EINVAL, "\"%s\" is not a numeric "
+                    "address and port", key);
+  memcpy(out, p, n);
+  out[n] = '\0';
+  return 0;
+}
+
+static int get_code(const msgpack_object *map, int *code, char *msg,
+                    size_t msglen) {
+  const char *p;
+  size_t n;
+  if (sp_msg_get_str(map, "code", false, &p, &n) != 0)
+    return msg_fail(msg, msglen, SP_EBADMSG, "\"code\" must be a string");
+  *code = sp_error_from_name(p, n);
+  return 0;
+}
+
+static int get_message(const msgpack_object *map, char *out, char *msg,
+                       size_t msglen) {
+  const char *p;
+  size_t n;
+  if (sp_msg_get_str(map, "message", false, &p, &n) != 0)
+    return msg_fail(msg, msglen, SP_EBADMSG, "\"message\" must be a string");
+  if (n > SP_ERRMSG_MAX)
+    n = SP_ERRMSG_MAX;
+  memcpy(out, p, n);
+  out[n] = '\0';
+  /* A message goes to trainers as it is: it must be text. */
+  for (size_t i = 0; i < n; i++)
+    if (out[i] == '\0')
+      out[i] = '?';
+  return 0;
+}
+
+static int parse_nodes(const msgpack_object *map, struct nodemsg *m,
+                       char *msg, size_t msglen) {
+  const msgpack_object_array *a, *r;
+  if (sp_msg_get_array(map, "nodes", false, &a) != 0 ||
+      sp_msg_get_array(map, "rank_nodes", false, &r) != 0)
+    return msg_fail(msg, msglen, SP_EBADMSG,
+                    "\"nodes\" and \"rank_nodes\" must be arrays");
+  if (a->size == 0 || a->size > NODE_MAX_NODES || r->size == 0 ||
+      r->size > REQ_MAX_WORLD)
+    return msg_fail(msg, msglen, SP_EINVAL,
+                    "%u nodes and %u ranks: 1 to %u nodes and 1 to %u ranks",
+                    a->size, r->size, NODE_MAX_NODES, REQ_MAX_WORLD);
+  m->nodes = calloc(a->size, sizeof *m->nodes);
+  m->rank_nodes = calloc(r->size, sizeof *m->rank_nodes);
+  if (m->nodes == NULL || m->rank_nodes == NULL)
+    return msg_fail(msg, msglen, SP_ENOMEM, "out of memory");
+  m->nnodes = a->size;
+  m->world = r->size;
+  for (uint32_t i = 0; i < a->size; i++) {
+    const msgpack_object *o = &a->ptr[i];
+    struct nodemsg_node *n = &m->nodes[i];
+    int rc;
+    if (o->type != MSGPACK_OBJECT_MAP)
+      return msg_fail(msg, msglen, SP_EBADMSG, "nodes[%u]: not a map", i);
+    if ((rc = get_u32(o, "node", NODE_MAX_NODES - 1, &n->node, msg,
+                      msglen)) != 0 ||
+        (rc = get_u(o, "node_id", UINT64_MAX, &n->node_id, msg, msglen)) !=
+            0 ||
+        (rc = get_addr(o, "addr", n->addr, msg, msglen)) != 0)
+      return rc;
+    /* Ascending node numbers: each once. */
+    if (i > 0 && n->node <= m->nodes[i - 1].node)
+      return msg_fail(msg, msglen, SP_EINVAL,
+                      "nodes[%u]: node %u is not above node %u", i, n->node,
+                      m->nodes[i - 1].node);
+  }
+  for (uint32_t i = 0; i < r->size; i++) {
+    const msgpack_object *o = &r->ptr[i];
+    bool listed = false;
+    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+        o->via.u64 >= NODE_MAX_NODES)
+      return msg_fail(msg, msglen, SP_EINVAL,
+                      "rank_nodes[%u] is not a node number", i);
+    m->rank_nodes[i] = (uint32_t)o->via.u64;
+    for (size_t k = 0; k < m->nnodes && !listed; k++)
+      listed = m->nodes[k].node == m->rank_nodes[i];
+    if (!listed)
+      return msg_fail(msg, msglen, SP_EINVAL,
+                      "rank_nodes[%u] names node %u, which is not listed", i,
+                      m->rank_nodes[i]);
+  }
+  return 0;
+}
+
+static int parse_options(const msgpack_object *map, struct nodemsg *m,
+                         char *msg, size_t msglen) {
+  int rc;
+  if ((rc = get_u32(map, "max_keys", UINT32_MAX, &m->max_keys, msg,
+                    msglen)) != 0 ||
+      (rc = get_u(map, "max_bytes", UINT64_MAX, &m->max_bytes, msg,
+                  msglen)) != 0 ||
+      (rc = get_u32(map, "timeout_ms", REQ_MAX_TIMEOUT_MS, &m->timeout_ms,
+                    msg, msglen)) != 0)
+    return rc;
+  return 0;
+}
+
+int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
+                  struct nodemsg *m, char *msg, size_t msglen) {
+  memset(m, 0, sizeof *m);
+  m->op = 0;
+  for (size_t i = 0; i < sizeof op_names / sizeof op_names[0]; i++)
+    if (strcmp(head->op, op_names[i].name) == 0)
+      m->op = op_names[i].op;
+  m->id = head->id;
+  int rc = 0;
+  switch (m->op) {
+  case NODEMSG_HELLO:
+  case NODEMSG_DATA:
+    /* A request carries who is asking; the reply only who answers. */
+    if (sp_msg_field(map, "job") == NULL) {
+      if (m->op == NODEMSG_HELLO &&
+          ((rc = get_u32(map, "node", NODE_MAX_NODES - 1, &m->node, msg,
+                         msglen)) != 0 ||
+           (rc = get_u(map, "node_id", UINT64_MAX, &m->node_id, msg,
+                       msglen)) != 0))
+        return rc;
+      m->reply = true;
+      return 0;
+    }
+    if ((rc = get_u(map, "version", UINT64_MAX, &m->version, msg, msglen)) !=
+            0 ||
+        (rc = get_fixed_bin(map, "job", m->job, JOB_ID_BYTES, msg, msglen)) !=
+            0 ||
+        (rc = get_fixed_bin(map, "secret", m->secret, JOB_SECRET_BYTES, msg,
+                            msglen)) != 0 ||
+        (rc = get_u(map, "node_id", UINT64_MAX, &m->node_id, msg, msglen)) !=
+            0)
+      return rc;
+    if (m->op == NODEMSG_HELLO)
+      return get_addr(map, "addr", m->addr, msg, msglen);
+    return get_u32(map, "node", NODE_MAX_NODES - 1, &m->node, msg, msglen);
+  case NODEMSG_JOIN:
+    if (sp_msg_field(map, "rank") == NULL) {
+      m->reply = true;
+      return 0;
+    }
+    if ((rc = get_u32(map, "rank", REQ_MAX_WORLD - 1, &m->rank, msg,
+                      msglen)) != 0 ||
+        (rc = get_u32(map, "world", REQ_MAX_WORLD, &m->world, msg, msglen)) !=
+            0 ||
+        (rc = get_u32(map, "device_type", SP_DEVICE_TYPE_COUNT - 1,
+                      &m->device_type, msg, msglen)) != 0)
+      return rc;
+    return 0;
+  case NODEMSG_LEFT:
+    if ((rc = get_u32(map, "rank", REQ_MAX_WORLD - 1, &m->rank, msg,
+                      msglen)) != 0)
+      return rc;
+    if (sp_msg_get_bool(map, "disconnected", false, &m->disconnected) != 0)
+      return msg_fail(msg, msglen, SP_EBADMSG,
+                      "\"disconnected\" must be a bool");
+    return 0;
+  case NODEMSG_ASK:
+    if ((rc = get_u(map, "gather", UINT64_MAX, &m->gather, msg, msglen)) !=
+            0 ||
+        (rc = get_u32(map, "rank", REQ_MAX_WORLD - 1, &m->rank, msg,
+                      msglen)) != 0)
+      return rc;
+    return parse_options(map, m, msg, msglen);
+  case NODEMSG_PLAN:
+    if ((rc = get_u(map, "gather", UINT64_MAX, &m->gather, msg, msglen)) !=
+            0 ||
+        (rc = get_u(map, "export_id", UINT64_MAX, &m->export_id, msg,
+                    msglen)) != 0 ||
+        (rc = parse_options(map, m, msg, msglen)) != 0)
+      return rc;
+    return parse_nodes(map, m, msg, msglen);
+  case NODEMSG_PLANNED:
+    if ((rc = get_u(map, "gather", UINT64_MAX, &m->gather, msg, msglen)) !=
+            0 ||
+        (rc = get_u(map, "digest", UINT64_MAX, &m->digest, msg, msglen)) != 0)
+      return rc;
+    if (sp_msg_field(map, "code") != NULL)
+      return get_code(map, &m->code, msg, msglen);
+    return 0;
+  case NODEMSG_GO:
+  case NODEMSG_MOVED:
+  case NODEMSG_PUBLISH:
+  case NODEMSG_BEAT:
+    return get_u(map, "gather", UINT64_MAX, &m->gather, msg, msglen);
+  case NODEMSG_FAIL:
+    if ((rc = get_u(map, "gather", UINT64_MAX, &m->gather, msg, msglen)) != 0)
+      return rc;
+    __attribute__((fallthrough));
+  case NODEMSG_ERROR:
+    if ((rc = get_code(map, &m->code, msg, msglen)) != 0)
+      return rc;
+    if (m->code == 0)
+      m->code = SP_EINTERNAL;
+    return get_message(map, m->message, msg, msglen);
+  case NODEMSG_BYE:
+    return 0;
+  }
+  return msg_fail(msg, msglen, SP_EUNKNOWNOP, "unknown operation \"%s\"",
+                  head->op);
+}
+
+/* ---- writing ---- */
+
+static uint32_t fields_of(const struct nodemsg *m) {
+  switch (m->op) {
+  case NODEMSG_HELLO:
+    return m->reply ? 2 : 5;
+  case NODEMSG_DATA:
+    return m->reply ? 0 : 5;
+  case NODEMSG_JOIN:
+    return m->reply ? 0 : 3;
+  case NODEMSG_LEFT:
+    return 2;
+  case NODEMSG_ASK:
+    return 5;
+  case NODEMSG_PLAN:
+    return 7;
+  case NODEMSG_PLANNED:
+    return m->code != 0 ? 3 : 2;
+  case NODEMSG_GO:
+  case NODEMSG_MOVED:
+  case NODEMSG_PUBLISH:
+  case NODEMSG_BEAT:
+    return 1;
+  case NODEMSG_FAIL:
+    return 3;
+  case NODEMSG_ERROR:
+    return 2;
+  case NODEMSG_BYE:
+    return 0;
+  }
+  return 0;
+}
+
+void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
+  sp_msgbuf_begin(mb, nodemsg_op_name(m->op), m->id, fields_of(m));
+  msgpack_packer *pk = &mb->pk;
+  switch (m->op) {
+  case NODEMSG_HELLO:
+  case NODEMSG_DATA:
+    if (m->reply) {
+      if (m->op == NODEMSG_HELLO) {
+        sp_pack_kv_u64(pk, "node", m->node);
+        sp_pack_kv_u64(pk, "node_id", m->node_id);
+      }
+      break;
+    }
+    sp_pack_kv_u64(pk, "version", m->version);
+    sp_pack_str(pk, "job");
+    sp_pack_bin(pk, m->job, JOB_ID_BYTES);
+    sp_pack_str(pk, "secret");
+    sp_pack_bin(pk, m->secret, JOB_SECRET_BYTES);
+    sp_pack_kv_u64(pk, "node_id", m->node_id);
+    if (m->op == NODEMSG_HELLO)
+      sp_pack_kv_str(pk, "addr", m->addr);
+    else
+      sp_pack_kv_u64(pk, "node", m->node);
+    break;
+  case NODEMSG_JOIN:
+    if (m->reply)
+      break;
+    sp_pack_kv_u64(pk, "rank", m->rank);
+    sp_pack_kv_u64(pk, "world", m->world);
+    sp_pack_kv_u64(pk, "device_type", m->device_type);
+    break;
+  case NODEMSG_LEFT:
+    sp_pack_kv_u64(pk, "rank", m->rank);
+    sp_pack_kv_bool(pk, "disconnected", m->disconnected);
+    break;
+  case NODEMSG_ASK:
+    sp_pack_kv_u64(pk, "gather", m->gather);
+    sp_pack_kv_u64(pk, "rank", m->rank);
+    sp_pack_kv_u64(pk, "max_keys", m->max_keys);
+    sp_pack_kv_u64(pk, "max_bytes", m->max_bytes);
+    sp_pack_kv_u64(pk, "timeout_ms", m->timeout_ms);
+    break;
+  case NODEMSG_PLAN:
+    sp_pack_kv_u64(pk, "gather", m->gather);
+    sp_pack_kv_u64(pk, "export_id", m->export_id);
+    sp_pack_kv_u64(pk, "max_keys", m->max_keys);
+    sp_pack_kv_u64(pk, "max_bytes", m->max_bytes);
+    sp_pack_kv_u64(pk, "timeout_ms", m->timeout_ms);
+    sp_pack_str(pk, "nodes");
+    msgpack_pack_array(pk, (uint32_t)m->nnodes);
+    for (size_t i = 0; i < m->nnodes; i++) {
+      msgpack_pack_map(pk, 3);
+      sp_pack_kv_u64(pk, "node", m->nodes[i].node);
+      sp_pack_kv_u64(pk, "node_id", m->nodes[i].node_id);
+      sp_pack_kv_str(pk, "addr", m->nodes[i].addr);
+    }
+    sp_pack_str(pk, "rank_nodes");
+    msgpack_pack_array(pk, m->world);
+    for (uint32_t r = 0; r < m->world; r++)
+      msgpack_pack_uint32(pk, m->rank_nodes[r]);
+    break;
+  case NODEMSG_PLANNED:
+    sp_pack_kv_u64(pk, "gather", m->gather);
+    sp_pack_kv_u64(pk, "digest", m->digest);
+    if (m->code != 0)
+      sp_pack_kv_str(pk, "code", sp_err_name(m->code));
+    break;
+  case NODEMSG_GO:
+  case NODEMSG_MOVED:
+  case NODEMSG_PUBLISH:
+  case NODEMSG_BEAT:
+    sp_pack_kv_u64(pk, "gather", m->gather);
+    break;
+  case NODEMSG_FAIL:
+    sp_pack_kv_u64(pk, "gather", m->gather);
+    __attribute__((fallthrough));
+  case NODEMSG_ERROR:
+    sp_pack_kv_str(pk, "code", sp_err_name(m->code));
+    sp_pack_kv_str(pk, "message", m->message);
+    break;
+  case NODEMSG_BYE:
+    break;
+  }
+}
+
+/* ---- a rank's registrations ---- */
+
+static void pack_dims(msgpack_packer *pk, const char *name, uint32_t ndim,
+                      const int64_t *dims) {
+  sp_pack_str(pk, name);
+  msgpack_pack_array(pk, ndim);
+  for (uint32_t d = 0; d < ndim; d++)
+    msgpack_pack_uint64(pk, (uint64_t)dims[d]);
+}
+
+static void pack_piece(msgpack_packer *pk, const struct affine_piece *p) {
+  msgpack_pack_map(pk, 6);
+  pack_dims(pk, "shape", p->ndim, p->shape);
+  pack_dims(pk, "src_stride", p->ndim, p->src_stride);
+  pack_dims(pk, "dst_stride", p->ndim, p->dst_stride);
+  sp_pack_kv_u64(pk, "src_offset", (uint64_t)p->src_offset);
+  sp_pack_kv_u64(pk, "dst_offset", (uint64_t)p->dst_offset);
+  sp_pack_str(pk, "holders");
+  msgpack_pack_array(pk, p->nholders);
+  for (uint32_t h = 0; h < p->nholders; h++)
+    msgpack_pack_uint32(pk, p->holders[h]);
+}
+
+/* A tensor as tensor_add spells it (docs/protocol.md). */
+static void pack_tensor(msgpack_packer *pk, const struct registry *reg,
+                        const struct plan_key_in *k) {
+  bool affine = k->placement == PLAN_AFFINE;
+  msgpack_pack_map(pk, affine ? 9 : 8);
+  sp_pack_kv_str(pk, "key", k->name);
+  sp_pack_kv_u64(pk, "sid", reg->info[k->storage].sid);
+  sp_pack_kv_str(pk, "dtype", sp_dtype_name(k->view.dtype));
+  pack_dims(pk, "shape", k->view.ndim, k->view.shape);
+  pack_dims(pk, "stride", k->view.ndim, k->view.stride);
+  sp_pack_kv_u64(pk, "offset", (uint64_t)k->view.offset);
+  sp_pack_kv_str(pk, "placement", plan_layout_placement_name(k->placement));
+  pack_dims(pk, "global_shape", k->ndim, k->shape);
+  if (affine) {
+    sp_pack_str(pk, "pieces");
+    msgpack_pack_array(pk, (uint32_t)k->npieces);
+    for (size_t i = 0; i < k->npieces; i++)
+      pack_piece(pk, &k->pieces[i]);
+  }
+}
+
+void nodemsg_pack_meta(uint32_t rank, const struct registry *reg,
+                       const struct req_groups *groups, struct sp_msgbuf *mb) {
+  sp_msgbuf_begin(mb, "meta", 0, 5);
+  msgpack_packer *pk = &mb->pk;
+  sp_pack_kv_u64(pk, "rank", rank);
+  sp_pack_kv_u64(pk, "device_type", reg->device_type);
+  sp_pack_str(pk, "storages");
+  msgpack_pack_array(pk, (uint32_t)reg->nstorages);
+  for (size_t i = 0; i < reg->nstorages; i++) {
+    const struct sp_storage *s = &reg->storages[i];
+    msgpack_pack_map(pk, 6);
+    sp_pack_kv_u64(pk, "sid", reg->info[i].sid);
+    sp_pack_kv_u64(pk, "base", s->base);
+    sp_pack_kv_u64(pk, "length", s->nbytes);
+    sp_pack_kv_u64(pk, "device_type", s->device.type);
+    sp_pack_kv_u64(pk, "device_index", (uint64_t)(uint32_t)s->device.index);
+    sp_pack_str(pk, "device_uuid");
+    sp_pack_bin(pk, s->device.uuid, sizeof s->device.uuid);
+  }
+  sp_pack_str(pk, "tensors");
+  msgpack_pack_array(pk, (uint32_t)reg->nkeys);
+  for (size_t i = 0; i < reg->nkeys; i++)
+    pack_tensor(pk, reg, &reg->keys[i]);
+  sp_pack_str(pk, "groups");
+  msgpack_pack_array(pk, (uint32_t)groups->ngroups);
+  for (size_t g = 0; g < groups->ngroups; g++) {
+    msgpack_pack_array(pk, (uint32_t)groups->groups[g].nkeys);
+    for (size_t k = 0; k < groups->groups[g].nkeys; k++)
+      sp_pack_str(pk, groups->groups[g].keys[k]);
+  }
+}
+
+static int parse_storages(const msgpack_object *map, struct registry *reg,
+                          char *msg, size_t msglen) {
+  const msgpack_object_array *a;
+  if (sp_msg_get_array(map, "storages", false, &a) != 0)
+    return msg_fail(msg, msglen, SP_EBADMSG,
+                    "\"storages\" must be an array of storage maps");
+  if (a->size > REQ_MAX_PER_RANK)
+    return msg_fail(msg, msglen, SP_ELIMIT, "%u storages, more than %u",
+                    a->size, REQ_MAX_PER_RANK);
+  struct req_storage *s = calloc(a->size > 0 ? a->size : 1, sizeof *s);
+  struct sp_device *dev = calloc(a->size > 0 ? a->size : 1, sizeof *dev);
+  int rc = s == NULL || dev == NULL
+               ? msg_fail(msg, msglen, SP_ENOMEM, "out of memory")
+               : 0;
+  for (uint32_t i = 0; i < a->size && rc == 0; i++) {
+    const msgpack_object *o = &a->ptr[i];
+    char where[SP_ERRMSG_MAX / 2];
+    uint64_t index;
+    if (o->type != MSGPACK_OBJECT_MAP) {
+      rc = msg_fail(msg, msglen, SP_EBADMSG, "storages[%u]: not a map", i);
+      break;
+    }
+    if ((rc = get_u32(o, "sid", UINT32_MAX, &s[i].sid, where,
+                      sizeof where)) != 0 ||
+        (rc = get_u(o, "base", UINT64_MAX, &s[i].base, where,
+                    sizeof where)) != 0 ||
+        (rc = get_u(o, "length", REQ_MAX_VALUE, &s[i].length, where,
+                    sizeof where)) != 0 ||
+        (rc = get_u32(o, "device_type", SP_DEVICE_TYPE_COUNT - 1,
+                      &dev[i].type, where, sizeof where)) != 0 ||
+        (rc = get_u(o, "device_index", INT32_MAX, &index, where,
+                    sizeof where)) != 0 ||
+        (rc = get_fixed_bin(o, "device_uuid", dev[i].uuid,
+                            sizeof dev[i].uuid, where, sizeof where)) != 0) {
+      msg_fail(msg, msglen, rc, "storages[%u]: %s", i, where);
+      break;
+    }
+    dev[i].index = (int32_t)index;
+  }
+  if (rc == 0)
+    rc = registry_add_remote_storages(reg, s, dev, a->size, msg, msglen);
+  free(s);
+  free(dev);
+  return rc;
+}
+
+int nodemsg_parse_meta(const uint8_t *data, size_t len, uint32_t rank,
+                       struct registry *reg, struct req_groups *groups,
+                       char *msg, size_t msglen) {
+  struct sp_limits limits;
+  msgpack_zone zone;
+  msgpack_object map;
+  struct sp_msg_head head;
+  memset(groups, 0, sizeof *groups);
+  registry_init(reg, SP_DEVICE_CPU);
+  nodelink_meta_limits(&limits);
+  if (!msgpack_zone_init(&zone, MSGPACK_ZONE_CHUNK_SIZE))
+    return msg_fail(msg, msglen, SP_ENOMEM, "out of memory");
+  int rc = sp_wire_decode(data, len, &limits, &zone, &map);
+  if (rc != 0) {
+    msg_fail(msg, msglen, rc, "%s", sp_strerror(rc));
+    goto out;
+  }
+  uint32_t got, device_type;
+  if ((rc = sp_msg_head(&map, &head)) != 0 || strcmp(head.op, "meta") != 0) {
+    rc = msg_fail(msg, msglen, SP_EBADMSG, "not a meta message");
+    goto out;
+  }
+  if ((rc = get_u32(&map, "rank", REQ_MAX_WORLD - 1, &got, msg, msglen)) !=
+          0 ||
+      (rc = get_u32(&map, "device_type", SP_DEVICE_TYPE_COUNT - 1,
+                    &device_type, msg, msglen)) != 0)
+    goto out;
+  if (got != rank) {
+    rc = msg_fail(msg, msglen, SP_EINVAL,
+                  "it holds rank %u's registrations, not rank %u's", got,
+                  rank);
+    goto out;
+  }
+  reg->device_type = device_type;
+  if ((rc = parse_storages(&map, reg, msg, msglen)) != 0)
+    goto out;
+  struct req_tensor *t;
+  size_t n;
+  if ((rc = request_parse_tensors(&map, &t, &n, msg, msglen)) != 0)
+    goto out;
+  rc = registry_add_tensors(reg, t, n, msg, msglen);
+  request_tensors_free(t, n);
+  if (rc != 0)
+    goto out;
+  /* The groups, read as the rank's export request reads them. */
+  struct req_export ask;
+  if (sp_msg_field(&map, "groups") == NULL) {
+    rc = msg_fail(msg, msglen, SP_EBADMSG, "\"groups\" is missing");
+    goto out;
+  }
+  if ((rc = request_parse_export(&map, &ask, msg, msglen)) != 0)
+    goto out;
+  *groups = ask.groups;
+out:
+  msgpack_zone_destroy(&zone);
+  if (rc != 0)
+    registry_free(reg);
+  return rc;
+}

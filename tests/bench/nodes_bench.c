@@ -1,0 +1,336 @@
+/*
+ * nodes_bench.c - export throughput across two daemons on one machine.
+ *
+ * Two fresh shardportd daemons, each listening for the other on a loopback
+ * port (--peer-listen 127.0.0.1:0), serve shardport-demo with 4 ranks, two
+ * on each (the same model and checks as export_bench, every owned tensor
+ * verified), and, for comparison in the same run, one daemon serves the
+ * same 4 ranks.  While the two-daemon demo runs, the first daemon's
+ * status is sampled for the bytes its job sent to and received from the
+ * other node.
+ *
+ * The limits measured in the same run, with the same byte counts:
+ *   - raw loopback TCP: a plain socket pair on 127.0.0.1 moving the
+ *     export's cross-node bytes, each direction's count in its own
+ *     direction at once (full duplex, one thread per direction and side,
+ *     as the daemons move them), and all of it one way on one stream;
+ *   - single-thread memcpy of the model's bytes (buffers already touched).
+ * The ratios: the export's cross-node bytes over its time against raw TCP
+ * (how much of the link the export uses), and the model's bytes over its
+ * time against memcpy.  Printed, never asserted: these machines are
+ * shared.
+ *
+ *   nodes_bench [RUNS]    (default 3 runs, the median by time shown)
+ *
+ * $SHARDPORTD and $SHARDPORT_DEMO name the programs (meson sets them).
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shardport.h"
+#include "tests/integration/harness.h"
+
+#define MIB (1024.0 * 1024.0)
+#define GIB (1024.0 * 1024.0 * 1024.0)
+#define MAX_RUNS 9
+#define CHUNK (4u << 20)
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Single-thread memcpy of bytes between buffers already touched: the best
+ * of three. */
+static double memcpy_bps(uint64_t bytes) {
+  double best = 0;
+  char *src = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  char *dst = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (src != MAP_FAILED && dst != MAP_FAILED) {
+    memset(src, 1, bytes);
+    memset(dst, 2, bytes);
+    for (int rep = 0; rep < 3; rep++) {
+      double t0 = now_s();
+      memcpy(dst, src, bytes);
+      __asm__ volatile("" : : "r"(dst) : "memory");
+      double bps = (double)bytes / (now_s() - t0);
+      if (bps > best)
+        best = bps;
+    }
+  }
+  if (src != MAP_FAILED)
+    munmap(src, bytes);
+  if (dst != MAP_FAILED)
+    munmap(dst, bytes);
+  return best;
+}
+
+/* ---- raw loopback TCP ---- */
+
+struct pump {
+  int sock;
+  uint64_t bytes;
+  bool sending;
+  char *buf;
+};
+
+static void *pump_main(void *arg) {
+  struct pump *p = arg;
+  uint64_t left = p->bytes;
+  while (left > 0) {
+    size_t n = left < CHUNK ? (size_t)left : CHUNK;
+    ssize_t r = p->sending ? send(p->sock, p->buf, n, MSG_NOSIGNAL)
+                           : recv(p->sock, p->buf, n, 0);
+    if (r <= 0) {
+      if (r < 0 && errno == EINTR)
+        continue;
+      break;
+    }
+    left -= (uint64_t)r;
+  }
+  return NULL;
+}
+
+/* A connected pair of TCP sockets on 127.0.0.1. */
+static int tcp_pair(int sv[2]) {
+  struct sockaddr_in sa = {.sin_family = AF_INET,
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof sa;
+  int lst = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (lst < 0 || bind(lst, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+      listen(lst, 1) != 0 || getsockname(lst, (struct sockaddr *)&sa, &len))
+    return -1;
+  sv[0] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (sv[0] < 0 || connect(sv[0], (struct sockaddr *)&sa, sizeof sa) != 0)
+    return -1;
+  sv[1] = accept(lst, NULL, NULL);
+  close(lst);
+  return sv[1] < 0 ? -1 : 0;
+}
+
+/* Seconds to move a bytes from side 0 to side 1 and b bytes back, at
+ * once: the best of three. */
+static double tcp_seconds(uint64_t a, uint64_t b) {
+  double best = 0;
+  for (int rep = 0; rep < 3; rep++) {
+    int sv[2];
+    if (tcp_pair(sv) != 0)
+      return 0;
+    struct pump p[4] = {
+        {.sock = sv[0], .bytes = a, .sending = true},
+        {.sock = sv[1], .bytes = a, .sending = false},
+        {.sock = sv[1], .bytes = b, .sending = true},
+        {.sock = sv[0], .bytes = b, .sending = false},
+    };
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+      p[i].buf = malloc(CHUNK);
+      memset(p[i].buf, i, CHUNK);
+    }
+    double t0 = now_s();
+    for (int i = 0; i < 4; i++)
+      pthread_create(&th[i], NULL, pump_main, &p[i]);
+    for (int i = 0; i < 4; i++)
+      pthread_join(th[i], NULL);
+    double s = now_s() - t0;
+    for (int i = 0; i < 4; i++)
+      free(p[i].buf);
+    close(sv[0]);
+    close(sv[1]);
+    if (best == 0 || s < best)
+      best = s;
+  }
+  return best;
+}
+
+/* ---- the demo ---- */
+
+struct figures {
+  unsigned ranks, nodes;
+  size_t keys;
+  unsigned long long bytes, pool_bytes, identity_bytes, max_rank_bytes;
+  double seconds;
+  int verified;
+};
+
+static int run_demo(const char *demo, const char *const *sockets,
+                    int nsockets, struct figures *f) {
+  int out[2];
+  if (pipe(out) != 0)
+    return -1;
+  pid_t pid = fork();
+  if (pid < 0)
+    return -1;
+  if (pid == 0) {
+    const char *argv[16] = {demo, "--ranks", "4", "--machine"};
+    int n = 4;
+    for (int i = 0; i < nsockets; i++) {
+      argv[n++] = "--socket";
+      argv[n++] = sockets[i];
+    }
+    argv[n] = NULL;
+    dup2(out[1], STDOUT_FILENO);
+    close(out[0]);
+    close(out[1]);
+    execv(demo, (char *const *)argv);
+    _exit(127);
+  }
+  close(out[1]);
+  char buf[1024];
+  size_t have = 0;
+  ssize_t n;
+  while ((n = read(out[0], buf + have, sizeof buf - 1 - have)) > 0)
+    have += (size_t)n;
+  buf[have] = '\0';
+  close(out[0]);
+  int status;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+    ;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    fprintf(stderr, "nodes_bench: shardport-demo failed: %s\n", buf);
+    return -1;
+  }
+  return sscanf(buf,
+                "ranks=%u keys=%zu bytes=%llu pool_bytes=%llu "
+                "identity_bytes=%llu max_rank_bytes=%llu seconds=%lf "
+                "verified=%d nodes=%u",
+                &f->ranks, &f->keys, &f->bytes, &f->pool_bytes,
+                &f->identity_bytes, &f->max_rank_bytes, &f->seconds,
+                &f->verified, &f->nodes) == 9
+             ? 0
+             : -1;
+}
+
+/* The most bytes the first daemon's job sent to and received from the
+ * other node, sampled while the demo runs. */
+struct sampler {
+  const char *socket;
+  atomic_bool stop;
+  uint64_t sent, received;
+};
+
+static void *sample(void *arg) {
+  struct sampler *s = arg;
+  sp_client *c = NULL;
+  sp_connect(s->socket, &c);
+  while (!atomic_load(&s->stop)) {
+    sp_status_info *st = NULL;
+    if (c && sp_status(c, &st) == 0) {
+      for (size_t j = 0; j < st->njobs; j++)
+        for (size_t n = 0; n < st->jobs[j].nnodes; n++) {
+          const sp_node_status *nd = &st->jobs[j].nodes[n];
+          if (nd->bytes_sent > s->sent)
+            s->sent = nd->bytes_sent;
+          if (nd->bytes_received > s->received)
+            s->received = nd->bytes_received;
+        }
+      sp_status_free(st);
+    }
+    struct timespec ts = {0, 2 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  sp_close(c);
+  return NULL;
+}
+
+struct run {
+  struct figures f;
+  uint64_t sent, received;
+};
+
+static int one_run(const char *demo, int ndaemons, struct run *r) {
+  static const char *const plain[] = {"--log-level", "warn", NULL};
+  static const char *const peers[] = {"--log-level", "warn", "--peer-listen",
+                                      "127.0.0.1:0", NULL};
+  struct sp_test_daemon d[2];
+  const char *sockets[2];
+  int started = 0, rc = -1;
+  for (; started < ndaemons; started++) {
+    if (sp_test_daemon_start(&d[started], ndaemons > 1 ? peers : plain) != 0)
+      goto out;
+    sockets[started] = d[started].socket;
+  }
+  struct sampler s = {.socket = d[0].socket};
+  pthread_t th;
+  if (pthread_create(&th, NULL, sample, &s) != 0)
+    goto out;
+  rc = run_demo(demo, sockets, ndaemons, &r->f);
+  atomic_store(&s.stop, true);
+  pthread_join(th, NULL);
+  r->sent = s.sent;
+  r->received = s.received;
+out:
+  for (int i = 0; i < started; i++)
+    sp_test_daemon_stop(&d[i]);
+  return rc;
+}
+
+static int cmp_time(const void *a, const void *b) {
+  double x = ((const struct run *)a)->f.seconds,
+         y = ((const struct run *)b)->f.seconds;
+  return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+  const char *demo = getenv("SHARDPORT_DEMO");
+  if (!demo || !getenv("SHARDPORTD")) {
+    fprintf(stderr, "nodes_bench: set SHARDPORTD and SHARDPORT_DEMO\n");
+    return 1;
+  }
+  int runs = argc > 1 ? atoi(argv[1]) : 3;
+  if (runs < 1 || runs > MAX_RUNS)
+    runs = 3;
+  struct run one[MAX_RUNS], two[MAX_RUNS];
+  for (int k = 0; k < runs; k++)
+    if (one_run(demo, 1, &one[k]) != 0 || one_run(demo, 2, &two[k]) != 0) {
+      fprintf(stderr, "nodes_bench: a run failed\n");
+      return 1;
+    }
+  qsort(one, (size_t)runs, sizeof one[0], cmp_time);
+  qsort(two, (size_t)runs, sizeof two[0], cmp_time);
+  const struct run *o = &one[runs / 2], *t = &two[runs / 2];
+  uint64_t cross = t->sent + t->received;
+  double mbps = memcpy_bps(t->f.bytes);
+  double duplex = tcp_seconds(t->sent, t->received);
+  double oneway = tcp_seconds(cross, 0);
+  double export_bps = (double)t->f.bytes / t->f.seconds;
+  double cross_bps = (double)cross / t->f.seconds;
+  printf("export across two daemons on loopback: shardport-demo, 4 ranks "
+         "(two per daemon), %d runs (median by time)\n\n", runs);
+  printf("| daemons | model | export | model / time | memcpy, 1 thread | "
+         "ratio | between nodes (A to B + B to A) | between nodes / time | "
+         "raw TCP, same bytes both ways at once | ratio | raw TCP, one "
+         "stream | ratio |\n");
+  printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  printf("| 1 | %.1f MiB | %.3f s | %.2f GiB/s | %.2f GiB/s | %.2f | - | - | "
+         "- | - | - | - |\n",
+         (double)o->f.bytes / MIB, o->f.seconds,
+         (double)o->f.bytes / o->f.seconds / GIB, mbps / GIB,
+         mbps > 0 ? (double)o->f.bytes / o->f.seconds / mbps : 0.0);
+  printf("| 2 | %.1f MiB | %.3f s | %.2f GiB/s | %.2f GiB/s | %.2f | "
+         "%.1f MiB (%.1f + %.1f) | %.2f GiB/s | %.2f GiB/s | %.2f | "
+         "%.2f GiB/s | %.2f |\n",
+         (double)t->f.bytes / MIB, t->f.seconds, export_bps / GIB,
+         mbps / GIB, mbps > 0 ? export_bps / mbps : 0.0, (double)cross / MIB,
+         (double)t->sent / MIB, (double)t->received / MIB, cross_bps / GIB,
+         duplex > 0 ? (double)cross / duplex / GIB : 0.0,
+         duplex > 0 ? cross_bps / ((double)cross / duplex) : 0.0,
+         oneway > 0 ? (double)cross / oneway / GIB : 0.0,
+         oneway > 0 ? cross_bps / ((double)cross / oneway) : 0.0);
+  return 0;
+}

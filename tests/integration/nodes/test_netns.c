@@ -1,0 +1,223 @@
+/*
+ * test_netns.c - a link cut between two daemons.
+ *
+ * Each daemon runs in a network namespace of its own, the two joined by a
+ * veth pair (10.213.7.1 and .2); trainers reach them through their Unix
+ * sockets, which live in the file system, not the network.  While an
+ * export moves data the link goes down (`ip link set down`): no connection
+ * closes, nothing more arrives.  The ranks on both sides must fail with
+ * node_lost naming the node across the cut within the export's timeout,
+ * both daemons must free the export's memory, and a job on each side alone
+ * must still run.
+ *
+ * Needs root and `ip netns`; where either is missing it says so on stdout
+ * and stderr and exits 77, which meson reports as a skipped test.
+ */
+#include <check.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shardport.h"
+#include "tests/integration/harness.h"
+#include "tests/integration/trainer.h"
+
+#define SKIP 77
+
+static char ns[2][32], veth[2][16];
+static char wrapper_dir[256];
+static struct sp_test_daemon daemons[2];
+
+/* Runs a command quietly: its exit status, or -1. */
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int sh(const char *fmt, ...) {
+  char cmd[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  char quiet[600];
+  snprintf(quiet, sizeof quiet, "%s >/dev/null 2>&1", cmd);
+  int st = system(quiet);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void teardown_net(void) {
+  for (int i = 0; i < 2; i++)
+    if (ns[i][0] != '\0')
+      sh("ip netns del %s", ns[i]);
+  if (wrapper_dir[0] != '\0')
+    sp_test_rmdir(wrapper_dir);
+}
+
+/* Two namespaces and a veth pair between them; 0, or why not. */
+static const char *setup_net(void) {
+  if (geteuid() != 0)
+    return "not root";
+  if (sh("ip -V") != 0)
+    return "no `ip` command";
+  int id = (int)(getpid() % 100000);
+  for (int i = 0; i < 2; i++) {
+    snprintf(ns[i], sizeof ns[i], "sp-test-%d-%c", id, 'a' + i);
+    snprintf(veth[i], sizeof veth[i], "spv%d%c", id, 'a' + i);
+    if (sh("ip netns add %s", ns[i]) != 0) {
+      ns[i][0] = '\0';
+      return "`ip netns add` failed (no CAP_SYS_ADMIN, or no network "
+             "namespaces in this kernel or container)";
+    }
+  }
+  if (sh("ip link add %s type veth peer name %s", veth[0], veth[1]) != 0)
+    return "`ip link add ... type veth` failed";
+  for (int i = 0; i < 2; i++)
+    if (sh("ip link set %s netns %s", veth[i], ns[i]) != 0 ||
+        sh("ip -n %s addr add 10.213.7.%d/24 dev %s", ns[i], i + 1,
+           veth[i]) != 0 ||
+        sh("ip -n %s link set %s up", ns[i], veth[i]) != 0 ||
+        sh("ip -n %s link set lo up", ns[i]) != 0)
+      return "configuring the veth pair failed";
+  if (sh("ip netns exec %s ping -c 1 -W 2 10.213.7.2", ns[0]) != 0 &&
+      sh("ip netns exec %s true", ns[0]) != 0)
+    return "`ip netns exec` does not work here";
+  return NULL;
+}
+
+/* $SHARDPORTD run inside namespace i: a wrapper the harness execs. */
+static void start_daemon(int i) {
+  char wrapper[300], script[600], listen[32];
+  snprintf(wrapper, sizeof wrapper, "%s/shardportd-%d", wrapper_dir, i);
+  snprintf(script, sizeof script,
+           "#!/bin/sh\nexec ip netns exec %s \"$SHARDPORTD_REAL\" \"$@\"\n",
+           ns[i]);
+  ck_assert_int_eq(sp_test_write_file(wrapper, script), 0);
+  ck_assert_int_eq(chmod(wrapper, 0755), 0);
+  snprintf(listen, sizeof listen, "10.213.7.%d:0", i + 1);
+  const char *args[] = {"--peer-listen", listen, NULL};
+  setenv("SHARDPORTD", wrapper, 1);
+  setenv("SHARDPORTD_TEST_ROUND_DELAY_MS", "150", 1);
+  ck_assert_int_eq(sp_test_daemon_start(&daemons[i], args), 0);
+  unsetenv("SHARDPORTD_TEST_ROUND_DELAY_MS");
+  setenv("SHARDPORTD", getenv("SHARDPORTD_REAL"), 1);
+}
+
+static void start(void) {
+  start_daemon(0);
+  start_daemon(1);
+}
+
+static void stop(void) {
+  for (int i = 0; i < 2; i++)
+    if (daemons[i].pid > 0)
+      ck_assert_int_eq(sp_test_daemon_stop(&daemons[i]), 0);
+}
+
+static struct tkey keys[48];
+static char names[48][8];
+
+static void assert_lost(const struct world *w, uint32_t rank,
+                        uint32_t node) {
+  char name[32];
+  snprintf(name, sizeof name, "node %u (10.213.7.%u:", node, node + 1);
+  ck_assert_msg(w->rep[rank].export_rc == SP_ENODELOST, "rank %u: %s: %s",
+                rank, sp_err_name(w->rep[rank].export_rc),
+                w->rep[rank].message);
+  ck_assert_msg(strstr(w->rep[rank].message, name) != NULL,
+                "rank %u's message does not name %s: %s", rank, name,
+                w->rep[rank].message);
+}
+
+static void assert_pool_free(int i) {
+  sp_client *c;
+  sp_status_info *st = NULL;
+  for (int tries = 0; tries < 200; tries++) {
+    ck_assert_int_eq(sp_connect(daemons[i].socket, &c), 0);
+    ck_assert_int_eq(sp_status(c, &st), 0);
+    sp_close(c);
+    bool idle = st->pool_used == 0 && st->njobs == 0;
+    sp_status_free(st);
+    if (idle)
+      return;
+    struct timespec ts = {0, 25 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  ck_assert_msg(0, "daemon %d did not free the failed export", i);
+}
+
+START_TEST(link_cut_mid_round) {
+  for (int i = 0; i < 48; i++) {
+    snprintf(names[i], sizeof names[i], "m.%02d", i);
+    keys[i] = K(.name = names[i], .kind = SHARD0, .dtype = "float32",
+                .es = 4, .ndim = 2, .shape = {4, 4096}, .parts = {1, 1, 1, 1});
+  }
+  struct scenario sc = {.world = 4, .nkeys = 48, .keys = keys,
+                        .max_keys = 4, .timeout_ms = 2000};
+  const char *sockets[4] = {daemons[0].socket, daemons[0].socket,
+                            daemons[1].socket, daemons[1].socket};
+  struct world w;
+  trainer_start(&w, &sc, sockets);
+  trainer_wait_moving(&w, 0);
+  ck_assert_int_eq(sh("ip -n %s link set %s down", ns[0], veth[0]), 0);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  trainer_finish(&w, &sc);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  /* Each side names the other: from either, the other is what was lost. */
+  assert_lost(&w, 0, 1);
+  assert_lost(&w, 1, 1);
+  assert_lost(&w, 2, 0);
+  assert_lost(&w, 3, 0);
+  /* The timeout (2 s) and the grace before a silent root is given up,
+   * plus a round's pause: well under ten seconds. */
+  ck_assert_int_lt(t1.tv_sec - t0.tv_sec, 10);
+  trainer_free(&w, &sc);
+  assert_pool_free(0);
+  assert_pool_free(1);
+  /* Each side still serves a job of its own. */
+  for (int i = 0; i < 2; i++) {
+    struct tkey small[] = {K(.name = "x", .kind = SHARD0, .dtype = "float32",
+                             .es = 4, .ndim = 1, .shape = {5},
+                             .parts = {2, 3})};
+    struct scenario one = {.world = 2, .nkeys = 1, .keys = small};
+    const char *both[2] = {daemons[i].socket, daemons[i].socket};
+    trainer_start(&w, &one, both);
+    trainer_finish(&w, &one);
+    trainer_assert_exported(&w, &one);
+    trainer_free(&w, &one);
+  }
+}
+END_TEST
+
+int main(void) {
+  const char *why = setup_net();
+  if (why != NULL) {
+    printf("nodes-netns: SKIPPED: the link-cut test needs network "
+           "namespaces: %s\n", why);
+    fprintf(stderr, "nodes-netns: SKIPPED: the link-cut test needs network "
+            "namespaces: %s\n", why);
+    teardown_net();
+    return SKIP;
+  }
+  setenv("SHARDPORTD_REAL", sp_test_daemon_path(), 1);
+  if (sp_test_mkdtemp(wrapper_dir, sizeof wrapper_dir) != 0) {
+    teardown_net();
+    return 1;
+  }
+  Suite *s = suite_create("nodes-netns");
+  TCase *tc = tcase_create("link");
+  tcase_add_checked_fixture(tc, start, stop);
+  tcase_set_timeout(tc, 90);
+  tcase_add_test(tc, link_cut_mid_round);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  teardown_net();
+  return failed == 0 ? 0 : 1;
+}

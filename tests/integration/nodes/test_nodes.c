@@ -1,0 +1,772 @@
+/*
+ * test_nodes.c - jobs across nodes: two and three private daemons on
+ * loopback, each listening for the others on a port the kernel picks, and
+ * trainer processes (tests/integration/trainer.h) spread over them, two
+ * ranks per daemon.
+ *
+ * What is asserted: every layout of the single-node suite exports across
+ * nodes exactly (each rank checks every byte it owns against the original)
+ * and with the same owners as on one daemon; every daemon of a job plans
+ * the same digest and shows its nodes and the bytes between them; a wrong
+ * secret or job id is refused; refusals reach every rank of every node
+ * with one message; and the faults: a daemon killed mid-round, a daemon
+ * stopped (SIGSTOP: it reads nothing), a rank lost on another node, fail
+ * every surviving rank with the error naming the lost node or rank within
+ * the export's timeout, free the survivors' pool, and leave the daemons
+ * ready for the next job; a slow peer is not a lost one.
+ *
+ *   test-nodes [TCASE]   (all test cases by default)
+ */
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shardport.h"
+#include "tests/integration/harness.h"
+#include "tests/integration/trainer.h"
+
+#define MAXD 3
+
+static struct sp_test_daemon daemons[MAXD];
+static int ndaemons;
+
+static void start_daemons(int n, const char *round_delay_ms) {
+  static const char *const args[] = {"--peer-listen", "127.0.0.1:0", NULL};
+  if (round_delay_ms != NULL)
+    setenv("SHARDPORTD_TEST_ROUND_DELAY_MS", round_delay_ms, 1);
+  for (int i = 0; i < n; i++)
+    ck_assert_int_eq(sp_test_daemon_start(&daemons[i], args), 0);
+  unsetenv("SHARDPORTD_TEST_ROUND_DELAY_MS");
+  ndaemons = n;
+}
+
+static void start2(void) { start_daemons(2, NULL); }
+static void start3(void) { start_daemons(3, NULL); }
+/* The engines pause after every round, so a test can act mid-export. */
+static void start2_slow(void) { start_daemons(2, "150"); }
+
+static void stop_all(void) {
+  for (int i = 0; i < ndaemons; i++)
+    if (daemons[i].pid > 0)
+      ck_assert_int_eq(sp_test_daemon_stop(&daemons[i]), 0);
+    else
+      sp_test_daemon_stop(&daemons[i]); /* killed: its directory goes */
+}
+
+/* Ranks in blocks over the first n daemons: rank 0 (the job's creator) on
+ * the first, which roots the job. */
+static const char *const *spread(uint32_t world, int n) {
+  static const char *sockets[TRAINER_MAXR];
+  for (uint32_t r = 0; r < world; r++)
+    sockets[r] = daemons[(uint64_t)r * (uint64_t)n / world].socket;
+  return sockets;
+}
+
+static void run_on(const struct scenario *sc, struct world *w, int n) {
+  trainer_start(w, sc, spread(sc->world, n));
+  trainer_finish(w, sc);
+}
+
+static void kill_daemon(int i, int sig) {
+  ck_assert_int_eq(kill(daemons[i].pid, sig), 0);
+  if (sig == SIGKILL) {
+    waitpid(daemons[i].pid, NULL, 0);
+    daemons[i].pid = -1;
+  }
+}
+
+static sp_status_info *status_of(int i) {
+  sp_client *c;
+  sp_status_info *st;
+  ck_assert_int_eq(sp_connect(daemons[i].socket, &c), 0);
+  ck_assert_int_eq(sp_status(c, &st), 0);
+  sp_close(c);
+  return st;
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* The daemon holds no job and no pool memory (a job ends once its ranks
+ * have gone, which the daemon learns on its next wake-up). */
+static void assert_idle(int i) {
+  for (int tries = 0; tries < 200; tries++) {
+    sp_status_info *st = status_of(i);
+    bool idle = st->njobs == 0 && st->pool_used == 0;
+    sp_status_free(st);
+    if (idle)
+      return;
+    sleep_ms(25);
+  }
+  sp_status_info *st = status_of(i);
+  ck_assert_msg(0, "daemon %d still holds %zu job(s) and %llu pool bytes", i,
+                st->njobs, (unsigned long long)st->pool_used);
+  sp_status_free(st);
+}
+
+/* ---- layouts ---- */
+
+/* The single-node suite's mixed model for four ranks, plus what only
+ * crosses nodes differently: replicas of one piece on two nodes, and a
+ * view too fragmented to send run by run (packed into staging). */
+static struct tkey mixed_keys[] = {
+    /* uneven rows, a rank with none */
+    K(.name = "emb", .kind = SHARD0, .dtype = "bfloat16", .es = 2, .ndim = 2,
+      .shape = {10, 6}, .parts = {3, 0, 5, 2}),
+    /* no elements at all */
+    K(.name = "empty", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
+      .shape = {0, 5}, .parts = {0, 0, 0, 0}),
+    K(.name = "w.f32", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
+      .shape = {7, 3}, .parts = {1, 2, 3, 1}),
+    /* every row on one rank: identity when that rank owns it */
+    K(.name = "w.i16", .kind = SHARD0, .dtype = "int16", .es = 2, .ndim = 1,
+      .shape = {9}, .parts = {0, 0, 9, 0}),
+    K(.name = "norm", .kind = REPLICATED, .dtype = "float32", .es = 4,
+      .ndim = 1, .shape = {6}),
+    K(.name = "bias", .kind = PLAIN, .dtype = "bfloat16", .es = 2, .ndim = 1,
+      .shape = {5}),
+    K(.name = "expert.0", .kind = EXPERT, .dtype = "bfloat16", .es = 2,
+      .ndim = 2, .shape = {4, 6}, .expert = 2),
+    K(.name = "expert.1", .kind = EXPERT, .dtype = "float32", .es = 4,
+      .ndim = 2, .shape = {3, 3}, .expert = 1),
+    /* a column split: each rank holds columns as one affine piece; the
+     * owner's destination runs are a few bytes each (unpacked) */
+    K(.name = "cols", .kind = AFFINE_COLS, .dtype = "float32", .es = 4,
+      .ndim = 2, .shape = {4, 10}, .parts = {3, 2, 4, 1}),
+    K(.name = "tied.a", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
+      .shape = {8, 4}, .parts = {2, 2, 2, 2}),
+    K(.name = "tied.b", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
+      .shape = {8, 4}, .parts = {2, 2, 2, 2}, .tie = 9 + 1),
+    K(.name = "grp.x", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
+      .shape = {6, 2}, .parts = {2, 1, 1, 2}),
+    K(.name = "grp.y", .kind = REPLICATED, .dtype = "bfloat16", .es = 2,
+      .ndim = 2, .shape = {5, 3}),
+    K(.name = "scalar", .kind = PLAIN, .dtype = "float32", .es = 4, .ndim = 0),
+    /* ranks r and r + 2 hold the same rows: replicas on two nodes */
+    K(.name = "pairs", .kind = AFFINE_PAIRS, .dtype = "float32", .es = 4,
+      .ndim = 2, .shape = {6, 5}, .parts = {2, 4}),
+    /* rows of 3 elements 5 apart: a sender packs them */
+    K(.name = "padded", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
+      .shape = {9, 3}, .parts = {2, 3, 1, 3}, .pad = 2),
+    /* large enough that rows go straight from storage to pool */
+    K(.name = "big", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
+      .shape = {96, 512}, .parts = {30, 10, 40, 16}),
+};
+
+static const char *const mixed_group[] = {"grp.x", "grp.y", NULL};
+
+#define NMIXED (sizeof mixed_keys / sizeof mixed_keys[0])
+
+/* Two daemons export the model exactly as one daemon does: every rank's
+ * bytes are the original's, and every key has the same owner. */
+START_TEST(two_nodes_export_as_one_does) {
+  struct scenario sc = {.world = 4, .nkeys = NMIXED, .keys = mixed_keys,
+                        .group = mixed_group};
+  struct world one, two;
+  run_on(&sc, &one, 1);
+  trainer_assert_exported(&one, &sc);
+  run_on(&sc, &two, 2);
+  trainer_assert_exported(&two, &sc);
+  for (size_t k = 0; k < NMIXED; k++)
+    ck_assert_msg(trainer_owner_of(&one, &sc, mixed_keys[k].name) ==
+                      trainer_owner_of(&two, &sc, mixed_keys[k].name),
+                  "\"%s\": owner %u on one daemon, %u on two",
+                  mixed_keys[k].name,
+                  trainer_owner_of(&one, &sc, mixed_keys[k].name),
+                  trainer_owner_of(&two, &sc, mixed_keys[k].name));
+  ck_assert_uint_eq(trainer_owner_of(&two, &sc, "tied.a"),
+                    trainer_owner_of(&two, &sc, "tied.b"));
+  ck_assert_uint_eq(trainer_owner_of(&two, &sc, "grp.x"),
+                    trainer_owner_of(&two, &sc, "grp.y"));
+  ck_assert_uint_eq(trainer_owner_of(&two, &sc, "expert.0"), 2);
+  trainer_free(&one, &sc);
+  trainer_free(&two, &sc);
+  assert_idle(0);
+  assert_idle(1);
+}
+END_TEST
+
+/* The same model for six ranks on three daemons. */
+static struct tkey six_keys[] = {
+    K(.name = "emb", .kind = SHARD0, .dtype = "bfloat16", .es = 2, .ndim = 2,
+      .shape = {13, 6}, .parts = {3, 0, 5, 2, 0, 3}),
+    K(.name = "empty", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
+      .shape = {0, 5}),
+    K(.name = "w.i16", .kind = SHARD0, .dtype = "int16", .es = 2, .ndim = 1,
+      .shape = {9}, .parts = {0, 0, 0, 0, 9, 0}),
+    K(.name = "norm", .kind = REPLICATED, .dtype = "float32", .es = 4,
+      .ndim = 1, .shape = {6}),
+    K(.name = "bias", .kind = PLAIN, .dtype = "bfloat16", .es = 2, .ndim = 1,
+      .shape = {5}),
+    K(.name = "expert.5", .kind = EXPERT, .dtype = "bfloat16", .es = 2,
+      .ndim = 2, .shape = {4, 6}, .expert = 5),
+    K(.name = "cols", .kind = AFFINE_COLS, .dtype = "float32", .es = 4,
+      .ndim = 2, .shape = {4, 12}, .parts = {3, 2, 4, 1, 0, 2}),
+    K(.name = "pairs", .kind = AFFINE_PAIRS, .dtype = "int16", .es = 2,
+      .ndim = 2, .shape = {7, 4}, .parts = {2, 4, 1}),
+    K(.name = "padded", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
+      .shape = {12, 3}, .parts = {2, 3, 1, 3, 0, 3}, .pad = 1),
+    K(.name = "big", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
+      .shape = {60, 512}, .parts = {10, 10, 0, 20, 5, 15}),
+    K(.name = "tied.a", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
+      .shape = {6, 4}, .parts = {1, 1, 1, 1, 1, 1}),
+    K(.name = "tied.b", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
+      .shape = {6, 4}, .parts = {1, 1, 1, 1, 1, 1}, .tie = 10 + 1),
+};
+
+START_TEST(three_nodes_export) {
+  struct scenario sc = {.world = 6,
+                        .nkeys = sizeof six_keys / sizeof six_keys[0],
+                        .keys = six_keys};
+  struct world w;
+  run_on(&sc, &w, 3);
+  trainer_assert_exported(&w, &sc);
+  ck_assert_uint_eq(trainer_owner_of(&w, &sc, "expert.5"), 5);
+  trainer_free(&w, &sc);
+  for (int i = 0; i < 3; i++)
+    assert_idle(i);
+}
+END_TEST
+
+/* The job's root holds no rank: the job is created on the first daemon and
+ * its four ranks join on the other two.  The root still decides joins and
+ * agreement; the data moves between the other two. */
+START_TEST(root_without_ranks) {
+  sp_client *creator;
+  sp_ticket ticket;
+  ck_assert_int_eq(sp_connect(daemons[0].socket, &creator), 0);
+  ck_assert_int_eq(sp_job_create(creator, 4, &ticket), 0);
+  struct scenario sc = {.world = 4, .nkeys = NMIXED, .keys = mixed_keys,
+                        .group = mixed_group, .ticket = &ticket,
+                        .exports = 2};
+  const char *sockets[4] = {daemons[1].socket, daemons[1].socket,
+                            daemons[2].socket, daemons[2].socket};
+  struct world w;
+  trainer_start(&w, &sc, sockets);
+  trainer_finish(&w, &sc);
+  trainer_assert_exported(&w, &sc);
+  trainer_free(&w, &sc);
+  sp_close(creator);
+  for (int i = 0; i < 3; i++)
+    assert_idle(i);
+}
+END_TEST
+
+START_TEST(more_than_4096_keys_across_nodes) {
+  enum { N = 5000 };
+  struct tkey *keys = calloc(N, sizeof *keys);
+  char(*names)[16] = calloc(N, sizeof *names);
+  for (int i = 0; i < N; i++) {
+    snprintf(names[i], sizeof names[i], "k.%05d", i);
+    bool bf = i % 3 == 0;
+    keys[i] = K(.name = names[i], .kind = SHARD0,
+                .dtype = bf ? "bfloat16" : "float32", .es = bf ? 2 : 4,
+                .ndim = 2, .shape = {5, 2},
+                .parts = {i % 4, 1, 3 - i % 4, 1});
+  }
+  struct scenario sc = {.world = 4, .nkeys = N, .keys = keys};
+  struct world w;
+  run_on(&sc, &w, 2);
+  trainer_assert_exported(&w, &sc);
+  /* Default max_keys is 4096: at least two rounds. */
+  for (uint32_t i = 0; i < sc.world; i++)
+    ck_assert_uint_ge(w.rep[i].max_rounds, 2);
+  trainer_free(&w, &sc);
+  free(keys);
+  free(names);
+}
+END_TEST
+
+/* The job's daemons agree: one digest, both nodes connected, and the bytes
+ * one sent are the bytes the other received.  Exported three times, over
+ * the same data links. */
+START_TEST(digests_agree_and_status_shows_nodes) {
+  struct scenario sc = {.world = 4, .nkeys = NMIXED, .keys = mixed_keys,
+                        .group = mixed_group, .exports = 3, .hold = true};
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  trainer_wait_held(&w, &sc);
+  sp_status_info *a = status_of(0), *b = status_of(1);
+  ck_assert_ptr_nonnull(a->peer_address);
+  ck_assert_ptr_nonnull(b->peer_address);
+  ck_assert_uint_eq(a->njobs, 1);
+  ck_assert_uint_eq(b->njobs, 1);
+  const sp_job_status *ja = &a->jobs[0], *jb = &b->jobs[0];
+  ck_assert_str_eq(ja->job_id, jb->job_id);
+  ck_assert_str_eq(ja->phase, "published");
+  ck_assert_ptr_nonnull(ja->plan_digest);
+  ck_assert_uint_eq(strlen(ja->plan_digest), 16);
+  ck_assert_str_eq(ja->plan_digest, jb->plan_digest);
+  ck_assert_uint_eq(ja->node, 0);
+  ck_assert_uint_eq(jb->node, 1);
+  ck_assert_uint_eq(ja->nnodes, 2);
+  ck_assert_uint_eq(jb->nnodes, 2);
+  for (int n = 0; n < 2; n++) {
+    ck_assert(ja->nodes[n].connected);
+    ck_assert(jb->nodes[n].connected);
+    ck_assert_uint_eq(ja->nodes[n].node, (uint32_t)n);
+  }
+  ck_assert(ja->nodes[0].self && !ja->nodes[1].self);
+  ck_assert(jb->nodes[1].self && !jb->nodes[0].self);
+  ck_assert_str_eq(ja->nodes[0].address, a->peer_address);
+  ck_assert_str_eq(ja->nodes[1].address, b->peer_address);
+  /* A's bytes to B are B's bytes from A, and some moved both ways. */
+  ck_assert_uint_gt(ja->nodes[1].bytes_sent, 0);
+  ck_assert_uint_gt(ja->nodes[1].bytes_received, 0);
+  ck_assert_uint_eq(ja->nodes[1].bytes_sent, jb->nodes[0].bytes_received);
+  ck_assert_uint_eq(ja->nodes[1].bytes_received, jb->nodes[0].bytes_sent);
+  sp_status_free(a);
+  sp_status_free(b);
+  trainer_release(&w, &sc);
+  trainer_finish(&w, &sc);
+  trainer_assert_exported(&w, &sc);
+  trainer_free(&w, &sc);
+  assert_idle(0);
+  assert_idle(1);
+}
+END_TEST
+
+/* ---- refusals ---- */
+
+static struct tkey refusal_keys[] = {
+    K(.name = "a", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
+      .shape = {8, 4}, .parts = {2, 2, 2, 2}),
+    K(.name = "b", .kind = REPLICATED, .dtype = "float32", .es = 4, .ndim = 2,
+      .shape = {8, 4}),
+    K(.name = "e", .kind = EXPERT, .dtype = "float32", .es = 4, .ndim = 2,
+      .shape = {8, 4}, .expert = 0),
+};
+
+static void drop_b_on_3(const struct scenario *sc, uint32_t rank,
+                        sp_tensor_desc *t, size_t *n) {
+  (void)sc;
+  if (rank != 3)
+    return;
+  sp_tensor_desc *b = trainer_desc(t, *n, "b");
+  *b = t[--*n];
+}
+
+static void short_a_on_3(const struct scenario *sc, uint32_t rank,
+                         sp_tensor_desc *t, size_t *n) {
+  (void)sc;
+  if (rank == 3)
+    trainer_desc(t, *n, "a")->shape[0] = 1;
+}
+
+static void expert_on_2_too(const struct scenario *sc, uint32_t rank,
+                            sp_tensor_desc *t, size_t *n) {
+  (void)sc;
+  if (rank != 2)
+    return;
+  t[*n] = *trainer_desc(t, *n, "b");
+  t[*n].key = "e";
+  t[*n].placement = SP_PLACEMENT_EXPERT;
+  ++*n;
+}
+
+static const struct {
+  tweak_fn *tweak;
+  int code;
+} refusals[] = {
+    {drop_b_on_3, SP_EKEYSET},
+    {short_a_on_3, SP_ETILING},
+    {expert_on_2_too, SP_EEXPERT},
+};
+
+static void assert_refused(struct world *w, const struct scenario *sc,
+                           int code) {
+  for (uint32_t i = 0; i < sc->world; i++) {
+    ck_assert_msg(w->rep[i].export_rc == code, "rank %u: %s (%s), expected "
+                  "%s: %s", i, sp_err_name(w->rep[i].export_rc),
+                  w->rep[i].failure, sp_err_name(code), w->rep[i].message);
+    ck_assert_str_ne(w->rep[i].message, "");
+    ck_assert_str_eq(w->rep[i].message, w->rep[0].message);
+    for (size_t k = 0; k < sc->nkeys; k++)
+      ck_assert_uint_eq(w->owned[i][k], 0);
+  }
+}
+
+static void next_job_is_served(int n) {
+  struct scenario sc = {.world = 4, .nkeys = NMIXED, .keys = mixed_keys,
+                        .group = mixed_group};
+  struct world w;
+  run_on(&sc, &w, n);
+  trainer_assert_exported(&w, &sc);
+  trainer_free(&w, &sc);
+}
+
+START_TEST(refusal_reaches_every_node_alike) {
+  struct scenario sc = {.world = 4,
+                        .nkeys = sizeof refusal_keys / sizeof refusal_keys[0],
+                        .keys = refusal_keys, .tweak = refusals[_i].tweak};
+  struct world w;
+  run_on(&sc, &w, 2);
+  assert_refused(&w, &sc, refusals[_i].code);
+  trainer_free(&w, &sc);
+  next_job_is_served(2);
+}
+END_TEST
+
+/* Replicas of one piece on two nodes disagree: the owner's daemon finds
+ * it, and every rank on both nodes hears the same message. */
+START_TEST(replicas_across_nodes_that_differ) {
+  struct scenario sc = {.world = 4, .nkeys = NMIXED, .keys = mixed_keys,
+                        .group = mixed_group, .corrupt = 3 + 1};
+  struct world w;
+  run_on(&sc, &w, 2);
+  assert_refused(&w, &sc, SP_EDIFFERENT);
+  ck_assert_ptr_nonnull(strstr(w.rep[0].message, "'pairs'"));
+  trainer_free(&w, &sc);
+  assert_idle(0);
+  assert_idle(1);
+  next_job_is_served(2);
+}
+END_TEST
+
+/* A daemon that planned differently (the test seam perturbs the digest it
+ * reports): nothing moves, and every rank on both nodes hears one
+ * plan_digest_mismatch naming both digests. */
+START_TEST(different_plans_fail_everywhere) {
+  static const char *const args[] = {"--peer-listen", "127.0.0.1:0", NULL};
+  sp_test_daemon_stop(&daemons[1]);
+  setenv("SHARDPORTD_TEST_DIGEST_XOR", "0x5a5a", 1);
+  ck_assert_int_eq(sp_test_daemon_start(&daemons[1], args), 0);
+  unsetenv("SHARDPORTD_TEST_DIGEST_XOR");
+  struct scenario sc = {.world = 4, .nkeys = NMIXED, .keys = mixed_keys,
+                        .group = mixed_group};
+  struct world w;
+  run_on(&sc, &w, 2);
+  assert_refused(&w, &sc, SP_EDIGEST);
+  ck_assert_ptr_nonnull(strstr(w.rep[0].message, "node 0 "));
+  ck_assert_ptr_nonnull(strstr(w.rep[0].message, "node 1 "));
+  /* No rank ever saw data move. */
+  for (uint32_t i = 0; i < sc.world; i++)
+    ck_assert(!w.moving[i]);
+  trainer_free(&w, &sc);
+  assert_idle(0);
+  assert_idle(1);
+}
+END_TEST
+
+/* ---- who may join ---- */
+
+/* Finds the bytes of field name's bin16 value in a ticket (a msgpack map
+ * with str keys): the key, then bin8 of 16 bytes. */
+static uint8_t *ticket_field(sp_ticket *t, const char *name) {
+  size_t len = strlen(name);
+  for (size_t i = 0; i + 1 + len + 2 + 16 <= t->len; i++)
+    if (t->bytes[i] == (0xa0 | len) &&
+        memcmp(&t->bytes[i + 1], name, len) == 0 &&
+        t->bytes[i + 1 + len] == 0xc4 && t->bytes[i + 2 + len] == 16)
+      return &t->bytes[i + 3 + len];
+  return NULL;
+}
+
+static void assert_join_refused(const sp_ticket *t) {
+  sp_client *c;
+  ck_assert_int_eq(sp_connect(daemons[1].socket, &c), 0);
+  int rc = sp_job_join(c, t, 1, 2, "cpu");
+  ck_assert_msg(rc == SP_ETICKET, "join: %s: %s", sp_err_name(rc),
+                sp_last_message(c));
+  ck_assert_ptr_nonnull(strstr(sp_last_message(c), "refused"));
+  sp_close(c);
+}
+
+START_TEST(wrong_secret_or_job_is_refused) {
+  sp_client *root;
+  sp_ticket good, t;
+  ck_assert_int_eq(sp_connect(daemons[0].socket, &root), 0);
+  ck_assert_int_eq(sp_job_create(root, 2, &good), 0);
+  ck_assert_int_eq(sp_job_join(root, &good, 0, 2, "cpu"), 0);
+  /* The secret wrong by one byte, then the job id. */
+  t = good;
+  ticket_field(&t, "secret")[5] ^= 1;
+  assert_join_refused(&t);
+  t = good;
+  ticket_field(&t, "job")[0] ^= 1;
+  assert_join_refused(&t);
+  /* Nothing of either is left on the refused daemon. */
+  assert_idle(1);
+  /* The real ticket still joins, and the job exports. */
+  sp_client *other;
+  ck_assert_int_eq(sp_connect(daemons[1].socket, &other), 0);
+  ck_assert_int_eq(sp_job_join(other, &good, 1, 2, "cpu"), 0);
+  sp_close(other);
+  sp_close(root);
+}
+END_TEST
+
+/* The daemon's address from its status: where to speak the peer protocol
+ * by hand. */
+static int dial_peer_port(int i) {
+  sp_status_info *st = status_of(i);
+  char addr[64];
+  snprintf(addr, sizeof addr, "%s", st->peer_address);
+  sp_status_free(st);
+  char *colon = strrchr(addr, ':');
+  ck_assert_ptr_nonnull(colon);
+  *colon = '\0';
+  struct sockaddr_in sa = {.sin_family = AF_INET,
+                           .sin_port = htons((uint16_t)atoi(colon + 1))};
+  ck_assert_int_eq(inet_pton(AF_INET, addr, &sa.sin_addr), 1);
+  int sock = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ck_assert_int_ge(sock, 0);
+  ck_assert_int_eq(connect(sock, (struct sockaddr *)&sa, sizeof sa), 0);
+  return sock;
+}
+
+/* A daemon that says hello with a wrong secret, or anything but hello, is
+ * answered with an error and closed; the daemon goes on serving. */
+START_TEST(peer_with_wrong_secret_is_closed) {
+  sp_client *root;
+  sp_ticket good;
+  ck_assert_int_eq(sp_connect(daemons[0].socket, &root), 0);
+  ck_assert_int_eq(sp_job_create(root, 2, &good), 0);
+  uint8_t *job = ticket_field(&good, "job");
+  uint8_t secret[16];
+  memcpy(secret, ticket_field(&good, "secret"), 16);
+  secret[0] ^= 0x80;
+  int sock = dial_peer_port(0);
+  struct sp_msgbuf mb;
+  sp_msgbuf_begin(&mb, "peer_hello", 0, 5);
+  sp_pack_kv_u64(&mb.pk, "version", 1);
+  sp_pack_str(&mb.pk, "job");
+  sp_pack_bin(&mb.pk, job, 16);
+  sp_pack_str(&mb.pk, "secret");
+  sp_pack_bin(&mb.pk, secret, 16);
+  sp_pack_kv_str(&mb.pk, "addr", "127.0.0.1:9");
+  sp_pack_kv_u64(&mb.pk, "node_id", 12345);
+  ck_assert_int_eq(sp_test_send_msgbuf(sock, &mb, NULL, 0), 0);
+  struct sp_test_reply r;
+  ck_assert_int_eq(sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS), 0);
+  ck_assert_str_eq(r.head.op, "error");
+  ck_assert_int_eq(r.code, SP_ETICKET);
+  sp_test_reply_free(&r);
+  ck_assert_int_eq(sp_test_wait_closed(sock, SP_TEST_TIMEOUT_MS), 0);
+  close(sock);
+  /* Not a hello at all. */
+  sock = dial_peer_port(0);
+  ck_assert_int_eq(sp_test_send_op(sock, "ping", 3, NULL, 0), 0);
+  ck_assert_int_eq(sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS), 0);
+  ck_assert_int_eq(r.code, SP_EHELLO);
+  sp_test_reply_free(&r);
+  ck_assert_int_eq(sp_test_wait_closed(sock, SP_TEST_TIMEOUT_MS), 0);
+  close(sock);
+  /* A frame larger than a peer may send before it said who it is. */
+  sock = dial_peer_port(0);
+  uint8_t huge[4] = {0x7f, 0xff, 0xff, 0xff};
+  ck_assert_int_eq(sp_test_send_raw(sock, huge, sizeof huge, NULL, 0), 0);
+  ck_assert_int_eq(sp_test_wait_closed(sock, SP_TEST_TIMEOUT_MS), 0);
+  close(sock);
+  ck_assert_int_eq(sp_ping(root, NULL), 0);
+  sp_close(root);
+}
+END_TEST
+
+/* ---- faults ---- */
+
+/* Enough rounds (four keys each) that a fault lands mid-export. */
+static struct tkey slow_keys[48];
+static char slow_names[48][8];
+
+static struct scenario slow_scenario(uint32_t timeout_ms) {
+  for (int i = 0; i < 48; i++) {
+    snprintf(slow_names[i], sizeof slow_names[i], "m.%02d", i);
+    slow_keys[i] = K(.name = slow_names[i], .kind = SHARD0,
+                     .dtype = "float32", .es = 4, .ndim = 2,
+                     .shape = {4, 64}, .parts = {1, 1, 1, 1});
+  }
+  return (struct scenario){.world = 4, .nkeys = 48, .keys = slow_keys,
+                           .max_keys = 4, .timeout_ms = timeout_ms};
+}
+
+/* Every rank of the survivors failed with node_lost naming the node. */
+static void assert_node_lost(struct world *w, uint32_t first, uint32_t last,
+                             uint32_t node) {
+  char name[32];
+  snprintf(name, sizeof name, "node %u (", node);
+  for (uint32_t i = first; i <= last; i++) {
+    ck_assert_msg(w->rep[i].export_rc == SP_ENODELOST, "rank %u: %s: %s (%s)",
+                  i, sp_err_name(w->rep[i].export_rc), w->rep[i].message,
+                  w->rep[i].failure);
+    ck_assert_msg(strstr(w->rep[i].message, name) != NULL,
+                  "rank %u's message does not name %s: %s", i, name,
+                  w->rep[i].message);
+  }
+  ck_assert_str_eq(w->rep[first].message, w->rep[last].message);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A daemon replaced by a fresh one, for the next job. */
+static void restart_daemon(int i) {
+  static const char *const args[] = {"--peer-listen", "127.0.0.1:0", NULL};
+  sp_test_daemon_stop(&daemons[i]);
+  ck_assert_int_eq(sp_test_daemon_start(&daemons[i], args), 0);
+}
+
+/* The daemon of ranks 2 and 3 is killed while data moves: ranks 0 and 1
+ * fail with node_lost naming node 1; the root frees the export's memory
+ * and serves the next job. */
+START_TEST(daemon_killed_mid_round) {
+  struct scenario sc = slow_scenario(10000);
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  trainer_wait_moving(&w, 0);
+  kill_daemon(1, SIGKILL);
+  double t0 = now_s();
+  trainer_read_report(&w, &sc, 0);
+  trainer_read_report(&w, &sc, 1);
+  ck_assert_double_lt(now_s() - t0, 5.0);
+  trainer_finish(&w, &sc);
+  assert_node_lost(&w, 0, 1, 1);
+  trainer_free(&w, &sc);
+  assert_idle(0);
+  restart_daemon(1);
+  next_job_is_served(2);
+}
+END_TEST
+
+/* The root itself is killed: the other node's ranks name node 0. */
+START_TEST(root_killed_mid_round) {
+  struct scenario sc = slow_scenario(10000);
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  trainer_wait_moving(&w, 2);
+  kill_daemon(0, SIGKILL);
+  trainer_read_report(&w, &sc, 2);
+  trainer_read_report(&w, &sc, 3);
+  trainer_finish(&w, &sc);
+  assert_node_lost(&w, 2, 3, 0);
+  trainer_free(&w, &sc);
+  assert_idle(1);
+  restart_daemon(0);
+  next_job_is_served(2);
+}
+END_TEST
+
+/* A daemon that stops reading (SIGSTOP) fails the export on the other
+ * node within the export's timeout (2 s here), naming it; once it runs
+ * again it is the one that was lost. */
+START_TEST(daemon_stopped_mid_round) {
+  struct scenario sc = slow_scenario(2000);
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  trainer_wait_moving(&w, 0);
+  kill_daemon(1, SIGSTOP);
+  double t0 = now_s();
+  trainer_read_report(&w, &sc, 0);
+  trainer_read_report(&w, &sc, 1);
+  double waited = now_s() - t0;
+  kill_daemon(1, SIGCONT);
+  trainer_finish(&w, &sc);
+  assert_node_lost(&w, 0, 1, 1);
+  /* The timeout, plus a tick and a round's pause, not much more. */
+  ck_assert_double_lt(waited, 8.0);
+  trainer_free(&w, &sc);
+  assert_idle(0);
+  assert_idle(1);
+  next_job_is_served(2);
+}
+END_TEST
+
+/* A slow peer is not a lost one: rounds pause 150 ms each (about 2 s in
+ * all, past the 1.2 s timeout) and a daemon stops for half the timeout,
+ * and the export still completes, because bytes keep moving. */
+START_TEST(slow_peer_is_not_lost) {
+  struct scenario sc = slow_scenario(1200);
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  trainer_wait_moving(&w, 2);
+  kill_daemon(1, SIGSTOP);
+  sleep_ms(600);
+  kill_daemon(1, SIGCONT);
+  trainer_finish(&w, &sc);
+  trainer_assert_exported(&w, &sc);
+  for (uint32_t i = 0; i < sc.world; i++)
+    ck_assert_uint_ge(w.rep[i].max_rounds, 10);
+  trainer_free(&w, &sc);
+}
+END_TEST
+
+/* Rank 3, on the second node, dies while the others wait for it: every
+ * other rank, on both nodes, hears rank_lost naming it. */
+START_TEST(rank_lost_on_another_node) {
+  struct scenario sc = {.world = 4,
+                        .nkeys = sizeof refusal_keys / sizeof refusal_keys[0],
+                        .keys = refusal_keys, .fault = KILL_WAITING,
+                        .victim = 3};
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  for (uint32_t i = 0; i < sc.world; i++)
+    trainer_expect_progress(&w, i);
+  ck_assert_int_eq(kill(w.pid[3], SIGKILL), 0);
+  for (uint32_t i = 0; i < 3; i++)
+    trainer_read_report(&w, &sc, i);
+  trainer_finish(&w, &sc);
+  for (uint32_t i = 0; i < 3; i++) {
+    ck_assert_msg(w.rep[i].export_rc == SP_ERANKLOST, "rank %u: %s: %s", i,
+                  sp_err_name(w.rep[i].export_rc), w.rep[i].message);
+    ck_assert_ptr_nonnull(strstr(w.rep[i].message, "rank 3"));
+    ck_assert_str_eq(w.rep[i].message, w.rep[0].message);
+  }
+  trainer_free(&w, &sc);
+  next_job_is_served(2);
+}
+END_TEST
+
+int main(int argc, char **argv) {
+  Suite *s = suite_create("nodes");
+  TCase *exp = tcase_create("export");
+  tcase_add_checked_fixture(exp, start2, stop_all);
+  tcase_set_timeout(exp, 90);
+  tcase_add_test(exp, two_nodes_export_as_one_does);
+  tcase_add_test(exp, more_than_4096_keys_across_nodes);
+  tcase_add_test(exp, digests_agree_and_status_shows_nodes);
+  tcase_add_loop_test(exp, refusal_reaches_every_node_alike, 0,
+                      sizeof refusals / sizeof refusals[0]);
+  tcase_add_test(exp, replicas_across_nodes_that_differ);
+  tcase_add_test(exp, different_plans_fail_everywhere);
+  suite_add_tcase(s, exp);
+  TCase *three = tcase_create("three");
+  tcase_add_checked_fixture(three, start3, stop_all);
+  tcase_set_timeout(three, 60);
+  tcase_add_test(three, three_nodes_export);
+  tcase_add_test(three, root_without_ranks);
+  suite_add_tcase(s, three);
+  TCase *join = tcase_create("join");
+  tcase_add_checked_fixture(join, start2, stop_all);
+  tcase_set_timeout(join, 60);
+  tcase_add_test(join, wrong_secret_or_job_is_refused);
+  tcase_add_test(join, peer_with_wrong_secret_is_closed);
+  suite_add_tcase(s, join);
+  TCase *faults = tcase_create("faults");
+  tcase_add_checked_fixture(faults, start2_slow, stop_all);
+  tcase_set_timeout(faults, 60);
+  tcase_add_test(faults, daemon_killed_mid_round);
+  tcase_add_test(faults, root_killed_mid_round);
+  tcase_add_test(faults, daemon_stopped_mid_round);
+  tcase_add_test(faults, slow_peer_is_not_lost);
+  tcase_add_test(faults, rank_lost_on_another_node);
+  suite_add_tcase(s, faults);
+  SRunner *sr = srunner_create(s);
+  srunner_run(sr, NULL, argc > 1 ? argv[1] : NULL, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,134 @@
+/*
+ * trainer.h - trainer processes for export tests: one forked process and
+ * one sp_client per rank, each on the daemon its scenario names.
+ *
+ * A scenario is a list of keys (how each rank holds each one) and options.
+ * Each rank builds its holdings in one memfd storage from a deterministic
+ * original (every element a hash of its key and flat index), registers,
+ * exports, checks every owned tensor byte for byte against the original,
+ * releases, checks its registered memory against a copy taken before, and
+ * reports to the test process through a pipe: the export's code and
+ * message, its own check failures, what it owned.  The test process forks
+ * the ranks before anything connects, forwards rank 0's ticket to the
+ * others, and asserts on the reports.  Used by the export suite (one
+ * daemon) and the nodes suite (ranks spread over several daemons).
+ *
+ * The helpers assert with Check, so they are called from inside tests.
+ */
+#ifndef SP_TEST_TRAINER_H
+#define SP_TEST_TRAINER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "proto/msg.h"
+#include "shardport.h"
+
+#define TRAINER_MAXR 8
+/* How long the test process waits for a rank's next message. */
+#define TRAINER_WAIT_MS 20000
+
+enum kind {
+  SHARD0 = 1,
+  REPLICATED,
+  PLAIN,
+  EXPERT,
+  AFFINE_COLS, /* parts[r]: rank r's columns, one affine piece */
+  /* Rows in world/2 blocks (parts[b]: block b's rows); ranks r and
+   * r + world/2 both hold block r % (world/2): replicas of one piece. */
+  AFFINE_PAIRS,
+};
+
+struct tkey {
+  const char *name;
+  enum kind kind;
+  const char *dtype;
+  uint32_t es;
+  uint32_t ndim;
+  int64_t shape[2];
+  int64_t parts[TRAINER_MAXR]; /* SHARD0: rows per rank; see enum kind */
+  uint32_t expert;             /* EXPERT: the rank holding it */
+  int tie; /* > 0: shares key tie - 1's holding (tied weights) */
+  /* SHARD0 and 2-D: elements between rows beyond the columns, so the
+   * rank's view is not contiguous. */
+  int64_t pad;
+};
+
+#define K(...) ((struct tkey){__VA_ARGS__})
+
+struct scenario;
+/* Changes what rank registers, after its holdings are built: a refusal's
+ * disagreement. */
+typedef void tweak_fn(const struct scenario *sc, uint32_t rank,
+                      sp_tensor_desc *t, size_t *n);
+
+enum fault { NO_FAULT, KILL_WAITING, KILL_MOVING };
+
+struct scenario {
+  uint32_t world;
+  size_t nkeys;
+  struct tkey *keys;
+  const char *const *group; /* one together-group, NULL-terminated */
+  uint32_t max_keys;
+  uint32_t timeout_ms; /* the export's; 0 means 10 s */
+  tweak_fn *tweak;
+  enum fault fault;
+  uint32_t victim;
+  uint32_t exports; /* exports in the one job; 0 means 1 */
+  /* After its exports, a rank waits for trainer_release() before it
+   * leaves, so that the test can look at the job. */
+  bool hold;
+  /* 1 + a rank whose replica data differs from the original's. */
+  uint32_t corrupt;
+  /* A job created elsewhere: rank 0 joins it instead of creating one. */
+  const sp_ticket *ticket;
+};
+
+/* What a rank tells the test process. */
+struct report {
+  int export_rc;
+  char message[SP_ERRMSG_MAX + 1];
+  char failure[512]; /* the rank's own checks; "" when all passed */
+  uint32_t max_rounds;
+  uint32_t progress_frames;
+};
+
+struct world {
+  pid_t pid[TRAINER_MAXR];
+  int in[TRAINER_MAXR];  /* the test's write end of each rank's input */
+  int out[TRAINER_MAXR]; /* the test's read end of each rank's output */
+  struct report rep[TRAINER_MAXR];
+  uint8_t *owned[TRAINER_MAXR];
+  bool reported[TRAINER_MAXR];
+  bool moving[TRAINER_MAXR]; /* the rank saw the export move data */
+};
+
+/* Forks the ranks, rank r on the daemon at sockets[r], and hands rank 0's
+ * ticket to the others. */
+void trainer_start(struct world *w, const struct scenario *sc,
+                   const char *const *sockets);
+/* The next message of rank i is 'P': its export request reached the
+ * daemon (or, for a victim waiting to be killed, it registered). */
+void trainer_expect_progress(struct world *w, uint32_t i);
+/* Waits until rank i saw its export move data (phase "moving"). */
+void trainer_wait_moving(struct world *w, uint32_t i);
+/* With hold: waits until every rank finished its exports, then lets them
+ * leave (the reports follow). */
+void trainer_wait_held(struct world *w, const struct scenario *sc);
+void trainer_release(struct world *w, const struct scenario *sc);
+void trainer_read_report(struct world *w, const struct scenario *sc,
+                         uint32_t i);
+/* Reads every report not read yet (but a victim's) and reaps the ranks. */
+void trainer_finish(struct world *w, const struct scenario *sc);
+void trainer_free(struct world *w, const struct scenario *sc);
+/* Every rank exported, passed its checks, and every key has one owner. */
+void trainer_assert_exported(struct world *w, const struct scenario *sc);
+uint32_t trainer_owner_of(const struct world *w, const struct scenario *sc,
+                          const char *name);
+
+/* The desc of key in t[0..n), or NULL: for tweaks. */
+sp_tensor_desc *trainer_desc(sp_tensor_desc *t, size_t n, const char *key);
+
+#endif /* SP_TEST_TRAINER_H */

@@ -1,0 +1,114 @@
+"""The package's CUDA storages on the fake CUDA runtime (docs/fakes.md),
+without PyTorch: a daemon serving the CUDA backend on two fake GPUs, and
+two rank processes that hold their shard of one tensor in fake device
+memory, register it as PyTorch's _share_cuda_() handle bytes (rank 0) or as
+a device pointer (rank 1), export, and read what they own back through the
+fake runtime byte for byte.
+
+PyTorch's own CUDA path (tensors.py: _share_cuda_() of a CUDA tensor, the
+owned tensors over device memory) needs a GPU and a CUDA build of PyTorch;
+tests/gpu/run.sh is where that can run.
+
+usage: test_cuda_fake.py               the test (meson runs it)
+       test_cuda_fake.py rank R SOCKET TICKET_HEX   one rank (internal)
+"""
+
+import ctypes
+import os
+import subprocess
+import sys
+import unittest
+
+import harness
+import shardport
+
+ROWS, COLS = 6, 5  # float32
+SPLIT = (2, 4)     # rows of rank 0 and rank 1
+PREFIX = 256       # bytes of the allocation before the shard
+
+
+def original():
+    return bytes((i * 7 + 3) % 251 for i in range(ROWS * COLS * 4))
+
+
+def rank_main(rank, socket, ticket):
+    """One rank: its shard in fake device memory, registered, exported,
+    what it owns read back; prints "owned N ok" or raises."""
+    rt = ctypes.CDLL(os.environ["SHARDPORT_CUDART_LIB"])
+    vp = ctypes.c_void_p
+    rt.cudaMalloc.argtypes = [ctypes.POINTER(vp), ctypes.c_size_t]
+    rt.cudaMemcpyAsync.argtypes = [vp, vp, ctypes.c_size_t, ctypes.c_int, vp]
+    rt.cudaStreamSynchronize.argtypes = [vp]
+    rt.cudaIpcGetMemHandle.argtypes = [vp, vp]
+
+    def copy(dst, src, n, kind):
+        assert rt.cudaMemcpyAsync(dst, src, n, kind, None) == 0
+        assert rt.cudaStreamSynchronize(None) == 0
+
+    ok = 0
+    assert rt.cudaSetDevice(rank) == ok
+    rows = SPLIT[rank]
+    first = sum(SPLIT[:rank]) * COLS * 4
+    shard = original()[first:first + rows * COLS * 4]
+    base = ctypes.c_void_p()
+    assert rt.cudaMalloc(ctypes.byref(base), PREFIX + len(shard)) == ok
+    addr = base.value + PREFIX
+    kind_h2d, kind_d2h = 1, 2
+    copy(addr, ctypes.c_char_p(shard), len(shard), kind_h2d)
+    with shardport.Client(socket) as client:
+        device = client.cuda_device_name(rank)
+        client.join(ticket, rank, 2, device)
+        if rank == 0:
+            ipc = (ctypes.c_char * 64)()
+            assert rt.cudaIpcGetMemHandle(ctypes.cast(ipc, vp), base) == ok
+            desc = shardport.StorageDesc(
+                id=1, fd=-1, offset=PREFIX, length=len(shard), addr=addr,
+                kind="cuda_ipc", handle=b"\x02c" + bytes(ipc))
+        else:
+            desc = shardport.StorageDesc(id=1, fd=-1, offset=0,
+                                         length=len(shard), addr=addr,
+                                         kind="cuda")
+        client.register_storages([desc])
+        client.register_tensors([shardport.TensorDesc(
+            key="w", storage=1, dtype="float32", shape=(rows, COLS),
+            stride=(COLS, 1), offset=0, placement="shard0",
+            global_shape=(ROWS, COLS))])
+        owned = client.export()
+        try:
+            for t in owned.tensors:
+                assert t.device == device, (t.device, device)
+                assert t.device_index == rank
+                assert t.shape == (ROWS, COLS) and t.stride == (COLS, 1)
+                back = (ctypes.c_char * (ROWS * COLS * 4))()
+                copy(ctypes.cast(back, vp), t.data, len(back), kind_d2h)
+                assert bytes(back) == original(), "the tensor differs"
+            print("owned %d ok" % len(owned.tensors), flush=True)
+        finally:
+            client.release(owned)
+        client.leave()
+
+
+class CudaFakeTest(unittest.TestCase):
+
+    def test_two_ranks_export_device_memory(self):
+        with harness.daemon("--backend", "cuda") as d:
+            with shardport.Client(d.socket) as client:
+                self.assertEqual(client.status().backend_active, "cuda")
+                ticket = client.create_job(2)
+            procs = [subprocess.Popen(
+                [sys.executable, __file__, "rank", str(r), d.socket,
+                 ticket.hex()], stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True) for r in range(2)]
+            outs = [p.communicate(timeout=60)[0] for p in procs]
+            for r, (p, out) in enumerate(zip(procs, outs)):
+                self.assertEqual(p.returncode, 0, "rank %d: %s" % (r, out))
+            # One rank owns the tensor; both checked what they own.
+            owned = sorted(int(o.split()[1]) for o in outs)
+            self.assertEqual(owned, [0, 1], outs)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "rank":
+        rank_main(int(sys.argv[2]), sys.argv[3], bytes.fromhex(sys.argv[4]))
+    else:
+        unittest.main()
