@@ -243,11 +243,17 @@ static void inbox_push(struct mesh *ms, bool to_root, uint32_t from,
   if (m->nnodes > 0) {
     it->msg.nodes = malloc(m->nnodes * sizeof *m->nodes);
     it->msg.rank_nodes = malloc(m->world * sizeof *m->rank_nodes);
-    if (it->msg.nodes != NULL && it->msg.rank_nodes != NULL) {
-      memcpy(it->msg.nodes, m->nodes, m->nnodes * sizeof *m->nodes);
-      memcpy(it->msg.rank_nodes, m->rank_nodes,
-             m->world * sizeof *m->rank_nodes);
+    if (it->msg.nodes == NULL || it->msg.rank_nodes == NULL) {
+      nodemsg_free(&it->msg);
+      free(it->blobs);
+      free(it);
+      log_msg(LOG_LEVEL_ERROR, "job %s: out of memory queueing a message",
+              ms->job->hex);
+      return;
     }
+    memcpy(it->msg.nodes, m->nodes, m->nnodes * sizeof *m->nodes);
+    memcpy(it->msg.rank_nodes, m->rank_nodes,
+           m->world * sizeof *m->rank_nodes);
   }
   for (size_t i = 0; i < nblobs; i++)
     it->blobs[i] = nodeblob_ref(blobs[i]);
