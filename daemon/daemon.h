@@ -505,6 +505,9 @@ struct engine {
   /* Valid once done: 0, or a code and a sentence naming key and ranks. */
   int rc;
   char msg[SP_ERRMSG_MAX + 1];
+  /* With rc SP_ENODELOST from the data plane: the node it lost, else
+   * PLAN_NONE. */
+  uint32_t lost_node;
   pthread_t thread;
   /* The current round's work, shared by its copying threads. */
   struct engine_item *items;
@@ -925,6 +928,10 @@ int mesh_plan_input(struct mesh_export *mx, struct plan_input *in, char *msg,
 void mesh_planned(struct job *job, uint64_t digest);
 void mesh_moved(struct job *job);
 void mesh_failed(struct job *job, int code, const char *message);
+/* The data plane lost node: on the root, the node leaves the job as if its
+ * control link had closed, so that its ranks no longer keep the job alive
+ * while a cut link waits for TCP to give up. */
+void mesh_data_lost(struct job *job, uint32_t node, const char *why);
 int mesh_remote(struct job *job, struct mesh_export *mx,
                 const struct plan *plan, const struct reg_storage *const *src,
                 uint8_t *const *dst, const uint64_t *key_offset,
@@ -975,9 +982,10 @@ uint64_t remote_bytes_total(const struct remote *r);
 int remote_round(struct remote *r, size_t round, struct remote_round *out,
                  char *msg, size_t msglen);
 /* Sends and receives the round's buckets; 0, 1 when cancelled, or a code
- * and a sentence (SP_ENODELOST names the node). */
+ * and a sentence (SP_ENODELOST names the node, also set in *lost_node). */
 int remote_exchange(struct remote *r, const atomic_bool *cancel,
-                    _Atomic uint64_t *bytes_moved, char *msg, size_t msglen);
+                    _Atomic uint64_t *bytes_moved, uint32_t *lost_node,
+                    char *msg, size_t msglen);
 /* For a move of the round's lists that goes through staging: its bytes
  * there, and the view rewritten as the contiguous box; NULL otherwise. */
 const uint8_t *remote_source(const struct remote *r, const struct plan_move *m,

@@ -504,8 +504,8 @@ static int cut(struct engine *e, long round, const struct plan_move *a,
 
 static void exchange(struct engine *e) {
   char msg[SP_ERRMSG_MAX + 1];
-  int rc = remote_exchange(e->remote, &e->cancel, &e->bytes_moved, msg,
-                           sizeof msg);
+  int rc = remote_exchange(e->remote, &e->cancel, &e->bytes_moved,
+                           &e->lost_node, msg, sizeof msg);
   if (rc < 0)
     engine_fail(e, rc, "%s", msg);
 }
@@ -550,6 +550,7 @@ int engine_run(struct engine *e) {
     e->threads = ENGINE_MAX_THREADS;
   e->rc = 0;
   e->msg[0] = '\0';
+  e->lost_node = PLAN_NONE;
   atomic_store(&e->failed, false);
   pthread_mutex_init(&e->fail_lock, NULL);
   for (long r = -1; r < (long)e->plan->nrounds && !stopped(e); r++) {

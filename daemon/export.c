@@ -675,6 +675,8 @@ static void step(struct export *ex) {
       break;
     if (ex->engine.rc != 0) {
       fail_export(ex, ex->engine.rc, ex->engine.msg);
+      if (ex->engine.rc == SP_ENODELOST && ex->engine.lost_node != PLAN_NONE)
+        mesh_data_lost(ex->job, ex->engine.lost_node, ex->engine.msg);
       break;
     }
     if (ex->mx != NULL) {

@@ -459,6 +459,14 @@ void mesh_free(struct mesh *ms) {
   free(ms);
 }
 
+void mesh_data_lost(struct job *job, uint32_t node, const char *why) {
+  struct mesh *ms = job->mesh;
+  if (ms == NULL || !ms->root || node == 0 || node >= ms->nnodes ||
+      ms->nodes[node] == NULL)
+    return;
+  node_lost(ms, ms->nodes[node], why);
+}
+
 bool mesh_may_end(const struct job *job) {
   const struct mesh *ms = job->mesh;
   if (ms->joins != NULL)

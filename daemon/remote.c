@@ -513,7 +513,8 @@ static void on_progress(void *arg, uint64_t bytes) {
 }
 
 int remote_exchange(struct remote *r, const atomic_bool *cancel,
-                    _Atomic uint64_t *bytes_moved, char *msg, size_t msglen) {
+                    _Atomic uint64_t *bytes_moved, uint32_t *lost_node,
+                    char *msg, size_t msglen) {
   r->bytes_moved = bytes_moved;
   for (uint32_t n = 0; n < r->nnodes; n++) {
     struct xfer_peer *p = &r->xp[n];
@@ -526,6 +527,7 @@ int remote_exchange(struct remote *r, const atomic_bool *cancel,
     if ((p->send.n > 0 || p->recv.n > 0) && p->sock < 0) {
       mesh_lost_message(r->job_hex, n, r->peers[n].addr, r->export_id, msg,
                         msglen);
+      *lost_node = n;
       return SP_ENODELOST;
     }
   }
@@ -556,6 +558,7 @@ int remote_exchange(struct remote *r, const atomic_bool *cancel,
           r->job_hex, r->export_id, failed, r->peers[failed].addr,
           rc == SP_ETIMEOUT ? "moved nothing within the export's timeout"
                             : sp_strerror(rc));
+  *lost_node = (uint32_t)failed;
   mesh_lost_message(r->job_hex, (uint32_t)failed, r->peers[failed].addr,
                     r->export_id, msg, msglen);
   return SP_ENODELOST;
