@@ -18,22 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/fail.h"
 #include "daemon/daemon.h"
 #include "proto/wire.h"
 #include "shardport.h"
-
-static int msg_fail(char *msg, size_t msglen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int msg_fail(char *msg, size_t msglen, int code, const char *fmt, ...) {
-  if (msg != NULL && msglen > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, msglen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
 
 static const struct {
   enum nodemsg_op op;
@@ -68,10 +56,10 @@ static int get_u(const msgpack_object *map, const char *key, uint64_t max,
                  uint64_t *out, char *msg, size_t msglen) {
   int rc = sp_msg_get_u64(map, key, false, out);
   if (rc != 0)
-    return msg_fail(msg, msglen, SP_EBADMSG,
+    return sp_failf(msg, msglen, SP_EBADMSG,
                     "\"%s\" must be an unsigned integer", key);
   if (*out > max)
-    return msg_fail(msg, msglen, SP_EINVAL, "\"%s\" is %" PRIu64
+    return sp_failf(msg, msglen, SP_EINVAL, "\"%s\" is %" PRIu64
                     ", more than %" PRIu64, key, *out, max);
   return 0;
 }
@@ -90,7 +78,7 @@ static int get_fixed_bin(const msgpack_object *map, const char *key,
   const uint8_t *p;
   size_t n;
   if (sp_msg_get_bin(map, key, false, &p, &n) != 0 || n != len)
-    return msg_fail(msg, msglen, SP_EBADMSG, "\"%s\" must be a bin of %zu "
+    return sp_failf(msg, msglen, SP_EBADMSG, "\"%s\" must be a bin of %zu "
                     "bytes", key, len);
   memcpy(out, p, len);
   return 0;
@@ -104,9 +92,9 @@ static int get_addr(const msgpack_object *map, const char *key, char *out,
   struct sockaddr_storage sa;
   socklen_t salen;
   if (sp_msg_get_str(map, key, false, &p, &n) != 0)
-    return msg_fail(msg, msglen, SP_EBADMSG, "\"%s\" must be a string", key);
+    return sp_failf(msg, msglen, SP_EBADMSG, "\"%s\" must be a string", key);
   if (nodelink_addr_parse(p, n, false, &sa, &salen) != 0)
-    return msg_fail(msg, msglen, SP_EINVAL, "\"%s\" is not a numeric "
+    return sp_failf(msg, msglen, SP_EINVAL, "\"%s\" is not a numeric "
                     "address and port", key);
   memcpy(out, p, n);
   out[n] = '\0';
@@ -118,7 +106,7 @@ static int get_code(const msgpack_object *map, int *code, char *msg,
   const char *p;
   size_t n;
   if (sp_msg_get_str(map, "code", false, &p, &n) != 0)
-    return msg_fail(msg, msglen, SP_EBADMSG, "\"code\" must be a string");
+    return sp_failf(msg, msglen, SP_EBADMSG, "\"code\" must be a string");
   *code = sp_error_from_name(p, n);
   return 0;
 }
@@ -128,7 +116,7 @@ static int get_message(const msgpack_object *map, char *out, char *msg,
   const char *p;
   size_t n;
   if (sp_msg_get_str(map, "message", false, &p, &n) != 0)
-    return msg_fail(msg, msglen, SP_EBADMSG, "\"message\" must be a string");
+    return sp_failf(msg, msglen, SP_EBADMSG, "\"message\" must be a string");
   if (n > SP_ERRMSG_MAX)
     n = SP_ERRMSG_MAX;
   memcpy(out, p, n);
@@ -145,17 +133,17 @@ static int parse_nodes(const msgpack_object *map, struct nodemsg *m,
   const msgpack_object_array *a, *r;
   if (sp_msg_get_array(map, "nodes", false, &a) != 0 ||
       sp_msg_get_array(map, "rank_nodes", false, &r) != 0)
-    return msg_fail(msg, msglen, SP_EBADMSG,
+    return sp_failf(msg, msglen, SP_EBADMSG,
                     "\"nodes\" and \"rank_nodes\" must be arrays");
   if (a->size == 0 || a->size > NODE_MAX_NODES || r->size == 0 ||
       r->size > REQ_MAX_WORLD)
-    return msg_fail(msg, msglen, SP_EINVAL,
+    return sp_failf(msg, msglen, SP_EINVAL,
                     "%u nodes and %u ranks: 1 to %u nodes and 1 to %u ranks",
                     a->size, r->size, NODE_MAX_NODES, REQ_MAX_WORLD);
   m->nodes = calloc(a->size, sizeof *m->nodes);
   m->rank_nodes = calloc(r->size, sizeof *m->rank_nodes);
   if (m->nodes == NULL || m->rank_nodes == NULL)
-    return msg_fail(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
   m->nnodes = a->size;
   m->world = r->size;
   for (uint32_t i = 0; i < a->size; i++) {
@@ -163,7 +151,7 @@ static int parse_nodes(const msgpack_object *map, struct nodemsg *m,
     struct nodemsg_node *n = &m->nodes[i];
     int rc;
     if (o->type != MSGPACK_OBJECT_MAP)
-      return msg_fail(msg, msglen, SP_EBADMSG, "nodes[%u]: not a map", i);
+      return sp_failf(msg, msglen, SP_EBADMSG, "nodes[%u]: not a map", i);
     if ((rc = get_u32(o, "node", NODE_MAX_NODES - 1, &n->node, msg,
                       msglen)) != 0 ||
         (rc = get_u(o, "node_id", UINT64_MAX, &n->node_id, msg, msglen)) !=
@@ -172,7 +160,7 @@ static int parse_nodes(const msgpack_object *map, struct nodemsg *m,
       return rc;
     /* Ascending node numbers: each once. */
     if (i > 0 && n->node <= m->nodes[i - 1].node)
-      return msg_fail(msg, msglen, SP_EINVAL,
+      return sp_failf(msg, msglen, SP_EINVAL,
                       "nodes[%u]: node %u is not above node %u", i, n->node,
                       m->nodes[i - 1].node);
   }
@@ -181,13 +169,13 @@ static int parse_nodes(const msgpack_object *map, struct nodemsg *m,
     bool listed = false;
     if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
         o->via.u64 >= NODE_MAX_NODES)
-      return msg_fail(msg, msglen, SP_EINVAL,
+      return sp_failf(msg, msglen, SP_EINVAL,
                       "rank_nodes[%u] is not a node number", i);
     m->rank_nodes[i] = (uint32_t)o->via.u64;
     for (size_t k = 0; k < m->nnodes && !listed; k++)
       listed = m->nodes[k].node == m->rank_nodes[i];
     if (!listed)
-      return msg_fail(msg, msglen, SP_EINVAL,
+      return sp_failf(msg, msglen, SP_EINVAL,
                       "rank_nodes[%u] names node %u, which is not listed", i,
                       m->rank_nodes[i]);
   }
@@ -260,7 +248,7 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
                       msglen)) != 0)
       return rc;
     if (sp_msg_get_bool(map, "disconnected", false, &m->disconnected) != 0)
-      return msg_fail(msg, msglen, SP_EBADMSG,
+      return sp_failf(msg, msglen, SP_EBADMSG,
                       "\"disconnected\" must be a bool");
     return 0;
   case NODEMSG_ASK:
@@ -304,7 +292,7 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
   case NODEMSG_BYE:
     return 0;
   }
-  return msg_fail(msg, msglen, SP_EUNKNOWNOP, "unknown operation \"%s\"",
+  return sp_failf(msg, msglen, SP_EUNKNOWNOP, "unknown operation \"%s\"",
                   head->op);
 }
 
@@ -506,22 +494,22 @@ static int parse_storages(const msgpack_object *map, struct registry *reg,
                           char *msg, size_t msglen) {
   const msgpack_object_array *a;
   if (sp_msg_get_array(map, "storages", false, &a) != 0)
-    return msg_fail(msg, msglen, SP_EBADMSG,
+    return sp_failf(msg, msglen, SP_EBADMSG,
                     "\"storages\" must be an array of storage maps");
   if (a->size > REQ_MAX_PER_RANK)
-    return msg_fail(msg, msglen, SP_ELIMIT, "%u storages, more than %u",
+    return sp_failf(msg, msglen, SP_ELIMIT, "%u storages, more than %u",
                     a->size, REQ_MAX_PER_RANK);
   struct req_storage *s = calloc(a->size > 0 ? a->size : 1, sizeof *s);
   struct sp_device *dev = calloc(a->size > 0 ? a->size : 1, sizeof *dev);
   int rc = s == NULL || dev == NULL
-               ? msg_fail(msg, msglen, SP_ENOMEM, "out of memory")
+               ? sp_failf(msg, msglen, SP_ENOMEM, "out of memory")
                : 0;
   for (uint32_t i = 0; i < a->size && rc == 0; i++) {
     const msgpack_object *o = &a->ptr[i];
     char where[SP_ERRMSG_MAX / 2];
     uint64_t index;
     if (o->type != MSGPACK_OBJECT_MAP) {
-      rc = msg_fail(msg, msglen, SP_EBADMSG, "storages[%u]: not a map", i);
+      rc = sp_failf(msg, msglen, SP_EBADMSG, "storages[%u]: not a map", i);
       break;
     }
     if ((rc = get_u32(o, "sid", UINT32_MAX, &s[i].sid, where,
@@ -536,7 +524,7 @@ static int parse_storages(const msgpack_object *map, struct registry *reg,
                     sizeof where)) != 0 ||
         (rc = get_fixed_bin(o, "device_uuid", dev[i].uuid,
                             sizeof dev[i].uuid, where, sizeof where)) != 0) {
-      msg_fail(msg, msglen, rc, "storages[%u]: %s", i, where);
+      sp_failf(msg, msglen, rc, "storages[%u]: %s", i, where);
       break;
     }
     dev[i].index = (int32_t)index;
@@ -559,15 +547,15 @@ int nodemsg_parse_meta(const uint8_t *data, size_t len, uint32_t rank,
   registry_init(reg, SP_DEVICE_CPU);
   nodelink_meta_limits(&limits);
   if (!msgpack_zone_init(&zone, MSGPACK_ZONE_CHUNK_SIZE))
-    return msg_fail(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
   int rc = sp_wire_decode(data, len, &limits, &zone, &map);
   if (rc != 0) {
-    msg_fail(msg, msglen, rc, "%s", sp_strerror(rc));
+    sp_failf(msg, msglen, rc, "%s", sp_strerror(rc));
     goto out;
   }
   uint32_t got, device_type;
   if ((rc = sp_msg_head(&map, &head)) != 0 || strcmp(head.op, "meta") != 0) {
-    rc = msg_fail(msg, msglen, SP_EBADMSG, "not a meta message");
+    rc = sp_failf(msg, msglen, SP_EBADMSG, "not a meta message");
     goto out;
   }
   if ((rc = get_u32(&map, "rank", REQ_MAX_WORLD - 1, &got, msg, msglen)) !=
@@ -576,7 +564,7 @@ int nodemsg_parse_meta(const uint8_t *data, size_t len, uint32_t rank,
                     &device_type, msg, msglen)) != 0)
     goto out;
   if (got != rank) {
-    rc = msg_fail(msg, msglen, SP_EINVAL,
+    rc = sp_failf(msg, msglen, SP_EINVAL,
                   "it holds rank %u's registrations, not rank %u's", got,
                   rank);
     goto out;
@@ -595,7 +583,7 @@ int nodemsg_parse_meta(const uint8_t *data, size_t len, uint32_t rank,
   /* The groups, read as the rank's export request reads them. */
   struct req_export ask;
   if (sp_msg_field(&map, "groups") == NULL) {
-    rc = msg_fail(msg, msglen, SP_EBADMSG, "\"groups\" is missing");
+    rc = sp_failf(msg, msglen, SP_EBADMSG, "\"groups\" is missing");
     goto out;
   }
   if ((rc = request_parse_export(&map, &ask, msg, msglen)) != 0)

@@ -25,21 +25,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "proto/fail.h"
 #include "daemon/daemon.h"
 #include "shardport.h"
-
-static int reg_fail(char *msg, size_t msglen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int reg_fail(char *msg, size_t msglen, int code, const char *fmt, ...) {
-  if (msg != NULL && msglen > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, msglen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
 
 void registry_init(struct registry *reg, uint32_t device_type) {
   memset(reg, 0, sizeof *reg);
@@ -119,15 +107,15 @@ static int map_storage(int fd, const struct req_storage *rs, uint32_t index,
                        struct reg_storage *out, char *msg, size_t msglen) {
   struct stat st;
   if (fstat(fd, &st) != 0)
-    return reg_fail(msg, msglen, SP_EBADFD, "storages[%u] (sid %u): fstat: %s",
+    return sp_failf(msg, msglen, SP_EBADFD, "storages[%u] (sid %u): fstat: %s",
                     index, rs->sid, strerror(errno));
   if (!S_ISREG(st.st_mode))
-    return reg_fail(msg, msglen, SP_EBADFD,
+    return sp_failf(msg, msglen, SP_EBADFD,
                     "storages[%u] (sid %u): the descriptor is not a memfd or "
                     "shm file",
                     index, rs->sid);
   if ((uint64_t)st.st_size < rs->offset + rs->length)
-    return reg_fail(msg, msglen, SP_EBADFD,
+    return sp_failf(msg, msglen, SP_EBADFD,
                     "storages[%u] (sid %u): the file has %lld bytes, fewer "
                     "than offset + length = %llu",
                     index, rs->sid, (long long)st.st_size,
@@ -140,11 +128,11 @@ static int map_storage(int fd, const struct req_storage *rs, uint32_t index,
   uint64_t start = rs->offset - rs->offset % page;
   uint64_t len = rs->offset - start + rs->length;
   if (len > SIZE_MAX)
-    return reg_fail(msg, msglen, SP_EBADFD, "storages[%u] (sid %u): too large",
+    return sp_failf(msg, msglen, SP_EBADFD, "storages[%u] (sid %u): too large",
                     index, rs->sid);
   void *p = mmap(NULL, (size_t)len, PROT_READ, MAP_SHARED, fd, (off_t)start);
   if (p == MAP_FAILED)
-    return reg_fail(msg, msglen, errno == ENOMEM ? SP_ENOMEM : SP_EBADFD,
+    return sp_failf(msg, msglen, errno == ENOMEM ? SP_ENOMEM : SP_EBADFD,
                     "storages[%u] (sid %u): cannot map it read-only: %s", index,
                     rs->sid, strerror(errno));
   out->map = p;
@@ -163,14 +151,14 @@ static int open_cuda_storage(const struct registry *reg,
   memset(out, 0, sizeof *out);
   out->sid = rs->sid;
   if (reg->gpu == NULL)
-    return reg_fail(msg, msglen, SP_EINVAL,
+    return sp_failf(msg, msglen, SP_EINVAL,
                     "storages[%u] (sid %u): a CUDA storage, but this rank "
                     "joined with a \"cpu\" device",
                     index, rs->sid);
   int device = reg->device;
   if (rs->device[0] != '\0' &&
       (device = gpu_find_device(reg->gpu, rs->device, strlen(rs->device))) < 0)
-    return reg_fail(msg, msglen, SP_EINVAL,
+    return sp_failf(msg, msglen, SP_EINVAL,
                     "storages[%u] (sid %u): device \"%s\" is not a GPU of "
                     "this node",
                     index, rs->sid, rs->device);
@@ -184,7 +172,7 @@ static int open_cuda_storage(const struct registry *reg,
       rs->handle, rs->kind == REQ_STORAGE_CUDA_FD ? frame->fds[rs->fd] : -1,
       rs->offset, rs->length, &out->gpu, why, sizeof why);
   if (rc != 0)
-    return reg_fail(msg, msglen, rc, "storages[%u] (sid %u): %s", index,
+    return sp_failf(msg, msglen, rc, "storages[%u] (sid %u): %s", index,
                     rs->sid, why);
   return 0;
 }
@@ -197,7 +185,7 @@ static int open_storage(const struct registry *reg,
   if (rs->kind != REQ_STORAGE_MEMFD)
     return open_cuda_storage(reg, rs, frame, index, out, msg, msglen);
   if (reg->gpu != NULL)
-    return reg_fail(msg, msglen, SP_EINVAL,
+    return sp_failf(msg, msglen, SP_EINVAL,
                     "storages[%u] (sid %u): a memfd storage, but this rank "
                     "joined with a CUDA device; register its CUDA storages",
                     index, rs->sid);
@@ -225,14 +213,14 @@ static int check_unique(const struct registry *reg, const struct req_storage *s,
   const struct req_storage **by = malloc((n > 0 ? n : 1) * sizeof *by);
   int rc = 0;
   if (by == NULL)
-    return reg_fail(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
   for (size_t i = 0; i < n; i++)
     by[i] = &s[i];
   qsort(by, n, sizeof *by, sid_cmp);
   for (size_t i = 0; i < n && rc == 0; i++) {
     if ((i > 0 && by[i]->sid == by[i - 1]->sid) ||
         registry_find_sid(reg, by[i]->sid) != IDXSET_NONE)
-      rc = reg_fail(msg, msglen, SP_EINVAL,
+      rc = sp_failf(msg, msglen, SP_EINVAL,
                     "storage sid %u is registered twice", by[i]->sid);
   }
   size_t m = 0;
@@ -245,7 +233,7 @@ static int check_unique(const struct registry *reg, const struct req_storage *s,
     if ((i > 0 && by[i]->base == by[i - 1]->base) ||
         idxset_find(&reg->by_base, idxset_hash_u64(by[i]->base), match_base,
                     &p) != IDXSET_NONE)
-      rc = reg_fail(msg, msglen, SP_EINVAL,
+      rc = sp_failf(msg, msglen, SP_EINVAL,
                     "storage sid %u: another storage of this rank has base "
                     "address 0x%llx; register each storage once",
                     by[i]->sid, (unsigned long long)by[i]->base);
@@ -254,11 +242,12 @@ static int check_unique(const struct registry *reg, const struct req_storage *s,
   return rc;
 }
 
-int registry_add_storages(struct registry *reg, const struct req_storage *s,
-                          size_t n, const struct sp_frame *frame, char *msg,
-                          size_t msglen) {
+/* Checks n more storages against the limit and the ones registered, and
+ * makes room for them, so that registering them cannot fail halfway. */
+static int reserve_storages(struct registry *reg, const struct req_storage *s,
+                            size_t n, char *msg, size_t msglen) {
   if (n > REQ_MAX_PER_RANK - reg->nstorages)
-    return reg_fail(msg, msglen, SP_ELIMIT,
+    return sp_failf(msg, msglen, SP_ELIMIT,
                     "a rank may register at most %u storages",
                     REQ_MAX_PER_RANK);
   int rc = check_unique(reg, s, n, msg, msglen);
@@ -271,7 +260,16 @@ int registry_add_storages(struct registry *reg, const struct req_storage *s,
           0 ||
       idxset_reserve(&reg->by_sid, n) != 0 ||
       idxset_reserve(&reg->by_base, n) != 0)
-    return reg_fail(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+  return 0;
+}
+
+int registry_add_storages(struct registry *reg, const struct req_storage *s,
+                          size_t n, const struct sp_frame *frame, char *msg,
+                          size_t msglen) {
+  int rc = reserve_storages(reg, s, n, msg, msglen);
+  if (rc != 0)
+    return rc;
   /* Map into the spare room at the end; only the count commits them. */
   struct reg_storage *fresh = reg->info + reg->nstorages;
   size_t mapped = 0;
@@ -306,7 +304,7 @@ int registry_add_storages(struct registry *reg, const struct req_storage *s,
     if (s[i].length > 0)
       idxset_insert(&reg->by_base, idxset_hash_u64(s[i].base), idx);
   }
-  reg->nstorages = need;
+  reg->nstorages += n;
   return 0;
 }
 
@@ -338,7 +336,7 @@ static int check_keys(const struct registry *reg, const struct req_tensor *t,
   const struct req_tensor **by = malloc((n > 0 ? n : 1) * sizeof *by);
   int rc = 0;
   if (by == NULL)
-    return reg_fail(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
   for (size_t i = 0; i < n; i++)
     by[i] = &t[i];
   qsort(by, n, sizeof *by, tensor_key_cmp);
@@ -348,7 +346,7 @@ static int check_keys(const struct registry *reg, const struct req_tensor *t,
         idxset_find(&reg->by_name,
                     idxset_hash_bytes(by[i]->key, by[i]->key_len), match_name,
                     &p) != IDXSET_NONE)
-      rc = reg_fail(msg, msglen, SP_EDUPKEY,
+      rc = sp_failf(msg, msglen, SP_EDUPKEY,
                     "key '%.*s' is registered twice by this rank",
                     (int)by[i]->key_len, by[i]->key);
   }
@@ -364,13 +362,13 @@ static int check_tensor(const struct registry *reg, const struct req_tensor *t,
   int klen = (int)(t->key_len < 64 ? t->key_len : 64);
   uint32_t idx = registry_find_sid(reg, t->sid);
   if (idx == IDXSET_NONE)
-    return reg_fail(msg, msglen, SP_ENOSTORAGE,
+    return sp_failf(msg, msglen, SP_ENOSTORAGE,
                     "tensors[%zu] ('%.*s'): storage sid %u is not registered",
                     i, klen, t->key, t->sid);
   char why[192];
   int rc = sp_view_check(&t->view, reg->storages[idx].nbytes, why, sizeof why);
   if (rc != 0)
-    return reg_fail(msg, msglen, rc,
+    return sp_failf(msg, msglen, rc,
                     "tensors[%zu] ('%.*s') in storage sid %u of %llu bytes: %s",
                     i, klen, t->key, t->sid,
                     (unsigned long long)reg->storages[idx].nbytes, why);
@@ -389,7 +387,7 @@ static int check_tensor(const struct registry *reg, const struct req_tensor *t,
 int registry_add_tensors(struct registry *reg, struct req_tensor *t, size_t n,
                          char *msg, size_t msglen) {
   if (n > REQ_MAX_PER_RANK - reg->nkeys)
-    return reg_fail(msg, msglen, SP_ELIMIT,
+    return sp_failf(msg, msglen, SP_ELIMIT,
                     "a rank may register at most %u tensors", REQ_MAX_PER_RANK);
   int rc = check_keys(reg, t, n, msg, msglen);
   if (rc != 0)
@@ -397,7 +395,7 @@ int registry_add_tensors(struct registry *reg, struct req_tensor *t, size_t n,
   size_t need = reg->nkeys + n;
   if (grow((void **)&reg->keys, &reg->key_cap, need, sizeof *reg->keys) != 0 ||
       idxset_reserve(&reg->by_name, n) != 0)
-    return reg_fail(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
   struct plan_key_in *fresh = reg->keys + reg->nkeys;
   for (size_t i = 0; i < n; i++)
     if ((rc = check_tensor(reg, &t[i], i, &fresh[i], msg, msglen)) != 0)
@@ -414,7 +412,7 @@ int registry_add_tensors(struct registry *reg, struct req_tensor *t, size_t n,
   if (named < n) {
     for (size_t i = 0; i < named; i++)
       free((char *)fresh[i].name);
-    return reg_fail(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
   }
   /* Committed: the pieces move from the request into the registry. */
   for (size_t i = 0; i < n; i++) {
@@ -441,21 +439,9 @@ int registry_add_remote_storages(struct registry *reg,
                                  const struct req_storage *s,
                                  const struct sp_device *device, size_t n,
                                  char *msg, size_t msglen) {
-  if (n > REQ_MAX_PER_RANK - reg->nstorages)
-    return reg_fail(msg, msglen, SP_ELIMIT,
-                    "a rank may register at most %u storages",
-                    REQ_MAX_PER_RANK);
-  int rc = check_unique(reg, s, n, msg, msglen);
+  int rc = reserve_storages(reg, s, n, msg, msglen);
   if (rc != 0)
     return rc;
-  size_t need = reg->nstorages + n;
-  if (grow((void **)&reg->storages, &reg->storage_cap_s, need,
-           sizeof *reg->storages) != 0 ||
-      grow((void **)&reg->info, &reg->storage_cap_i, need, sizeof *reg->info) !=
-          0 ||
-      idxset_reserve(&reg->by_sid, n) != 0 ||
-      idxset_reserve(&reg->by_base, n) != 0)
-    return reg_fail(msg, msglen, SP_ENOMEM, "out of memory");
   /* The rank's memory is on its own node: nothing here maps it. */
   for (size_t i = 0; i < n; i++) {
     uint32_t idx = (uint32_t)(reg->nstorages + i);
@@ -470,6 +456,6 @@ int registry_add_remote_storages(struct registry *reg,
     if (s[i].length > 0)
       idxset_insert(&reg->by_base, idxset_hash_u64(s[i].base), idx);
   }
-  reg->nstorages = need;
+  reg->nstorages += n;
   return 0;
 }

@@ -13,22 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/fail.h"
 #include "daemon/daemon.h"
 #include "proto/wire.h"
 #include "shardport.h"
-
-static int req_fail(char *msg, size_t msglen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int req_fail(char *msg, size_t msglen, int code, const char *fmt, ...) {
-  if (msg != NULL && msglen > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, msglen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
 
 /* An unsigned field at most max.  where prefixes the message ("" at the top
  * level, "tensors[3]: " inside an array). */
@@ -37,10 +25,10 @@ static int get_uint(const msgpack_object *map, const char *key, bool optional,
                     size_t msglen) {
   int rc = sp_msg_get_u64(map, key, optional, out);
   if (rc < 0)
-    return req_fail(msg, msglen, SP_EBADMSG,
+    return sp_failf(msg, msglen, SP_EBADMSG,
                     "%s\"%s\" must be an unsigned integer", where, key);
   if (rc == 0 && *out > max)
-    return req_fail(msg, msglen, SP_EINVAL, "%s\"%s\" is %llu, more than %llu",
+    return sp_failf(msg, msglen, SP_EINVAL, "%s\"%s\" is %llu, more than %llu",
                     where, key, (unsigned long long)*out,
                     (unsigned long long)max);
   return rc;
@@ -52,20 +40,20 @@ static int get_dims(const msgpack_object *map, const char *key, uint32_t *ndim,
                     size_t msglen) {
   const msgpack_object_array *a;
   if (sp_msg_get_array(map, key, false, &a) != 0)
-    return req_fail(msg, msglen, SP_EBADMSG,
+    return sp_failf(msg, msglen, SP_EBADMSG,
                     "%s\"%s\" must be an array of unsigned integers", where,
                     key);
   if (a->size > SP_MAX_DIMS)
-    return req_fail(msg, msglen, SP_EINVAL,
+    return sp_failf(msg, msglen, SP_EINVAL,
                     "%s\"%s\" has %u dims, more than %d", where, key, a->size,
                     SP_MAX_DIMS);
   for (uint32_t d = 0; d < a->size; d++) {
     if (a->ptr[d].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
-      return req_fail(msg, msglen, SP_EBADMSG,
+      return sp_failf(msg, msglen, SP_EBADMSG,
                       "%s\"%s\"[%u] must be an unsigned integer", where, key,
                       d);
     if (a->ptr[d].via.u64 > REQ_MAX_VALUE)
-      return req_fail(msg, msglen, SP_EINVAL,
+      return sp_failf(msg, msglen, SP_EINVAL,
                       "%s\"%s\"[%u] is %llu, not below 2^62", where, key, d,
                       (unsigned long long)a->ptr[d].via.u64);
     dims[d] = (int64_t)a->ptr[d].via.u64;
@@ -119,11 +107,11 @@ bool request_utf8_valid(const char *s, size_t len) {
 static int check_key(const char *s, size_t len, const char *where, char *msg,
                      size_t msglen) {
   if (len == 0 || len > REQ_MAX_KEY)
-    return req_fail(msg, msglen, SP_EINVAL,
+    return sp_failf(msg, msglen, SP_EINVAL,
                     "%sa key must have 1 to %u bytes, not %zu", where,
                     REQ_MAX_KEY, len);
   if (!request_utf8_valid(s, len))
-    return req_fail(msg, msglen, SP_EINVAL,
+    return sp_failf(msg, msglen, SP_EINVAL,
                     "%sthe key is not UTF-8 without NUL bytes", where);
   return 0;
 }
@@ -137,7 +125,7 @@ int request_parse_job_create(const msgpack_object *map,
   if (rc != 0)
     return rc;
   if (world == 0)
-    return req_fail(msg, msglen, SP_EINVAL, "\"world\" must be at least 1");
+    return sp_failf(msg, msglen, SP_EINVAL, "\"world\" must be at least 1");
   out->world = (uint32_t)world;
   return 0;
 }
@@ -169,9 +157,9 @@ int request_parse_join(const msgpack_object *map, struct req_join *out,
   size_t device_len;
   int rc;
   if (sp_msg_get_bin(map, "ticket", false, &out->ticket, &out->ticket_len) != 0)
-    return req_fail(msg, msglen, SP_EBADMSG, "\"ticket\" must be a bin");
+    return sp_failf(msg, msglen, SP_EBADMSG, "\"ticket\" must be a bin");
   if (out->ticket_len > SP_TICKET_MAX)
-    return req_fail(msg, msglen, SP_ETICKET,
+    return sp_failf(msg, msglen, SP_ETICKET,
                     "the ticket has %zu bytes, more than %d", out->ticket_len,
                     SP_TICKET_MAX);
   if ((rc = get_uint(map, "rank", false, UINT32_MAX, &rank, "", msg, msglen)) !=
@@ -180,9 +168,9 @@ int request_parse_join(const msgpack_object *map, struct req_join *out,
                      msglen)) != 0)
     return rc;
   if (sp_msg_get_str(map, "device", false, &device, &device_len) != 0)
-    return req_fail(msg, msglen, SP_EBADMSG, "\"device\" must be a string");
+    return sp_failf(msg, msglen, SP_EBADMSG, "\"device\" must be a string");
   if (request_parse_device(device, device_len, &out->device_type) != 0)
-    return req_fail(msg, msglen, SP_EINVAL,
+    return sp_failf(msg, msglen, SP_EINVAL,
                     "device \"%.*s\" is not \"cpu\" or \"cuda:<GPU UUID>\"",
                     (int)(device_len < 80 ? device_len : 80), device);
   memcpy(out->device, device, device_len);
@@ -257,7 +245,7 @@ static int parse_storage_kind(const msgpack_object *o, struct req_storage *s,
   const char *kind, *device;
   size_t kind_len, device_len;
   if (sp_msg_get_str(o, "kind", false, &kind, &kind_len) != 0)
-    return req_fail(msg, msglen, SP_EBADMSG, "%s\"kind\" must be a string",
+    return sp_failf(msg, msglen, SP_EBADMSG, "%s\"kind\" must be a string",
                     where);
   if (kind_len == 5 && memcmp(kind, "memfd", 5) == 0)
     s->kind = REQ_STORAGE_MEMFD;
@@ -266,7 +254,7 @@ static int parse_storage_kind(const msgpack_object *o, struct req_storage *s,
   else if (kind_len == 7 && memcmp(kind, "cuda_fd", 7) == 0)
     s->kind = REQ_STORAGE_CUDA_FD;
   else
-    return req_fail(msg, msglen, SP_EINVAL,
+    return sp_failf(msg, msglen, SP_EINVAL,
                     "%skind \"%.*s\" is not \"memfd\", \"cuda_ipc\" or "
                     "\"cuda_fd\"",
                     where, (int)(kind_len < 32 ? kind_len : 32), kind);
@@ -277,20 +265,20 @@ static int parse_storage_kind(const msgpack_object *o, struct req_storage *s,
     size_t handle_len;
     char why[256];
     if (sp_msg_get_bin(o, "handle", false, &handle, &handle_len) != 0)
-      return req_fail(msg, msglen, SP_EBADMSG, "%s\"handle\" must be a bin",
+      return sp_failf(msg, msglen, SP_EBADMSG, "%s\"handle\" must be a bin",
                       where);
     if (gpu_handle_decode(handle, handle_len, s->handle, why, sizeof why) != 0)
-      return req_fail(msg, msglen, SP_EINVAL, "%s%s", where, why);
+      return sp_failf(msg, msglen, SP_EINVAL, "%s%s", where, why);
   }
   int rc = sp_msg_get_str(o, "device", true, &device, &device_len);
   if (rc < 0)
-    return req_fail(msg, msglen, SP_EBADMSG, "%s\"device\" must be a string",
+    return sp_failf(msg, msglen, SP_EBADMSG, "%s\"device\" must be a string",
                     where);
   if (rc == 0) {
     uint32_t type;
     if (request_parse_device(device, device_len, &type) != 0 ||
         type != SP_DEVICE_CUDA)
-      return req_fail(msg, msglen, SP_EINVAL,
+      return sp_failf(msg, msglen, SP_EINVAL,
                       "%sdevice \"%.*s\" is not \"cuda:<GPU UUID>\"", where,
                       (int)(device_len < 80 ? device_len : 80), device);
     memcpy(s->device, device, device_len);
@@ -306,15 +294,15 @@ int request_parse_storages(const msgpack_object *map, size_t nfds,
   *out = NULL;
   *n = 0;
   if (sp_msg_get_array(map, "storages", false, &a) != 0)
-    return req_fail(msg, msglen, SP_EBADMSG,
+    return sp_failf(msg, msglen, SP_EBADMSG,
                     "\"storages\" must be an array of storage maps");
   if (a->size > REQ_MAX_PER_RANK)
-    return req_fail(msg, msglen, SP_ELIMIT,
+    return sp_failf(msg, msglen, SP_ELIMIT,
                     "%u storages in one frame, more than %u", a->size,
                     REQ_MAX_PER_RANK);
   struct req_storage *s = calloc(a->size > 0 ? a->size : 1, sizeof *s);
   if (s == NULL)
-    return req_fail(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
   int rc = 0;
   for (uint32_t i = 0; i < a->size && rc == 0; i++) {
     const msgpack_object *o = &a->ptr[i];
@@ -322,7 +310,7 @@ int request_parse_storages(const msgpack_object *map, size_t nfds,
     uint64_t sid, fd = 0;
     snprintf(where, sizeof where, "storages[%u]: ", i);
     if (o->type != MSGPACK_OBJECT_MAP) {
-      rc = req_fail(msg, msglen, SP_EBADMSG, "%snot a map", where);
+      rc = sp_failf(msg, msglen, SP_EBADMSG, "%snot a map", where);
       break;
     }
     if ((rc = parse_storage_kind(o, &s[i], where, msg, msglen)) != 0 ||
@@ -339,13 +327,13 @@ int request_parse_storages(const msgpack_object *map, size_t nfds,
                        msglen)) != 0)
       break;
     if (s[i].kind != REQ_STORAGE_CUDA_IPC && fd >= nfds) {
-      rc = req_fail(msg, msglen, SP_EBADFD,
+      rc = sp_failf(msg, msglen, SP_EBADFD,
                     "%sfd index %llu, but the frame carries %zu descriptors",
                     where, (unsigned long long)fd, nfds);
       break;
     }
     if (s[i].offset + s[i].length > REQ_MAX_VALUE) {
-      rc = req_fail(msg, msglen, SP_EINVAL,
+      rc = sp_failf(msg, msglen, SP_EINVAL,
                     "%soffset + length is not below 2^62", where);
       break;
     }
@@ -370,7 +358,7 @@ static int parse_piece(const msgpack_object *o, struct affine_piece *p,
   uint64_t v;
   int rc;
   if (o->type != MSGPACK_OBJECT_MAP)
-    return req_fail(msg, msglen, SP_EBADMSG, "%snot a map", where);
+    return sp_failf(msg, msglen, SP_EBADMSG, "%snot a map", where);
   if ((rc = get_dims(o, "shape", &p->ndim, p->shape, where, msg, msglen)) !=
           0 ||
       (rc = get_dims(o, "src_stride", &nd_src, p->src_stride, where, msg,
@@ -379,7 +367,7 @@ static int parse_piece(const msgpack_object *o, struct affine_piece *p,
                      msglen)) != 0)
     return rc;
   if (nd_src != p->ndim || nd_dst != p->ndim)
-    return req_fail(msg, msglen, SP_EINVAL,
+    return sp_failf(msg, msglen, SP_EINVAL,
                     "%sshape, src_stride and dst_stride have %u, %u and %u "
                     "dims",
                     where, p->ndim, nd_src, nd_dst);
@@ -392,16 +380,16 @@ static int parse_piece(const msgpack_object *o, struct affine_piece *p,
     return rc;
   p->dst_offset = (int64_t)v;
   if (sp_msg_get_array(o, "holders", false, &h) != 0)
-    return req_fail(msg, msglen, SP_EBADMSG,
+    return sp_failf(msg, msglen, SP_EBADMSG,
                     "%s\"holders\" must be an array of ranks", where);
   if (h->size == 0 || h->size > REQ_MAX_WORLD)
-    return req_fail(msg, msglen, SP_EINVAL,
+    return sp_failf(msg, msglen, SP_EINVAL,
                     "%sa piece has 1 to %u holders, not %u", where,
                     REQ_MAX_WORLD, h->size);
   for (uint32_t k = 0; k < h->size; k++) {
     if (h->ptr[k].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
         h->ptr[k].via.u64 >= REQ_MAX_WORLD)
-      return req_fail(msg, msglen, SP_EINVAL,
+      return sp_failf(msg, msglen, SP_EINVAL,
                       "%sholders[%u] is not a rank below %u", where, k,
                       REQ_MAX_WORLD);
     holders[k] = (uint32_t)h->ptr[k].via.u64;
@@ -426,7 +414,7 @@ static int parse_pieces(const msgpack_object_array *a, struct req_tensor *t,
                  nholders * sizeof(uint32_t);
   uint8_t *block = malloc(bytes > 0 ? bytes : 1);
   if (block == NULL)
-    return req_fail(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
   struct affine_piece *pieces = (struct affine_piece *)block;
   uint32_t *holders =
       (uint32_t *)(block + (size_t)a->size * sizeof(struct affine_piece));
@@ -459,9 +447,9 @@ static int parse_tensor(const msgpack_object *o, uint32_t i,
   int rc;
   snprintf(where, sizeof where, "tensors[%u]: ", i);
   if (o->type != MSGPACK_OBJECT_MAP)
-    return req_fail(msg, msglen, SP_EBADMSG, "%snot a map", where);
+    return sp_failf(msg, msglen, SP_EBADMSG, "%snot a map", where);
   if (sp_msg_get_str(o, "key", false, &t->key, &t->key_len) != 0)
-    return req_fail(msg, msglen, SP_EBADMSG, "%s\"key\" must be a string",
+    return sp_failf(msg, msglen, SP_EBADMSG, "%s\"key\" must be a string",
                     where);
   if ((rc = check_key(t->key, t->key_len, where, msg, msglen)) != 0)
     return rc;
@@ -476,10 +464,10 @@ static int parse_tensor(const msgpack_object *o, uint32_t i,
   t->sid = (uint32_t)sid;
   t->view.offset = (int64_t)offset;
   if (sp_msg_get_str(o, "dtype", false, &dtype, &dtype_len) != 0)
-    return req_fail(msg, msglen, SP_EBADMSG, "%s\"dtype\" must be a string",
+    return sp_failf(msg, msglen, SP_EBADMSG, "%s\"dtype\" must be a string",
                     where);
   if (sp_dtype_from_name(dtype, dtype_len, &t->view.dtype) != 0)
-    return req_fail(msg, msglen, SP_EDTYPE, "%sunknown dtype \"%.*s\"", where,
+    return sp_failf(msg, msglen, SP_EDTYPE, "%sunknown dtype \"%.*s\"", where,
                     (int)(dtype_len < 32 ? dtype_len : 32), dtype);
   if ((rc = get_dims(o, "shape", &t->view.ndim, t->view.shape, where, msg,
                      msglen)) != 0 ||
@@ -489,25 +477,25 @@ static int parse_tensor(const msgpack_object *o, uint32_t i,
                      msglen)) != 0)
     return rc;
   if (nstride != t->view.ndim)
-    return req_fail(msg, msglen, SP_EINVAL,
+    return sp_failf(msg, msglen, SP_EINVAL,
                     "%sshape has %u dims but stride has %u", where,
                     t->view.ndim, nstride);
   if (sp_msg_get_str(o, "placement", false, &placement, &placement_len) != 0)
-    return req_fail(msg, msglen, SP_EBADMSG, "%s\"placement\" must be a string",
+    return sp_failf(msg, msglen, SP_EBADMSG, "%s\"placement\" must be a string",
                     where);
   if (plan_layout_placement_from_name(placement, placement_len,
                                       &t->placement) != 0)
-    return req_fail(msg, msglen, SP_EUNSUPPORTED,
+    return sp_failf(msg, msglen, SP_EUNSUPPORTED,
                     "%splacement \"%.*s\" is not shard0, replicated, plain, "
                     "expert or affine",
                     where, (int)(placement_len < 32 ? placement_len : 32),
                     placement);
   rc = sp_msg_get_array(o, "pieces", true, &pieces);
   if (rc < 0)
-    return req_fail(msg, msglen, SP_EBADMSG,
+    return sp_failf(msg, msglen, SP_EBADMSG,
                     "%s\"pieces\" must be an array of piece maps", where);
   if (rc == 0 && t->placement != PLAN_AFFINE && pieces->size > 0)
-    return req_fail(msg, msglen, SP_EINVAL,
+    return sp_failf(msg, msglen, SP_EINVAL,
                     "%sonly an affine tensor has pieces", where);
   if (rc == 0 && t->placement == PLAN_AFFINE)
     return parse_pieces(pieces, t, where, msg, msglen);
@@ -520,15 +508,15 @@ int request_parse_tensors(const msgpack_object *map, struct req_tensor **out,
   *out = NULL;
   *n = 0;
   if (sp_msg_get_array(map, "tensors", false, &a) != 0)
-    return req_fail(msg, msglen, SP_EBADMSG,
+    return sp_failf(msg, msglen, SP_EBADMSG,
                     "\"tensors\" must be an array of tensor maps");
   if (a->size > REQ_MAX_PER_RANK)
-    return req_fail(msg, msglen, SP_ELIMIT,
+    return sp_failf(msg, msglen, SP_ELIMIT,
                     "%u tensors in one frame, more than %u", a->size,
                     REQ_MAX_PER_RANK);
   struct req_tensor *t = calloc(a->size > 0 ? a->size : 1, sizeof *t);
   if (t == NULL)
-    return req_fail(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
   for (uint32_t i = 0; i < a->size; i++) {
     int rc = parse_tensor(&a->ptr[i], i, &t[i], msg, msglen);
     if (rc != 0) {
@@ -559,14 +547,14 @@ static int parse_groups(const msgpack_object_array *a, struct req_groups *g,
   for (uint32_t i = 0; i < a->size; i++) {
     const msgpack_object *grp = &a->ptr[i];
     if (grp->type != MSGPACK_OBJECT_ARRAY)
-      return req_fail(msg, msglen, SP_EBADMSG,
+      return sp_failf(msg, msglen, SP_EBADMSG,
                       "groups[%u] must be an array of keys", i);
     for (uint32_t j = 0; j < grp->via.array.size; j++) {
       const msgpack_object *k = &grp->via.array.ptr[j];
       char where[48];
       snprintf(where, sizeof where, "groups[%u][%u]: ", i, j);
       if (k->type != MSGPACK_OBJECT_STR)
-        return req_fail(msg, msglen, SP_EBADMSG, "%snot a string", where);
+        return sp_failf(msg, msglen, SP_EBADMSG, "%snot a string", where);
       int rc = check_key(k->via.str.ptr, k->via.str.size, where, msg, msglen);
       if (rc != 0)
         return rc;
@@ -580,7 +568,7 @@ static int parse_groups(const msgpack_object_array *a, struct req_groups *g,
   g->groups = calloc(a->size > 0 ? a->size : 1, sizeof *g->groups);
   if (g->blob == NULL || g->names == NULL || g->groups == NULL) {
     request_groups_free(g);
-    return req_fail(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
   }
   size_t at = 0, name = 0;
   for (uint32_t i = 0; i < a->size; i++) {
@@ -628,12 +616,12 @@ int request_parse_export(const msgpack_object *map, struct req_export *out,
   out->timeout_ms = rc == 0 ? (uint32_t)v : 0;
   rc = sp_msg_get_bool(map, "progress", true, &out->progress);
   if (rc < 0)
-    return req_fail(msg, msglen, SP_EBADMSG, "\"progress\" must be a bool");
+    return sp_failf(msg, msglen, SP_EBADMSG, "\"progress\" must be a bool");
   if (rc == 1)
     out->progress = false;
   rc = sp_msg_get_array(map, "groups", true, &groups);
   if (rc < 0)
-    return req_fail(msg, msglen, SP_EBADMSG,
+    return sp_failf(msg, msglen, SP_EBADMSG,
                     "\"groups\" must be an array of arrays of keys");
   if (rc == 0)
     return parse_groups(groups, &out->groups, msg, msglen);

@@ -1,9 +1,12 @@
 /*
  * errors.c - code <-> text for the one error table in shardport.h.
  */
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "shardport.h"
+#include "proto/fail.h"
 #include "proto/msg.h"
 
 struct error_entry {
@@ -46,4 +49,14 @@ int sp_error_from_name(const char *name, size_t len) {
       return error_table[i].code;
   }
   return SP_EINTERNAL;
+}
+
+int sp_failf(char *msg, size_t msglen, int code, const char *fmt, ...) {
+  if (msg != NULL && msglen > 0) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, msglen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
 }

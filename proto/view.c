@@ -6,21 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/fail.h"
 #include "shardport.h"
 #include "proto/view.h"
-
-static int view_fail(char *msg, size_t msglen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int view_fail(char *msg, size_t msglen, int code, const char *fmt, ...) {
-  if (msg != NULL && msglen > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, msglen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
 
 int sp_view_numel(uint32_t ndim, const int64_t *shape, uint64_t *numel) {
   uint64_t n = 1;
@@ -124,41 +112,41 @@ int sp_view_check(const struct sp_view *view, uint64_t storage_bytes, char *msg,
   int rc;
 
   if (size == 0)
-    return view_fail(msg, msglen, SP_EDTYPE, "the view has no known dtype");
+    return sp_failf(msg, msglen, SP_EDTYPE, "the view has no known dtype");
   if (view->ndim > SP_MAX_DIMS)
-    return view_fail(msg, msglen, SP_EINVAL,
+    return sp_failf(msg, msglen, SP_EINVAL,
                      "the view has %u dims, more than %d", view->ndim,
                      SP_MAX_DIMS);
   for (uint32_t i = 0; i < view->ndim; i++)
     if (view->shape[i] < 0 || view->stride[i] < 0)
-      return view_fail(msg, msglen, SP_EINVAL,
+      return sp_failf(msg, msglen, SP_EINVAL,
                        "dim %u has size %lld and stride %lld; both must be "
                        "non-negative",
                        i, (long long)view->shape[i],
                        (long long)view->stride[i]);
   if (view->offset < 0)
-    return view_fail(msg, msglen, SP_EINVAL,
+    return sp_failf(msg, msglen, SP_EINVAL,
                      "the storage offset %lld is negative",
                      (long long)view->offset);
   if (sp_view_numel(view->ndim, view->shape, &numel) != 0 ||
       __builtin_mul_overflow(numel, size, &nbytes))
-    return view_fail(msg, msglen, SP_EOVERFLOW,
+    return sp_failf(msg, msglen, SP_EOVERFLOW,
                      "the view's size in bytes overflows");
   rc = sp_view_check_overlap(view->ndim, view->shape, view->stride);
   if (rc != 0)
-    return view_fail(msg, msglen, rc,
+    return sp_failf(msg, msglen, rc,
                      rc == SP_EZEROSTRIDE ? "the view has a zero stride"
                      : rc == SP_ESELFOVERLAP
                          ? "the view reaches one element twice"
                          : "the view's reach overflows");
   if (sp_view_extent(view->ndim, view->shape, view->stride, view->offset,
                      &extent) != 0)
-    return view_fail(msg, msglen, SP_EOVERFLOW, "the view's extent overflows");
+    return sp_failf(msg, msglen, SP_EOVERFLOW, "the view's extent overflows");
   /* Whole elements only: the tail of a storage that is not a multiple of
    * the element size is never part of a view. */
   whole = sp_view_whole_elements(storage_bytes, view->dtype);
   if (extent > whole)
-    return view_fail(msg, msglen, SP_EOUTOFBOUNDS,
+    return sp_failf(msg, msglen, SP_EOUTOFBOUNDS,
                      "the view reaches %llu %s elements; its storage of %llu "
                      "bytes holds %llu",
                      (unsigned long long)extent, sp_dtype_name(view->dtype),
@@ -244,19 +232,19 @@ int sp_view_encode(const struct sp_tensor *tensors, size_t n,
   if (n == 0)
     return 0;
   if (n > UINT32_MAX)
-    return view_fail(msg, msglen, SP_ELIMIT,
+    return sp_failf(msg, msglen, SP_ELIMIT,
                      "%zu tensors, more than a storage index can name", n);
   for (size_t i = 0; i < n; i++) {
     rc = sp_view_check(&tensors[i].view, tensors[i].storage.nbytes, why,
                        sizeof why);
     if (rc != 0)
-      return view_fail(msg, msglen, rc, "tensor %zu: %s", i, why);
+      return sp_failf(msg, msglen, rc, "tensor %zu: %s", i, why);
   }
   slots = calloc(n, sizeof *slots);
   leader = calloc(n, sizeof *leader);
   id = calloc(n, sizeof *id);
   if (slots == NULL || leader == NULL || id == NULL) {
-    rc = view_fail(msg, msglen, SP_ENOMEM, "out of memory encoding views");
+    rc = sp_failf(msg, msglen, SP_ENOMEM, "out of memory encoding views");
     goto out;
   }
   for (size_t i = 0; i < n; i++)
@@ -265,7 +253,7 @@ int sp_view_encode(const struct sp_tensor *tensors, size_t n,
   for (size_t j = 0; j < n; j++) {
     if (j > 0 && same_storage(slots[j].storage, slots[j - 1].storage)) {
       if (slots[j].storage->nbytes != slots[j - 1].storage->nbytes) {
-        rc = view_fail(msg, msglen, SP_EINVAL,
+        rc = sp_failf(msg, msglen, SP_EINVAL,
                        "tensors %zu and %zu name one storage with lengths "
                        "%llu and %llu",
                        slots[j - 1].index, slots[j].index,
@@ -286,7 +274,7 @@ int sp_view_encode(const struct sp_tensor *tensors, size_t n,
   if (out_storages == NULL || out_metas == NULL) {
     free(out_storages);
     free(out_metas);
-    rc = view_fail(msg, msglen, SP_ENOMEM, "out of memory encoding views");
+    rc = sp_failf(msg, msglen, SP_ENOMEM, "out of memory encoding views");
     goto out;
   }
   for (size_t i = 0; i < n; i++) {
@@ -315,13 +303,13 @@ int sp_view_decode(const struct sp_storage *storages, size_t nstorages,
     const struct sp_storage *s;
     int rc;
     if (metas[i].storage >= nstorages)
-      return view_fail(msg, msglen, SP_ENOSTORAGE,
+      return sp_failf(msg, msglen, SP_ENOSTORAGE,
                        "view %zu names storage %u of %zu", i, metas[i].storage,
                        nstorages);
     s = &storages[metas[i].storage];
     rc = sp_view_check(&metas[i].view, s->nbytes, why, sizeof why);
     if (rc != 0)
-      return view_fail(msg, msglen, rc, "view %zu: %s", i, why);
+      return sp_failf(msg, msglen, rc, "view %zu: %s", i, why);
     out[i].storage = *s;
     out[i].view = metas[i].view;
   }

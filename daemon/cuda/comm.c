@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/fail.h"
 #include "daemon/cuda/internal.h"
 #include "shardport.h"
 
@@ -53,17 +54,6 @@ struct gpu_comms {
   struct comm_rank *ranks;
   bool aborted;
 };
-
-static int fail(char *msg, size_t msglen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(char *msg, size_t msglen, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, msglen, fmt, ap);
-  va_end(ap);
-  return code;
-}
 
 /* A peer's failure (its process died, its node aborted) is node_lost:
  * the job fails everywhere naming it; anything else is this node's
@@ -133,9 +123,9 @@ static int settle(struct gpu_comms *c, uint64_t deadline,
     if (!busy)
       return 0;
     if (cancel != NULL && atomic_load(cancel))
-      return fail(msg, msglen, SP_EBUSY, "%s was canceled", what);
+      return sp_failf(msg, msglen, SP_EBUSY, "%s was canceled", what);
     if (gpu_now_ms() > deadline)
-      return fail(msg, msglen, SP_ETIMEOUT,
+      return sp_failf(msg, msglen, SP_ETIMEOUT,
                   "%s did not complete in time (a peer did not join or "
                   "stopped)",
                   what);
@@ -176,7 +166,7 @@ static int wait_all(struct gpu_comms *c, uint64_t deadline, const char *what,
     if (q <= 0)
       return q;
     if (gpu_now_ms() > deadline)
-      return fail(msg, msglen, SP_ETIMEOUT, "%s did not complete in time",
+      return sp_failf(msg, msglen, SP_ETIMEOUT, "%s did not complete in time",
                   what);
     gpu_backoff(&spins);
   }
@@ -230,7 +220,7 @@ int gpu_comms_create(struct gpu *gpu, const uint8_t id[GPU_NCCL_ID_BYTES],
                      struct gpu_comms **out, char *msg, size_t msglen) {
   const struct cuda_api *a = &gpu->api;
   if (nranks == 0 || nranks > GPU_MAX_DEVICES)
-    return fail(msg, msglen, SP_EINVAL,
+    return sp_failf(msg, msglen, SP_EINVAL,
                 "a node holds 1 to %d ranks of a job's communicator, not %zu",
                 GPU_MAX_DEVICES, nranks);
   struct gpu_comms *c = calloc(1, sizeof *c);
@@ -238,7 +228,7 @@ int gpu_comms_create(struct gpu *gpu, const uint8_t id[GPU_NCCL_ID_BYTES],
     c->ranks = calloc(nranks, sizeof *c->ranks);
   if (c == NULL || c->ranks == NULL) {
     free(c);
-    return fail(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
   }
   c->gpu = gpu;
   c->world = world;
@@ -328,7 +318,7 @@ void gpu_comms_free(struct gpu_comms *c) {
 int gpu_comms_query(struct gpu_comms *c, char *msg, size_t msglen) {
   const struct cuda_api *a = &c->gpu->api;
   if (c->aborted)
-    return fail(msg, msglen, SP_EBACKEND,
+    return sp_failf(msg, msglen, SP_EBACKEND,
                 "the job's NCCL communicators were aborted");
   bool pending = false;
   for (size_t i = 0; i < c->n; i++) {
@@ -397,7 +387,7 @@ static int grow_staging(struct gpu_comms *c, struct comm_rank *cr,
   if (err != cudaSuccess) {
     a->cudaGetLastError();
     cr->staging = NULL;
-    return fail(msg, msglen, err == cudaErrorMemoryAllocation ? SP_EPOOL
+    return sp_failf(msg, msglen, err == cudaErrorMemoryAllocation ? SP_EPOOL
                                                               : SP_EBACKEND,
                 "%s has no %" PRIu64 " bytes of device memory for NCCL "
                 "staging (CUDA error %d)",
@@ -447,7 +437,7 @@ int gpu_comms_round(struct gpu_comms *c, const struct engine *e,
                     char *msg, size_t msglen) {
   const struct cuda_api *a = &c->gpu->api;
   if (c->aborted)
-    return fail(msg, msglen, SP_EBACKEND,
+    return sp_failf(msg, msglen, SP_EBACKEND,
                 "the job's NCCL communicators were aborted by an earlier "
                 "failure");
   struct rank_round rr[GPU_MAX_DEVICES];

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "proto/fail.h"
 #include "daemon/cuda/internal.h"
 #include "shardport.h"
 
@@ -35,17 +36,6 @@ struct gpu_import {
   uint64_t size; /* bytes usable from base */
   size_t refs;
 };
-
-static int fail(char *msg, size_t msglen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(char *msg, size_t msglen, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, msglen, fmt, ap);
-  va_end(ap);
-  return code;
-}
 
 static struct gpu_import *find(struct gpu *gpu, enum gpu_storage_kind kind,
                                int device, const uint8_t *handle,
@@ -74,7 +64,7 @@ static int open_ipc(struct gpu *gpu, struct gpu_import *im, char *msg,
       a->cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess);
   if (err != cudaSuccess) {
     a->cudaGetLastError();
-    return fail(msg, msglen, SP_EBADFD,
+    return sp_failf(msg, msglen, SP_EBADFD,
                 "cudaIpcOpenMemHandle failed with CUDA error %d (%s): the "
                 "handle is not an allocation of a live process on this "
                 "node's %s",
@@ -89,13 +79,13 @@ static int open_ipc(struct gpu *gpu, struct gpu_import *im, char *msg,
   if (err != cudaSuccess)
     rc = gpu_cuda_fail(gpu, err, "cudaPointerGetAttributes", msg, msglen);
   else if (attr.type != cudaMemoryTypeDevice || attr.device != im->device)
-    rc = fail(msg, msglen, SP_EINVAL,
+    rc = sp_failf(msg, msglen, SP_EINVAL,
               "the handle's memory is not on %s, the device it was "
               "registered for",
               gpu_device_name(gpu, im->device));
   else if (a->cuMemGetAddressRange(&base, &size, (CUdeviceptr)ptr) !=
            CUDA_SUCCESS)
-    rc = fail(msg, msglen, SP_EBACKEND,
+    rc = sp_failf(msg, msglen, SP_EBACKEND,
               "cuMemGetAddressRange of an opened IPC handle failed");
   if (rc != 0) {
     a->cudaIpcCloseMemHandle(ptr);
@@ -125,7 +115,7 @@ static int open_fd(struct gpu *gpu, struct gpu_import *im, int fd,
   res = a->cuMemImportFromShareableHandle(
       &im->mem, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   if (res != CUDA_SUCCESS)
-    return fail(msg, msglen, SP_EBADFD,
+    return sp_failf(msg, msglen, SP_EBADFD,
                 "cuMemImportFromShareableHandle failed with CUDA driver "
                 "error %d: the descriptor is not a cuMem allocation of this "
                 "node",
@@ -157,7 +147,7 @@ static int open_fd(struct gpu *gpu, struct gpu_import *im, int fd,
   }
   if (res != CUDA_SUCCESS) {
     a->cuMemRelease(im->mem);
-    return fail(msg, msglen, SP_EBADFD,
+    return sp_failf(msg, msglen, SP_EBADFD,
                 "%s of %llu bytes of the cuMem allocation failed with CUDA "
                 "driver error %d (is the allocation shorter than offset + "
                 "length?)",
@@ -188,7 +178,7 @@ int gpu_storage_open(struct gpu *gpu, int device, enum gpu_storage_kind kind,
   struct stat st;
   memset(&st, 0, sizeof st);
   if (kind == GPU_STORAGE_FD && fstat(fd, &st) != 0)
-    return fail(msg, msglen, SP_EBADFD, "the cuMem descriptor cannot be read");
+    return sp_failf(msg, msglen, SP_EBADFD, "the cuMem descriptor cannot be read");
   uint64_t need = offset + length;
   int rc = gpu_set_device(gpu, device, msg, msglen);
   if (rc != 0)
@@ -199,7 +189,7 @@ int gpu_storage_open(struct gpu *gpu, int device, enum gpu_storage_kind kind,
   if (fresh) {
     im = calloc(1, sizeof *im);
     if (im == NULL) {
-      rc = fail(msg, msglen, SP_ENOMEM, "out of memory");
+      rc = sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
     } else {
       im->kind = kind;
       im->device = device;
@@ -216,7 +206,7 @@ int gpu_storage_open(struct gpu *gpu, int device, enum gpu_storage_kind kind,
     }
   }
   if (rc == 0 && need > im->size) {
-    rc = fail(msg, msglen, SP_EBADFD,
+    rc = sp_failf(msg, msglen, SP_EBADFD,
               "offset + length = %llu bytes, but the allocation has %llu",
               (unsigned long long)need, (unsigned long long)im->size);
     if (fresh) {
