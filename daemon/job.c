@@ -499,10 +499,13 @@ static struct job_member *registering_member(struct conn *c, uint64_t id,
     conn_send_error(c, id, SP_ESTATE, "%s: join a job first", op);
     return NULL;
   }
-  if (m->job->running != NULL) {
+  /* Registrations sent after the rank asked would count on one node and be
+   * missed across nodes (its registrations already went to the root), so
+   * they are refused from the ask on, the same everywhere. */
+  if (m->job->running != NULL || m->asked) {
     conn_send_error(c, id, SP_EEXPORTING,
-                    "%s: job %s is running an export; register before or "
-                    "after it",
+                    "%s: job %s is running an export or this rank asked for "
+                    "one; register before or after it",
                     op, m->job->hex);
     return NULL;
   }

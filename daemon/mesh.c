@@ -140,6 +140,12 @@ struct mesh {
   struct pending_join *joins;
   uint64_t gather;
   uint64_t *ask_sent; /* [world]: ask id + 1 sent in this gather */
+  /* [world]: the registrations this node last sent for each of its ranks.
+   * The root relays every rank's back to every node; a node plans on them
+   * but reads its own ranks' memory, so what comes back for its own ranks
+   * must be exactly what it sent, or a peer could point its reads outside
+   * what the trainers registered. */
+  struct nodeblob **sent_meta;
   struct mesh_export *incoming, *ready, *current;
   bool awaiting_links;
   uint64_t planned_digest;
@@ -342,7 +348,10 @@ static struct mesh *mesh_alloc(struct job *job, bool root) {
   ms->cgather = 1;
   ms->next_export_id = 1;
   ms->ask_sent = calloc(job->world, sizeof *ms->ask_sent);
-  if (ms->ask_sent == NULL) {
+  ms->sent_meta = calloc(job->world, sizeof *ms->sent_meta);
+  if (ms->ask_sent == NULL || ms->sent_meta == NULL) {
+    free(ms->ask_sent);
+    free(ms->sent_meta);
     free(ms);
     return NULL;
   }
@@ -456,6 +465,9 @@ void mesh_free(struct mesh *ms) {
   free(ms->asks);
   free(ms->rank_node);
   free(ms->ask_sent);
+  for (uint32_t r = 0; r < ms->job->world; r++)
+    nodeblob_unref(ms->sent_meta[r]);
+  free(ms->sent_meta);
   free(ms);
 }
 
@@ -697,6 +709,8 @@ void mesh_asks(struct job *job) {
                         .max_keys = m->ask.max_keys,
                         .max_bytes = m->ask.max_bytes,
                         .timeout_ms = m->ask.timeout_ms};
+    nodeblob_unref(ms->sent_meta[r]);
+    ms->sent_meta[r] = nodeblob_ref(meta);
     to_root(ms, &a, meta);
     nodeblob_unref(meta);
     ms->ask_sent[r] = m->ask_id + 1;
@@ -932,6 +946,19 @@ void mesh_try_start(struct job *job) {
     snprintf(msg, sizeof msg, "rank %" PRIu32 " left job %s while its ranks "
              "waited for an export", r, job->hex);
     refuse_start(ms, mx, SP_ERANKLOST, msg);
+    return;
+  }
+  for (uint32_t r = 0; r < job->world; r++) {
+    const struct nodeblob *sent = ms->sent_meta[r];
+    const struct nodeblob *got = mx->metas[r];
+    if (mx->rank_nodes[r] != ms->self ||
+        (sent != NULL && got->len == sent->len &&
+         memcmp(got->payload, sent->payload, sent->len) == 0))
+      continue;
+    char msg[256];
+    snprintf(msg, sizeof msg, "the root relayed registrations of rank %"
+             PRIu32 " that its node did not send", r);
+    refuse_start(ms, mx, SP_EBADMSG, msg);
     return;
   }
   int bad = ensure_links(ms, mx);
