@@ -46,6 +46,7 @@ void config_default(struct config *cfg) {
   cfg->backend = BACKEND_AUTO;
   cfg->watchdog = true;
   cfg->pool_capacity = 0;
+  cfg->gpu_pool_capacity = 0;
   cfg->max_bytes = CONFIG_DEFAULT_MAX_BYTES;
   cfg->export_timeout_ms = CONFIG_DEFAULT_EXPORT_TIMEOUT_MS;
   cfg->job_timeout_ms = CONFIG_DEFAULT_JOB_TIMEOUT_MS;
@@ -202,6 +203,7 @@ static const struct size_key size_keys[] = {
     {"max_clients", 1, 1u << 20},
     {"max_output", 4096, UINT64_C(1) << 40},
     {"pool_capacity", 0, UINT64_C(1) << 50},
+    {"gpu_pool_capacity", 0, UINT64_C(1) << 50},
     {"max_bytes", 4096, UINT64_C(1) << 50},
     {"max_jobs", 1, 1u << 16},
     {"engine_threads", 0, 64},
@@ -228,6 +230,8 @@ static void store_size(struct config *cfg, const char *key, uint64_t v) {
     cfg->max_clients = (uint32_t)v;
   else if (strcmp(key, "pool_capacity") == 0)
     cfg->pool_capacity = v;
+  else if (strcmp(key, "gpu_pool_capacity") == 0)
+    cfg->gpu_pool_capacity = v;
   else if (strcmp(key, "max_bytes") == 0)
     cfg->max_bytes = v;
   else if (strcmp(key, "max_jobs") == 0)
@@ -459,6 +463,7 @@ void config_print(const struct config *cfg, FILE *out) {
   fprintf(out, "backend = %s\n", backend_name(cfg->backend));
   fprintf(out, "watchdog = %s\n", cfg->watchdog ? "yes" : "no");
   fprintf(out, "pool_capacity = %" PRIu64 "\n", cfg->pool_capacity);
+  fprintf(out, "gpu_pool_capacity = %" PRIu64 "\n", cfg->gpu_pool_capacity);
   fprintf(out, "max_bytes = %" PRIu64 "\n", cfg->max_bytes);
   print_duration(out, "export_timeout", cfg->export_timeout_ms);
   print_duration(out, "job_timeout", cfg->job_timeout_ms);

@@ -102,6 +102,8 @@ struct config {
   bool watchdog;
   /* Bytes the memory pool may hold; 0 means half the physical memory. */
   uint64_t pool_capacity;
+  /* Device bytes the pool may hold per GPU; 0 means as much as it has. */
+  uint64_t gpu_pool_capacity;
   /* An export's traffic per round when the request names none. */
   uint64_t max_bytes;
   /* How long an export waits for its ranks, and for progress, when the

@@ -417,7 +417,8 @@ static int new_segment(struct export *ex, uint32_t r, uint64_t need) {
                ? pool_segment_new_device(srv->pool, gpu,
                                          ex->ranks[r].m->reg.device,
                                          ex->layout->seg_size[r],
-                                         &ex->ranks[r].segment, why,
+                                         ex->ranks[r].m, &ex->ranks[r].segment,
+                                         why,
                                          sizeof why)
                : pool_segment_new(srv->pool, ex->layout->seg_size[r],
                                   &ex->ranks[r].segment);
@@ -1026,7 +1027,8 @@ int export_op_release(struct conn *c, const struct sp_msg_head *head,
     /* A reply still streaming keeps its part 0 until it is written; the
      * segment's descriptor in it is a duplicate. */
     *p = pub->next;
-    pool_segment_free(m->job->srv->pool, pub->segment);
+    /* A device segment is kept for this rank's next export. */
+    pool_segment_put(m->job->srv->pool, pub->segment);
     free(pub);
     struct sp_msgbuf mb;
     sp_msgbuf_begin(&mb, "release", head->id, 0);

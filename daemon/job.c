@@ -78,6 +78,8 @@ static void member_release_all(struct job_member *m) {
 
 static void member_free(struct job_member *m) {
   member_release_all(m);
+  /* The device segments kept for its next export go now. */
+  pool_owner_gone(m->job->srv->pool, m);
   request_groups_free(&m->ask.groups);
   registry_free(&m->reg);
   if (m->conn != NULL)

@@ -3,9 +3,13 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
+#include <stdbool.h>
 
 #include "shardport.h"
 #include "daemon/cuda/gpu.h"
@@ -14,10 +18,15 @@
 struct pool {
   uint64_t capacity;
   uint64_t used;        /* host segments */
-  uint64_t device_used; /* device segments */
+  uint64_t device_used; /* device segments, in use and kept */
+  uint64_t gpu_capacity; /* per GPU; 0: as much as the GPU has */
+  uint64_t per_device[POOL_MAX_DEVICES];
+  /* Released device segments, each kept for its owner only. */
+  struct pool_segment *kept;
+  size_t nkept;
 };
 
-int pool_create(uint64_t capacity, struct pool **out) {
+int pool_create(uint64_t capacity, uint64_t gpu_capacity, struct pool **out) {
   struct pool *pool = calloc(1, sizeof *pool);
   if (!pool)
     return SP_ENOMEM;
@@ -29,11 +38,22 @@ int pool_create(uint64_t capacity, struct pool **out) {
                    : UINT64_MAX;
   }
   pool->capacity = capacity;
+  pool->gpu_capacity = gpu_capacity;
   *out = pool;
   return 0;
 }
 
-void pool_destroy(struct pool *pool) { free(pool); }
+void pool_destroy(struct pool *pool) {
+  if (pool == NULL)
+    return;
+  while (pool->kept != NULL) {
+    struct pool_segment *seg = pool->kept;
+    pool->kept = seg->next;
+    pool->nkept--;
+    pool_segment_free(pool, seg);
+  }
+  free(pool);
+}
 
 int pool_segment_new(struct pool *pool, uint64_t size,
                      struct pool_segment **out) {
@@ -67,13 +87,83 @@ fail:;
   return rc;
 }
 
+/* Takes a kept segment out of the list. */
+static void unkeep(struct pool *pool, struct pool_segment *seg) {
+  for (struct pool_segment **p = &pool->kept; *p != NULL; p = &(*p)->next)
+    if (*p == seg) {
+      *p = seg->next;
+      seg->next = NULL;
+      pool->nkept--;
+      return;
+    }
+}
+
+/* Frees kept segments on device (every one when all, else only until size
+ * more bytes fit under the device capacity); whether any was freed. */
+static bool evict(struct pool *pool, int device, uint64_t size, bool all) {
+  bool freed = false;
+  struct pool_segment **p = &pool->kept;
+  while (*p != NULL) {
+    struct pool_segment *seg = *p;
+    if (!all && (pool->gpu_capacity == 0 ||
+                 pool->per_device[device] + size <= pool->gpu_capacity))
+      break;
+    if (seg->device != device) {
+      p = &seg->next;
+      continue;
+    }
+    *p = seg->next;
+    seg->next = NULL;
+    pool->nkept--;
+    pool_segment_free(pool, seg);
+    freed = true;
+  }
+  return freed;
+}
+
 int pool_segment_new_device(struct pool *pool, struct gpu *gpu, int device,
-                            uint64_t size, struct pool_segment **out,
-                            char *msg, size_t msglen) {
+                            uint64_t size, const void *owner,
+                            struct pool_segment **out, char *msg,
+                            size_t msglen) {
+  if (device < 0 || device >= POOL_MAX_DEVICES) {
+    snprintf(msg, msglen, "no GPU %d", device);
+    return SP_EINVAL;
+  }
+  /* The owner's own kept segment, the smallest that fits: only ever the
+   * bytes of its own earlier tensors. */
+  struct pool_segment *best = NULL;
+  for (struct pool_segment *seg = pool->kept; seg != NULL; seg = seg->next)
+    if (seg->owner == owner && seg->device == device && seg->size >= size &&
+        (best == NULL || seg->size < best->size))
+      best = seg;
+  if (best != NULL) {
+    unkeep(pool, best);
+    *out = best;
+    return 0;
+  }
+  if (size == 0)
+    size = 1;
+  if (pool->gpu_capacity != 0 &&
+      pool->per_device[device] + size > pool->gpu_capacity) {
+    evict(pool, device, size, false);
+    if (pool->per_device[device] + size > pool->gpu_capacity) {
+      snprintf(msg, msglen,
+               "%s: %" PRIu64 " of its gpu_pool_capacity of %" PRIu64
+               " bytes are in use, %" PRIu64 " more do not fit",
+               gpu_device_name(gpu, device), pool->per_device[device],
+               pool->gpu_capacity, size);
+      return SP_EPOOL;
+    }
+  }
   struct pool_segment *seg = calloc(1, sizeof *seg);
-  if (!seg)
+  if (!seg) {
+    snprintf(msg, msglen, "out of memory");
     return SP_ENOMEM;
+  }
   int rc = gpu_segment_new(gpu, device, size, &seg->dev, msg, msglen);
+  /* The GPU is full: what is kept on it for other exports goes first. */
+  if (rc == SP_EPOOL && evict(pool, device, 0, true))
+    rc = gpu_segment_new(gpu, device, size, &seg->dev, msg, msglen);
   if (rc != 0) {
     free(seg);
     return rc;
@@ -83,9 +173,49 @@ int pool_segment_new_device(struct pool *pool, struct gpu *gpu, int device,
   seg->base = info->ptr;
   seg->size = info->size;
   seg->gpu = gpu;
+  seg->device = device;
+  seg->owner = owner;
   pool->device_used += seg->size;
+  pool->per_device[device] += seg->size;
   *out = seg;
   return 0;
+}
+
+void pool_segment_put(struct pool *pool, struct pool_segment *segment) {
+  if (!segment)
+    return;
+  if (!segment->dev || segment->owner == NULL) {
+    pool_segment_free(pool, segment);
+    return;
+  }
+  segment->next = pool->kept;
+  pool->kept = segment;
+  pool->nkept++;
+}
+
+void pool_owner_gone(struct pool *pool, const void *owner) {
+  struct pool_segment **p = &pool->kept;
+  while (*p != NULL) {
+    struct pool_segment *seg = *p;
+    if (seg->owner != owner) {
+      p = &seg->next;
+      continue;
+    }
+    *p = seg->next;
+    pool->nkept--;
+    pool_segment_free(pool, seg);
+  }
+}
+
+size_t pool_kept_count(const struct pool *pool) { return pool->nkept; }
+
+uint64_t pool_device_used(const struct pool *pool, int device) {
+  return device >= 0 && device < POOL_MAX_DEVICES ? pool->per_device[device]
+                                                 : 0;
+}
+
+uint64_t pool_gpu_capacity(const struct pool *pool) {
+  return pool->gpu_capacity;
 }
 
 void pool_segment_free(struct pool *pool, struct pool_segment *segment) {
@@ -94,6 +224,7 @@ void pool_segment_free(struct pool *pool, struct pool_segment *segment) {
   if (segment->dev) {
     gpu_segment_free(segment->gpu, segment->dev);
     pool->device_used -= segment->size;
+    pool->per_device[segment->device] -= segment->size;
     free(segment);
     return;
   }

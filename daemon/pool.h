@@ -11,9 +11,14 @@
  *
  * On the CUDA backend a segment is device memory on the owner's GPU
  * instead (daemon/cuda/gpu.h, gpu_segment_new): its own allocation,
- * published as one IPC handle, never reused either.  Device bytes are
- * counted in pool_used but bounded by the GPU's memory, not by the pool's
- * capacity, which is host memory.
+ * published as one IPC handle.  A released device segment is kept for its
+ * owner (pool_segment_put) and handed back to that owner only, the same
+ * job member (job and rank), by its next export that fits in it: the same
+ * IPC handle, no new cudaMalloc.  It is freed when the owner leaves or the
+ * job ends (pool_owner_gone), or earlier when another allocation on its GPU
+ * needs the room.  Device bytes (in use and kept) are counted in pool_used
+ * and bounded per GPU by the device capacity (gpu_pool_capacity), not by
+ * the pool's capacity, which is host memory.
  */
 #ifndef SP_DAEMON_POOL_H
 #define SP_DAEMON_POOL_H
@@ -25,28 +30,51 @@ struct gpu;
 struct gpu_segment;
 struct pool;
 
+/* GPUs whose device memory the pool counts (GPU_MAX_DEVICES). */
+#define POOL_MAX_DEVICES 64
+
 struct pool_segment {
   int fd;        /* the memfd; -1 for a device segment */
   uint8_t *base; /* the daemon's mapping, or the device address */
   uint64_t size;
   struct gpu *gpu;         /* a device segment's backend, else NULL */
   struct gpu_segment *dev; /* a device segment, else NULL */
+  int device;              /* a device segment's local ordinal */
+  const void *owner;       /* a device segment's owner (a job member) */
+  struct pool_segment *next; /* kept device segments */
 };
 
-/* capacity 0 means half of the machine's physical memory. */
-int pool_create(uint64_t capacity, struct pool **out);
+/* capacity 0 means half of the machine's physical memory; gpu_capacity
+ * is the device bytes per GPU, 0 meaning as much as the GPU has. */
+int pool_create(uint64_t capacity, uint64_t gpu_capacity, struct pool **out);
 /* Every segment must have been freed. */
 void pool_destroy(struct pool *pool);
 
 /* A zero-filled segment of size bytes; SP_EPOOL beyond the capacity. */
 int pool_segment_new(struct pool *pool, uint64_t size,
                      struct pool_segment **out);
-/* A segment of size bytes on local GPU device: SP_EPOOL when the GPU has
- * no room, with a sentence in msg. */
+/* A segment of at least size bytes on local GPU device for owner: one
+ * this owner released earlier on that GPU when one is large enough (its
+ * bytes are this owner's earlier tensors; the engine zeroes it before
+ * assembling), else a new one.  SP_EPOOL beyond the device capacity or
+ * when the GPU has no room (after freeing kept segments of that GPU), with
+ * a sentence in msg. */
 int pool_segment_new_device(struct pool *pool, struct gpu *gpu, int device,
-                            uint64_t size, struct pool_segment **out,
-                            char *msg, size_t msglen);
+                            uint64_t size, const void *owner,
+                            struct pool_segment **out, char *msg,
+                            size_t msglen);
+/* Frees a segment now.  NULL is allowed. */
 void pool_segment_free(struct pool *pool, struct pool_segment *segment);
+/* Returns a released segment: a device segment is kept for its owner's
+ * next export, a host segment is freed.  NULL is allowed. */
+void pool_segment_put(struct pool *pool, struct pool_segment *segment);
+/* Frees every segment kept for owner (it left, or its job ended). */
+void pool_owner_gone(struct pool *pool, const void *owner);
+/* Device segments kept for reuse, and device bytes per GPU (for status
+ * and tests). */
+size_t pool_kept_count(const struct pool *pool);
+uint64_t pool_device_used(const struct pool *pool, int device);
+uint64_t pool_gpu_capacity(const struct pool *pool);
 
 uint64_t pool_used(const struct pool *pool);
 uint64_t pool_capacity(const struct pool *pool);

@@ -244,7 +244,7 @@ int server_run(const struct config *cfg, const struct backend_choice *backend) {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     srv.engine_threads = cpus >= 4 ? 4 : cpus > 1 ? (uint32_t)cpus : 1;
   }
-  if (pool_create(cfg->pool_capacity, &srv.pool) != 0) {
+  if (pool_create(cfg->pool_capacity, cfg->gpu_pool_capacity, &srv.pool) != 0) {
     log_msg(LOG_LEVEL_ERROR, "cannot create the memory pool");
     if (srv.reserve_fd >= 0)
       close(srv.reserve_fd);

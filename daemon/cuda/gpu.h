@@ -112,8 +112,9 @@ size_t gpu_storage_open_count(const struct gpu *gpu);
  * are assembled in: its own allocation on one GPU, exported once as one IPC
  * handle (tensors are published as offsets into it, never one handle per
  * tensor), with an interprocess event that the engine records once the
- * tensors are assembled and the library waits on.  Never reused for
- * another rank: released segments are freed. */
+ * tensors are assembled and the library waits on.  The pool (pool.c)
+ * keeps a released segment for the same job member only and frees it when
+ * that member leaves; never reused for another rank. */
 struct gpu_segment_info {
   int device;
   uint8_t *ptr;

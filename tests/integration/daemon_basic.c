@@ -346,6 +346,7 @@ START_TEST(print_config_defaults) {
            "backend = auto\n"
            "watchdog = yes\n"
            "pool_capacity = 0\n"
+           "gpu_pool_capacity = 0\n"
            "max_bytes = 1073741824\n"
            "export_timeout = 1m\n"
            "job_timeout = 5m\n"

@@ -94,6 +94,9 @@ struct report {
   char failure[512];
   uint32_t owned_count;
   uint32_t device_tensors; /* owned tensors that came from a segment */
+  /* Per export (the first 4): the inode of the fake device allocation the
+   * rank's segment is (each cudaMalloc of the fake is a new memfd), or 0. */
+  uint64_t seg_inode[4];
 };
 
 static uint64_t mix(uint64_t x) {
@@ -472,6 +475,25 @@ static void verify(struct rank *r, const sp_owned_set *set) {
   }
 }
 
+/* The inode of the memfd mapped at p in this process: which fake device
+ * allocation an opened segment is. */
+static uint64_t inode_at(const void *p) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f)
+    return 0;
+  char line[512];
+  uint64_t inode = 0;
+  while (inode == 0 && fgets(line, sizeof line, f)) {
+    unsigned long lo, hi, ino;
+    if (sscanf(line, "%lx-%lx %*s %*s %*s %lu", &lo, &hi, &ino) == 3 &&
+        (uintptr_t)p >= lo && (uintptr_t)p < hi &&
+        strstr(line, "memfd:spfake-mem") != NULL)
+      inode = ino;
+  }
+  fclose(f);
+  return inode;
+}
+
 static void check_storage_unchanged(struct rank *r) {
   uint8_t *now = malloc(r->len);
   if (!now || dcopy(r, now, r->storage, r->len, cudaMemcpyDeviceToHost) < 0)
@@ -605,6 +627,11 @@ static void rank_main(const struct scenario *sc, const char *socket,
     if (r.rep.export_rc < 0)
       goto report;
     verify(&r, set);
+    for (size_t i = 0; i < set->ntensors && e < 4; i++)
+      if (!set->tensors[i].identity && set->tensors[i].data != NULL) {
+        r.rep.seg_inode[e] = inode_at(set->tensors[i].data);
+        break;
+      }
     if ((rc = sp_release(c, set)) < 0)
       failf(&r, "release: %s", sp_strerror(rc));
     check_storage_unchanged(&r);
@@ -937,7 +964,7 @@ END_TEST
 START_TEST(every_registration_kind_across_shared_gpus) {
   /* Ranks 0 and 2 share GPU 0, ranks 1 and 3 GPU 1: copies within a GPU
    * and peer copies between them; three exports of one job (the plan is
-   * reused, the segments are new). */
+   * reused, and so are each owner's segments). */
   struct scenario sc = {.world = 4, .nkeys = NMIXED, .keys = mixed_keys,
                         .gpus = 2, .exports = 3, .max_keys = 3,
                         .modes = {MODE_TORCH, MODE_RAW, MODE_FD, MODE_PTR}};
@@ -965,6 +992,102 @@ START_TEST(large_strided_tensors) {
   run(&sc, &w);
   assert_exported(&w, &sc);
   world_free(&w, &sc);
+}
+END_TEST
+
+START_TEST(segments_reused_by_their_owner) {
+  /* Two exports of one job: each owner's second export is assembled in the
+   * segment its first one was (the same device allocation, so the same IPC
+   * handle and no new cudaMalloc); once the ranks left, every segment is
+   * freed. */
+  struct scenario sc = {.world = 4, .nkeys = NMIXED, .keys = mixed_keys,
+                        .gpus = 2, .exports = 2,
+                        .modes = {MODE_PTR, MODE_TORCH, MODE_RAW, MODE_FD}};
+  struct world w;
+  run(&sc, &w);
+  assert_exported(&w, &sc);
+  int owners = 0;
+  for (uint32_t i = 0; i < sc.world; i++) {
+    if (w.rep[i].device_tensors == 0)
+      continue;
+    owners++;
+    ck_assert_msg(w.rep[i].seg_inode[0] != 0 && w.rep[i].seg_inode[1] != 0,
+                  "rank %u: segment not found in its maps", i);
+    ck_assert_msg(w.rep[i].seg_inode[0] == w.rep[i].seg_inode[1],
+                  "rank %u: export 2 got a new segment (%llu, then %llu)", i,
+                  (unsigned long long)w.rep[i].seg_inode[0],
+                  (unsigned long long)w.rep[i].seg_inode[1]);
+    /* Never another rank's segment. */
+    for (uint32_t j = 0; j < i; j++)
+      ck_assert_msg(w.rep[j].seg_inode[0] == 0 ||
+                        w.rep[j].seg_inode[0] != w.rep[i].seg_inode[1],
+                    "ranks %u and %u share a segment", j, i);
+  }
+  ck_assert_int_gt(owners, 1);
+  world_free(&w, &sc);
+  for (int i = 0; i < 100 && daemon_device_mappings() != 0; i++)
+    usleep(20000);
+  ck_assert_int_eq(daemon_device_mappings(), 0);
+}
+END_TEST
+
+static char small_pool_conf[300];
+
+/* A daemon whose GPUs lend the pool 64 KiB each. */
+static void start_small_pool(void) {
+  char dir[256];
+  ck_assert_int_eq(sp_test_mkdtemp(dir, sizeof dir), 0);
+  snprintf(small_pool_conf, sizeof small_pool_conf, "%s/conf", dir);
+  FILE *f = fopen(small_pool_conf, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "gpu_pool_capacity = 65536\n");
+  ck_assert_int_eq(fclose(f), 0);
+  const char *args[] = {"--backend", "cuda", "--config", small_pool_conf,
+                        NULL};
+  ck_assert_int_eq(sp_test_daemon_start(&daemon_, args), 0);
+}
+
+static void stop_small_pool(void) {
+  stop();
+  unlink(small_pool_conf);
+  char *slash = strrchr(small_pool_conf, '/');
+  if (slash != NULL) {
+    *slash = '\0';
+    rmdir(small_pool_conf);
+  }
+}
+
+START_TEST(device_pool_capacity_refused_on_every_rank) {
+  /* Rank 0's segment needs 1000 x 257 floats: more than the 64 KiB its
+   * GPU lends the pool.  Every rank's export fails with pool_exhausted. */
+  static const struct tkey keys[] = {
+      K(.name = "big.rows", .kind = SHARD0, .dtype = "float32", .es = 4,
+        .ndim = 2, .shape = {1000, 257}, .parts = {300, 700}),
+  };
+  struct scenario sc = {.world = 2, .nkeys = 1, .keys = keys, .gpus = 2,
+                        .modes = {MODE_PTR, MODE_TORCH}};
+  struct world w;
+  run(&sc, &w);
+  for (uint32_t i = 0; i < sc.world; i++) {
+    ck_assert_msg(w.rep[i].export_rc == SP_EPOOL, "rank %u: %s: %s", i,
+                  sp_strerror(w.rep[i].export_rc), w.rep[i].message);
+    ck_assert_msg(strstr(w.rep[i].message, "gpu_pool_capacity") != NULL,
+                  "rank %u: %s", i, w.rep[i].message);
+  }
+  world_free(&w, &sc);
+  /* What fits still exports on the same daemon. */
+  static const struct tkey small[] = {
+      K(.name = "a", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
+        .shape = {64, 16}, .parts = {20, 44}),
+  };
+  struct scenario ok = {.world = 2, .nkeys = 1, .keys = small, .gpus = 2,
+                        .exports = 2, .modes = {MODE_PTR, MODE_RAW}};
+  run(&ok, &w);
+  assert_exported(&w, &ok);
+  world_free(&w, &ok);
+  for (int i = 0; i < 100 && daemon_device_mappings() != 0; i++)
+    usleep(20000);
+  ck_assert_int_eq(daemon_device_mappings(), 0);
 }
 END_TEST
 
@@ -1212,6 +1335,16 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, large_strided_tensors);
   tcase_add_test(tc, refusals);
   suite_add_tcase(s, tc);
+  TCase *pool = tcase_create("pool");
+  tcase_add_checked_fixture(pool, start, stop);
+  tcase_set_timeout(pool, 120);
+  tcase_add_test(pool, segments_reused_by_their_owner);
+  suite_add_tcase(s, pool);
+  TCase *small = tcase_create("small-pool");
+  tcase_add_checked_fixture(small, start_small_pool, stop_small_pool);
+  tcase_set_timeout(small, 120);
+  tcase_add_test(small, device_pool_capacity_refused_on_every_rank);
+  suite_add_tcase(s, small);
   TCase *slow = tcase_create("faults");
   tcase_add_checked_fixture(slow, start_slow, stop);
   tcase_set_timeout(slow, 120);
