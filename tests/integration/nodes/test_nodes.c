@@ -121,38 +121,7 @@ static void assert_idle(int i) {
  * crosses nodes differently: replicas of one piece on two nodes, and a
  * view too fragmented to send run by run (packed into staging). */
 static struct tkey mixed_keys[] = {
-    /* uneven rows, a rank with none */
-    K(.name = "emb", .kind = SHARD0, .dtype = "bfloat16", .es = 2, .ndim = 2,
-      .shape = {10, 6}, .parts = {3, 0, 5, 2}),
-    /* no elements at all */
-    K(.name = "empty", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
-      .shape = {0, 5}, .parts = {0, 0, 0, 0}),
-    K(.name = "w.f32", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
-      .shape = {7, 3}, .parts = {1, 2, 3, 1}),
-    /* every row on one rank: identity when that rank owns it */
-    K(.name = "w.i16", .kind = SHARD0, .dtype = "int16", .es = 2, .ndim = 1,
-      .shape = {9}, .parts = {0, 0, 9, 0}),
-    K(.name = "norm", .kind = REPLICATED, .dtype = "float32", .es = 4,
-      .ndim = 1, .shape = {6}),
-    K(.name = "bias", .kind = PLAIN, .dtype = "bfloat16", .es = 2, .ndim = 1,
-      .shape = {5}),
-    K(.name = "expert.0", .kind = EXPERT, .dtype = "bfloat16", .es = 2,
-      .ndim = 2, .shape = {4, 6}, .expert = 2),
-    K(.name = "expert.1", .kind = EXPERT, .dtype = "float32", .es = 4,
-      .ndim = 2, .shape = {3, 3}, .expert = 1),
-    /* a column split: each rank holds columns as one affine piece; the
-     * owner's destination runs are a few bytes each (unpacked) */
-    K(.name = "cols", .kind = AFFINE_COLS, .dtype = "float32", .es = 4,
-      .ndim = 2, .shape = {4, 10}, .parts = {3, 2, 4, 1}),
-    K(.name = "tied.a", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
-      .shape = {8, 4}, .parts = {2, 2, 2, 2}),
-    K(.name = "tied.b", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
-      .shape = {8, 4}, .parts = {2, 2, 2, 2}, .tie = 9 + 1),
-    K(.name = "grp.x", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
-      .shape = {6, 2}, .parts = {2, 1, 1, 2}),
-    K(.name = "grp.y", .kind = REPLICATED, .dtype = "bfloat16", .es = 2,
-      .ndim = 2, .shape = {5, 3}),
-    K(.name = "scalar", .kind = PLAIN, .dtype = "float32", .es = 4, .ndim = 0),
+    TRAINER_MIXED_KEYS,
     /* ranks r and r + 2 hold the same rows: replicas on two nodes */
     K(.name = "pairs", .kind = AFFINE_PAIRS, .dtype = "float32", .es = 4,
       .ndim = 2, .shape = {6, 5}, .parts = {2, 4}),
@@ -164,7 +133,7 @@ static struct tkey mixed_keys[] = {
       .shape = {96, 512}, .parts = {30, 10, 40, 16}),
 };
 
-static const char *const mixed_group[] = {"grp.x", "grp.y", NULL};
+static const char *const mixed_group[] = TRAINER_MIXED_GROUP;
 
 #define NMIXED (sizeof mixed_keys / sizeof mixed_keys[0])
 
