@@ -525,6 +525,13 @@ int engine_run(struct engine *e);
 /* Runs engine_run on a new thread, which sets done and notifies at the
  * end; 0 or SP_ENOMEM. */
 int engine_start(struct engine *e);
+/* For the device engine's replica comparison (daemon/cuda/copy.c), as the
+ * host engine names a difference: "[2, 5]", the multi-index of element
+ * flat of key's row-major tensor; and whether region r reaches element
+ * elem (its strides passed the planner's overlap check). */
+void engine_format_index(const struct plan_key *key, uint64_t flat, char *buf,
+                         size_t len);
+bool engine_region_contains(const struct plan_region *r, int64_t elem);
 void engine_join(struct engine *e);
 /* pthread_create with the asynchronous signals blocked in the thread. */
 int engine_spawn(pthread_t *thread, void *(*fn)(void *), void *arg);

@@ -119,7 +119,7 @@ static bool stopped(struct engine *e) {
 }
 
 /* "[2, 5]": the multi-index of element flat of a row-major tensor. */
-static void format_index(const struct plan_key *key, uint64_t flat, char *buf,
+void engine_format_index(const struct plan_key *key, uint64_t flat, char *buf,
                          size_t len) {
   uint64_t idx[SP_MAX_DIMS];
   for (uint32_t d = key->ndim; d-- > 0;) {
@@ -139,7 +139,7 @@ static void format_index(const struct plan_key *key, uint64_t flat, char *buf,
  * check (each clears the span of the smaller ones), so dividing greedily
  * by strides from the largest down finds the one index that can match.
  * Used only to name the rank in a different_data refusal. */
-static bool region_contains(const struct plan_region *r, int64_t elem) {
+bool engine_region_contains(const struct plan_region *r, int64_t elem) {
   uint32_t order[SP_MAX_DIMS];
   int64_t rest = elem - r->offset;
   if (rest < 0)
@@ -242,13 +242,13 @@ static int copy_replica(struct worker *w, const struct plan_move *m,
         if (!(p->flags & PLAN_MOVE_REPLICA))
           continue;
         plan_moves_regions(e->plan, p, &pv, &pr);
-        if (region_contains(&pr, t)) {
+        if (engine_region_contains(&pr, t)) {
           earlier = p->src;
           break;
         }
       }
       char where[160];
-      format_index(key, (uint64_t)t, where, sizeof where);
+      engine_format_index(key, (uint64_t)t, where, sizeof where);
       return engine_fail(e, SP_EDIFFERENT,
                          "key '%s': replicas hold different data at element "
                          "%s: rank %u and rank %u disagree",

@@ -413,6 +413,10 @@ static int copy_bucket(struct gpu_comms *c, struct comm_rank *cr,
                        char *msg, size_t msglen) {
   for (size_t i = 0; i < b->nmoves; i++) {
     const struct plan_move *m = &rd->moves[b->first + i];
+    /* A received replica stays in staging: the engine compares it with
+     * the other holders' copies once the round is done (copy.c). */
+    if (!pack && (m->flags & PLAN_MOVE_REPLICA))
+      continue;
     const uint8_t *src;
     uint8_t *dst;
     struct xfer_box box;
@@ -430,6 +434,27 @@ static int copy_bucket(struct gpu_comms *c, struct comm_rank *cr,
       return rc;
   }
   return 0;
+}
+
+const uint8_t *gpu_comms_received(const struct gpu_comms *c,
+                                  const struct plan_round *rd,
+                                  const struct plan_move *m) {
+  for (size_t i = 0; i < c->n; i++) {
+    const struct comm_rank *cr = &c->ranks[i];
+    if (cr->id.rank != m->dst)
+      continue;
+    struct rank_round rr;
+    measure(rd, cr->id.rank, &rr);
+    uint64_t off = rr.send_bytes;
+    for (size_t k = 0; k < rr.pr->nrecv; k++) {
+      const struct plan_bucket *b =
+          &rd->buckets[rd->recv_order[rr.pr->recv_first + k]];
+      if (m >= rd->moves + b->first && m < rd->moves + b->first + b->nmoves)
+        return cr->staging + off + m->bucket_offset;
+      off += b->nbytes;
+    }
+  }
+  return NULL;
 }
 
 int gpu_comms_round(struct gpu_comms *c, const struct engine *e,

@@ -22,6 +22,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -274,7 +275,9 @@ static int issue_moves(struct runner *r, const struct plan_move *moves,
   int current = -1;
   for (size_t i = 0; i < n && !canceled(e); i++) {
     const struct plan_move *m = &moves[i];
-    if (!is_local(r, m->src) || !is_local(r, m->dst))
+    /* Replicas are compared once the round's other copies are done. */
+    if (!is_local(r, m->src) || !is_local(r, m->dst) ||
+        (m->flags & PLAN_MOVE_REPLICA))
       continue;
     const struct gpu_segment_info *seg =
         gpu_segment_info(r->run->segments[m->dst]);
@@ -299,11 +302,9 @@ static int issue_moves(struct runner *r, const struct plan_move *moves,
 }
 
 /* Refuses what the device engine cannot do before anything moves, alike on
- * every node (each sees the same plan): affine replicas are compared
- * element by element as they land, which the host engine does and this
- * one does not yet; and moves between nodes need the job's
- * communicators (export.c makes them for every job across nodes; this is
- * the guard that nothing else reaches the engine). */
+ * every node (each sees the same plan): moves between nodes need the
+ * job's communicators (export.c makes them for every job across nodes;
+ * this is the guard that nothing else reaches the engine). */
 static int check_plan(struct runner *r) {
   const struct plan *plan = r->e->plan;
   for (size_t k = 0; k < plan->nrounds; k++) {
@@ -313,18 +314,211 @@ static int check_plan(struct runner *r) {
                       "key '%s' moves between nodes, but this node has no "
                       "NCCL communicators for the job",
                       plan->keys[rd->moves[0].key].name);
-    const struct plan_move *lists[2] = {rd->local, rd->moves};
-    size_t counts[2] = {rd->nlocal, rd->nmoves};
-    for (int l = 0; l < 2; l++)
-      for (size_t i = 0; i < counts[l]; i++)
-        if (lists[l][i].flags & PLAN_MOVE_REPLICA)
-          return run_fail(r->e, SP_EUNSUPPORTED,
-                          "key '%s' has affine pieces held by more than one "
-                          "rank; the CUDA backend does not compare replicas "
-                          "yet (the host backend does)",
-                          plan->keys[lists[l][i].key].name);
   }
   return 0;
+}
+
+/* ---- replicas ---- */
+
+/* One replica of a key landing on an owner of this node: read from the
+ * source rank's storage (a local move) or from the owner's NCCL staging
+ * (a move received from another node). */
+struct replica {
+  const struct plan_move *m;
+  const uint8_t *src; /* device address of its first element */
+  struct xfer_box box;
+  struct plan_region dr;
+};
+
+static bool replica_before(const struct replica *a, const struct replica *b) {
+  return a->m->src != b->m->src ? a->m->src < b->m->src
+                                : a->m->piece < b->m->piece;
+}
+
+/* Waits for the work issued on device d (a step of the replica pass). */
+static int sync_device(struct runner *r, int d, uint32_t round) {
+  r->used[d] = true;
+  return wait_step(r, round);
+}
+
+/* The replicas of key k to local owner o in round rd, compared as the host
+ * engine does (engine.c): in order of (source rank, piece), each replica is
+ * copied to host staging; an element nobody wrote yet takes its bytes, an
+ * element written before must match them byte for byte, else the export
+ * fails with different_data naming the key, the element and both ranks.
+ * The agreed bytes are then copied into the owner's tensor.  Host staging
+ * is the key's size plus its largest replica. */
+static int compare_key(struct runner *r, const struct plan_round *rd,
+                       uint32_t o, uint32_t k, struct replica *list,
+                       uint32_t round) {
+  struct engine *e = r->e;
+  const struct gpu *gpu = r->run->gpu;
+  const struct plan_key *key = &e->plan->keys[k];
+  size_t esz = sp_dtype_size(key->dtype);
+  char why[SP_ERRMSG_MAX + 1];
+  size_t n = 0;
+  uint64_t largest = 0;
+  const struct plan_move *lists[2] = {rd->local, rd->moves};
+  size_t counts[2] = {rd->nlocal, rd->nmoves};
+  for (int l = 0; l < 2; l++)
+    for (size_t i = 0; i < counts[l]; i++) {
+      const struct plan_move *m = &lists[l][i];
+      if (m->key != k || m->dst != o || !(m->flags & PLAN_MOVE_REPLICA))
+        continue;
+      struct replica *p = &list[n];
+      *p = (struct replica){.m = m};
+      struct sp_view sv;
+      plan_moves_regions(e->plan, m, &sv, &p->dr);
+      if (l == 0) {
+        gpu_move_box(e, m, &p->src, NULL, &p->box);
+      } else {
+        gpu_move_box(e, m, NULL, NULL, &p->box);
+        int64_t st = 1;
+        for (int d = p->box.ndim; d-- > 0;) {
+          p->box.src_stride[d] = st;
+          st *= p->box.shape[d];
+        }
+        p->src = gpu_comms_received(r->run->comms, rd, m);
+        if (p->src == NULL)
+          return run_fail(e, SP_EINTERNAL,
+                          "round %" PRIu32 ": key '%s': rank %" PRIu32
+                          "'s replica was not received",
+                          round, key->name, m->src);
+      }
+      /* Insertion by (source rank, piece): the first holder's bytes
+       * stand, on every node alike. */
+      size_t j = n++;
+      while (j > 0 && replica_before(p, &list[j - 1]))
+        j--;
+      struct replica tmp = *p;
+      memmove(&list[j + 1], &list[j], (n - 1 - j) * sizeof *list);
+      list[j] = tmp;
+      if (m->nbytes > largest)
+        largest = m->nbytes;
+    }
+  if (n == 0)
+    return 0;
+  uint64_t numel = key->nbytes / esz;
+  uint8_t *image = malloc(key->nbytes > 0 ? key->nbytes : 1);
+  uint8_t *seen = calloc((size_t)(numel / 8 + 1), 1);
+  uint8_t *staged = malloc(largest > 0 ? largest : 1);
+  int rc = 0;
+  if (image == NULL || seen == NULL || staged == NULL) {
+    rc = run_fail(e, SP_ENOMEM,
+                  "out of memory comparing the replicas of key '%s'",
+                  key->name);
+    goto out;
+  }
+  int d = gpu_segment_info(r->run->segments[o])->device;
+  cudaStream_t stream = gpu->devices[d].stream;
+  for (size_t i = 0; i < n && rc == 0; i++) {
+    struct replica *p = &list[i];
+    struct xfer_box box = p->box;
+    int64_t st = 1;
+    for (int dd = box.ndim; dd-- > 0;) {
+      box.dst_stride[dd] = st;
+      st *= box.shape[dd];
+    }
+    r->a->cudaSetDevice(d);
+    rc = gpu_box_copy(gpu, stream, staged, p->src, &box, why, sizeof why);
+    if (rc != 0) {
+      rc = run_fail(e, rc,
+                    "round %" PRIu32 ": reading rank %" PRIu32
+                    "'s replica of key '%s': %s",
+                    round, p->m->src, key->name, why);
+      break;
+    }
+    if ((rc = sync_device(r, d, round)) != 0 || canceled(e))
+      break;
+    int nd = box.ndim;
+    bool empty = false;
+    for (int dd = 0; dd < nd; dd++)
+      empty = empty || box.shape[dd] == 0;
+    int64_t idx[XFER_MAX_DIMS] = {0};
+    for (int64_t s = 0; !empty; s++) {
+      int64_t t = p->dr.offset;
+      for (int dd = 0; dd < nd; dd++)
+        t += idx[dd] * p->dr.stride[dd];
+      uint8_t bit = (uint8_t)(1u << (t & 7));
+      if (!(seen[t >> 3] & bit)) {
+        memcpy(image + (size_t)t * esz, staged + (size_t)s * esz, esz);
+        seen[t >> 3] |= bit;
+      } else if (memcmp(image + (size_t)t * esz, staged + (size_t)s * esz,
+                        esz) != 0) {
+        uint32_t earlier = p->m->src;
+        for (size_t q = 0; q < i; q++)
+          if (engine_region_contains(&list[q].dr, t)) {
+            earlier = list[q].m->src;
+            break;
+          }
+        char where[160];
+        engine_format_index(key, (uint64_t)t, where, sizeof where);
+        rc = run_fail(e, SP_EDIFFERENT,
+                      "key '%s': replicas hold different data at element "
+                      "%s: rank %" PRIu32 " and rank %" PRIu32 " disagree",
+                      key->name, where, earlier, p->m->src);
+        break;
+      }
+      int dd = nd;
+      while (dd > 0 && ++idx[dd - 1] == box.shape[dd - 1])
+        idx[--dd] = 0;
+      if (dd == 0)
+        break;
+    }
+  }
+  /* The agreed bytes into the owner's tensor. */
+  for (size_t i = 0; i < n && rc == 0 && !canceled(e); i++) {
+    const struct replica *p = &list[i];
+    struct xfer_box box = p->box;
+    for (int dd = 0; dd < box.ndim; dd++)
+      box.src_stride[dd] = box.dst_stride[dd] = p->dr.stride[dd];
+    size_t at = (size_t)p->dr.offset * esz;
+    r->a->cudaSetDevice(d);
+    rc = gpu_box_copy(gpu, stream, e->dst[o] + e->key_offset[k] + at,
+                      image + at, &box, why, sizeof why);
+    if (rc != 0)
+      rc = run_fail(e, rc,
+                    "round %" PRIu32 ": writing key '%s' to rank %" PRIu32
+                    ": %s",
+                    round, key->name, o, why);
+  }
+  /* The copies read image: it lives until they are done. */
+  if (n > 0 && e->rc == 0)
+    rc = sync_device(r, d, round);
+  else if (n > 0)
+    sync_device(r, d, round);
+out:
+  free(image);
+  free(seen);
+  free(staged);
+  return rc != 0 ? rc : e->rc;
+}
+
+/* Every replicated key of round rd whose owner is on this node, once the
+ * round's other copies and receives are done. */
+static int compare_replicas(struct runner *r, const struct plan_round *rd,
+                            uint32_t round) {
+  struct engine *e = r->e;
+  size_t most = rd->nlocal + rd->nmoves;
+  bool any = false;
+  for (size_t i = 0; i < rd->nlocal && !any; i++)
+    any = (rd->local[i].flags & PLAN_MOVE_REPLICA) != 0;
+  for (size_t i = 0; i < rd->nmoves && !any; i++)
+    any = (rd->moves[i].flags & PLAN_MOVE_REPLICA) != 0;
+  if (!any)
+    return 0;
+  struct replica *list = calloc(most, sizeof *list);
+  if (list == NULL)
+    return run_fail(e, SP_ENOMEM, "out of memory comparing replicas");
+  int rc = 0;
+  for (size_t i = 0; i < rd->nkeys && rc == 0 && !canceled(e); i++) {
+    uint32_t k = e->plan->transfer[rd->first + i];
+    uint32_t o = e->plan->keys[k].owner;
+    if (o < e->plan->world && r->run->segments[o] != NULL && is_local(r, o))
+      rc = compare_key(r, rd, o, k, list, round);
+  }
+  free(list);
+  return rc;
 }
 
 /* The bytes of a round this node moves: the copies into its owners, and
@@ -371,7 +565,7 @@ static int run_rounds(struct runner *r) {
       else
         r->comm_used = true;
     }
-    if (wait_step(r, round) != 0)
+    if (wait_step(r, round) != 0 || compare_replicas(r, rd, round) != 0)
       return e->rc;
     atomic_fetch_add(&e->bytes_moved, round_bytes(r, rd));
     pause_ms(e, e->round_delay_ms);

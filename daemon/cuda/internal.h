@@ -73,6 +73,14 @@ void gpu_move_box(const struct engine *e, const struct plan_move *m,
 int gpu_comms_round(struct gpu_comms *c, const struct engine *e,
                     const struct plan_round *rd, uint64_t deadline_ms,
                     char *msg, size_t msglen);
+/* Where move m of round rd (a move between nodes to a rank of this node)
+ * lies in its owner's staging once the round's receives are done: it
+ * stays there until the next round.  Receives unpack every move but
+ * replicas (PLAN_MOVE_REPLICA), which the engine compares from there.
+ * NULL when m is not received here. */
+const uint8_t *gpu_comms_received(const struct gpu_comms *c,
+                                  const struct plan_round *rd,
+                                  const struct plan_move *m);
 /* Whether the last round's work on the communicators' streams is done: 0
  * done, 1 still running, or a code with msg when a communicator reported
  * an error (they are then aborted). */

@@ -47,7 +47,9 @@
 
 /* ---- scenarios ---- */
 
-enum kind { SHARD0 = 1, REPLICATED, PLAIN, EXPERT, AFFINE_COLS };
+/* AFFINE_ALL: every rank holds the whole key as one affine piece naming
+ * every rank as a holder (replicas the owner compares). */
+enum kind { SHARD0 = 1, REPLICATED, PLAIN, EXPERT, AFFINE_COLS, AFFINE_ALL };
 
 struct tkey {
   const char *name;
@@ -59,7 +61,10 @@ struct tkey {
   int64_t parts[MAXR];
   uint32_t expert;
   int tie; /* > 0: shares key tie - 1's holding */
+  int bad; /* > 0: rank bad - 1's copy differs at element BAD_ELEMENT */
 };
+
+#define BAD_ELEMENT 13
 
 /* How a rank hands its storage to the library. */
 enum mode {
@@ -273,6 +278,9 @@ static int build_storage(struct rank *r) {
       for (int64_t x = 0; x < cols; x++)
         element(k, source_index(k, r->rank, y, x),
                 r->image + h->byte_off + (uint64_t)(y * cols + x) * k->es);
+    if (k->bad > 0 && (uint32_t)(k->bad - 1) == r->rank &&
+        (uint64_t)(rows * cols) > BAD_ELEMENT)
+      r->image[h->byte_off + BAD_ELEMENT * k->es] ^= 0x40;
   }
   if (sc->modes[r->rank] == MODE_FD) {
     if (alloc_cumem(r, PREFIX + r->len) < 0)
@@ -299,6 +307,7 @@ static sp_placement placement_of(enum kind kind) {
   case EXPERT:
     return SP_PLACEMENT_EXPERT;
   case AFFINE_COLS:
+  case AFFINE_ALL:
     return SP_PLACEMENT_AFFINE;
   }
   return 0;
@@ -373,6 +382,17 @@ static int register_all(struct rank *r, sp_client *c) {
                              .dst_offset = before(k->parts, r->rank),
                              .dst_stride = {k->shape[1], 1}, .nholders = 1,
                              .holders = &holders[i]};
+      d->npieces = 1;
+      d->pieces = &pieces[i];
+    } else if (k->kind == AFFINE_ALL) {
+      static const uint32_t every_rank[MAXR] = {0, 1, 2, 3, 4, 5, 6, 7};
+      pieces[i] = (sp_piece){.ndim = k->ndim, .nholders = sc->world,
+                             .holders = every_rank};
+      for (uint32_t dd = 0; dd < k->ndim; dd++) {
+        pieces[i].shape[dd] = k->shape[dd];
+        pieces[i].src_stride[dd] = pieces[i].dst_stride[dd] =
+            dd + 1 == k->ndim ? 1 : k->shape[1];
+      }
       d->npieces = 1;
       d->pieces = &pieces[i];
     }
@@ -1270,6 +1290,78 @@ START_TEST(two_nodes_mixed_model) {
 }
 END_TEST
 
+/* Replicated affine keys held by every rank, and a dim-0 shard beside. */
+static const struct tkey replica_keys[] = {
+    K(.name = "rep.a", .kind = AFFINE_ALL, .dtype = "float32", .es = 4,
+      .ndim = 2, .shape = {4, 10}),
+    K(.name = "rep.b", .kind = AFFINE_ALL, .dtype = "bfloat16", .es = 2,
+      .ndim = 1, .shape = {17}),
+    K(.name = "rows", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
+      .shape = {8, 3}, .parts = {2, 3, 1, 2}),
+};
+#define NREPLICA (sizeof replica_keys / sizeof replica_keys[0])
+
+/* The same keys with rank bad's copy of "rep.a" differing at element
+ * [1, 3] (BAD_ELEMENT). */
+static struct tkey bad_replica_keys[NREPLICA];
+
+static void make_bad_replicas(uint32_t bad) {
+  memcpy(bad_replica_keys, replica_keys, sizeof replica_keys);
+  bad_replica_keys[0].bad = (int)bad + 1;
+}
+
+/* Every rank's export fails with different_data naming the key, the
+ * element and both ranks. */
+static void assert_different(struct world *w, const struct scenario *sc,
+                             const char *ranks) {
+  for (uint32_t i = 0; i < sc->world; i++) {
+    ck_assert_msg(w->rep[i].export_rc == SP_EDIFFERENT, "rank %u: %s: %s", i,
+                  sp_strerror(w->rep[i].export_rc), w->rep[i].message);
+    ck_assert_msg(strstr(w->rep[i].message, "key 'rep.a'") != NULL &&
+                      strstr(w->rep[i].message, "element [1, 3]") != NULL &&
+                      strstr(w->rep[i].message, ranks) != NULL,
+                  "rank %u: %s", i, w->rep[i].message);
+  }
+}
+
+START_TEST(replicas_compared_on_the_gpus) {
+  /* Equal replicas on four ranks over three GPUs export byte-exact, twice;
+   * then rank 2's copy differs and every rank is refused. */
+  struct scenario sc = {.world = 4, .nkeys = NREPLICA, .keys = replica_keys,
+                        .gpus = 3, .exports = 2,
+                        .modes = {MODE_PTR, MODE_TORCH, MODE_FD, MODE_RAW}};
+  struct world w;
+  run(&sc, &w);
+  assert_exported(&w, &sc);
+  world_free(&w, &sc);
+  make_bad_replicas(2);
+  sc.keys = bad_replica_keys;
+  sc.exports = 1;
+  run(&sc, &w);
+  assert_different(&w, &sc, "rank 0 and rank 2 disagree");
+  world_free(&w, &sc);
+}
+END_TEST
+
+START_TEST(two_nodes_replicas_compared) {
+  /* Ranks 0, 1 on node 0 and 2, 3 on node 1: replicas cross the nodes
+   * through NCCL and are compared on their owner's node. */
+  struct scenario sc = {.world = 4, .nodes = 2, .nkeys = NREPLICA,
+                        .keys = replica_keys, .gpus = 2, .exports = 2,
+                        .modes = {MODE_PTR, MODE_TORCH, MODE_FD, MODE_RAW}};
+  struct world w;
+  run(&sc, &w);
+  assert_exported(&w, &sc);
+  world_free(&w, &sc);
+  make_bad_replicas(3);
+  sc.keys = bad_replica_keys;
+  sc.exports = 1;
+  run(&sc, &w);
+  assert_different(&w, &sc, "rank 0 and rank 3 disagree");
+  world_free(&w, &sc);
+}
+END_TEST
+
 START_TEST(two_nodes_rank_killed_mid_round) {
   enum { N = 48 };
   static struct tkey keys[N];
@@ -1334,6 +1426,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, every_registration_kind_across_shared_gpus);
   tcase_add_test(tc, large_strided_tensors);
   tcase_add_test(tc, refusals);
+  tcase_add_test(tc, replicas_compared_on_the_gpus);
   suite_add_tcase(s, tc);
   TCase *pool = tcase_create("pool");
   tcase_add_checked_fixture(pool, start, stop);
@@ -1354,6 +1447,7 @@ int main(int argc, char **argv) {
   tcase_add_checked_fixture(nodes, start_nodes, stop_nodes);
   tcase_set_timeout(nodes, 120);
   tcase_add_test(nodes, two_nodes_mixed_model);
+  tcase_add_test(nodes, two_nodes_replicas_compared);
   suite_add_tcase(s, nodes);
   TCase *nodes_slow = tcase_create("nodes-faults");
   tcase_add_checked_fixture(nodes_slow, start_nodes_slow, stop_nodes);
