@@ -657,6 +657,7 @@ struct job {
   bool has_nccl_id;
   uint8_t nccl_id[GPU_NCCL_ID_BYTES];
   struct gpu_comms *gpu_comms;
+  uint64_t gpu_comms_gen; /* the generation they were made for */
   uv_timer_t tick;
   uv_async_t wake;
   int open_handles;
@@ -879,6 +880,10 @@ struct nodemsg {
   int code;
   uint64_t digest;
   char message[SP_ERRMSG_MAX + 1];
+  /* plan: the generation of the job's NCCL communicators and, from 1 on,
+   * the fresh NCCL id the root made for it (0: the ticket's id, not sent). */
+  uint64_t comm_gen;
+  uint8_t nccl_id[NODE_NCCL_ID_BYTES];
 };
 
 const char *nodemsg_op_name(enum nodemsg_op op);
@@ -946,6 +951,11 @@ int mesh_remote(struct job *job, struct mesh_export *mx,
                 uint8_t *const *dst, const uint64_t *key_offset,
                 struct remote **out);
 void mesh_export_free(struct mesh_export *mx);
+/* The NCCL id and communicator generation an export's plan names: the
+ * ticket's id at generation 0, else the fresh one the root sent.  false
+ * when the job has none. */
+bool mesh_nccl_id(const struct mesh_export *mx, uint8_t id[NODE_NCCL_ID_BYTES],
+                  uint64_t *gen);
 /* "node N (ADDR) was lost during export E of job J" (export_id 0: while
  * the ranks waited): the one text every node shows for a lost node. */
 void mesh_lost_message(const char *job_hex, uint32_t node, const char *addr,

@@ -308,6 +308,11 @@ static void fail_export_as(struct export *ex, int code, const char *message,
     if (er->answered)
       continue;
     er->answered = true;
+    /* Its reply is complete: the rank may ask for the job's next export
+     * at once (docs/protocol.md), which waits for this one to end. */
+    if (er->m == NULL)
+      continue;
+    er->m->in_export = false;
     if (er->m->conn != NULL)
       conn_send_error(er->m->conn, er->request_id, code, "%s", message);
   }
@@ -346,30 +351,49 @@ static int make_comms(struct export *ex) {
   }
   if (ex->mx == NULL || gpu == NULL)
     return 0;
+  uint8_t id[GPU_NCCL_ID_BYTES];
+  uint64_t gen;
+  bool has_id = mesh_nccl_id(ex->mx, id, &gen);
   if (job->gpu_comms != NULL) {
-    if (!gpu_comms_failed(job->gpu_comms))
-      return 0;
-    snprintf(ex->plan_msg, sizeof ex->plan_msg,
-             "job %s's NCCL communicators were aborted by an earlier "
-             "failure; start a new job",
-             job->hex);
-    return SP_EBACKEND;
+    if (job->gpu_comms_gen == gen) {
+      if (!gpu_comms_failed(job->gpu_comms))
+        return 0;
+      snprintf(ex->plan_msg, sizeof ex->plan_msg,
+               "job %s's NCCL communicators were aborted by an earlier "
+               "failure and its root daemon sent no new NCCL id",
+               job->hex);
+      return SP_EBACKEND;
+    }
+    /* A new generation: an export since these were made failed (and may
+     * have aborted them), so every node drops its own and makes new ones
+     * from the fresh id the root sent.  Aborted, not finalized: a peer's
+     * may be gone. */
+    log_msg(LOG_LEVEL_INFO,
+            "job %s: NCCL communicators of generation %" PRIu64
+            " replaced by generation %" PRIu64 "%s",
+            job->hex, job->gpu_comms_gen, gen,
+            gpu_comms_failed(job->gpu_comms) ? " (they were aborted)" : "");
+    gpu_comms_abort(job->gpu_comms);
+    gpu_comms_free(job->gpu_comms);
+    job->gpu_comms = NULL;
   }
-  if (!job->has_nccl_id) {
+  if (!has_id) {
     snprintf(ex->plan_msg, sizeof ex->plan_msg,
              "job %s spans nodes on GPUs, but its root daemon made no NCCL "
              "id (it does not serve the CUDA backend)",
              job->hex);
     return SP_EBACKEND;
   }
-  int rc = gpu_comms_create(gpu, job->nccl_id, job->world, ranks, n,
-                            ex->timeout_ms, &job->gpu_comms, ex->plan_msg,
+  int rc = gpu_comms_create(gpu, id, job->world, ranks, n, ex->timeout_ms,
+                            &job->gpu_comms, ex->plan_msg,
                             sizeof ex->plan_msg);
-  if (rc == 0)
+  if (rc == 0) {
+    job->gpu_comms_gen = gen;
     log_msg(LOG_LEVEL_INFO,
             "job %s: %zu NCCL communicator(s) of %" PRIu32 " ranks made and "
-            "warmed on this node",
-            job->hex, n, job->world);
+            "warmed on this node (generation %" PRIu64 ")",
+            job->hex, n, job->world, gen);
+  }
   return rc;
 }
 

@@ -111,6 +111,10 @@ struct mesh_export {
   size_t nnodes;
   struct nodeblob **metas;
   uint32_t nmetas;
+  /* The job's communicators for it: their generation and, from 1 on, the
+   * fresh NCCL id the root sent (generation 0 is the ticket's id). */
+  uint64_t comm_gen;
+  uint8_t nccl_id[NODE_NCCL_ID_BYTES];
   /* Filled on the planning thread. */
   struct registry *shadow;
   struct req_groups *groups;
@@ -161,6 +165,14 @@ struct mesh {
   uint32_t ctimeout;
   uint64_t next_export_id;
   uint64_t cbeat_ms;
+  /* The job's NCCL communicators across nodes: their generation and its
+   * id (a fresh ncclGetUniqueId from 1 on; 0 is the ticket's), whether
+   * the export planned last across nodes has not published (its failure
+   * may have aborted them), and whether the next one needs a new
+   * generation because of that. */
+  uint64_t comm_gen;
+  uint8_t comm_id[NODE_NCCL_ID_BYTES];
+  bool comm_pending, comm_stale;
   struct inbox_item *inbox_head, *inbox_tail;
 };
 
@@ -394,6 +406,13 @@ static void export_free_inputs(struct mesh_export *mx) {
   mx->shadow = NULL;
   mx->groups = NULL;
   mx->rin = NULL;
+}
+
+bool mesh_nccl_id(const struct mesh_export *mx, uint8_t id[NODE_NCCL_ID_BYTES],
+                  uint64_t *gen) {
+  *gen = mx->comm_gen;
+  memcpy(id, mx->nccl_id, NODE_NCCL_ID_BYTES);
+  return mx->comm_gen > 0 || mx->mesh->job->has_nccl_id;
 }
 
 void mesh_export_free(struct mesh_export *mx) {
@@ -1031,6 +1050,9 @@ static void member_plan(struct mesh *ms, const struct nodemsg *m,
   mx->max_keys = m->max_keys;
   mx->max_bytes = m->max_bytes;
   mx->timeout_ms = m->timeout_ms;
+  mx->comm_gen = m->comm_gen;
+  memcpy(mx->nccl_id, m->comm_gen > 0 ? m->nccl_id : job->nccl_id,
+         NODE_NCCL_ID_BYTES);
   memcpy(mx->rank_nodes, m->rank_nodes, m->world * sizeof *mx->rank_nodes);
   memcpy(mx->nodes, m->nodes, m->nnodes * sizeof *mx->nodes);
   mx->nnodes = m->nnodes;
@@ -1418,6 +1440,38 @@ static void gather_complete(struct mesh *ms) {
     n->planned = n->moved = false;
     n->heard_ms = job_now_ms();
   }
+  /* The communicators across nodes: a failure since they were last used
+   * may have aborted them, and a real NCCL id names the bootstrap listener
+   * of the process that made it, so it cannot be used twice; the nodes
+   * make a new generation from a fresh id (docs/gpu.md). */
+  if (ms->comm_pending)
+    ms->comm_stale = true;
+  ms->comm_pending = false;
+  if (p.nnodes > 1 && job->has_nccl_id) {
+    if (ms->comm_stale) {
+      char why[256];
+      if (gpu_comms_unique_id(ms->srv->backend->gpu, ms->comm_id, why,
+                              sizeof why) != 0) {
+        for (uint32_t i = 0; i < ms->nnodes; i++)
+          if (ms->nodes[i] != NULL)
+            ms->nodes[i]->in_export = false;
+        ms->cstate = COORD_IDLE;
+        free(metas);
+        free(p.nodes);
+        char msg[384];
+        snprintf(msg, sizeof msg, "cannot make a new NCCL id: %s", why);
+        gather_fail(ms, SP_EBACKEND, msg);
+        return;
+      }
+      ms->comm_gen++;
+      ms->comm_stale = false;
+      log_msg(LOG_LEVEL_INFO, "job %s: NCCL communicators of generation %"
+              PRIu64 " from a new id", job->hex, ms->comm_gen);
+    }
+    ms->comm_pending = true;
+    p.comm_gen = ms->comm_gen;
+    memcpy(p.nccl_id, ms->comm_id, NODE_NCCL_ID_BYTES);
+  }
   for (uint32_t r = 0; r < world; r++)
     metas[r] = ms->asks[r].meta;
   log_msg(LOG_LEVEL_INFO, "job %s: export %" PRIu64 ": every rank asked; "
@@ -1509,6 +1563,7 @@ static void coord_moved(struct mesh *ms, struct mesh_node *n,
         !ms->nodes[i]->moved)
       return;
   struct nodemsg pub = {.op = NODEMSG_PUBLISH, .gather = ms->cexport_gather};
+  ms->comm_pending = false;
   for (uint32_t i = 0; i < ms->nnodes; i++)
     if (ms->nodes[i] != NULL && ms->nodes[i]->in_export)
       to_node(ms, i, &pub, NULL, 0);

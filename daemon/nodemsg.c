@@ -265,6 +265,20 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
                     msglen)) != 0 ||
         (rc = parse_options(map, m, msg, msglen)) != 0)
       return rc;
+    /* Optional: a new generation of the job's communicators, from 1 on,
+     * with the NCCL id the root made for it; both or neither. */
+    if (sp_msg_field(map, "comm_gen") != NULL ||
+        sp_msg_field(map, "nccl_id") != NULL) {
+      if ((rc = get_u(map, "comm_gen", UINT64_MAX, &m->comm_gen, msg,
+                      msglen)) != 0 ||
+          (rc = get_fixed_bin(map, "nccl_id", m->nccl_id, NODE_NCCL_ID_BYTES,
+                              msg, msglen)) != 0)
+        return rc;
+      if (m->comm_gen == 0)
+        return sp_failf(msg, msglen, SP_EINVAL,
+                        "\"comm_gen\" is 0: the ticket's NCCL id is never "
+                        "sent");
+    }
     return parse_nodes(map, m, msg, msglen);
   case NODEMSG_PLANNED:
     if ((rc = get_u(map, "gather", UINT64_MAX, &m->gather, msg, msglen)) !=
@@ -311,7 +325,7 @@ static uint32_t fields_of(const struct nodemsg *m) {
   case NODEMSG_ASK:
     return 5;
   case NODEMSG_PLAN:
-    return 7;
+    return m->comm_gen > 0 ? 9 : 7;
   case NODEMSG_PLANNED:
     return m->code != 0 ? 3 : 2;
   case NODEMSG_GO:
@@ -377,6 +391,11 @@ void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
     sp_pack_kv_u64(pk, "max_keys", m->max_keys);
     sp_pack_kv_u64(pk, "max_bytes", m->max_bytes);
     sp_pack_kv_u64(pk, "timeout_ms", m->timeout_ms);
+    if (m->comm_gen > 0) {
+      sp_pack_kv_u64(pk, "comm_gen", m->comm_gen);
+      sp_pack_str(pk, "nccl_id");
+      sp_pack_bin(pk, m->nccl_id, NODE_NCCL_ID_BYTES);
+    }
     sp_pack_str(pk, "nodes");
     msgpack_pack_array(pk, (uint32_t)m->nnodes);
     for (size_t i = 0; i < m->nnodes; i++) {

@@ -20,7 +20,10 @@
  *                                   ncclSystemError), "exit" (the process
  *                                   exits with status 3 there, as a crash
  *                                   would) or "hang" (that group's ops never
- *                                   run, as with a stuck GPU).
+ *                                   run, as with a stuck GPU); a fourth
+ *                                   field ":once" makes it fire once in
+ *                                   the process (a communicator made
+ *                                   later, after the abort, runs clean).
  */
 #include <errno.h>
 #include <poll.h>
@@ -55,7 +58,13 @@ static struct {
   pthread_once_t once;
   unsigned long timeout_ms;
   size_t n;
-  struct { int rank; unsigned when; enum fault_action action; } v[MAX_FAULTS];
+  struct {
+    int rank;
+    unsigned when;
+    enum fault_action action;
+    bool once;
+    atomic_bool fired;
+  } v[MAX_FAULTS];
 } settings = {.once = PTHREAD_ONCE_INIT};
 
 /* What the calling thread has issued since ncclGroupStart. */
@@ -82,9 +91,17 @@ static void settings_init(void) {
                           : strcmp(action, "hang") == 0 ? FAULT_HANG
                                                         : FAULT_NONE;
     unsigned w = strcmp(when, "init") == 0 ? 0 : (unsigned)strtoul(when, NULL, 10);
-    if (a != FAULT_NONE && (w > 0 || strcmp(when, "init") == 0))
-      settings.v[settings.n++] = (__typeof__(settings.v[0])){rank, w, a};
     s += used;
+    bool once = strncmp(s, ":once", 5) == 0;
+    if (once)
+      s += 5;
+    if (a != FAULT_NONE && (w > 0 || strcmp(when, "init") == 0)) {
+      settings.v[settings.n].rank = rank;
+      settings.v[settings.n].when = w;
+      settings.v[settings.n].action = a;
+      settings.v[settings.n].once = once;
+      settings.n++;
+    }
     if (*s == ',')
       s++;
   }
@@ -93,7 +110,8 @@ static void settings_init(void) {
 static enum fault_action fault_at(int rank, unsigned when) {
   pthread_once(&settings.once, settings_init);
   for (size_t i = 0; i < settings.n; i++)
-    if (settings.v[i].rank == rank && settings.v[i].when == when)
+    if (settings.v[i].rank == rank && settings.v[i].when == when &&
+        !(settings.v[i].once && atomic_exchange(&settings.v[i].fired, true)))
       return settings.v[i].action;
   return FAULT_NONE;
 }
@@ -237,11 +255,12 @@ static ncclResult_t accept_higher(struct fcomm *c, int lfd, uint64_t deadline) {
  * the deadline. */
 static ncclResult_t rendezvous(struct fcomm *c) {
   uint64_t deadline = now_ms() + c->timeout_ms;
-  if (fault_at(c->rank, 0) == FAULT_EXIT)
+  enum fault_action fault = fault_at(c->rank, 0);
+  if (fault == FAULT_EXIT)
     _exit(3);
-  if (fault_at(c->rank, 0) == FAULT_ERROR)
+  if (fault == FAULT_ERROR)
     return ncclSystemError;
-  if (fault_at(c->rank, 0) == FAULT_HANG) {
+  if (fault == FAULT_HANG) {
     while (now_ms() < deadline && !atomic_load(&c->abort_flag))
       usleep(5000);
     return ncclSystemError;

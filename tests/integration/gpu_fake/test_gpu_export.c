@@ -91,11 +91,17 @@ struct scenario {
   uint32_t exports; /* 0 means 1 */
   enum fault fault;
   uint32_t victim;
+  /* The first export is expected to fail (a fault injected in a daemon):
+   * its result goes to the report's first_rc and the rank goes on with
+   * the next exports of the same job. */
+  bool fail_first;
 };
 
 struct report {
   int export_rc;
   char message[SP_ERRMSG_MAX + 1];
+  int first_rc; /* fail_first: the first export's */
+  char first_message[SP_ERRMSG_MAX + 1];
   char failure[512];
   uint32_t owned_count;
   uint32_t device_tensors; /* owned tensors that came from a segment */
@@ -644,6 +650,15 @@ static void rank_main(const struct scenario *sc, const char *socket,
     r.rep.owned_count = r.rep.device_tensors = 0;
     r.rep.export_rc = sp_export(c, &eo, &set);
     snprintf(r.rep.message, sizeof r.rep.message, "%s", sp_last_message(c));
+    if (sc->fail_first && e == 0) {
+      r.rep.first_rc = r.rep.export_rc;
+      snprintf(r.rep.first_message, sizeof r.rep.first_message, "%s",
+               r.rep.message);
+      if (r.rep.export_rc < 0)
+        continue;
+      failf(&r, "the first export, which a fault fails, succeeded");
+      goto report;
+    }
     if (r.rep.export_rc < 0)
       goto report;
     verify(&r, set);
@@ -848,6 +863,21 @@ static void start_nodes_slow(void) {
   setenv("SHARDPORTD_TEST_ROUND_DELAY_MS", "50", 1);
   start_nodes();
   unsetenv("SHARDPORTD_TEST_ROUND_DELAY_MS");
+}
+
+/* Two nodes as above; node 1's NCCL fails the first round group that
+ * communicator rank 2 launches (its second launch, after the warm-up),
+ * once in that daemon: communicators made after the abort run clean. */
+static void start_nodes_launch_error(void) {
+  const char *args[] = {"--backend", "cuda", "--peer-listen", "127.0.0.1:0",
+                        NULL};
+  setenv("SHARDPORT_FAKE_NODE", "0", 1);
+  ck_assert_int_eq(sp_test_daemon_start(&daemon_, args), 0);
+  setenv("SHARDPORT_FAKE_NODE", "1", 1);
+  setenv("SHARDPORT_FAKE_NCCL_FAIL", "2:2:error:once", 1);
+  ck_assert_int_eq(sp_test_daemon_start(&daemon2_, args), 0);
+  unsetenv("SHARDPORT_FAKE_NCCL_FAIL");
+  unsetenv("SHARDPORT_FAKE_NODE");
 }
 
 static void stop_nodes(void) {
@@ -1416,6 +1446,55 @@ START_TEST(two_nodes_daemon_killed_mid_round) {
 }
 END_TEST
 
+START_TEST(two_nodes_export_again_after_a_failure) {
+  /* Ranks 0, 1 on node 0 and 2, 3 on node 1.  Node 1's NCCL fails a launch
+   * mid-round in the first export: every local communicator there is
+   * aborted and the export fails on every rank with one error.  The same
+   * job, its ranks still joined, exports again: the root sends a fresh
+   * NCCL id with the plan, every node replaces its aborted communicators
+   * with a new generation, and both later exports (the second on the new
+   * generation's communicators, kept) are verified byte for byte. */
+  enum { N = 24 };
+  static struct tkey keys[N];
+  static char names[N][8];
+  for (int i = 0; i < N; i++) {
+    snprintf(names[i], sizeof names[i], "m.%02d", i);
+    keys[i] = K(.name = names[i], .kind = SHARD0, .dtype = "float32",
+                .es = 4, .ndim = 2, .shape = {4, 8}, .parts = {1, 1, 1, 1});
+  }
+  struct scenario sc = {.world = 4, .nodes = 2, .nkeys = N, .keys = keys,
+                        .gpus = 2, .max_keys = 4, .exports = 3,
+                        .fail_first = true,
+                        .modes = {MODE_PTR, MODE_TORCH, MODE_FD, MODE_RAW}};
+  struct world w;
+  run(&sc, &w);
+  /* The first export fails on every rank, none hangs or publishes, with
+   * the launch's error (backend) or node_lost: which a node sees first,
+   * its own communicators' error or its peer's abort, depends on timing
+   * (under valgrind node 1 too may hear node 0's abort first); one error
+   * per node. */
+  for (uint32_t i = 0; i < sc.world; i++) {
+    ck_assert_msg(w.rep[i].first_rc == SP_EBACKEND ||
+                      w.rep[i].first_rc == SP_ENODELOST,
+                  "rank %u: the first export: %s: %s (%s)", i,
+                  sp_strerror(w.rep[i].first_rc), w.rep[i].first_message,
+                  w.rep[i].failure);
+    uint32_t peer = i ^ 1u; /* the other rank of its node */
+    ck_assert_msg(w.rep[i].first_rc == w.rep[peer].first_rc &&
+                      strcmp(w.rep[i].first_message,
+                             w.rep[peer].first_message) == 0,
+                  "rank %u: %s: %s, rank %u: %s: %s", i,
+                  sp_strerror(w.rep[i].first_rc), w.rep[i].first_message,
+                  peer, sp_strerror(w.rep[peer].first_rc),
+                  w.rep[peer].first_message);
+  }
+  ck_assert_msg(strstr(w.rep[2].first_message, "NCCL error") != NULL,
+                "rank 2: %s", w.rep[2].first_message);
+  assert_exported(&w, &sc);
+  world_free(&w, &sc);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   Suite *s = suite_create("gpu-fake-export");
   TCase *tc = tcase_create("export");
@@ -1455,6 +1534,11 @@ int main(int argc, char **argv) {
   tcase_add_test(nodes_slow, two_nodes_rank_killed_mid_round);
   tcase_add_test(nodes_slow, two_nodes_daemon_killed_mid_round);
   suite_add_tcase(s, nodes_slow);
+  TCase *again = tcase_create("nodes-again");
+  tcase_add_checked_fixture(again, start_nodes_launch_error, stop_nodes);
+  tcase_set_timeout(again, 120);
+  tcase_add_test(again, two_nodes_export_again_after_a_failure);
+  suite_add_tcase(s, again);
   TCase *sel = tcase_create("selection");
   tcase_set_timeout(sel, 60);
   tcase_add_test(sel, no_gpu_means_host_or_a_clear_refusal);

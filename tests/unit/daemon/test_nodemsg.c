@@ -212,6 +212,17 @@ START_TEST(messages_round_trip) {
   ck_assert_uint_eq(out.nnodes, 2);
   ck_assert_str_eq(out.nodes[1].addr, "[::1]:2");
   ck_assert_uint_eq(out.rank_nodes[1], 2);
+  ck_assert_uint_eq(out.comm_gen, 0);
+  nodemsg_free(&out);
+
+  /* A new generation of the job's communicators and its NCCL id. */
+  in.comm_gen = 3;
+  for (size_t i = 0; i < sizeof in.nccl_id; i++)
+    in.nccl_id[i] = (uint8_t)(i * 7 + 1);
+  ck_assert_int_eq(round_trip(&in, &out), 0);
+  ck_assert_uint_eq(out.comm_gen, 3);
+  ck_assert_mem_eq(out.nccl_id, in.nccl_id, sizeof in.nccl_id);
+  ck_assert_uint_eq(out.nnodes, 2);
   nodemsg_free(&out);
 
   in = (struct nodemsg){.op = NODEMSG_PLANNED, .gather = 1,
@@ -341,6 +352,46 @@ static void plan_no_ranks(msgpack_packer *pk) {
   msgpack_pack_array(pk, 0);
 }
 
+static void plan_tail(msgpack_packer *pk) {
+  sp_pack_str(pk, "nodes");
+  msgpack_pack_array(pk, 1);
+  pack_node(pk, 0, "10.0.0.1:1");
+  sp_pack_str(pk, "rank_nodes");
+  msgpack_pack_array(pk, 1);
+  msgpack_pack_uint32(pk, 0);
+}
+
+static const uint8_t id128[128];
+
+static void plan_gen_zero(msgpack_packer *pk) {
+  plan_head(pk);
+  sp_pack_kv_u64(pk, "comm_gen", 0);
+  sp_pack_str(pk, "nccl_id");
+  sp_pack_bin(pk, id128, sizeof id128);
+  plan_tail(pk);
+}
+
+static void plan_gen_without_id(msgpack_packer *pk) {
+  plan_head(pk);
+  sp_pack_kv_u64(pk, "comm_gen", 1);
+  plan_tail(pk);
+}
+
+static void plan_id_without_gen(msgpack_packer *pk) {
+  plan_head(pk);
+  sp_pack_str(pk, "nccl_id");
+  sp_pack_bin(pk, id128, sizeof id128);
+  plan_tail(pk);
+}
+
+static void plan_short_id(msgpack_packer *pk) {
+  plan_head(pk);
+  sp_pack_kv_u64(pk, "comm_gen", 1);
+  sp_pack_str(pk, "nccl_id");
+  sp_pack_bin(pk, id128, 16);
+  plan_tail(pk);
+}
+
 static void fail_no_message(msgpack_packer *pk) {
   sp_pack_kv_u64(pk, "gather", 1);
   sp_pack_kv_str(pk, "code", "node_lost");
@@ -378,6 +429,20 @@ START_TEST(messages_refused) {
                    SP_EINVAL);
   ck_assert_int_eq(parse_crafted("plan", 7, plan_no_ranks, why, sizeof why),
                    SP_EINVAL);
+  ck_assert_int_eq(parse_crafted("plan", 9, plan_gen_zero, why, sizeof why),
+                   SP_EINVAL);
+  ck_assert_ptr_nonnull(strstr(why, "comm_gen"));
+  ck_assert_int_eq(parse_crafted("plan", 8, plan_gen_without_id, why,
+                                 sizeof why),
+                   SP_EBADMSG);
+  ck_assert_ptr_nonnull(strstr(why, "nccl_id"));
+  ck_assert_int_eq(parse_crafted("plan", 8, plan_id_without_gen, why,
+                                 sizeof why),
+                   SP_EBADMSG);
+  ck_assert_ptr_nonnull(strstr(why, "comm_gen"));
+  ck_assert_int_eq(parse_crafted("plan", 9, plan_short_id, why, sizeof why),
+                   SP_EBADMSG);
+  ck_assert_ptr_nonnull(strstr(why, "nccl_id"));
   ck_assert_int_eq(parse_crafted("fail", 2, fail_no_message, why, sizeof why),
                    SP_EBADMSG);
   ck_assert_int_eq(parse_crafted("go", 0, nothing, why, sizeof why),
