@@ -658,6 +658,13 @@ struct job {
   uint8_t nccl_id[GPU_NCCL_ID_BYTES];
   struct gpu_comms *gpu_comms;
   uint64_t gpu_comms_gen; /* the generation they were made for */
+  /* Generation 0's communicators are started as the ranks join (before
+   * any export, export_comms_join): gpu_comms is that set, not warmed yet,
+   * while comms_early; comms_ready once every one was seen set up (logged
+   * once); comms_join_over once the first export took them over, or a
+   * rank left or an init failed before it (the export then makes them as
+   * after a failure). */
+  bool comms_early, comms_ready, comms_join_over;
   uv_timer_t tick;
   uv_async_t wake;
   int open_handles;
@@ -716,6 +723,13 @@ int export_op_release(struct conn *c, const struct sp_msg_head *head,
 void export_advance(struct job *job);
 /* Periodic work: gather deadlines, stalls, progress frames, the rate. */
 void export_tick(struct job *job);
+/* Starts generation 0's NCCL communicators of the local ranks that joined
+ * since the last call (all in one group), and notes when every one is set
+ * up; before the job's first export only (docs/gpu.md).  On the loop. */
+void export_comms_join(struct job *job);
+/* Rank r is leaving before the first export: the join-time communicators
+ * are aborted (the world cannot complete without it). */
+void export_comms_rank_left(struct job *job, uint32_t r);
 /* A member is lost (left or disconnected): fails what it takes part in. */
 void export_member_lost(struct job *job, struct job_member *m);
 /* Whether an export runs: its thread may read the members' storages and

@@ -349,11 +349,39 @@ static int make_comms(struct export *ex) {
       break;
     ranks[n++] = (struct gpu_comm_rank){.rank = r, .device = m->reg.device};
   }
+  uint8_t id[GPU_NCCL_ID_BYTES];
+  uint64_t gen = 0;
+  bool has_id = ex->mx != NULL && mesh_nccl_id(ex->mx, id, &gen);
+  /* No more communicators are started as ranks join (the loop does not
+   * touch them while this export runs). */
+  job->comms_join_over = true;
+  if (job->comms_early) {
+    /* Generation 0's, started as the ranks joined: waited for (bounded by
+     * the export's timeout) and warmed when they are this export's local
+     * ranks, else dropped and made as below. */
+    job->comms_early = false;
+    if (ex->mx != NULL && gpu != NULL && has_id && gen == 0 &&
+        gpu_comms_match(job->gpu_comms, ranks, n)) {
+      int rc = gpu_comms_warm(job->gpu_comms, ex->timeout_ms, ex->plan_msg,
+                              sizeof ex->plan_msg);
+      if (rc != 0) {
+        gpu_comms_free(job->gpu_comms);
+        job->gpu_comms = NULL;
+        return rc;
+      }
+      job->gpu_comms_gen = 0;
+      log_msg(LOG_LEVEL_INFO,
+              "job %s: %zu NCCL communicator(s) of %" PRIu32 " ranks, made "
+              "as the ranks joined, warmed on this node (generation 0)",
+              job->hex, n, job->world);
+      return 0;
+    }
+    gpu_comms_abort(job->gpu_comms);
+    gpu_comms_free(job->gpu_comms);
+    job->gpu_comms = NULL;
+  }
   if (ex->mx == NULL || gpu == NULL)
     return 0;
-  uint8_t id[GPU_NCCL_ID_BYTES];
-  uint64_t gen;
-  bool has_id = mesh_nccl_id(ex->mx, id, &gen);
   if (job->gpu_comms != NULL) {
     if (job->gpu_comms_gen == gen) {
       if (!gpu_comms_failed(job->gpu_comms))
@@ -395,6 +423,83 @@ static int make_comms(struct export *ex) {
             job->hex, n, job->world, gen);
   }
   return rc;
+}
+
+/* Drops the join-time communicators; the first export makes them. */
+static void drop_early_comms(struct job *job) {
+  gpu_comms_abort(job->gpu_comms);
+  gpu_comms_free(job->gpu_comms);
+  job->gpu_comms = NULL;
+  job->comms_early = false;
+  job->comms_join_over = true;
+}
+
+void export_comms_join(struct job *job) {
+  if (job->running != NULL || job->comms_join_over || job->dying ||
+      job->mesh == NULL || !job->has_nccl_id ||
+      (job->gpu_comms != NULL && !job->comms_early))
+    return;
+  struct gpu *gpu = NULL;
+  struct gpu_comm_rank ranks[64];
+  size_t n = 0;
+  for (uint32_t r = 0; r < job->world && n < 64; r++) {
+    const struct job_member *m = job->members[r];
+    if (m == NULL || m->lost || m->reg.gpu == NULL ||
+        (job->gpu_comms != NULL && gpu_comms_holds(job->gpu_comms, r)))
+      continue;
+    gpu = m->reg.gpu;
+    ranks[n++] = (struct gpu_comm_rank){.rank = r, .device = m->reg.device};
+  }
+  char msg[SP_ERRMSG_MAX + 1] = "";
+  int rc = 0;
+  if (n > 0) {
+    if (job->gpu_comms == NULL) {
+      rc = gpu_comms_begin(gpu, job->nccl_id, job->world, &job->gpu_comms,
+                           msg, sizeof msg);
+      if (rc != 0) {
+        job->gpu_comms = NULL;
+        job->comms_join_over = true;
+        return;
+      }
+      job->comms_early = true;
+      job->gpu_comms_gen = 0;
+    }
+    rc = gpu_comms_add(job->gpu_comms, ranks, n, msg, sizeof msg);
+    if (rc == 0)
+      log_msg(LOG_LEVEL_INFO,
+              "job %s: NCCL communicator(s) of %zu rank(s) starting, generation "
+              "0, as the rank(s) joined",
+              job->hex, n);
+    job->comms_ready = false;
+  }
+  if (rc == 0 && job->comms_early && !job->comms_ready) {
+    rc = gpu_comms_poll(job->gpu_comms, msg, sizeof msg);
+    if (rc == 0) {
+      job->comms_ready = true;
+      log_msg(LOG_LEVEL_INFO,
+              "job %s: communicators ready on this node (made as the ranks "
+              "joined; the first export warms them)",
+              job->hex);
+    }
+  }
+  if (rc < 0) {
+    log_msg(LOG_LEVEL_INFO,
+            "job %s: the NCCL communicators started as ranks joined failed "
+            "(%s); the first export makes them",
+            job->hex, msg);
+    drop_early_comms(job);
+  }
+}
+
+void export_comms_rank_left(struct job *job, uint32_t r) {
+  if (!job->comms_early || !gpu_comms_holds(job->gpu_comms, r))
+    return;
+  log_msg(LOG_LEVEL_INFO,
+          "job %s: rank %" PRIu32 " left before the first export: its NCCL "
+          "communicator and this node's others are aborted; the first "
+          "export makes them",
+          job->hex, r);
+  drop_early_comms(job);
 }
 
 static void *plan_main(void *arg) {

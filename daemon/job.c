@@ -143,6 +143,7 @@ static void free_lost(struct job *job) {
             m->disconnected ? "disconnected" : "left");
     if (job->mesh != NULL)
       mesh_rank_left(job, r, m->disconnected);
+    export_comms_rank_left(job, r);
     member_free(m);
     job->members[r] = NULL;
     job->joined--;
@@ -157,6 +158,7 @@ static void on_wake(uv_async_t *handle) {
   process_lost(job);
   export_advance(job);
   free_lost(job);
+  export_comms_join(job);
   /* A job across nodes ends on its root once no node holds a rank. */
   if ((job->dying || (job->ever_joined && job->joined == 0 &&
                       (job->mesh == NULL || mesh_may_end(job)))) &&
@@ -181,6 +183,7 @@ static void on_tick(uv_timer_t *timer) {
   export_tick(job);
   if (job->mesh != NULL)
     mesh_tick(job);
+  export_comms_join(job);
   job_schedule(job);
 }
 
@@ -188,7 +191,8 @@ void job_schedule(struct job *job) {
   if (!job->ever_joined || job->dying)
     return;
   bool active = job->running != NULL ||
-                (job->mesh != NULL && mesh_active(job));
+                (job->mesh != NULL && mesh_active(job)) ||
+                (job->comms_early && !job->comms_ready);
   for (uint32_t r = 0; r < job->world && !active; r++)
     active = job->members[r] != NULL && job->members[r]->asked;
   if (active && !job->ticking) {

@@ -50,7 +50,8 @@ struct comm_rank {
 struct gpu_comms {
   struct gpu *gpu;
   uint32_t world;
-  size_t n;
+  uint8_t id[GPU_NCCL_ID_BYTES];
+  size_t n; /* ranks holds GPU_MAX_DEVICES */
   struct comm_rank *ranks;
   bool aborted;
 };
@@ -99,29 +100,35 @@ cudaStream_t gpu_comms_stream(const struct gpu_comms *c, size_t i) {
 /* Polls every communicator until none is still enqueuing (set-up, a
  * launch, a finalize): 0, or a code with msg after an error or the
  * deadline, or when *cancel turns true.  Aborts nothing itself. */
+static int poll_once(struct gpu_comms *c, const char *what, char *msg,
+                     size_t msglen) {
+  const struct cuda_api *a = &c->gpu->api;
+  bool busy = false;
+  for (size_t i = 0; i < c->n; i++) {
+    ncclResult_t st = ncclSuccess;
+    ncclResult_t res = a->ncclCommGetAsyncError(c->ranks[i].comm, &st);
+    if (res != ncclSuccess)
+      st = res;
+    if (st == ncclInProgress) {
+      busy = true;
+    } else if (st != ncclSuccess) {
+      char w[96];
+      snprintf(w, sizeof w, "%s on NCCL rank %" PRIu32, what,
+               c->ranks[i].id.rank);
+      return nccl_fail(c, st, w, msg, msglen);
+    }
+  }
+  return busy ? 1 : 0;
+}
+
 static int settle(struct gpu_comms *c, uint64_t deadline,
                   const _Atomic bool *cancel, const char *what, char *msg,
                   size_t msglen) {
-  const struct cuda_api *a = &c->gpu->api;
   unsigned spins = 0;
   for (;;) {
-    bool busy = false;
-    for (size_t i = 0; i < c->n; i++) {
-      ncclResult_t st = ncclSuccess;
-      ncclResult_t res = a->ncclCommGetAsyncError(c->ranks[i].comm, &st);
-      if (res != ncclSuccess)
-        st = res;
-      if (st == ncclInProgress) {
-        busy = true;
-      } else if (st != ncclSuccess) {
-        char w[96];
-        snprintf(w, sizeof w, "%s on NCCL rank %" PRIu32, what,
-                 c->ranks[i].id.rank);
-        return nccl_fail(c, st, w, msg, msglen);
-      }
-    }
-    if (!busy)
-      return 0;
+    int p = poll_once(c, what, msg, msglen);
+    if (p <= 0)
+      return p;
     if (cancel != NULL && atomic_load(cancel))
       return sp_failf(msg, msglen, SP_EBUSY, "%s was canceled", what);
     if (gpu_now_ms() > deadline)
@@ -214,28 +221,61 @@ static int warm_up(struct gpu_comms *c, uint64_t deadline, char *msg,
   return rc;
 }
 
-int gpu_comms_create(struct gpu *gpu, const uint8_t id[GPU_NCCL_ID_BYTES],
-                     uint32_t world, const struct gpu_comm_rank *ranks,
-                     size_t nranks, uint32_t timeout_ms,
-                     struct gpu_comms **out, char *msg, size_t msglen) {
-  const struct cuda_api *a = &gpu->api;
-  if (nranks == 0 || nranks > GPU_MAX_DEVICES)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                "a node holds 1 to %d ranks of a job's communicator, not %zu",
-                GPU_MAX_DEVICES, nranks);
+int gpu_comms_begin(struct gpu *gpu, const uint8_t id[GPU_NCCL_ID_BYTES],
+                    uint32_t world, struct gpu_comms **out, char *msg,
+                    size_t msglen) {
   struct gpu_comms *c = calloc(1, sizeof *c);
   if (c != NULL)
-    c->ranks = calloc(nranks, sizeof *c->ranks);
+    c->ranks = calloc(GPU_MAX_DEVICES, sizeof *c->ranks);
   if (c == NULL || c->ranks == NULL) {
     free(c);
     return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
   }
   c->gpu = gpu;
   c->world = world;
-  c->n = nranks;
+  memcpy(c->id, id, GPU_NCCL_ID_BYTES);
+  *out = c;
+  return 0;
+}
+
+bool gpu_comms_holds(const struct gpu_comms *c, uint32_t rank) {
+  for (size_t i = 0; i < c->n; i++)
+    if (c->ranks[i].id.rank == rank)
+      return true;
+  return false;
+}
+
+bool gpu_comms_match(const struct gpu_comms *c,
+                     const struct gpu_comm_rank *ranks, size_t nranks) {
+  if (c->n != nranks)
+    return false;
+  for (size_t k = 0; k < nranks; k++) {
+    bool found = false;
+    for (size_t i = 0; i < c->n && !found; i++)
+      found = c->ranks[i].id.rank == ranks[k].rank &&
+              c->ranks[i].id.device == ranks[k].device;
+    if (!found)
+      return false;
+  }
+  return true;
+}
+
+int gpu_comms_add(struct gpu_comms *c, const struct gpu_comm_rank *ranks,
+                  size_t nranks, char *msg, size_t msglen) {
+  struct gpu *gpu = c->gpu;
+  const struct cuda_api *a = &gpu->api;
+  if (c->aborted)
+    return sp_failf(msg, msglen, SP_EBACKEND,
+                    "the job's NCCL communicators were aborted");
+  if (nranks == 0 || c->n + nranks > GPU_MAX_DEVICES)
+    return sp_failf(msg, msglen, SP_EINVAL,
+                    "a node holds 1 to %d ranks of a job's communicator, "
+                    "not %zu",
+                    GPU_MAX_DEVICES, c->n + nranks);
+  size_t first = c->n;
   int rc = 0;
   for (size_t i = 0; i < nranks && rc == 0; i++) {
-    struct comm_rank *cr = &c->ranks[i];
+    struct comm_rank *cr = &c->ranks[c->n++];
     cr->id = ranks[i];
     rc = gpu_set_device(gpu, cr->id.device, msg, msglen);
     cudaError_t err = cudaSuccess;
@@ -248,17 +288,17 @@ int gpu_comms_create(struct gpu *gpu, const uint8_t id[GPU_NCCL_ID_BYTES],
                          msglen);
   }
   if (rc != 0) {
-    free_ranks(c);
+    gpu_comms_abort(c);
     return rc;
   }
   ncclUniqueId uid;
-  memcpy(uid.internal, id, GPU_NCCL_ID_BYTES);
+  memcpy(uid.internal, c->id, GPU_NCCL_ID_BYTES);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclResult_t res = a->ncclGroupStart();
-  for (size_t i = 0; i < nranks && res == ncclSuccess; i++) {
+  for (size_t i = first; i < c->n && res == ncclSuccess; i++) {
     a->cudaSetDevice(c->ranks[i].id.device);
-    res = a->ncclCommInitRankConfig(&c->ranks[i].comm, (int)world, uid,
+    res = a->ncclCommInitRankConfig(&c->ranks[i].comm, (int)c->world, uid,
                                     (int)c->ranks[i].id.rank, &config);
     if (res == ncclInProgress)
       res = ncclSuccess;
@@ -266,19 +306,53 @@ int gpu_comms_create(struct gpu *gpu, const uint8_t id[GPU_NCCL_ID_BYTES],
   ncclResult_t end = a->ncclGroupEnd();
   if (res == ncclSuccess && end != ncclInProgress)
     res = end;
-  uint64_t deadline = gpu_now_ms() + timeout_ms;
-  if (res != ncclSuccess)
+  if (res != ncclSuccess) {
     rc = nccl_fail(c, res, "ncclCommInitRankConfig", msg, msglen);
-  else
-    rc = settle(c, deadline, NULL, "creating the communicators", msg, msglen);
-  if (rc == 0)
-    rc = warm_up(c, deadline, msg, msglen);
-  if (rc != 0) {
     /* Communicators that exist are aborted: a half-made set is of no use,
      * and an abort tells the other nodes' ranks at once. */
-    c->aborted = false;
     gpu_comms_abort(c);
-    free_ranks(c);
+  }
+  return rc;
+}
+
+int gpu_comms_poll(struct gpu_comms *c, char *msg, size_t msglen) {
+  if (c->aborted)
+    return sp_failf(msg, msglen, SP_EBACKEND,
+                    "the job's NCCL communicators were aborted");
+  int rc = poll_once(c, "creating the communicators", msg, msglen);
+  if (rc < 0)
+    gpu_comms_abort(c);
+  return rc;
+}
+
+int gpu_comms_warm(struct gpu_comms *c, uint32_t timeout_ms, char *msg,
+                   size_t msglen) {
+  if (c->aborted)
+    return sp_failf(msg, msglen, SP_EBACKEND,
+                    "the job's NCCL communicators were aborted");
+  uint64_t deadline = gpu_now_ms() + timeout_ms;
+  int rc = settle(c, deadline, NULL, "creating the communicators", msg,
+                  msglen);
+  if (rc == 0)
+    rc = warm_up(c, deadline, msg, msglen);
+  if (rc != 0)
+    gpu_comms_abort(c);
+  return rc;
+}
+
+int gpu_comms_create(struct gpu *gpu, const uint8_t id[GPU_NCCL_ID_BYTES],
+                     uint32_t world, const struct gpu_comm_rank *ranks,
+                     size_t nranks, uint32_t timeout_ms,
+                     struct gpu_comms **out, char *msg, size_t msglen) {
+  struct gpu_comms *c;
+  int rc = gpu_comms_begin(gpu, id, world, &c, msg, msglen);
+  if (rc != 0)
+    return rc;
+  rc = gpu_comms_add(c, ranks, nranks, msg, msglen);
+  if (rc == 0)
+    rc = gpu_comms_warm(c, timeout_ms, msg, msglen);
+  if (rc != 0) {
+    gpu_comms_free(c);
     return rc;
   }
   *out = c;
@@ -289,6 +363,11 @@ void gpu_comms_free(struct gpu_comms *c) {
   if (c == NULL)
     return;
   const struct cuda_api *a = &c->gpu->api;
+  char msg[256];
+  /* A set still being made (its ranks joined, no export warmed it) or
+   * failing is aborted: finalize is for communicators that are set up. */
+  if (!c->aborted && poll_once(c, "ncclCommFinalize", msg, sizeof msg) != 0)
+    gpu_comms_abort(c);
   if (!c->aborted) {
     /* Finalize flushes what is still issued; non-blocking, it is polled
      * like everything else, and a communicator that will not finish is
@@ -299,7 +378,6 @@ void gpu_comms_free(struct gpu_comms *c) {
       a->cudaSetDevice(c->ranks[i].id.device);
       res = a->ncclCommFinalize(c->ranks[i].comm);
     }
-    char msg[256];
     if ((res != ncclSuccess && res != ncclInProgress) ||
         settle(c, gpu_now_ms() + 5000, NULL, "ncclCommFinalize", msg,
                sizeof msg) != 0) {

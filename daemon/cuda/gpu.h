@@ -181,6 +181,30 @@ int gpu_comms_create(struct gpu *gpu, const uint8_t id[GPU_NCCL_ID_BYTES],
                      uint32_t world, const struct gpu_comm_rank *ranks,
                      size_t nranks, uint32_t timeout_ms,
                      struct gpu_comms **out, char *msg, size_t msglen);
+/* The same in steps, for a job's first communicators, which are started
+ * as its ranks join (docs/gpu.md): an empty set of one NCCL id and world;
+ * gpu_comms_add creates the communicators of ranks (cudaSetDevice before
+ * each ncclCommInitRankConfig, all of one call inside one group,
+ * non-blocking) and returns at once; gpu_comms_poll says, without
+ * waiting, whether every one is set up (0), still setting up (1) or
+ * failed (a code with msg; they are aborted); gpu_comms_warm waits (up to
+ * timeout_ms) until they are set up and warms them as gpu_comms_create
+ * does, or aborts them.  Each runs on one thread at a time; the set is
+ * freed with gpu_comms_free (which aborts communicators still setting
+ * up). */
+int gpu_comms_begin(struct gpu *gpu, const uint8_t id[GPU_NCCL_ID_BYTES],
+                    uint32_t world, struct gpu_comms **out, char *msg,
+                    size_t msglen);
+int gpu_comms_add(struct gpu_comms *comms, const struct gpu_comm_rank *ranks,
+                  size_t nranks, char *msg, size_t msglen);
+int gpu_comms_poll(struct gpu_comms *comms, char *msg, size_t msglen);
+int gpu_comms_warm(struct gpu_comms *comms, uint32_t timeout_ms, char *msg,
+                   size_t msglen);
+/* Whether the set holds rank; whether it holds exactly these ranks on
+ * these devices. */
+bool gpu_comms_holds(const struct gpu_comms *comms, uint32_t rank);
+bool gpu_comms_match(const struct gpu_comms *comms,
+                     const struct gpu_comm_rank *ranks, size_t nranks);
 /* A fresh NCCL unique id (ncclGetUniqueId): what a ticket carries. */
 int gpu_comms_unique_id(struct gpu *gpu, uint8_t id[GPU_NCCL_ID_BYTES],
                         char *msg, size_t msglen);

@@ -100,6 +100,45 @@ int gpu_comms_create(struct gpu *gpu, const uint8_t id[GPU_NCCL_ID_BYTES],
   return SP_EBACKEND;
 }
 
+int gpu_comms_begin(struct gpu *gpu, const uint8_t id[GPU_NCCL_ID_BYTES],
+                    uint32_t world, struct gpu_comms **out, char *msg,
+                    size_t msglen) {
+  (void)gpu, (void)id, (void)world, (void)out;
+  snprintf(msg, msglen, "this build has no CUDA backend");
+  return SP_EBACKEND;
+}
+
+int gpu_comms_add(struct gpu_comms *comms, const struct gpu_comm_rank *ranks,
+                  size_t nranks, char *msg, size_t msglen) {
+  (void)comms, (void)ranks, (void)nranks;
+  snprintf(msg, msglen, "this build has no CUDA backend");
+  return SP_EBACKEND;
+}
+
+int gpu_comms_poll(struct gpu_comms *comms, char *msg, size_t msglen) {
+  (void)comms;
+  snprintf(msg, msglen, "this build has no CUDA backend");
+  return SP_EBACKEND;
+}
+
+int gpu_comms_warm(struct gpu_comms *comms, uint32_t timeout_ms, char *msg,
+                   size_t msglen) {
+  (void)comms, (void)timeout_ms;
+  snprintf(msg, msglen, "this build has no CUDA backend");
+  return SP_EBACKEND;
+}
+
+bool gpu_comms_holds(const struct gpu_comms *comms, uint32_t rank) {
+  (void)comms, (void)rank;
+  return false;
+}
+
+bool gpu_comms_match(const struct gpu_comms *comms,
+                     const struct gpu_comm_rank *ranks, size_t nranks) {
+  (void)comms, (void)ranks, (void)nranks;
+  return false;
+}
+
 int gpu_comms_unique_id(struct gpu *gpu, uint8_t id[GPU_NCCL_ID_BYTES],
                         char *msg, size_t msglen) {
   (void)gpu, (void)id;

@@ -95,6 +95,9 @@ struct scenario {
    * its result goes to the report's first_rc and the rank goes on with
    * the next exports of the same job. */
   bool fail_first;
+  /* When set, each rank waits after joining and registering until this
+   * file exists before it asks for its first export. */
+  const char *gate;
 };
 
 struct report {
@@ -642,6 +645,17 @@ static void rank_main(const struct scenario *sc, const char *socket,
     failf(&r, "register: %s: %s", sp_strerror(rc), sp_last_message(c));
     goto report;
   }
+  if (sc->gate != NULL) {
+    int waited = 0;
+    while (access(sc->gate, F_OK) != 0 && waited < WAIT_MS) {
+      usleep(10000);
+      waited += 10;
+    }
+    if (access(sc->gate, F_OK) != 0) {
+      failf(&r, "the gate %s never opened", sc->gate);
+      goto report;
+    }
+  }
   sp_export_opts eo = {.max_keys = sc->max_keys, .timeout_ms = 20000,
                        .progress = on_progress, .progress_arg = &r};
   for (uint32_t e = 0; e < (sc->exports ? sc->exports : 1); e++) {
@@ -773,10 +787,8 @@ static void kill_second_node(void) {
   daemon2_.pid = 0;
 }
 
-static void run(const struct scenario *sc, struct world *w) {
-  world_start(w, sc);
-  if (sc->fault == KILL_NODE)
-    kill_second_node();
+/* Reads every rank's report and reaps it. */
+static void run_finish(const struct scenario *sc, struct world *w) {
   for (uint32_t i = 0; i < sc->world; i++) {
     if (!(sc->fault == KILL_MOVING && i == sc->victim))
       read_report(w, sc, i);
@@ -788,6 +800,13 @@ static void run(const struct scenario *sc, struct world *w) {
       sp_test_wait(w->pid[i], WAIT_MS);
     }
   }
+}
+
+static void run(const struct scenario *sc, struct world *w) {
+  world_start(w, sc);
+  if (sc->fault == KILL_NODE)
+    kill_second_node();
+  run_finish(sc, w);
 }
 
 static void world_free(struct world *w, const struct scenario *sc) {
@@ -885,6 +904,50 @@ static void stop_nodes(void) {
   int st1 = daemon2_.pid > 0 ? sp_test_daemon_stop(&daemon2_) : 0;
   ck_assert_int_eq(st0, 0);
   ck_assert_int_eq(st1, 0);
+}
+
+/* Two nodes as start_nodes, each daemon's stderr (its log) also kept in a
+ * file of its own, read by the test. */
+static char log_path_[2][64];
+
+static void start_nodes_logged(void) {
+  const char *args[] = {"--backend", "cuda", "--peer-listen", "127.0.0.1:0",
+                        NULL};
+  struct sp_test_daemon *d[2] = {&daemon_, &daemon2_};
+  int saved = dup(2);
+  ck_assert_int_ge(saved, 0);
+  for (int n = 0; n < 2; n++) {
+    snprintf(log_path_[n], sizeof log_path_[n], "/tmp/sp-gpu-log%d-XXXXXX", n);
+    int fd = mkstemp(log_path_[n]);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(dup2(fd, 2), 2);
+    close(fd);
+    setenv("SHARDPORT_FAKE_NODE", n == 0 ? "0" : "1", 1);
+    int rc = sp_test_daemon_start(d[n], args);
+    dup2(saved, 2);
+    ck_assert_int_eq(rc, 0);
+  }
+  close(saved);
+  unsetenv("SHARDPORT_FAKE_NODE");
+}
+
+static void stop_nodes_logged(void) {
+  for (int n = 0; n < 2; n++)
+    unlink(log_path_[n]);
+  stop_nodes();
+}
+
+/* How many lines of a daemon's log hold what. */
+static int log_count(int node, const char *what) {
+  FILE *f = fopen(log_path_[node], "r");
+  if (f == NULL)
+    return -1;
+  char line[1024];
+  int n = 0;
+  while (fgets(line, sizeof line, f))
+    n += strstr(line, what) != NULL;
+  fclose(f);
+  return n;
 }
 
 #define K(...) ((struct tkey){__VA_ARGS__})
@@ -1320,6 +1383,53 @@ START_TEST(two_nodes_mixed_model) {
 }
 END_TEST
 
+START_TEST(two_nodes_communicators_made_at_join) {
+  /* The ranks join and register, then wait at a gate: before any export,
+   * each daemon's communicators (one per local rank, started as the rank
+   * joined) finish their set-up, which the fake NCCL completes only once
+   * all 4 ranks of both nodes joined; the first export then warms those
+   * and moves the data through them. */
+  char gate[64];
+  snprintf(gate, sizeof gate, "/tmp/sp-gpu-gate-%d", (int)getpid());
+  unlink(gate);
+  struct scenario sc = {.world = 4, .nodes = 2, .nkeys = NMIXED,
+                        .keys = mixed_keys, .gpus = 2, .exports = 2,
+                        .max_keys = 4,
+                        .modes = {MODE_PTR, MODE_TORCH, MODE_FD, MODE_RAW},
+                        .gate = gate};
+  struct world w;
+  world_start(&w, &sc);
+  bool ready = false;
+  for (int i = 0; i < 1000 && !ready; i++) {
+    ready = log_count(0, "communicators ready") == 1 &&
+            log_count(1, "communicators ready") == 1;
+    if (!ready)
+      usleep(10000);
+  }
+  int joined = log_count(0, " joined (") + log_count(1, " joined (");
+  int started = log_count(0, " started") + log_count(1, " started");
+  int fd = open(gate, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  run_finish(&sc, &w);
+  unlink(gate);
+  ck_assert_msg(ready, "the daemons did not log \"communicators ready\" "
+                       "before the first export");
+  /* All 4 ranks had joined (each logged by its own node's daemon); no
+   * export had started. */
+  ck_assert_int_eq(joined, 4);
+  ck_assert_int_eq(started, 0);
+  assert_exported(&w, &sc);
+  /* The first export warmed the communicators made at the join and made
+   * none of its own. */
+  for (int n = 0; n < 2; n++) {
+    ck_assert_int_eq(log_count(n, "made as the ranks joined, warmed"), 1);
+    ck_assert_int_eq(log_count(n, "NCCL communicator(s) of 4 ranks made"), 0);
+  }
+  world_free(&w, &sc);
+}
+END_TEST
+
 /* Replicated affine keys held by every rank, and a dim-0 shard beside. */
 static const struct tkey replica_keys[] = {
     K(.name = "rep.a", .kind = AFFINE_ALL, .dtype = "float32", .es = 4,
@@ -1528,6 +1638,11 @@ int main(int argc, char **argv) {
   tcase_add_test(nodes, two_nodes_mixed_model);
   tcase_add_test(nodes, two_nodes_replicas_compared);
   suite_add_tcase(s, nodes);
+  TCase *joined = tcase_create("nodes-join");
+  tcase_add_checked_fixture(joined, start_nodes_logged, stop_nodes_logged);
+  tcase_set_timeout(joined, 120);
+  tcase_add_test(joined, two_nodes_communicators_made_at_join);
+  suite_add_tcase(s, joined);
   TCase *nodes_slow = tcase_create("nodes-faults");
   tcase_add_checked_fixture(nodes_slow, start_nodes_slow, stop_nodes);
   tcase_set_timeout(nodes_slow, 120);
