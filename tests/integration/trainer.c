@@ -18,38 +18,12 @@
 #include <unistd.h>
 
 #include "tests/integration/harness.h"
+#include "tests/integration/model.h"
 
 #define SID 1
 
-static uint64_t mix(uint64_t x) {
-  x += UINT64_C(0x9e3779b97f4a7c15);
-  x = (x ^ (x >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-  x = (x ^ (x >> 27)) * UINT64_C(0x94d049bb133111eb);
-  return x ^ (x >> 31);
-}
-
-static uint64_t seed_of(const char *s) {
-  uint64_t h = UINT64_C(0xcbf29ce484222325);
-  for (; *s; s++)
-    h = (h ^ (uint8_t)*s) * UINT64_C(0x100000001b3);
-  return mix(h);
-}
-
-/* Element i of the key's original, es bytes. */
-static void element(const struct tkey *k, uint64_t i, uint8_t *out) {
-  uint64_t v = mix(seed_of(k->name) + i);
-  memcpy(out, &v, k->es);
-}
-
 static int64_t ncols(const struct tkey *k) {
   return k->ndim == 2 ? k->shape[1] : 1;
-}
-
-static int64_t before(const int64_t *parts, uint32_t rank) {
-  int64_t s = 0;
-  for (uint32_t r = 0; r < rank; r++)
-    s += parts[r];
-  return s;
 }
 
 static bool holds(const struct tkey *k, uint32_t rank) {
@@ -112,11 +86,11 @@ static void holding_shape(const struct scenario *sc, const struct tkey *k,
 static uint64_t source_index(const struct scenario *sc, const struct tkey *k,
                              uint32_t rank, int64_t row, int64_t col) {
   if (k->kind == SHARD0)
-    return (uint64_t)((before(k->parts, rank) + row) * ncols(k) + col);
+    return (uint64_t)((model_rows_before(k->parts, rank) + row) * ncols(k) + col);
   if (k->kind == AFFINE_COLS)
-    return (uint64_t)(row * k->shape[1] + before(k->parts, rank) + col);
+    return (uint64_t)(row * k->shape[1] + model_rows_before(k->parts, rank) + col);
   if (k->kind == AFFINE_PAIRS)
-    return (uint64_t)((before(k->parts, pair_block(sc, rank)) + row) *
+    return (uint64_t)((model_rows_before(k->parts, pair_block(sc, rank)) + row) *
                           ncols(k) +
                       col);
   return (uint64_t)(row * ncols(k) + col);
@@ -164,9 +138,9 @@ static int build_storage(struct rank *r) {
     int64_t cols = k->ndim == 2 ? h->shape[1] : 1;
     for (int64_t y = 0; y < rows; y++)
       for (int64_t x = 0; x < cols; x++)
-        element(k, source_index(sc, k, r->rank, y, x),
-                r->storage + h->byte_off +
-                    (uint64_t)(y * h->row_stride + x) * k->es);
+        model_element(k->name, source_index(sc, k, r->rank, y, x), k->es,
+                      r->storage + h->byte_off +
+                          (uint64_t)(y * h->row_stride + x) * k->es);
     if (k->kind == AFFINE_PAIRS && sc->corrupt == r->rank + 1 && rows > 0)
       r->storage[h->byte_off] ^= 0xff;
   }
@@ -206,7 +180,7 @@ static sp_piece *pieces_of(const struct scenario *sc, const struct tkey *k,
     holders[0] = rank;
     *p = (sp_piece){.ndim = 2, .shape = {k->shape[0], w},
                     .src_stride = {w, 1},
-                    .dst_offset = before(k->parts, rank),
+                    .dst_offset = model_rows_before(k->parts, rank),
                     .dst_stride = {k->shape[1], 1}, .nholders = 1,
                     .holders = holders};
     return p;
@@ -216,7 +190,7 @@ static sp_piece *pieces_of(const struct scenario *sc, const struct tkey *k,
   holders[1] = b + sc->world / 2;
   *p = (sp_piece){.ndim = 2, .shape = {k->parts[b], k->shape[1]},
                   .src_stride = {k->shape[1], 1},
-                  .dst_offset = before(k->parts, b) * k->shape[1],
+                  .dst_offset = model_rows_before(k->parts, b) * k->shape[1],
                   .dst_stride = {k->shape[1], 1}, .nholders = 2,
                   .holders = holders};
   return p;
@@ -327,7 +301,7 @@ static void verify(struct rank *r, const sp_owned_set *set) {
     uint8_t want[8];
     for (int64_t y = 0; y < rows; y++)
       for (int64_t x = 0; x < cols; x++) {
-        element(orig, (uint64_t)(y * cols + x), want);
+        model_element(orig->name, (uint64_t)(y * cols + x), orig->es, want);
         if (memcmp(p + (y * s0 + x * s1) * (int64_t)k->es, want, k->es) != 0) {
           failf(r, "\"%s\": element (%lld, %lld) differs from the original",
                 t->key, (long long)y, (long long)x);

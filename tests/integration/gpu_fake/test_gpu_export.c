@@ -37,6 +37,7 @@
 #include "daemon/cuda/api.h"
 #include "shardport.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/model.h"
 
 #define MAXR 8
 #define SID 7
@@ -113,34 +114,8 @@ struct report {
   uint64_t seg_inode[4];
 };
 
-static uint64_t mix(uint64_t x) {
-  x += UINT64_C(0x9e3779b97f4a7c15);
-  x = (x ^ (x >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-  x = (x ^ (x >> 27)) * UINT64_C(0x94d049bb133111eb);
-  return x ^ (x >> 31);
-}
-
-static uint64_t seed_of(const char *s) {
-  uint64_t h = UINT64_C(0xcbf29ce484222325);
-  for (; *s; s++)
-    h = (h ^ (uint8_t)*s) * UINT64_C(0x100000001b3);
-  return mix(h);
-}
-
-static void element(const struct tkey *k, uint64_t i, uint8_t *out) {
-  uint64_t v = mix(seed_of(k->name) + i);
-  memcpy(out, &v, k->es);
-}
-
 static int64_t ncols(const struct tkey *k) {
   return k->ndim == 2 ? k->shape[1] : 1;
-}
-
-static int64_t before(const int64_t *parts, uint32_t rank) {
-  int64_t s = 0;
-  for (uint32_t r = 0; r < rank; r++)
-    s += parts[r];
-  return s;
 }
 
 static bool holds(const struct tkey *k, uint32_t rank) {
@@ -199,9 +174,9 @@ static void holding_shape(const struct tkey *k, uint32_t rank, int64_t *shape) {
 static uint64_t source_index(const struct tkey *k, uint32_t rank, int64_t row,
                              int64_t col) {
   if (k->kind == SHARD0)
-    return (uint64_t)((before(k->parts, rank) + row) * ncols(k) + col);
+    return (uint64_t)((model_rows_before(k->parts, rank) + row) * ncols(k) + col);
   if (k->kind == AFFINE_COLS)
-    return (uint64_t)(row * k->shape[1] + before(k->parts, rank) + col);
+    return (uint64_t)(row * k->shape[1] + model_rows_before(k->parts, rank) + col);
   return (uint64_t)(row * ncols(k) + col);
 }
 
@@ -285,8 +260,9 @@ static int build_storage(struct rank *r) {
     int64_t cols = k->ndim == 2 ? h->shape[1] : 1;
     for (int64_t y = 0; y < rows; y++)
       for (int64_t x = 0; x < cols; x++)
-        element(k, source_index(k, r->rank, y, x),
-                r->image + h->byte_off + (uint64_t)(y * cols + x) * k->es);
+        model_element(k->name, source_index(k, r->rank, y, x), k->es,
+                      r->image + h->byte_off +
+                          (uint64_t)(y * cols + x) * k->es);
     if (k->bad > 0 && (uint32_t)(k->bad - 1) == r->rank &&
         (uint64_t)(rows * cols) > BAD_ELEMENT)
       r->image[h->byte_off + BAD_ELEMENT * k->es] ^= 0x40;
@@ -388,7 +364,7 @@ static int register_all(struct rank *r, sp_client *c) {
       holders[i] = r->rank;
       pieces[i] = (sp_piece){.ndim = 2, .shape = {k->shape[0], w},
                              .src_stride = {w, 1},
-                             .dst_offset = before(k->parts, r->rank),
+                             .dst_offset = model_rows_before(k->parts, r->rank),
                              .dst_stride = {k->shape[1], 1}, .nholders = 1,
                              .holders = &holders[i]};
       d->npieces = 1;
@@ -479,7 +455,7 @@ static void verify(struct rank *r, const sp_owned_set *set) {
     uint8_t want[8];
     for (int64_t y = 0; y < rows; y++)
       for (int64_t x = 0; x < cols; x++) {
-        element(orig, (uint64_t)(y * cols + x), want);
+        model_element(orig->name, (uint64_t)(y * cols + x), orig->es, want);
         if (memcmp(host + (y * s0 + x * s1) * (int64_t)k->es, want, k->es) !=
             0) {
           failf(r, "\"%s\": element (%lld, %lld) differs from the original",
