@@ -625,3 +625,12 @@ sp_tensor_desc *trainer_desc(sp_tensor_desc *t, size_t n, const char *key) {
       return &t[i];
   return NULL;
 }
+
+void trainer_drop_b_on_3(const struct scenario *sc, uint32_t rank,
+                         sp_tensor_desc *t, size_t *n) {
+  (void)sc;
+  if (rank != 3)
+    return;
+  sp_tensor_desc *b = trainer_desc(t, *n, "b");
+  *b = t[--*n];
+}

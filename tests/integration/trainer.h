@@ -169,4 +169,18 @@ sp_tensor_desc *trainer_desc(sp_tensor_desc *t, size_t n, const char *key);
 
 #define TRAINER_MIXED_GROUP {"grp.x", "grp.y", NULL}
 
+/* The small model the refusal tests of four ranks corrupt, one tweak at a
+ * time: a dim-0 key "a", a replicated "b" and an expert "e" on rank 0. */
+#define TRAINER_REFUSAL_KEYS \
+    K(.name = "a", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2, \
+      .shape = {8, 4}, .parts = {2, 2, 2, 2}), \
+    K(.name = "b", .kind = REPLICATED, .dtype = "float32", .es = 4, .ndim = 2, \
+      .shape = {8, 4}), \
+    K(.name = "e", .kind = EXPERT, .dtype = "float32", .es = 4, .ndim = 2, \
+      .shape = {8, 4}, .expert = 0)
+
+/* A tweak: rank 3 does not register "b", so the ranks' key sets differ. */
+void trainer_drop_b_on_3(const struct scenario *sc, uint32_t rank,
+                         sp_tensor_desc *t, size_t *n);
+
 #endif /* SP_TEST_TRAINER_H */

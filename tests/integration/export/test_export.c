@@ -118,23 +118,7 @@ END_TEST
 
 /* ---- refusals ---- */
 
-static struct tkey refusal_keys[] = {
-    K(.name = "a", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
-      .shape = {8, 4}, .parts = {2, 2, 2, 2}),
-    K(.name = "b", .kind = REPLICATED, .dtype = "float32", .es = 4, .ndim = 2,
-      .shape = {8, 4}),
-    K(.name = "e", .kind = EXPERT, .dtype = "float32", .es = 4, .ndim = 2,
-      .shape = {8, 4}, .expert = 0),
-};
-
-static void drop_b_on_3(const struct scenario *sc, uint32_t rank,
-                        sp_tensor_desc *t, size_t *n) {
-  (void)sc;
-  if (rank != 3)
-    return;
-  sp_tensor_desc *b = trainer_desc(t, *n, "b");
-  *b = t[--*n];
-}
+static struct tkey refusal_keys[] = {TRAINER_REFUSAL_KEYS};
 
 static void int32_b_on_3(const struct scenario *sc, uint32_t rank,
                          sp_tensor_desc *t, size_t *n) {
@@ -166,7 +150,7 @@ static const struct {
   tweak_fn *tweak;
   int code;
 } refusals[] = {
-    {drop_b_on_3, SP_EKEYSET},
+    {trainer_drop_b_on_3, SP_EKEYSET},
     {int32_b_on_3, SP_EDTYPEMISMATCH},
     {short_a_on_3, SP_ETILING},
     {expert_on_1_too, SP_EEXPERT},
