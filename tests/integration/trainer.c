@@ -74,7 +74,9 @@ static void holding_shape(const struct scenario *sc, const struct tkey *k,
                           uint32_t rank, int64_t *shape) {
   shape[0] = k->shape[0];
   shape[1] = k->shape[1];
-  if (k->kind == SHARD0)
+  if (k->kind == AFFINE_MAP)
+    shape[0] = k->layout->numel[rank];
+  else if (k->kind == SHARD0)
     shape[0] = k->parts[rank];
   else if (k->kind == AFFINE_COLS)
     shape[1] = k->parts[rank];
@@ -114,7 +116,7 @@ static int build_storage(struct rank *r) {
       continue;
     }
     holding_shape(sc, k, r->rank, h->shape);
-    int64_t cols = k->ndim == 2 ? h->shape[1] : 1;
+    int64_t cols = k->ndim == 2 && k->kind != AFFINE_MAP ? h->shape[1] : 1;
     h->row_stride = cols + (k->kind == SHARD0 && k->ndim == 2 ? k->pad : 0);
     int64_t n = k->ndim == 0 ? 1 : h->shape[0] * h->row_stride;
     h->nbytes = (uint64_t)n * k->es;
@@ -134,6 +136,11 @@ static int build_storage(struct rank *r) {
     const struct holding *h = &r->h[i];
     if (!h->held || k->tie > 0)
       continue;
+    if (k->kind == AFFINE_MAP) {
+      tlayout_fill(k->layout, r->rank, k->name, k->es,
+                   r->storage + h->byte_off);
+      continue;
+    }
     int64_t rows = k->ndim == 0 ? 1 : h->shape[0];
     int64_t cols = k->ndim == 2 ? h->shape[1] : 1;
     for (int64_t y = 0; y < rows; y++)
@@ -163,6 +170,7 @@ static sp_placement placement_of(enum kind kind) {
     return SP_PLACEMENT_EXPERT;
   case AFFINE_COLS:
   case AFFINE_PAIRS:
+  case AFFINE_MAP:
     return SP_PLACEMENT_AFFINE;
   }
   return 0;
@@ -234,6 +242,12 @@ static int register_all(struct rank *r, sp_client *c) {
       pieces[i] = pieces_of(sc, k, r->rank, holders[i]);
       d->npieces = 1;
       d->pieces = pieces[i];
+    } else if (k->kind == AFFINE_MAP) {
+      /* The shard is one run of elements; the pieces say what it holds. */
+      d->ndim = 1;
+      d->shape[1] = d->stride[1] = 0;
+      d->npieces = k->layout->npieces[r->rank];
+      d->pieces = k->layout->pieces[r->rank];
     }
   }
   if (sc->tweak)

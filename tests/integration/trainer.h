@@ -25,6 +25,7 @@
 
 #include "proto/msg.h"
 #include "shardport.h"
+#include "tests/integration/tlayout.h"
 
 #define TRAINER_MAXR 8
 /* How long the test process waits for a rank's next message. */
@@ -39,6 +40,7 @@ enum kind {
   /* Rows in world/2 blocks (parts[b]: block b's rows); ranks r and
    * r + world/2 both hold block r % (world/2): replicas of one piece. */
   AFFINE_PAIRS,
+  AFFINE_MAP, /* the pieces .layout gives each rank (tlayout.h) */
 };
 
 struct tkey {
@@ -54,6 +56,9 @@ struct tkey {
   /* SHARD0 and 2-D: elements between rows beyond the columns, so the
    * rank's view is not contiguous. */
   int64_t pad;
+  /* AFFINE_MAP: a layout of 2 dims, the key's shape; each rank registers
+   * its shard as one dim of the layout's numel elements. */
+  const struct tlayout *layout;
 };
 
 #define K(...) ((struct tkey){__VA_ARGS__})

@@ -371,6 +371,34 @@ START_TEST(refusal_reaches_every_node_alike) {
 }
 END_TEST
 
+/* Tensor parallel splits replicated over data parallel ranks
+ * (tlayout_family): the replicas that reach an owner on another node, with
+ * strided sources among them, are packed where they are held and compared
+ * on the owner's node only.  Exact on one daemon and on two. */
+START_TEST(tensor_parallel_replicas_across_nodes) {
+  static struct tlayout_key family[TLAYOUT_FAMILY];
+  struct tkey keys[TLAYOUT_FAMILY];
+  tlayout_family(family);
+  for (size_t i = 0; i < TLAYOUT_FAMILY; i++)
+    keys[i] = K(.name = family[i].name, .kind = AFFINE_MAP,
+                .dtype = family[i].dtype, .es = family[i].es, .ndim = 2,
+                .shape = {family[i].layout.shape[0],
+                          family[i].layout.shape[1]},
+                .layout = &family[i].layout);
+  struct scenario sc = {.world = 4, .nkeys = TLAYOUT_FAMILY, .keys = keys,
+                        .exports = 2};
+  struct world one, two;
+  run_on(&sc, &one, 1);
+  trainer_assert_exported(&one, &sc);
+  run_on(&sc, &two, 2);
+  trainer_assert_exported(&two, &sc);
+  trainer_free(&one, &sc);
+  trainer_free(&two, &sc);
+  assert_idle(0);
+  assert_idle(1);
+}
+END_TEST
+
 /* Replicas of one piece on two nodes disagree: the owner's daemon finds
  * it, and every rank on both nodes hears the same message. */
 START_TEST(replicas_across_nodes_that_differ) {
@@ -693,6 +721,7 @@ int main(int argc, char **argv) {
   tcase_add_test(exp, digests_agree_and_status_shows_nodes);
   tcase_add_loop_test(exp, refusal_reaches_every_node_alike, 0,
                       sizeof refusals / sizeof refusals[0]);
+  tcase_add_test(exp, tensor_parallel_replicas_across_nodes);
   tcase_add_test(exp, replicas_across_nodes_that_differ);
   tcase_add_test(exp, different_plans_fail_everywhere);
   suite_add_tcase(s, exp);
