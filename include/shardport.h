@@ -383,7 +383,9 @@ typedef struct sp_owned_tensor {
    * (the tensor is the rank's to use), or for identity in the caller's own
    * storage.  Valid until sp_release, sp_job_leave or sp_close, whichever
    * comes first; tied weights share one data pointer.  NULL only for an
-   * empty tensor in an empty segment.  For a rank on a GPU it is a device
+   * empty tensor in an empty segment; an empty identity tensor's data may
+   * lie past its storage's end, where the caller's own view put it.  For
+   * a rank on a GPU it is a device
    * address (device says which GPU), and the library has waited for the
    * daemon's completion event: the tensor is assembled. */
   void *data;
