@@ -612,10 +612,19 @@ struct job_member {
   bool lost;
   bool lost_handled; /* export_member_lost ran for it */
   bool disconnected;
+  /* Its first refused registration ("rank 2's registration was refused:
+   * <code>: <message>"), or NULL: why it left, when it leaves. */
+  char *refused;
   struct job_published *published;
 };
 
 struct export;
+
+/* A rank that left: why, and when (job->departures at the time). */
+struct job_departure {
+  char *why; /* NULL while the rank is a member, or never joined */
+  uint64_t seq;
+};
 
 struct job {
   struct server *srv;
@@ -648,6 +657,12 @@ struct job {
   /* The digest of the last plan built, for status (has_plan_digest). */
   uint64_t plan_digest;
   bool has_plan_digest;
+  /* [world]: for each rank that left and has not joined again, the
+   * sentence every export asked for meanwhile fails with (rank_lost): a job
+   * cannot export without all of its ranks.  The daemon that decides
+   * exports reads it: one node's, or across nodes the root's. */
+  struct job_departure *departed;
+  uint64_t departures; /* numbers them in the order they happened */
   /* A job that may span nodes (mesh.c), or NULL. */
   struct mesh *mesh;
   /* A job on GPUs across nodes (daemon/cuda/gpu.h, docs/gpu.md): the NCCL
@@ -693,6 +708,21 @@ void job_wake(struct job *job);
 void job_schedule(struct job *job);
 /* Sends the error reply to a member's pending ask and forgets the ask. */
 void job_answer_ask(struct job_member *m, int code, const char *message);
+/* "rank R left job J<when>" (or "disconnected from"), then "; <reason>"
+ * when there is one: how every daemon names a rank that left. */
+void job_departure_text(const struct job *job, uint32_t rank,
+                        bool disconnected, const char *when,
+                        const char *reason, char *buf, size_t len);
+/* Rank left the job (reason: why, when its daemon knows, or NULL): every
+ * export asked for until it joins again fails at once, naming it. */
+void job_rank_departed(struct job *job, uint32_t rank, bool disconnected,
+                       const char *reason);
+/* Rank joined (again): exports no longer wait in vain for it. */
+void job_rank_returned(struct job *job, uint32_t rank);
+/* The sentence of the first rank to leave of those that have not joined
+ * again (the cause; ranks that left after hearing of it are not), or NULL
+ * when every rank that ever joined is still there. */
+const char *job_departed(const struct job *job);
 uint64_t job_now_ms(void);
 /* The jobs array of the status reply. */
 void job_status_pack(const struct server *srv, msgpack_packer *pk);
@@ -933,7 +963,9 @@ int mesh_shadow_job(struct conn *c, const struct sp_msg_head *head,
 int mesh_join(struct job *job, struct conn *c, const struct sp_msg_head *head,
               const struct req_join *req, int device);
 void mesh_rank_joined(struct job *job, uint32_t rank);
-void mesh_rank_left(struct job *job, uint32_t rank, bool disconnected);
+/* Rank left this node (reason: why, when known, or NULL): the root hears. */
+void mesh_rank_left(struct job *job, uint32_t rank, bool disconnected,
+                    const char *reason);
 /* Sends the root the asks of local ranks it has not heard. */
 void mesh_asks(struct job *job);
 /* Starts an export the root announced, once none runs. */

@@ -318,6 +318,13 @@ static void fail_export_as(struct export *ex, int code, const char *message,
   }
 }
 
+static bool any_asked(const struct job *job) {
+  for (uint32_t r = 0; r < job->world; r++)
+    if (job->members[r] != NULL && job->members[r]->asked)
+      return true;
+  return false;
+}
+
 /* Fails every ask of a gathering export, for status too. */
 static void fail_gather(struct job *job, int code, const char *message) {
   job->last_phase = JOB_FAILED;
@@ -849,6 +856,13 @@ static void maybe_start(struct job *job) {
     mesh_try_start(job);
     return;
   }
+  /* A rank left and has not joined again: the export cannot complete. */
+  const char *gone = job_departed(job);
+  if (gone != NULL) {
+    if (any_asked(job))
+      fail_gather(job, SP_ERANKLOST, gone);
+    return;
+  }
   for (uint32_t r = 0; r < job->world; r++) {
     const struct job_member *m = job->members[r];
     if (m == NULL || m->lost || !m->asked)
@@ -946,18 +960,17 @@ void export_member_lost(struct job *job, struct job_member *m) {
   if (m->lost_handled)
     return;
   m->lost_handled = true;
-  char msg[256];
-  if (job->dying)
-    snprintf(msg, sizeof msg, "shardportd is stopping; job %s ends", job->hex);
-  else
-    snprintf(msg, sizeof msg, "rank %" PRIu32 " %s job %s", m->rank,
-             m->disconnected ? "disconnected from" : "left", job->hex);
+  char stopping[128];
+  snprintf(stopping, sizeof stopping, "shardportd is stopping; job %s ends",
+           job->hex);
   struct export *ex = job->running;
   if (ex != NULL && !ex->ranks[m->rank].answered) {
     if (ex->phase < JOB_PUBLISHING) {
-      char full[300];
-      snprintf(full, sizeof full, "%s during export %" PRIu64, msg, ex->id);
-      fail_export(ex, SP_ERANKLOST, full);
+      char during[64], msg[SP_ERRMSG_MAX + 1];
+      snprintf(during, sizeof during, " during export %" PRIu64, ex->id);
+      job_departure_text(job, m->rank, m->disconnected, during, m->refused,
+                         msg, sizeof msg);
+      fail_export(ex, SP_ERANKLOST, job->dying ? stopping : msg);
     } else {
       /* The data is whole; only this rank's own stream stops. */
       ex->ranks[m->rank].answered = true;
@@ -970,15 +983,16 @@ void export_member_lost(struct job *job, struct job_member *m) {
     job_wake(job);
     return;
   }
-  /* Ranks waiting for the next export would wait for this one in vain. */
-  bool waiting = false;
-  for (uint32_t r = 0; r < job->world; r++)
-    waiting = waiting || (job->members[r] != NULL && job->members[r]->asked);
-  if (waiting) {
-    char full[300];
-    snprintf(full, sizeof full, "%s while its ranks waited for an export", msg);
-    fail_gather(job, SP_ERANKLOST, full);
-  }
+  /* Ranks waiting for the next export would wait for this one in vain
+   * (ranks that ask later hear it from maybe_start).  Without memory for
+   * the job's record, the sentence names the rank only. */
+  char bare[128];
+  job_departure_text(job, m->rank, m->disconnected, "", NULL, bare,
+                     sizeof bare);
+  const char *gone = job_departed(job);
+  if (any_asked(job))
+    fail_gather(job, SP_ERANKLOST,
+                job->dying ? stopping : gone != NULL ? gone : bare);
   job_wake(job);
 }
 
@@ -1085,10 +1099,7 @@ void export_view(const struct job *job, struct export_view *out) {
     return;
   }
   out->export_id = job->next_export_id - 1;
-  bool asked = false;
-  for (uint32_t r = 0; r < job->world; r++)
-    asked = asked || (job->members[r] != NULL && job->members[r]->asked);
-  if (asked || out->export_id == 0) {
+  if (any_asked(job) || out->export_id == 0) {
     out->phase = JOB_WAITING;
     return;
   }
@@ -1256,9 +1267,6 @@ void export_fail(struct job *job, int code, const char *message) {
 }
 
 void export_fail_asks(struct job *job, int code, const char *message) {
-  bool asked = false;
-  for (uint32_t r = 0; r < job->world; r++)
-    asked = asked || (job->members[r] != NULL && job->members[r]->asked);
-  if (asked)
+  if (any_asked(job))
     fail_gather(job, code, message);
 }

@@ -12,6 +12,11 @@
  * job must not change under its caller).  The job's wake-up then fails what
  * the rank took part in, and frees the member once no engine thread reads
  * its storages any more.  Everything that changes a job runs on the loop.
+ *
+ * A job cannot export without every one of its ranks, so it remembers each
+ * rank that left (with why, when the daemon knows: its refused
+ * registration) until that rank joins again: an export its ranks ask for
+ * meanwhile fails at once with rank_lost, never after a timeout.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -61,6 +66,9 @@ static void on_job_handle_closed(uv_handle_t *handle) {
   struct job *job = handle->data;
   if (--job->open_handles > 0)
     return;
+  for (uint32_t r = 0; r < job->world; r++)
+    free(job->departed[r].why);
+  free(job->departed);
   free(job->members);
   free(job);
 }
@@ -84,6 +92,7 @@ static void member_free(struct job_member *m) {
   registry_free(&m->reg);
   if (m->conn != NULL)
     conn_set_member(m->conn, NULL);
+  free(m->refused);
   free(m);
 }
 
@@ -122,13 +131,63 @@ void job_answer_ask(struct job_member *m, int code, const char *message) {
     conn_send_error(m->conn, m->ask_id, code, "%s", message);
 }
 
+void job_departure_text(const struct job *job, uint32_t rank,
+                        bool disconnected, const char *when,
+                        const char *reason, char *buf, size_t len) {
+  snprintf(buf, len, "rank %" PRIu32 " %s job %s%s%s%s", rank,
+           disconnected ? "disconnected from" : "left", job->hex, when,
+           reason != NULL ? "; " : "", reason != NULL ? reason : "");
+}
+
+void job_rank_departed(struct job *job, uint32_t rank, bool disconnected,
+                       const char *reason) {
+  char text[SP_ERRMSG_MAX + 1];
+  job_departure_text(job, rank, disconnected,
+                     ", which cannot export without it", reason, text,
+                     sizeof text);
+  struct job_departure *d = &job->departed[rank];
+  /* Heard twice (on the root, from its own node's member and then from
+   * the mesh), a departure keeps its place in the order. */
+  if (d->why == NULL)
+    d->seq = ++job->departures;
+  free(d->why);
+  /* Out of memory, the job only forgets why: exports then time out. */
+  d->why = strdup(text);
+}
+
+void job_rank_returned(struct job *job, uint32_t rank) {
+  free(job->departed[rank].why);
+  job->departed[rank].why = NULL;
+}
+
+const char *job_departed(const struct job *job) {
+  const struct job_departure *first = NULL;
+  for (uint32_t r = 0; r < job->world; r++) {
+    const struct job_departure *d = &job->departed[r];
+    if (d->why != NULL && (first == NULL || d->seq < first->seq))
+      first = d;
+  }
+  return first != NULL ? first->why : NULL;
+}
+
+/* A member left or disconnected: the job remembers it, and what it took
+ * part in fails (once). */
+static void member_departs(struct job_member *m) {
+  struct job *job = m->job;
+  if (m->lost_handled)
+    return;
+  if (!job->dying)
+    job_rank_departed(job, m->rank, m->disconnected, m->refused);
+  export_member_lost(job, m);
+}
+
 /* Lost members are failed out of what they take part in once, then freed
  * when no thread reads their storages. */
 static void process_lost(struct job *job) {
   for (uint32_t r = 0; r < job->world; r++) {
     struct job_member *m = job->members[r];
     if (m != NULL && m->lost)
-      export_member_lost(job, m);
+      member_departs(m);
   }
 }
 
@@ -142,7 +201,7 @@ static void free_lost(struct job *job) {
     log_msg(LOG_LEVEL_INFO, "job %s: rank %u %s", job->hex, r,
             m->disconnected ? "disconnected" : "left");
     if (job->mesh != NULL)
-      mesh_rank_left(job, r, m->disconnected);
+      mesh_rank_left(job, r, m->disconnected, m->refused);
     export_comms_rank_left(job, r);
     member_free(m);
     job->members[r] = NULL;
@@ -258,11 +317,13 @@ struct job *job_new(struct server *srv, const uint8_t *id,
                     const uint8_t *secret, uint32_t world) {
   struct job *job = calloc(1, sizeof *job);
   struct job_member **members = calloc(world, sizeof *members);
-  if (job == NULL || members == NULL ||
+  struct job_departure *departed = calloc(world, sizeof *departed);
+  if (job == NULL || members == NULL || departed == NULL ||
       (id == NULL && random_bytes(job->id, JOB_ID_BYTES) != 0) ||
       (secret == NULL && random_bytes(job->secret, JOB_SECRET_BYTES) != 0)) {
     free(job);
     free(members);
+    free(departed);
     return NULL;
   }
   if (id != NULL)
@@ -271,6 +332,7 @@ struct job *job_new(struct server *srv, const uint8_t *id,
     memcpy(job->secret, secret, JOB_SECRET_BYTES);
   job->srv = srv;
   job->members = members;
+  job->departed = departed;
   job->world = world;
   job->next_export_id = 1;
   for (size_t i = 0; i < JOB_ID_BYTES; i++)
@@ -461,6 +523,7 @@ struct job_member *job_admit(struct job *job, struct conn *c,
   }
   job->members[req->rank] = m;
   job->joined++;
+  job_rank_returned(job, req->rank);
   conn_set_member(c, m);
   job_note_joined(job);
   if (job->mesh != NULL)
@@ -488,7 +551,7 @@ int job_op_leave(struct conn *c, const struct sp_msg_head *head,
                            "leave: this connection is not in a job");
   /* The leaver's own pending export hears the same error as its peers. */
   m->lost = true;
-  export_member_lost(m->job, m);
+  member_departs(m);
   conn_set_member(c, NULL);
   m->conn = NULL;
   job_wake(m->job);
@@ -518,6 +581,19 @@ static struct job_member *registering_member(struct conn *c, uint64_t id,
   return m;
 }
 
+/* Keeps the rank's first refused registration: if the rank leaves, that is
+ * most likely why, and its peers hear it. */
+static void note_refused(struct job_member *m, int code, const char *op,
+                         const char *msg) {
+  char text[SP_ERRMSG_MAX + 1];
+  if (m->refused != NULL)
+    return;
+  snprintf(text, sizeof text,
+           "rank %" PRIu32 "'s registration was refused: %s: %s: %s", m->rank,
+           sp_err_name(code), op, msg);
+  m->refused = strdup(text);
+}
+
 int job_op_storage_add(struct conn *c, const struct sp_msg_head *head,
                        const msgpack_object *map, struct sp_frame *frame) {
   struct job_member *m = registering_member(c, head->id, "storage_add");
@@ -531,8 +607,10 @@ int job_op_storage_add(struct conn *c, const struct sp_msg_head *head,
     rc = registry_add_storages(&m->reg, s, n, frame, msg, sizeof msg);
     free(s);
   }
-  if (rc != 0)
+  if (rc != 0) {
+    note_refused(m, rc, "storage_add", msg);
     return conn_send_error(c, head->id, rc, "storage_add: %s", msg);
+  }
   export_drop_cache(m->job);
   struct sp_msgbuf mb;
   sp_msgbuf_begin(&mb, "storage_add", head->id, 1);
@@ -554,8 +632,10 @@ int job_op_tensor_add(struct conn *c, const struct sp_msg_head *head,
     rc = registry_add_tensors(&m->reg, t, n, msg, sizeof msg);
     request_tensors_free(t, n);
   }
-  if (rc != 0)
+  if (rc != 0) {
+    note_refused(m, rc, "tensor_add", msg);
     return conn_send_error(c, head->id, rc, "tensor_add: %s", msg);
+  }
   export_drop_cache(m->job);
   struct sp_msgbuf mb;
   sp_msgbuf_begin(&mb, "tensor_add", head->id, 1);

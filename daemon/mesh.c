@@ -684,11 +684,14 @@ static void member_join_verdict(struct mesh *ms, const struct nodemsg *m) {
   job_wake(job);
 }
 
-void mesh_rank_left(struct job *job, uint32_t rank, bool disconnected) {
+void mesh_rank_left(struct job *job, uint32_t rank, bool disconnected,
+                    const char *reason) {
   struct mesh *ms = job->mesh;
   ms->ask_sent[rank] = 0;
   struct nodemsg m = {.op = NODEMSG_LEFT, .rank = rank,
                       .disconnected = disconnected};
+  if (reason != NULL)
+    snprintf(m.message, sizeof m.message, "%s", reason);
   to_root(ms, &m, NULL);
 }
 
@@ -961,9 +964,12 @@ void mesh_try_start(struct job *job) {
     if (mx->rank_nodes[r] != ms->self ||
         (m != NULL && !m->lost && m->asked))
       continue;
-    char msg[256];
-    snprintf(msg, sizeof msg, "rank %" PRIu32 " left job %s while its ranks "
-             "waited for an export", r, job->hex);
+    char msg[SP_ERRMSG_MAX + 1];
+    if (job->departed[r].why != NULL)
+      snprintf(msg, sizeof msg, "%s", job->departed[r].why);
+    else
+      job_departure_text(job, r, m == NULL || m->disconnected, "", NULL, msg,
+                         sizeof msg);
     refuse_start(ms, mx, SP_ERANKLOST, msg);
     return;
   }
@@ -1494,6 +1500,13 @@ static void coord_ask(struct mesh *ms, struct mesh_node *n,
   if (m->gather != ms->cgather || m->rank >= job->world ||
       ms->rank_node[m->rank] != n->node || ms->asks[m->rank].asked)
     return; /* stale: the gather it belonged to is over */
+  /* A rank left and has not joined again: the export cannot complete,
+   * and every node's asking ranks hear why at once. */
+  const char *gone = job_departed(job);
+  if (gone != NULL) {
+    gather_fail(ms, SP_ERANKLOST, gone);
+    return;
+  }
   struct mesh_ask *a = &ms->asks[m->rank];
   uint32_t t = m->timeout_ms > 0 ? m->timeout_ms
                                  : ms->srv->cfg->export_timeout_ms;
@@ -1597,12 +1610,16 @@ static void coord_left(struct mesh *ms, struct mesh_node *n,
     memset(&ms->asks[m->rank], 0, sizeof ms->asks[m->rank]);
     ms->nasked--;
   }
+  /* Every export asked for from now on fails at once (coord_ask), with
+   * the reason the rank's own daemon knew. */
+  job_rank_departed(job, m->rank, m->disconnected,
+                    m->message[0] != '\0' ? m->message : NULL);
   if (ms->nasked > 0) {
-    char msg[300];
-    snprintf(msg, sizeof msg, "rank %" PRIu32 " %s job %s while its ranks "
-             "waited for an export", m->rank,
-             m->disconnected ? "disconnected from" : "left", job->hex);
-    gather_fail(ms, SP_ERANKLOST, msg);
+    char bare[128];
+    job_departure_text(job, m->rank, m->disconnected, "", NULL, bare,
+                       sizeof bare);
+    const char *gone = job_departed(job);
+    gather_fail(ms, SP_ERANKLOST, gone != NULL ? gone : bare);
   }
   job_wake(job);
 }
@@ -1628,6 +1645,7 @@ static void coord_join(struct mesh *ms, struct mesh_node *n,
   } else {
     ms->rank_node[m->rank] = n->node;
     n->nranks++;
+    job_rank_returned(job, m->rank);
     job_note_joined(job);
     log_msg(LOG_LEVEL_INFO, "job %s: rank %" PRIu32 " joined on node %u (%s)",
             job->hex, m->rank, n->node, n->addr);
@@ -1688,10 +1706,17 @@ static void node_lost(struct mesh *ms, struct mesh_node *n, const char *why) {
   n->ctl = NULL;
   n->ask_pending = false;
   bool had_asks = false;
+  char reason[SP_ERRMSG_MAX / 2];
+  if (why != NULL)
+    snprintf(reason, sizeof reason, "node %u (%s) was lost: %s", n->node,
+             n->addr, why);
   for (uint32_t r = 0; r < job->world; r++) {
     if (ms->rank_node[r] != n->node)
       continue;
     ms->rank_node[r] = PLAN_NONE;
+    /* Its ranks are gone with it (a node that said goodbye had none). */
+    if (why != NULL)
+      job_rank_departed(job, r, true, reason);
     if (ms->asks[r].asked) {
       nodeblob_unref(ms->asks[r].meta);
       memset(&ms->asks[r], 0, sizeof ms->asks[r]);

@@ -250,6 +250,9 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
     if (sp_msg_get_bool(map, "disconnected", false, &m->disconnected) != 0)
       return sp_failf(msg, msglen, SP_EBADMSG,
                       "\"disconnected\" must be a bool");
+    /* Optional: why the rank left, when its daemon knows. */
+    if (sp_msg_field(map, "message") != NULL)
+      return get_message(map, m->message, msg, msglen);
     return 0;
   case NODEMSG_ASK:
     if ((rc = get_u(map, "gather", UINT64_MAX, &m->gather, msg, msglen)) !=
@@ -321,7 +324,7 @@ static uint32_t fields_of(const struct nodemsg *m) {
   case NODEMSG_JOIN:
     return m->reply ? 0 : 3;
   case NODEMSG_LEFT:
-    return 2;
+    return m->message[0] != '\0' ? 3 : 2;
   case NODEMSG_ASK:
     return 5;
   case NODEMSG_PLAN:
@@ -377,6 +380,8 @@ void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
   case NODEMSG_LEFT:
     sp_pack_kv_u64(pk, "rank", m->rank);
     sp_pack_kv_bool(pk, "disconnected", m->disconnected);
+    if (m->message[0] != '\0')
+      sp_pack_kv_str(pk, "message", m->message);
     break;
   case NODEMSG_ASK:
     sp_pack_kv_u64(pk, "gather", m->gather);

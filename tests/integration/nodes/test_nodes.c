@@ -711,6 +711,141 @@ START_TEST(rank_lost_on_another_node) {
 }
 END_TEST
 
+/* ---- ranks that left before the others asked ---- */
+
+/* Every rank but the victim failed its last export with rank_lost, one
+ * message on both nodes, holding each of `says`. */
+static void assert_lost_everywhere(const struct world *w,
+                                   const struct scenario *sc,
+                                   const char *const *says) {
+  uint32_t first = sc->victim == 0 ? 1 : 0;
+  for (uint32_t i = 0; i < sc->world; i++) {
+    if (i == sc->victim)
+      continue;
+    ck_assert_msg(w->rep[i].export_rc == SP_ERANKLOST, "rank %u: %s: %s (%s)",
+                  i, sp_err_name(w->rep[i].export_rc), w->rep[i].message,
+                  w->rep[i].failure);
+    for (const char *const *p = says; *p != NULL; p++)
+      ck_assert_msg(strstr(w->rep[i].message, *p) != NULL,
+                    "rank %u: \"%s\" does not say \"%s\"", i,
+                    w->rep[i].message, *p);
+    ck_assert_str_eq(w->rep[i].message, w->rep[first].message);
+  }
+}
+
+/* The victim (on node victim_node) is gone and its daemon has seen it go
+ * and told the root; then the others, at the gate, ask.  Their export's
+ * timeout (30 s) is longer than the test waits for them
+ * (TRAINER_WAIT_MS): only an answer at once passes. */
+static void others_ask_after_the_victim_left(struct world *w,
+                                             const struct scenario *sc,
+                                             int victim_node) {
+  trainer_read_report(w, sc, sc->victim);
+  trainer_wait_gate(w, sc, sc->victim);
+  trainer_wait_joined(daemons[victim_node].socket, 1);
+  /* Its daemon sends the root `left` on its next wake-up. */
+  sleep_ms(200);
+  trainer_open_gate(w, sc, sc->victim);
+  trainer_finish(w, sc);
+}
+
+/* Rank 3's registration is refused on the second node and it gives up
+ * before the others ask: every other rank, on both nodes, hears rank_lost
+ * at once with why, from the daemon that refused it. */
+START_TEST(refused_rank_gone_on_another_node) {
+  struct scenario sc = {.world = 4,
+                        .nkeys = sizeof refusal_keys / sizeof refusal_keys[0],
+                        .keys = refusal_keys,
+                        .tweak = trainer_victim_out_of_bounds, .victim = 3,
+                        .gate = true, .timeout_ms = 30000};
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  others_ask_after_the_victim_left(&w, &sc, 1);
+  static const char *const says[] = {
+      "rank 3 disconnected from job ",
+      "; rank 3's registration was refused: view_out_of_bounds: tensor_add: ",
+      NULL};
+  assert_lost_everywhere(&w, &sc, says);
+  trainer_free(&w, &sc);
+  next_job_is_served(2);
+}
+END_TEST
+
+/* After the first export, rank 2 (second node) leaves: the others' second
+ * export fails at once on both nodes, naming it. */
+START_TEST(rank_left_between_exports_on_another_node) {
+  struct scenario sc = {.world = 4,
+                        .nkeys = sizeof refusal_keys / sizeof refusal_keys[0],
+                        .keys = refusal_keys, .exports = 2,
+                        .fault = LEAVE_AFTER_FIRST, .victim = 2, .gate = true,
+                        .timeout_ms = 30000};
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  others_ask_after_the_victim_left(&w, &sc, 1);
+  ck_assert_int_eq(w.rep[2].export_rc, 0);
+  static const char *const says[] = {"rank 2 left job ", NULL};
+  assert_lost_everywhere(&w, &sc, says);
+  trainer_free(&w, &sc);
+  next_job_is_served(2);
+}
+END_TEST
+
+/* Between exports the second daemon dies, and its ranks with it: the
+ * first node's ranks' next export fails at once, naming a rank of the lost
+ * node and the node. */
+START_TEST(node_gone_between_exports) {
+  struct scenario sc = {.world = 4,
+                        .nkeys = sizeof refusal_keys / sizeof refusal_keys[0],
+                        .keys = refusal_keys, .exports = 2, .gate = true,
+                        .timeout_ms = 30000};
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  trainer_wait_gate(&w, &sc, UINT32_MAX);
+  kill_daemon(1, SIGKILL);
+  /* The root has seen the node go: the job lists one node. */
+  size_t nodes = 2;
+  for (int tries = 0; tries < 2000 && nodes != 1; tries++) {
+    sp_status_info *st = status_of(0);
+    ck_assert_uint_eq(st->njobs, 1);
+    nodes = st->jobs[0].nnodes;
+    sp_status_free(st);
+    if (nodes != 1)
+      sleep_ms(10);
+  }
+  ck_assert_uint_eq(nodes, 1);
+  trainer_open_gate(&w, &sc, UINT32_MAX);
+  trainer_finish(&w, &sc);
+  for (uint32_t i = 0; i < 2; i++) {
+    ck_assert_msg(w.rep[i].export_rc == SP_ERANKLOST, "rank %u: %s: %s (%s)",
+                  i, sp_err_name(w.rep[i].export_rc), w.rep[i].message,
+                  w.rep[i].failure);
+    ck_assert_ptr_nonnull(strstr(w.rep[i].message, "rank 2 disconnected"));
+    ck_assert_ptr_nonnull(strstr(w.rep[i].message, "; node 1 ("));
+  }
+  ck_assert_str_eq(w.rep[0].message, w.rep[1].message);
+  trainer_free(&w, &sc);
+  assert_idle(0);
+}
+END_TEST
+
+/* A rank that left and joined again on its node is part of the next
+ * export: nobody fails for its earlier departure. */
+START_TEST(rank_back_between_exports_on_another_node) {
+  struct scenario sc = {.world = 4,
+                        .nkeys = sizeof refusal_keys / sizeof refusal_keys[0],
+                        .keys = refusal_keys, .exports = 2,
+                        .fault = REJOIN_AFTER_FIRST, .victim = 3,
+                        .gate = true};
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  trainer_wait_gate(&w, &sc, UINT32_MAX);
+  trainer_open_gate(&w, &sc, UINT32_MAX);
+  trainer_finish(&w, &sc);
+  trainer_assert_exported(&w, &sc);
+  trainer_free(&w, &sc);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   Suite *s = suite_create("nodes");
   TCase *exp = tcase_create("export");
@@ -746,6 +881,14 @@ int main(int argc, char **argv) {
   tcase_add_test(faults, slow_peer_is_not_lost);
   tcase_add_test(faults, rank_lost_on_another_node);
   suite_add_tcase(s, faults);
+  TCase *gone = tcase_create("departures");
+  tcase_add_checked_fixture(gone, start2, stop_all);
+  tcase_set_timeout(gone, 60);
+  tcase_add_test(gone, refused_rank_gone_on_another_node);
+  tcase_add_test(gone, rank_left_between_exports_on_another_node);
+  tcase_add_test(gone, rank_back_between_exports_on_another_node);
+  tcase_add_test(gone, node_gone_between_exports);
+  suite_add_tcase(s, gone);
   SRunner *sr = srunner_create(s);
   srunner_run(sr, NULL, argc > 1 ? argv[1] : NULL, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);

@@ -250,6 +250,14 @@ START_TEST(messages_round_trip) {
   in = (struct nodemsg){.op = NODEMSG_LEFT, .rank = 5, .disconnected = true};
   ck_assert_int_eq(round_trip(&in, &out), 0);
   ck_assert(out.disconnected);
+  ck_assert_str_eq(out.message, "");
+  nodemsg_free(&out);
+  /* With why the rank left, when its daemon knows. */
+  snprintf(in.message, sizeof in.message,
+           "rank 5's registration was refused: view_out_of_bounds: x");
+  ck_assert_int_eq(round_trip(&in, &out), 0);
+  ck_assert_str_eq(out.message,
+                   "rank 5's registration was refused: view_out_of_bounds: x");
   nodemsg_free(&out);
 }
 END_TEST
