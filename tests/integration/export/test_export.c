@@ -6,7 +6,8 @@
  * holdings from a deterministic original, registers, exports, checks every
  * owned tensor byte for byte and reports to the test process, which
  * asserts on the reports: every key owned by exactly one rank, refusals
- * identical on every rank, faults reaching every survivor.
+ * identical on every rank, faults reaching every survivor, and a rank that
+ * left before the others asked failing their export at once.
  */
 #include <check.h>
 #include <errno.h>

@@ -6,14 +6,19 @@
  *
  * What is asserted: every layout of the single-node suite exports across
  * nodes exactly (each rank checks every byte it owns against the original)
- * and with the same owners as on one daemon; every daemon of a job plans
- * the same digest and shows its nodes and the bytes between them; a wrong
- * secret or job id is refused; refusals reach every rank of every node
- * with one message; and the faults: a daemon killed mid-round, a daemon
+ * and with the same owners as on one daemon, and so do tensor parallel
+ * splits replicated over data parallel ranks on the other node (strided
+ * sources among them); every daemon of a job plans the same digest and
+ * shows its nodes and the bytes between them; a wrong secret or job id is
+ * refused; refusals reach every rank of every node with one message; and
+ * the faults: a daemon killed mid-round, a daemon
  * stopped (SIGSTOP: it reads nothing), a rank lost on another node, fail
  * every surviving rank with the error naming the lost node or rank within
  * the export's timeout, free the survivors' pool, and leave the daemons
- * ready for the next job; a slow peer is not a lost one.
+ * ready for the next job; a slow peer is not a lost one; a rank that left
+ * before the others asked (its registration refused, by leave, or with its
+ * node) fails their export at once on both nodes, with why, and one that
+ * joined again fails nothing.
  *
  *   test-nodes [TCASE]   (all test cases by default)
  */
