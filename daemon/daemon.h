@@ -620,10 +620,12 @@ struct job_member {
 
 struct export;
 
-/* A rank that left: why, and when (job->departures at the time). */
+/* A rank that left and has not joined again. */
 struct job_departure {
-  char *why; /* NULL while the rank is a member, or never joined */
-  uint64_t seq;
+  bool gone;
+  bool disconnected;
+  uint64_t seq; /* job->departures when it left: their order */
+  char *reason; /* why, when its daemon knew (and had the memory), or NULL */
 };
 
 struct job {
@@ -657,10 +659,10 @@ struct job {
   /* The digest of the last plan built, for status (has_plan_digest). */
   uint64_t plan_digest;
   bool has_plan_digest;
-  /* [world]: for each rank that left and has not joined again, the
-   * sentence every export asked for meanwhile fails with (rank_lost): a job
-   * cannot export without all of its ranks.  The daemon that decides
-   * exports reads it: one node's, or across nodes the root's. */
+  /* [world]: the ranks that left and have not joined again; every export
+   * asked for meanwhile fails with rank_lost (job_departed): a job cannot
+   * export without all of its ranks.  The daemon that decides exports
+   * reads it: one node's, or across nodes the root's. */
   struct job_departure *departed;
   uint64_t departures; /* numbers them in the order they happened */
   /* A job that may span nodes (mesh.c), or NULL. */
@@ -719,10 +721,10 @@ void job_rank_departed(struct job *job, uint32_t rank, bool disconnected,
                        const char *reason);
 /* Rank joined (again): exports no longer wait in vain for it. */
 void job_rank_returned(struct job *job, uint32_t rank);
-/* The sentence of the first rank to leave of those that have not joined
- * again (the cause; ranks that left after hearing of it are not), or NULL
- * when every rank that ever joined is still there. */
-const char *job_departed(const struct job *job);
+/* Whether a rank left and has not joined again: then buf says so, naming
+ * the first of them to leave (the cause; ranks that left after hearing of
+ * it are not) and why; the one sentence the exports asked for fail with. */
+bool job_departed(const struct job *job, char *buf, size_t len);
 uint64_t job_now_ms(void);
 /* The jobs array of the status reply. */
 void job_status_pack(const struct server *srv, msgpack_packer *pk);

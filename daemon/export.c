@@ -857,8 +857,8 @@ static void maybe_start(struct job *job) {
     return;
   }
   /* A rank left and has not joined again: the export cannot complete. */
-  const char *gone = job_departed(job);
-  if (gone != NULL) {
+  char gone[SP_ERRMSG_MAX + 1];
+  if (job_departed(job, gone, sizeof gone)) {
     if (any_asked(job))
       fail_gather(job, SP_ERANKLOST, gone);
     return;
@@ -984,15 +984,10 @@ void export_member_lost(struct job *job, struct job_member *m) {
     return;
   }
   /* Ranks waiting for the next export would wait for this one in vain
-   * (ranks that ask later hear it from maybe_start).  Without memory for
-   * the job's record, the sentence names the rank only. */
-  char bare[128];
-  job_departure_text(job, m->rank, m->disconnected, "", NULL, bare,
-                     sizeof bare);
-  const char *gone = job_departed(job);
-  if (any_asked(job))
-    fail_gather(job, SP_ERANKLOST,
-                job->dying ? stopping : gone != NULL ? gone : bare);
+   * (ranks that ask later hear it from maybe_start). */
+  char gone[SP_ERRMSG_MAX + 1];
+  if (any_asked(job) && (job->dying || job_departed(job, gone, sizeof gone)))
+    fail_gather(job, SP_ERANKLOST, job->dying ? stopping : gone);
   job_wake(job);
 }
 

@@ -67,7 +67,7 @@ static void on_job_handle_closed(uv_handle_t *handle) {
   if (--job->open_handles > 0)
     return;
   for (uint32_t r = 0; r < job->world; r++)
-    free(job->departed[r].why);
+    free(job->departed[r].reason);
   free(job->departed);
   free(job->members);
   free(job);
@@ -141,33 +141,37 @@ void job_departure_text(const struct job *job, uint32_t rank,
 
 void job_rank_departed(struct job *job, uint32_t rank, bool disconnected,
                        const char *reason) {
-  char text[SP_ERRMSG_MAX + 1];
-  job_departure_text(job, rank, disconnected,
-                     ", which cannot export without it", reason, text,
-                     sizeof text);
   struct job_departure *d = &job->departed[rank];
   /* Heard twice (on the root, from its own node's member and then from
    * the mesh), a departure keeps its place in the order. */
-  if (d->why == NULL)
+  if (!d->gone)
     d->seq = ++job->departures;
-  free(d->why);
-  /* Out of memory, the job only forgets why: exports then time out. */
-  d->why = strdup(text);
+  d->gone = true;
+  d->disconnected = disconnected;
+  free(d->reason);
+  /* Without memory, only why is forgotten. */
+  d->reason = reason != NULL ? strdup(reason) : NULL;
 }
 
 void job_rank_returned(struct job *job, uint32_t rank) {
-  free(job->departed[rank].why);
-  job->departed[rank].why = NULL;
+  struct job_departure *d = &job->departed[rank];
+  free(d->reason);
+  *d = (struct job_departure){0};
 }
 
-const char *job_departed(const struct job *job) {
-  const struct job_departure *first = NULL;
+bool job_departed(const struct job *job, char *buf, size_t len) {
+  uint32_t first = PLAN_NONE;
   for (uint32_t r = 0; r < job->world; r++) {
     const struct job_departure *d = &job->departed[r];
-    if (d->why != NULL && (first == NULL || d->seq < first->seq))
-      first = d;
+    if (d->gone && (first == PLAN_NONE || d->seq < job->departed[first].seq))
+      first = r;
   }
-  return first != NULL ? first->why : NULL;
+  if (first == PLAN_NONE)
+    return false;
+  const struct job_departure *d = &job->departed[first];
+  job_departure_text(job, first, d->disconnected,
+                     ", which cannot export without it", d->reason, buf, len);
+  return true;
 }
 
 /* A member left or disconnected: the job remembers it, and what it took

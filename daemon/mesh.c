@@ -965,9 +965,7 @@ void mesh_try_start(struct job *job) {
         (m != NULL && !m->lost && m->asked))
       continue;
     char msg[SP_ERRMSG_MAX + 1];
-    if (job->departed[r].why != NULL)
-      snprintf(msg, sizeof msg, "%s", job->departed[r].why);
-    else
+    if (!job_departed(job, msg, sizeof msg))
       job_departure_text(job, r, m == NULL || m->disconnected, "", NULL, msg,
                          sizeof msg);
     refuse_start(ms, mx, SP_ERANKLOST, msg);
@@ -1502,8 +1500,8 @@ static void coord_ask(struct mesh *ms, struct mesh_node *n,
     return; /* stale: the gather it belonged to is over */
   /* A rank left and has not joined again: the export cannot complete,
    * and every node's asking ranks hear why at once. */
-  const char *gone = job_departed(job);
-  if (gone != NULL) {
+  char gone[SP_ERRMSG_MAX + 1];
+  if (job_departed(job, gone, sizeof gone)) {
     gather_fail(ms, SP_ERANKLOST, gone);
     return;
   }
@@ -1614,13 +1612,9 @@ static void coord_left(struct mesh *ms, struct mesh_node *n,
    * the reason the rank's own daemon knew. */
   job_rank_departed(job, m->rank, m->disconnected,
                     m->message[0] != '\0' ? m->message : NULL);
-  if (ms->nasked > 0) {
-    char bare[128];
-    job_departure_text(job, m->rank, m->disconnected, "", NULL, bare,
-                       sizeof bare);
-    const char *gone = job_departed(job);
-    gather_fail(ms, SP_ERANKLOST, gone != NULL ? gone : bare);
-  }
+  char gone[SP_ERRMSG_MAX + 1];
+  if (ms->nasked > 0 && job_departed(job, gone, sizeof gone))
+    gather_fail(ms, SP_ERANKLOST, gone);
   job_wake(job);
 }
 

@@ -384,10 +384,10 @@ typedef struct sp_owned_tensor {
    * storage.  Valid until sp_release, sp_job_leave or sp_close, whichever
    * comes first; tied weights share one data pointer.  NULL only for an
    * empty tensor in an empty segment; an empty identity tensor's data may
-   * lie past its storage's end, where the caller's own view put it.  For
-   * a rank on a GPU it is a device
-   * address (device says which GPU), and the library has waited for the
-   * daemon's completion event: the tensor is assembled. */
+   * lie past its storage's end, where the caller's own view put it.  For a
+   * rank on a GPU it is a device address (device says which GPU), and the
+   * library has waited for the daemon's completion event: the tensor is
+   * assembled. */
   void *data;
   int identity; /* 1: data points into the caller's own storage (no copy) */
   const char *device; /* "cpu", or "cuda:<GPU UUID>" */
