@@ -73,8 +73,8 @@ struct export {
   struct publish_layout new_layout;
   int plan_rc;
   char plan_msg[SP_ERRMSG_MAX + 1];
-  uint64_t planning_ms;   /* when the planning thread started */
-  _Atomic bool plan_stop; /* read by plan_build (plan_input.stop) */
+  uint64_t planning_ms;    /* when the planning thread started */
+  _Atomic bool plan_stop;  /* read by plan_build (plan_input.stop) */
   _Atomic bool plan_built; /* plan_build and the layout are done */
   _Atomic bool planned;
   pthread_t planner;
@@ -1033,8 +1033,7 @@ void export_tick(struct job *job) {
     return;
   }
   if (ex->phase == JOB_PLANNING && !ex->failed &&
-      !atomic_load(&ex->plan_built) &&
-      now - ex->planning_ms > ex->timeout_ms) {
+      !atomic_load(&ex->plan_built) && now - ex->planning_ms > ex->timeout_ms) {
     /* The planner stops at its next look at plan_stop and frees what it
      * took; the export's memory goes once its thread has ended. */
     char msg[200];
