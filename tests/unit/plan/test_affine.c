@@ -120,7 +120,7 @@ START_TEST(destination_collision_of_any_stride_refused) {
   two_init(&t, 1, 4, 0, 2, &a, 1, 3, &b, 1);
   ck_assert_int_eq(affine_validate(&t.map, msg, sizeof msg), SP_EDOUBLEWRITE);
   ck_assert_ptr_nonnull(strstr(msg, "element [2]"));
-  /* Each rank on its own is fine: only the writer record sees it. */
+  /* Each rank on its own is fine: only the check across ranks sees it. */
   ck_assert_int_eq(affine_check_rank(&t.map, 0, msg, sizeof msg), 0);
   ck_assert_int_eq(affine_check_rank(&t.map, 1, msg, sizeof msg), 0);
 }
