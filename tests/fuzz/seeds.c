@@ -9,7 +9,7 @@
  *                       DIR/config (the directories must exist)
  *
  * The committed tests/fuzz/corpus is its output; run it again when a
- * message changes (tests/fuzz/README.md).
+ * message changes (docs/benchmarks.md, "Fuzzing").
  */
 #include <stdio.h>
 #include <stdlib.h>
