@@ -8,6 +8,8 @@
  *   planning    plan_build and the publication layout run on a worker
  *               thread (a big job's plan takes long enough to stall the
  *               loop); skipped when the job's cached plan still applies.
+ *               Bounded by the export's timeout: past it the export fails
+ *               with `timeout` and the planner is told to stop.
  *   moving      the owners' pool segments are allocated, then the engine
  *               thread runs the rounds (engine.c).
  *   publishing  each rank's owned tensors are streamed to it in parts, no
@@ -71,6 +73,9 @@ struct export {
   struct publish_layout new_layout;
   int plan_rc;
   char plan_msg[SP_ERRMSG_MAX + 1];
+  uint64_t planning_ms;    /* when the planning thread started */
+  _Atomic bool plan_stop;  /* read by plan_build (plan_input.stop) */
+  _Atomic bool plan_built; /* plan_build and the layout are done */
   _Atomic bool planned;
   pthread_t planner;
   bool thread_alive;
@@ -303,6 +308,7 @@ static void fail_export_as(struct export *ex, int code, const char *message,
   log_msg(LOG_LEVEL_INFO, "job %s: export %" PRIu64 " failed: %s", job->hex,
           ex->id, job->error);
   atomic_store(&ex->engine.cancel, true);
+  atomic_store(&ex->plan_stop, true);
   for (uint32_t r = 0; r < job->world; r++) {
     struct export_rank *er = &ex->ranks[r];
     if (er->answered)
@@ -515,6 +521,7 @@ static void *plan_main(void *arg) {
   ex->plan_rc = ex->mx != NULL ? mesh_plan_input(ex->mx, &ex->in, ex->plan_msg,
                                                  sizeof ex->plan_msg)
                                : 0;
+  ex->in.stop = &ex->plan_stop;
   if (ex->plan_rc == 0)
     ex->plan_rc =
         plan_build(&ex->in, &ex->new_plan, ex->plan_msg, sizeof ex->plan_msg);
@@ -524,6 +531,8 @@ static void *plan_main(void *arg) {
     snprintf(ex->plan_msg, sizeof ex->plan_msg,
              "out of memory laying out the owned tensors");
   }
+  /* From here the communicators' set-up bounds itself (make_comms). */
+  atomic_store(&ex->plan_built, true);
   if (ex->plan_rc == 0)
     ex->plan_rc = make_comms(ex);
   atomic_store(&ex->planned, true);
@@ -941,6 +950,7 @@ static void maybe_start(struct job *job) {
   }
   ex->phase = JOB_PLANNING;
   progress_all(ex);
+  ex->planning_ms = job_now_ms();
   if (engine_spawn(&ex->planner, plan_main, ex) != 0) {
     fail_export(ex, SP_ENOMEM, "cannot start the planning thread");
     finish(ex);
@@ -1030,6 +1040,17 @@ void export_tick(struct job *job) {
       return;
     }
     return;
+  }
+  if (ex->phase == JOB_PLANNING && !ex->failed &&
+      !atomic_load(&ex->plan_built) && now - ex->planning_ms > ex->timeout_ms) {
+    /* The planner stops at its next look at plan_stop and frees what it
+     * took; the export's memory goes once its thread has ended. */
+    char msg[200];
+    snprintf(msg, sizeof msg,
+             "export %" PRIu64 " of job %s: planning took longer than the "
+             "export's timeout of %" PRIu32 " ms",
+             ex->id, job->hex, ex->timeout_ms);
+    fail_export(ex, SP_ETIMEOUT, msg);
   }
   if (ex->phase == JOB_MOVING && !ex->failed) {
     uint64_t moved = atomic_load(&ex->engine.bytes_moved);
@@ -1225,6 +1246,7 @@ int export_start_gathered(struct job *job, struct mesh_export *mx,
           ")", job->hex, ex->id, mesh_self(job));
   ex->phase = JOB_PLANNING;
   progress_all(ex);
+  ex->planning_ms = job_now_ms();
   if (engine_spawn(&ex->planner, plan_main, ex) != 0) {
     fail_export(ex, SP_ENOMEM, "cannot start the planning thread");
     finish(ex);
