@@ -298,6 +298,8 @@ uint32_t idxset_find(const struct idxset *s, uint64_t hash,
                      idxset_match match, const void *ctx);
 /* Adds idx; room must have been reserved. */
 void idxset_insert(struct idxset *s, uint64_t hash, uint32_t idx);
+/* SipHash-2-4 under a random key of this process (idxset.c says why):
+ * the only hashes a table of client-chosen values may use. */
 uint64_t idxset_hash_bytes(const void *data, size_t len);
 uint64_t idxset_hash_u64(uint64_t v);
 
