@@ -369,6 +369,36 @@ int sp_test_connect_hello(const char *path) {
   return sock;
 }
 
+void sp_test_pack_join(struct sp_msgbuf *mb, uint64_t id, const uint8_t *ticket,
+                       size_t ticket_len, uint32_t rank, uint32_t world,
+                       const char *device) {
+  sp_msgbuf_begin(mb, "join", id, 4);
+  sp_pack_str(&mb->pk, "ticket");
+  sp_pack_bin(&mb->pk, ticket, ticket_len);
+  sp_pack_kv_u64(&mb->pk, "rank", rank);
+  sp_pack_kv_u64(&mb->pk, "world", world);
+  sp_pack_kv_str(&mb->pk, "device", device);
+}
+
+int sp_test_join(int sock, uint64_t id, const uint8_t *ticket,
+                 size_t ticket_len, uint32_t rank, uint32_t world) {
+  struct sp_msgbuf mb;
+  sp_test_pack_join(&mb, id, ticket, ticket_len, rank, world, "cpu");
+  int r = sp_test_send_msgbuf(sock, &mb, NULL, 0);
+  if (r < 0)
+    return r;
+  struct sp_test_reply reply;
+  r = sp_test_recv(sock, &reply, SP_TEST_TIMEOUT_MS);
+  if (r < 0)
+    return r;
+  if (reply.code != 0)
+    r = reply.code;
+  else if (strcmp(reply.head.op, "join") != 0 || reply.head.id != id)
+    r = SP_EBADMSG;
+  sp_test_reply_free(&reply);
+  return r;
+}
+
 int sp_test_ping(int sock, uint64_t id) {
   int r = sp_test_send_op(sock, "ping", id, NULL, 0);
   if (r < 0)

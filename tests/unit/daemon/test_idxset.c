@@ -2,10 +2,10 @@
  * test_idxset.c - the daemon's hash tables against hash flooding.
  *
  * Values a client picks to collide under the daemon's old fixed hash
- * (MurmurHash3's 64-bit finalizer, after FNV-1a for bytes: public and
- * invertible) must cost the table no more than ordinary values: storage
- * ids, base addresses and key names alike.  The cost is counted, not
- * timed: the probes that looking up every member takes.
+ * (tests/unkeyed_hash.h: public and invertible) must cost the table no more
+ * than ordinary values: storage ids, base addresses and key names alike.
+ * The cost is counted, not timed: the probes that looking up every member
+ * takes.
  */
 #include <check.h>
 #include <stdio.h>
@@ -14,57 +14,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-
 #include "daemon/daemon.h"
+#include "tests/unkeyed_hash.h"
 
 /* Members per table: the crafted ones cost about n * n / 2 probes under the
  * old hash, the ordinary ones about 1.5 * n. */
 #define N 20000u
-
-/* ---- the attacker's model: the old, unkeyed hash ---------------------- */
-
-static uint64_t fmix(uint64_t v) {
-  v ^= v >> 33;
-  v *= 0xff51afd7ed558ccdull;
-  v ^= v >> 33;
-  v *= 0xc4ceb9fe1a85ec53ull;
-  v ^= v >> 33;
-  return v;
-}
-
-/* The inverse of an odd number modulo 2^64 (Newton's iteration doubles the
- * correct low bits each step). */
-static uint64_t odd_inverse(uint64_t c) {
-  uint64_t x = c;
-  for (int i = 0; i < 6; i++)
-    x *= 2 - c * x;
-  return x;
-}
-
-/* x ^= x >> 33 undoes itself; the multiplications undo by the inverses. */
-static uint64_t fmix_inverse(uint64_t v) {
-  v ^= v >> 33;
-  v *= odd_inverse(0xc4ceb9fe1a85ec53ull);
-  v ^= v >> 33;
-  v *= odd_inverse(0xff51afd7ed558ccdull);
-  v ^= v >> 33;
-  return v;
-}
-
-static uint64_t old_hash_bytes(const char *s, size_t len) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < len; i++) {
-    h ^= (uint8_t)s[i];
-    h *= 0x100000001b3ull;
-  }
-  return fmix(h);
-}
-
-/* The slot a hash starts probing at, in a table of cap slots (idxset.c:
- * the high 32 bits pick the slot). */
-static size_t home(uint64_t hash, size_t cap) {
-  return (size_t)(hash >> 32) & (cap - 1);
-}
 
 /* ---- measuring --------------------------------------------------------- */
 
@@ -81,12 +36,13 @@ static size_t table_cap(size_t n) {
 
 /* The probes that finding every member takes: each member's distance from
  * its home slot, plus one.  A slot holds the member's hash's high 32 bits
- * above its index + 1 (idxset.c), so the home is read from the slot. */
+ * above its index + 1 (idxset.c), so the home is read from the slot the way
+ * unkeyed_home reads it from a hash. */
 static uint64_t probes(const struct idxset *s) {
   uint64_t total = 0;
   for (size_t i = 0; i <= s->mask; i++)
     if (s->slot[i] != 0)
-      total += ((i - home(s->slot[i], s->mask + 1)) & s->mask) + 1;
+      total += ((i - unkeyed_home(s->slot[i], s->mask + 1)) & s->mask) + 1;
   return total;
 }
 
@@ -138,7 +94,7 @@ START_TEST(crafted_sids_cost_as_sequential) {
   ck_assert_ptr_nonnull(sequential);
   size_t found = 0;
   for (uint64_t sid = 0; found < N && sid <= UINT32_MAX; sid++)
-    if (home(fmix(sid), cap) < N / 8)
+    if (unkeyed_home(unkeyed_u64(sid), cap) < N / 8)
       crafted[found++] = sid;
   ck_assert_uint_eq(found, N);
   for (size_t i = 0; i < N; i++)
@@ -158,8 +114,8 @@ START_TEST(crafted_bases_cost_as_sequential) {
   ck_assert_ptr_nonnull(crafted);
   ck_assert_ptr_nonnull(sequential);
   for (size_t i = 0; i < N; i++) {
-    crafted[i] = fmix_inverse((UINT64_C(0x5eed) << 32) | i);
-    ck_assert_uint_eq(fmix(crafted[i]) >> 32, 0x5eed);
+    crafted[i] = unkeyed_u64_inverse((UINT64_C(0x5eed) << 32) | i);
+    ck_assert_uint_eq(unkeyed_u64(crafted[i]) >> 32, 0x5eed);
     sequential[i] = UINT64_C(0x7f0000000000) + 4096 * i;
   }
   assert_no_dearer("base addresses", cost_of_u64s(crafted, N),
@@ -179,7 +135,8 @@ START_TEST(crafted_names_cost_as_sequential) {
   size_t found = 0;
   for (uint32_t k = 0; found < N && k < UINT32_MAX; k++) {
     int len = snprintf(crafted[found], sizeof crafted[found], "w.%u", k);
-    if (home(old_hash_bytes(crafted[found], (size_t)len), cap) < N / 8)
+    if (unkeyed_home(unkeyed_bytes(crafted[found], (size_t)len), cap) <
+        N / 8)
       found++;
   }
   ck_assert_uint_eq(found, N);
