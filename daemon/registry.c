@@ -45,9 +45,10 @@
 #include "shardport.h"
 
 /* What a registration costs, counted against max_user_registration_bytes:
- * its entries in the registry's arrays, its slots in their lookup tables at
- * the tables' fullest (a load of one quarter), and what it owns.  Growth
- * by doubling may hold as much again (docs/operations.md, "Quotas"). */
+ * its entries in the registry's arrays, its slots in the lookup tables as
+ * many as a table just grown holds per entry (four: idxset.c keeps a load
+ * from a quarter to a half), and what it owns.  The arrays' spare room,
+ * from doubling, may hold as much again (docs/operations.md, "Quotas"). */
 #define STORAGE_COST                                                           \
   (sizeof(struct sp_storage) + sizeof(struct reg_storage) +                    \
    2 * 4 * sizeof(uint64_t))
