@@ -417,6 +417,18 @@ int sp_test_ping(int sock, uint64_t id) {
 
 long sp_test_rss_kb(pid_t pid) { return sp_test_vm_kb(pid, "VmRSS"); }
 
+void sp_test_small_quarantine(void) {
+#if defined(__SANITIZE_ADDRESS__)
+  const char *opts = getenv("ASAN_OPTIONS");
+  if (opts != NULL && strstr(opts, "quarantine_size_mb=4") != NULL)
+    return;
+  char buf[512];
+  snprintf(buf, sizeof(buf), "%s%squarantine_size_mb=4",
+           opts != NULL ? opts : "", opts != NULL && opts[0] != '\0' ? ":" : "");
+  setenv("ASAN_OPTIONS", buf, 1);
+#endif
+}
+
 long sp_test_vm_kb(pid_t pid, const char *field) {
   char path[64];
   snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);

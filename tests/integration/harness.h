@@ -135,6 +135,11 @@ int sp_test_ping(int sock, uint64_t id);
 long sp_test_vm_kb(pid_t pid, const char *field);
 /* The daemon's resident set in KiB, or -1. */
 long sp_test_rss_kb(pid_t pid);
+/* In a build with AddressSanitizer, makes the daemons started from now on
+ * keep a quarantine of freed memory of 4 MiB instead of 256 MiB, which a
+ * bound on the daemon's resident set would count as growth; elsewhere
+ * nothing. */
+void sp_test_small_quarantine(void);
 
 /* The number of open fds of pid from /proc/PID/fd, or -1. */
 int sp_test_count_fds(pid_t pid);
