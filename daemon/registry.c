@@ -154,11 +154,6 @@ static int open_cuda_storage(const struct registry *reg,
                              size_t msglen) {
   memset(out, 0, sizeof *out);
   out->sid = rs->sid;
-  if (reg->gpu == NULL)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "storages[%u] (sid %u): a CUDA storage, but this rank "
-                    "joined with a \"cpu\" device",
-                    index, rs->sid);
   int device = reg->device;
   if (rs->device[0] != '\0' &&
       (device = gpu_find_device(reg->gpu, rs->device, strlen(rs->device))) < 0)
@@ -273,7 +268,7 @@ struct frame_file {
   bool used;      /* a memfd storage of the frame names it */
   struct stat st; /* valid when used */
   uint32_t same;  /* the frame's first descriptor of the same file */
-  uint32_t file;  /* the file in reg->files, or UINT32_MAX if new */
+  uint32_t file;  /* the file in reg->files, or IDXSET_NONE if new */
   bool map;       /* this frame maps it, whole */
   uint32_t first; /* the first storage that needs that mapping */
   void *addr;     /* the mapping, once made */
@@ -410,7 +405,29 @@ static void commit_files(struct registry *reg, struct frame_file *ff,
   }
 }
 
-/* Opens what each storage of a CUDA rank names; undone if any fails. */
+/* A rank's storages are of its device's kind: memfd storages for a "cpu"
+ * rank, CUDA storages for a CUDA rank. */
+static int check_kinds(const struct registry *reg, const struct req_storage *s,
+                       size_t n, char *msg, size_t msglen) {
+  for (size_t i = 0; i < n; i++) {
+    bool memfd = s[i].kind == REQ_STORAGE_MEMFD;
+    if (memfd && reg->gpu != NULL)
+      return sp_failf(msg, msglen, SP_EINVAL,
+                      "storages[%zu] (sid %u): a memfd storage, but this rank "
+                      "joined with a CUDA device; register its CUDA storages",
+                      i, s[i].sid);
+    if (!memfd && reg->gpu == NULL)
+      return sp_failf(msg, msglen, SP_EINVAL,
+                      "storages[%zu] (sid %u): a CUDA storage, but this rank "
+                      "joined with a \"cpu\" device",
+                      i, s[i].sid);
+  }
+  return 0;
+}
+
+/* Opens each CUDA storage of the frame into fresh (a memfd storage's
+ * memory comes with its file's mapping, map_files); nothing stays open when
+ * one fails. */
 static int open_cuda_storages(const struct registry *reg,
                               const struct req_storage *s, size_t n,
                               const struct sp_frame *frame,
@@ -419,18 +436,8 @@ static int open_cuda_storages(const struct registry *reg,
   for (size_t i = 0; i < n; i++) {
     memset(&fresh[i], 0, sizeof fresh[i]);
     fresh[i].sid = s[i].sid;
-    if (s[i].kind == REQ_STORAGE_MEMFD) {
-      if (reg->gpu == NULL)
-        continue;
-      int rc = sp_failf(msg, msglen, SP_EINVAL,
-                        "storages[%zu] (sid %u): a memfd storage, but this "
-                        "rank joined with a CUDA device; register its CUDA "
-                        "storages",
-                        i, s[i].sid);
-      for (size_t k = 0; k < i; k++)
-        close_cuda(reg, &fresh[k]);
-      return rc;
-    }
+    if (s[i].kind == REQ_STORAGE_MEMFD)
+      continue;
     int rc = open_cuda_storage(reg, &s[i], frame, (uint32_t)i, &fresh[i], msg,
                                msglen);
     if (rc != 0) {
@@ -448,7 +455,8 @@ int registry_add_storages(struct registry *reg, const struct req_storage *s,
   struct frame_file ff[SP_FDS_MAX];
   size_t nnew;
   int rc = check_storages(reg, s, n, msg, msglen);
-  if (rc != 0 || (rc = plan_files(reg, s, n, frame, ff, &nnew, msg, msglen)) != 0)
+  if (rc != 0 || (rc = check_kinds(reg, s, n, msg, msglen)) != 0 ||
+      (rc = plan_files(reg, s, n, frame, ff, &nnew, msg, msglen)) != 0)
     return rc;
   struct reg_usage more = {.mappings = nnew,
                            .registrations = n,
