@@ -8,6 +8,7 @@
  * takes.
  */
 #include <check.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,6 +150,23 @@ START_TEST(crafted_names_cost_as_sequential) {
 }
 END_TEST
 
+/* The function under the key is SipHash-2-4: the example of the SipHash
+ * paper (Aumasson and Bernstein, 2012, appendix A), key 00 01 .. 0f and
+ * the 15 bytes 00 01 .. 0e, gives 0xa129ca6149be45e5. */
+START_TEST(siphash_paper_vector) {
+  unsigned char key[crypto_shorthash_KEYBYTES], msg[15], out[8];
+  for (unsigned i = 0; i < sizeof key; i++)
+    key[i] = (unsigned char)i;
+  for (unsigned i = 0; i < sizeof msg; i++)
+    msg[i] = (unsigned char)i;
+  ck_assert_int_eq(crypto_shorthash(out, msg, sizeof msg, key), 0);
+  uint64_t h = 0;
+  for (int i = 7; i >= 0; i--)
+    h = h << 8 | out[i];
+  ck_assert_uint_eq(h, UINT64_C(0xa129ca6149be45e5));
+}
+END_TEST
+
 /* The key is drawn per process: the same value hashes differently in a
  * new process of this program (one chance in 2^64 that they agree).  The
  * process is exec'd, not only forked: a fork inherits a key already
@@ -190,6 +208,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, crafted_sids_cost_as_sequential);
   tcase_add_test(tc, crafted_bases_cost_as_sequential);
   tcase_add_test(tc, crafted_names_cost_as_sequential);
+  tcase_add_test(tc, siphash_paper_vector);
   tcase_add_test(tc, key_is_per_process);
   suite_add_tcase(s, tc);
   return s;
