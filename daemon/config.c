@@ -51,6 +51,11 @@ void config_default(struct config *cfg) {
   cfg->export_timeout_ms = CONFIG_DEFAULT_EXPORT_TIMEOUT_MS;
   cfg->job_timeout_ms = CONFIG_DEFAULT_JOB_TIMEOUT_MS;
   cfg->max_jobs = CONFIG_DEFAULT_MAX_JOBS;
+  cfg->max_user_jobs = CONFIG_DEFAULT_MAX_USER_JOBS;
+  cfg->max_user_registrations = CONFIG_DEFAULT_MAX_USER_REGISTRATIONS;
+  cfg->max_user_registration_bytes = CONFIG_DEFAULT_MAX_USER_REGISTRATION_BYTES;
+  cfg->max_user_mappings = CONFIG_DEFAULT_MAX_USER_MAPPINGS;
+  cfg->max_client_mappings = CONFIG_DEFAULT_MAX_CLIENT_MAPPINGS;
   cfg->engine_threads = 0;
 }
 
@@ -206,6 +211,11 @@ static const struct size_key size_keys[] = {
     {"gpu_pool_capacity", 0, UINT64_C(1) << 50},
     {"max_bytes", 4096, UINT64_C(1) << 50},
     {"max_jobs", 1, 1u << 16},
+    {"max_user_jobs", 1, 1u << 16},
+    {"max_user_registrations", 1, UINT64_C(1) << 32},
+    {"max_user_registration_bytes", 4096, UINT64_C(1) << 50},
+    {"max_user_mappings", 1, 1u << 24},
+    {"max_client_mappings", 1, 1u << 24},
     {"engine_threads", 0, 64},
 };
 
@@ -236,6 +246,16 @@ static void store_size(struct config *cfg, const char *key, uint64_t v) {
     cfg->max_bytes = v;
   else if (strcmp(key, "max_jobs") == 0)
     cfg->max_jobs = (uint32_t)v;
+  else if (strcmp(key, "max_user_jobs") == 0)
+    cfg->max_user_jobs = (uint32_t)v;
+  else if (strcmp(key, "max_user_registrations") == 0)
+    cfg->max_user_registrations = v;
+  else if (strcmp(key, "max_user_registration_bytes") == 0)
+    cfg->max_user_registration_bytes = v;
+  else if (strcmp(key, "max_user_mappings") == 0)
+    cfg->max_user_mappings = (uint32_t)v;
+  else if (strcmp(key, "max_client_mappings") == 0)
+    cfg->max_client_mappings = (uint32_t)v;
   else if (strcmp(key, "engine_threads") == 0)
     cfg->engine_threads = (uint32_t)v;
   else if (strcmp(key, "export_timeout") == 0)
@@ -468,6 +488,14 @@ void config_print(const struct config *cfg, FILE *out) {
   print_duration(out, "export_timeout", cfg->export_timeout_ms);
   print_duration(out, "job_timeout", cfg->job_timeout_ms);
   fprintf(out, "max_jobs = %" PRIu32 "\n", cfg->max_jobs);
+  fprintf(out, "max_user_jobs = %" PRIu32 "\n", cfg->max_user_jobs);
+  fprintf(out, "max_user_registrations = %" PRIu64 "\n",
+          cfg->max_user_registrations);
+  fprintf(out, "max_user_registration_bytes = %" PRIu64 "\n",
+          cfg->max_user_registration_bytes);
+  fprintf(out, "max_user_mappings = %" PRIu32 "\n", cfg->max_user_mappings);
+  fprintf(out, "max_client_mappings = %" PRIu32 "\n",
+          cfg->max_client_mappings);
   fprintf(out, "engine_threads = %" PRIu32 "\n", cfg->engine_threads);
   fprintf(out, "peer_listen = %s\n",
           cfg->peer_listen_set ? cfg->peer_listen : "none");

@@ -55,6 +55,8 @@ struct conn {
   uint64_t id;
   int sock;
   struct peer peer;
+  /* The peer's user, whose quotas its jobs and ranks count in. */
+  struct quota_user *user;
   uv_poll_t poll;
   uv_timer_t timer;
   /* Handles not yet closed; the conn is freed when this reaches 0. */
@@ -108,6 +110,8 @@ static void on_poll(uv_poll_t *handle, int status, int events);
 
 struct server *conn_server(const struct conn *c) { return c->srv; }
 
+uid_t conn_uid(const struct conn *c) { return c->peer.uid; }
+
 uint64_t conn_id(const struct conn *c) { return c->id; }
 
 struct conn *conn_find(const struct server *srv, uint64_t id) {
@@ -160,6 +164,8 @@ void conn_close(struct conn *c) {
   if (c->next != NULL)
     c->next->prev = c->prev;
   c->srv->nclients--;
+  quota_release(c->user, QUOTA_CLIENT);
+  c->user = NULL;
   /* The job only notes the loss here and acts on it from its own wake-up:
    * a close can happen inside another member's reply. */
   if (c->member != NULL) {
@@ -489,10 +495,15 @@ static void on_poll(uv_poll_t *handle, int status, int events) {
 
 int conn_open(struct server *srv, int sock, const struct peer *peer) {
   struct conn *c = calloc(1, sizeof(*c));
-  if (c == NULL) {
+  struct quota_user *user = quota_hold(srv, peer->uid, QUOTA_CLIENT);
+  if (c == NULL || user == NULL) {
+    if (user != NULL)
+      quota_release(user, QUOTA_CLIENT);
+    free(c);
     close(sock);
     return SP_ENOMEM;
   }
+  c->user = user;
   c->srv = srv;
   c->sock = sock;
   c->peer = *peer;
@@ -504,6 +515,7 @@ int conn_open(struct server *srv, int sock, const struct peer *peer) {
   int rc = uv_poll_init(srv->loop, &c->poll, sock);
   if (rc != 0) {
     log_msg(LOG_LEVEL_ERROR, "uv_poll_init: %s", uv_strerror(rc));
+    quota_release(c->user, QUOTA_CLIENT);
     close(sock);
     free(c);
     return SP_EINTERNAL;

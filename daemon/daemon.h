@@ -81,6 +81,12 @@ void backend_release(struct backend_choice *choice);
 #define CONFIG_DEFAULT_EXPORT_TIMEOUT_MS 60000u
 #define CONFIG_DEFAULT_JOB_TIMEOUT_MS 300000u
 #define CONFIG_DEFAULT_MAX_JOBS 256u
+/* Per user and per client (quota.c, docs/operations.md "Quotas"). */
+#define CONFIG_DEFAULT_MAX_USER_JOBS 64u
+#define CONFIG_DEFAULT_MAX_USER_REGISTRATIONS (UINT64_C(1) << 23)
+#define CONFIG_DEFAULT_MAX_USER_REGISTRATION_BYTES (UINT64_C(1) << 30)
+#define CONFIG_DEFAULT_MAX_USER_MAPPINGS 32768u
+#define CONFIG_DEFAULT_MAX_CLIENT_MAPPINGS 8192u
 /* "addr:port" of a daemon, numeric (IPv6 in brackets), with its NUL. */
 #define NODE_ADDR_MAX 64
 
@@ -112,6 +118,14 @@ struct config {
   /* How long a job may wait for its first rank to join. */
   uint32_t job_timeout_ms;
   uint32_t max_jobs;
+  /* What one uid may hold: jobs it created, registrations of its ranks
+   * (storages and tensors, their bytes), host mappings; and the host
+   * mappings of one client (quota.c). */
+  uint32_t max_user_jobs;
+  uint64_t max_user_registrations;
+  uint64_t max_user_registration_bytes;
+  uint32_t max_user_mappings;
+  uint32_t max_client_mappings;
   /* Threads copying one export's data; 0 means min(4, online CPUs). */
   uint32_t engine_threads;
   /* Jobs across nodes: where this daemon listens for other daemons (off
@@ -217,6 +231,8 @@ struct server {
   uint32_t nclients;
   struct job *jobs;
   uint32_t njobs;
+  /* What each user holds (quota.c). */
+  struct quota_user *users;
   struct pool *pool;
   /* Copying threads per export: engine_threads, resolved. */
   uint32_t engine_threads;
@@ -257,6 +273,8 @@ int conn_send_error(struct conn *c, uint64_t id, int code, const char *fmt,
 /* Finishes mb and queues it. */
 int conn_send_msgbuf(struct conn *c, struct sp_msgbuf *mb);
 struct server *conn_server(const struct conn *c);
+/* The peer's uid, as SO_PEERCRED gave it. */
+uid_t conn_uid(const struct conn *c);
 /* The connection's number, and the open connection of that number (NULL
  * once it closed): a reference that cannot dangle. */
 uint64_t conn_id(const struct conn *c);
@@ -273,6 +291,33 @@ uint64_t conn_output_room(const struct conn *c);
  * them pile up past max_output. */
 void conn_on_drained(struct conn *c, void (*fn)(struct conn *c, void *arg),
                      void *arg);
+
+/* ---- quota.c ---------------------------------------------------------- */
+
+/* What holds a user's entry: its connections, the jobs it created, its
+ * connections' ranks (which hold the registrations). */
+enum quota_kind { QUOTA_CLIENT, QUOTA_JOB, QUOTA_RANK, QUOTA_KINDS };
+
+struct quota_user;
+struct reg_usage;
+struct reg_quota_ops;
+
+/* The entry of uid, made when it has none, held once more by kind: NULL
+ * when out of memory. */
+struct quota_user *quota_hold(struct server *srv, uid_t uid,
+                              enum quota_kind kind);
+/* One holder of kind is gone; the entry goes with its last holder. */
+void quota_release(struct quota_user *u, enum quota_kind kind);
+/* job_create for u, which holds the new job already: 0, or SP_ELIMIT past
+ * max_user_jobs with a sentence. */
+int quota_job_admit(const struct quota_user *u, char *msg, size_t msglen);
+/* The registry quota of a rank of user u (quota_arg is u): max_client_mappings
+ * on the registry, the max_user_* bounds on u. */
+extern const struct reg_quota_ops quota_registry_ops;
+/* A rank's registry is freed: what it held no longer counts for u. */
+void quota_unregister(struct quota_user *u, const struct reg_usage *used);
+/* The users array of the status reply. */
+void quota_status_pack(const struct server *srv, msgpack_packer *pk);
 
 /* ---- idxset.c --------------------------------------------------------- */
 
@@ -298,6 +343,8 @@ uint32_t idxset_find(const struct idxset *s, uint64_t hash,
                      idxset_match match, const void *ctx);
 /* Adds idx; room must have been reserved. */
 void idxset_insert(struct idxset *s, uint64_t hash, uint32_t idx);
+/* SipHash-2-4 under a random key of this process (idxset.c says why):
+ * the only hashes a table of client-chosen values may use. */
 uint64_t idxset_hash_bytes(const void *data, size_t len);
 uint64_t idxset_hash_u64(uint64_t v);
 
@@ -422,15 +469,49 @@ bool request_utf8_valid(const char *s, size_t len);
 
 /* ---- registry.c ------------------------------------------------------- */
 
+struct registry;
+
 /* What the daemon keeps of a storage besides the planner's sp_storage. */
 struct reg_storage {
   uint32_t sid;
-  void *map; /* the read-only mapping, page-aligned; NULL when empty */
-  size_t map_len;
-  const uint8_t *data; /* the storage's first byte */
+  /* The storage's first byte, in a read-only mapping of its file that the
+   * registry holds (reg_map); NULL when empty. */
+  const uint8_t *data;
   /* A CUDA storage: its opened allocation and device address (gpu.data;
    * data is then NULL: it is not host memory). */
   struct gpu_mapping gpu;
+};
+
+/* A read-only mapping of a whole file, shared by every storage of the
+ * registry that lies in it (registry.c says why). */
+struct reg_map {
+  void *addr;
+  size_t len;
+};
+
+/* A file the registry maps, known by its identity, and its newest (so
+ * largest) mapping. */
+struct reg_file {
+  dev_t dev;
+  ino_t ino;
+  uint32_t map; /* index into the registry's maps */
+};
+
+/* What a registry holds, as the quotas count it (docs/operations.md,
+ * "Quotas"). */
+struct reg_usage {
+  uint64_t mappings;      /* host mappings, reg_map */
+  uint64_t registrations; /* storages and tensors */
+  uint64_t bytes;         /* registration bytes: registry.c's *_cost */
+};
+
+/* Bounds on what a registry may take, checked before a frame is kept. */
+struct reg_quota_ops {
+  /* 0 to let the registry take more, else a code and a sentence. */
+  int (*admit)(void *arg, const struct registry *reg,
+               const struct reg_usage *more, char *msg, size_t msglen);
+  /* The registry took more. */
+  void (*charge)(void *arg, const struct reg_usage *more);
 };
 
 /* One rank's registrations, in the planner's form.  Used from the loop
@@ -450,13 +531,25 @@ struct registry {
   size_t nkeys, key_cap;
   struct plan_key_in *keys; /* names and pieces owned */
   struct idxset by_name;
+  /* Every mapping made (unmapped with the registry), and the files. */
+  size_t nmaps, map_cap;
+  struct reg_map *maps;
+  size_t nfiles, file_cap;
+  struct reg_file *files;
+  struct idxset by_file;
+  struct reg_usage used;
+  /* The quotas of the rank's connection and user; NULL: none. */
+  const struct reg_quota_ops *quota;
+  void *quota_arg;
 };
 
 void registry_init(struct registry *reg, uint32_t device_type);
 /* Unmaps every storage and frees everything. */
 void registry_free(struct registry *reg);
 /* Maps and registers n storages whose fds are frame's (the frame keeps
- * them); all or none.  SP_EBADFD, SP_EINVAL, SP_ELIMIT, SP_ENOMEM. */
+ * them); all or none.  A file is mapped once, whole, and shared by the
+ * storages in it.  SP_EBADFD, SP_EINVAL, SP_ELIMIT (the quota's code),
+ * SP_ENOMEM. */
 int registry_add_storages(struct registry *reg, const struct req_storage *s,
                           size_t n, const struct sp_frame *frame, char *msg,
                           size_t msglen);
@@ -601,6 +694,8 @@ struct job_member {
   struct conn *conn; /* NULL once the connection is gone */
   uint32_t rank;
   struct registry reg;
+  /* The user of its connection, whose quotas its registrations count in. */
+  struct quota_user *user;
   /* The rank asked for the next export and waits for its reply. */
   bool asked;
   uint64_t ask_id;
@@ -631,6 +726,9 @@ struct job_departure {
 struct job {
   struct server *srv;
   struct job *next;
+  /* The user that created it (max_user_jobs); NULL for a job rooted on
+   * another daemon. */
+  struct quota_user *owner;
   uint8_t id[JOB_ID_BYTES];
   uint8_t secret[JOB_SECRET_BYTES];
   char hex[2 * JOB_ID_BYTES + 1];

@@ -32,6 +32,7 @@
 
 #include "daemon/daemon.h"
 #include "daemon/pool.h"
+#include "proto/text.h"
 #include "shardport.h"
 
 struct export_rank {
@@ -295,6 +296,14 @@ static void fail_export(struct export *ex, int code, const char *message) {
   fail_export_as(ex, code, message, true);
 }
 
+/* The failure status shows.  Its message may carry another daemon's
+ * words, which status (a msgpack str) must hold as UTF-8. */
+static void set_job_error(struct job *job, int code, const char *message) {
+  char text[sizeof job->error];
+  snprintf(text, sizeof text, "%s: %s", sp_err_name(code), message);
+  sp_text_sanitize(text, job->error, sizeof job->error);
+}
+
 static void fail_export_as(struct export *ex, int code, const char *message,
                            bool report) {
   struct job *job = ex->job;
@@ -304,7 +313,7 @@ static void fail_export_as(struct export *ex, int code, const char *message,
     mesh_failed(job, code, message);
   ex->failed = true;
   job->last_phase = JOB_FAILED;
-  snprintf(job->error, sizeof job->error, "%s: %s", sp_err_name(code), message);
+  set_job_error(job, code, message);
   log_msg(LOG_LEVEL_INFO, "job %s: export %" PRIu64 " failed: %s", job->hex,
           ex->id, job->error);
   atomic_store(&ex->engine.cancel, true);
@@ -334,7 +343,7 @@ static bool any_asked(const struct job *job) {
 /* Fails every ask of a gathering export, for status too. */
 static void fail_gather(struct job *job, int code, const char *message) {
   job->last_phase = JOB_FAILED;
-  snprintf(job->error, sizeof job->error, "%s: %s", sp_err_name(code), message);
+  set_job_error(job, code, message);
   log_msg(LOG_LEVEL_INFO, "job %s: export failed before it started: %s",
           job->hex, job->error);
   for (uint32_t r = 0; r < job->world; r++)

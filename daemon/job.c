@@ -89,6 +89,8 @@ static void member_free(struct job_member *m) {
   /* The device segments kept for its next export go now. */
   pool_owner_gone(m->job->srv->pool, m);
   request_groups_free(&m->ask.groups);
+  quota_unregister(m->user, &m->reg.used);
+  quota_release(m->user, QUOTA_RANK);
   registry_free(&m->reg);
   if (m->conn != NULL)
     conn_set_member(m->conn, NULL);
@@ -105,6 +107,8 @@ static void job_destroy(struct job *job) {
       break;
     }
   srv->njobs--;
+  if (job->owner != NULL)
+    quota_release(job->owner, QUOTA_JOB);
   log_msg(LOG_LEVEL_INFO, "job %s: ended", job->hex);
   for (uint32_t r = 0; r < job->world; r++)
     if (job->members[r] != NULL) {
@@ -382,10 +386,22 @@ int job_op_create(struct conn *c, const struct sp_msg_head *head,
                            "job_create: %" PRIu32 " jobs exist, the most "
                            "max_jobs allows",
                            srv->cfg->max_jobs);
-  struct job *job = job_new(srv, NULL, NULL, req.world);
-  if (job == NULL)
+  /* Held before the check, so that the check counts the new job. */
+  struct quota_user *owner = quota_hold(srv, conn_uid(c), QUOTA_JOB);
+  if (owner == NULL)
     return conn_send_error(c, head->id, SP_ENOMEM,
                            "job_create: cannot make a job");
+  if ((rc = quota_job_admit(owner, msg, sizeof msg)) != 0) {
+    quota_release(owner, QUOTA_JOB);
+    return conn_send_error(c, head->id, rc, "job_create: %s", msg);
+  }
+  struct job *job = job_new(srv, NULL, NULL, req.world);
+  if (job == NULL) {
+    quota_release(owner, QUOTA_JOB);
+    return conn_send_error(c, head->id, SP_ENOMEM,
+                           "job_create: cannot make a job");
+  }
+  job->owner = owner;
   /* A daemon that listens for peers roots its jobs: they may span nodes. */
   msgpack_sbuffer ticket;
   if (srv->peer_fd >= 0 && srv->backend->gpu != NULL) {
@@ -515,12 +531,20 @@ struct job_member *job_admit(struct job *job, struct conn *c,
                              int device) {
   struct server *srv = job->srv;
   struct job_member *m = calloc(1, sizeof *m);
-  if (m == NULL)
+  struct quota_user *user = quota_hold(srv, conn_uid(c), QUOTA_RANK);
+  if (m == NULL || user == NULL) {
+    if (user != NULL)
+      quota_release(user, QUOTA_RANK);
+    free(m);
     return NULL;
+  }
   m->job = job;
   m->conn = c;
   m->rank = req->rank;
+  m->user = user;
   registry_init(&m->reg, req->device_type);
+  m->reg.quota = &quota_registry_ops;
+  m->reg.quota_arg = user;
   if (device >= 0) {
     m->reg.gpu = srv->backend->gpu;
     m->reg.device = device;

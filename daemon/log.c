@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
+#include "proto/text.h"
 
 static enum log_level log_level = LOG_LEVEL_INFO;
 static bool log_journal;
@@ -67,6 +68,11 @@ const char *log_level_name(enum log_level level) {
 void log_msg(enum log_level level, const char *fmt, ...) {
   if (level > log_level)
     return;
+  char text[1536];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof text, fmt, ap);
+  va_end(ap);
   /* One buffer and one write, so that lines from a daemon and its test
    * harness never interleave mid-line. */
   char line[2048];
@@ -76,17 +82,12 @@ void log_msg(enum log_level level, const char *fmt, ...) {
   else
     n = snprintf(line, sizeof(line), "shardportd: %s: ",
                  log_level_name(level));
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
-  va_end(ap);
-  /* Messages quote what peers sent (client names, keys): a control byte
-   * there must not end the line and forge another, with its own priority,
-   * in the journal. */
+  /* Messages quote what peers sent (op and client names, keys): escaped,
+   * a control byte there cannot end the line and forge another, with its
+   * own priority, in the journal, and the line stays UTF-8, which the
+   * journal would otherwise keep as a binary blob. */
+  sp_text_sanitize(text, line + n, sizeof(line) - (size_t)n - 1);
   size_t len = strlen(line);
-  for (size_t i = (size_t)n; i < len; i++)
-    if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f)
-      line[i] = '?';
   line[len++] = '\n';
   ssize_t w = write(STDERR_FILENO, line, len);
   (void)w;

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "proto/text.h"
 #include "shardport.h"
 
 /* Exit statuses, documented in docs/cli.md. */
@@ -52,13 +53,7 @@ int cli_report(const char *what, int code, const sp_client *client);
 int watch_run(const struct cli_command *cmd, sp_client *client,
               const struct cli_options *opts);
 
-/* text.c */
-/* Bytes in the valid UTF-8 sequence at s (n > 0 bytes available), 0 when
- * it is not one; *cp receives the code point. */
-size_t text_utf8_len(const unsigned char *s, size_t n, uint32_t *cp);
-/* s made safe for a terminal: control characters and invalid UTF-8 become
- * \xNN escapes; truncated to fit size (always terminated). */
-void text_sanitize(const char *s, char *buf, size_t size);
+/* text.c (terminal-safe strings are proto/text.h's sp_text_sanitize) */
 /* "512 B", "1.5 KiB", ..., "16.0 EiB". */
 void text_bytes(uint64_t bytes, char *buf, size_t size);
 /* "0s", "59s", "1m 0s", "2h 3m 4s", "5d 2h 3m 4s". */

@@ -64,8 +64,8 @@ static int usage_error(const char *fmt, ...) {
 int cli_report(const char *what, int code, const sp_client *client) {
   /* The daemon's message is at most 1024 bytes; escaping can quadruple it. */
   char safe_what[512], detail[4 * 1024 + 1];
-  text_sanitize(what, safe_what, sizeof safe_what);
-  text_sanitize(client ? sp_last_message(client) : "", detail, sizeof detail);
+  sp_text_sanitize(what, safe_what, sizeof safe_what);
+  sp_text_sanitize(client ? sp_last_message(client) : "", detail, sizeof detail);
   if (detail[0])
     fprintf(stderr, "shardport: %s: %s (%s)\n", safe_what, sp_strerror(code),
             detail);

@@ -19,14 +19,14 @@ static void print_nodes(FILE *out, const sp_job_status *job) {
   if (job->nnodes == 0)
     return;
   char digest[CELL];
-  text_sanitize(job->plan_digest ? job->plan_digest : "", digest,
+  sp_text_sanitize(job->plan_digest ? job->plan_digest : "", digest,
                 sizeof digest);
   fprintf(out, "    nodes: %zu, this daemon is node %u; plan %s\n",
           job->nnodes, job->node, digest[0] ? digest : "(none yet)");
   size_t aw = strlen("ADDRESS");
   for (size_t n = 0; n < job->nnodes; n++) {
     char addr[CELL];
-    text_sanitize(job->nodes[n].address, addr, sizeof addr);
+    sp_text_sanitize(job->nodes[n].address, addr, sizeof addr);
     if (strlen(addr) > aw)
       aw = strlen(addr);
   }
@@ -35,7 +35,7 @@ static void print_nodes(FILE *out, const sp_job_status *job) {
   for (size_t n = 0; n < job->nnodes; n++) {
     const sp_node_status *nd = &job->nodes[n];
     char addr[CELL], sent[32], received[32];
-    text_sanitize(nd->address, addr, sizeof addr);
+    sp_text_sanitize(nd->address, addr, sizeof addr);
     text_bytes(nd->bytes_sent, sent, sizeof sent);
     text_bytes(nd->bytes_received, received, sizeof received);
     if (nd->self)
@@ -64,8 +64,8 @@ static void print_jobs(FILE *out, const sp_status_info *st) {
   for (size_t j = 0; j < st->njobs; j++) {
     const sp_job_status *job = &st->jobs[j];
     char moved[32], total[32], rate[32];
-    text_sanitize(job->job_id, cells[j][ID], CELL);
-    text_sanitize(job->phase, cells[j][PHASE], CELL);
+    sp_text_sanitize(job->job_id, cells[j][ID], CELL);
+    sp_text_sanitize(job->phase, cells[j][PHASE], CELL);
     snprintf(cells[j][RANKS], CELL, "%u/%u", job->joined, job->world);
     snprintf(cells[j][ROUND], CELL, "%u of %u", job->round, job->rounds);
     text_bytes(job->bytes_moved, moved, sizeof moved);
@@ -89,7 +89,7 @@ static void print_jobs(FILE *out, const sp_status_info *st) {
     fputc('\n', out);
     if (st->jobs[j].error) {
       char error[CELL];
-      text_sanitize(st->jobs[j].error, error, sizeof error);
+      sp_text_sanitize(st->jobs[j].error, error, sizeof error);
       fprintf(out, "    error: %s\n", error);
     }
     print_nodes(out, &st->jobs[j]);
@@ -100,14 +100,14 @@ static void print_jobs(FILE *out, const sp_status_info *st) {
 static void print_table(FILE *out, const sp_status_info *st) {
   char a[CELL], b[CELL], line[2 * CELL + 64];
 
-  text_sanitize(st->daemon_version, a, sizeof a);
+  sp_text_sanitize(st->daemon_version, a, sizeof a);
   row(out, "daemon version", a);
   snprintf(line, sizeof line, "%u", st->protocol_version);
   row(out, "protocol version", line);
-  text_sanitize(st->backends_built, a, sizeof a);
+  sp_text_sanitize(st->backends_built, a, sizeof a);
   row(out, "backends built", a[0] ? a : "none");
-  text_sanitize(st->backend_active, a, sizeof a);
-  text_sanitize(st->backend_reason, b, sizeof b);
+  sp_text_sanitize(st->backend_active, a, sizeof a);
+  sp_text_sanitize(st->backend_reason, b, sizeof b);
   snprintf(line, sizeof line, b[0] ? "%s (%s)" : "%s", a, b);
   row(out, "backend active", line);
   text_duration(st->uptime_s, a, sizeof a);
@@ -123,7 +123,7 @@ static void print_table(FILE *out, const sp_status_info *st) {
     snprintf(line, sizeof line, "%s used of %s", a, b);
   row(out, "pool", line);
   if (st->peer_address) {
-    text_sanitize(st->peer_address, a, sizeof a);
+    sp_text_sanitize(st->peer_address, a, sizeof a);
     row(out, "peer address", a);
   }
   if (st->njobs == 0) {

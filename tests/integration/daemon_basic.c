@@ -351,6 +351,11 @@ START_TEST(print_config_defaults) {
            "export_timeout = 1m\n"
            "job_timeout = 5m\n"
            "max_jobs = 256\n"
+           "max_user_jobs = 64\n"
+           "max_user_registrations = 8388608\n"
+           "max_user_registration_bytes = 1073741824\n"
+           "max_user_mappings = 32768\n"
+           "max_client_mappings = 8192\n"
            "engine_threads = 0\n"
            "peer_listen = none\n"
            "peer_advertise = none\n",

@@ -124,21 +124,11 @@ static struct ticket job_create(int sock, uint32_t world) {
   return t;
 }
 
-static void pack_join(struct sp_msgbuf *mb, uint64_t id, const struct ticket *t,
-                      uint32_t rank, uint32_t world, const char *device) {
-  sp_msgbuf_begin(mb, "join", id, 4);
-  sp_pack_str(&mb->pk, "ticket");
-  sp_pack_bin(&mb->pk, t->bytes, t->len);
-  sp_pack_kv_u64(&mb->pk, "rank", rank);
-  sp_pack_kv_u64(&mb->pk, "world", world);
-  sp_pack_kv_str(&mb->pk, "device", device);
-}
-
 static int join(int sock, const struct ticket *t, uint32_t rank,
                 uint32_t world) {
   struct sp_msgbuf mb;
   uint64_t id = next_id++;
-  pack_join(&mb, id, t, rank, world, "cpu");
+  sp_test_pack_join(&mb, id, t->bytes, t->len, rank, world, "cpu");
   return call(sock, &mb, id, NULL, 0, NULL);
 }
 
@@ -857,20 +847,20 @@ START_TEST(join_refusals) {
   struct ticket bad = t;
   bad.bytes[bad.len - 3] ^= 0x55; /* inside the secret or world */
   id = next_id++;
-  pack_join(&mb, id, &bad, 0, 2, "cpu");
+  sp_test_pack_join(&mb, id, bad.bytes, bad.len, 0, 2, "cpu");
   expect_error(a, &mb, id, NULL, 0, SP_ETICKET, NULL);
   struct ticket junk = {.len = 5, .bytes = {0xdd, 0xff, 0, 0, 0}};
   id = next_id++;
-  pack_join(&mb, id, &junk, 0, 2, "cpu");
+  sp_test_pack_join(&mb, id, junk.bytes, junk.len, 0, 2, "cpu");
   expect_error(a, &mb, id, NULL, 0, SP_ETICKET, "not a shardport");
   id = next_id++;
-  pack_join(&mb, id, &t, 2, 2, "cpu");
+  sp_test_pack_join(&mb, id, t.bytes, t.len, 2, 2, "cpu");
   expect_error(a, &mb, id, NULL, 0, SP_ERANK, "below the world");
   id = next_id++;
-  pack_join(&mb, id, &t, 0, 3, "cpu");
+  sp_test_pack_join(&mb, id, t.bytes, t.len, 0, 3, "cpu");
   expect_error(a, &mb, id, NULL, 0, SP_ERANK, "world 3");
   id = next_id++;
-  pack_join(&mb, id, &t, 0, 2, "gpu0");
+  sp_test_pack_join(&mb, id, t.bytes, t.len, 0, 2, "gpu0");
   expect_error(a, &mb, id, NULL, 0, SP_EINVAL, "device");
 
   ck_assert_int_eq(join(a, &t, 0, 2), 0);
