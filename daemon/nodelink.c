@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -39,8 +40,10 @@
 #include "proto/wire.h"
 #include "shardport.h"
 
-/* A link that has not said who it is by then is closed. */
-#define NODELINK_HELLO_MS 10000
+/* The largest frame a link may send before it proved who it is: every
+ * handshake frame is a few hundred bytes, and an error reply at most
+ * SP_ERRMSG_MAX and its names.  As a client before hello (conn.c). */
+#define NODELINK_HANDSHAKE_MAX_FRAME 4096u
 /* A link that cannot be written to for that long after a close was asked
  * for is dropped. */
 #define NODELINK_DRAIN_MS 5000
@@ -75,6 +78,15 @@ struct nodelink {
   bool draining;
   /* A hand-over that cannot finish gives the owner -1 instead. */
   bool failed;
+  /* Accepted by the peer listener (else dialled by this daemon), and
+   * whether the peer has proved who it is (nodelink_hello_done). */
+  bool accepted;
+  bool identified;
+  /* The owner waits for an answer (nodelink_await). */
+  bool awaiting;
+  /* What the owner's handshake keeps with the link (mesh.c): the nonce a
+   * listener sent, or the proof a dialer expects back. */
+  uint8_t handshake[PEERAUTH_NONCE_BYTES];
   void (*detach_fn)(void *arg, int sock);
   void *detach_arg;
   struct sp_frame_rx rx;
@@ -242,6 +254,13 @@ static void on_poll(uv_poll_t *handle, int status, int events);
 
 const char *nodelink_peer(const struct nodelink *l) { return l->peer; }
 
+/* The handshake scratch holds a nonce or a proof, whichever the side
+ * needs. */
+_Static_assert(PEERAUTH_NONCE_BYTES == PEERAUTH_PROOF_BYTES,
+               "a link's handshake bytes hold a nonce or a proof");
+
+uint8_t *nodelink_handshake(struct nodelink *l) { return l->handshake; }
+
 void nodelink_set_ops(struct nodelink *l, const struct nodelink_ops *ops,
                       void *arg) {
   l->ops = ops;
@@ -279,6 +298,8 @@ static void link_end(struct nodelink *l) {
   if (l->closed)
     return;
   l->closed = true;
+  if (l->accepted && !l->identified)
+    l->srv->peer_unidentified--;
   if (l->prev != NULL)
     l->prev->next = l->next;
   else
@@ -318,7 +339,9 @@ static void on_timeout(uv_timer_t *timer) {
   log_msg(LOG_LEVEL_INFO, "peer %s: %s", l->peer,
           l->draining     ? "did not take its last frames in time"
           : l->connecting ? "connect timed out"
-                          : "did not say who it is in time");
+          : l->awaiting   ? "did not answer in time"
+          : l->accepted   ? "did not say who it is in time"
+                          : "did not finish the handshake in time");
   link_fail(l, SP_ETIMEOUT);
 }
 
@@ -446,9 +469,24 @@ void nodelink_detach(struct nodelink *l, void (*fn)(void *arg, int sock),
 }
 
 void nodelink_hello_done(struct nodelink *l) {
+  if (l->identified)
+    return;
   uv_timer_stop(&l->timer);
+  l->identified = true;
+  if (l->accepted)
+    l->srv->peer_unidentified--;
   /* Known now: the blobs it may relay can be as large as registrations. */
   l->rx.limits.max_frame = NODE_MAX_FRAME;
+}
+
+void nodelink_await(struct nodelink *l, bool waiting) {
+  if (l->closed || l->draining || !l->identified || waiting == l->awaiting)
+    return;
+  l->awaiting = waiting;
+  if (waiting)
+    uv_timer_start(&l->timer, on_timeout, l->srv->cfg->peer_timeout_ms, 0);
+  else
+    uv_timer_stop(&l->timer);
 }
 
 /* One complete frame: a blob the owner expects, or a control message
@@ -525,8 +563,9 @@ static void finish_connect(struct nodelink *l) {
     link_fail(l, SP_ECLOSED);
     return;
   }
+  /* The timer runs on: the handshake must finish within peer_timeout of
+   * the dial, however quickly the connect was taken. */
   l->connecting = false;
-  uv_timer_stop(&l->timer);
   nodelink_tune(l->sock);
   if (update_events(l) != 0)
     return;
@@ -557,9 +596,10 @@ static struct nodelink *link_new(struct server *srv, int sock) {
   l->srv = srv;
   l->sock = sock;
   l->id = ++srv->next_link_id;
-  /* Until the peer has said who it is, only control frames. */
+  /* Until the peer has proved who it is, only handshake frames. */
   struct sp_limits limits;
   control_limits(&limits);
+  limits.max_frame = NODELINK_HANDSHAKE_MAX_FRAME;
   sp_frame_rx_init(&l->rx, &limits);
   if (uv_poll_init(srv->loop, &l->poll, sock) != 0) {
     free(l);
@@ -603,7 +643,7 @@ int nodelink_connect(struct server *srv, const char *addr,
   l->ops = ops;
   l->arg = arg;
   l->connecting = true;
-  uv_timer_start(&l->timer, on_timeout, NODELINK_HELLO_MS, 0);
+  uv_timer_start(&l->timer, on_timeout, srv->cfg->peer_timeout_ms, 0);
   if (update_events(l) != 0)
     return SP_EIO;
   *out = l;
@@ -611,6 +651,32 @@ int nodelink_connect(struct server *srv, const char *addr,
 }
 
 /* ---- the listener ---- */
+
+/* The link accepted longest ago that has not proved who it is, or NULL.
+ * New links go to the front of the list. */
+static struct nodelink *oldest_unidentified(struct server *srv) {
+  struct nodelink *oldest = NULL;
+  for (struct nodelink *l = srv->links; l != NULL; l = l->next)
+    if (l->accepted && !l->identified)
+      oldest = l;
+  return oldest;
+}
+
+/* Links in their handshake are capped: at the cap the oldest goes, so that
+ * a peer holding connections open cannot keep a daemon of a job out for
+ * longer than it takes to connect that many more. */
+static void make_room(struct server *srv) {
+  while (srv->peer_unidentified >= srv->peer_handshake_cap) {
+    struct nodelink *old = oldest_unidentified(srv);
+    if (old == NULL)
+      return;
+    log_limited(&srv->peer_evict_log, LOG_LEVEL_WARN,
+                "peer %s: dropped: %" PRIu32 " links from other daemons "
+                "were still in their handshake (peer_handshakes)",
+                old->peer, srv->peer_unidentified);
+    link_fail(old, SP_EBUSY);
+  }
+}
 
 static void on_accept(uv_poll_t *handle, int status, int events) {
   struct server *srv = handle->data;
@@ -625,21 +691,53 @@ static void on_accept(uv_poll_t *handle, int status, int events) {
     if (sock < 0) {
       if (errno == EINTR || errno == ECONNABORTED)
         continue;
+      if (errno == EMFILE || errno == ENFILE) {
+        /* Retrying at once would spin: the connection is dropped, as the
+         * client listener does (server.c). */
+        log_limited(&srv->peer_accept_log, LOG_LEVEL_WARN,
+                    "peer accept: %s; dropping a connection",
+                    strerror(errno));
+        if (!server_shed(srv, srv->peer_fd))
+          return;
+        continue;
+      }
       if (errno != EAGAIN && errno != EWOULDBLOCK)
-        log_msg(LOG_LEVEL_WARN, "peer accept: %s", strerror(errno));
+        log_limited(&srv->peer_accept_log, LOG_LEVEL_WARN,
+                    "peer accept: %s", strerror(errno));
       return;
     }
+    make_room(srv);
     nodelink_tune(sock);
     struct nodelink *l = link_new(srv, sock);
     if (l == NULL) {
       close(sock);
       continue;
     }
+    l->accepted = true;
+    srv->peer_unidentified++;
     nodelink_addr_format((struct sockaddr *)&sa, l->peer, sizeof l->peer);
     log_msg(LOG_LEVEL_DEBUG, "peer %s: connected", l->peer);
-    uv_timer_start(&l->timer, on_timeout, NODELINK_HELLO_MS, 0);
-    update_events(l);
+    uv_timer_start(&l->timer, on_timeout, srv->cfg->peer_timeout_ms, 0);
+    if (update_events(l) == 0)
+      mesh_link_accepted(srv, l);
   }
+}
+
+/* Links in their handshake hold a descriptor each: a quarter of the
+ * descriptor limit at most, so that the peer port alone cannot take the
+ * descriptors local clients need. */
+static uint32_t handshake_cap(const struct config *cfg) {
+  struct rlimit rl;
+  uint32_t cap = cfg->peer_handshakes;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
+      rl.rlim_cur / 4 >= cap)
+    return cap;
+  uint32_t quarter = rl.rlim_cur >= 8 ? (uint32_t)(rl.rlim_cur / 4) : 1;
+  log_msg(LOG_LEVEL_INFO, "peer_handshakes %" PRIu32 " is more than a "
+          "quarter of the descriptor limit (%llu): at most %" PRIu32
+          " links in their handshake", cap, (unsigned long long)rl.rlim_cur,
+          quarter);
+  return quarter;
 }
 
 int nodelink_listen_open(struct server *srv) {
@@ -685,6 +783,7 @@ int nodelink_listen_open(struct server *srv) {
     return -1;
   }
   srv->peer_fd = sock;
+  srv->peer_handshake_cap = handshake_cap(cfg);
   srv->peer_poll.data = srv;
   uv_poll_start(&srv->peer_poll, UV_READABLE, on_accept);
   log_msg(LOG_LEVEL_INFO, "listening for peer daemons on %s (advertised as %s)",
