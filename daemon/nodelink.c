@@ -78,9 +78,10 @@ struct nodelink {
   bool draining;
   /* A hand-over that cannot finish gives the owner -1 instead. */
   bool failed;
-  /* Accepted by the peer listener (else dialled by this daemon), and
-   * whether the peer has proved who it is (nodelink_hello_done). */
+  /* Accepted by the peer listener (else dialled by this daemon), from
+   * host, and whether the peer has proved who it is (nodelink_hello_done). */
   bool accepted;
+  struct sockaddr_storage host;
   bool identified;
   /* The owner waits for an answer (nodelink_await). */
   bool awaiting;
@@ -652,22 +653,53 @@ int nodelink_connect(struct server *srv, const char *addr,
 
 /* ---- the listener ---- */
 
-/* The link accepted longest ago that has not proved who it is, or NULL.
- * New links go to the front of the list. */
-static struct nodelink *oldest_unidentified(struct server *srv) {
-  struct nodelink *oldest = NULL;
-  for (struct nodelink *l = srv->links; l != NULL; l = l->next)
-    if (l->accepted && !l->identified)
-      oldest = l;
-  return oldest;
+static bool same_host(const struct sockaddr_storage *a,
+                      const struct sockaddr_storage *b) {
+  if (a->ss_family != b->ss_family)
+    return false;
+  if (a->ss_family == AF_INET)
+    return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
+           ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+  return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+                &((const struct sockaddr_in6 *)b)->sin6_addr,
+                sizeof(struct in6_addr)) == 0;
 }
 
-/* Links in their handshake are capped: at the cap the oldest goes, so that
- * a peer holding connections open cannot keep a daemon of a job out for
- * longer than it takes to connect that many more. */
+static bool in_handshake(const struct nodelink *l) {
+  return l->accepted && !l->identified;
+}
+
+/* The link to drop when links in their handshake are at the cap: the
+ * oldest of the host that holds the most of them (ties: the oldest of
+ * those hosts' oldest), so that one host flooding the port loses its own
+ * links first, and another daemon's handshake, which takes one round
+ * trip, is not cut short.  New links are at the front of the list. */
+static struct nodelink *eviction_victim(struct server *srv) {
+  struct nodelink *victim = NULL;
+  uint32_t most = 0;
+  for (struct nodelink *l = srv->links; l != NULL; l = l->next) {
+    if (!in_handshake(l))
+      continue;
+    uint32_t n = 0;
+    struct nodelink *oldest = l;
+    for (struct nodelink *k = srv->links; k != NULL; k = k->next)
+      if (in_handshake(k) && same_host(&k->host, &l->host)) {
+        n++;
+        oldest = k;
+      }
+    if (n > most || (n == most && oldest->id < victim->id)) {
+      most = n;
+      victim = oldest;
+    }
+  }
+  return victim;
+}
+
+/* Links in their handshake are capped: at the cap one goes
+ * (eviction_victim) before another is taken. */
 static void make_room(struct server *srv) {
   while (srv->peer_unidentified >= srv->peer_handshake_cap) {
-    struct nodelink *old = oldest_unidentified(srv);
+    struct nodelink *old = eviction_victim(srv);
     if (old == NULL)
       return;
     log_limited(&srv->peer_evict_log, LOG_LEVEL_WARN,
@@ -714,6 +746,7 @@ static void on_accept(uv_poll_t *handle, int status, int events) {
       continue;
     }
     l->accepted = true;
+    memcpy(&l->host, &sa, sizeof sa);
     srv->peer_unidentified++;
     nodelink_addr_format((struct sockaddr *)&sa, l->peer, sizeof l->peer);
     log_msg(LOG_LEVEL_DEBUG, "peer %s: connected", l->peer);
