@@ -5,9 +5,13 @@
  *
  * The daemon that created the job is its root (node 0).  Its ticket names
  * the root's peer address; a daemon whose rank joins with that ticket keeps
- * a shadow of the job and a control link to the root, which checks the
- * job's secret, gives the daemon a node number, and decides every join (a
- * rank joins once in the whole job).  Data links, one per pair of nodes,
+ * a shadow of the job and a control link to the root; the two prove to
+ * each other that they know the job's secret (peerauth.c: a challenge and
+ * an HMAC each way, the secret never on the wire), the root gives the
+ * daemon a node number, and decides every join (a rank joins once in the
+ * whole job).  A shadow is a ticket's claim until its root proves it, so
+ * shadows are kept per job id and secret (job.c), and a root's answers
+ * are awaited for peer_timeout at most.  Data links, one per pair of nodes,
  * are opened when an export needs them (the higher node dials the lower)
  * and kept for the job's next exports.
  *

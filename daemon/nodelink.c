@@ -12,10 +12,14 @@
  *
  * Another daemon is a peer, not a trusted party: every frame is bounded by
  * the link's limits before anything is allocated for it and decoded with
- * the bounded decoder, and a link must say who it is (mesh.c checks the
- * job and its secret) within NODELINK_HELLO_MS.  Frames a link was told to
- * expect as blobs (the registrations the root relays) are kept as bytes and
- * decoded later, off the loop, on a planning thread.
+ * the bounded decoder, and a link must prove who it is (mesh.c checks its
+ * proof of the job's secret, peerauth.c) within peer_timeout.  Until then
+ * its frames hold at most NODELINK_HANDSHAKE_MAX_FRAME bytes, and accepted
+ * links in that state are capped (peer_handshakes): whoever can reach the
+ * port costs the daemon a bounded number of descriptors and bytes.  Frames
+ * a link was told to expect as blobs (the registrations the root relays)
+ * are kept as bytes and decoded later, off the loop, on a planning
+ * thread.
  *
  * Liveness: TCP keepalive probes an idle link and TCP_USER_TIMEOUT bounds
  * how long unacknowledged data may wait, so that a dead host or a cut link
