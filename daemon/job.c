@@ -396,7 +396,8 @@ int job_op_join(struct conn *c, const struct sp_msg_head *head,
    * ticket forged with a job's id and another secret gets a shadow of its
    * own, which its root refuses, and never stands in the way of the real
    * ticket's ranks. */
-  if (job == NULL && ticket.root[0] != '\0') {
+  if (job == NULL && ticket.root[0] != '\0' &&
+      strcmp(ticket.root, srv->peer_address) != 0) {
     rc = mesh_shadow_job(c, head, &ticket, &job);
     if (job == NULL)
       return rc;

@@ -583,10 +583,6 @@ int mesh_shadow_job(struct conn *c, const struct sp_msg_head *head,
                            "does not take part in jobs across nodes "
                            "(peer_listen is off)",
                            t->root);
-  if (strcmp(t->root, srv->peer_address) == 0)
-    return conn_send_error(c, head->id, SP_ETICKET,
-                           "join: no job of this ticket on this daemon (it "
-                           "ended, or was never created here)");
   if (srv->njobs >= srv->cfg->max_jobs)
     return conn_send_error(c, head->id, SP_ELIMIT,
                            "join: %" PRIu32 " jobs exist, the most max_jobs "

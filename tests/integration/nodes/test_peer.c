@@ -708,9 +708,10 @@ static void flood_stop(struct flood *f) {
 /* Status calls on daemon 0 while a job runs: each must be answered. */
 struct prober {
   atomic_bool stop;
+  atomic_bool flooded; /* the flood has started: worst_s from then on */
   pthread_t thread;
   int calls, failed;
-  double worst_s;
+  double calm_worst_s, worst_s;
   long peak_rss_kb;
 };
 
@@ -731,8 +732,9 @@ static void *prober_main(void *arg) {
       p->failed++;
     else
       sp_status_free(st);
-    if (took > p->worst_s)
-      p->worst_s = took;
+    double *worst = atomic_load(&p->flooded) ? &p->worst_s : &p->calm_worst_s;
+    if (took > *worst)
+      *worst = took;
     long rss = sp_test_rss_kb(daemons[0].pid);
     if (rss > p->peak_rss_kb)
       p->peak_rss_kb = rss;
@@ -760,8 +762,10 @@ START_TEST(job_exports_beside_a_flood) {
   ck_assert_int_gt(base_kb, 0);
   struct flood f;
   struct prober p = {.peak_rss_kb = base_kb};
-  flood_start(&f, 0, 100);
   ck_assert_int_eq(pthread_create(&p.thread, NULL, prober_main, &p), 0);
+  sleep_ms(300);
+  atomic_store(&p.flooded, true);
+  flood_start(&f, 0, 100);
   sleep_ms(300);
   struct scenario sc = {.world = 4, .nkeys = 2, .keys = flood_keys,
                         .exports = 2};
@@ -775,9 +779,14 @@ START_TEST(job_exports_beside_a_flood) {
   flood_stop(&f);
   trainer_assert_exported(&w, &sc);
   trainer_free(&w, &sc);
+  /* Reported, not asserted (the machines are shared): the slowest status
+   * during the flood against the slowest before it, in the same run. */
   fprintf(stderr, "flood: %lu links opened; %d status calls, slowest "
-          "%.1f ms; resident %ld KiB before, at most %ld KiB during\n",
-          atomic_load(&f.opened), p.calls, p.worst_s * 1e3, base_kb,
+          "%.1f ms during the flood, %.1f ms before it (ratio %.1f); "
+          "resident %ld KiB before, at most %ld KiB during\n",
+          atomic_load(&f.opened), p.calls, p.worst_s * 1e3,
+          p.calm_worst_s * 1e3,
+          p.calm_worst_s > 0 ? p.worst_s / p.calm_worst_s : 0.0, base_kb,
           p.peak_rss_kb);
   ck_assert_int_lt(p.peak_rss_kb - base_kb, 16 * 1024);
   ck_assert_int_gt(p.calls, 0);
