@@ -46,6 +46,14 @@
 #include "tests/integration/harness.h"
 #include "tests/integration/trainer.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define PEER_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PEER_TEST_ASAN 1
+#endif
+#endif
+
 #define MAXD 3
 /* The frame limit before a link proved who it is (nodelink.c). */
 #define HANDSHAKE_MAX_FRAME 4096
@@ -788,7 +796,14 @@ START_TEST(job_exports_beside_a_flood) {
           p.calm_worst_s * 1e3,
           p.calm_worst_s > 0 ? p.worst_s / p.calm_worst_s : 0.0, base_kb,
           p.peak_rss_kb);
+#ifdef PEER_TEST_ASAN
+  /* ASan keeps freed memory in quarantine instead of reusing it, so every
+   * link the flood opens grows the resident set: no bound to check. */
+  fprintf(stderr, "flood: an AddressSanitizer build: the resident memory "
+          "bound is not checked\n");
+#else
   ck_assert_int_lt(p.peak_rss_kb - base_kb, 16 * 1024);
+#endif
   ck_assert_int_gt(p.calls, 0);
   ck_assert_int_eq(p.failed, 0);
   /* The daemon closed flood links (and the flood reopened them). */
