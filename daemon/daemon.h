@@ -829,8 +829,6 @@ struct nodelink;
 
 /* What a link tells its owner.  A callback may close the link. */
 struct nodelink_ops {
-  /* An outbound link connected. */
-  void (*connected)(struct nodelink *l, void *arg);
   /* A control frame, decoded (valid during the call). */
   void (*frame)(struct nodelink *l, void *arg, const struct sp_msg_head *head,
                 const msgpack_object *map);
@@ -855,7 +853,8 @@ int nodelink_listen_open(struct server *srv);
 void nodelink_listen_close(struct server *srv);
 /* Closes every link at shutdown. */
 void nodelink_shutdown(struct server *srv);
-/* Dials addr; ops->connected (or ->closed) follows. */
+/* Dials addr; the listener speaks first (its challenge comes to
+ * ops->frame), or ops->closed follows. */
 int nodelink_connect(struct server *srv, const char *addr,
                      const struct nodelink_ops *ops, void *arg,
                      struct nodelink **out);

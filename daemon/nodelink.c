@@ -572,10 +572,7 @@ static void finish_connect(struct nodelink *l) {
    * the dial, however quickly the connect was taken. */
   l->connecting = false;
   nodelink_tune(l->sock);
-  if (update_events(l) != 0)
-    return;
-  if (l->ops != NULL && l->ops->connected != NULL)
-    l->ops->connected(l, l->arg);
+  update_events(l);
 }
 
 static void on_poll(uv_poll_t *handle, int status, int events) {
