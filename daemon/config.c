@@ -57,6 +57,8 @@ void config_default(struct config *cfg) {
   cfg->max_user_mappings = CONFIG_DEFAULT_MAX_USER_MAPPINGS;
   cfg->max_client_mappings = CONFIG_DEFAULT_MAX_CLIENT_MAPPINGS;
   cfg->engine_threads = 0;
+  cfg->peer_timeout_ms = CONFIG_DEFAULT_PEER_TIMEOUT_MS;
+  cfg->peer_handshakes = CONFIG_DEFAULT_PEER_HANDSHAKES;
 }
 
 /* A decimal number with an optional binary suffix k, M or G. */
@@ -217,12 +219,14 @@ static const struct size_key size_keys[] = {
     {"max_user_mappings", 1, 1u << 24},
     {"max_client_mappings", 1, 1u << 24},
     {"engine_threads", 0, 64},
+    {"peer_handshakes", 1, 1u << 16},
 };
 
 /* Keys that take a duration, with their bounds in milliseconds. */
 static const struct size_key duration_keys[] = {
     {"export_timeout", 100, REQ_MAX_TIMEOUT_MS},
     {"job_timeout", 1000, REQ_MAX_TIMEOUT_MS},
+    {"peer_timeout", 100, REQ_MAX_TIMEOUT_MS},
 };
 
 static void store_size(struct config *cfg, const char *key, uint64_t v) {
@@ -262,6 +266,10 @@ static void store_size(struct config *cfg, const char *key, uint64_t v) {
     cfg->export_timeout_ms = (uint32_t)v;
   else if (strcmp(key, "job_timeout") == 0)
     cfg->job_timeout_ms = (uint32_t)v;
+  else if (strcmp(key, "peer_timeout") == 0)
+    cfg->peer_timeout_ms = (uint32_t)v;
+  else if (strcmp(key, "peer_handshakes") == 0)
+    cfg->peer_handshakes = (uint32_t)v;
   else
     cfg->max_output = v;
 }
@@ -501,4 +509,6 @@ void config_print(const struct config *cfg, FILE *out) {
           cfg->peer_listen_set ? cfg->peer_listen : "none");
   fprintf(out, "peer_advertise = %s\n",
           cfg->peer_advertise_set ? cfg->peer_advertise : "none");
+  print_duration(out, "peer_timeout", cfg->peer_timeout_ms);
+  fprintf(out, "peer_handshakes = %" PRIu32 "\n", cfg->peer_handshakes);
 }

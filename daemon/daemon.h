@@ -43,6 +43,18 @@ void log_set_level(enum log_level level);
 /* The one logging call: one line to stderr. */
 void log_msg(enum log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* An event that may repeat as fast as the loop turns (an accept failing at
+ * EMFILE, links dropped at a cap) is logged with log_limited: at most one
+ * line per LOG_LIMIT_MS, which says how many were not logged since the
+ * last.  Zero-initialise one per event. */
+#define LOG_LIMIT_MS 1000u
+struct log_limit {
+  bool logged;
+  uint64_t last_ms;
+  uint64_t suppressed;
+};
+void log_limited(struct log_limit *lim, enum log_level level,
+                 const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* "error", "warn", "info", "debug" <-> level; -1 for an unknown name. */
 int log_level_parse(const char *name);
 const char *log_level_name(enum log_level level);
@@ -87,6 +99,8 @@ void backend_release(struct backend_choice *choice);
 #define CONFIG_DEFAULT_MAX_USER_REGISTRATION_BYTES (UINT64_C(1) << 30)
 #define CONFIG_DEFAULT_MAX_USER_MAPPINGS 32768u
 #define CONFIG_DEFAULT_MAX_CLIENT_MAPPINGS 8192u
+#define CONFIG_DEFAULT_PEER_TIMEOUT_MS 10000u
+#define CONFIG_DEFAULT_PEER_HANDSHAKES 64u
 /* "addr:port" of a daemon, numeric (IPv6 in brackets), with its NUL. */
 #define NODE_ADDR_MAX 64
 
@@ -138,6 +152,12 @@ struct config {
   bool peer_advertise_set;
   char peer_advertise[NODE_ADDR_MAX];
   struct sockaddr_storage peer_advertise_addr;
+  /* How long a link to another daemon may take to connect and prove who
+   * it is, and how long a node waits for the root's answer to a join. */
+  uint32_t peer_timeout_ms;
+  /* Links accepted from other daemons that have not yet proved who they
+   * are, at most (nodelink.c). */
+  uint32_t peer_handshakes;
 };
 
 /* Built-in defaults: root and the daemon's own uid, its own gid. */
@@ -225,6 +245,7 @@ struct server {
   bool stopping;
   /* Kept open so that accept() can be answered even at EMFILE. */
   int reserve_fd;
+  struct log_limit accept_log;
   uint64_t started_ns;
   uint64_t next_conn_id;
   struct conn *conns;
@@ -234,6 +255,8 @@ struct server {
   /* What each user holds (quota.c). */
   struct quota_user *users;
   struct pool *pool;
+  uv_poll_t pool_poll; /* the pool's inotify descriptor */
+  bool pool_poll_on;
   /* Copying threads per export: engine_threads, resolved. */
   uint32_t engine_threads;
   /* Test seam (docs/operations.md): SHARDPORTD_TEST_ROUND_DELAY_MS makes
@@ -251,11 +274,20 @@ struct server {
   uint64_t node_id;
   uint64_t next_link_id;
   struct nodelink *links;
+  /* Accepted links that have not proved who they are, and the most there
+   * may be (peer_handshakes, at most a quarter of the descriptor limit). */
+  uint32_t peer_unidentified;
+  uint32_t peer_handshake_cap;
+  struct log_limit peer_accept_log, peer_evict_log;
 };
 
 /* Listens, serves until SIGTERM/SIGINT and shuts down cleanly.  Returns 0,
  * or -1 when the daemon could not start serving. */
 int server_run(const struct config *cfg, const struct backend_choice *backend);
+/* At EMFILE: takes one waiting connection off listen_fd with the spare
+ * descriptor and closes it, so that the listener stops being readable;
+ * false when no spare descriptor could be had. */
+bool server_shed(struct server *srv, int listen_fd);
 
 /* ---- conn.c ----------------------------------------------------------- */
 
@@ -826,14 +858,16 @@ bool job_departed(const struct job *job, char *buf, size_t len);
 uint64_t job_now_ms(void);
 /* The jobs array of the status reply. */
 void job_status_pack(const struct server *srv, msgpack_packer *pk);
-/* For jobs across nodes (mesh.c): the job of an id, or NULL; secrets
- * compared in constant time; a new job of that id and secret (a shadow of
- * a job rooted on another daemon); a rank admitted after the root said so
- * (replies to the join; NULL when out of memory, nothing replied); a rank
- * joined elsewhere (the job no longer waits for a first rank); the job's
- * end, as soon as no export runs. */
-struct job *job_find(const struct server *srv, const uint8_t *id);
-bool job_secret_equal(const uint8_t *a, const uint8_t *b, size_t len);
+/* For jobs across nodes (mesh.c): the next job of an id after prev (NULL:
+ * the first), or NULL (an id names one job, but shadows of tickets that
+ * name it with different secrets may coexist until their roots refuse
+ * them); a new job of that id and secret (a shadow of a job rooted on
+ * another daemon); a rank admitted after the root said so (replies to the
+ * join; NULL when out of memory, nothing replied); a rank joined elsewhere
+ * (the job no longer waits for a first rank); the job's end, as soon as no
+ * export runs. */
+struct job *job_find(const struct server *srv, const struct job *prev,
+                     const uint8_t *id);
 struct job *job_new(struct server *srv, const uint8_t *id,
                     const uint8_t *secret, uint32_t world);
 struct job_member *job_admit(struct job *job, struct conn *c,
@@ -904,7 +938,7 @@ void export_fail_asks(struct job *job, int code, const char *message);
 #define NODE_MAX_ITEMS (1u << 26)
 #define NODE_MAX_NODES 4096u
 /* Bump when a message between daemons changes (docs/protocol.md). */
-#define NODE_PROTOCOL_VERSION 1
+#define NODE_PROTOCOL_VERSION 2
 
 /* Frame bytes shared by the links that send them (the root relays one
  * rank's registrations to every node): refcounted, loop thread only. */
@@ -925,8 +959,6 @@ struct nodelink;
 
 /* What a link tells its owner.  A callback may close the link. */
 struct nodelink_ops {
-  /* An outbound link connected. */
-  void (*connected)(struct nodelink *l, void *arg);
   /* A control frame, decoded (valid during the call). */
   void (*frame)(struct nodelink *l, void *arg, const struct sp_msg_head *head,
                 const msgpack_object *map);
@@ -951,14 +983,22 @@ int nodelink_listen_open(struct server *srv);
 void nodelink_listen_close(struct server *srv);
 /* Closes every link at shutdown. */
 void nodelink_shutdown(struct server *srv);
-/* Dials addr; ops->connected (or ->closed) follows. */
+/* Dials addr; the listener speaks first (its challenge comes to
+ * ops->frame), or ops->closed follows. */
 int nodelink_connect(struct server *srv, const char *addr,
                      const struct nodelink_ops *ops, void *arg,
                      struct nodelink **out);
 void nodelink_set_ops(struct nodelink *l, const struct nodelink_ops *ops,
                       void *arg);
-/* The peer said who it is: no hello deadline, and blobs may be large. */
+/* The peer proved who it is: no handshake deadline, blobs may be large,
+ * and the link no longer counts against peer_handshakes. */
 void nodelink_hello_done(struct nodelink *l);
+/* The owner waits for the peer's answer (true), for at most peer_timeout
+ * from the first call, after which the link fails with SP_ETIMEOUT; or no
+ * longer (false). */
+void nodelink_await(struct nodelink *l, bool waiting);
+/* PEERAUTH_NONCE_BYTES the owner's handshake keeps with the link. */
+uint8_t *nodelink_handshake(struct nodelink *l);
 /* The next n frames are blobs. */
 void nodelink_expect_blobs(struct nodelink *l, uint32_t n);
 /* Queue a message (mb is left empty), a shared blob, an error reply. */
@@ -976,11 +1016,39 @@ void nodelink_detach(struct nodelink *l, void (*fn)(void *arg, int sock),
                      void *arg);
 const char *nodelink_peer(const struct nodelink *l);
 
+/* ---- peerauth.c ------------------------------------------------------- */
+
+/* The handshake between daemons proves the job's secret without sending
+ * it (docs/protocol.md, "Handshakes"). */
+#define PEERAUTH_NONCE_BYTES 32
+#define PEERAUTH_PROOF_BYTES 32
+
+/* Who proves: the daemon that dialled the link, or the one that listened. */
+enum peerauth_side { PEERAUTH_DIALER = 1, PEERAUTH_LISTENER = 2 };
+/* Which link the proof opens: a control link (peer_hello) or a data link
+ * (peer_data). */
+enum peerauth_link { PEERAUTH_CONTROL = 1, PEERAUTH_DATA = 2 };
+
+/* A fresh random nonce from getrandom: 0 or SP_EINTERNAL. */
+int peerauth_nonce(uint8_t nonce[PEERAUTH_NONCE_BYTES]);
+/* HMAC-SHA-256 keyed by the job's secret over "shardport-peer-2", side,
+ * link, the job id, the listener's nonce and the dialer's nonce. */
+void peerauth_proof(const uint8_t secret[JOB_SECRET_BYTES],
+                    enum peerauth_side side, enum peerauth_link link,
+                    const uint8_t job[JOB_ID_BYTES],
+                    const uint8_t listener_nonce[PEERAUTH_NONCE_BYTES],
+                    const uint8_t dialer_nonce[PEERAUTH_NONCE_BYTES],
+                    uint8_t proof[PEERAUTH_PROOF_BYTES]);
+/* Compares two proofs in time independent of where they differ. */
+bool peerauth_equal(const uint8_t a[PEERAUTH_PROOF_BYTES],
+                    const uint8_t b[PEERAUTH_PROOF_BYTES]);
+
 /* ---- nodemsg.c -------------------------------------------------------- */
 
 enum nodemsg_op {
   NODEMSG_HELLO = 1, /* peer_hello: a node to the root, and its reply */
   NODEMSG_DATA,      /* peer_data: a data link's handshake, and its reply */
+  NODEMSG_CHALLENGE, /* peer_challenge: a listener's nonce */
   NODEMSG_JOIN,      /* a rank joins on a node; the root's reply */
   NODEMSG_LEFT,
   NODEMSG_ASK,
@@ -1009,7 +1077,9 @@ struct nodemsg {
   bool reply;
   uint64_t version;
   uint8_t job[JOB_ID_BYTES];
-  uint8_t secret[JOB_SECRET_BYTES];
+  /* Handshakes: the sender's nonce, and its proof (peerauth.c). */
+  uint8_t nonce[PEERAUTH_NONCE_BYTES];
+  uint8_t proof[PEERAUTH_PROOF_BYTES];
   char addr[NODE_ADDR_MAX];
   uint64_t node_id;
   uint32_t node;
@@ -1076,7 +1146,8 @@ void mesh_tick(struct job *job);
 /* Something to watch (asks out, an export under way); may the job end. */
 bool mesh_active(const struct job *job);
 bool mesh_may_end(const struct job *job);
-/* The first frame of a link another daemon opened. */
+/* A link another daemon opened: its challenge, then its first frame. */
+void mesh_link_accepted(struct server *srv, struct nodelink *l);
 void mesh_link_hello(struct server *srv, struct nodelink *l,
                      const struct sp_msg_head *head,
                      const msgpack_object *map);

@@ -23,7 +23,6 @@
  * naming it); a rank lost while publishing only stops its own stream.
  * Everything here runs on the loop.
  */
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -763,11 +762,23 @@ static void start_publishing(struct export *ex) {
     }
     if (pub == NULL ||
         publish_parts(ex->plan, ex->layout, r, limit, items, &er->part_first,
-                      &er->nparts) != 0 ||
-        (er->segment != NULL && !er->device_segment &&
-         (er->segment_fd = fcntl(er->segment->fd, F_DUPFD_CLOEXEC, 0)) < 0)) {
+                      &er->nparts) != 0) {
       free(pub);
       fail_export(ex, SP_ENOMEM, "out of memory publishing");
+      return;
+    }
+    /* The rank's own description of its segment, so that the pool can
+     * tell when the rank has closed it everywhere (pool.h). */
+    char why[256];
+    if (er->segment != NULL && !er->device_segment &&
+        (er->segment_fd = pool_segment_share(job->srv->pool, er->segment,
+                                             why, sizeof why)) < 0) {
+      int code = er->segment_fd;
+      er->segment_fd = -1;
+      free(pub);
+      char msg[320];
+      snprintf(msg, sizeof msg, "publishing: %s", why);
+      fail_export(ex, code, msg);
       return;
     }
     /* From here the rank holds the export until it releases it. */

@@ -48,18 +48,36 @@ static int random_bytes(uint8_t *buf, size_t len) {
 
 /* Compares secrets in time independent of where they first differ, so a
  * peer cannot find a job's secret byte by byte from reply times. */
-bool job_secret_equal(const uint8_t *a, const uint8_t *b, size_t len) {
+static bool secret_equal(const uint8_t *a, const uint8_t *b, size_t len) {
   volatile uint8_t diff = 0;
   for (size_t i = 0; i < len; i++)
     diff |= (uint8_t)(a[i] ^ b[i]);
   return diff == 0;
 }
 
-struct job *job_find(const struct server *srv, const uint8_t *id) {
-  for (struct job *j = srv->jobs; j != NULL; j = j->next)
+struct job *job_find(const struct server *srv, const struct job *prev,
+                     const uint8_t *id) {
+  for (struct job *j = prev != NULL ? prev->next : srv->jobs; j != NULL;
+       j = j->next)
     if (memcmp(j->id, id, JOB_ID_BYTES) == 0)
       return j;
   return NULL;
+}
+
+/* The job a ticket names: of its id and secret (every job of the id is
+ * compared, in constant time); with *same_id whether a job of that id
+ * exists at all. */
+static struct job *find_ticket(const struct server *srv,
+                               const struct req_ticket *t, bool *same_id) {
+  struct job *found = NULL;
+  *same_id = false;
+  for (struct job *j = job_find(srv, NULL, t->job); j != NULL;
+       j = job_find(srv, j, t->job)) {
+    *same_id = true;
+    if (secret_equal(t->secret, j->secret, JOB_SECRET_BYTES))
+      found = j;
+  }
+  return found;
 }
 
 static void on_job_handle_closed(uv_handle_t *handle) {
@@ -73,13 +91,14 @@ static void on_job_handle_closed(uv_handle_t *handle) {
   free(job);
 }
 
-/* Frees the member's published exports, returning their pool memory. */
+/* Releases the member's published exports, returning their pool memory
+ * (counted on while the rank still holds it, pool.h). */
 static void member_release_all(struct job_member *m) {
   struct pool *pool = m->job->srv->pool;
   while (m->published != NULL) {
     struct job_published *p = m->published;
     m->published = p->next;
-    pool_segment_free(pool, p->segment);
+    pool_segment_put(pool, p->segment);
     free(p);
   }
 }
@@ -452,19 +471,28 @@ int job_op_join(struct conn *c, const struct sp_msg_head *head,
                            &ticket) != 0)
     return conn_send_error(c, head->id, SP_ETICKET,
                            "join: the ticket is not a shardport job ticket");
-  struct job *job = job_find(srv, ticket.job);
-  /* A job rooted on another daemon gets its shadow here. */
-  if (job == NULL && ticket.root[0] != '\0') {
+  bool same_id;
+  struct job *job = find_ticket(srv, &ticket, &same_id);
+  /* A job rooted on another daemon gets its shadow here, one per secret:
+   * a shadow's secret is only a claim until its root proves it, so a
+   * ticket forged with a job's id and another secret gets a shadow of its
+   * own, which its root refuses, and never stands in the way of the real
+   * ticket's ranks. */
+  if (job == NULL && ticket.root[0] != '\0' &&
+      strcmp(ticket.root, srv->peer_address) != 0) {
     rc = mesh_shadow_job(c, head, &ticket, &job);
     if (job == NULL)
       return rc;
   }
+  if (job == NULL && same_id)
+    return conn_send_error(c, head->id, SP_ETICKET,
+                           "join: the ticket's secret does not match job "
+                           "%s", job_find(srv, NULL, ticket.job)->hex);
   if (job == NULL || job->dying)
     return conn_send_error(c, head->id, SP_ETICKET,
                            "join: no job of this ticket on this daemon (it "
                            "ended, or was never created here)");
-  if (!job_secret_equal(ticket.secret, job->secret, JOB_SECRET_BYTES) ||
-      ticket.world != job->world)
+  if (ticket.world != job->world)
     return conn_send_error(c, head->id, SP_ETICKET,
                            "join: the ticket's secret does not match job %s",
                            job->hex);

@@ -40,15 +40,19 @@ static void refuse(int sock, int code, const char *message) {
 
 /* Implements a best effort approach to mitigating accept() EMFILE errors:
  * a spare descriptor is given up to accept the waiting connection and close
- * it, so that the listen socket does not stay readable forever. */
-static void shed_connection(struct server *srv) {
+ * it, so that the listen socket does not stay readable forever.  Both
+ * listeners (clients here, other daemons in nodelink.c) shed this way. */
+bool server_shed(struct server *srv, int listen_fd) {
   if (srv->reserve_fd < 0)
-    return;
+    srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (srv->reserve_fd < 0)
+    return false;
   close(srv->reserve_fd);
-  int sock = accept4(srv->listener.fd, NULL, NULL, SOCK_CLOEXEC);
+  int sock = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
   if (sock >= 0)
     close(sock);
   srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  return true;
 }
 
 static void on_listen(uv_poll_t *handle, int status, int events) {
@@ -65,13 +69,15 @@ static void on_listen(uv_poll_t *handle, int status, int events) {
       if (errno == EINTR || errno == ECONNABORTED)
         continue;
       if (errno == EMFILE || errno == ENFILE) {
-        log_msg(LOG_LEVEL_WARN, "accept: %s; dropping a connection",
-                strerror(errno));
-        shed_connection(srv);
+        log_limited(&srv->accept_log, LOG_LEVEL_WARN,
+                    "accept: %s; dropping a connection", strerror(errno));
+        if (!server_shed(srv, srv->listener.fd))
+          return;
         continue;
       }
       if (errno != EAGAIN && errno != EWOULDBLOCK)
-        log_msg(LOG_LEVEL_WARN, "accept: %s", strerror(errno));
+        log_limited(&srv->accept_log, LOG_LEVEL_WARN, "accept: %s",
+                    strerror(errno));
       return;
     }
     struct peer peer;
@@ -101,6 +107,24 @@ static void on_listen(uv_poll_t *handle, int status, int events) {
   }
 }
 
+static void on_pool_watch(uv_poll_t *handle, int status, int events) {
+  struct server *srv = handle->data;
+  (void)status;
+  (void)events;
+  pool_collect(srv->pool);
+}
+
+/* Polls the pool's inotify descriptor, so that a released segment is
+ * freed as soon as its rank closes it (pool.h). */
+static void start_pool_watch(struct server *srv) {
+  int fd = pool_watch_fd(srv->pool);
+  if (fd < 0 || uv_poll_init(srv->loop, &srv->pool_poll, fd) != 0)
+    return;
+  srv->pool_poll.data = srv;
+  uv_poll_start(&srv->pool_poll, UV_READABLE, on_pool_watch);
+  srv->pool_poll_on = true;
+}
+
 static void report_status(struct server *srv) {
   char status[256];
   snprintf(status, sizeof(status), "serving on %s, %" PRIu32 " client(s)",
@@ -128,6 +152,8 @@ static void stop(struct server *srv, const char *why) {
   uv_close((uv_handle_t *)&srv->sig_int, NULL);
   if (srv->watchdog_on)
     uv_close((uv_handle_t *)&srv->watchdog, NULL);
+  if (srv->pool_poll_on)
+    uv_close((uv_handle_t *)&srv->pool_poll, NULL);
   while (srv->conns != NULL)
     conn_close(srv->conns);
   /* Jobs end from their own wake-ups, once any engine thread has stopped;
@@ -271,6 +297,7 @@ int server_run(const struct config *cfg, const struct backend_choice *backend) {
   srv.listen_poll.data = &srv;
   uv_poll_start(&srv.listen_poll, UV_READABLE, on_listen);
   start_watchdog(&srv);
+  start_pool_watch(&srv);
 
   log_msg(LOG_LEVEL_INFO,
           "listening on %s%s (protocol %d, backend %s: %s)",

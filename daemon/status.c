@@ -9,6 +9,8 @@
 #include "daemon/pool.h"
 
 void status_pack(const struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
+  /* Segments whose ranks closed them are freed before they are counted. */
+  pool_collect(srv->pool);
   sp_msgbuf_begin(mb, "status", id, 12);
   msgpack_packer *pk = &mb->pk;
   sp_pack_kv_str(pk, "daemon_version", SP_VERSION);
@@ -24,6 +26,8 @@ void status_pack(const struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
   sp_pack_kv_u64(pk, "clients", srv->nclients);
   sp_pack_kv_u64(pk, "pool_used", pool_used(srv->pool));
   sp_pack_kv_u64(pk, "pool_capacity", pool_capacity(srv->pool));
+  /* Released segments their ranks still hold (part of pool_used). */
+  sp_pack_kv_u64(pk, "pool_held", pool_held(srv->pool));
   /* Where other daemons reach this one ("" when peer_listen is off). */
   sp_pack_kv_str(pk, "peer_address", srv->peer_address);
   sp_pack_str(pk, "jobs");

@@ -358,7 +358,9 @@ START_TEST(print_config_defaults) {
            "max_client_mappings = 8192\n"
            "engine_threads = 0\n"
            "peer_listen = none\n"
-           "peer_advertise = none\n",
+           "peer_advertise = none\n"
+           "peer_timeout = 10s\n"
+           "peer_handshakes = 64\n",
            uids, (unsigned)getegid());
   ck_assert_str_eq(out, expect);
 

@@ -22,15 +22,12 @@
  *
  *   test-nodes [TCASE]   (all test cases by default)
  */
-#include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -493,73 +490,6 @@ START_TEST(wrong_secret_or_job_is_refused) {
 }
 END_TEST
 
-/* The daemon's address from its status: where to speak the peer protocol
- * by hand. */
-static int dial_peer_port(int i) {
-  sp_status_info *st = status_of(i);
-  char addr[64];
-  snprintf(addr, sizeof addr, "%s", st->peer_address);
-  sp_status_free(st);
-  char *colon = strrchr(addr, ':');
-  ck_assert_ptr_nonnull(colon);
-  *colon = '\0';
-  struct sockaddr_in sa = {.sin_family = AF_INET,
-                           .sin_port = htons((uint16_t)atoi(colon + 1))};
-  ck_assert_int_eq(inet_pton(AF_INET, addr, &sa.sin_addr), 1);
-  int sock = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ck_assert_int_ge(sock, 0);
-  ck_assert_int_eq(connect(sock, (struct sockaddr *)&sa, sizeof sa), 0);
-  return sock;
-}
-
-/* A daemon that says hello with a wrong secret, or anything but hello, is
- * answered with an error and closed; the daemon goes on serving. */
-START_TEST(peer_with_wrong_secret_is_closed) {
-  sp_client *root;
-  sp_ticket good;
-  ck_assert_int_eq(sp_connect(daemons[0].socket, &root), 0);
-  ck_assert_int_eq(sp_job_create(root, 2, &good), 0);
-  uint8_t *job = ticket_field(&good, "job");
-  uint8_t secret[16];
-  memcpy(secret, ticket_field(&good, "secret"), 16);
-  secret[0] ^= 0x80;
-  int sock = dial_peer_port(0);
-  struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "peer_hello", 0, 5);
-  sp_pack_kv_u64(&mb.pk, "version", 1);
-  sp_pack_str(&mb.pk, "job");
-  sp_pack_bin(&mb.pk, job, 16);
-  sp_pack_str(&mb.pk, "secret");
-  sp_pack_bin(&mb.pk, secret, 16);
-  sp_pack_kv_str(&mb.pk, "addr", "127.0.0.1:9");
-  sp_pack_kv_u64(&mb.pk, "node_id", 12345);
-  ck_assert_int_eq(sp_test_send_msgbuf(sock, &mb, NULL, 0), 0);
-  struct sp_test_reply r;
-  ck_assert_int_eq(sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS), 0);
-  ck_assert_str_eq(r.head.op, "error");
-  ck_assert_int_eq(r.code, SP_ETICKET);
-  sp_test_reply_free(&r);
-  ck_assert_int_eq(sp_test_wait_closed(sock, SP_TEST_TIMEOUT_MS), 0);
-  close(sock);
-  /* Not a hello at all. */
-  sock = dial_peer_port(0);
-  ck_assert_int_eq(sp_test_send_op(sock, "ping", 3, NULL, 0), 0);
-  ck_assert_int_eq(sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS), 0);
-  ck_assert_int_eq(r.code, SP_EHELLO);
-  sp_test_reply_free(&r);
-  ck_assert_int_eq(sp_test_wait_closed(sock, SP_TEST_TIMEOUT_MS), 0);
-  close(sock);
-  /* A frame larger than a peer may send before it said who it is. */
-  sock = dial_peer_port(0);
-  uint8_t huge[4] = {0x7f, 0xff, 0xff, 0xff};
-  ck_assert_int_eq(sp_test_send_raw(sock, huge, sizeof huge, NULL, 0), 0);
-  ck_assert_int_eq(sp_test_wait_closed(sock, SP_TEST_TIMEOUT_MS), 0);
-  close(sock);
-  ck_assert_int_eq(sp_ping(root, NULL), 0);
-  sp_close(root);
-}
-END_TEST
-
 /* ---- faults ---- */
 
 /* Enough rounds (four keys each) that a fault lands mid-export. */
@@ -875,7 +805,6 @@ int main(int argc, char **argv) {
   tcase_add_checked_fixture(join, start2, stop_all);
   tcase_set_timeout(join, 60);
   tcase_add_test(join, wrong_secret_or_job_is_refused);
-  tcase_add_test(join, peer_with_wrong_secret_is_closed);
   suite_add_tcase(s, join);
   TCase *faults = tcase_create("faults");
   tcase_add_checked_fixture(faults, start2_slow, stop_all);
