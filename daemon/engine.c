@@ -383,6 +383,8 @@ static void work(struct worker *w) {
       w->current = NULL;
       /* Best effort: without it (old kernels) pages fault in as written. */
       madvise(it->addr, it->len, MADV_POPULATE_WRITE);
+      atomic_fetch_add_explicit(&e->bytes_prepared, it->len,
+                                memory_order_relaxed);
       break;
     case ITEM_SLICE:
       w->current = it->move;
@@ -614,6 +616,7 @@ int engine_start(struct engine *e) {
   atomic_store(&e->done, false);
   atomic_store(&e->round, 0);
   atomic_store(&e->bytes_moved, 0);
+  atomic_store(&e->bytes_prepared, 0);
   return engine_spawn(&e->thread, engine_main, e);
 }
 

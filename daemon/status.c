@@ -9,7 +9,7 @@
 #include "daemon/pool.h"
 
 void status_pack(const struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
-  sp_msgbuf_begin(mb, "status", id, 11);
+  sp_msgbuf_begin(mb, "status", id, 12);
   msgpack_packer *pk = &mb->pk;
   sp_pack_kv_str(pk, "daemon_version", SP_VERSION);
   sp_pack_kv_u64(pk, "protocol_version", SP_PROTOCOL_VERSION);
@@ -26,6 +26,8 @@ void status_pack(const struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
   sp_pack_kv_u64(pk, "pool_capacity", pool_capacity(srv->pool));
   /* Where other daemons reach this one ("" when peer_listen is off). */
   sp_pack_kv_str(pk, "peer_address", srv->peer_address);
+  /* Stopping: new work is refused while running exports finish. */
+  sp_pack_kv_bool(pk, "draining", srv->draining);
   sp_pack_str(pk, "jobs");
   job_status_pack(srv, pk);
 }

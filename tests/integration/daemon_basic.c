@@ -352,6 +352,8 @@ START_TEST(print_config_defaults) {
            "job_timeout = 5m\n"
            "max_jobs = 256\n"
            "engine_threads = 0\n"
+           "drain_timeout = 1m\n"
+           "export_history = 8\n"
            "peer_listen = none\n"
            "peer_advertise = none\n",
            uids, (unsigned)getegid());

@@ -111,7 +111,7 @@ def check_status(obj, socket):
             check_fields(node, NODE, f"jobs[{i}].nodes[{k}]")
     if obj["socket"] != socket:
         raise Bad(f"socket {obj['socket']!r} != {socket!r}")
-    if obj["protocol_version"] != 1 or obj["uptime_s"] < 0:
+    if obj["protocol_version"] != 2 or obj["uptime_s"] < 0:
         raise Bad("implausible values")
 
 
