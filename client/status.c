@@ -158,6 +158,9 @@ int client_decode_job(const msgpack_object *o, sp_job_status *job) {
   /* From protocol 2 on; a daemon without them leaves zeros. */
   if (rc == 0)
     rc = client_get_u32(o, "asked", true, &job->asked);
+  if (rc == 0 &&
+      (rc = sp_msg_get_u64(o, "export_id", true, &job->export_id)) == 1)
+    rc = 0;
   if (rc == 0 && (rc = sp_msg_get_u64(o, "bytes_prepared", true,
                                       &job->bytes_prepared)) == 1)
     rc = 0;

@@ -186,6 +186,7 @@ typedef struct sp_job_status {
   size_t nnodes;          /* 0 for a job on one daemon */
   sp_node_status *nodes;  /* the job's daemons, by node number */
   uint32_t asked;         /* ranks waiting for the next export */
+  uint64_t export_id;     /* the running or last export (0 before the first) */
   /* The owners' pool segments of the running export on this daemon, and
    * how much of them is prepared (phase allocating: before round 1). */
   uint64_t bytes_prepared;
