@@ -576,8 +576,9 @@ int engine_run(struct engine *e) {
     }
     free(e->items);
     e->items = NULL;
-    if (r >= 0)
-      pause_ms(e, e->round_delay_ms);
+    /* The test seam pauses after the pool is prepared too, so that tests
+     * can watch that phase (status: allocating). */
+    pause_ms(e, e->round_delay_ms);
   }
   if (e->rc == 0 && atomic_load(&e->cancel))
     engine_fail(e, SP_EBUSY, "the export was canceled");

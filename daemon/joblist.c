@@ -148,7 +148,7 @@ static void pack_history(const struct job *job, msgpack_packer *pk,
   msgpack_pack_array(pk, h->count);
   for (uint32_t i = 0; i < h->count; i++) {
     const struct history_entry *e = history_at(h, i);
-    msgpack_pack_map(pk, e->failed ? 10 : 9);
+    msgpack_pack_map(pk, e->failed ? 9 : 8);
     sp_pack_kv_u64(pk, "export_id", e->export_id);
     sp_pack_kv_str(pk, "outcome", e->failed ? "failed" : "published");
     if (e->failed)
