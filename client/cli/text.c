@@ -146,10 +146,14 @@ void text_table_measure(struct text_table *t, const char *const *row) {
 
 void text_table_row(const struct text_table *t, FILE *out, const char *indent,
                     const char *const *row) {
+  /* The last cell written is not padded, and empty cells at the end are
+   * not written: no trailing blanks. */
+  size_t n = t->ncols;
+  while (n > 1 && row[n - 1][0] == '\0')
+    n--;
   fputs(indent, out);
-  for (size_t c = 0; c < t->ncols; c++) {
-    /* The last column is not padded: no trailing blanks. */
-    if (c + 1 < t->ncols)
+  for (size_t c = 0; c < n; c++) {
+    if (c + 1 < n)
       fprintf(out, "%-*s  ", (int)t->width[c], row[c]);
     else
       fputs(row[c], out);
