@@ -263,7 +263,7 @@ START_TEST(timed_out_asks_are_failed_exports) {
     ck_assert_uint_eq(exports, n);
     ck_assert_int_eq(sp_msg_get_array(job, "history", false, &history), 0);
     /* Kept up to export_history (2): the third drops the oldest. */
-    ck_assert_uint_eq(history->size, n < 2 ? n : 2);
+    ck_assert_uint_eq(history->size, (n < 2 ? n : 2));
     for (uint32_t i = 0; i < history->size; i++) {
       const msgpack_object *e = &history->ptr[i];
       char outcome[16], herror[1100];
