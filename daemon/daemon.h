@@ -265,7 +265,8 @@ struct server {
   /* Copying threads per export: engine_threads, resolved. */
   uint32_t engine_threads;
   /* Test seam (docs/operations.md): SHARDPORTD_TEST_ROUND_DELAY_MS makes
-   * the engine pause after every round, so tests can act mid-export. */
+   * the engine pause after preparing the pool and after every round, so
+   * tests can act mid-export. */
   uint32_t test_round_delay_ms;
   /* Test seam: SHARDPORTD_TEST_DIGEST_XOR flips bits of the plan digests
    * this daemon reports to a job's root, to test the mismatch path. */

@@ -82,8 +82,10 @@ static void note(char *buf, size_t size, const char *key, const char *from,
 #define RELOAD_MAX_KEYS 64
 
 void reload_run(struct server *srv) {
-  if (srv->draining || srv->stopping)
+  if (srv->draining || srv->stopping) {
+    log_msg(LOG_LEVEL_INFO, "reload: ignored while stopping");
     return;
+  }
   notify_reloading();
   struct config next;
   char err[512];

@@ -206,8 +206,9 @@ static void start_watchdog(struct server *srv) {
 }
 
 /* The test seam of docs/operations.md: SHARDPORTD_TEST_ROUND_DELAY_MS=N
- * makes the engine pause N ms after every round (at most a minute), so
- * that tests can watch or break an export while it moves. */
+ * makes the engine pause N ms after preparing the pool and after every
+ * round (at most a minute), so that tests can watch or break an export
+ * while it moves. */
 static uint32_t test_round_delay(void) {
   const char *v = getenv("SHARDPORTD_TEST_ROUND_DELAY_MS");
   if (v == NULL || v[0] == '\0')
