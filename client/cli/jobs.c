@@ -94,7 +94,8 @@ static int jobs_exec(sp_client *client, const struct cli_options *opts,
   int rc = sp_jobs(client, &list);
   if (rc < 0)
     return rc;
-  qsort(list->jobs, list->njobs, sizeof *list->jobs, oldest_first);
+  if (list->njobs > 1)
+    qsort(list->jobs, list->njobs, sizeof *list->jobs, oldest_first);
   if (opts->json)
     print_json(out, list, opts);
   else
