@@ -88,22 +88,29 @@ static int op_status(struct conn *c, const struct sp_msg_head *head,
 
 /* The dispatch table.  A handler replies itself and returns 0, or returns a
  * negative code that is sent back as an error reply.  Messages that do not
- * declare takes_fds have their fds closed before the handler runs. */
+ * declare takes_fds have their fds closed before the handler runs.  Those
+ * that declare new_work start something a stopping daemon would only have
+ * to break: while it drains (drain.c) they are answered daemon_stopping
+ * and never reach their handler. */
 static const struct op {
   const char *name;
   bool takes_fds;
+  bool new_work;
   op_handler handle;
 } ops[] = {
-    {"hello", false, op_hello},
-    {"ping", false, op_ping},
-    {"status", false, op_status},
-    {"job_create", false, job_op_create},
-    {"join", false, job_op_join},
-    {"leave", false, job_op_leave},
-    {"storage_add", true, job_op_storage_add},
-    {"tensor_add", false, job_op_tensor_add},
-    {"export", false, export_op_request},
-    {"release", false, export_op_release},
+    {"hello", false, false, op_hello},
+    {"ping", false, false, op_ping},
+    {"status", false, false, op_status},
+    {"job_create", false, true, job_op_create},
+    {"join", false, true, job_op_join},
+    {"leave", false, false, job_op_leave},
+    {"storage_add", true, true, job_op_storage_add},
+    {"tensor_add", false, true, job_op_tensor_add},
+    {"export", false, true, export_op_request},
+    {"release", false, false, export_op_release},
+    {"jobs", false, false, joblist_op_jobs},
+    {"job_status", false, false, joblist_op_job_status},
+    {"job_abort", false, false, abort_op_job_abort},
 };
 
 static void on_poll(uv_poll_t *handle, int status, int events);
@@ -120,6 +127,10 @@ struct conn *conn_find(const struct server *srv, uint64_t id) {
       return c;
   return NULL;
 }
+
+const struct peer *conn_peer(const struct conn *c) { return &c->peer; }
+
+struct conn *conn_next(const struct conn *c) { return c->next; }
 
 struct job_member *conn_member(const struct conn *c) { return c->member; }
 
@@ -254,6 +265,26 @@ static void drain(struct conn *c) {
     return;
   c->draining = true;
   uv_timer_start(&c->timer, on_timeout, CONN_DRAIN_TIMEOUT_MS, 0);
+}
+
+void conn_finish(struct conn *c, int code, const char *fmt, ...) {
+  if (c->draining || c->closed)
+    return;
+  char message[SP_ERRMSG_MAX + 1];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(message, sizeof(message), fmt, ap);
+  va_end(ap);
+  /* The rank leaves its job now, as if it had disconnected: nothing more
+   * is read from it, and the job must not wait for its last bytes. */
+  if (c->member != NULL) {
+    job_conn_closed(c->member);
+    c->member = NULL;
+  }
+  c->drained = NULL;
+  conn_send_error(c, 0, code, "%s", message);
+  if (!c->closed)
+    drain(c);
 }
 
 int conn_send(struct conn *c, struct sp_frame_tx *tx) {
@@ -414,6 +445,8 @@ static void dispatch(struct conn *c, struct sp_frame *frame) {
                     head.op);
     goto out;
   }
+  if (op->new_work && drain_refuse(c->srv, c, head.id, head.op))
+    goto out;
   if (!op->takes_fds && frame->nfds > 0) {
     size_t n = sp_frame_close_fds(frame);
     log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": closed %zu fd(s) sent with %s",

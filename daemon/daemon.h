@@ -101,6 +101,9 @@ void backend_release(struct backend_choice *choice);
 #define CONFIG_DEFAULT_MAX_CLIENT_MAPPINGS 8192u
 #define CONFIG_DEFAULT_PEER_TIMEOUT_MS 10000u
 #define CONFIG_DEFAULT_PEER_HANDSHAKES 64u
+#define CONFIG_DEFAULT_DRAIN_TIMEOUT_MS 60000u
+#define CONFIG_DEFAULT_EXPORT_HISTORY 8u
+#define CONFIG_MAX_EXPORT_HISTORY 256u
 /* "addr:port" of a daemon, numeric (IPv6 in brackets), with its NUL. */
 #define NODE_ADDR_MAX 64
 
@@ -142,6 +145,10 @@ struct config {
   uint32_t max_client_mappings;
   /* Threads copying one export's data; 0 means min(4, online CPUs). */
   uint32_t engine_threads;
+  /* How long a stopping daemon lets running exports finish (drain.c). */
+  uint32_t drain_timeout_ms;
+  /* Finished exports each job keeps for status (history.c). */
+  uint32_t export_history;
   /* Jobs across nodes: where this daemon listens for other daemons (off
    * unless set), and the address they dial (default: the listen address;
    * a port of 0 in either means the port the kernel gives). */
@@ -180,6 +187,26 @@ void config_print(const struct config *cfg, FILE *out);
 /* Checks what no single key can (peer_listen on a wildcard address needs
  * peer_advertise): 0, or -1 with err. */
 int config_check(const struct config *cfg, char *err, size_t errsize);
+
+/* Where the daemon's settings come from, lowest first: the built-in
+ * defaults, the file, SHARDPORT_SOCKET (the socket only), the flags.  Kept
+ * for the daemon's life, so that a reload (SIGHUP) layers them alike. */
+#define CONFIG_MAX_FLAGS 8
+struct config_origin {
+  const char *path;
+  bool must_exist;
+  struct config_flag {
+    const char *key;
+    const char *value;
+  } flags[CONFIG_MAX_FLAGS];
+  size_t nflags;
+};
+
+#define CONFIG_EFILE (-1) /* the file, the environment or a cross-check */
+#define CONFIG_EFLAG (-2) /* a flag's value */
+/* Builds cfg from o: 0, or CONFIG_EFILE or CONFIG_EFLAG with err. */
+int config_build(const struct config_origin *o, struct config *cfg, char *err,
+                 size_t errsize);
 
 /* ---- listen.c --------------------------------------------------------- */
 
@@ -221,7 +248,13 @@ int peer_check(const struct config *cfg, int sock, struct peer *out);
  * daemon was not started by a service manager. */
 void notify_ready(const char *status);
 void notify_status(const char *status);
-void notify_stopping(void);
+/* STOPPING=1 with a status line, and how long the stop may still take
+ * (EXTEND_TIMEOUT_USEC), so that a drain longer than the unit's
+ * TimeoutStopSec is not cut short. */
+void notify_stopping(const char *status, uint64_t extend_usec);
+/* RELOADING=1 (with MONOTONIC_USEC) as a reload starts; notify_ready when
+ * it is done. */
+void notify_reloading(void);
 void notify_watchdog(void);
 /* The watchdog interval systemd asked for in microseconds, or 0. */
 uint64_t notify_watchdog_usec(void);
@@ -234,14 +267,25 @@ struct pool;
 
 struct server {
   uv_loop_t *loop;
-  const struct config *cfg;
+  /* The running configuration (a reload changes what may change live)
+   * and where it came from. */
+  struct config *cfg;
+  const struct config_origin *origin;
   const struct backend_choice *backend;
   struct listener listener;
   uv_poll_t listen_poll;
   uv_signal_t sig_term;
   uv_signal_t sig_int;
+  uv_signal_t sig_hup;
   uv_timer_t watchdog;
   bool watchdog_on;
+  /* Stopping (drain.c): draining refuses new work while the running
+   * exports finish, until drain_deadline_ms; stopping closes everything. */
+  bool draining;
+  bool drain_expired;
+  char stop_reason[16];
+  uv_timer_t drain_timer;
+  uint64_t drain_deadline_ms;
   bool stopping;
   /* Kept open so that accept() can be answered even at EMFILE. */
   int reserve_fd;
@@ -260,7 +304,8 @@ struct server {
   /* Copying threads per export: engine_threads, resolved. */
   uint32_t engine_threads;
   /* Test seam (docs/operations.md): SHARDPORTD_TEST_ROUND_DELAY_MS makes
-   * the engine pause after every round, so tests can act mid-export. */
+   * the engine pause after preparing the pool and after every round, so
+   * tests can act mid-export. */
   uint32_t test_round_delay_ms;
   /* Test seam: SHARDPORTD_TEST_DIGEST_XOR flips bits of the plan digests
    * this daemon reports to a job's root, to test the mismatch path. */
@@ -281,13 +326,42 @@ struct server {
   struct log_limit peer_accept_log, peer_evict_log;
 };
 
-/* Listens, serves until SIGTERM/SIGINT and shuts down cleanly.  Returns 0,
- * or -1 when the daemon could not start serving. */
-int server_run(const struct config *cfg, const struct backend_choice *backend);
+/* Listens, serves until SIGTERM/SIGINT (drained, drain.c) and shuts down
+ * cleanly; SIGHUP reloads cfg from origin (reload.c).  Returns 0, or -1
+ * when the daemon could not start serving. */
+int server_run(const struct config_origin *origin, struct config *cfg,
+               const struct backend_choice *backend);
+/* Closes the listener, the signals and every connection and ends every
+ * job: each connection is sent a last error of code with the reason, and
+ * each rank of a job job_code (conn_finish), unless at_once, which closes
+ * them without a word.  The loop then ends once every handle closed. */
+void server_stop(struct server *srv, bool at_once, int job_code, int code,
+                 const char *why);
 /* At EMFILE: takes one waiting connection off listen_fd with the spare
  * descriptor and closes it, so that the listener stops being readable;
  * false when no spare descriptor could be had. */
 bool server_shed(struct server *srv, int listen_fd);
+/* engine_threads resolved: 0 means min(4, online CPUs). */
+uint32_t server_engine_threads(const struct config *cfg);
+
+/* ---- drain.c ---------------------------------------------------------- */
+
+/* SIGTERM or SIGINT (why): the daemon refuses new work, fails the exports
+ * still gathering asks, lets the running exports finish within
+ * drain_timeout, then stops.  A second signal stops at once. */
+void drain_begin(struct server *srv, const char *why);
+/* Answers a request that would start new work with daemon_stopping while
+ * the daemon drains: true when it did (the request is done). */
+bool drain_refuse(struct server *srv, struct conn *c, uint64_t id,
+                  const char *op);
+
+/* ---- reload.c --------------------------------------------------------- */
+
+/* SIGHUP: reads the configuration again from srv->origin and applies the
+ * keys that may change live; logs which keys changed, which took effect
+ * and which need a restart.  A configuration that does not load changes
+ * nothing. */
+void reload_run(struct server *srv);
 
 /* ---- conn.c ----------------------------------------------------------- */
 
@@ -307,6 +381,16 @@ int conn_send_msgbuf(struct conn *c, struct sp_msgbuf *mb);
 struct server *conn_server(const struct conn *c);
 /* The peer's uid, as SO_PEERCRED gave it. */
 uid_t conn_uid(const struct conn *c);
+/* The peer's credentials, read when it connected (SO_PEERCRED). */
+const struct peer *conn_peer(const struct conn *c);
+/* The next of the server's open connections (srv->conns first), or NULL. */
+struct conn *conn_next(const struct conn *c);
+/* Ends the connection with a last error reply of id 0 (docs/protocol.md,
+ * "Connections the daemon ends"): nothing more is read, the queued replies
+ * and this one are written (or the drain timeout passes), then it closes.
+ * A rank on it leaves its job as if it had disconnected. */
+void conn_finish(struct conn *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* The connection's number, and the open connection of that number (NULL
  * once it closed): a reference that cannot dangle. */
 uint64_t conn_id(const struct conn *c);
@@ -496,6 +580,15 @@ int request_parse_export(const msgpack_object *map, struct req_export *out,
 void request_groups_free(struct req_groups *g);
 int request_parse_release(const msgpack_object *map, uint64_t *export_id,
                           char *msg, size_t msglen);
+/* job_status, job_abort: "job", a job id or a unique prefix of one (1 to
+ * 32 hex digits), lowercased into out. */
+int request_parse_job_ref(const msgpack_object *map,
+                          char out[2 * JOB_ID_BYTES + 1], char *msg,
+                          size_t msglen);
+/* jobs: "after", a whole job id, or "" when absent. */
+int request_parse_jobs(const msgpack_object *map,
+                       char after[2 * JOB_ID_BYTES + 1], char *msg,
+                       size_t msglen);
 /* UTF-8 without NUL bytes, overlong forms or surrogates. */
 bool request_utf8_valid(const char *s, size_t len);
 
@@ -627,6 +720,8 @@ struct engine {
   void *notify_arg;
   _Atomic uint32_t round; /* 1-based; 0 before the first */
   _Atomic uint64_t bytes_moved;
+  /* Bytes of the owners' segments populated before round 1. */
+  _Atomic uint64_t bytes_prepared;
   _Atomic bool cancel;
   _Atomic bool done;
   /* Valid once done: 0, or a code and a sentence naming key and ranks. */
@@ -703,11 +798,41 @@ void publish_pack(const struct plan *plan, const struct publish_layout *l,
                   size_t nparts, size_t first, size_t end,
                   const struct publish_device *dev, struct sp_msgbuf *mb);
 
+/* ---- history.c -------------------------------------------------------- */
+
+/* One finished export, as job_status shows it. */
+struct history_entry {
+  uint64_t export_id; /* 0: it failed while its ranks asked, unstarted */
+  bool failed;
+  char *error; /* "<code>: <message>" when failed, else NULL */
+  uint64_t started_ms, ended_ms;
+  uint32_t rounds;
+  uint64_t bytes_moved, bytes_total;
+  double rate_bps;
+};
+
+/* The last cap finished exports of a job. */
+struct history {
+  struct history_entry *ring; /* [cap] once the first is recorded */
+  uint32_t cap, count, next;
+  uint64_t total; /* every export recorded, kept or not */
+};
+
+void history_init(struct history *h, uint32_t cap);
+void history_free(struct history *h);
+/* Records e (its error is copied); the oldest entry goes when full. */
+void history_add(struct history *h, const struct history_entry *e);
+/* The i-th newest entry (0: the last one), for i < count. */
+const struct history_entry *history_at(const struct history *h, uint32_t i);
+
 /* ---- job.c ------------------------------------------------------------ */
 
 enum job_phase {
   JOB_WAITING,    /* for ranks to join and to ask for an export */
   JOB_PLANNING,   /* plan_build on a worker thread */
+  /* Status only (export_view): moving, but the engine is still preparing
+   * the owners' pool segments (populating their pages) before round 1. */
+  JOB_ALLOCATING,
   JOB_MOVING,     /* the engine runs the rounds */
   JOB_PUBLISHING, /* replies streaming to the owners */
   JOB_PUBLISHED,  /* the last export succeeded */
@@ -731,6 +856,7 @@ struct job_member {
   /* The rank asked for the next export and waits for its reply. */
   bool asked;
   uint64_t ask_id;
+  uint64_t asked_ms;
   uint64_t ask_deadline_ms;
   struct req_export ask;
   /* Part of the running export. */
@@ -767,6 +893,15 @@ struct job {
   uint32_t world;
   uint32_t joined;
   bool ever_joined;
+  /* Who made it (SO_PEERCRED of job_create, or of the first rank that
+   * joined a shadow of a job rooted elsewhere): the one user besides root
+   * who may abort it.  When. */
+  bool has_owner;
+  uid_t owner_uid;
+  pid_t owner_pid;
+  uint64_t created_ms;
+  /* Its last finished exports (status), and how many finished. */
+  struct history history;
   struct job_member **members; /* [world], NULL where not joined */
   uint64_t next_export_id;
   struct export *running;
@@ -858,6 +993,18 @@ bool job_departed(const struct job *job, char *buf, size_t len);
 uint64_t job_now_ms(void);
 /* The jobs array of the status reply. */
 void job_status_pack(const struct server *srv, msgpack_packer *pk);
+/* One job map of the status reply (docs/protocol.md), its header counting
+ * extra more pairs that the caller packs after it. */
+void job_pack(const struct job *job, msgpack_packer *pk, uint32_t extra);
+/* Ranks joined now, and of those the ones waiting for the next export. */
+void job_count_ranks(const struct job *job, uint32_t *joined,
+                     uint32_t *asked);
+void job_set_owner(struct job *job, const struct peer *peer);
+/* Ends the job for good (an abort, the daemon stopping): its running
+ * export and its waiting ranks fail with code and message, every rank's
+ * connection is ended with them (conn_finish), and the job is freed once
+ * no thread uses it. */
+void job_terminate(struct job *job, int code, const char *message);
 /* For jobs across nodes (mesh.c): the next job of an id after prev (NULL:
  * the first), or NULL (an id names one job, but shadows of tickets that
  * name it with different secrets may coexist until their roots refuse
@@ -907,6 +1054,9 @@ struct export_view {
   uint64_t export_id;
   uint32_t round, rounds;
   uint64_t bytes_moved, bytes_total;
+  /* The owners' segments on this node, and how much of them the engine
+   * has prepared (phase allocating). */
+  uint64_t bytes_prepared, bytes_to_prepare;
   double rate_bps;
   uint64_t pool_used;
 };
@@ -929,6 +1079,10 @@ void export_publish(struct job *job);
  * code and message (nothing is reported back to the root). */
 void export_fail(struct job *job, int code, const char *message);
 void export_fail_asks(struct job *job, int code, const char *message);
+/* Fails the running export (across nodes, the root hears it and fails it
+ * on every node) and the ranks waiting for one, with code and message:
+ * an abort, a drain that ran out of time. */
+void export_abort(struct job *job, int code, const char *message);
 
 /* ---- nodelink.c ------------------------------------------------------- */
 
@@ -1179,6 +1333,13 @@ void mesh_lost_message(const char *job_hex, uint32_t node, const char *addr,
                        uint64_t export_id, char *buf, size_t len);
 /* The job's nodes for status: "nodes" and its array. */
 void mesh_status_pack(const struct job *job, msgpack_packer *pk);
+/* How many daemons the job spans (0 for a job on one daemon). */
+uint32_t mesh_node_count(const struct job *job);
+/* On the job's root, for a rank joined on any node: that node, and whether
+ * the rank asked for the next export.  false elsewhere, or when the rank
+ * is not in the job. */
+bool mesh_rank_where(const struct job *job, uint32_t rank, uint32_t *node,
+                     bool *asked);
 
 /* ---- remote.c --------------------------------------------------------- */
 
@@ -1228,6 +1389,24 @@ const uint8_t *remote_source(const struct remote *r, const struct plan_move *m,
                              struct sp_view *sv);
 uint8_t *remote_dest(const struct remote *r, const struct plan_move *m,
                      struct plan_region *dr);
+
+/* ---- joblist.c -------------------------------------------------------- */
+
+/* The job whose id is ref or starts with it (ref: 1 to 32 lowercase hex
+ * digits): 0, SP_ENOJOB, or SP_EINVAL when ref fits several; with a
+ * sentence in msg. */
+int joblist_find(const struct server *srv, const char *ref, struct job **out,
+                 char *msg, size_t msglen);
+/* Handlers of the dispatch table (conn.c). */
+int joblist_op_jobs(struct conn *c, const struct sp_msg_head *head,
+                    const msgpack_object *map, struct sp_frame *frame);
+int joblist_op_job_status(struct conn *c, const struct sp_msg_head *head,
+                          const msgpack_object *map, struct sp_frame *frame);
+
+/* ---- abort.c ---------------------------------------------------------- */
+
+int abort_op_job_abort(struct conn *c, const struct sp_msg_head *head,
+                       const msgpack_object *map, struct sp_frame *frame);
 
 /* ---- status.c --------------------------------------------------------- */
 

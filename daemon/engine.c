@@ -384,6 +384,8 @@ static void work(struct worker *w) {
       w->current = NULL;
       /* Best effort: without it (old kernels) pages fault in as written. */
       madvise(it->addr, it->len, MADV_POPULATE_WRITE);
+      atomic_fetch_add_explicit(&e->bytes_prepared, it->len,
+                                memory_order_relaxed);
       break;
     case ITEM_SLICE:
       w->current = it->move;
@@ -585,8 +587,9 @@ int engine_run(struct engine *e) {
     }
     free(e->items);
     e->items = NULL;
-    if (r >= 0)
-      pause_ms(e, e->round_delay_ms);
+    /* The test seam pauses after the pool is prepared too, so that tests
+     * can watch that phase (status: allocating). */
+    pause_ms(e, e->round_delay_ms);
   }
   if (e->rc == 0 && atomic_load(&e->cancel))
     engine_fail(e, SP_EBUSY, "the export was canceled");
@@ -625,6 +628,7 @@ int engine_start(struct engine *e) {
   atomic_store(&e->done, false);
   atomic_store(&e->round, 0);
   atomic_store(&e->bytes_moved, 0);
+  atomic_store(&e->bytes_prepared, 0);
   return engine_spawn(&e->thread, engine_main, e);
 }
 

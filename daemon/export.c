@@ -83,6 +83,7 @@ struct export {
   const struct plan *plan;
   const struct publish_layout *layout;
   uint64_t bytes_total;
+  uint64_t bytes_to_prepare; /* the owners' segments on this node */
   uint64_t part_limit; /* the most bytes of one reply frame */
   /* Moving. */
   struct engine engine;
@@ -109,6 +110,8 @@ const char *export_phase_name(enum job_phase phase) {
     return "waiting";
   case JOB_PLANNING:
     return "planning";
+  case JOB_ALLOCATING:
+    return "allocating";
   case JOB_MOVING:
     return "moving";
   case JOB_PUBLISHING:
@@ -278,6 +281,17 @@ static void finish(struct export *ex) {
             job->hex, ex->id, ex->bytes_total, plan_rounds(ex),
             now - ex->started_ms);
   }
+  history_add(&job->history,
+              &(struct history_entry){
+                  .export_id = ex->id,
+                  .failed = ex->failed,
+                  .error = ex->failed ? job->error : NULL,
+                  .started_ms = ex->started_ms,
+                  .ended_ms = now,
+                  .rounds = plan_rounds(ex),
+                  .bytes_moved = job->last_bytes_moved,
+                  .bytes_total = ex->bytes_total,
+                  .rate_bps = ex->failed ? ex->rate_bps : job->rate_bps});
   job->running = NULL;
   free_export(ex);
   if (job->cache_stale)
@@ -345,6 +359,18 @@ static void fail_gather(struct job *job, int code, const char *message) {
   set_job_error(job, code, message);
   log_msg(LOG_LEVEL_INFO, "job %s: export failed before it started: %s",
           job->hex, job->error);
+  uint64_t now = job_now_ms(), first_ask = now;
+  for (uint32_t r = 0; r < job->world; r++)
+    if (job->members[r] != NULL && job->members[r]->asked &&
+        job->members[r]->asked_ms < first_ask)
+      first_ask = job->members[r]->asked_ms;
+  history_add(&job->history, &(struct history_entry){.failed = true,
+                                                     .error = job->error,
+                                                     .started_ms = first_ask,
+                                                     .ended_ms = now});
+  job->last_round = job->last_rounds = 0;
+  job->last_bytes_moved = job->last_bytes_total = 0;
+  job->rate_bps = 0;
   for (uint32_t r = 0; r < job->world; r++)
     if (job->members[r] != NULL)
       job_answer_ask(job->members[r], code, message);
@@ -613,6 +639,7 @@ static void start_moving(struct export *ex) {
   for (uint32_t r = 0; r < world; r++)
     if (ex->ranks[r].m != NULL)
       need += ex->layout->seg_size[r];
+  ex->bytes_to_prepare = need;
   for (uint32_t r = 0; r < world; r++) {
     /* Ranks on other nodes: their storages and segments are theirs. */
     if (ex->ranks[r].m == NULL)
@@ -1125,6 +1152,15 @@ void export_view(const struct job *job, struct export_view *out) {
     out->round = ex->phase == JOB_MOVING       ? atomic_load(&ex->engine.round)
                  : ex->phase == JOB_PUBLISHING ? out->rounds
                                                : 0;
+    /* Before round 1 the engine prepares the owners' segments; on a big
+     * first export that is most of the time, and must not read as a
+     * stall. */
+    out->bytes_to_prepare = ex->bytes_to_prepare;
+    out->bytes_prepared = out->round > 0 || ex->phase == JOB_PUBLISHING
+                              ? ex->bytes_to_prepare
+                              : atomic_load(&ex->engine.bytes_prepared);
+    if (out->phase == JOB_MOVING && out->round == 0)
+      out->phase = JOB_ALLOCATING;
     out->bytes_total = ex->bytes_total;
     out->bytes_moved =
         ex->phase >= JOB_MOVING ? atomic_load(&ex->engine.bytes_moved) : 0;
@@ -1135,7 +1171,9 @@ void export_view(const struct job *job, struct export_view *out) {
     return;
   }
   out->export_id = job->next_export_id - 1;
-  if (any_asked(job) || out->export_id == 0) {
+  /* An export that failed while its ranks asked is an outcome too, also
+   * before the job's first export id. */
+  if (any_asked(job) || job->history.total == 0) {
     out->phase = JOB_WAITING;
     return;
   }
@@ -1167,6 +1205,7 @@ int export_op_request(struct conn *c, const struct sp_msg_head *head,
   m->ask = req;
   m->asked = true;
   m->ask_id = head->id;
+  m->asked_ms = job_now_ms();
   m->ask_deadline_ms =
       job_now_ms() +
       (req.timeout_ms > 0 ? req.timeout_ms : job->srv->cfg->export_timeout_ms);
@@ -1300,6 +1339,13 @@ void export_fail(struct job *job, int code, const char *message) {
   if (job->running == NULL)
     return;
   fail_export_as(job->running, code, message, false);
+  job_wake(job);
+}
+
+void export_abort(struct job *job, int code, const char *message) {
+  if (job->running != NULL)
+    fail_export(job->running, code, message);
+  export_fail_asks(job, code, message);
   job_wake(job);
 }
 

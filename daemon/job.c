@@ -135,6 +135,7 @@ static void job_destroy(struct job *job) {
       job->members[r] = NULL;
     }
   export_drop_cache(job);
+  history_free(&job->history);
   mesh_free(job->mesh);
   job->mesh = NULL;
   /* Finalized and destroyed (idle peers see a goodbye, not an error), or
@@ -297,6 +298,16 @@ void job_conn_closed(struct job_member *m) {
   job_wake(m->job);
 }
 
+void job_terminate(struct job *job, int code, const char *message) {
+  export_abort(job, code, message);
+  for (uint32_t r = 0; r < job->world; r++) {
+    struct job_member *m = job->members[r];
+    if (m != NULL && m->conn != NULL)
+      conn_finish(m->conn, code, "%s", message);
+  }
+  job_end(job);
+}
+
 void job_shutdown(struct server *srv) {
   for (struct job *job = srv->jobs; job != NULL; job = job->next) {
     job->dying = true;
@@ -362,6 +373,8 @@ struct job *job_new(struct server *srv, const uint8_t *id,
   job->departed = departed;
   job->world = world;
   job->next_export_id = 1;
+  job->created_ms = job_now_ms();
+  history_init(&job->history, srv->cfg->export_history);
   for (size_t i = 0; i < JOB_ID_BYTES; i++)
     snprintf(job->hex + 2 * i, 3, "%02x", job->id[i]);
   uv_timer_init(srv->loop, &job->tick);
@@ -421,6 +434,7 @@ int job_op_create(struct conn *c, const struct sp_msg_head *head,
                            "job_create: cannot make a job");
   }
   job->owner = owner;
+  job_set_owner(job, conn_peer(c));
   /* A daemon that listens for peers roots its jobs: they may span nodes. */
   msgpack_sbuffer ticket;
   if (srv->peer_fd >= 0 && srv->backend->gpu != NULL) {
@@ -439,8 +453,10 @@ int job_op_create(struct conn *c, const struct sp_msg_head *head,
     return conn_send_error(c, head->id, SP_ENOMEM,
                            "job_create: cannot make a ticket");
   }
-  log_msg(LOG_LEVEL_INFO, "job %s: created for %" PRIu32 " ranks", job->hex,
-          job->world);
+  log_msg(LOG_LEVEL_INFO,
+          "job %s: created for %" PRIu32 " ranks by uid %u (pid %d)",
+          job->hex, job->world, (unsigned)job->owner_uid,
+          (int)job->owner_pid);
 
   struct sp_msgbuf mb;
   sp_msgbuf_begin(&mb, "job_create", head->id, 2);
@@ -581,6 +597,10 @@ struct job_member *job_admit(struct job *job, struct conn *c,
   job->joined++;
   job_rank_returned(job, req->rank);
   conn_set_member(c, m);
+  /* A shadow of a job rooted elsewhere belongs to whoever joined it here
+   * first. */
+  if (!job->has_owner)
+    job_set_owner(job, conn_peer(c));
   job_note_joined(job);
   if (job->mesh != NULL)
     mesh_rank_joined(job, req->rank);
@@ -699,39 +719,56 @@ int job_op_tensor_add(struct conn *c, const struct sp_msg_head *head,
   return conn_send_msgbuf(c, &mb);
 }
 
+void job_set_owner(struct job *job, const struct peer *peer) {
+  job->has_owner = true;
+  job->owner_uid = peer->uid;
+  job->owner_pid = peer->pid;
+}
+
+void job_count_ranks(const struct job *job, uint32_t *joined,
+                     uint32_t *asked) {
+  *joined = *asked = 0;
+  for (uint32_t r = 0; r < job->world; r++) {
+    const struct job_member *m = job->members[r];
+    *joined += m != NULL && !m->lost;
+    *asked += m != NULL && !m->lost && m->asked;
+  }
+}
+
 void job_status_pack(const struct server *srv, msgpack_packer *pk) {
   msgpack_pack_array(pk, srv->njobs);
-  for (const struct job *job = srv->jobs; job != NULL; job = job->next) {
-    struct export_view v;
-    uint32_t joined = 0, asked = 0;
-    export_view(job, &v);
-    for (uint32_t r = 0; r < job->world; r++) {
-      const struct job_member *m = job->members[r];
-      joined += m != NULL && !m->lost;
-      asked += m != NULL && !m->lost && m->asked;
-    }
-    bool failed = v.phase == JOB_FAILED;
-    msgpack_pack_map(pk, failed ? 16 : 15);
-    sp_pack_kv_str(pk, "job_id", job->hex);
-    sp_pack_kv_str(pk, "phase", export_phase_name(v.phase));
-    if (failed)
-      sp_pack_kv_str(pk, "error", job->error);
-    sp_pack_kv_u64(pk, "world", job->world);
-    sp_pack_kv_u64(pk, "joined", joined);
-    sp_pack_kv_u64(pk, "asked", asked);
-    sp_pack_kv_u64(pk, "export_id", v.export_id);
-    sp_pack_kv_u64(pk, "round", v.round);
-    sp_pack_kv_u64(pk, "rounds", v.rounds);
-    sp_pack_kv_u64(pk, "bytes_moved", v.bytes_moved);
-    sp_pack_kv_u64(pk, "bytes_total", v.bytes_total);
-    sp_pack_kv_f64(pk, "rate_bps", v.rate_bps);
-    sp_pack_kv_u64(pk, "pool_used", v.pool_used);
-    /* Every daemon of a job across nodes shows the same digest. */
-    char digest[17] = "";
-    if (job->has_plan_digest)
-      snprintf(digest, sizeof digest, "%016" PRIx64, job->plan_digest);
-    sp_pack_kv_str(pk, "plan_digest", digest);
-    sp_pack_kv_u64(pk, "node", mesh_self(job));
-    mesh_status_pack(job, pk);
-  }
+  for (const struct job *job = srv->jobs; job != NULL; job = job->next)
+    job_pack(job, pk, 0);
+}
+
+void job_pack(const struct job *job, msgpack_packer *pk, uint32_t extra) {
+  struct export_view v;
+  uint32_t joined, asked;
+  export_view(job, &v);
+  job_count_ranks(job, &joined, &asked);
+  bool failed = v.phase == JOB_FAILED;
+  msgpack_pack_map(pk, (failed ? 18 : 17) + extra);
+  sp_pack_kv_str(pk, "job_id", job->hex);
+  sp_pack_kv_str(pk, "phase", export_phase_name(v.phase));
+  if (failed)
+    sp_pack_kv_str(pk, "error", job->error);
+  sp_pack_kv_u64(pk, "world", job->world);
+  sp_pack_kv_u64(pk, "joined", joined);
+  sp_pack_kv_u64(pk, "asked", asked);
+  sp_pack_kv_u64(pk, "export_id", v.export_id);
+  sp_pack_kv_u64(pk, "round", v.round);
+  sp_pack_kv_u64(pk, "rounds", v.rounds);
+  sp_pack_kv_u64(pk, "bytes_moved", v.bytes_moved);
+  sp_pack_kv_u64(pk, "bytes_total", v.bytes_total);
+  sp_pack_kv_u64(pk, "bytes_prepared", v.bytes_prepared);
+  sp_pack_kv_u64(pk, "bytes_to_prepare", v.bytes_to_prepare);
+  sp_pack_kv_f64(pk, "rate_bps", v.rate_bps);
+  sp_pack_kv_u64(pk, "pool_used", v.pool_used);
+  /* Every daemon of a job across nodes shows the same digest. */
+  char digest[17] = "";
+  if (job->has_plan_digest)
+    snprintf(digest, sizeof digest, "%016" PRIx64, job->plan_digest);
+  sp_pack_kv_str(pk, "plan_digest", digest);
+  sp_pack_kv_u64(pk, "node", mesh_self(job));
+  mesh_status_pack(job, pk);
 }

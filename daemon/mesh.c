@@ -2160,3 +2160,21 @@ void mesh_status_pack(const struct job *job, msgpack_packer *pk) {
 uint32_t mesh_self(const struct job *job) {
   return job->mesh != NULL ? job->mesh->self : 0;
 }
+
+uint32_t mesh_node_count(const struct job *job) {
+  const struct mesh *ms = job->mesh;
+  uint32_t count = 0;
+  for (uint32_t i = 0; ms != NULL && i < ms->nnodes; i++)
+    count += ms->nodes[i] != NULL && ms->nodes[i]->present;
+  return count;
+}
+
+bool mesh_rank_where(const struct job *job, uint32_t rank, uint32_t *node,
+                     bool *asked) {
+  const struct mesh *ms = job->mesh;
+  if (ms == NULL || !ms->root || ms->rank_node[rank] == PLAN_NONE)
+    return false;
+  *node = ms->rank_node[rank];
+  *asked = ms->asks[rank].asked;
+  return true;
+}

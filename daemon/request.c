@@ -606,3 +606,53 @@ int request_parse_release(const msgpack_object *map, uint64_t *export_id,
   return get_uint(map, "export_id", false, UINT64_MAX, export_id, "", msg,
                   msglen);
 }
+
+/* A job id or a prefix of one: 1 to 32 hex digits, kept in lowercase. */
+static int get_job_ref(const msgpack_object *map, const char *key,
+                       bool optional, char out[2 * JOB_ID_BYTES + 1],
+                       char *msg, size_t msglen) {
+  const char *s;
+  size_t len;
+  int rc = sp_msg_get_str(map, key, optional, &s, &len);
+  if (rc < 0)
+    return sp_failf(msg, msglen, SP_EBADMSG, "\"%s\" must be a string", key);
+  if (rc == 1) {
+    out[0] = '\0';
+    return 0;
+  }
+  if (len == 0 || len > 2 * JOB_ID_BYTES)
+    return sp_failf(msg, msglen, SP_EINVAL,
+                    "\"%s\" must be a job id of 1 to %d hex digits, not %zu "
+                    "bytes",
+                    key, 2 * JOB_ID_BYTES, len);
+  for (size_t i = 0; i < len; i++) {
+    char c = s[i];
+    if (c >= 'A' && c <= 'F')
+      c = (char)(c - 'A' + 'a');
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+      return sp_failf(msg, msglen, SP_EINVAL,
+                      "\"%s\" must be a job id of hex digits; byte %zu is not "
+                      "one",
+                      key, i);
+    out[i] = c;
+  }
+  out[len] = '\0';
+  return 0;
+}
+
+int request_parse_job_ref(const msgpack_object *map,
+                          char out[2 * JOB_ID_BYTES + 1], char *msg,
+                          size_t msglen) {
+  return get_job_ref(map, "job", false, out, msg, msglen);
+}
+
+int request_parse_jobs(const msgpack_object *map,
+                       char after[2 * JOB_ID_BYTES + 1], char *msg,
+                       size_t msglen) {
+  int rc = get_job_ref(map, "after", true, after, msg, msglen);
+  if (rc == 0 && after[0] != '\0' && strlen(after) != 2 * JOB_ID_BYTES)
+    return sp_failf(msg, msglen, SP_EINVAL,
+                    "\"after\" must be a whole job id of %d hex digits",
+                    2 * JOB_ID_BYTES);
+  return rc;
+}

@@ -30,6 +30,8 @@ void status_pack(const struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
   sp_pack_kv_u64(pk, "pool_held", pool_held(srv->pool));
   /* Where other daemons reach this one ("" when peer_listen is off). */
   sp_pack_kv_str(pk, "peer_address", srv->peer_address);
+  /* Stopping: new work is refused while running exports finish. */
+  sp_pack_kv_bool(pk, "draining", srv->draining);
   sp_pack_str(pk, "jobs");
   job_status_pack(srv, pk);
   /* What each user holds against its quotas (docs/operations.md). */

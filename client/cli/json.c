@@ -61,3 +61,20 @@ void json_double(FILE *out, double v) {
     snprintf(buf, sizeof buf, "%.17g", v);
   fputs(buf, out);
 }
+
+void json_u64(FILE *out, const char *key, uint64_t v) {
+  fprintf(out, ",\"%s\":%llu", key, (unsigned long long)v);
+}
+
+void json_str_field(FILE *out, const char *key, const char *v) {
+  fprintf(out, ",\"%s\":", key);
+  if (v)
+    json_string(out, v);
+  else
+    fputs("null", out);
+}
+
+void json_double_field(FILE *out, const char *key, double v) {
+  fprintf(out, ",\"%s\":", key);
+  json_double(out, v);
+}

@@ -23,6 +23,7 @@ static int ping_exec(sp_client *client, const struct cli_options *opts,
 
 const struct cli_command cli_ping_command = {
     .name = "ping",
+    .args = "",
     .summary = "measure one round trip to the daemon",
     .flags = CLI_TAKES_JSON,
     .exec = ping_exec,

@@ -1,6 +1,6 @@
 /*
  * text.c - turning what the daemon reports into text for people: byte
- * counts and durations.
+ * counts, durations and user names.
  *
  * Strings in a status reply come from another process; printed raw, an
  * escape sequence in one could rewrite the operator's terminal.  So every
@@ -8,6 +8,8 @@
  * table shows it.
  */
 #include <math.h>
+#include <pwd.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "client/cli/cli.h"
@@ -46,4 +48,40 @@ void text_duration(double seconds, char *buf, size_t size) {
     snprintf(buf, size, "%llum %llus", m, s);
   else
     snprintf(buf, size, "%llus", s);
+}
+
+void text_user(uint32_t uid, char *buf, size_t size) {
+  struct passwd pw, *found = NULL;
+  char scratch[1024];
+  if (getpwuid_r((uid_t)uid, &pw, scratch, sizeof scratch, &found) == 0 &&
+      found != NULL) {
+    sp_text_sanitize(found->pw_name, buf, size);
+    return;
+  }
+  snprintf(buf, size, "%u", uid);
+}
+
+void text_table_measure(struct text_table *t, const char *const *row) {
+  for (size_t c = 0; c < t->ncols; c++) {
+    size_t len = strlen(row[c]);
+    if (len > t->width[c])
+      t->width[c] = len;
+  }
+}
+
+void text_table_row(const struct text_table *t, FILE *out, const char *indent,
+                    const char *const *row) {
+  /* The last cell written is not padded, and empty cells at the end are
+   * not written: no trailing blanks. */
+  size_t n = t->ncols;
+  while (n > 1 && row[n - 1][0] == '\0')
+    n--;
+  fputs(indent, out);
+  for (size_t c = 0; c < n; c++) {
+    if (c + 1 < n)
+      fprintf(out, "%-*s  ", (int)t->width[c], row[c]);
+    else
+      fputs(row[c], out);
+  }
+  fputc('\n', out);
 }

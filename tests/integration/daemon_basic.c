@@ -321,6 +321,33 @@ START_TEST(check_config) {
 }
 END_TEST
 
+/* The bounds of drain_timeout and export_history, at their edges. */
+START_TEST(drain_and_history_bounds) {
+  static const struct {
+    const char *line;
+    int status;
+  } cases[] = {
+      {"drain_timeout = 0\n", 0},
+      {"drain_timeout = 86400000ms\n", 0},
+      {"drain_timeout = 86400001ms\n", 1},
+      {"drain_timeout = soon\n", 1},
+      {"export_history = 0\n", 0},
+      {"export_history = 256\n", 0},
+      {"export_history = 257\n", 1},
+  };
+  char dir[256], path[300];
+  ck_assert_int_eq(sp_test_mkdtemp(dir, sizeof(dir)), 0);
+  snprintf(path, sizeof(path), "%s/d.conf", dir);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ck_assert_int_eq(sp_test_write_file(path, cases[i].line), 0);
+    const char *args[] = {"-n", "--config", path, NULL};
+    ck_assert_msg(run_daemon(args, NULL, 0) == cases[i].status, "%s",
+                  cases[i].line);
+  }
+  sp_test_rmdir(dir);
+}
+END_TEST
+
 START_TEST(print_config_defaults) {
   char out[4096];
   const char *args[] = {"--print-config", "--config", "/dev/null", "--socket",
@@ -357,6 +384,8 @@ START_TEST(print_config_defaults) {
            "max_user_mappings = 32768\n"
            "max_client_mappings = 8192\n"
            "engine_threads = 0\n"
+           "drain_timeout = 1m\n"
+           "export_history = 8\n"
            "peer_listen = none\n"
            "peer_advertise = none\n"
            "peer_timeout = 10s\n"
@@ -470,6 +499,7 @@ int main(int argc, char **argv) {
   TCase *cli = tcase_create("command line");
   tcase_set_timeout(cli, 30);
   tcase_add_test(cli, check_config);
+  tcase_add_test(cli, drain_and_history_bounds);
   tcase_add_test(cli, print_config_defaults);
   tcase_add_test(cli, command_line_errors);
   tcase_add_test(cli, log_prefixes);
