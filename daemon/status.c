@@ -11,7 +11,7 @@
 void status_pack(const struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
   /* Segments whose ranks closed them are freed before they are counted. */
   pool_collect(srv->pool);
-  sp_msgbuf_begin(mb, "status", id, 12);
+  sp_msgbuf_begin(mb, "status", id, 14);
   msgpack_packer *pk = &mb->pk;
   sp_pack_kv_str(pk, "daemon_version", SP_VERSION);
   sp_pack_kv_u64(pk, "protocol_version", SP_PROTOCOL_VERSION);
