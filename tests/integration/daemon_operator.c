@@ -335,7 +335,7 @@ static uint32_t jobs_page(int sock, const char *after, bool *more,
 /* jobs answers 1024 jobs a page: 1024 fit in one, the 1025th starts a
  * second; the library gathers every page. */
 START_TEST(jobs_in_pages) {
-  start_with("max_jobs = 1100\n", NULL);
+  start_with("max_jobs = 1100\nmax_user_jobs = 1100\n", NULL);
   int sock = sp_test_connect_hello(daemon_.socket);
   ck_assert_int_ge(sock, 0);
   char hex[33], last[33];
