@@ -310,9 +310,14 @@ static void node_messages(void) {
   uint32_t rank_nodes[3] = {0, 2, 2};
   struct nodemsg m;
 
-  m = (struct nodemsg){.op = NODEMSG_HELLO, .version = 1, .node_id = 99};
+  m = (struct nodemsg){.op = NODEMSG_CHALLENGE};
+  memset(m.nonce, 0x5a, sizeof m.nonce);
+  node_message("challenge", &m);
+  m = (struct nodemsg){
+      .op = NODEMSG_HELLO, .version = NODE_PROTOCOL_VERSION, .node_id = 99};
   memcpy(m.job, id16, sizeof m.job);
-  memcpy(m.secret, id16, sizeof m.secret);
+  memset(m.nonce, 0xa5, sizeof m.nonce);
+  memset(m.proof, 0x3c, sizeof m.proof);
   snprintf(m.addr, sizeof m.addr, "10.0.0.9:7070");
   node_message("hello", &m);
   m = (struct nodemsg){
