@@ -424,7 +424,8 @@ struct quota_user *quota_hold(struct server *srv, uid_t uid,
                               enum quota_kind kind);
 /* One holder of kind is gone; the entry goes with its last holder. */
 void quota_release(struct quota_user *u, enum quota_kind kind);
-/* job_create for u, which holds the new job already: 0, or SP_ELIMIT past
+/* job_create, or a join that makes a shadow, for u, which holds the new job
+ * already: 0, or SP_ELIMIT past
  * max_user_jobs with a sentence. */
 int quota_job_admit(const struct quota_user *u, char *msg, size_t msglen);
 /* The registry quota of a rank of user u (quota_arg is u): max_client_mappings
@@ -884,8 +885,8 @@ struct job_departure {
 struct job {
   struct server *srv;
   struct job *next;
-  /* The user that created it (max_user_jobs); NULL for a job rooted on
-   * another daemon. */
+  /* The user that created it, or whose join made this shadow of a job
+   * rooted on another daemon (max_user_jobs). */
   struct quota_user *owner;
   uint8_t id[JOB_ID_BYTES];
   uint8_t secret[JOB_SECRET_BYTES];

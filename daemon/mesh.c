@@ -588,9 +588,25 @@ int mesh_shadow_job(struct conn *c, const struct sp_msg_head *head,
                            "join: %" PRIu32 " jobs exist, the most max_jobs "
                            "allows",
                            srv->cfg->max_jobs);
-  struct job *job = job_new(srv, t->job, t->secret, t->world);
-  if (job == NULL)
+  /* A shadow takes one of max_jobs as a created job does, so it counts
+   * against the joining user's max_user_jobs: otherwise one user's joins
+   * of jobs rooted elsewhere (or of tickets they wrote) could take every
+   * job of this daemon. */
+  char msg[256];
+  struct quota_user *owner = quota_hold(srv, conn_uid(c), QUOTA_JOB);
+  if (owner == NULL)
     return conn_send_error(c, head->id, SP_ENOMEM, "join: out of memory");
+  int rc = quota_job_admit(owner, msg, sizeof msg);
+  if (rc != 0) {
+    quota_release(owner, QUOTA_JOB);
+    return conn_send_error(c, head->id, rc, "join: %s", msg);
+  }
+  struct job *job = job_new(srv, t->job, t->secret, t->world);
+  if (job == NULL) {
+    quota_release(owner, QUOTA_JOB);
+    return conn_send_error(c, head->id, SP_ENOMEM, "join: out of memory");
+  }
+  job->owner = owner;
   struct mesh *ms = mesh_alloc(job, false);
   if (ms == NULL) {
     job_end(job);

@@ -214,13 +214,16 @@ int pool_segment_new_device(struct pool *pool, struct gpu *gpu, int device,
 void pool_segment_put(struct pool *pool, struct pool_segment *segment) {
   if (!segment)
     return;
-  if (!segment->dev && segment->wd >= 0 && !segment->holder_closed) {
-    /* Its rank still holds it: counted until the kernel says it closed.
-     * The daemon's own mapping goes now; its descriptor stays, so that
-     * the only close to come is the rank's. */
+  if (!segment->dev && segment->wd >= 0) {
+    /* Its rank may still hold it: counted until the kernel says its file
+     * is gone.  The daemon's own mapping and descriptor go now, so that
+     * the file ends with the last descriptor or mapping of it anywhere,
+     * and if the rank closed it already, with these (pool_collect). */
     if (segment->base)
       munmap(segment->base, segment->size);
     segment->base = NULL;
+    close(segment->fd);
+    segment->fd = -1;
     segment->released = true;
     pool->held += segment->size;
     return;
@@ -277,15 +280,17 @@ void pool_segment_free(struct pool *pool, struct pool_segment *segment) {
     pool->held -= segment->size;
   if (segment->base)
     munmap(segment->base, segment->size);
-  close(segment->fd);
+  if (segment->fd >= 0)
+    close(segment->fd);
   pool->used -= segment->size;
   free(segment);
 }
 
 int pool_segment_share(struct pool *pool, struct pool_segment *segment,
                        char *msg, size_t msglen) {
-  /* Opening the memfd again through /proc makes a description of its own,
-   * whose last close the kernel reports (a dup would share the daemon's). */
+  /* Opening the memfd again through /proc makes a description of the
+   * rank's own, so that the daemon's, closed at release, is not one a
+   * reply still being written holds. */
   char path[64];
   snprintf(path, sizeof path, "/proc/self/fd/%d", segment->fd);
   int fd = open(path, O_RDWR | O_CLOEXEC);
@@ -297,8 +302,14 @@ int pool_segment_share(struct pool *pool, struct pool_segment *segment,
   if (pool->watch_fd < 0 || segment->wd >= 0)
     return fd;
   snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-  segment->wd = inotify_add_watch(pool->watch_fd, path,
-                                  IN_CLOSE_WRITE | IN_CLOSE_NOWRITE);
+  /* Not the closes of the file (IN_CLOSE_*): they are reported for every
+   * description of it, and a rank could open and close another (through
+   * /proc) while it keeps its own.  A memfd has no name, so its file ends
+   * (IN_DELETE_SELF, then IN_IGNORED) once the last descriptor and mapping
+   * of it, in any process, are gone: inotify(7), and the kernel's
+   * dentry_unlink_inode(), which reports a file without links at its
+   * end. */
+  segment->wd = inotify_add_watch(pool->watch_fd, path, IN_DELETE_SELF);
   if (segment->wd < 0) {
     snprintf(msg, msglen, "cannot watch the segment (inotify: %s)",
              strerror(errno));
@@ -312,11 +323,15 @@ int pool_segment_share(struct pool *pool, struct pool_segment *segment,
 
 int pool_watch_fd(const struct pool *pool) { return pool->watch_fd; }
 
-/* The rank's description of segment is closed everywhere. */
+/* The segment's file is gone: only a released segment's can be, since
+ * until its release the daemon holds it.  The kernel has removed the
+ * watch. */
 static void holder_gone(struct pool *pool, struct pool_segment *segment) {
-  segment->holder_closed = true;
-  if (segment->released)
-    pool_segment_free(pool, segment);
+  if (!segment->released)
+    return;
+  unwatch(pool, segment);
+  segment->wd = -1;
+  pool_segment_free(pool, segment);
 }
 
 void pool_collect(struct pool *pool) {

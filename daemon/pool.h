@@ -23,11 +23,11 @@
  * A host segment's pages outlive the daemon's own use of it while a trainer
  * still holds what it was given (a descriptor, a mapping, or a copy of the
  * descriptor it passed on), and the daemon wrote them, so they are charged
- * to it.  So each rank gets its own open file description of the segment
- * (pool_segment_share), watched with inotify: the kernel reports its close
- * when the last descriptor and mapping of it are gone, in any process.  A
- * released segment whose description is still held stays counted in
- * pool_used (and pool_held) until then.
+ * to it.  So each segment the daemon shares is watched with inotify, and
+ * at its release the daemon closes its own descriptor and mapping: the
+ * kernel reports the end of the memfd's file when the last descriptor and
+ * mapping of it are gone, in any process.  A released segment stays
+ * counted in pool_used (and pool_held) until then.
  */
 #ifndef SP_DAEMON_POOL_H
 #define SP_DAEMON_POOL_H
@@ -52,11 +52,10 @@ struct pool_segment {
   int device;              /* a device segment's local ordinal */
   const void *owner;       /* a device segment's owner (a job member) */
   struct pool_segment *next; /* kept device segments; watched host ones */
-  /* A shared host segment: its inotify watch (-1 when none), whether the
-   * rank's description has been closed everywhere, and whether the daemon
-   * released it and only waits for that. */
+  /* A shared host segment: its inotify watch (-1 when none), and whether
+   * the daemon released it and only waits for its file's end (fd is -1
+   * then). */
   int wd;
-  bool holder_closed;
   bool released;
 };
 
@@ -82,12 +81,13 @@ int pool_segment_new_device(struct pool *pool, struct gpu *gpu, int device,
 /* Frees a segment now.  NULL is allowed. */
 void pool_segment_free(struct pool *pool, struct pool_segment *segment);
 /* Returns a released segment: a device segment is kept for its owner's
- * next export; a host segment is freed, or counted on until its rank's
- * description is closed everywhere.  NULL is allowed. */
+ * next export; a host segment is freed, or, once shared, counted on until
+ * its file ends (no descriptor or mapping of it is left anywhere).  NULL is
+ * allowed. */
 void pool_segment_put(struct pool *pool, struct pool_segment *segment);
 /* A new open file description of a host segment for its rank (read-write,
- * close-on-exec), watched until it is closed everywhere: a descriptor, or
- * SP_EBACKEND with a sentence in msg. */
+ * close-on-exec), the segment watched until its file ends: a descriptor,
+ * or SP_EBACKEND with a sentence in msg. */
 int pool_segment_share(struct pool *pool, struct pool_segment *segment,
                        char *msg, size_t msglen);
 /* The inotify descriptor the loop polls (-1 when the kernel gave none),

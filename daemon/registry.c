@@ -324,6 +324,11 @@ static int plan_files(const struct registry *reg, const struct req_storage *s,
           break;
         }
       f->file = find_file(reg, &f->st);
+      /* One size per file in a frame, its first descriptor's, which is the
+       * size it is mapped with: the file may have grown or shrunk between
+       * the two fstats, and a storage checked against a larger size would
+       * point past the mapping. */
+      f->st.st_size = ff[f->same].st.st_size;
     }
     if (!S_ISREG(f->st.st_mode))
       return sp_failf(msg, msglen, SP_EBADFD,

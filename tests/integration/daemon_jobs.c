@@ -771,6 +771,40 @@ START_TEST(kept_segment_counted_until_closed) {
 }
 END_TEST
 
+/* Another open and close of the segment's file by the rank (here through
+ * /proc, as any process holding it may) is not the close of the rank's
+ * descriptor: a segment the rank still maps stays counted. */
+START_TEST(reopened_segment_counted_until_closed) {
+  struct rank rk[2];
+  struct published pub[2];
+  char msg[1024], path[64];
+  two_ranks(rk, NKEYS);
+  uint64_t id0 = send_export(rk[0].sock, false, 10000, 0);
+  uint64_t id1 = send_export(rk[1].sock, false, 10000, 0);
+  ck_assert_int_eq(read_export(rk[0].sock, id0, &pub[0], msg, sizeof msg, NULL),
+                   0);
+  ck_assert_int_eq(read_export(rk[1].sock, id1, &pub[1], msg, sizeof msg, NULL),
+                   0);
+  size_t size0 = pub[0].segment_size;
+  ck_assert_uint_gt(size0, 0);
+  int kept_fd = dup(pub[0].segment_fd);
+  ck_assert_int_ge(kept_fd, 0);
+  snprintf(path, sizeof path, "/proc/self/fd/%d", kept_fd);
+  int other = open(path, O_RDONLY | O_CLOEXEC);
+  ck_assert_int_ge(other, 0);
+  close(other);
+  for (uint32_t r = 0; r < 2; r++) {
+    ck_assert_int_eq(release(rk[r].sock, pub[r].export_id), 0);
+    published_free(&pub[r]);
+  }
+  wait_pool_used(rk[0].sock, size0, size0);
+  close(kept_fd);
+  wait_pool_used(rk[0].sock, 0, 0);
+  for (uint32_t r = 0; r < 2; r++)
+    rank_close(&rk[r]);
+}
+END_TEST
+
 static void pack_one_storage(struct sp_msgbuf *mb, uint64_t id, uint32_t sid,
                              uint64_t fd, uint64_t offset, uint64_t length,
                              uint64_t base) {
@@ -1306,6 +1340,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, export_two_ranks);
   tcase_add_test(tc, close_returns_pool_memory);
   tcase_add_test(tc, kept_segment_counted_until_closed);
+  tcase_add_test(tc, reopened_segment_counted_until_closed);
   tcase_add_test(tc, registration_refusals);
   tcase_add_test(tc, join_refusals);
   tcase_add_test(tc, export_twice_and_unknown_release);

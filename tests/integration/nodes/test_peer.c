@@ -1032,6 +1032,37 @@ START_TEST(forged_ticket_does_not_block_real_ranks) {
 }
 END_TEST
 
+/* A shadow is a job on the member's daemon like any other: it takes one of
+ * max_jobs, so it counts against the max_user_jobs of the user whose join
+ * made it.  At the bound the next shadow's join is refused, as a
+ * job_create would be; the user's own job_create is refused too. */
+START_TEST(shadow_jobs_count_against_max_user_jobs) {
+  start_daemon(0, "127.0.0.1:0", NULL, NULL);
+  start_daemon(1, "127.0.0.1:0", NULL, "max_user_jobs = 2\n");
+  sp_client *c0, *m[3];
+  sp_ticket tickets[3];
+  ck_assert_int_eq(sp_connect(daemons[0].socket, &c0), 0);
+  for (int i = 0; i < 3; i++)
+    ck_assert_int_eq(sp_job_create(c0, 2, &tickets[i]), 0);
+  /* Two shadows: at the bound, allowed. */
+  for (int i = 0; i < 2; i++) {
+    int rc = join_on(1, &tickets[i], 1, 2, &m[i]);
+    ck_assert_msg(rc == 0, "shadow %d: %s: %s", i, sp_err_name(rc),
+                  sp_last_message(m[i]));
+  }
+  /* A third: past it. */
+  int rc = join_on(1, &tickets[2], 1, 2, &m[2]);
+  ck_assert_msg(rc == SP_ELIMIT, "the third shadow: %s: %s", sp_err_name(rc),
+                sp_last_message(m[2]));
+  ck_assert_ptr_nonnull(strstr(sp_last_message(m[2]), "max_user_jobs"));
+  sp_ticket own;
+  ck_assert_int_eq(sp_job_create(m[2], 2, &own), SP_ELIMIT);
+  for (int i = 0; i < 3; i++)
+    sp_close(m[i]);
+  sp_close(c0);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   Suite *s = suite_create("nodes-peer");
   TCase *hs = tcase_create("handshake");
@@ -1058,6 +1089,7 @@ int main(int argc, char **argv) {
   tcase_set_timeout(root, 60);
   tcase_add_test(root, join_through_stopped_root_is_node_lost);
   tcase_add_test(root, forged_ticket_does_not_block_real_ranks);
+  tcase_add_test(root, shadow_jobs_count_against_max_user_jobs);
   suite_add_tcase(s, root);
   SRunner *sr = srunner_create(s);
   srunner_run(sr, NULL, argc > 1 ? argv[1] : NULL, CK_NORMAL);

@@ -4,10 +4,13 @@
  * read-only mappings, whole-or-nothing frames, views inside their storage.
  */
 #include <check.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon/daemon.h"
@@ -659,6 +662,86 @@ START_TEST(storages_share_mappings) {
 }
 END_TEST
 
+/* Two descriptors of one file in a frame while the trainer resizes it:
+ * every storage registered lies inside the mapping it points into, whatever
+ * size each descriptor's fstat saw. */
+struct resizer {
+  int fd;
+  atomic_bool stop;
+};
+
+/* Holds each size for about 5 microseconds, a good part of the time a
+ * frame of FIRST storages takes between its two fstats. */
+static void hold(void) {
+  struct timespec a, b;
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  do
+    clock_gettime(CLOCK_MONOTONIC, &b);
+  while ((b.tv_sec - a.tv_sec) * 1000000000L + (b.tv_nsec - a.tv_nsec) <
+         5000);
+}
+
+static void *resize_main(void *arg) {
+  struct resizer *r = arg;
+  while (!atomic_load(&r->stop)) {
+    ck_assert_int_eq(ftruncate(r->fd, 2 * 4096), 0);
+    hold();
+    ck_assert_int_eq(ftruncate(r->fd, 64 * 4096), 0);
+    hold();
+  }
+  return NULL;
+}
+
+static bool inside_a_mapping(const struct registry *reg, uint32_t idx) {
+  const uint8_t *lo = reg->info[idx].data;
+  const uint8_t *hi = lo + reg->storages[idx].nbytes;
+  for (size_t m = 0; m < reg->nmaps; m++) {
+    const uint8_t *a = reg->maps[m].addr;
+    if (lo >= a && hi <= a + reg->maps[m].len)
+      return true;
+  }
+  return false;
+}
+
+START_TEST(storages_inside_mappings_while_resized) {
+  enum { FIRST = 1000, TRIES = 3000 };
+  static struct req_storage s[FIRST + 1];
+  for (uint32_t i = 0; i < FIRST; i++)
+    s[i] = (struct req_storage){
+        .sid = i, .fd = 0, .offset = 0, .length = 1, .base = 0x1000 + i};
+  /* The last on the other descriptor, near the end of the larger size. */
+  s[FIRST] = (struct req_storage){.sid = FIRST, .fd = 1,
+                                  .offset = 63 * 4096, .length = 4096,
+                                  .base = 0x100000};
+  struct resizer r = {.fd = memfd_of(2 * 4096)};
+  pthread_t thread;
+  ck_assert_int_eq(pthread_create(&thread, NULL, resize_main, &r), 0);
+  int registered = 0;
+  for (int t = 0; t < TRIES; t++) {
+    struct registry reg;
+    char err[256];
+    registry_init(&reg, SP_DEVICE_CPU);
+    struct sp_frame frame = {.nfds = 2};
+    frame.fds[0] = r.fd;
+    frame.fds[1] = dup(r.fd);
+    if (registry_add_storages(&reg, s, FIRST + 1, &frame, err, sizeof err) ==
+        0) {
+      registered++;
+      for (uint32_t i = 0; i <= FIRST; i++)
+        ck_assert_msg(inside_a_mapping(&reg, i),
+                      "try %d: storage %u lies outside every mapping", t, i);
+    }
+    close(frame.fds[1]);
+    registry_free(&reg);
+  }
+  atomic_store(&r.stop, true);
+  pthread_join(thread, NULL);
+  close(r.fd);
+  /* Not vacuous: some frames were taken. */
+  ck_assert_int_gt(registered, 0);
+}
+END_TEST
+
 /* The quota a registry is given sees what each frame would take (a file
  * already mapped costs no mapping), and a refusal keeps nothing. */
 struct quota_probe {
@@ -853,10 +936,14 @@ static Suite *suite(void) {
   tcase_add_test(tc, export_options);
   suite_add_tcase(s, tc);
   tc = tcase_create("registry");
+  /* storages_inside_mappings_while_resized takes a few seconds under load
+   * (its tries race a resizing thread). */
+  tcase_set_timeout(tc, 30);
   tcase_add_test(tc, storages_map_read_only);
   tcase_add_test(tc, storage_frames_whole_or_nothing);
   tcase_add_test(tc, tensors_checked_against_storages);
   tcase_add_test(tc, storages_share_mappings);
+  tcase_add_test(tc, storages_inside_mappings_while_resized);
   tcase_add_test(tc, quota_sees_each_frame);
   tcase_add_test(tc, idxset_grows_and_finds);
   suite_add_tcase(s, tc);
