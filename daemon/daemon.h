@@ -85,6 +85,10 @@ void backend_release(struct backend_choice *choice);
 #define NODE_ADDR_MAX 64
 
 struct config {
+  /* The configuration file config_load was given (NULL before), and
+   * whether it was there to read. */
+  const char *file;
+  bool file_read;
   char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
   /* True when socket is the built-in default (its directory may be made). */
   bool socket_is_default;
@@ -129,9 +133,9 @@ struct config {
 /* Built-in defaults: root and the daemon's own uid, its own gid. */
 void config_default(struct config *cfg);
 /*
- * Reads a `key = value` file over cfg.  A missing file is an error when
- * must_exist, else the defaults stand.  On failure returns -1 with a message
- * naming the file and line in err.
+ * Reads a `key = value` file over cfg and notes it (cfg->file, file_read).
+ * A missing file is an error when must_exist, else the defaults stand.  On
+ * failure returns -1 with a message naming the file and line in err.
  */
 int config_load(struct config *cfg, const char *path, bool must_exist,
                 char *err, size_t errsize);
@@ -141,8 +145,12 @@ int config_set(struct config *cfg, const char *key, const char *value,
 /* Fills in the default socket path when none was configured: 0, or -1 when
  * none can be derived (not root and no XDG_RUNTIME_DIR). */
 int config_resolve_socket(struct config *cfg, char *err, size_t errsize);
-/* Prints every key with its effective value, in config file syntax. */
+/* Prints every key with its effective value, in config file syntax, after
+ * a comment naming the file read. */
 void config_print(const struct config *cfg, FILE *out);
+/* The file read, for the start log, -n and --print-config: its path, or
+ * "none (PATH does not exist; built-in defaults)". */
+void config_describe_file(const struct config *cfg, char *buf, size_t len);
 /* Checks what no single key can (peer_listen on a wildcard address needs
  * peer_advertise): 0, or -1 with err. */
 int config_check(const struct config *cfg, char *err, size_t errsize);
@@ -167,6 +175,9 @@ struct listener {
 int listen_open(const struct config *cfg, struct listener *l);
 /* Closes the socket and removes its file unless systemd owns it. */
 void listen_close(struct listener *l);
+/* What listen_open would refuse about cfg->socket's directory, without
+ * making it (`shardportd -n`): 0, or -1 with what to do in err. */
+int listen_check(const struct config *cfg, char *err, size_t errsize);
 
 /* ---- peer.c ----------------------------------------------------------- */
 
@@ -191,6 +202,16 @@ void notify_stopping(void);
 void notify_watchdog(void);
 /* The watchdog interval systemd asked for in microseconds, or 0. */
 uint64_t notify_watchdog_usec(void);
+
+/* ---- detach.c --------------------------------------------------------- */
+
+/* `--detach`: forks; the parent exits once the child is ready (printing
+ * its pid) or with the child's status when it exits first.  Returns 0 in
+ * the child (in a session of its own, stdin and stdout on /dev/null), or
+ * -1 when it cannot fork.  Call before anything starts threads or CUDA. */
+int detach_start(void);
+/* Tells a waiting parent the daemon serves; a no-op when not detached. */
+void detach_ready(void);
 
 /* ---- server.c --------------------------------------------------------- */
 

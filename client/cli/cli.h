@@ -22,6 +22,7 @@
 /* The global options, parsed once by main.c. */
 struct cli_options {
   const char *socket; /* --socket, or the default path */
+  bool socket_given;  /* --socket was given */
   bool json;          /* --json */
   double watch_s;     /* --watch; 0 prints once */
 };
@@ -46,11 +47,20 @@ extern const struct cli_command cli_ping_command;
 /* main.c: prints "shardport: <what>: <text>" (and the daemon's own message
  * when client holds one) to stderr; returns the exit status for code. */
 int cli_report(const char *what, int code, const sp_client *client);
+/* The longest explanation of a failed connection. */
+#define CLI_WHY_MAX 2048
+/* Connects to the daemon opts names: 0, or a code with the library's
+ * explanation in why (sp_connect_explain). */
+int cli_connect(const struct cli_options *opts, sp_client **client, char *why,
+                size_t whylen);
+/* Prints "shardport: <why>"; returns the exit status for code. */
+int cli_report_connect(int code, const char *why);
 
-/* watch.c: runs cmd every opts->watch_s seconds until SIGINT or SIGTERM;
- * redraws in place when stdout is a terminal.  Returns an exit status. */
-int watch_run(const struct cli_command *cmd, sp_client *client,
-              const struct cli_options *opts);
+/* watch.c: connects and runs cmd every opts->watch_s seconds until SIGINT
+ * or SIGTERM; redraws in place when stdout is a terminal, under a line
+ * with the time; while the daemon is away (restarting) it says so and
+ * connects again at the next tick.  Returns an exit status. */
+int watch_run(const struct cli_command *cmd, const struct cli_options *opts);
 
 /* text.c */
 /* Bytes in the valid UTF-8 sequence at s (n > 0 bytes available), 0 when

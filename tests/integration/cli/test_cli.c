@@ -259,10 +259,22 @@ START_TEST(no_daemon_is_exit_3) {
   run_cli((const char *[]){"--socket", path, "status", NULL}, &r);
   ck_assert_int_eq(r.status, 3);
   ck_assert_uint_eq(r.out_len, 0);
+  /* The path tried and what to do. */
   char want[512];
-  snprintf(want, sizeof want, "shardport: connect to %s: %s\n", path,
-           sp_strerror(SP_ENODAEMON));
+  snprintf(want, sizeof want,
+           "shardport: no shardportd listens at %s: nothing is there; start "
+           "shardportd (docs/operations.md), or point SHARDPORT_SOCKET at "
+           "the socket it listens on\n",
+           path);
   ck_assert_str_eq(r.err, want);
+  /* A default path says where it came from. */
+  setenv("SHARDPORT_SOCKET", path, 1);
+  run_cli((const char *[]){"status", NULL}, &r);
+  unsetenv("SHARDPORT_SOCKET");
+  ck_assert_int_eq(r.status, 3);
+  snprintf(want, sizeof want, "%s (from $SHARDPORT_SOCKET): nothing is there",
+           path);
+  ck_assert_msg(strstr(r.err, want) != NULL, "%s", r.err);
   run_cli((const char *[]){"--socket", path, "--json", "status", NULL}, &r);
   ck_assert_int_eq(r.status, 3);
   run_cli((const char *[]){"--socket", path, "ping", NULL}, &r);
