@@ -226,7 +226,13 @@ _client_p = ctypes.c_void_p
 _PROTOTYPES = {
     "sp_strerror": (ctypes.c_char_p, [ctypes.c_int]),
     "sp_err_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "sp_default_socket_origin": (ctypes.c_int,
+                                 [ctypes.c_char_p, ctypes.c_size_t,
+                                  ctypes.POINTER(ctypes.c_char_p)]),
     "sp_connect": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(_client_p)]),
+    "sp_connect_explain": (ctypes.c_int,
+                           [ctypes.c_char_p, ctypes.POINTER(_client_p),
+                            ctypes.c_char_p, ctypes.c_size_t]),
     "sp_close": (None, [_client_p]),
     "sp_set_timeout": (ctypes.c_int, [_client_p, ctypes.c_uint32]),
     "sp_last_message": (ctypes.c_char_p, [_client_p]),

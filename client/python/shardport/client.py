@@ -136,6 +136,23 @@ _PLACEMENTS = {
 }
 
 
+# The longest explanation of a failed connection (sp_connect_explain).
+_WHY_MAX = 2048
+
+
+def default_socket():
+    """(path, origin): the socket a Client without socket= connects to, and
+    where that path comes from ($SHARDPORT_SOCKET, this user's own daemon,
+    the system socket), as include/shardport.h's sp_default_socket_origin
+    says."""
+    buf = ctypes.create_string_buffer(4096)
+    origin = ctypes.c_char_p()
+    rc = _lib.fn.sp_default_socket_origin(buf, len(buf), ctypes.byref(origin))
+    if rc < 0:
+        raise error_for(rc)
+    return buf.value.decode(), (origin.value or b"").decode()
+
+
 def _text(raw):
     return None if raw is None else raw.decode("utf-8", "replace")
 
@@ -190,11 +207,13 @@ class Client:
         self._handle = None
         handle = ctypes.c_void_p()
         path = None if socket is None else socket.encode()
-        rc = _lib.fn.sp_connect(path, ctypes.byref(handle))
+        # The library's sentence names the path tried (and where a default
+        # came from), what went wrong and what to do about it.
+        why = ctypes.create_string_buffer(_WHY_MAX)
+        rc = _lib.fn.sp_connect_explain(path, ctypes.byref(handle), why,
+                                        len(why))
         if rc < 0:
-            where = socket if socket is not None else "the default socket"
-            raise error_for(rc, "%s (%s)" % (
-                _lib.fn.sp_strerror(rc).decode(), where))
+            raise error_for(rc, why.value.decode("utf-8", "replace") or None)
         self._handle = handle
         if timeout is not None:
             self.set_timeout(timeout)
@@ -419,5 +438,5 @@ class Client:
         self._check(_lib.fn.sp_release(self._handle, pointer))
 
 
-__all__ = ["Client", "Status", "JobStatus", "StorageDesc", "TensorDesc",
+__all__ = ["Client", "default_socket", "Status", "JobStatus", "StorageDesc", "TensorDesc",
            "Progress", "OwnedSet", "OwnedTensor", "ShardportError"]
