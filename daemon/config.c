@@ -43,6 +43,7 @@ void config_default(struct config *cfg) {
   cfg->max_output = CONFIG_DEFAULT_MAX_OUTPUT;
   cfg->backend = BACKEND_AUTO;
   cfg->watchdog = true;
+  cfg->compare_replicas = true;
   cfg->pool_capacity = 0;
   cfg->gpu_pool_capacity = 0;
   cfg->max_bytes = CONFIG_DEFAULT_MAX_BYTES;
@@ -392,9 +393,10 @@ int config_set(struct config *cfg, const char *key, const char *value,
     cfg->backend = (enum backend_kind)kind;
     return 0;
   }
-  if (strcmp(key, "watchdog") == 0) {
-    if (parse_bool(value, &cfg->watchdog) != 0)
-      return fail(err, errsize, "watchdog: \"%s\" is not yes or no", value);
+  if (strcmp(key, "watchdog") == 0 || strcmp(key, "compare_replicas") == 0) {
+    bool *flag = key[0] == 'w' ? &cfg->watchdog : &cfg->compare_replicas;
+    if (parse_bool(value, flag) != 0)
+      return fail(err, errsize, "%s: \"%s\" is not yes or no", key, value);
     return 0;
   }
   if (strcmp(key, "peer_listen") == 0 || strcmp(key, "peer_advertise") == 0)
@@ -513,6 +515,7 @@ void config_print(const struct config *cfg, FILE *out) {
   print_duration(out, "job_timeout", cfg->job_timeout_ms);
   fprintf(out, "max_jobs = %" PRIu32 "\n", cfg->max_jobs);
   fprintf(out, "engine_threads = %" PRIu32 "\n", cfg->engine_threads);
+  fprintf(out, "compare_replicas = %s\n", cfg->compare_replicas ? "yes" : "no");
   fprintf(out, "peer_listen = %s\n",
           cfg->peer_listen_set ? cfg->peer_listen : "none");
   fprintf(out, "peer_advertise = %s\n",

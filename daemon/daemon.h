@@ -118,6 +118,9 @@ struct config {
   uint32_t max_jobs;
   /* Threads copying one export's data; 0 means min(4, online CPUs). */
   uint32_t engine_threads;
+  /* Read and compare every rank's copy of replicated and plain keys
+   * before an export moves (replicas.c). */
+  bool compare_replicas;
   /* Jobs across nodes: where this daemon listens for other daemons (off
    * unless set), and the address they dial (default: the listen address;
    * a port of 0 in either means the port the kernel gives). */
@@ -556,6 +559,47 @@ bool engine_region_contains(const struct plan_region *r, int64_t elem);
 void engine_join(struct engine *e);
 /* pthread_create with the asynchronous signals blocked in the thread. */
 int engine_spawn(pthread_t *thread, void *(*fn)(void *), void *arg);
+/* Runs fn(arg) on this thread with the engine's SIGBUS guard: a read of a
+ * trainer's mapping that faults (a file truncated after registering) ends
+ * fn early and returns -1 with the address in *fault, instead of killing
+ * the daemon.  For readers of the mappings outside the rounds
+ * (replicas.c).  0 when fn returned. */
+int engine_guarded(void (*fn)(void *arg), void *arg, const void **fault);
+
+/* ---- replicas.c ------------------------------------------------------- */
+
+/* The digests of the replicated and plain keys this node's ranks hold, for
+ * one export: digest[j * nkeys + i] is the XXH3-64 of rank ranks[j]'s copy
+ * of plan key keys[i], its elements in row-major order.  Keys on GPUs are
+ * not read (their device memory is not mapped here). */
+struct replica_digests {
+  size_t nkeys;
+  uint32_t *keys;  /* plan key indices, in key order */
+  uint32_t nranks;
+  uint32_t *ranks; /* the local ranks, ascending */
+  uint64_t *digest;
+};
+
+/* Reads every local rank's copy (src[r] its storages, NULL for a rank on
+ * another node) on threads threads, this one included, under the engine's
+ * SIGBUS guard: 0, or SP_ENOMEM or SP_EBADFD (an unreadable copy, named)
+ * with a sentence.  *out is empty when nothing is to compare. */
+int replicas_hash(const struct plan *plan, const struct plan_input *in,
+                  const struct reg_storage *const *src, uint32_t threads,
+                  struct replica_digests *out, char *msg, size_t msglen);
+/* SP_EDIFFERENT naming the first key (in key order) whose local copies
+ * differ, the lowest rank and the first rank that differs from it; or 0. */
+int replicas_compare(const struct plan *plan, const struct replica_digests *d,
+                     char *msg, size_t msglen);
+/* The one refusal text: rank_b's copy of key differs from rank_a's, and
+ * more further ranks' too.  Returns SP_EDIFFERENT. */
+int replicas_refuse(const struct plan *plan, uint32_t key, uint32_t rank_a,
+                    uint64_t digest_a, uint32_t rank_b, uint64_t digest_b,
+                    size_t more, char *msg, size_t msglen);
+void replicas_free(struct replica_digests *d);
+/* The plan index of the n-th replicated or plain key on the CPU (the
+ * order of replica_digests.keys), or PLAN_NONE. */
+uint32_t replicas_key_at(const struct plan *plan, size_t n);
 
 /* ---- publish.c -------------------------------------------------------- */
 
@@ -778,9 +822,17 @@ int export_start_gathered(struct job *job, struct mesh_export *mx,
                           uint64_t export_id, uint32_t max_keys,
                           uint64_t max_bytes, uint32_t timeout_ms, char *msg,
                           size_t msglen);
-/* The root's go (every node planned alike) and publish (every node moved
- * its data). */
-void export_go(struct job *job);
+/* Two nodes' copies of the key-th replicated or plain key (in key order)
+ * that differ, as the root found them (mesh.c, go). */
+struct replica_differ {
+  uint32_t key;
+  uint32_t ranks[2];
+  uint64_t digests[2];
+};
+/* The root's go (every node planned alike; differ: but two nodes' copies
+ * of a replicated key differ, and the export is refused) and publish
+ * (every node moved its data). */
+void export_go(struct job *job, const struct replica_differ *differ);
 void export_publish(struct job *job);
 /* Fails the running export, or the ranks waiting for one, with the root's
  * code and message (nothing is reported back to the root). */
@@ -919,6 +971,18 @@ struct nodemsg {
    * the fresh NCCL id the root made for it (0: the ticket's id, not sent). */
   uint64_t comm_gen;
   uint8_t nccl_id[NODE_NCCL_ID_BYTES];
+  /* planned: the node's lowest rank and its digests of the plan's
+   * replicated and plain keys (replicas.c), in key order; owned, none when
+   * the node compares none.  go: differ when the root found two nodes'
+   * digests of the differ_key-th such key unequal (ranks and digests of
+   * both). */
+  uint32_t replica_rank;
+  size_t nreplicas;
+  uint64_t *replicas;
+  bool differ;
+  uint32_t differ_key;
+  uint32_t differ_ranks[2];
+  uint64_t differ_digests[2];
 };
 
 const char *nodemsg_op_name(enum nodemsg_op op);
@@ -974,7 +1038,8 @@ void mesh_link_hello(struct server *srv, struct nodelink *l,
  * found here, the data plane, and the end. */
 int mesh_plan_input(struct mesh_export *mx, struct plan_input *in, char *msg,
                     size_t msglen);
-void mesh_planned(struct job *job, uint64_t digest);
+void mesh_planned(struct job *job, uint64_t digest,
+                  const struct replica_digests *replicas);
 void mesh_moved(struct job *job);
 void mesh_failed(struct job *job, int code, const char *message);
 /* The data plane lost node: on the root, the node leaves the job as if its

@@ -8,6 +8,9 @@
  *   planning    plan_build and the publication layout run on a worker
  *               thread (a big job's plan takes long enough to stall the
  *               loop); skipped when the job's cached plan still applies.
+ *               The same thread then compares the copies of replicated
+ *               and plain keys (replicas.c), cached plan or not: the data
+ *               may have changed since the last export.
  *   moving      the owners' pool segments are allocated, then the engine
  *               thread runs the rounds (engine.c).
  *   publishing  each rank's owned tensors are streamed to it in parts, no
@@ -30,6 +33,7 @@
 
 #include "daemon/daemon.h"
 #include "daemon/pool.h"
+#include "proto/fail.h"
 #include "shardport.h"
 
 struct export_rank {
@@ -74,6 +78,10 @@ struct export {
   _Atomic bool planned;
   pthread_t planner;
   bool thread_alive;
+  /* The job's cached plan applies: the planning thread only compares. */
+  bool reuse_plan;
+  /* The digests of the local ranks' replicated and plain keys. */
+  struct replica_digests replicas;
   /* The plan used, owned by the job's cache. */
   const struct plan *plan;
   const struct publish_layout *layout;
@@ -241,6 +249,7 @@ static void free_export(struct export *ex) {
       conn_on_drained(er->m->conn, NULL, NULL);
     er->m->in_export = false;
   }
+  replicas_free(&ex->replicas);
   /* The plan borrows the gathered metadata: it goes first. */
   plan_free(ex->new_plan);
   publish_layout_free(&ex->new_layout);
@@ -502,23 +511,54 @@ void export_comms_rank_left(struct job *job, uint32_t r) {
   drop_early_comms(job);
 }
 
+/* Reads and compares every local copy of the replicated and plain keys
+ * (replicas.c): on one node, every rank's; across nodes, this node's,
+ * whose lowest rank's digests then go to the root with `planned`.  On the
+ * planning thread: the job's registrations and cached plan do not change
+ * while an export runs. */
+static int compare_replicas(struct export *ex, const struct plan *plan) {
+  struct job *job = ex->job;
+  if (!job->srv->cfg->compare_replicas)
+    return 0;
+  const struct reg_storage **src = calloc(job->world, sizeof *src);
+  if (src == NULL)
+    return sp_failf(ex->plan_msg, sizeof ex->plan_msg, SP_ENOMEM,
+                    "out of memory comparing replicated keys");
+  for (uint32_t r = 0; r < job->world; r++)
+    if (ex->ranks[r].m != NULL)
+      src[r] = ex->ranks[r].m->reg.info;
+  int rc = replicas_hash(plan, &ex->in, src, job->srv->engine_threads,
+                         &ex->replicas, ex->plan_msg, sizeof ex->plan_msg);
+  free(src);
+  if (rc == 0)
+    rc = replicas_compare(plan, &ex->replicas, ex->plan_msg,
+                          sizeof ex->plan_msg);
+  return rc;
+}
+
 static void *plan_main(void *arg) {
   struct export *ex = arg;
-  /* Across nodes, the input is read from the bytes every node got. */
-  ex->plan_rc = ex->mx != NULL ? mesh_plan_input(ex->mx, &ex->in, ex->plan_msg,
-                                                 sizeof ex->plan_msg)
-                               : 0;
-  if (ex->plan_rc == 0)
-    ex->plan_rc =
-        plan_build(&ex->in, &ex->new_plan, ex->plan_msg, sizeof ex->plan_msg);
-  if (ex->plan_rc == 0 &&
-      publish_layout_build(ex->new_plan, &ex->new_layout) != 0) {
-    ex->plan_rc = SP_ENOMEM;
-    snprintf(ex->plan_msg, sizeof ex->plan_msg,
-             "out of memory laying out the owned tensors");
+  if (!ex->reuse_plan) {
+    /* Across nodes, the input is read from the bytes every node got. */
+    ex->plan_rc = ex->mx != NULL ? mesh_plan_input(ex->mx, &ex->in,
+                                                   ex->plan_msg,
+                                                   sizeof ex->plan_msg)
+                                 : 0;
+    if (ex->plan_rc == 0)
+      ex->plan_rc = plan_build(&ex->in, &ex->new_plan, ex->plan_msg,
+                               sizeof ex->plan_msg);
+    if (ex->plan_rc == 0 &&
+        publish_layout_build(ex->new_plan, &ex->new_layout) != 0) {
+      ex->plan_rc = SP_ENOMEM;
+      snprintf(ex->plan_msg, sizeof ex->plan_msg,
+               "out of memory laying out the owned tensors");
+    }
+    if (ex->plan_rc == 0)
+      ex->plan_rc = make_comms(ex);
   }
   if (ex->plan_rc == 0)
-    ex->plan_rc = make_comms(ex);
+    ex->plan_rc = compare_replicas(
+        ex, ex->reuse_plan ? ex->job->cached_plan : ex->new_plan);
   atomic_store(&ex->planned, true);
   job_wake(ex->job);
   return NULL;
@@ -776,17 +816,19 @@ static void step(struct export *ex) {
       fail_export(ex, ex->plan_rc, ex->plan_msg);
       break;
     }
-    ex->job->plan_digest = ex->new_plan->digest;
-    ex->job->has_plan_digest = true;
+    if (!ex->reuse_plan) {
+      ex->job->plan_digest = ex->new_plan->digest;
+      ex->job->has_plan_digest = true;
+    }
     if (ex->mx != NULL) {
       /* The export keeps its plan; the root compares digests first. */
       ex->plan = ex->new_plan;
       ex->layout = &ex->new_layout;
       ex->await = AWAIT_GO;
-      mesh_planned(ex->job, ex->new_plan->digest);
+      mesh_planned(ex->job, ex->new_plan->digest, &ex->replicas);
       return;
     }
-    if (cache_install(ex) != 0) {
+    if (!ex->reuse_plan && cache_install(ex) != 0) {
       fail_export(ex, SP_ENOMEM, "out of memory keeping the plan");
       break;
     }
@@ -919,7 +961,8 @@ static void maybe_start(struct job *job) {
   job->error[0] = '\0';
   log_msg(LOG_LEVEL_INFO, "job %s: export %" PRIu64 " started", job->hex,
           ex->id);
-  if (cache_applies(ex)) {
+  ex->reuse_plan = cache_applies(ex);
+  if (ex->reuse_plan && !job->srv->cfg->compare_replicas) {
     start_moving(ex);
     if (ex->failed && !ex->thread_alive)
       finish(ex);
@@ -1228,10 +1271,27 @@ int export_start_gathered(struct job *job, struct mesh_export *mx,
   return 0;
 }
 
-void export_go(struct job *job) {
+void export_go(struct job *job, const struct replica_differ *differ) {
   struct export *ex = job->running;
   if (ex == NULL || ex->await != AWAIT_GO || ex->failed)
     return;
+  if (differ != NULL) {
+    /* Every node names the key from its own plan, which is every node's:
+     * one message everywhere, which the root passes on as any failure.
+     * The export still awaits go, so the next step frees it. */
+    char msg[SP_ERRMSG_MAX + 1];
+    uint32_t key = replicas_key_at(ex->plan, differ->key);
+    if (key == PLAN_NONE)
+      fail_export(ex, SP_EBADMSG,
+                  "the root named a replicated key this plan does not have");
+    else
+      fail_export(ex, replicas_refuse(ex->plan, key, differ->ranks[0],
+                                      differ->digests[0], differ->ranks[1],
+                                      differ->digests[1], 0, msg, sizeof msg),
+                  msg);
+    job_wake(job);
+    return;
+  }
   ex->await = AWAIT_NONE;
   start_moving(ex);
   if (ex->failed && !ex->thread_alive)

@@ -379,6 +379,7 @@ START_TEST(print_config_defaults) {
            "job_timeout = 5m\n"
            "max_jobs = 256\n"
            "engine_threads = 0\n"
+           "compare_replicas = yes\n"
            "peer_listen = none\n"
            "peer_advertise = none\n",
            uids, (unsigned)getegid());
