@@ -184,36 +184,52 @@ static int parse_nodes(const msgpack_object *map, struct nodemsg *m,
   return 0;
 }
 
-/* planned: optional "replica_rank" and "replicas" (a bin of 8 bytes per
- * key, little-endian), both or neither. */
+/* Digests per bin of "replicas": a control frame's strings and bins hold
+ * at most a mebibyte (the client limits apply to control messages). */
+#define REPLICAS_PER_BIN (SP_LIMITS_DEFAULT_MAX_STRING / 8)
+
+/* planned: optional "replica_rank" and "replicas" (an array of bins, each
+ * of 8 bytes per key, little-endian, at most REPLICAS_PER_BIN keys; at
+ * most REQ_MAX_PER_RANK keys in all), both or neither. */
 static int parse_replicas(const msgpack_object *map, struct nodemsg *m,
                           char *msg, size_t msglen) {
   if (sp_msg_field(map, "replicas") == NULL &&
       sp_msg_field(map, "replica_rank") == NULL)
     return 0;
-  const uint8_t *p;
-  size_t n;
   int rc = get_u32(map, "replica_rank", REQ_MAX_WORLD - 1, &m->replica_rank,
                    msg, msglen);
   if (rc != 0)
     return rc;
-  if (sp_msg_get_bin(map, "replicas", false, &p, &n) != 0 || n == 0 ||
-      n % 8 != 0)
+  const msgpack_object_array *a;
+  if (sp_msg_get_array(map, "replicas", false, &a) != 0 || a->size == 0)
     return sp_failf(msg, msglen, SP_EBADMSG,
-                    "\"replicas\" must be a bin of 8 bytes per key");
-  if (n / 8 > REQ_MAX_PER_RANK)
+                    "\"replicas\" must be an array of bins");
+  size_t total = 0;
+  for (uint32_t i = 0; i < a->size; i++) {
+    const msgpack_object *o = &a->ptr[i];
+    if (o->type != MSGPACK_OBJECT_BIN || o->via.bin.size == 0 ||
+        o->via.bin.size % 8 != 0 || o->via.bin.size / 8 > REPLICAS_PER_BIN)
+      return sp_failf(msg, msglen, SP_EBADMSG,
+                      "replicas[%u] must be a bin of 8 bytes per key, at "
+                      "most %u keys",
+                      i, REPLICAS_PER_BIN);
+    total += o->via.bin.size / 8;
+  }
+  if (total > REQ_MAX_PER_RANK)
     return sp_failf(msg, msglen, SP_EINVAL,
-                    "\"replicas\" holds %zu digests, more than %u", n / 8,
+                    "\"replicas\" holds %zu digests, more than %u", total,
                     REQ_MAX_PER_RANK);
-  m->replicas = malloc(n);
+  m->replicas = malloc(total * sizeof *m->replicas);
   if (m->replicas == NULL)
     return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
-  m->nreplicas = n / 8;
-  for (size_t i = 0; i < m->nreplicas; i++) {
-    uint64_t v = 0;
-    for (int b = 7; b >= 0; b--)
-      v = v << 8 | p[i * 8 + (size_t)b];
-    m->replicas[i] = v;
+  for (uint32_t i = 0; i < a->size; i++) {
+    const uint8_t *p = (const uint8_t *)a->ptr[i].via.bin.ptr;
+    for (size_t j = 0; j < a->ptr[i].via.bin.size / 8; j++) {
+      uint64_t v = 0;
+      for (int b = 7; b >= 0; b--)
+        v = v << 8 | p[j * 8 + (size_t)b];
+      m->replicas[m->nreplicas++] = v;
+    }
   }
   return 0;
 }
@@ -417,12 +433,19 @@ static uint32_t fields_of(const struct nodemsg *m) {
   return 0;
 }
 
-/* The digests as one bin, little-endian, whatever this machine's order. */
+/* The digests in bins of REPLICAS_PER_BIN, little-endian whatever this
+ * machine's order. */
 static void pack_replicas(msgpack_packer *pk, const struct nodemsg *m) {
   sp_pack_kv_u64(pk, "replica_rank", m->replica_rank);
   sp_pack_str(pk, "replicas");
-  msgpack_pack_bin(pk, m->nreplicas * 8);
+  size_t nbins = (m->nreplicas + REPLICAS_PER_BIN - 1) / REPLICAS_PER_BIN;
+  msgpack_pack_array(pk, (uint32_t)nbins);
   for (size_t i = 0; i < m->nreplicas; i++) {
+    if (i % REPLICAS_PER_BIN == 0) {
+      size_t left = m->nreplicas - i;
+      msgpack_pack_bin(pk, 8 * (left < REPLICAS_PER_BIN ? left
+                                                        : REPLICAS_PER_BIN));
+    }
     uint8_t le[8];
     for (int b = 0; b < 8; b++)
       le[b] = (uint8_t)(m->replicas[i] >> (8 * b));

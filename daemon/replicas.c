@@ -327,12 +327,13 @@ int replicas_refuse(const struct plan *plan, uint32_t key, uint32_t rank_a,
              more == 1 ? "rank's" : "ranks'");
   return sp_failf(msg, msglen, SP_EDIFFERENT,
                   "key '%s' (%s): rank %" PRIu32 "'s copy differs from rank "
-                  "%" PRIu32 "'s (xxh3 %016" PRIx64 " and %016" PRIx64 ")%s; "
+                  "%" PRIu32 "'s (xxh3 %016" PRIx64 ", rank %" PRIu32
+                  "'s %016" PRIx64 ")%s; "
                   "a replicated or plain key must hold the same bytes on "
                   "every rank (a tensor that differs per rank is shard0, "
                   "affine or expert)",
                   k->name, plan_layout_placement_name(k->placement), rank_b,
-                  rank_a, digest_b, digest_a, others);
+                  rank_a, digest_b, rank_a, digest_a, others);
 }
 
 int replicas_compare(const struct plan *plan, const struct replica_digests *d,
