@@ -699,7 +699,6 @@ struct job {
   char error[SP_ERRMSG_MAX + 1];
   uint32_t last_round, last_rounds;
   uint64_t last_bytes_moved, last_bytes_total;
-  double rate_bps;
   /* The last plan and its layout, reused by an export with the same
    * registrations, groups and options (export.c). */
   struct plan *cached_plan;

@@ -273,14 +273,18 @@ static void finish(struct export *ex) {
   job->last_bytes_moved = atomic_load(&ex->engine.bytes_moved);
   if (!ex->failed) {
     job->last_phase = JOB_PUBLISHED;
+    /* The export's figure, as status showed it while it moved (TOTAL, in
+     * the same units): the bytes this node moved, and their rate. */
     uint64_t ms = now - ex->moving_ms;
-    job->rate_bps =
-        ms > 0 ? (double)ex->bytes_total * 1000.0 / (double)ms : ex->rate_bps;
+    char moved[32], rate[32];
+    sp_format_bytes(ex->bytes_total, moved, sizeof moved);
+    sp_format_bytes(ms > 0 ? ex->bytes_total * 1000 / ms : 0, rate,
+                    sizeof rate);
     log_msg(LOG_LEVEL_INFO,
-            "job %s: export %" PRIu64 " published: %" PRIu64
-            " bytes in %" PRIu32 " round(s), %" PRIu64 " ms",
-            job->hex, ex->id, ex->bytes_total, plan_rounds(ex),
-            now - ex->started_ms);
+            "job %s: export %" PRIu64 " published: moved %s in %" PRIu32
+            " round(s), %" PRIu64 " ms (%s/s)",
+            job->hex, ex->id, moved, plan_rounds(ex), now - ex->started_ms,
+            rate);
   }
   job->running = NULL;
   free_export(ex);
@@ -309,7 +313,7 @@ static void fail_export_as(struct export *ex, int code, const char *message,
   ex->failed = true;
   job->last_phase = JOB_FAILED;
   snprintf(job->error, sizeof job->error, "%s: %s", sp_err_name(code), message);
-  log_msg(LOG_LEVEL_INFO, "job %s: export %" PRIu64 " failed: %s", job->hex,
+  log_msg(LOG_LEVEL_WARN, "job %s: export %" PRIu64 " failed: %s", job->hex,
           ex->id, job->error);
   atomic_store(&ex->engine.cancel, true);
   for (uint32_t r = 0; r < job->world; r++) {
@@ -331,7 +335,7 @@ static void fail_export_as(struct export *ex, int code, const char *message,
 static void fail_gather(struct job *job, int code, const char *message) {
   job->last_phase = JOB_FAILED;
   snprintf(job->error, sizeof job->error, "%s: %s", sp_err_name(code), message);
-  log_msg(LOG_LEVEL_INFO, "job %s: export failed before it started: %s",
+  log_msg(LOG_LEVEL_WARN, "job %s: export failed before it started: %s",
           job->hex, job->error);
   for (uint32_t r = 0; r < job->world; r++)
     if (job->members[r] != NULL)
@@ -1140,7 +1144,8 @@ void export_view(const struct job *job, struct export_view *out) {
   out->rounds = job->last_rounds;
   out->bytes_moved = job->last_bytes_moved;
   out->bytes_total = job->last_bytes_total;
-  out->rate_bps = job->rate_bps;
+  /* Nothing moves now: no rate (the log has the export's own). */
+  out->rate_bps = 0;
 }
 
 int export_op_request(struct conn *c, const struct sp_msg_head *head,

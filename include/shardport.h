@@ -130,6 +130,12 @@ SP_EXPORT int sp_default_socket_path(char *buf, size_t size);
 SP_EXPORT int sp_default_socket_origin(char *buf, size_t size,
                                        const char **origin);
 
+/* Writes bytes into buf (size bytes; "" never) as shardport writes every
+ * size a person reads, in the CLI, the daemon's log and the demo alike:
+ * "512 B", "1.5 KiB", ... "16.0 EiB" (binary units, one decimal).
+ * Returns buf. */
+SP_EXPORT const char *sp_format_bytes(uint64_t bytes, char *buf, size_t size);
+
 typedef struct sp_client sp_client;
 
 /* Connects and performs the hello exchange.  path NULL means the default

@@ -69,8 +69,10 @@ size_t text_utf8_len(const unsigned char *s, size_t n, uint32_t *cp);
 /* s made safe for a terminal: control characters and invalid UTF-8 become
  * \xNN escapes; truncated to fit size (always terminated). */
 void text_sanitize(const char *s, char *buf, size_t size);
-/* "512 B", "1.5 KiB", ..., "16.0 EiB". */
-void text_bytes(uint64_t bytes, char *buf, size_t size);
+/* The gist of a long reason: its first two clauses ("a: b: c; d (e)"
+ * gives "a: b"), at most size - 1 bytes.  True when anything was left
+ * out. */
+bool text_gist(const char *s, char *buf, size_t size);
 /* "0s", "59s", "1m 0s", "2h 3m 4s", "5d 2h 3m 4s". */
 void text_duration(double seconds, char *buf, size_t size);
 

@@ -160,8 +160,10 @@ def main():
     torch = harness.require_torch()
     print("PyTorch %s, %d ranks on gloo, scenario %s"
           % (torch.__version__, WORLD, scenario), flush=True)
+    # A refusal is logged as a warning: journalctl -p warning shows it.
+    daemon_args = ("--log-level", "warn") if scenario == "refusal" else ()
     with tempfile.TemporaryDirectory(prefix="sp-torch-") as workdir, \
-            harness.daemon() as daemon:
+            harness.daemon(*daemon_args) as daemon:
         statuses, output = run_ranks(scenario, daemon, workdir)
         survivors = range(WORLD)
         if scenario == "rank-killed":
@@ -175,6 +177,10 @@ def main():
             assert statuses == expected, \
                 "rank exit statuses %s, expected %s" % (statuses, expected)
             CHECKS[scenario](results(workdir, survivors))
+            if scenario == "refusal":
+                log = daemon.log_text()
+                assert " shardportd: warn: job " in log and \
+                    "failed: bad_tiling: key 'w'" in log, log
             import shardport
             with shardport.Client(daemon.socket) as client:
                 client.ping()  # the daemon is ready for the next export

@@ -226,6 +226,8 @@ _client_p = ctypes.c_void_p
 _PROTOTYPES = {
     "sp_strerror": (ctypes.c_char_p, [ctypes.c_int]),
     "sp_err_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "sp_format_bytes": (ctypes.c_char_p,
+                        [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]),
     "sp_default_socket_origin": (ctypes.c_int,
                                  [ctypes.c_char_p, ctypes.c_size_t,
                                   ctypes.POINTER(ctypes.c_char_p)]),

@@ -121,21 +121,40 @@ START_TEST(sanitize_for_terminal) {
 }
 END_TEST
 
+START_TEST(reasons_keep_their_gist) {
+  char buf[64];
+  ck_assert(text_gist("the CUDA backend cannot serve: no usable NVIDIA "
+                      "driver: cudaGetDeviceCount failed with error 35 (x); "
+                      "CUDA runtime 13.0",
+                      buf, sizeof buf));
+  ck_assert_str_eq(buf, "the CUDA backend cannot serve: no usable NVIDIA "
+                        "driver");
+  ck_assert(!text_gist("selected by configuration", buf, sizeof buf));
+  ck_assert_str_eq(buf, "selected by configuration");
+  ck_assert(text_gist("2 GPUs; CUDA 13.0", buf, sizeof buf));
+  ck_assert_str_eq(buf, "2 GPUs");
+  ck_assert(text_gist("0123456789", buf, 5));
+  ck_assert_str_eq(buf, "0123");
+  ck_assert(!text_gist("", buf, sizeof buf));
+  ck_assert_str_eq(buf, "");
+}
+END_TEST
+
 START_TEST(bytes_are_human) {
   char buf[32];
-  text_bytes(0, buf, sizeof buf);
+  sp_format_bytes(0, buf, sizeof buf);
   ck_assert_str_eq(buf, "0 B");
-  text_bytes(1023, buf, sizeof buf);
+  sp_format_bytes(1023, buf, sizeof buf);
   ck_assert_str_eq(buf, "1023 B");
-  text_bytes(1024, buf, sizeof buf);
+  sp_format_bytes(1024, buf, sizeof buf);
   ck_assert_str_eq(buf, "1.0 KiB");
-  text_bytes(1536, buf, sizeof buf);
+  sp_format_bytes(1536, buf, sizeof buf);
   ck_assert_str_eq(buf, "1.5 KiB");
-  text_bytes(UINT64_C(1) << 30, buf, sizeof buf);
+  sp_format_bytes(UINT64_C(1) << 30, buf, sizeof buf);
   ck_assert_str_eq(buf, "1.0 GiB");
-  text_bytes((UINT64_C(1) << 20) - 1, buf, sizeof buf);
+  sp_format_bytes((UINT64_C(1) << 20) - 1, buf, sizeof buf);
   ck_assert_str_eq(buf, "1.0 MiB");
-  text_bytes(UINT64_MAX, buf, sizeof buf);
+  sp_format_bytes(UINT64_MAX, buf, sizeof buf);
   ck_assert_str_eq(buf, "16.0 EiB");
 }
 END_TEST
@@ -173,6 +192,7 @@ int main(void) {
   tcase_add_test(text, utf8_lengths);
   tcase_add_test(text, sanitize_for_terminal);
   tcase_add_test(text, bytes_are_human);
+  tcase_add_test(text, reasons_keep_their_gist);
   tcase_add_test(text, durations_are_human);
   suite_add_tcase(s, text);
   SRunner *sr = srunner_create(s);
