@@ -234,8 +234,8 @@ def scenario_no_daemon(ctx):
     state = {"w": torch.ones(2)}
     missing = os.path.join(ctx.out_dir, "nobody-listens.sock")
     try:
-        shardport.export_state_dict(state, socket=missing, progress=False,
-                                    timeout=30).release()
+        shardport.export_state_dict(state, {"w": "plain"}, socket=missing,
+                                    progress=False, timeout=30).release()
     except shardport.ShardportError as exc:
         return {"type": type(exc).__name__, "message": exc.message}
     raise AssertionError("an export without a daemon succeeded")
