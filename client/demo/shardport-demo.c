@@ -710,8 +710,9 @@ static int run_rank(const struct opts *o, const struct model *m,
   const char *socket =
       o->nsockets > 0 ? o->sockets[(uint64_t)rank * o->nsockets / o->ranks]
                       : NULL;
-  if ((e = sp_connect(socket, &c)) < 0) {
-    fail_sp(r, NULL, "connect", e);
+  char why[1024];
+  if ((e = sp_connect_explain(socket, &c, why, sizeof why)) < 0) {
+    fail(r, "%s", why);
     goto out;
   }
   sp_ticket ticket;
