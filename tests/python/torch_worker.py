@@ -340,9 +340,18 @@ GONE = 0
 
 
 def scenario_rank_gone_early(ctx):
-    """Rank 0 exits before export_state_dict: the others do not wait for
-    its ticket beyond their timeout, and say which rank they waited for."""
+    """Rank 0 never reaches export_state_dict while the others wait in it
+    (it hangs elsewhere, or died without its connections closing): they
+    do not wait for it past their timeout, and say which rank they waited
+    for.  Rank 0 stays until they have written their results, so that no
+    closed connection tells them first."""
     if ctx.rank == GONE:
+        others = [os.path.join(ctx.out_dir, "%d.json" % r)
+                  for r in range(ctx.world) if r != GONE]
+        deadline = time.monotonic() + 60
+        while not all(os.path.exists(p) for p in others) and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
         return {"gone": True}
     state = {"w": torch.ones(2, 3)}
     return refusal_of(lambda: shardport.export_state_dict(
