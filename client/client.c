@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -161,6 +162,30 @@ static int send_request(sp_client *c, struct sp_msgbuf *mb, const int *fds,
   return rc;
 }
 
+/* The error codes a daemon sends with id 0 just before it closes the
+ * connection (docs/protocol.md, "Connections the daemon ends"). */
+static bool ends_connection(int code) {
+  return code == SP_EDAEMONRESTARTED || code == SP_EDAEMONSTOPPING ||
+         code == SP_EABORTED;
+}
+
+/* The connection ended (rc: the transport's code).  For a rank of a job
+ * that is the end of the job: the daemon stopped, restarted or died, and
+ * whatever it said last (or this sentence) is what every later call
+ * reports, rather than a bare "closed". */
+static int connection_lost(sp_client *c, int rc) {
+  if (c->joined && rc == SP_ECLOSED) {
+    rc = SP_EDAEMONRESTARTED;
+    snprintf(c->message, sizeof c->message,
+             "the connection to shardportd ended without a reason while it "
+             "was a rank of a job: the daemon stopped, restarted or died, "
+             "and the job is gone; create a new job and register again");
+  }
+  if (!c->broken)
+    c->broken = rc;
+  return c->broken;
+}
+
 /* Decodes a frame into reply (taking the frame) and sets head.  Unless
  * keep_fds, descriptors that came with the frame are closed: only the
  * replies a caller reads with client_next may carry them, and a stray one
@@ -200,11 +225,8 @@ static int wait_reply(sp_client *c, uint64_t id, const char *op, bool keep_fds,
     rc = sp_frame_rx_read(&c->rx, c->sock, &frame);
     if (rc == 0)
       continue; /* SO_RCVTIMEO ran out or a signal came; check the deadline */
-    if (rc < 0) {
-      if (!c->broken)
-        c->broken = rc;
-      return rc;
-    }
+    if (rc < 0)
+      return connection_lost(c, rc);
 
     rc = decode_reply(c, &frame, keep_fds, reply, head);
     if (rc < 0)
@@ -219,6 +241,10 @@ static int wait_reply(sp_client *c, uint64_t id, const char *op, bool keep_fds,
       rc = sp_msg_error_code(&reply->map, c->message, sizeof c->message);
       client_reply_release(reply);
       *refused = rc < 0;
+      /* The daemon's last word before it closes: every later call on this
+       * client reports it too. */
+      if (head->id == 0 && ends_connection(rc))
+        c->broken = rc;
       return rc < 0 ? rc : SP_EBADMSG;
     }
     if (op && strcmp(head->op, op) != 0) {
@@ -240,8 +266,6 @@ static int start_request(sp_client *c, struct sp_msgbuf *mb, uint64_t id,
   c->message[0] = '\0';
   int rc = send_request(c, mb, fds, nfds, deadline);
   if (rc == SP_ECLOSED || rc == SP_EIO) {
-    if (!c->broken)
-      c->broken = rc;
     struct client_reply reply;
     struct sp_msg_head head;
     bool refused;
@@ -249,7 +273,11 @@ static int start_request(sp_client *c, struct sp_msgbuf *mb, uint64_t id,
                             &reply, &head, &refused);
     if (answer == 0)
       client_reply_release(&reply);
-    return refused ? answer : rc;
+    if (!refused)
+      return connection_lost(c, rc);
+    if (!c->broken)
+      c->broken = rc;
+    return answer;
   }
   return rc;
 }

@@ -56,6 +56,9 @@ struct sp_client {
   int broken;
   /* The daemon's text from the last error reply, for sp_last_message. */
   char message[SP_ERRMSG_MAX + 1];
+  /* The connection is a rank of a job (join answered, no leave since): a
+   * connection that ends then ends the job for this process. */
+  bool joined;
   /* The job this connection joined: its storages and its live exports. */
   struct client_storages storages;
   struct client_export *exports;
@@ -122,6 +125,22 @@ void client_storages_add(struct client_storages *t,
 const struct client_storage *client_storages_find(
     const struct client_storages *t, uint32_t id);
 void client_storages_clear(struct client_storages *t);
+
+/* client/status.c: the readers every decoder of a reply shares.  A string
+ * field as a new terminated copy (NULL stays in *out when optional and
+ * absent; a NUL byte inside is SP_EBADMSG); an unsigned field that must fit
+ * 32 bits (left as it is when optional and absent); a finite float not
+ * below zero.  0 or SP_EBADMSG (SP_ENOMEM). */
+int client_copy_str(const msgpack_object *map, const char *key, bool optional,
+                    char **out);
+int client_get_u32(const msgpack_object *map, const char *key, bool optional,
+                   uint32_t *out);
+int client_get_amount(const msgpack_object *map, const char *key,
+                      double *out);
+/* A job map of the status reply (docs/protocol.md) into job, which owns
+ * its strings either way; client_job_clear frees them. */
+int client_decode_job(const msgpack_object *o, sp_job_status *job);
+void client_job_clear(sp_job_status *job);
 
 /* client/export.c: unmaps every live export of c and detaches it from c, for
  * when the daemon has released them all (leave, close).  The caller's sets

@@ -387,12 +387,23 @@ static int parse_tensor(struct export_rx *rx, const msgpack_object *o,
     return rc;
 
   /* The view, from the tensor's first byte, must fit in what is left of
-   * its region: nothing the caller reads through data lies outside. */
+   * its region: nothing the caller reads through data lies outside.  An
+   * empty view reads nothing, so it may start anywhere (PyTorch leaves an
+   * empty slice's offset past its storage's end, and a rank's own view
+   * comes back as it registered it), as long as its address does not
+   * wrap. */
   char why[256];
-  if (byte_offset > region.len)
+  uint64_t numel = 0;
+  bool empty = sp_view_numel(v.ndim, v.shape, &numel) == 0 && numel == 0;
+  if (empty && byte_offset > (uint64_t)INT64_MAX)
+    return refuse(rx->c, "empty tensor \"%s\" starts at byte %llu, past "
+                  "what an address holds", key,
+                  (unsigned long long)byte_offset);
+  if (!empty && byte_offset > region.len)
     return refuse(rx->c, "tensor \"%s\" starts past the end of its %s", key,
                   t->identity ? "storage" : "segment");
-  if (sp_view_check(&v, region.len - byte_offset, why, sizeof why) != 0)
+  uint64_t room = byte_offset <= region.len ? region.len - byte_offset : 0;
+  if (sp_view_check(&v, room, why, sizeof why) != 0)
     return refuse(rx->c, "tensor \"%s\": %s", key, why);
 
   t->key = strdup(key);
@@ -402,7 +413,8 @@ static int parse_tensor(struct export_rx *rx, const msgpack_object *o,
   t->ndim = v.ndim;
   memcpy(t->shape, v.shape, sizeof t->shape);
   memcpy(t->stride, v.stride, sizeof t->stride);
-  t->data = region.base ? (char *)region.base + byte_offset : NULL;
+  t->data = region.base ? (void *)((uintptr_t)region.base + byte_offset)
+                        : NULL;
   t->device_index = region.device_index;
   t->device = strdup(region.device);
   if (!t->device) {

@@ -56,6 +56,7 @@ SP_EXPORT int sp_job_join(sp_client *client, const sp_ticket *ticket,
   if (rc < 0)
     return rc;
   client_reply_release(&reply);
+  client->joined = true;
   return 0;
 }
 
@@ -76,6 +77,7 @@ SP_EXPORT int sp_job_leave(sp_client *client) {
   if (rc < 0)
     return rc;
   client_reply_release(&reply);
+  client->joined = false;
   /* The daemon has released every export and registration of this rank:
    * its pool may hand the segments to someone else, so nothing of them may
    * stay mapped here. */

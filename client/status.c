@@ -14,10 +14,8 @@
 
 #include "client/client.h"
 
-/* A string field as a new terminated copy; NULL stays in *out when the field
- * is optional and absent.  A NUL byte inside would silently cut it. */
-static int copy_str(const msgpack_object *map, const char *key, bool optional,
-                    char **out) {
+int client_copy_str(const msgpack_object *map, const char *key,
+                    bool optional, char **out) {
   const char *p;
   size_t len;
   int rc = sp_msg_get_str(map, key, optional, &p, &len);
@@ -29,18 +27,20 @@ static int copy_str(const msgpack_object *map, const char *key, bool optional,
   return *out ? 0 : SP_ENOMEM;
 }
 
-static int get_u32(const msgpack_object *map, const char *key, uint32_t *out) {
+int client_get_u32(const msgpack_object *map, const char *key, bool optional,
+                   uint32_t *out) {
   uint64_t v;
-  int rc = sp_msg_get_u64(map, key, false, &v);
-  if (rc < 0)
-    return rc;
+  int rc = sp_msg_get_u64(map, key, optional, &v);
+  if (rc != 0)
+    return rc == 1 ? 0 : rc;
   if (v > UINT32_MAX)
     return SP_EBADMSG;
   *out = (uint32_t)v;
   return 0;
 }
 
-static int get_amount(const msgpack_object *map, const char *key, double *out) {
+int client_get_amount(const msgpack_object *map, const char *key,
+                      double *out) {
   int rc = sp_msg_get_f64(map, key, false, out);
   if (rc < 0)
     return rc;
@@ -89,9 +89,9 @@ static int get_flag(const msgpack_object *map, const char *key, int *out) {
 static int decode_node(const msgpack_object *o, sp_node_status *n) {
   if (o->type != MSGPACK_OBJECT_MAP)
     return SP_EBADMSG;
-  int rc = get_u32(o, "node", &n->node);
+  int rc = client_get_u32(o, "node", false, &n->node);
   if (rc == 0)
-    rc = copy_str(o, "address", false, &n->address);
+    rc = client_copy_str(o, "address", false, &n->address);
   if (rc == 0)
     rc = get_flag(o, "self", &n->self);
   if (rc == 0)
@@ -106,7 +106,7 @@ static int decode_node(const msgpack_object *o, sp_node_status *n) {
 /* The fields of a job across nodes; a daemon that predates them sends none
  * (plan_digest stays NULL, nodes empty). */
 static int decode_nodes(const msgpack_object *o, sp_job_status *job) {
-  int rc = copy_str(o, "plan_digest", true, &job->plan_digest);
+  int rc = client_copy_str(o, "plan_digest", true, &job->plan_digest);
   uint64_t node = 0;
   if (rc == 0 && (rc = sp_msg_get_u64(o, "node", true, &node)) == 1)
     rc = 0;
@@ -126,35 +126,47 @@ static int decode_nodes(const msgpack_object *o, sp_job_status *job) {
   return rc;
 }
 
-static int decode_job(const msgpack_object *o, sp_job_status *job) {
+int client_decode_job(const msgpack_object *o, sp_job_status *job) {
   if (o->type != MSGPACK_OBJECT_MAP)
     return SP_EBADMSG;
-  int rc = copy_str(o, "job_id", false, &job->job_id);
+  int rc = client_copy_str(o, "job_id", false, &job->job_id);
   if (rc == 0)
-    rc = copy_str(o, "phase", false, &job->phase);
+    rc = client_copy_str(o, "phase", false, &job->phase);
   if (rc == 0)
-    rc = copy_str(o, "error", true, &job->error);
+    rc = client_copy_str(o, "error", true, &job->error);
   if (rc == 0 && strcmp(job->phase, "failed") != 0) {
     /* The header promises error only for a failed job. */
     free(job->error);
     job->error = NULL;
   }
   if (rc == 0)
-    rc = get_u32(o, "world", &job->world);
+    rc = client_get_u32(o, "world", false, &job->world);
   if (rc == 0)
-    rc = get_u32(o, "joined", &job->joined);
+    rc = client_get_u32(o, "joined", false, &job->joined);
   if (rc == 0)
-    rc = get_u32(o, "round", &job->round);
+    rc = client_get_u32(o, "round", false, &job->round);
   if (rc == 0)
-    rc = get_u32(o, "rounds", &job->rounds);
+    rc = client_get_u32(o, "rounds", false, &job->rounds);
   if (rc == 0)
     rc = sp_msg_get_u64(o, "bytes_moved", false, &job->bytes_moved);
   if (rc == 0)
     rc = sp_msg_get_u64(o, "bytes_total", false, &job->bytes_total);
   if (rc == 0)
-    rc = get_amount(o, "rate_bps", &job->rate_bps);
+    rc = client_get_amount(o, "rate_bps", &job->rate_bps);
   if (rc == 0)
     rc = decode_nodes(o, job);
+  /* From protocol 2 on; a daemon without them leaves zeros. */
+  if (rc == 0)
+    rc = client_get_u32(o, "asked", true, &job->asked);
+  if (rc == 0 &&
+      (rc = sp_msg_get_u64(o, "export_id", true, &job->export_id)) == 1)
+    rc = 0;
+  if (rc == 0 && (rc = sp_msg_get_u64(o, "bytes_prepared", true,
+                                      &job->bytes_prepared)) == 1)
+    rc = 0;
+  if (rc == 0 && (rc = sp_msg_get_u64(o, "bytes_to_prepare", true,
+                                      &job->bytes_to_prepare)) == 1)
+    rc = 0;
   return rc;
 }
 
@@ -168,24 +180,24 @@ static int decode_jobs(const msgpack_object *map, sp_status_info *info) {
     return SP_ENOMEM;
   info->njobs = a->size;
   for (uint32_t i = 0; i < a->size && rc == 0; i++)
-    rc = decode_job(&a->ptr[i], &info->jobs[i]);
+    rc = client_decode_job(&a->ptr[i], &info->jobs[i]);
   return rc;
 }
 
 static int decode_status(const msgpack_object *map, sp_status_info *info) {
-  int rc = copy_str(map, "daemon_version", false, &info->daemon_version);
+  int rc = client_copy_str(map, "daemon_version", false, &info->daemon_version);
   if (rc == 0)
-    rc = get_u32(map, "protocol_version", &info->protocol_version);
+    rc = client_get_u32(map, "protocol_version", false, &info->protocol_version);
   if (rc == 0)
     rc = join_backends(map, &info->backends_built);
   if (rc == 0)
-    rc = copy_str(map, "backend_active", false, &info->backend_active);
+    rc = client_copy_str(map, "backend_active", false, &info->backend_active);
   if (rc == 0)
-    rc = copy_str(map, "backend_reason", false, &info->backend_reason);
+    rc = client_copy_str(map, "backend_reason", false, &info->backend_reason);
   if (rc == 0)
-    rc = get_amount(map, "uptime_s", &info->uptime_s);
+    rc = client_get_amount(map, "uptime_s", &info->uptime_s);
   if (rc == 0)
-    rc = get_u32(map, "clients", &info->clients);
+    rc = client_get_u32(map, "clients", false, &info->clients);
   if (rc == 0)
     rc = sp_msg_get_u64(map, "pool_used", false, &info->pool_used);
   if (rc == 0)
@@ -193,12 +205,16 @@ static int decode_status(const msgpack_object *map, sp_status_info *info) {
   if (rc == 0)
     rc = decode_jobs(map, info);
   if (rc == 0)
-    rc = copy_str(map, "peer_address", true, &info->peer_address);
+    rc = client_copy_str(map, "peer_address", true, &info->peer_address);
   if (rc == 0 && info->peer_address && info->peer_address[0] == '\0') {
     /* Sent empty when the daemon does not listen for peers. */
     free(info->peer_address);
     info->peer_address = NULL;
   }
+  bool draining = false;
+  if (rc == 0 && (rc = sp_msg_get_bool(map, "draining", true, &draining)) == 1)
+    rc = 0;
+  info->draining = draining ? 1 : 0;
   return rc;
 }
 
@@ -222,19 +238,21 @@ SP_EXPORT int sp_status(sp_client *client, sp_status_info **out) {
   return 0;
 }
 
+void client_job_clear(sp_job_status *job) {
+  free(job->job_id);
+  free(job->phase);
+  free(job->error);
+  free(job->plan_digest);
+  for (size_t n = 0; n < job->nnodes; n++)
+    free(job->nodes[n].address);
+  free(job->nodes);
+}
+
 SP_EXPORT void sp_status_free(sp_status_info *status) {
   if (!status)
     return;
-  for (size_t i = 0; i < status->njobs; i++) {
-    sp_job_status *job = &status->jobs[i];
-    free(job->job_id);
-    free(job->phase);
-    free(job->error);
-    free(job->plan_digest);
-    for (size_t n = 0; n < job->nnodes; n++)
-      free(job->nodes[n].address);
-    free(job->nodes);
-  }
+  for (size_t i = 0; i < status->njobs; i++)
+    client_job_clear(&status->jobs[i]);
   free(status->peer_address);
   free(status->jobs);
   free(status->daemon_version);

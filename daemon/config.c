@@ -50,7 +50,16 @@ void config_default(struct config *cfg) {
   cfg->export_timeout_ms = CONFIG_DEFAULT_EXPORT_TIMEOUT_MS;
   cfg->job_timeout_ms = CONFIG_DEFAULT_JOB_TIMEOUT_MS;
   cfg->max_jobs = CONFIG_DEFAULT_MAX_JOBS;
+  cfg->max_user_jobs = CONFIG_DEFAULT_MAX_USER_JOBS;
+  cfg->max_user_registrations = CONFIG_DEFAULT_MAX_USER_REGISTRATIONS;
+  cfg->max_user_registration_bytes = CONFIG_DEFAULT_MAX_USER_REGISTRATION_BYTES;
+  cfg->max_user_mappings = CONFIG_DEFAULT_MAX_USER_MAPPINGS;
+  cfg->max_client_mappings = CONFIG_DEFAULT_MAX_CLIENT_MAPPINGS;
   cfg->engine_threads = 0;
+  cfg->peer_timeout_ms = CONFIG_DEFAULT_PEER_TIMEOUT_MS;
+  cfg->peer_handshakes = CONFIG_DEFAULT_PEER_HANDSHAKES;
+  cfg->drain_timeout_ms = CONFIG_DEFAULT_DRAIN_TIMEOUT_MS;
+  cfg->export_history = CONFIG_DEFAULT_EXPORT_HISTORY;
 }
 
 /* Binary size suffixes, largest first (config_print's choice). */
@@ -233,13 +242,22 @@ static const struct size_key size_keys[] = {
     {"gpu_pool_capacity", 0, UINT64_C(1) << 50},
     {"max_bytes", 4096, UINT64_C(1) << 50},
     {"max_jobs", 1, 1u << 16},
+    {"max_user_jobs", 1, 1u << 16},
+    {"max_user_registrations", 1, UINT64_C(1) << 32},
+    {"max_user_registration_bytes", 4096, UINT64_C(1) << 50},
+    {"max_user_mappings", 1, 1u << 24},
+    {"max_client_mappings", 1, 1u << 24},
     {"engine_threads", 0, 64},
+    {"peer_handshakes", 1, 1u << 16},
+    {"export_history", 0, CONFIG_MAX_EXPORT_HISTORY},
 };
 
 /* Keys that take a duration, with their bounds in milliseconds. */
 static const struct size_key duration_keys[] = {
     {"export_timeout", 100, REQ_MAX_TIMEOUT_MS},
     {"job_timeout", 1000, REQ_MAX_TIMEOUT_MS},
+    {"peer_timeout", 100, REQ_MAX_TIMEOUT_MS},
+    {"drain_timeout", 0, REQ_MAX_TIMEOUT_MS},
 };
 
 static void store_size(struct config *cfg, const char *key, uint64_t v) {
@@ -263,12 +281,30 @@ static void store_size(struct config *cfg, const char *key, uint64_t v) {
     cfg->max_bytes = v;
   else if (strcmp(key, "max_jobs") == 0)
     cfg->max_jobs = (uint32_t)v;
+  else if (strcmp(key, "max_user_jobs") == 0)
+    cfg->max_user_jobs = (uint32_t)v;
+  else if (strcmp(key, "max_user_registrations") == 0)
+    cfg->max_user_registrations = v;
+  else if (strcmp(key, "max_user_registration_bytes") == 0)
+    cfg->max_user_registration_bytes = v;
+  else if (strcmp(key, "max_user_mappings") == 0)
+    cfg->max_user_mappings = (uint32_t)v;
+  else if (strcmp(key, "max_client_mappings") == 0)
+    cfg->max_client_mappings = (uint32_t)v;
   else if (strcmp(key, "engine_threads") == 0)
     cfg->engine_threads = (uint32_t)v;
   else if (strcmp(key, "export_timeout") == 0)
     cfg->export_timeout_ms = (uint32_t)v;
   else if (strcmp(key, "job_timeout") == 0)
     cfg->job_timeout_ms = (uint32_t)v;
+  else if (strcmp(key, "peer_timeout") == 0)
+    cfg->peer_timeout_ms = (uint32_t)v;
+  else if (strcmp(key, "peer_handshakes") == 0)
+    cfg->peer_handshakes = (uint32_t)v;
+  else if (strcmp(key, "drain_timeout") == 0)
+    cfg->drain_timeout_ms = (uint32_t)v;
+  else if (strcmp(key, "export_history") == 0)
+    cfg->export_history = (uint32_t)v;
   else
     cfg->max_output = v;
 }
@@ -514,10 +550,44 @@ void config_print(const struct config *cfg, FILE *out) {
   print_duration(out, "export_timeout", cfg->export_timeout_ms);
   print_duration(out, "job_timeout", cfg->job_timeout_ms);
   fprintf(out, "max_jobs = %" PRIu32 "\n", cfg->max_jobs);
+  fprintf(out, "max_user_jobs = %" PRIu32 "\n", cfg->max_user_jobs);
+  fprintf(out, "max_user_registrations = %" PRIu64 "\n",
+          cfg->max_user_registrations);
+  print_size(out, "max_user_registration_bytes",
+             cfg->max_user_registration_bytes);
+  fprintf(out, "max_user_mappings = %" PRIu32 "\n", cfg->max_user_mappings);
+  fprintf(out, "max_client_mappings = %" PRIu32 "\n",
+          cfg->max_client_mappings);
   fprintf(out, "engine_threads = %" PRIu32 "\n", cfg->engine_threads);
   fprintf(out, "compare_replicas = %s\n", cfg->compare_replicas ? "yes" : "no");
+  print_duration(out, "drain_timeout", cfg->drain_timeout_ms);
+  fprintf(out, "export_history = %" PRIu32 "\n", cfg->export_history);
   fprintf(out, "peer_listen = %s\n",
           cfg->peer_listen_set ? cfg->peer_listen : "none");
   fprintf(out, "peer_advertise = %s\n",
           cfg->peer_advertise_set ? cfg->peer_advertise : "none");
+  print_duration(out, "peer_timeout", cfg->peer_timeout_ms);
+  fprintf(out, "peer_handshakes = %" PRIu32 "\n", cfg->peer_handshakes);
+}
+
+int config_build(const struct config_origin *o, struct config *cfg, char *err,
+                 size_t errsize) {
+  config_default(cfg);
+  if (config_load(cfg, o->path, o->must_exist, err, errsize) != 0)
+    return CONFIG_EFILE;
+  const char *env_socket = getenv("SHARDPORT_SOCKET");
+  char msg[512];
+  if (env_socket != NULL && env_socket[0] != '\0' &&
+      config_set(cfg, "socket", env_socket, msg, sizeof msg) != 0) {
+    fail(err, errsize, "SHARDPORT_SOCKET: %s", msg);
+    return CONFIG_EFILE;
+  }
+  for (size_t i = 0; i < o->nflags; i++)
+    if (config_set(cfg, o->flags[i].key, o->flags[i].value, err, errsize) !=
+        0)
+      return CONFIG_EFLAG;
+  if (config_check(cfg, err, errsize) != 0 ||
+      config_resolve_socket(cfg, err, errsize) != 0)
+    return CONFIG_EFILE;
+  return 0;
 }

@@ -55,6 +55,8 @@ struct conn {
   uint64_t id;
   int sock;
   struct peer peer;
+  /* The peer's user, whose quotas its jobs and ranks count in. */
+  struct quota_user *user;
   uv_poll_t poll;
   uv_timer_t timer;
   /* Handles not yet closed; the conn is freed when this reaches 0. */
@@ -86,27 +88,36 @@ static int op_status(struct conn *c, const struct sp_msg_head *head,
 
 /* The dispatch table.  A handler replies itself and returns 0, or returns a
  * negative code that is sent back as an error reply.  Messages that do not
- * declare takes_fds have their fds closed before the handler runs. */
+ * declare takes_fds have their fds closed before the handler runs.  Those
+ * that declare new_work start something a stopping daemon would only have
+ * to break: while it drains (drain.c) they are answered daemon_stopping
+ * and never reach their handler. */
 static const struct op {
   const char *name;
   bool takes_fds;
+  bool new_work;
   op_handler handle;
 } ops[] = {
-    {"hello", false, op_hello},
-    {"ping", false, op_ping},
-    {"status", false, op_status},
-    {"job_create", false, job_op_create},
-    {"join", false, job_op_join},
-    {"leave", false, job_op_leave},
-    {"storage_add", true, job_op_storage_add},
-    {"tensor_add", false, job_op_tensor_add},
-    {"export", false, export_op_request},
-    {"release", false, export_op_release},
+    {"hello", false, false, op_hello},
+    {"ping", false, false, op_ping},
+    {"status", false, false, op_status},
+    {"job_create", false, true, job_op_create},
+    {"join", false, true, job_op_join},
+    {"leave", false, false, job_op_leave},
+    {"storage_add", true, true, job_op_storage_add},
+    {"tensor_add", false, true, job_op_tensor_add},
+    {"export", false, true, export_op_request},
+    {"release", false, false, export_op_release},
+    {"jobs", false, false, joblist_op_jobs},
+    {"job_status", false, false, joblist_op_job_status},
+    {"job_abort", false, false, abort_op_job_abort},
 };
 
 static void on_poll(uv_poll_t *handle, int status, int events);
 
 struct server *conn_server(const struct conn *c) { return c->srv; }
+
+uid_t conn_uid(const struct conn *c) { return c->peer.uid; }
 
 uint64_t conn_id(const struct conn *c) { return c->id; }
 
@@ -116,6 +127,10 @@ struct conn *conn_find(const struct server *srv, uint64_t id) {
       return c;
   return NULL;
 }
+
+const struct peer *conn_peer(const struct conn *c) { return &c->peer; }
+
+struct conn *conn_next(const struct conn *c) { return c->next; }
 
 struct job_member *conn_member(const struct conn *c) { return c->member; }
 
@@ -160,6 +175,8 @@ void conn_close(struct conn *c) {
   if (c->next != NULL)
     c->next->prev = c->prev;
   c->srv->nclients--;
+  quota_release(c->user, QUOTA_CLIENT);
+  c->user = NULL;
   /* The job only notes the loss here and acts on it from its own wake-up:
    * a close can happen inside another member's reply. */
   if (c->member != NULL) {
@@ -248,6 +265,26 @@ static void drain(struct conn *c) {
     return;
   c->draining = true;
   uv_timer_start(&c->timer, on_timeout, CONN_DRAIN_TIMEOUT_MS, 0);
+}
+
+void conn_finish(struct conn *c, int code, const char *fmt, ...) {
+  if (c->draining || c->closed)
+    return;
+  char message[SP_ERRMSG_MAX + 1];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(message, sizeof(message), fmt, ap);
+  va_end(ap);
+  /* The rank leaves its job now, as if it had disconnected: nothing more
+   * is read from it, and the job must not wait for its last bytes. */
+  if (c->member != NULL) {
+    job_conn_closed(c->member);
+    c->member = NULL;
+  }
+  c->drained = NULL;
+  conn_send_error(c, 0, code, "%s", message);
+  if (!c->closed)
+    drain(c);
 }
 
 int conn_send(struct conn *c, struct sp_frame_tx *tx) {
@@ -408,6 +445,8 @@ static void dispatch(struct conn *c, struct sp_frame *frame) {
                     head.op);
     goto out;
   }
+  if (op->new_work && drain_refuse(c->srv, c, head.id, head.op))
+    goto out;
   if (!op->takes_fds && frame->nfds > 0) {
     size_t n = sp_frame_close_fds(frame);
     log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": closed %zu fd(s) sent with %s",
@@ -489,10 +528,15 @@ static void on_poll(uv_poll_t *handle, int status, int events) {
 
 int conn_open(struct server *srv, int sock, const struct peer *peer) {
   struct conn *c = calloc(1, sizeof(*c));
-  if (c == NULL) {
+  struct quota_user *user = quota_hold(srv, peer->uid, QUOTA_CLIENT);
+  if (c == NULL || user == NULL) {
+    if (user != NULL)
+      quota_release(user, QUOTA_CLIENT);
+    free(c);
     close(sock);
     return SP_ENOMEM;
   }
+  c->user = user;
   c->srv = srv;
   c->sock = sock;
   c->peer = *peer;
@@ -504,6 +548,7 @@ int conn_open(struct server *srv, int sock, const struct peer *peer) {
   int rc = uv_poll_init(srv->loop, &c->poll, sock);
   if (rc != 0) {
     log_msg(LOG_LEVEL_ERROR, "uv_poll_init: %s", uv_strerror(rc));
+    quota_release(c->user, QUOTA_CLIENT);
     close(sock);
     free(c);
     return SP_EINTERNAL;

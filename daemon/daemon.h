@@ -43,6 +43,18 @@ void log_set_level(enum log_level level);
 /* The one logging call: one line to stderr. */
 void log_msg(enum log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* An event that may repeat as fast as the loop turns (an accept failing at
+ * EMFILE, links dropped at a cap) is logged with log_limited: at most one
+ * line per LOG_LIMIT_MS, which says how many were not logged since the
+ * last.  Zero-initialise one per event. */
+#define LOG_LIMIT_MS 1000u
+struct log_limit {
+  bool logged;
+  uint64_t last_ms;
+  uint64_t suppressed;
+};
+void log_limited(struct log_limit *lim, enum log_level level,
+                 const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* "error", "warn", "info", "debug" <-> level; -1 for an unknown name. */
 int log_level_parse(const char *name);
 const char *log_level_name(enum log_level level);
@@ -81,6 +93,17 @@ void backend_release(struct backend_choice *choice);
 #define CONFIG_DEFAULT_EXPORT_TIMEOUT_MS 60000u
 #define CONFIG_DEFAULT_JOB_TIMEOUT_MS 300000u
 #define CONFIG_DEFAULT_MAX_JOBS 256u
+/* Per user and per client (quota.c, docs/operations.md "Quotas"). */
+#define CONFIG_DEFAULT_MAX_USER_JOBS 64u
+#define CONFIG_DEFAULT_MAX_USER_REGISTRATIONS (UINT64_C(1) << 23)
+#define CONFIG_DEFAULT_MAX_USER_REGISTRATION_BYTES (UINT64_C(1) << 30)
+#define CONFIG_DEFAULT_MAX_USER_MAPPINGS 32768u
+#define CONFIG_DEFAULT_MAX_CLIENT_MAPPINGS 8192u
+#define CONFIG_DEFAULT_PEER_TIMEOUT_MS 10000u
+#define CONFIG_DEFAULT_PEER_HANDSHAKES 64u
+#define CONFIG_DEFAULT_DRAIN_TIMEOUT_MS 60000u
+#define CONFIG_DEFAULT_EXPORT_HISTORY 8u
+#define CONFIG_MAX_EXPORT_HISTORY 256u
 /* "addr:port" of a daemon, numeric (IPv6 in brackets), with its NUL. */
 #define NODE_ADDR_MAX 64
 
@@ -116,11 +139,23 @@ struct config {
   /* How long a job may wait for its first rank to join. */
   uint32_t job_timeout_ms;
   uint32_t max_jobs;
+  /* What one uid may hold: jobs it created, registrations of its ranks
+   * (storages and tensors, their bytes), host mappings; and the host
+   * mappings of one client (quota.c). */
+  uint32_t max_user_jobs;
+  uint64_t max_user_registrations;
+  uint64_t max_user_registration_bytes;
+  uint32_t max_user_mappings;
+  uint32_t max_client_mappings;
   /* Threads copying one export's data; 0 means min(4, online CPUs). */
   uint32_t engine_threads;
   /* Read and compare every rank's copy of replicated and plain keys
    * before an export moves (replicas.c). */
   bool compare_replicas;
+  /* How long a stopping daemon lets running exports finish (drain.c). */
+  uint32_t drain_timeout_ms;
+  /* Finished exports each job keeps for status (history.c). */
+  uint32_t export_history;
   /* Jobs across nodes: where this daemon listens for other daemons (off
    * unless set), and the address they dial (default: the listen address;
    * a port of 0 in either means the port the kernel gives). */
@@ -131,6 +166,12 @@ struct config {
   bool peer_advertise_set;
   char peer_advertise[NODE_ADDR_MAX];
   struct sockaddr_storage peer_advertise_addr;
+  /* How long a link to another daemon may take to connect and prove who
+   * it is, and how long a node waits for the root's answer to a join. */
+  uint32_t peer_timeout_ms;
+  /* Links accepted from other daemons that have not yet proved who they
+   * are, at most (nodelink.c). */
+  uint32_t peer_handshakes;
 };
 
 /* Built-in defaults: root and the daemon's own uid, its own gid. */
@@ -157,6 +198,26 @@ void config_describe_file(const struct config *cfg, char *buf, size_t len);
 /* Checks what no single key can (peer_listen on a wildcard address needs
  * peer_advertise): 0, or -1 with err. */
 int config_check(const struct config *cfg, char *err, size_t errsize);
+
+/* Where the daemon's settings come from, lowest first: the built-in
+ * defaults, the file, SHARDPORT_SOCKET (the socket only), the flags.  Kept
+ * for the daemon's life, so that a reload (SIGHUP) layers them alike. */
+#define CONFIG_MAX_FLAGS 8
+struct config_origin {
+  const char *path;
+  bool must_exist;
+  struct config_flag {
+    const char *key;
+    const char *value;
+  } flags[CONFIG_MAX_FLAGS];
+  size_t nflags;
+};
+
+#define CONFIG_EFILE (-1) /* the file, the environment or a cross-check */
+#define CONFIG_EFLAG (-2) /* a flag's value */
+/* Builds cfg from o: 0, or CONFIG_EFILE or CONFIG_EFLAG with err. */
+int config_build(const struct config_origin *o, struct config *cfg, char *err,
+                 size_t errsize);
 
 /* ---- listen.c --------------------------------------------------------- */
 
@@ -201,7 +262,13 @@ int peer_check(const struct config *cfg, int sock, struct peer *out);
  * daemon was not started by a service manager. */
 void notify_ready(const char *status);
 void notify_status(const char *status);
-void notify_stopping(void);
+/* STOPPING=1 with a status line, and how long the stop may still take
+ * (EXTEND_TIMEOUT_USEC), so that a drain longer than the unit's
+ * TimeoutStopSec is not cut short. */
+void notify_stopping(const char *status, uint64_t extend_usec);
+/* RELOADING=1 (with MONOTONIC_USEC) as a reload starts; notify_ready when
+ * it is done. */
+void notify_reloading(void);
 void notify_watchdog(void);
 /* The watchdog interval systemd asked for in microseconds, or 0. */
 uint64_t notify_watchdog_usec(void);
@@ -224,28 +291,45 @@ struct pool;
 
 struct server {
   uv_loop_t *loop;
-  const struct config *cfg;
+  /* The running configuration (a reload changes what may change live)
+   * and where it came from. */
+  struct config *cfg;
+  const struct config_origin *origin;
   const struct backend_choice *backend;
   struct listener listener;
   uv_poll_t listen_poll;
   uv_signal_t sig_term;
   uv_signal_t sig_int;
+  uv_signal_t sig_hup;
   uv_timer_t watchdog;
   bool watchdog_on;
+  /* Stopping (drain.c): draining refuses new work while the running
+   * exports finish, until drain_deadline_ms; stopping closes everything. */
+  bool draining;
+  bool drain_expired;
+  char stop_reason[16];
+  uv_timer_t drain_timer;
+  uint64_t drain_deadline_ms;
   bool stopping;
   /* Kept open so that accept() can be answered even at EMFILE. */
   int reserve_fd;
+  struct log_limit accept_log;
   uint64_t started_ns;
   uint64_t next_conn_id;
   struct conn *conns;
   uint32_t nclients;
   struct job *jobs;
   uint32_t njobs;
+  /* What each user holds (quota.c). */
+  struct quota_user *users;
   struct pool *pool;
+  uv_poll_t pool_poll; /* the pool's inotify descriptor */
+  bool pool_poll_on;
   /* Copying threads per export: engine_threads, resolved. */
   uint32_t engine_threads;
   /* Test seam (docs/operations.md): SHARDPORTD_TEST_ROUND_DELAY_MS makes
-   * the engine pause after every round, so tests can act mid-export. */
+   * the engine pause after preparing the pool and after every round, so
+   * tests can act mid-export. */
   uint32_t test_round_delay_ms;
   /* Test seam: SHARDPORTD_TEST_DIGEST_XOR flips bits of the plan digests
    * this daemon reports to a job's root, to test the mismatch path. */
@@ -259,11 +343,49 @@ struct server {
   uint64_t node_id;
   uint64_t next_link_id;
   struct nodelink *links;
+  /* Accepted links that have not proved who they are, and the most there
+   * may be (peer_handshakes, at most a quarter of the descriptor limit). */
+  uint32_t peer_unidentified;
+  uint32_t peer_handshake_cap;
+  struct log_limit peer_accept_log, peer_evict_log;
 };
 
-/* Listens, serves until SIGTERM/SIGINT and shuts down cleanly.  Returns 0,
- * or -1 when the daemon could not start serving. */
-int server_run(const struct config *cfg, const struct backend_choice *backend);
+/* Listens, serves until SIGTERM/SIGINT (drained, drain.c) and shuts down
+ * cleanly; SIGHUP reloads cfg from origin (reload.c).  Returns 0, or -1
+ * when the daemon could not start serving. */
+int server_run(const struct config_origin *origin, struct config *cfg,
+               const struct backend_choice *backend);
+/* Closes the listener, the signals and every connection and ends every
+ * job: each connection is sent a last error of code with the reason, and
+ * each rank of a job job_code (conn_finish), unless at_once, which closes
+ * them without a word.  The loop then ends once every handle closed. */
+void server_stop(struct server *srv, bool at_once, int job_code, int code,
+                 const char *why);
+/* At EMFILE: takes one waiting connection off listen_fd with the spare
+ * descriptor and closes it, so that the listener stops being readable;
+ * false when no spare descriptor could be had. */
+bool server_shed(struct server *srv, int listen_fd);
+/* engine_threads resolved: 0 means min(4, online CPUs). */
+uint32_t server_engine_threads(const struct config *cfg);
+
+/* ---- drain.c ---------------------------------------------------------- */
+
+/* SIGTERM or SIGINT (why): the daemon refuses new work, fails the exports
+ * still gathering asks, lets the running exports finish within
+ * drain_timeout, then stops.  A second signal stops at once. */
+void drain_begin(struct server *srv, const char *why);
+/* Answers a request that would start new work with daemon_stopping while
+ * the daemon drains: true when it did (the request is done). */
+bool drain_refuse(struct server *srv, struct conn *c, uint64_t id,
+                  const char *op);
+
+/* ---- reload.c --------------------------------------------------------- */
+
+/* SIGHUP: reads the configuration again from srv->origin and applies the
+ * keys that may change live; logs which keys changed, which took effect
+ * and which need a restart.  A configuration that does not load changes
+ * nothing. */
+void reload_run(struct server *srv);
 
 /* ---- conn.c ----------------------------------------------------------- */
 
@@ -281,6 +403,18 @@ int conn_send_error(struct conn *c, uint64_t id, int code, const char *fmt,
 /* Finishes mb and queues it. */
 int conn_send_msgbuf(struct conn *c, struct sp_msgbuf *mb);
 struct server *conn_server(const struct conn *c);
+/* The peer's uid, as SO_PEERCRED gave it. */
+uid_t conn_uid(const struct conn *c);
+/* The peer's credentials, read when it connected (SO_PEERCRED). */
+const struct peer *conn_peer(const struct conn *c);
+/* The next of the server's open connections (srv->conns first), or NULL. */
+struct conn *conn_next(const struct conn *c);
+/* Ends the connection with a last error reply of id 0 (docs/protocol.md,
+ * "Connections the daemon ends"): nothing more is read, the queued replies
+ * and this one are written (or the drain timeout passes), then it closes.
+ * A rank on it leaves its job as if it had disconnected. */
+void conn_finish(struct conn *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* The connection's number, and the open connection of that number (NULL
  * once it closed): a reference that cannot dangle. */
 uint64_t conn_id(const struct conn *c);
@@ -297,6 +431,33 @@ uint64_t conn_output_room(const struct conn *c);
  * them pile up past max_output. */
 void conn_on_drained(struct conn *c, void (*fn)(struct conn *c, void *arg),
                      void *arg);
+
+/* ---- quota.c ---------------------------------------------------------- */
+
+/* What holds a user's entry: its connections, the jobs it created, its
+ * connections' ranks (which hold the registrations). */
+enum quota_kind { QUOTA_CLIENT, QUOTA_JOB, QUOTA_RANK, QUOTA_KINDS };
+
+struct quota_user;
+struct reg_usage;
+struct reg_quota_ops;
+
+/* The entry of uid, made when it has none, held once more by kind: NULL
+ * when out of memory. */
+struct quota_user *quota_hold(struct server *srv, uid_t uid,
+                              enum quota_kind kind);
+/* One holder of kind is gone; the entry goes with its last holder. */
+void quota_release(struct quota_user *u, enum quota_kind kind);
+/* job_create for u, which holds the new job already: 0, or SP_ELIMIT past
+ * max_user_jobs with a sentence. */
+int quota_job_admit(const struct quota_user *u, char *msg, size_t msglen);
+/* The registry quota of a rank of user u (quota_arg is u): max_client_mappings
+ * on the registry, the max_user_* bounds on u. */
+extern const struct reg_quota_ops quota_registry_ops;
+/* A rank's registry is freed: what it held no longer counts for u. */
+void quota_unregister(struct quota_user *u, const struct reg_usage *used);
+/* The users array of the status reply. */
+void quota_status_pack(const struct server *srv, msgpack_packer *pk);
 
 /* ---- idxset.c --------------------------------------------------------- */
 
@@ -322,6 +483,8 @@ uint32_t idxset_find(const struct idxset *s, uint64_t hash,
                      idxset_match match, const void *ctx);
 /* Adds idx; room must have been reserved. */
 void idxset_insert(struct idxset *s, uint64_t hash, uint32_t idx);
+/* SipHash-2-4 under a random key of this process (idxset.c says why):
+ * the only hashes a table of client-chosen values may use. */
 uint64_t idxset_hash_bytes(const void *data, size_t len);
 uint64_t idxset_hash_u64(uint64_t v);
 
@@ -441,20 +604,63 @@ int request_parse_export(const msgpack_object *map, struct req_export *out,
 void request_groups_free(struct req_groups *g);
 int request_parse_release(const msgpack_object *map, uint64_t *export_id,
                           char *msg, size_t msglen);
+/* job_status, job_abort: "job", a job id or a unique prefix of one (1 to
+ * 32 hex digits), lowercased into out. */
+int request_parse_job_ref(const msgpack_object *map,
+                          char out[2 * JOB_ID_BYTES + 1], char *msg,
+                          size_t msglen);
+/* jobs: "after", a whole job id, or "" when absent. */
+int request_parse_jobs(const msgpack_object *map,
+                       char after[2 * JOB_ID_BYTES + 1], char *msg,
+                       size_t msglen);
 /* UTF-8 without NUL bytes, overlong forms or surrogates. */
 bool request_utf8_valid(const char *s, size_t len);
 
 /* ---- registry.c ------------------------------------------------------- */
 
+struct registry;
+
 /* What the daemon keeps of a storage besides the planner's sp_storage. */
 struct reg_storage {
   uint32_t sid;
-  void *map; /* the read-only mapping, page-aligned; NULL when empty */
-  size_t map_len;
-  const uint8_t *data; /* the storage's first byte */
+  /* The storage's first byte, in a read-only mapping of its file that the
+   * registry holds (reg_map); NULL when empty. */
+  const uint8_t *data;
   /* A CUDA storage: its opened allocation and device address (gpu.data;
    * data is then NULL: it is not host memory). */
   struct gpu_mapping gpu;
+};
+
+/* A read-only mapping of a whole file, shared by every storage of the
+ * registry that lies in it (registry.c says why). */
+struct reg_map {
+  void *addr;
+  size_t len;
+};
+
+/* A file the registry maps, known by its identity, and its newest (so
+ * largest) mapping. */
+struct reg_file {
+  dev_t dev;
+  ino_t ino;
+  uint32_t map; /* index into the registry's maps */
+};
+
+/* What a registry holds, as the quotas count it (docs/operations.md,
+ * "Quotas"). */
+struct reg_usage {
+  uint64_t mappings;      /* host mappings, reg_map */
+  uint64_t registrations; /* storages and tensors */
+  uint64_t bytes;         /* registration bytes: registry.c's *_cost */
+};
+
+/* Bounds on what a registry may take, checked before a frame is kept. */
+struct reg_quota_ops {
+  /* 0 to let the registry take more, else a code and a sentence. */
+  int (*admit)(void *arg, const struct registry *reg,
+               const struct reg_usage *more, char *msg, size_t msglen);
+  /* The registry took more. */
+  void (*charge)(void *arg, const struct reg_usage *more);
 };
 
 /* One rank's registrations, in the planner's form.  Used from the loop
@@ -474,13 +680,25 @@ struct registry {
   size_t nkeys, key_cap;
   struct plan_key_in *keys; /* names and pieces owned */
   struct idxset by_name;
+  /* Every mapping made (unmapped with the registry), and the files. */
+  size_t nmaps, map_cap;
+  struct reg_map *maps;
+  size_t nfiles, file_cap;
+  struct reg_file *files;
+  struct idxset by_file;
+  struct reg_usage used;
+  /* The quotas of the rank's connection and user; NULL: none. */
+  const struct reg_quota_ops *quota;
+  void *quota_arg;
 };
 
 void registry_init(struct registry *reg, uint32_t device_type);
 /* Unmaps every storage and frees everything. */
 void registry_free(struct registry *reg);
 /* Maps and registers n storages whose fds are frame's (the frame keeps
- * them); all or none.  SP_EBADFD, SP_EINVAL, SP_ELIMIT, SP_ENOMEM. */
+ * them); all or none.  A file is mapped once, whole, and shared by the
+ * storages in it.  SP_EBADFD, SP_EINVAL, SP_ELIMIT (the quota's code),
+ * SP_ENOMEM. */
 int registry_add_storages(struct registry *reg, const struct req_storage *s,
                           size_t n, const struct sp_frame *frame, char *msg,
                           size_t msglen);
@@ -526,6 +744,8 @@ struct engine {
   void *notify_arg;
   _Atomic uint32_t round; /* 1-based; 0 before the first */
   _Atomic uint64_t bytes_moved;
+  /* Bytes of the owners' segments populated before round 1. */
+  _Atomic uint64_t bytes_prepared;
   _Atomic bool cancel;
   _Atomic bool done;
   /* Valid once done: 0, or a code and a sentence naming key and ranks. */
@@ -643,11 +863,41 @@ void publish_pack(const struct plan *plan, const struct publish_layout *l,
                   size_t nparts, size_t first, size_t end,
                   const struct publish_device *dev, struct sp_msgbuf *mb);
 
+/* ---- history.c -------------------------------------------------------- */
+
+/* One finished export, as job_status shows it. */
+struct history_entry {
+  uint64_t export_id; /* 0: it failed while its ranks asked, unstarted */
+  bool failed;
+  char *error; /* "<code>: <message>" when failed, else NULL */
+  uint64_t started_ms, ended_ms;
+  uint32_t rounds;
+  uint64_t bytes_moved, bytes_total;
+  double rate_bps;
+};
+
+/* The last cap finished exports of a job. */
+struct history {
+  struct history_entry *ring; /* [cap] once the first is recorded */
+  uint32_t cap, count, next;
+  uint64_t total; /* every export recorded, kept or not */
+};
+
+void history_init(struct history *h, uint32_t cap);
+void history_free(struct history *h);
+/* Records e (its error is copied); the oldest entry goes when full. */
+void history_add(struct history *h, const struct history_entry *e);
+/* The i-th newest entry (0: the last one), for i < count. */
+const struct history_entry *history_at(const struct history *h, uint32_t i);
+
 /* ---- job.c ------------------------------------------------------------ */
 
 enum job_phase {
   JOB_WAITING,    /* for ranks to join and to ask for an export */
   JOB_PLANNING,   /* plan_build on a worker thread */
+  /* Status only (export_view): moving, but the engine is still preparing
+   * the owners' pool segments (populating their pages) before round 1. */
+  JOB_ALLOCATING,
   JOB_MOVING,     /* the engine runs the rounds */
   JOB_PUBLISHING, /* replies streaming to the owners */
   JOB_PUBLISHED,  /* the last export succeeded */
@@ -666,9 +916,12 @@ struct job_member {
   struct conn *conn; /* NULL once the connection is gone */
   uint32_t rank;
   struct registry reg;
+  /* The user of its connection, whose quotas its registrations count in. */
+  struct quota_user *user;
   /* The rank asked for the next export and waits for its reply. */
   bool asked;
   uint64_t ask_id;
+  uint64_t asked_ms;
   uint64_t ask_deadline_ms;
   struct req_export ask;
   /* Part of the running export. */
@@ -677,20 +930,43 @@ struct job_member {
   bool lost;
   bool lost_handled; /* export_member_lost ran for it */
   bool disconnected;
+  /* Its first refused registration ("rank 2's registration was refused:
+   * <code>: <message>"), or NULL: why it left, when it leaves. */
+  char *refused;
   struct job_published *published;
 };
 
 struct export;
 
+/* A rank that left and has not joined again. */
+struct job_departure {
+  bool gone;
+  bool disconnected;
+  uint64_t seq; /* job->departures when it left: their order */
+  char *reason; /* why, when its daemon knew (and had the memory), or NULL */
+};
+
 struct job {
   struct server *srv;
   struct job *next;
+  /* The user that created it (max_user_jobs); NULL for a job rooted on
+   * another daemon. */
+  struct quota_user *owner;
   uint8_t id[JOB_ID_BYTES];
   uint8_t secret[JOB_SECRET_BYTES];
   char hex[2 * JOB_ID_BYTES + 1];
   uint32_t world;
   uint32_t joined;
   bool ever_joined;
+  /* Who made it (SO_PEERCRED of job_create, or of the first rank that
+   * joined a shadow of a job rooted elsewhere): the one user besides root
+   * who may abort it.  When. */
+  bool has_owner;
+  uid_t owner_uid;
+  pid_t owner_pid;
+  uint64_t created_ms;
+  /* Its last finished exports (status), and how many finished. */
+  struct history history;
   struct job_member **members; /* [world], NULL where not joined */
   uint64_t next_export_id;
   struct export *running;
@@ -712,6 +988,12 @@ struct job {
   /* The digest of the last plan built, for status (has_plan_digest). */
   uint64_t plan_digest;
   bool has_plan_digest;
+  /* [world]: the ranks that left and have not joined again; every export
+   * asked for meanwhile fails with rank_lost (job_departed): a job cannot
+   * export without all of its ranks.  The daemon that decides exports
+   * reads it: one node's, or across nodes the root's. */
+  struct job_departure *departed;
+  uint64_t departures; /* numbers them in the order they happened */
   /* A job that may span nodes (mesh.c), or NULL. */
   struct mesh *mesh;
   /* A job on GPUs across nodes (daemon/cuda/gpu.h, docs/gpu.md): the NCCL
@@ -757,17 +1039,46 @@ void job_wake(struct job *job);
 void job_schedule(struct job *job);
 /* Sends the error reply to a member's pending ask and forgets the ask. */
 void job_answer_ask(struct job_member *m, int code, const char *message);
+/* "rank R left job J<when>" (or "disconnected from"), then "; <reason>"
+ * when there is one: how every daemon names a rank that left. */
+void job_departure_text(const struct job *job, uint32_t rank,
+                        bool disconnected, const char *when,
+                        const char *reason, char *buf, size_t len);
+/* Rank left the job (reason: why, when its daemon knows, or NULL): every
+ * export asked for until it joins again fails at once, naming it. */
+void job_rank_departed(struct job *job, uint32_t rank, bool disconnected,
+                       const char *reason);
+/* Rank joined (again): exports no longer wait in vain for it. */
+void job_rank_returned(struct job *job, uint32_t rank);
+/* Whether a rank left and has not joined again: then buf says so, naming
+ * the first of them to leave (the cause; ranks that left after hearing of
+ * it are not) and why; the one sentence the exports asked for fail with. */
+bool job_departed(const struct job *job, char *buf, size_t len);
 uint64_t job_now_ms(void);
 /* The jobs array of the status reply. */
 void job_status_pack(const struct server *srv, msgpack_packer *pk);
-/* For jobs across nodes (mesh.c): the job of an id, or NULL; secrets
- * compared in constant time; a new job of that id and secret (a shadow of
- * a job rooted on another daemon); a rank admitted after the root said so
- * (replies to the join; NULL when out of memory, nothing replied); a rank
- * joined elsewhere (the job no longer waits for a first rank); the job's
- * end, as soon as no export runs. */
-struct job *job_find(const struct server *srv, const uint8_t *id);
-bool job_secret_equal(const uint8_t *a, const uint8_t *b, size_t len);
+/* One job map of the status reply (docs/protocol.md), its header counting
+ * extra more pairs that the caller packs after it. */
+void job_pack(const struct job *job, msgpack_packer *pk, uint32_t extra);
+/* Ranks joined now, and of those the ones waiting for the next export. */
+void job_count_ranks(const struct job *job, uint32_t *joined,
+                     uint32_t *asked);
+void job_set_owner(struct job *job, const struct peer *peer);
+/* Ends the job for good (an abort, the daemon stopping): its running
+ * export and its waiting ranks fail with code and message, every rank's
+ * connection is ended with them (conn_finish), and the job is freed once
+ * no thread uses it. */
+void job_terminate(struct job *job, int code, const char *message);
+/* For jobs across nodes (mesh.c): the next job of an id after prev (NULL:
+ * the first), or NULL (an id names one job, but shadows of tickets that
+ * name it with different secrets may coexist until their roots refuse
+ * them); a new job of that id and secret (a shadow of a job rooted on
+ * another daemon); a rank admitted after the root said so (replies to the
+ * join; NULL when out of memory, nothing replied); a rank joined elsewhere
+ * (the job no longer waits for a first rank); the job's end, as soon as no
+ * export runs. */
+struct job *job_find(const struct server *srv, const struct job *prev,
+                     const uint8_t *id);
 struct job *job_new(struct server *srv, const uint8_t *id,
                     const uint8_t *secret, uint32_t world);
 struct job_member *job_admit(struct job *job, struct conn *c,
@@ -807,6 +1118,9 @@ struct export_view {
   uint64_t export_id;
   uint32_t round, rounds;
   uint64_t bytes_moved, bytes_total;
+  /* The owners' segments on this node, and how much of them the engine
+   * has prepared (phase allocating). */
+  uint64_t bytes_prepared, bytes_to_prepare;
   double rate_bps;
   uint64_t pool_used;
 };
@@ -837,6 +1151,10 @@ void export_publish(struct job *job);
  * code and message (nothing is reported back to the root). */
 void export_fail(struct job *job, int code, const char *message);
 void export_fail_asks(struct job *job, int code, const char *message);
+/* Fails the running export (across nodes, the root hears it and fails it
+ * on every node) and the ranks waiting for one, with code and message:
+ * an abort, a drain that ran out of time. */
+void export_abort(struct job *job, int code, const char *message);
 
 /* ---- nodelink.c ------------------------------------------------------- */
 
@@ -846,7 +1164,7 @@ void export_fail_asks(struct job *job, int code, const char *message);
 #define NODE_MAX_ITEMS (1u << 26)
 #define NODE_MAX_NODES 4096u
 /* Bump when a message between daemons changes (docs/protocol.md). */
-#define NODE_PROTOCOL_VERSION 1
+#define NODE_PROTOCOL_VERSION 2
 
 /* Frame bytes shared by the links that send them (the root relays one
  * rank's registrations to every node): refcounted, loop thread only. */
@@ -867,8 +1185,6 @@ struct nodelink;
 
 /* What a link tells its owner.  A callback may close the link. */
 struct nodelink_ops {
-  /* An outbound link connected. */
-  void (*connected)(struct nodelink *l, void *arg);
   /* A control frame, decoded (valid during the call). */
   void (*frame)(struct nodelink *l, void *arg, const struct sp_msg_head *head,
                 const msgpack_object *map);
@@ -893,14 +1209,22 @@ int nodelink_listen_open(struct server *srv);
 void nodelink_listen_close(struct server *srv);
 /* Closes every link at shutdown. */
 void nodelink_shutdown(struct server *srv);
-/* Dials addr; ops->connected (or ->closed) follows. */
+/* Dials addr; the listener speaks first (its challenge comes to
+ * ops->frame), or ops->closed follows. */
 int nodelink_connect(struct server *srv, const char *addr,
                      const struct nodelink_ops *ops, void *arg,
                      struct nodelink **out);
 void nodelink_set_ops(struct nodelink *l, const struct nodelink_ops *ops,
                       void *arg);
-/* The peer said who it is: no hello deadline, and blobs may be large. */
+/* The peer proved who it is: no handshake deadline, blobs may be large,
+ * and the link no longer counts against peer_handshakes. */
 void nodelink_hello_done(struct nodelink *l);
+/* The owner waits for the peer's answer (true), for at most peer_timeout
+ * from the first call, after which the link fails with SP_ETIMEOUT; or no
+ * longer (false). */
+void nodelink_await(struct nodelink *l, bool waiting);
+/* PEERAUTH_NONCE_BYTES the owner's handshake keeps with the link. */
+uint8_t *nodelink_handshake(struct nodelink *l);
 /* The next n frames are blobs. */
 void nodelink_expect_blobs(struct nodelink *l, uint32_t n);
 /* Queue a message (mb is left empty), a shared blob, an error reply. */
@@ -918,11 +1242,39 @@ void nodelink_detach(struct nodelink *l, void (*fn)(void *arg, int sock),
                      void *arg);
 const char *nodelink_peer(const struct nodelink *l);
 
+/* ---- peerauth.c ------------------------------------------------------- */
+
+/* The handshake between daemons proves the job's secret without sending
+ * it (docs/protocol.md, "Handshakes"). */
+#define PEERAUTH_NONCE_BYTES 32
+#define PEERAUTH_PROOF_BYTES 32
+
+/* Who proves: the daemon that dialled the link, or the one that listened. */
+enum peerauth_side { PEERAUTH_DIALER = 1, PEERAUTH_LISTENER = 2 };
+/* Which link the proof opens: a control link (peer_hello) or a data link
+ * (peer_data). */
+enum peerauth_link { PEERAUTH_CONTROL = 1, PEERAUTH_DATA = 2 };
+
+/* A fresh random nonce from getrandom: 0 or SP_EINTERNAL. */
+int peerauth_nonce(uint8_t nonce[PEERAUTH_NONCE_BYTES]);
+/* HMAC-SHA-256 keyed by the job's secret over "shardport-peer-2", side,
+ * link, the job id, the listener's nonce and the dialer's nonce. */
+void peerauth_proof(const uint8_t secret[JOB_SECRET_BYTES],
+                    enum peerauth_side side, enum peerauth_link link,
+                    const uint8_t job[JOB_ID_BYTES],
+                    const uint8_t listener_nonce[PEERAUTH_NONCE_BYTES],
+                    const uint8_t dialer_nonce[PEERAUTH_NONCE_BYTES],
+                    uint8_t proof[PEERAUTH_PROOF_BYTES]);
+/* Compares two proofs in time independent of where they differ. */
+bool peerauth_equal(const uint8_t a[PEERAUTH_PROOF_BYTES],
+                    const uint8_t b[PEERAUTH_PROOF_BYTES]);
+
 /* ---- nodemsg.c -------------------------------------------------------- */
 
 enum nodemsg_op {
   NODEMSG_HELLO = 1, /* peer_hello: a node to the root, and its reply */
   NODEMSG_DATA,      /* peer_data: a data link's handshake, and its reply */
+  NODEMSG_CHALLENGE, /* peer_challenge: a listener's nonce */
   NODEMSG_JOIN,      /* a rank joins on a node; the root's reply */
   NODEMSG_LEFT,
   NODEMSG_ASK,
@@ -951,7 +1303,9 @@ struct nodemsg {
   bool reply;
   uint64_t version;
   uint8_t job[JOB_ID_BYTES];
-  uint8_t secret[JOB_SECRET_BYTES];
+  /* Handshakes: the sender's nonce, and its proof (peerauth.c). */
+  uint8_t nonce[PEERAUTH_NONCE_BYTES];
+  uint8_t proof[PEERAUTH_PROOF_BYTES];
   char addr[NODE_ADDR_MAX];
   uint64_t node_id;
   uint32_t node;
@@ -1017,7 +1371,9 @@ int mesh_shadow_job(struct conn *c, const struct sp_msg_head *head,
 int mesh_join(struct job *job, struct conn *c, const struct sp_msg_head *head,
               const struct req_join *req, int device);
 void mesh_rank_joined(struct job *job, uint32_t rank);
-void mesh_rank_left(struct job *job, uint32_t rank, bool disconnected);
+/* Rank left this node (reason: why, when known, or NULL): the root hears. */
+void mesh_rank_left(struct job *job, uint32_t rank, bool disconnected,
+                    const char *reason);
 /* Sends the root the asks of local ranks it has not heard. */
 void mesh_asks(struct job *job);
 /* Starts an export the root announced, once none runs. */
@@ -1028,7 +1384,8 @@ void mesh_tick(struct job *job);
 /* Something to watch (asks out, an export under way); may the job end. */
 bool mesh_active(const struct job *job);
 bool mesh_may_end(const struct job *job);
-/* The first frame of a link another daemon opened. */
+/* A link another daemon opened: its challenge, then its first frame. */
+void mesh_link_accepted(struct server *srv, struct nodelink *l);
 void mesh_link_hello(struct server *srv, struct nodelink *l,
                      const struct sp_msg_head *head,
                      const msgpack_object *map);
@@ -1061,6 +1418,13 @@ void mesh_lost_message(const char *job_hex, uint32_t node, const char *addr,
                        uint64_t export_id, char *buf, size_t len);
 /* The job's nodes for status: "nodes" and its array. */
 void mesh_status_pack(const struct job *job, msgpack_packer *pk);
+/* How many daemons the job spans (0 for a job on one daemon). */
+uint32_t mesh_node_count(const struct job *job);
+/* On the job's root, for a rank joined on any node: that node, and whether
+ * the rank asked for the next export.  false elsewhere, or when the rank
+ * is not in the job. */
+bool mesh_rank_where(const struct job *job, uint32_t rank, uint32_t *node,
+                     bool *asked);
 
 /* ---- remote.c --------------------------------------------------------- */
 
@@ -1110,6 +1474,24 @@ const uint8_t *remote_source(const struct remote *r, const struct plan_move *m,
                              struct sp_view *sv);
 uint8_t *remote_dest(const struct remote *r, const struct plan_move *m,
                      struct plan_region *dr);
+
+/* ---- joblist.c -------------------------------------------------------- */
+
+/* The job whose id is ref or starts with it (ref: 1 to 32 lowercase hex
+ * digits): 0, SP_ENOJOB, or SP_EINVAL when ref fits several; with a
+ * sentence in msg. */
+int joblist_find(const struct server *srv, const char *ref, struct job **out,
+                 char *msg, size_t msglen);
+/* Handlers of the dispatch table (conn.c). */
+int joblist_op_jobs(struct conn *c, const struct sp_msg_head *head,
+                    const msgpack_object *map, struct sp_frame *frame);
+int joblist_op_job_status(struct conn *c, const struct sp_msg_head *head,
+                          const msgpack_object *map, struct sp_frame *frame);
+
+/* ---- abort.c ---------------------------------------------------------- */
+
+int abort_op_job_abort(struct conn *c, const struct sp_msg_head *head,
+                       const msgpack_object *map, struct sp_frame *frame);
 
 /* ---- status.c --------------------------------------------------------- */
 

@@ -10,7 +10,8 @@
  * slice of at most ENGINE_CHUNK bytes of whole dim-0 rows of one move, or,
  * for a key with affine replicas, all of that key's moves to its owner
  * (replicas are compared with what an earlier holder wrote, so they run in
- * order on one thread).  Threads look at the cancel flag between items, so
+ * order on one thread, on the owner's node: moves packed for another node
+ * are plain slices).  Threads look at the cancel flag between items, so
  * a lost rank stops an export within milliseconds.  The owners' segments
  * are populated first, by the same threads: a fresh memfd page costs a
  * fault on first write, which populating in bulk avoids.
@@ -402,6 +403,8 @@ static void work(struct worker *w) {
       w->current = NULL;
       /* Best effort: without it (old kernels) pages fault in as written. */
       madvise(it->addr, it->len, MADV_POPULATE_WRITE);
+      atomic_fetch_add_explicit(&e->bytes_prepared, it->len,
+                                memory_order_relaxed);
       break;
     case ITEM_SLICE:
       w->current = it->move;
@@ -452,11 +455,18 @@ static void add_item(struct engine *e, struct engine_item item) {
   e->nitems++;
 }
 
-/* A round's moves as items: a key's run of moves to one owner (sorted by
- * owner, key, source, piece) is one item when it holds replicas, else each
- * move is cut into slices of whole rows. */
-static void cut_moves(struct engine *e, const struct plan_move *moves,
-                      size_t n) {
+/* What a step's moves do: assemble owners' tensors on this node, or pack
+ * moves for owners on other nodes into staging (remote.c).  Replicas are
+ * compared where they are assembled, on the owner's node, never where they
+ * are packed: a node that does not hold the owner has no tensor to compare
+ * them with (docs/planner.md). */
+enum cut_kind { CUT_ASSEMBLE, CUT_PACK };
+
+/* A round's moves as items: when assembling, a key's run of moves to one
+ * owner (sorted by owner, key, source, piece) is one item when it holds
+ * replicas; every other move is cut into slices of whole rows. */
+static void cut_moves(struct engine *e, enum cut_kind kind,
+                      const struct plan_move *moves, size_t n) {
   for (size_t i = 0; i < n;) {
     size_t j = i;
     bool replicas = false;
@@ -465,7 +475,7 @@ static void cut_moves(struct engine *e, const struct plan_move *moves,
       replicas = replicas || (moves[j].flags & PLAN_MOVE_REPLICA);
       j++;
     }
-    if (replicas) {
+    if (replicas && kind == CUT_ASSEMBLE) {
       add_item(e, (struct engine_item){.kind = ITEM_REPLICAS,
                                        .move = &moves[i],
                                        .nmoves = j - i});
@@ -501,15 +511,16 @@ static void cut_populate(struct engine *e) {
 
 /* Builds the items of one step: populating the segments (round < 0), or
  * copying the moves a[0..na) and b[0..nb) of a round. */
-static int cut(struct engine *e, long round, const struct plan_move *a,
-               size_t na, const struct plan_move *b, size_t nb) {
+static int cut(struct engine *e, long round, enum cut_kind kind,
+               const struct plan_move *a, size_t na,
+               const struct plan_move *b, size_t nb) {
   for (int pass = 0; pass < 2; pass++) {
     e->nitems = 0;
     if (round < 0) {
       cut_populate(e);
     } else {
-      cut_moves(e, a, na);
-      cut_moves(e, b, nb);
+      cut_moves(e, kind, a, na);
+      cut_moves(e, kind, b, nb);
     }
     if (pass == 0) {
       e->items = malloc((e->nitems > 0 ? e->nitems : 1) * sizeof *e->items);
@@ -545,7 +556,8 @@ static void run_remote_round(struct engine *e, size_t round,
   const struct plan_move *lists[3] = {rr.pack, rr.early, rr.late};
   size_t counts[3] = {rr.npack, rr.nearly, rr.nlate};
   for (int step = 0; step < 3 && !stopped(e); step++) {
-    if (cut(e, (long)round, lists[step], counts[step], NULL, 0) != 0)
+    if (cut(e, (long)round, step == 0 ? CUT_PACK : CUT_ASSEMBLE,
+            lists[step], counts[step], NULL, 0) != 0)
       return;
     run_items(e, workers, step == 1 ? exchange : NULL);
     free(e->items);
@@ -586,15 +598,17 @@ int engine_run(struct engine *e) {
        * remote (ranks it was told sit on other nodes) are copied the same
        * way. */
       const struct plan_round *rd = r >= 0 ? &e->plan->rounds[r] : NULL;
-      if (cut(e, r, rd != NULL ? rd->local : NULL, rd != NULL ? rd->nlocal : 0,
-              rd != NULL ? rd->moves : NULL, rd != NULL ? rd->nmoves : 0) != 0)
+      if (cut(e, r, CUT_ASSEMBLE, rd != NULL ? rd->local : NULL,
+              rd != NULL ? rd->nlocal : 0, rd != NULL ? rd->moves : NULL,
+              rd != NULL ? rd->nmoves : 0) != 0)
         break;
       run_items(e, workers, NULL);
     }
     free(e->items);
     e->items = NULL;
-    if (r >= 0)
-      pause_ms(e, e->round_delay_ms);
+    /* The test seam pauses after the pool is prepared too, so that tests
+     * can watch that phase (status: allocating). */
+    pause_ms(e, e->round_delay_ms);
   }
   if (e->rc == 0 && atomic_load(&e->cancel))
     engine_fail(e, SP_EBUSY, "the export was canceled");
@@ -633,6 +647,7 @@ int engine_start(struct engine *e) {
   atomic_store(&e->done, false);
   atomic_store(&e->round, 0);
   atomic_store(&e->bytes_moved, 0);
+  atomic_store(&e->bytes_prepared, 0);
   return engine_spawn(&e->thread, engine_main, e);
 }
 

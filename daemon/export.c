@@ -11,6 +11,8 @@
  *               The same thread then compares the copies of replicated
  *               and plain keys (replicas.c), cached plan or not: the data
  *               may have changed since the last export.
+ *               Bounded by the export's timeout: past it the export fails
+ *               with `timeout` and the planner is told to stop.
  *   moving      the owners' pool segments are allocated, then the engine
  *               thread runs the rounds (engine.c).
  *   publishing  each rank's owned tensors are streamed to it in parts, no
@@ -24,7 +26,6 @@
  * naming it); a rank lost while publishing only stops its own stream.
  * Everything here runs on the loop.
  */
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,7 @@
 #include "daemon/daemon.h"
 #include "daemon/pool.h"
 #include "proto/fail.h"
+#include "proto/text.h"
 #include "shardport.h"
 
 struct export_rank {
@@ -75,6 +77,9 @@ struct export {
   struct publish_layout new_layout;
   int plan_rc;
   char plan_msg[SP_ERRMSG_MAX + 1];
+  uint64_t planning_ms;    /* when the planning thread started */
+  _Atomic bool plan_stop;  /* read by plan_build (plan_input.stop) */
+  _Atomic bool plan_built; /* plan_build and the layout are done */
   _Atomic bool planned;
   pthread_t planner;
   bool thread_alive;
@@ -82,10 +87,16 @@ struct export {
   bool reuse_plan;
   /* The digests of the local ranks' replicated and plain keys. */
   struct replica_digests replicas;
+  /* compare_replicas and engine_threads as the export started: a reload
+   * (reload.c) rewrites the configuration on the loop while the planning
+   * thread runs. */
+  bool compare;
+  uint32_t compare_threads;
   /* The plan used, owned by the job's cache. */
   const struct plan *plan;
   const struct publish_layout *layout;
   uint64_t bytes_total;
+  uint64_t bytes_to_prepare; /* the owners' segments on this node */
   uint64_t part_limit; /* the most bytes of one reply frame */
   /* Moving. */
   struct engine engine;
@@ -112,6 +123,8 @@ const char *export_phase_name(enum job_phase phase) {
     return "waiting";
   case JOB_PLANNING:
     return "planning";
+  case JOB_ALLOCATING:
+    return "allocating";
   case JOB_MOVING:
     return "moving";
   case JOB_PUBLISHING:
@@ -271,11 +284,15 @@ static void finish(struct export *ex) {
   job->last_rounds = plan_rounds(ex);
   job->last_bytes_total = ex->bytes_total;
   job->last_bytes_moved = atomic_load(&ex->engine.bytes_moved);
+  /* A failed export's history keeps the last rate it moved at. */
+  double rate_bps = ex->rate_bps;
   if (!ex->failed) {
     job->last_phase = JOB_PUBLISHED;
     /* The export's figure, as status showed it while it moved (TOTAL, in
      * the same units): the bytes this node moved, and their rate. */
     uint64_t ms = now - ex->moving_ms;
+    if (ms > 0)
+      rate_bps = (double)ex->bytes_total * 1000.0 / (double)ms;
     char moved[32], rate[32];
     sp_format_bytes(ex->bytes_total, moved, sizeof moved);
     sp_format_bytes(ms > 0 ? ex->bytes_total * 1000 / ms : 0, rate,
@@ -286,6 +303,17 @@ static void finish(struct export *ex) {
             job->hex, ex->id, moved, plan_rounds(ex), now - ex->started_ms,
             rate);
   }
+  history_add(&job->history,
+              &(struct history_entry){
+                  .export_id = ex->id,
+                  .failed = ex->failed,
+                  .error = ex->failed ? job->error : NULL,
+                  .started_ms = ex->started_ms,
+                  .ended_ms = now,
+                  .rounds = plan_rounds(ex),
+                  .bytes_moved = job->last_bytes_moved,
+                  .bytes_total = ex->bytes_total,
+                  .rate_bps = rate_bps});
   job->running = NULL;
   free_export(ex);
   if (job->cache_stale)
@@ -303,6 +331,14 @@ static void fail_export(struct export *ex, int code, const char *message) {
   fail_export_as(ex, code, message, true);
 }
 
+/* The failure status shows.  Its message may carry another daemon's
+ * words, which status (a msgpack str) must hold as UTF-8. */
+static void set_job_error(struct job *job, int code, const char *message) {
+  char text[sizeof job->error];
+  snprintf(text, sizeof text, "%s: %s", sp_err_name(code), message);
+  sp_text_sanitize(text, job->error, sizeof job->error);
+}
+
 static void fail_export_as(struct export *ex, int code, const char *message,
                            bool report) {
   struct job *job = ex->job;
@@ -312,10 +348,11 @@ static void fail_export_as(struct export *ex, int code, const char *message,
     mesh_failed(job, code, message);
   ex->failed = true;
   job->last_phase = JOB_FAILED;
-  snprintf(job->error, sizeof job->error, "%s: %s", sp_err_name(code), message);
+  set_job_error(job, code, message);
   log_msg(LOG_LEVEL_WARN, "job %s: export %" PRIu64 " failed: %s", job->hex,
           ex->id, job->error);
   atomic_store(&ex->engine.cancel, true);
+  atomic_store(&ex->plan_stop, true);
   for (uint32_t r = 0; r < job->world; r++) {
     struct export_rank *er = &ex->ranks[r];
     if (er->answered)
@@ -331,12 +368,30 @@ static void fail_export_as(struct export *ex, int code, const char *message,
   }
 }
 
+static bool any_asked(const struct job *job) {
+  for (uint32_t r = 0; r < job->world; r++)
+    if (job->members[r] != NULL && job->members[r]->asked)
+      return true;
+  return false;
+}
+
 /* Fails every ask of a gathering export, for status too. */
 static void fail_gather(struct job *job, int code, const char *message) {
   job->last_phase = JOB_FAILED;
-  snprintf(job->error, sizeof job->error, "%s: %s", sp_err_name(code), message);
+  set_job_error(job, code, message);
   log_msg(LOG_LEVEL_WARN, "job %s: export failed before it started: %s",
           job->hex, job->error);
+  uint64_t now = job_now_ms(), first_ask = now;
+  for (uint32_t r = 0; r < job->world; r++)
+    if (job->members[r] != NULL && job->members[r]->asked &&
+        job->members[r]->asked_ms < first_ask)
+      first_ask = job->members[r]->asked_ms;
+  history_add(&job->history, &(struct history_entry){.failed = true,
+                                                     .error = job->error,
+                                                     .started_ms = first_ask,
+                                                     .ended_ms = now});
+  job->last_round = job->last_rounds = 0;
+  job->last_bytes_moved = job->last_bytes_total = 0;
   for (uint32_t r = 0; r < job->world; r++)
     if (job->members[r] != NULL)
       job_answer_ask(job->members[r], code, message);
@@ -522,7 +577,7 @@ void export_comms_rank_left(struct job *job, uint32_t r) {
  * while an export runs. */
 static int compare_replicas(struct export *ex, const struct plan *plan) {
   struct job *job = ex->job;
-  if (!job->srv->cfg->compare_replicas)
+  if (!ex->compare)
     return 0;
   const struct reg_storage **src = calloc(job->world, sizeof *src);
   if (src == NULL)
@@ -531,7 +586,7 @@ static int compare_replicas(struct export *ex, const struct plan *plan) {
   for (uint32_t r = 0; r < job->world; r++)
     if (ex->ranks[r].m != NULL)
       src[r] = ex->ranks[r].m->reg.info;
-  int rc = replicas_hash(plan, &ex->in, src, job->srv->engine_threads,
+  int rc = replicas_hash(plan, &ex->in, src, ex->compare_threads,
                          &ex->replicas, ex->plan_msg, sizeof ex->plan_msg);
   free(src);
   if (rc == 0)
@@ -548,6 +603,7 @@ static void *plan_main(void *arg) {
                                                    ex->plan_msg,
                                                    sizeof ex->plan_msg)
                                  : 0;
+    ex->in.stop = &ex->plan_stop;
     if (ex->plan_rc == 0)
       ex->plan_rc = plan_build(&ex->in, &ex->new_plan, ex->plan_msg,
                                sizeof ex->plan_msg);
@@ -560,6 +616,8 @@ static void *plan_main(void *arg) {
     if (ex->plan_rc == 0)
       ex->plan_rc = make_comms(ex);
   }
+  /* From here the communicators' set-up bounds itself (make_comms). */
+  atomic_store(&ex->plan_built, true);
   if (ex->plan_rc == 0)
     ex->plan_rc = compare_replicas(
         ex, ex->reuse_plan ? ex->job->cached_plan : ex->new_plan);
@@ -633,6 +691,7 @@ static void start_moving(struct export *ex) {
   for (uint32_t r = 0; r < world; r++)
     if (ex->ranks[r].m != NULL)
       need += ex->layout->seg_size[r];
+  ex->bytes_to_prepare = need;
   for (uint32_t r = 0; r < world; r++) {
     /* Ranks on other nodes: their storages and segments are theirs. */
     if (ex->ranks[r].m == NULL)
@@ -782,11 +841,23 @@ static void start_publishing(struct export *ex) {
     }
     if (pub == NULL ||
         publish_parts(ex->plan, ex->layout, r, limit, items, &er->part_first,
-                      &er->nparts) != 0 ||
-        (er->segment != NULL && !er->device_segment &&
-         (er->segment_fd = fcntl(er->segment->fd, F_DUPFD_CLOEXEC, 0)) < 0)) {
+                      &er->nparts) != 0) {
       free(pub);
       fail_export(ex, SP_ENOMEM, "out of memory publishing");
+      return;
+    }
+    /* The rank's own description of its segment, so that the pool can
+     * tell when the rank has closed it everywhere (pool.h). */
+    char why[256];
+    if (er->segment != NULL && !er->device_segment &&
+        (er->segment_fd = pool_segment_share(job->srv->pool, er->segment,
+                                             why, sizeof why)) < 0) {
+      int code = er->segment_fd;
+      er->segment_fd = -1;
+      free(pub);
+      char msg[320];
+      snprintf(msg, sizeof msg, "publishing: %s", why);
+      fail_export(ex, code, msg);
       return;
     }
     /* From here the rank holds the export until it releases it. */
@@ -895,6 +966,13 @@ static void maybe_start(struct job *job) {
     mesh_try_start(job);
     return;
   }
+  /* A rank left and has not joined again: the export cannot complete. */
+  char gone[SP_ERRMSG_MAX + 1];
+  if (job_departed(job, gone, sizeof gone)) {
+    if (any_asked(job))
+      fail_gather(job, SP_ERANKLOST, gone);
+    return;
+  }
   for (uint32_t r = 0; r < job->world; r++) {
     const struct job_member *m = job->members[r];
     if (m == NULL || m->lost || !m->asked)
@@ -966,7 +1044,9 @@ static void maybe_start(struct job *job) {
   log_msg(LOG_LEVEL_INFO, "job %s: export %" PRIu64 " started", job->hex,
           ex->id);
   ex->reuse_plan = cache_applies(ex);
-  if (ex->reuse_plan && !job->srv->cfg->compare_replicas) {
+  ex->compare = job->srv->cfg->compare_replicas;
+  ex->compare_threads = job->srv->engine_threads;
+  if (ex->reuse_plan && !ex->compare) {
     start_moving(ex);
     if (ex->failed && !ex->thread_alive)
       finish(ex);
@@ -974,6 +1054,7 @@ static void maybe_start(struct job *job) {
   }
   ex->phase = JOB_PLANNING;
   progress_all(ex);
+  ex->planning_ms = job_now_ms();
   if (engine_spawn(&ex->planner, plan_main, ex) != 0) {
     fail_export(ex, SP_ENOMEM, "cannot start the planning thread");
     finish(ex);
@@ -993,18 +1074,17 @@ void export_member_lost(struct job *job, struct job_member *m) {
   if (m->lost_handled)
     return;
   m->lost_handled = true;
-  char msg[256];
-  if (job->dying)
-    snprintf(msg, sizeof msg, "shardportd is stopping; job %s ends", job->hex);
-  else
-    snprintf(msg, sizeof msg, "rank %" PRIu32 " %s job %s", m->rank,
-             m->disconnected ? "disconnected from" : "left", job->hex);
+  char stopping[128];
+  snprintf(stopping, sizeof stopping, "shardportd is stopping; job %s ends",
+           job->hex);
   struct export *ex = job->running;
   if (ex != NULL && !ex->ranks[m->rank].answered) {
     if (ex->phase < JOB_PUBLISHING) {
-      char full[300];
-      snprintf(full, sizeof full, "%s during export %" PRIu64, msg, ex->id);
-      fail_export(ex, SP_ERANKLOST, full);
+      char during[64], msg[SP_ERRMSG_MAX + 1];
+      snprintf(during, sizeof during, " during export %" PRIu64, ex->id);
+      job_departure_text(job, m->rank, m->disconnected, during, m->refused,
+                         msg, sizeof msg);
+      fail_export(ex, SP_ERANKLOST, job->dying ? stopping : msg);
     } else {
       /* The data is whole; only this rank's own stream stops. */
       ex->ranks[m->rank].answered = true;
@@ -1017,15 +1097,11 @@ void export_member_lost(struct job *job, struct job_member *m) {
     job_wake(job);
     return;
   }
-  /* Ranks waiting for the next export would wait for this one in vain. */
-  bool waiting = false;
-  for (uint32_t r = 0; r < job->world; r++)
-    waiting = waiting || (job->members[r] != NULL && job->members[r]->asked);
-  if (waiting) {
-    char full[300];
-    snprintf(full, sizeof full, "%s while its ranks waited for an export", msg);
-    fail_gather(job, SP_ERANKLOST, full);
-  }
+  /* Ranks waiting for the next export would wait for this one in vain
+   * (ranks that ask later hear it from maybe_start). */
+  char gone[SP_ERRMSG_MAX + 1];
+  if (any_asked(job) && (job->dying || job_departed(job, gone, sizeof gone)))
+    fail_gather(job, SP_ERANKLOST, job->dying ? stopping : gone);
   job_wake(job);
 }
 
@@ -1068,6 +1144,17 @@ void export_tick(struct job *job) {
       return;
     }
     return;
+  }
+  if (ex->phase == JOB_PLANNING && !ex->failed &&
+      !atomic_load(&ex->plan_built) && now - ex->planning_ms > ex->timeout_ms) {
+    /* The planner stops at its next look at plan_stop and frees what it
+     * took; the export's memory goes once its thread has ended. */
+    char msg[200];
+    snprintf(msg, sizeof msg,
+             "export %" PRIu64 " of job %s: planning took longer than the "
+             "export's timeout of %" PRIu32 " ms",
+             ex->id, job->hex, ex->timeout_ms);
+    fail_export(ex, SP_ETIMEOUT, msg);
   }
   if (ex->phase == JOB_MOVING && !ex->failed) {
     uint64_t moved = atomic_load(&ex->engine.bytes_moved);
@@ -1122,6 +1209,15 @@ void export_view(const struct job *job, struct export_view *out) {
     out->round = ex->phase == JOB_MOVING       ? atomic_load(&ex->engine.round)
                  : ex->phase == JOB_PUBLISHING ? out->rounds
                                                : 0;
+    /* Before round 1 the engine prepares the owners' segments; on a big
+     * first export that is most of the time, and must not read as a
+     * stall. */
+    out->bytes_to_prepare = ex->bytes_to_prepare;
+    out->bytes_prepared = out->round > 0 || ex->phase == JOB_PUBLISHING
+                              ? ex->bytes_to_prepare
+                              : atomic_load(&ex->engine.bytes_prepared);
+    if (out->phase == JOB_MOVING && out->round == 0)
+      out->phase = JOB_ALLOCATING;
     out->bytes_total = ex->bytes_total;
     out->bytes_moved =
         ex->phase >= JOB_MOVING ? atomic_load(&ex->engine.bytes_moved) : 0;
@@ -1132,10 +1228,9 @@ void export_view(const struct job *job, struct export_view *out) {
     return;
   }
   out->export_id = job->next_export_id - 1;
-  bool asked = false;
-  for (uint32_t r = 0; r < job->world; r++)
-    asked = asked || (job->members[r] != NULL && job->members[r]->asked);
-  if (asked || out->export_id == 0) {
+  /* An export that failed while its ranks asked is an outcome too, also
+   * before the job's first export id. */
+  if (any_asked(job) || job->history.total == 0) {
     out->phase = JOB_WAITING;
     return;
   }
@@ -1168,6 +1263,7 @@ int export_op_request(struct conn *c, const struct sp_msg_head *head,
   m->ask = req;
   m->asked = true;
   m->ask_id = head->id;
+  m->asked_ms = job_now_ms();
   m->ask_deadline_ms =
       job_now_ms() +
       (req.timeout_ms > 0 ? req.timeout_ms : job->srv->cfg->export_timeout_ms);
@@ -1265,8 +1361,11 @@ int export_start_gathered(struct job *job, struct mesh_export *mx,
   job->error[0] = '\0';
   log_msg(LOG_LEVEL_INFO, "job %s: export %" PRIu64 " started (node %" PRIu32
           ")", job->hex, ex->id, mesh_self(job));
+  ex->compare = job->srv->cfg->compare_replicas;
+  ex->compare_threads = job->srv->engine_threads;
   ex->phase = JOB_PLANNING;
   progress_all(ex);
+  ex->planning_ms = job_now_ms();
   if (engine_spawn(&ex->planner, plan_main, ex) != 0) {
     fail_export(ex, SP_ENOMEM, "cannot start the planning thread");
     finish(ex);
@@ -1320,10 +1419,14 @@ void export_fail(struct job *job, int code, const char *message) {
   job_wake(job);
 }
 
+void export_abort(struct job *job, int code, const char *message) {
+  if (job->running != NULL)
+    fail_export(job->running, code, message);
+  export_fail_asks(job, code, message);
+  job_wake(job);
+}
+
 void export_fail_asks(struct job *job, int code, const char *message) {
-  bool asked = false;
-  for (uint32_t r = 0; r < job->world; r++)
-    asked = asked || (job->members[r] != NULL && job->members[r]->asked);
-  if (asked)
+  if (any_asked(job))
     fail_gather(job, code, message);
 }

@@ -12,6 +12,11 @@
  * job must not change under its caller).  The job's wake-up then fails what
  * the rank took part in, and frees the member once no engine thread reads
  * its storages any more.  Everything that changes a job runs on the loop.
+ *
+ * A job cannot export without every one of its ranks, so it remembers each
+ * rank that left (with why, when the daemon knows: its refused
+ * registration) until that rank joins again: an export its ranks ask for
+ * meanwhile fails at once with rank_lost, never after a timeout.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -43,35 +48,57 @@ static int random_bytes(uint8_t *buf, size_t len) {
 
 /* Compares secrets in time independent of where they first differ, so a
  * peer cannot find a job's secret byte by byte from reply times. */
-bool job_secret_equal(const uint8_t *a, const uint8_t *b, size_t len) {
+static bool secret_equal(const uint8_t *a, const uint8_t *b, size_t len) {
   volatile uint8_t diff = 0;
   for (size_t i = 0; i < len; i++)
     diff |= (uint8_t)(a[i] ^ b[i]);
   return diff == 0;
 }
 
-struct job *job_find(const struct server *srv, const uint8_t *id) {
-  for (struct job *j = srv->jobs; j != NULL; j = j->next)
+struct job *job_find(const struct server *srv, const struct job *prev,
+                     const uint8_t *id) {
+  for (struct job *j = prev != NULL ? prev->next : srv->jobs; j != NULL;
+       j = j->next)
     if (memcmp(j->id, id, JOB_ID_BYTES) == 0)
       return j;
   return NULL;
+}
+
+/* The job a ticket names: of its id and secret (every job of the id is
+ * compared, in constant time); with *same_id whether a job of that id
+ * exists at all. */
+static struct job *find_ticket(const struct server *srv,
+                               const struct req_ticket *t, bool *same_id) {
+  struct job *found = NULL;
+  *same_id = false;
+  for (struct job *j = job_find(srv, NULL, t->job); j != NULL;
+       j = job_find(srv, j, t->job)) {
+    *same_id = true;
+    if (secret_equal(t->secret, j->secret, JOB_SECRET_BYTES))
+      found = j;
+  }
+  return found;
 }
 
 static void on_job_handle_closed(uv_handle_t *handle) {
   struct job *job = handle->data;
   if (--job->open_handles > 0)
     return;
+  for (uint32_t r = 0; r < job->world; r++)
+    free(job->departed[r].reason);
+  free(job->departed);
   free(job->members);
   free(job);
 }
 
-/* Frees the member's published exports, returning their pool memory. */
+/* Releases the member's published exports, returning their pool memory
+ * (counted on while the rank still holds it, pool.h). */
 static void member_release_all(struct job_member *m) {
   struct pool *pool = m->job->srv->pool;
   while (m->published != NULL) {
     struct job_published *p = m->published;
     m->published = p->next;
-    pool_segment_free(pool, p->segment);
+    pool_segment_put(pool, p->segment);
     free(p);
   }
 }
@@ -81,9 +108,12 @@ static void member_free(struct job_member *m) {
   /* The device segments kept for its next export go now. */
   pool_owner_gone(m->job->srv->pool, m);
   request_groups_free(&m->ask.groups);
+  quota_unregister(m->user, &m->reg.used);
+  quota_release(m->user, QUOTA_RANK);
   registry_free(&m->reg);
   if (m->conn != NULL)
     conn_set_member(m->conn, NULL);
+  free(m->refused);
   free(m);
 }
 
@@ -96,6 +126,8 @@ static void job_destroy(struct job *job) {
       break;
     }
   srv->njobs--;
+  if (job->owner != NULL)
+    quota_release(job->owner, QUOTA_JOB);
   log_msg(LOG_LEVEL_INFO, "job %s: ended", job->hex);
   for (uint32_t r = 0; r < job->world; r++)
     if (job->members[r] != NULL) {
@@ -103,6 +135,7 @@ static void job_destroy(struct job *job) {
       job->members[r] = NULL;
     }
   export_drop_cache(job);
+  history_free(&job->history);
   mesh_free(job->mesh);
   job->mesh = NULL;
   /* Finalized and destroyed (idle peers see a goodbye, not an error), or
@@ -122,13 +155,67 @@ void job_answer_ask(struct job_member *m, int code, const char *message) {
     conn_send_error(m->conn, m->ask_id, code, "%s", message);
 }
 
+void job_departure_text(const struct job *job, uint32_t rank,
+                        bool disconnected, const char *when,
+                        const char *reason, char *buf, size_t len) {
+  snprintf(buf, len, "rank %" PRIu32 " %s job %s%s%s%s", rank,
+           disconnected ? "disconnected from" : "left", job->hex, when,
+           reason != NULL ? "; " : "", reason != NULL ? reason : "");
+}
+
+void job_rank_departed(struct job *job, uint32_t rank, bool disconnected,
+                       const char *reason) {
+  struct job_departure *d = &job->departed[rank];
+  /* Heard twice (on the root, from its own node's member and then from
+   * the mesh), a departure keeps its place in the order. */
+  if (!d->gone)
+    d->seq = ++job->departures;
+  d->gone = true;
+  d->disconnected = disconnected;
+  free(d->reason);
+  /* Without memory, only why is forgotten. */
+  d->reason = reason != NULL ? strdup(reason) : NULL;
+}
+
+void job_rank_returned(struct job *job, uint32_t rank) {
+  struct job_departure *d = &job->departed[rank];
+  free(d->reason);
+  *d = (struct job_departure){0};
+}
+
+bool job_departed(const struct job *job, char *buf, size_t len) {
+  uint32_t first = PLAN_NONE;
+  for (uint32_t r = 0; r < job->world; r++) {
+    const struct job_departure *d = &job->departed[r];
+    if (d->gone && (first == PLAN_NONE || d->seq < job->departed[first].seq))
+      first = r;
+  }
+  if (first == PLAN_NONE)
+    return false;
+  const struct job_departure *d = &job->departed[first];
+  job_departure_text(job, first, d->disconnected,
+                     ", which cannot export without it", d->reason, buf, len);
+  return true;
+}
+
+/* A member left or disconnected: the job remembers it, and what it took
+ * part in fails (once). */
+static void member_departs(struct job_member *m) {
+  struct job *job = m->job;
+  if (m->lost_handled)
+    return;
+  if (!job->dying)
+    job_rank_departed(job, m->rank, m->disconnected, m->refused);
+  export_member_lost(job, m);
+}
+
 /* Lost members are failed out of what they take part in once, then freed
  * when no thread reads their storages. */
 static void process_lost(struct job *job) {
   for (uint32_t r = 0; r < job->world; r++) {
     struct job_member *m = job->members[r];
     if (m != NULL && m->lost)
-      export_member_lost(job, m);
+      member_departs(m);
   }
 }
 
@@ -142,7 +229,7 @@ static void free_lost(struct job *job) {
     log_msg(LOG_LEVEL_INFO, "job %s: rank %u %s", job->hex, r,
             m->disconnected ? "disconnected" : "left");
     if (job->mesh != NULL)
-      mesh_rank_left(job, r, m->disconnected);
+      mesh_rank_left(job, r, m->disconnected, m->refused);
     export_comms_rank_left(job, r);
     member_free(m);
     job->members[r] = NULL;
@@ -211,6 +298,16 @@ void job_conn_closed(struct job_member *m) {
   job_wake(m->job);
 }
 
+void job_terminate(struct job *job, int code, const char *message) {
+  export_abort(job, code, message);
+  for (uint32_t r = 0; r < job->world; r++) {
+    struct job_member *m = job->members[r];
+    if (m != NULL && m->conn != NULL)
+      conn_finish(m->conn, code, "%s", message);
+  }
+  job_end(job);
+}
+
 void job_shutdown(struct server *srv) {
   for (struct job *job = srv->jobs; job != NULL; job = job->next) {
     job->dying = true;
@@ -258,11 +355,13 @@ struct job *job_new(struct server *srv, const uint8_t *id,
                     const uint8_t *secret, uint32_t world) {
   struct job *job = calloc(1, sizeof *job);
   struct job_member **members = calloc(world, sizeof *members);
-  if (job == NULL || members == NULL ||
+  struct job_departure *departed = calloc(world, sizeof *departed);
+  if (job == NULL || members == NULL || departed == NULL ||
       (id == NULL && random_bytes(job->id, JOB_ID_BYTES) != 0) ||
       (secret == NULL && random_bytes(job->secret, JOB_SECRET_BYTES) != 0)) {
     free(job);
     free(members);
+    free(departed);
     return NULL;
   }
   if (id != NULL)
@@ -271,8 +370,11 @@ struct job *job_new(struct server *srv, const uint8_t *id,
     memcpy(job->secret, secret, JOB_SECRET_BYTES);
   job->srv = srv;
   job->members = members;
+  job->departed = departed;
   job->world = world;
   job->next_export_id = 1;
+  job->created_ms = job_now_ms();
+  history_init(&job->history, srv->cfg->export_history);
   for (size_t i = 0; i < JOB_ID_BYTES; i++)
     snprintf(job->hex + 2 * i, 3, "%02x", job->id[i]);
   uv_timer_init(srv->loop, &job->tick);
@@ -316,10 +418,23 @@ int job_op_create(struct conn *c, const struct sp_msg_head *head,
                            "job_create: %" PRIu32 " jobs exist, the most "
                            "max_jobs allows",
                            srv->cfg->max_jobs);
-  struct job *job = job_new(srv, NULL, NULL, req.world);
-  if (job == NULL)
+  /* Held before the check, so that the check counts the new job. */
+  struct quota_user *owner = quota_hold(srv, conn_uid(c), QUOTA_JOB);
+  if (owner == NULL)
     return conn_send_error(c, head->id, SP_ENOMEM,
                            "job_create: cannot make a job");
+  if ((rc = quota_job_admit(owner, msg, sizeof msg)) != 0) {
+    quota_release(owner, QUOTA_JOB);
+    return conn_send_error(c, head->id, rc, "job_create: %s", msg);
+  }
+  struct job *job = job_new(srv, NULL, NULL, req.world);
+  if (job == NULL) {
+    quota_release(owner, QUOTA_JOB);
+    return conn_send_error(c, head->id, SP_ENOMEM,
+                           "job_create: cannot make a job");
+  }
+  job->owner = owner;
+  job_set_owner(job, conn_peer(c));
   /* A daemon that listens for peers roots its jobs: they may span nodes. */
   msgpack_sbuffer ticket;
   if (srv->peer_fd >= 0 && srv->backend->gpu != NULL) {
@@ -338,8 +453,10 @@ int job_op_create(struct conn *c, const struct sp_msg_head *head,
     return conn_send_error(c, head->id, SP_ENOMEM,
                            "job_create: cannot make a ticket");
   }
-  log_msg(LOG_LEVEL_INFO, "job %s: created for %" PRIu32 " ranks", job->hex,
-          job->world);
+  log_msg(LOG_LEVEL_INFO,
+          "job %s: created for %" PRIu32 " ranks by uid %u (pid %d)",
+          job->hex, job->world, (unsigned)job->owner_uid,
+          (int)job->owner_pid);
 
   struct sp_msgbuf mb;
   sp_msgbuf_begin(&mb, "job_create", head->id, 2);
@@ -370,19 +487,28 @@ int job_op_join(struct conn *c, const struct sp_msg_head *head,
                            &ticket) != 0)
     return conn_send_error(c, head->id, SP_ETICKET,
                            "join: the ticket is not a shardport job ticket");
-  struct job *job = job_find(srv, ticket.job);
-  /* A job rooted on another daemon gets its shadow here. */
-  if (job == NULL && ticket.root[0] != '\0') {
+  bool same_id;
+  struct job *job = find_ticket(srv, &ticket, &same_id);
+  /* A job rooted on another daemon gets its shadow here, one per secret:
+   * a shadow's secret is only a claim until its root proves it, so a
+   * ticket forged with a job's id and another secret gets a shadow of its
+   * own, which its root refuses, and never stands in the way of the real
+   * ticket's ranks. */
+  if (job == NULL && ticket.root[0] != '\0' &&
+      strcmp(ticket.root, srv->peer_address) != 0) {
     rc = mesh_shadow_job(c, head, &ticket, &job);
     if (job == NULL)
       return rc;
   }
+  if (job == NULL && same_id)
+    return conn_send_error(c, head->id, SP_ETICKET,
+                           "join: the ticket's secret does not match job "
+                           "%s", job_find(srv, NULL, ticket.job)->hex);
   if (job == NULL || job->dying)
     return conn_send_error(c, head->id, SP_ETICKET,
                            "join: no job of this ticket on this daemon (it "
                            "ended, or was never created here)");
-  if (!job_secret_equal(ticket.secret, job->secret, JOB_SECRET_BYTES) ||
-      ticket.world != job->world)
+  if (ticket.world != job->world)
     return conn_send_error(c, head->id, SP_ETICKET,
                            "join: the ticket's secret does not match job %s",
                            job->hex);
@@ -449,19 +575,32 @@ struct job_member *job_admit(struct job *job, struct conn *c,
                              int device) {
   struct server *srv = job->srv;
   struct job_member *m = calloc(1, sizeof *m);
-  if (m == NULL)
+  struct quota_user *user = quota_hold(srv, conn_uid(c), QUOTA_RANK);
+  if (m == NULL || user == NULL) {
+    if (user != NULL)
+      quota_release(user, QUOTA_RANK);
+    free(m);
     return NULL;
+  }
   m->job = job;
   m->conn = c;
   m->rank = req->rank;
+  m->user = user;
   registry_init(&m->reg, req->device_type);
+  m->reg.quota = &quota_registry_ops;
+  m->reg.quota_arg = user;
   if (device >= 0) {
     m->reg.gpu = srv->backend->gpu;
     m->reg.device = device;
   }
   job->members[req->rank] = m;
   job->joined++;
+  job_rank_returned(job, req->rank);
   conn_set_member(c, m);
+  /* A shadow of a job rooted elsewhere belongs to whoever joined it here
+   * first. */
+  if (!job->has_owner)
+    job_set_owner(job, conn_peer(c));
   job_note_joined(job);
   if (job->mesh != NULL)
     mesh_rank_joined(job, req->rank);
@@ -488,7 +627,7 @@ int job_op_leave(struct conn *c, const struct sp_msg_head *head,
                            "leave: this connection is not in a job");
   /* The leaver's own pending export hears the same error as its peers. */
   m->lost = true;
-  export_member_lost(m->job, m);
+  member_departs(m);
   conn_set_member(c, NULL);
   m->conn = NULL;
   job_wake(m->job);
@@ -518,6 +657,19 @@ static struct job_member *registering_member(struct conn *c, uint64_t id,
   return m;
 }
 
+/* Keeps the rank's first refused registration: if the rank leaves, that is
+ * most likely why, and its peers hear it. */
+static void note_refused(struct job_member *m, int code, const char *op,
+                         const char *msg) {
+  char text[SP_ERRMSG_MAX + 1];
+  if (m->refused != NULL)
+    return;
+  snprintf(text, sizeof text,
+           "rank %" PRIu32 "'s registration was refused: %s: %s: %s", m->rank,
+           sp_err_name(code), op, msg);
+  m->refused = strdup(text);
+}
+
 int job_op_storage_add(struct conn *c, const struct sp_msg_head *head,
                        const msgpack_object *map, struct sp_frame *frame) {
   struct job_member *m = registering_member(c, head->id, "storage_add");
@@ -531,8 +683,10 @@ int job_op_storage_add(struct conn *c, const struct sp_msg_head *head,
     rc = registry_add_storages(&m->reg, s, n, frame, msg, sizeof msg);
     free(s);
   }
-  if (rc != 0)
+  if (rc != 0) {
+    note_refused(m, rc, "storage_add", msg);
     return conn_send_error(c, head->id, rc, "storage_add: %s", msg);
+  }
   export_drop_cache(m->job);
   struct sp_msgbuf mb;
   sp_msgbuf_begin(&mb, "storage_add", head->id, 1);
@@ -554,8 +708,10 @@ int job_op_tensor_add(struct conn *c, const struct sp_msg_head *head,
     rc = registry_add_tensors(&m->reg, t, n, msg, sizeof msg);
     request_tensors_free(t, n);
   }
-  if (rc != 0)
+  if (rc != 0) {
+    note_refused(m, rc, "tensor_add", msg);
     return conn_send_error(c, head->id, rc, "tensor_add: %s", msg);
+  }
   export_drop_cache(m->job);
   struct sp_msgbuf mb;
   sp_msgbuf_begin(&mb, "tensor_add", head->id, 1);
@@ -563,39 +719,56 @@ int job_op_tensor_add(struct conn *c, const struct sp_msg_head *head,
   return conn_send_msgbuf(c, &mb);
 }
 
+void job_set_owner(struct job *job, const struct peer *peer) {
+  job->has_owner = true;
+  job->owner_uid = peer->uid;
+  job->owner_pid = peer->pid;
+}
+
+void job_count_ranks(const struct job *job, uint32_t *joined,
+                     uint32_t *asked) {
+  *joined = *asked = 0;
+  for (uint32_t r = 0; r < job->world; r++) {
+    const struct job_member *m = job->members[r];
+    *joined += m != NULL && !m->lost;
+    *asked += m != NULL && !m->lost && m->asked;
+  }
+}
+
 void job_status_pack(const struct server *srv, msgpack_packer *pk) {
   msgpack_pack_array(pk, srv->njobs);
-  for (const struct job *job = srv->jobs; job != NULL; job = job->next) {
-    struct export_view v;
-    uint32_t joined = 0, asked = 0;
-    export_view(job, &v);
-    for (uint32_t r = 0; r < job->world; r++) {
-      const struct job_member *m = job->members[r];
-      joined += m != NULL && !m->lost;
-      asked += m != NULL && !m->lost && m->asked;
-    }
-    bool failed = v.phase == JOB_FAILED;
-    msgpack_pack_map(pk, failed ? 16 : 15);
-    sp_pack_kv_str(pk, "job_id", job->hex);
-    sp_pack_kv_str(pk, "phase", export_phase_name(v.phase));
-    if (failed)
-      sp_pack_kv_str(pk, "error", job->error);
-    sp_pack_kv_u64(pk, "world", job->world);
-    sp_pack_kv_u64(pk, "joined", joined);
-    sp_pack_kv_u64(pk, "asked", asked);
-    sp_pack_kv_u64(pk, "export_id", v.export_id);
-    sp_pack_kv_u64(pk, "round", v.round);
-    sp_pack_kv_u64(pk, "rounds", v.rounds);
-    sp_pack_kv_u64(pk, "bytes_moved", v.bytes_moved);
-    sp_pack_kv_u64(pk, "bytes_total", v.bytes_total);
-    sp_pack_kv_f64(pk, "rate_bps", v.rate_bps);
-    sp_pack_kv_u64(pk, "pool_used", v.pool_used);
-    /* Every daemon of a job across nodes shows the same digest. */
-    char digest[17] = "";
-    if (job->has_plan_digest)
-      snprintf(digest, sizeof digest, "%016" PRIx64, job->plan_digest);
-    sp_pack_kv_str(pk, "plan_digest", digest);
-    sp_pack_kv_u64(pk, "node", mesh_self(job));
-    mesh_status_pack(job, pk);
-  }
+  for (const struct job *job = srv->jobs; job != NULL; job = job->next)
+    job_pack(job, pk, 0);
+}
+
+void job_pack(const struct job *job, msgpack_packer *pk, uint32_t extra) {
+  struct export_view v;
+  uint32_t joined, asked;
+  export_view(job, &v);
+  job_count_ranks(job, &joined, &asked);
+  bool failed = v.phase == JOB_FAILED;
+  msgpack_pack_map(pk, (failed ? 18 : 17) + extra);
+  sp_pack_kv_str(pk, "job_id", job->hex);
+  sp_pack_kv_str(pk, "phase", export_phase_name(v.phase));
+  if (failed)
+    sp_pack_kv_str(pk, "error", job->error);
+  sp_pack_kv_u64(pk, "world", job->world);
+  sp_pack_kv_u64(pk, "joined", joined);
+  sp_pack_kv_u64(pk, "asked", asked);
+  sp_pack_kv_u64(pk, "export_id", v.export_id);
+  sp_pack_kv_u64(pk, "round", v.round);
+  sp_pack_kv_u64(pk, "rounds", v.rounds);
+  sp_pack_kv_u64(pk, "bytes_moved", v.bytes_moved);
+  sp_pack_kv_u64(pk, "bytes_total", v.bytes_total);
+  sp_pack_kv_u64(pk, "bytes_prepared", v.bytes_prepared);
+  sp_pack_kv_u64(pk, "bytes_to_prepare", v.bytes_to_prepare);
+  sp_pack_kv_f64(pk, "rate_bps", v.rate_bps);
+  sp_pack_kv_u64(pk, "pool_used", v.pool_used);
+  /* Every daemon of a job across nodes shows the same digest. */
+  char digest[17] = "";
+  if (job->has_plan_digest)
+    snprintf(digest, sizeof digest, "%016" PRIx64, job->plan_digest);
+  sp_pack_kv_str(pk, "plan_digest", digest);
+  sp_pack_kv_u64(pk, "node", mesh_self(job));
+  mesh_status_pack(job, pk);
 }

@@ -94,6 +94,9 @@ static int fail(char *err, size_t errsize, const char *fmt, ...) {
 /* Splits an absolute socket path into its directory and file name. */
 static int split_path(const char *path, char *dir, size_t dirlen,
                       const char **name, char *err, size_t errsize) {
+  /* Set on every path: at -O3 GCC cannot see that a refusal keeps the
+   * caller from reading it (-Wmaybe-uninitialized). */
+  *name = "";
   const char *slash = strrchr(path, '/');
   if (path[0] != '/' || slash == NULL)
     return fail(err, errsize, "socket path %s is not absolute", path);

@@ -7,6 +7,7 @@
  * otherwise lines are plain text for a terminal or a file, each starting
  * with the local time to the millisecond.
  */
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
+#include "proto/text.h"
 
 static enum log_level log_level = LOG_LEVEL_INFO;
 static bool log_journal;
@@ -66,9 +68,10 @@ const char *log_level_name(enum log_level level) {
   return "unknown";
 }
 
-void log_msg(enum log_level level, const char *fmt, ...) {
-  if (level > log_level)
-    return;
+static void log_line(enum log_level level, uint64_t suppressed,
+                     const char *fmt, va_list ap) {
+  char text[1536];
+  vsnprintf(text, sizeof text, fmt, ap);
   /* One buffer and one write, so that lines from a daemon and its test
    * harness never interleave mid-line. */
   char line[2048];
@@ -85,18 +88,47 @@ void log_msg(enum log_level level, const char *fmt, ...) {
     n = snprintf(line, sizeof(line), "%s.%03ld shardportd: %s: ", when,
                  ts.tv_nsec / 1000000, log_level_name(level));
   }
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
-  va_end(ap);
-  /* Messages quote what peers sent (client names, keys): a control byte
-   * there must not end the line and forge another, with its own priority,
-   * in the journal. */
+  /* Messages quote what peers sent (op and client names, keys): escaped,
+   * a control byte there cannot end the line and forge another, with its
+   * own priority, in the journal, and the line stays UTF-8, which the
+   * journal would otherwise keep as a binary blob. */
+  sp_text_sanitize(text, line + n, sizeof(line) - (size_t)n - 1);
+  if (suppressed > 0) {
+    size_t used = strlen(line);
+    snprintf(line + used, sizeof(line) - used - 1,
+             " (%" PRIu64 " more like it not logged)", suppressed);
+  }
   size_t len = strlen(line);
-  for (size_t i = (size_t)n; i < len; i++)
-    if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f)
-      line[i] = '?';
   line[len++] = '\n';
   ssize_t w = write(STDERR_FILENO, line, len);
   (void)w;
+}
+
+void log_msg(enum log_level level, const char *fmt, ...) {
+  if (level > log_level)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  log_line(level, 0, fmt, ap);
+  va_end(ap);
+}
+
+void log_limited(struct log_limit *lim, enum log_level level,
+                 const char *fmt, ...) {
+  if (level > log_level)
+    return;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  uint64_t now = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+  if (lim->logged && now - lim->last_ms < LOG_LIMIT_MS) {
+    lim->suppressed++;
+    return;
+  }
+  va_list ap;
+  va_start(ap, fmt);
+  log_line(level, lim->suppressed, fmt, ap);
+  va_end(ap);
+  lim->logged = true;
+  lim->last_ms = now;
+  lim->suppressed = 0;
 }

@@ -65,27 +65,28 @@ static const struct option long_options[] = {
     {NULL, 0, NULL, 0},
 };
 
-/* Flags that override a configuration key, applied after the file. */
-struct flag_setting {
-  const char *key;
-  const char *value;
-};
+/* A flag that overrides a configuration key, applied after the file. */
+static void add_flag(struct config_origin *o, const char *key,
+                     const char *value) {
+  for (size_t i = 0; i < o->nflags; i++)
+    if (strcmp(o->flags[i].key, key) == 0) {
+      o->flags[i].value = value;
+      return;
+    }
+  o->flags[o->nflags++] = (struct config_flag){key, value};
+}
 
 int main(int argc, char **argv) {
   log_init(LOG_LEVEL_INFO);
   const char *config_path = NULL;
-  struct flag_setting flags[5] = {{"socket", NULL},
-                                  {"log_level", NULL},
-                                  {"backend", NULL},
-                                  {"peer_listen", NULL},
-                                  {"peer_advertise", NULL}};
+  struct config_origin origin = {.nflags = 0};
   bool check = false, print = false, detach = false;
   int opt;
   while ((opt = getopt_long(argc, argv, "s:c:dl:b:nVh", long_options, NULL)) !=
          -1) {
     switch (opt) {
     case 's':
-      flags[0].value = optarg;
+      add_flag(&origin, "socket", optarg);
       break;
     case 'c':
       config_path = optarg;
@@ -94,10 +95,10 @@ int main(int argc, char **argv) {
       detach = true;
       break;
     case 'l':
-      flags[1].value = optarg;
+      add_flag(&origin, "log_level", optarg);
       break;
     case 'b':
-      flags[2].value = optarg;
+      add_flag(&origin, "backend", optarg);
       break;
     case 'n':
       check = true;
@@ -106,10 +107,10 @@ int main(int argc, char **argv) {
       print = true;
       break;
     case OPT_PEER_LISTEN:
-      flags[3].value = optarg;
+      add_flag(&origin, "peer_listen", optarg);
       break;
     case OPT_PEER_ADVERTISE:
-      flags[4].value = optarg;
+      add_flag(&origin, "peer_advertise", optarg);
       break;
     case 'V':
       printf("shardportd %s (protocol %d)\n", SP_VERSION, SP_PROTOCOL_VERSION);
@@ -130,28 +131,14 @@ int main(int argc, char **argv) {
 
   struct config cfg;
   char err[512];
-  config_default(&cfg);
-  if (config_load(&cfg, config_path != NULL ? config_path : SP_CONFIG_FILE,
-                  config_path != NULL, err, sizeof(err)) != 0) {
-    log_msg(LOG_LEVEL_ERROR, "%s", err);
-    return EXIT_CONFIG;
+  origin.path = config_path != NULL ? config_path : SP_CONFIG_FILE;
+  origin.must_exist = config_path != NULL;
+  int built = config_build(&origin, &cfg, err, sizeof(err));
+  if (built == CONFIG_EFLAG) {
+    fprintf(stderr, "shardportd: %s\n", err);
+    return EXIT_USAGE;
   }
-  const char *env_socket = getenv("SHARDPORT_SOCKET");
-  if (env_socket != NULL && env_socket[0] != '\0' &&
-      config_set(&cfg, "socket", env_socket, err, sizeof(err)) != 0) {
-    log_msg(LOG_LEVEL_ERROR, "SHARDPORT_SOCKET: %s", err);
-    return EXIT_CONFIG;
-  }
-  for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
-    if (flags[i].value != NULL &&
-        config_set(&cfg, flags[i].key, flags[i].value, err, sizeof(err)) !=
-            0) {
-      fprintf(stderr, "shardportd: %s\n", err);
-      return EXIT_USAGE;
-    }
-  }
-  if (config_check(&cfg, err, sizeof(err)) != 0 ||
-      config_resolve_socket(&cfg, err, sizeof(err)) != 0) {
+  if (built != 0) {
     log_msg(LOG_LEVEL_ERROR, "%s", err);
     return EXIT_CONFIG;
   }
@@ -189,11 +176,9 @@ int main(int argc, char **argv) {
 
   log_set_level(cfg.log_level);
   /* Replies are written with MSG_NOSIGNAL; this covers every other write to
-   * a peer that went away.  SIGHUP is ignored so that a daemon started from
-   * a terminal outlives it; stop it with SIGTERM or SIGINT. */
+   * a peer that went away.  SIGHUP reloads the configuration (server.c). */
   signal(SIGPIPE, SIG_IGN);
-  signal(SIGHUP, SIG_IGN);
-  int rc = server_run(&cfg, &backend);
+  int rc = server_run(&origin, &cfg, &backend);
   backend_release(&backend);
   return rc == 0 ? 0 : EXIT_SERVE;
 }

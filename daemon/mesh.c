@@ -5,9 +5,13 @@
  *
  * The daemon that created the job is its root (node 0).  Its ticket names
  * the root's peer address; a daemon whose rank joins with that ticket keeps
- * a shadow of the job and a control link to the root, which checks the
- * job's secret, gives the daemon a node number, and decides every join (a
- * rank joins once in the whole job).  Data links, one per pair of nodes,
+ * a shadow of the job and a control link to the root; the two prove to
+ * each other that they know the job's secret (peerauth.c: a challenge and
+ * an HMAC each way, the secret never on the wire), the root gives the
+ * daemon a node number, and decides every join (a rank joins once in the
+ * whole job).  A shadow is a ticket's claim until its root proves it, so
+ * shadows are kept per job id and secret (job.c), and a root's answers
+ * are awaited for peer_timeout at most.  Data links, one per pair of nodes,
  * are opened when an export needs them (the higher node dials the lower)
  * and kept for the job's next exports.
  *
@@ -60,6 +64,7 @@ struct mesh_node {
   bool present;          /* part of the job now */
   struct nodelink *ctl;  /* root: the node's control link */
   struct nodelink *dlink; /* a data link in its handshake */
+  bool dlink_hello_sent;  /* dialled: its peer_data answered the challenge */
   int data;              /* the data socket, or -1 */
   int data_next;         /* a newer one, taken at the next export */
   uint32_t nranks;       /* root: ranks joined there */
@@ -141,7 +146,8 @@ struct mesh {
   /* Member side. */
   struct nodelink *root_link;
   char root_addr[NODE_ADDR_MAX];
-  bool hello_done;
+  bool hello_sent; /* peer_hello answered the root's challenge */
+  bool hello_done; /* the root proved it knows the job's secret */
   bool broken;
   int broken_code;
   char broken_msg[SP_ERRMSG_MAX + 1];
@@ -559,7 +565,8 @@ static void send_join(struct mesh *ms, struct pending_join *pj) {
                       .rank = pj->req.rank,
                       .world = pj->req.world,
                       .device_type = pj->req.device_type};
-  link_send_msg(ms->root_link, &m);
+  if (link_send_msg(ms->root_link, &m) == 0)
+    nodelink_await(ms->root_link, true);
 }
 
 static int queue_join(struct mesh *ms, struct conn *c, uint64_t request_id,
@@ -601,10 +608,6 @@ int mesh_shadow_job(struct conn *c, const struct sp_msg_head *head,
                            "does not take part in jobs across nodes "
                            "(peer_listen is off)",
                            t->root);
-  if (strcmp(t->root, srv->peer_address) == 0)
-    return conn_send_error(c, head->id, SP_ETICKET,
-                           "join: no job of this ticket on this daemon (it "
-                           "ended, or was never created here)");
   if (srv->njobs >= srv->cfg->max_jobs)
     return conn_send_error(c, head->id, SP_ELIMIT,
                            "join: %" PRIu32 " jobs exist, the most max_jobs "
@@ -686,6 +689,12 @@ static void member_join_verdict(struct mesh *ms, const struct nodemsg *m) {
   if (pj == NULL)
     return;
   *pp = pj->next;
+  /* The root's answers are awaited anew for the joins still out. */
+  if (ms->root_link != NULL) {
+    nodelink_await(ms->root_link, false);
+    if (ms->joins != NULL)
+      nodelink_await(ms->root_link, true);
+  }
   struct conn *c = conn_find(ms->srv, pj->conn_id);
   struct job *job = ms->job;
   struct nodemsg left = {.op = NODEMSG_LEFT, .rank = pj->req.rank,
@@ -709,11 +718,14 @@ static void member_join_verdict(struct mesh *ms, const struct nodemsg *m) {
   job_wake(job);
 }
 
-void mesh_rank_left(struct job *job, uint32_t rank, bool disconnected) {
+void mesh_rank_left(struct job *job, uint32_t rank, bool disconnected,
+                    const char *reason) {
   struct mesh *ms = job->mesh;
   ms->ask_sent[rank] = 0;
   struct nodemsg m = {.op = NODEMSG_LEFT, .rank = rank,
                       .disconnected = disconnected};
+  if (reason != NULL)
+    snprintf(m.message, sizeof m.message, "%s", reason);
   to_root(ms, &m, NULL);
 }
 
@@ -801,16 +813,18 @@ static bool data_alive(int sock) {
 
 static const struct nodelink_ops data_ops;
 
-static void send_data_hello(struct nodelink *l, void *arg) {
-  struct mesh_node *n = arg;
-  struct mesh *ms = n->mesh;
-  struct nodemsg h = {.op = NODEMSG_DATA,
-                      .version = NODE_PROTOCOL_VERSION,
-                      .node = ms->self,
-                      .node_id = ms->srv->node_id};
-  memcpy(h.job, ms->job->id, JOB_ID_BYTES);
-  memcpy(h.secret, ms->job->secret, JOB_SECRET_BYTES);
-  link_send_msg(l, &h);
+/* A dialled link's answer to the listener's challenge: this daemon's nonce
+ * and proof in m, and in the link the proof the listener must send back. */
+static void answer_challenge(struct nodelink *l, const struct job *job,
+                             enum peerauth_link kind,
+                             const uint8_t listener_nonce[PEERAUTH_NONCE_BYTES],
+                             struct nodemsg *m) {
+  m->version = NODE_PROTOCOL_VERSION;
+  memcpy(m->job, job->id, JOB_ID_BYTES);
+  peerauth_proof(job->secret, PEERAUTH_DIALER, kind, job->id, listener_nonce,
+                 m->nonce, m->proof);
+  peerauth_proof(job->secret, PEERAUTH_LISTENER, kind, job->id,
+                 listener_nonce, m->nonce, nodelink_handshake(l));
 }
 
 static void on_data_detached(void *arg, int sock) {
@@ -828,20 +842,50 @@ static void on_data_detached(void *arg, int sock) {
   maybe_send_planned(n->mesh);
 }
 
+/* The handshake of a data link this node dialled: the listener's
+ * challenge, answered with peer_data, then its reply and proof; the bare
+ * socket is the exchanges' once that proof holds. */
 static void on_data_frame(struct nodelink *l, void *arg,
                           const struct sp_msg_head *head,
                           const msgpack_object *map) {
   struct mesh_node *n = arg;
+  struct mesh *ms = n->mesh;
   struct nodemsg m;
   char why[256];
-  if (nodemsg_parse(head, map, &m, why, sizeof why) != 0 ||
-      m.op != NODEMSG_DATA || !m.reply) {
+  const char *bad = NULL;
+  if (nodemsg_parse(head, map, &m, why, sizeof why) != 0)
+    bad = why;
+  else if (m.op == NODEMSG_ERROR)
+    bad = m.message;
+  else if (!n->dlink_hello_sent && m.op == NODEMSG_CHALLENGE &&
+           m.version != NODE_PROTOCOL_VERSION)
+    bad = "protocol version mismatch";
+  else if (!n->dlink_hello_sent && m.op == NODEMSG_CHALLENGE) {
+    struct nodemsg h = {.op = NODEMSG_DATA,
+                        .node = ms->self,
+                        .node_id = ms->srv->node_id};
+    if (peerauth_nonce(h.nonce) != 0) {
+      bad = "no random nonce";
+    } else {
+      answer_challenge(l, ms->job, PEERAUTH_DATA, m.nonce, &h);
+      link_send_msg(l, &h);
+      n->dlink_hello_sent = true;
+      return;
+    }
+  } else if (!n->dlink_hello_sent || m.op != NODEMSG_DATA || !m.reply)
+    bad = "a bad handshake";
+  else if (!peerauth_equal(m.proof, nodelink_handshake(l)))
+    bad = "it did not prove it knows the job's secret";
+  if (bad != NULL) {
+    char what[SP_ERRMSG_MAX / 2];
+    snprintf(what, sizeof what, "%.500s", bad);
     nodemsg_free(&m);
     nodelink_close(l);
     n->dlink = NULL;
-    data_fail(n, m.op == NODEMSG_ERROR ? m.message : "a bad handshake");
+    data_fail(n, what);
     return;
   }
+  nodelink_hello_done(l);
   nodelink_detach(l, on_data_detached, n);
 }
 
@@ -853,7 +897,6 @@ static void on_data_closed(struct nodelink *l, void *arg, int code) {
 }
 
 static const struct nodelink_ops data_ops = {
-    .connected = send_data_hello,
     .frame = on_data_frame,
     .closed = on_data_closed,
 };
@@ -877,6 +920,7 @@ static int ensure_links(struct mesh *ms, const struct mesh_export *mx) {
     }
     if (n->node > ms->self || n->data >= 0 || n->dlink != NULL)
       continue;
+    n->dlink_hello_sent = false;
     int rc = nodelink_connect(ms->srv, n->addr, &data_ops, n, &n->dlink);
     if (rc != 0) {
       n->dlink = NULL;
@@ -1003,9 +1047,10 @@ void mesh_try_start(struct job *job) {
     if (mx->rank_nodes[r] != ms->self ||
         (m != NULL && !m->lost && m->asked))
       continue;
-    char msg[256];
-    snprintf(msg, sizeof msg, "rank %" PRIu32 " left job %s while its ranks "
-             "waited for an export", r, job->hex);
+    char msg[SP_ERRMSG_MAX + 1];
+    if (!job_departed(job, msg, sizeof msg))
+      job_departure_text(job, r, m == NULL || m->disconnected, "", NULL, msg,
+                         sizeof msg);
     refuse_start(ms, mx, SP_ERANKLOST, msg);
     return;
   }
@@ -1186,7 +1231,12 @@ static void root_lost(struct mesh *ms, const char *why) {
                     sizeof ms->broken_msg);
   nodelink_close(ms->root_link);
   ms->root_link = NULL;
-  joins_refuse(ms, SP_ENODELOST, ms->broken_msg);
+  if (ms->joins != NULL) {
+    char msg[SP_ERRMSG_MAX + 1];
+    snprintf(msg, sizeof msg, "the job's root daemon, node 0 (%s), was lost: "
+             "%.512s", ms->root_addr, why);
+    joins_refuse(ms, SP_ENODELOST, msg);
+  }
   if (ms->current != NULL)
     export_fail(job, SP_ENODELOST, ms->broken_msg);
   mesh_export_free(ms->ready);
@@ -1199,15 +1249,69 @@ static void root_lost(struct mesh *ms, const char *why) {
   job_wake(job);
 }
 
-static void on_root_connected(struct nodelink *l, void *arg) {
-  struct mesh *ms = arg;
-  struct nodemsg h = {.op = NODEMSG_HELLO,
-                      .version = NODE_PROTOCOL_VERSION,
-                      .node_id = ms->srv->node_id};
-  memcpy(h.job, ms->job->id, JOB_ID_BYTES);
-  memcpy(h.secret, ms->job->secret, JOB_SECRET_BYTES);
-  snprintf(h.addr, sizeof h.addr, "%s", ms->srv->peer_address);
-  link_send_msg(l, &h);
+/* The root refused this daemon, or did not prove it knows the job's secret,
+ * before it gave it a node number: the shadow ends and its joins hear why. */
+static void root_refused(struct mesh *ms, int code, const char *why) {
+  log_msg(LOG_LEVEL_WARN, "job %s: the root daemon %s refused this daemon: "
+          "%s", ms->job->hex, ms->root_addr, why);
+  char msg[SP_ERRMSG_MAX + 1];
+  snprintf(msg, sizeof msg, "the job's root daemon %s refused: %.900s",
+           ms->root_addr, why);
+  nodelink_close(ms->root_link);
+  ms->root_link = NULL;
+  ms->broken = true;
+  ms->broken_code = code;
+  snprintf(ms->broken_msg, sizeof ms->broken_msg, "%s", msg);
+  joins_refuse(ms, code, msg);
+  job_end(ms->job);
+}
+
+/* The root's handshake: its challenge, answered with peer_hello; then its
+ * reply, which holds only with the root's own proof. */
+static void root_handshake(struct mesh *ms, struct nodelink *l,
+                           const struct nodemsg *m) {
+  if (m->op == NODEMSG_ERROR)
+    return root_refused(ms, m->code, m->message);
+  if (!ms->hello_sent) {
+    if (m->op != NODEMSG_CHALLENGE)
+      return root_refused(ms, SP_EBADMSG, "a bad handshake");
+    if (m->version != NODE_PROTOCOL_VERSION) {
+      char why[128];
+      snprintf(why, sizeof why, "protocol version mismatch (root %" PRIu64
+               ", daemon %d)", m->version, NODE_PROTOCOL_VERSION);
+      return root_refused(ms, SP_EVERSION, why);
+    }
+    struct nodemsg h = {.op = NODEMSG_HELLO, .node_id = ms->srv->node_id};
+    if (peerauth_nonce(h.nonce) != 0)
+      return root_refused(ms, SP_EINTERNAL, "no random nonce");
+    snprintf(h.addr, sizeof h.addr, "%s", ms->srv->peer_address);
+    answer_challenge(l, ms->job, PEERAUTH_CONTROL, m->nonce, &h);
+    link_send_msg(l, &h);
+    ms->hello_sent = true;
+    return;
+  }
+  if (m->op != NODEMSG_HELLO || !m->reply)
+    return root_refused(ms, SP_EBADMSG, "a bad handshake");
+  if (!peerauth_equal(m->proof, nodelink_handshake(l)))
+    return root_refused(ms, SP_ETICKET,
+                        "it did not prove it knows the job's secret");
+  ms->hello_done = true;
+  ms->self = m->node;
+  nodelink_hello_done(l);
+  struct mesh_node *self = node_make(ms, m->node);
+  struct mesh_node *root = node_make(ms, 0);
+  if (self != NULL && root != NULL) {
+    self->node_id = ms->srv->node_id;
+    self->present = true;
+    snprintf(self->addr, sizeof self->addr, "%s", ms->srv->peer_address);
+    root->node_id = m->node_id;
+    root->present = true;
+    snprintf(root->addr, sizeof root->addr, "%s", ms->root_addr);
+  }
+  log_msg(LOG_LEVEL_INFO, "job %s: node %u of the job (root %s)",
+          ms->job->hex, m->node, ms->root_addr);
+  for (struct pending_join *p = ms->joins; p != NULL; p = p->next)
+    send_join(ms, p);
 }
 
 static void on_root_frame(struct nodelink *l, void *arg,
@@ -1218,48 +1322,16 @@ static void on_root_frame(struct nodelink *l, void *arg,
   char why[SP_ERRMSG_MAX / 2];
   if (nodemsg_parse(head, map, &m, why, sizeof why) != 0) {
     nodemsg_free(&m);
-    root_lost(ms, why);
+    if (ms->hello_done)
+      root_lost(ms, why);
+    else
+      root_refused(ms, SP_EBADMSG, why);
     return;
   }
-  if (!ms->hello_done) {
-    if (m.op == NODEMSG_HELLO && m.reply) {
-      ms->hello_done = true;
-      ms->self = m.node;
-      nodelink_hello_done(l);
-      struct mesh_node *self = node_make(ms, m.node);
-      struct mesh_node *root = node_make(ms, 0);
-      if (self != NULL && root != NULL) {
-        self->node_id = ms->srv->node_id;
-        self->present = true;
-        snprintf(self->addr, sizeof self->addr, "%s", ms->srv->peer_address);
-        root->node_id = m.node_id;
-        root->present = true;
-        snprintf(root->addr, sizeof root->addr, "%s", ms->root_addr);
-      }
-      log_msg(LOG_LEVEL_INFO, "job %s: node %u of the job (root %s)",
-              ms->job->hex, m.node, ms->root_addr);
-      for (struct pending_join *p = ms->joins; p != NULL; p = p->next)
-        send_join(ms, p);
-    } else {
-      int code = m.op == NODEMSG_ERROR ? m.code : SP_EBADMSG;
-      log_msg(LOG_LEVEL_WARN, "job %s: the root daemon %s refused this "
-              "daemon: %s", ms->job->hex, ms->root_addr,
-              m.op == NODEMSG_ERROR ? m.message : "a bad handshake");
-      char msg[SP_ERRMSG_MAX + 1];
-      snprintf(msg, sizeof msg, "the job's root daemon %s refused: %.900s",
-               ms->root_addr, m.op == NODEMSG_ERROR ? m.message : "?");
-      nodelink_close(ms->root_link);
-      ms->root_link = NULL;
-      ms->broken = true;
-      ms->broken_code = code;
-      snprintf(ms->broken_msg, sizeof ms->broken_msg, "%s", msg);
-      joins_refuse(ms, code, msg);
-      job_end(ms->job);
-    }
-    nodemsg_free(&m);
-    return;
-  }
-  member_handle(ms, &m, NULL, 0);
+  if (ms->hello_done)
+    member_handle(ms, &m, NULL, 0);
+  else
+    root_handshake(ms, l, &m);
   nodemsg_free(&m);
 }
 
@@ -1274,10 +1346,16 @@ static void on_root_closed(struct nodelink *l, void *arg, int code) {
   (void)l;
   struct mesh *ms = arg;
   ms->root_link = NULL;
+  char why[128];
+  if (code == SP_ETIMEOUT)
+    snprintf(why, sizeof why, "it did not answer within %" PRIu32 " ms",
+             ms->srv->cfg->peer_timeout_ms);
+  else
+    snprintf(why, sizeof why, "%s", sp_strerror(code));
   if (!ms->hello_done) {
     char msg[SP_ERRMSG_MAX + 1];
-    snprintf(msg, sizeof msg, "cannot reach the job's root daemon at %s: %s",
-             ms->root_addr, sp_strerror(code));
+    snprintf(msg, sizeof msg, "cannot reach the job's root daemon, node 0 "
+             "(%s): %s", ms->root_addr, why);
     ms->broken = true;
     ms->broken_code = SP_ENODELOST;
     snprintf(ms->broken_msg, sizeof ms->broken_msg, "%s", msg);
@@ -1285,11 +1363,10 @@ static void on_root_closed(struct nodelink *l, void *arg, int code) {
     job_end(ms->job);
     return;
   }
-  root_lost(ms, sp_strerror(code));
+  root_lost(ms, why);
 }
 
 static const struct nodelink_ops root_ops = {
-    .connected = on_root_connected,
     .frame = on_root_frame,
     .blob = on_root_blob,
     .closed = on_root_closed,
@@ -1541,6 +1618,13 @@ static void coord_ask(struct mesh *ms, struct mesh_node *n,
   if (m->gather != ms->cgather || m->rank >= job->world ||
       ms->rank_node[m->rank] != n->node || ms->asks[m->rank].asked)
     return; /* stale: the gather it belonged to is over */
+  /* A rank left and has not joined again: the export cannot complete,
+   * and every node's asking ranks hear why at once. */
+  char gone[SP_ERRMSG_MAX + 1];
+  if (job_departed(job, gone, sizeof gone)) {
+    gather_fail(ms, SP_ERANKLOST, gone);
+    return;
+  }
   struct mesh_ask *a = &ms->asks[m->rank];
   uint32_t t = m->timeout_ms > 0 ? m->timeout_ms
                                  : ms->srv->cfg->export_timeout_ms;
@@ -1698,13 +1782,13 @@ static void coord_left(struct mesh *ms, struct mesh_node *n,
     memset(&ms->asks[m->rank], 0, sizeof ms->asks[m->rank]);
     ms->nasked--;
   }
-  if (ms->nasked > 0) {
-    char msg[300];
-    snprintf(msg, sizeof msg, "rank %" PRIu32 " %s job %s while its ranks "
-             "waited for an export", m->rank,
-             m->disconnected ? "disconnected from" : "left", job->hex);
-    gather_fail(ms, SP_ERANKLOST, msg);
-  }
+  /* Every export asked for from now on fails at once (coord_ask), with
+   * the reason the rank's own daemon knew. */
+  job_rank_departed(job, m->rank, m->disconnected,
+                    m->message[0] != '\0' ? m->message : NULL);
+  char gone[SP_ERRMSG_MAX + 1];
+  if (ms->nasked > 0 && job_departed(job, gone, sizeof gone))
+    gather_fail(ms, SP_ERANKLOST, gone);
   job_wake(job);
 }
 
@@ -1729,6 +1813,7 @@ static void coord_join(struct mesh *ms, struct mesh_node *n,
   } else {
     ms->rank_node[m->rank] = n->node;
     n->nranks++;
+    job_rank_returned(job, m->rank);
     job_note_joined(job);
     log_msg(LOG_LEVEL_INFO, "job %s: rank %" PRIu32 " joined on node %u (%s)",
             job->hex, m->rank, n->node, n->addr);
@@ -1789,10 +1874,17 @@ static void node_lost(struct mesh *ms, struct mesh_node *n, const char *why) {
   n->ctl = NULL;
   n->ask_pending = false;
   bool had_asks = false;
+  char reason[SP_ERRMSG_MAX / 2];
+  if (why != NULL)
+    snprintf(reason, sizeof reason, "node %u (%s) was lost: %s", n->node,
+             n->addr, why);
   for (uint32_t r = 0; r < job->world; r++) {
     if (ms->rank_node[r] != n->node)
       continue;
     ms->rank_node[r] = PLAN_NONE;
+    /* Its ranks are gone with it (a node that said goodbye had none). */
+    if (why != NULL)
+      job_rank_departed(job, r, true, reason);
     if (ms->asks[r].asked) {
       nodeblob_unref(ms->asks[r].meta);
       memset(&ms->asks[r], 0, sizeof ms->asks[r]);
@@ -1905,6 +1997,14 @@ static void on_data_accepted(void *arg, int sock) {
   maybe_send_planned(n->mesh);
 }
 
+/* The listener's proof to the daemon whose peer_hello or peer_data m is. */
+static void listener_proof(const struct job *job, struct nodelink *l,
+                           enum peerauth_link kind, const struct nodemsg *m,
+                           struct nodemsg *reply) {
+  peerauth_proof(job->secret, PEERAUTH_LISTENER, kind, job->id,
+                 nodelink_handshake(l), m->nonce, reply->proof);
+}
+
 static void hello_root(struct server *srv, struct nodelink *l,
                        const struct nodemsg *m, struct job *job) {
   struct mesh *ms = job->mesh;
@@ -1933,6 +2033,7 @@ static void hello_root(struct server *srv, struct nodelink *l,
   nodelink_hello_done(l);
   struct nodemsg reply = {.op = NODEMSG_HELLO, .reply = true, .node = n->node,
                           .node_id = srv->node_id};
+  listener_proof(job, l, PEERAUTH_CONTROL, m, &reply);
   link_send_msg(l, &reply);
   log_msg(LOG_LEVEL_INFO, "job %s: node %u (%s) joined the job", job->hex,
           n->node, n->addr);
@@ -1956,8 +2057,53 @@ static void hello_data(struct nodelink *l, const struct nodemsg *m,
   n->dlink = l;
   nodelink_hello_done(l);
   struct nodemsg reply = {.op = NODEMSG_DATA, .reply = true};
+  listener_proof(job, l, PEERAUTH_DATA, m, &reply);
   link_send_msg(l, &reply);
   nodelink_detach(l, on_data_accepted, n);
+}
+
+void mesh_link_accepted(struct server *srv, struct nodelink *l) {
+  (void)srv;
+  struct nodemsg c = {.op = NODEMSG_CHALLENGE,
+                      .version = NODE_PROTOCOL_VERSION};
+  if (peerauth_nonce(c.nonce) != 0) {
+    log_msg(LOG_LEVEL_ERROR, "peer %s: no random nonce for its challenge",
+            nodelink_peer(l));
+    nodelink_close(l);
+    return;
+  }
+  memcpy(nodelink_handshake(l), c.nonce, PEERAUTH_NONCE_BYTES);
+  link_send_msg(l, &c);
+}
+
+/* The job whose secret made the dialer's proof over this link's challenge,
+ * or NULL.  Every usable job of the id is tried (shadows of tickets that
+ * name one id with different secrets may coexist, job.c), and a proof is
+ * computed even when there is none, so that the time taken says nothing
+ * about which jobs exist. */
+static struct job *proven_job(struct server *srv, struct nodelink *l,
+                              const struct nodemsg *m,
+                              enum peerauth_link kind) {
+  static const uint8_t no_secret[JOB_SECRET_BYTES];
+  uint8_t want[PEERAUTH_PROOF_BYTES];
+  struct job *found = NULL;
+  bool tried = false;
+  for (struct job *j = job_find(srv, NULL, m->job); j != NULL;
+       j = job_find(srv, j, m->job)) {
+    if (j->dying || j->mesh == NULL || j->mesh->broken)
+      continue;
+    tried = true;
+    peerauth_proof(j->secret, PEERAUTH_DIALER, kind, m->job,
+                   nodelink_handshake(l), m->nonce, want);
+    if (peerauth_equal(want, m->proof))
+      found = j;
+  }
+  if (!tried) {
+    peerauth_proof(no_secret, PEERAUTH_DIALER, kind, m->job,
+                   nodelink_handshake(l), m->nonce, want);
+    (void)peerauth_equal(want, m->proof);
+  }
+  return found;
 }
 
 void mesh_link_hello(struct server *srv, struct nodelink *l,
@@ -1980,14 +2126,11 @@ void mesh_link_hello(struct server *srv, struct nodelink *l,
     return refuse_link(l, SP_EVERSION, "protocol version mismatch (peer "
                        "%" PRIu64 ", daemon %d)", m.version,
                        NODE_PROTOCOL_VERSION);
-  struct job *job = job_find(srv, m.job);
-  /* An unknown job and a wrong secret read the same to the peer, and take
-   * the same time: a peer learns nothing about which jobs exist. */
-  bool ok = job != NULL && !job->dying && job->mesh != NULL &&
-            !job->mesh->broken;
-  bool secret_ok =
-      job_secret_equal(m.secret, ok ? job->secret : m.job, JOB_SECRET_BYTES);
-  if (!ok || !secret_ok)
+  enum peerauth_link kind =
+      m.op == NODEMSG_HELLO ? PEERAUTH_CONTROL : PEERAUTH_DATA;
+  struct job *job = proven_job(srv, l, &m, kind);
+  /* An unknown job and a wrong proof read the same to the peer. */
+  if (job == NULL)
     return refuse_link(l, SP_ETICKET, "no job of this id and secret on this "
                        "daemon");
   if (m.op == NODEMSG_HELLO)
@@ -2117,4 +2260,22 @@ void mesh_status_pack(const struct job *job, msgpack_packer *pk) {
 
 uint32_t mesh_self(const struct job *job) {
   return job->mesh != NULL ? job->mesh->self : 0;
+}
+
+uint32_t mesh_node_count(const struct job *job) {
+  const struct mesh *ms = job->mesh;
+  uint32_t count = 0;
+  for (uint32_t i = 0; ms != NULL && i < ms->nnodes; i++)
+    count += ms->nodes[i] != NULL && ms->nodes[i]->present;
+  return count;
+}
+
+bool mesh_rank_where(const struct job *job, uint32_t rank, uint32_t *node,
+                     bool *asked) {
+  const struct mesh *ms = job->mesh;
+  if (ms == NULL || !ms->root || ms->rank_node[rank] == PLAN_NONE)
+    return false;
+  *node = ms->rank_node[rank];
+  *asked = ms->asks[rank].asked;
+  return true;
 }

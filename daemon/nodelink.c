@@ -12,10 +12,14 @@
  *
  * Another daemon is a peer, not a trusted party: every frame is bounded by
  * the link's limits before anything is allocated for it and decoded with
- * the bounded decoder, and a link must say who it is (mesh.c checks the
- * job and its secret) within NODELINK_HELLO_MS.  Frames a link was told to
- * expect as blobs (the registrations the root relays) are kept as bytes and
- * decoded later, off the loop, on a planning thread.
+ * the bounded decoder, and a link must prove who it is (mesh.c checks its
+ * proof of the job's secret, peerauth.c) within peer_timeout.  Until then
+ * its frames hold at most NODELINK_HANDSHAKE_MAX_FRAME bytes, and accepted
+ * links in that state are capped (peer_handshakes): whoever can reach the
+ * port costs the daemon a bounded number of descriptors and bytes.  Frames
+ * a link was told to expect as blobs (the registrations the root relays)
+ * are kept as bytes and decoded later, off the loop, on a planning
+ * thread.
  *
  * Liveness: TCP keepalive probes an idle link and TCP_USER_TIMEOUT bounds
  * how long unacknowledged data may wait, so that a dead host or a cut link
@@ -31,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -39,8 +44,10 @@
 #include "proto/wire.h"
 #include "shardport.h"
 
-/* A link that has not said who it is by then is closed. */
-#define NODELINK_HELLO_MS 10000
+/* The largest frame a link may send before it proved who it is: every
+ * handshake frame is a few hundred bytes, and an error reply at most
+ * SP_ERRMSG_MAX and its names.  As a client before hello (conn.c). */
+#define NODELINK_HANDSHAKE_MAX_FRAME 4096u
 /* A link that cannot be written to for that long after a close was asked
  * for is dropped. */
 #define NODELINK_DRAIN_MS 5000
@@ -75,6 +82,16 @@ struct nodelink {
   bool draining;
   /* A hand-over that cannot finish gives the owner -1 instead. */
   bool failed;
+  /* Accepted by the peer listener (else dialled by this daemon), from
+   * host, and whether the peer has proved who it is (nodelink_hello_done). */
+  bool accepted;
+  struct sockaddr_storage host;
+  bool identified;
+  /* The owner waits for an answer (nodelink_await). */
+  bool awaiting;
+  /* What the owner's handshake keeps with the link (mesh.c): the nonce a
+   * listener sent, or the proof a dialer expects back. */
+  uint8_t handshake[PEERAUTH_NONCE_BYTES];
   void (*detach_fn)(void *arg, int sock);
   void *detach_arg;
   struct sp_frame_rx rx;
@@ -242,6 +259,13 @@ static void on_poll(uv_poll_t *handle, int status, int events);
 
 const char *nodelink_peer(const struct nodelink *l) { return l->peer; }
 
+/* The handshake scratch holds a nonce or a proof, whichever the side
+ * needs. */
+_Static_assert(PEERAUTH_NONCE_BYTES == PEERAUTH_PROOF_BYTES,
+               "a link's handshake bytes hold a nonce or a proof");
+
+uint8_t *nodelink_handshake(struct nodelink *l) { return l->handshake; }
+
 void nodelink_set_ops(struct nodelink *l, const struct nodelink_ops *ops,
                       void *arg) {
   l->ops = ops;
@@ -279,6 +303,8 @@ static void link_end(struct nodelink *l) {
   if (l->closed)
     return;
   l->closed = true;
+  if (l->accepted && !l->identified)
+    l->srv->peer_unidentified--;
   if (l->prev != NULL)
     l->prev->next = l->next;
   else
@@ -318,7 +344,9 @@ static void on_timeout(uv_timer_t *timer) {
   log_msg(LOG_LEVEL_INFO, "peer %s: %s", l->peer,
           l->draining     ? "did not take its last frames in time"
           : l->connecting ? "connect timed out"
-                          : "did not say who it is in time");
+          : l->awaiting   ? "did not answer in time"
+          : l->accepted   ? "did not say who it is in time"
+                          : "did not finish the handshake in time");
   link_fail(l, SP_ETIMEOUT);
 }
 
@@ -446,9 +474,24 @@ void nodelink_detach(struct nodelink *l, void (*fn)(void *arg, int sock),
 }
 
 void nodelink_hello_done(struct nodelink *l) {
+  if (l->identified)
+    return;
   uv_timer_stop(&l->timer);
+  l->identified = true;
+  if (l->accepted)
+    l->srv->peer_unidentified--;
   /* Known now: the blobs it may relay can be as large as registrations. */
   l->rx.limits.max_frame = NODE_MAX_FRAME;
+}
+
+void nodelink_await(struct nodelink *l, bool waiting) {
+  if (l->closed || l->draining || !l->identified || waiting == l->awaiting)
+    return;
+  l->awaiting = waiting;
+  if (waiting)
+    uv_timer_start(&l->timer, on_timeout, l->srv->cfg->peer_timeout_ms, 0);
+  else
+    uv_timer_stop(&l->timer);
 }
 
 /* One complete frame: a blob the owner expects, or a control message
@@ -525,13 +568,11 @@ static void finish_connect(struct nodelink *l) {
     link_fail(l, SP_ECLOSED);
     return;
   }
+  /* The timer runs on: the handshake must finish within peer_timeout of
+   * the dial, however quickly the connect was taken. */
   l->connecting = false;
-  uv_timer_stop(&l->timer);
   nodelink_tune(l->sock);
-  if (update_events(l) != 0)
-    return;
-  if (l->ops != NULL && l->ops->connected != NULL)
-    l->ops->connected(l, l->arg);
+  update_events(l);
 }
 
 static void on_poll(uv_poll_t *handle, int status, int events) {
@@ -557,9 +598,10 @@ static struct nodelink *link_new(struct server *srv, int sock) {
   l->srv = srv;
   l->sock = sock;
   l->id = ++srv->next_link_id;
-  /* Until the peer has said who it is, only control frames. */
+  /* Until the peer has proved who it is, only handshake frames. */
   struct sp_limits limits;
   control_limits(&limits);
+  limits.max_frame = NODELINK_HANDSHAKE_MAX_FRAME;
   sp_frame_rx_init(&l->rx, &limits);
   if (uv_poll_init(srv->loop, &l->poll, sock) != 0) {
     free(l);
@@ -603,7 +645,7 @@ int nodelink_connect(struct server *srv, const char *addr,
   l->ops = ops;
   l->arg = arg;
   l->connecting = true;
-  uv_timer_start(&l->timer, on_timeout, NODELINK_HELLO_MS, 0);
+  uv_timer_start(&l->timer, on_timeout, srv->cfg->peer_timeout_ms, 0);
   if (update_events(l) != 0)
     return SP_EIO;
   *out = l;
@@ -611,6 +653,63 @@ int nodelink_connect(struct server *srv, const char *addr,
 }
 
 /* ---- the listener ---- */
+
+static bool same_host(const struct sockaddr_storage *a,
+                      const struct sockaddr_storage *b) {
+  if (a->ss_family != b->ss_family)
+    return false;
+  if (a->ss_family == AF_INET)
+    return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
+           ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+  return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+                &((const struct sockaddr_in6 *)b)->sin6_addr,
+                sizeof(struct in6_addr)) == 0;
+}
+
+static bool in_handshake(const struct nodelink *l) {
+  return l->accepted && !l->identified;
+}
+
+/* The link to drop when links in their handshake are at the cap: the
+ * oldest of the host that holds the most of them (ties: the oldest of
+ * those hosts' oldest), so that one host flooding the port loses its own
+ * links first, and another daemon's handshake, which takes one round
+ * trip, is not cut short.  New links are at the front of the list. */
+static struct nodelink *eviction_victim(struct server *srv) {
+  struct nodelink *victim = NULL;
+  uint32_t most = 0;
+  for (struct nodelink *l = srv->links; l != NULL; l = l->next) {
+    if (!in_handshake(l))
+      continue;
+    uint32_t n = 0;
+    struct nodelink *oldest = l;
+    for (struct nodelink *k = srv->links; k != NULL; k = k->next)
+      if (in_handshake(k) && same_host(&k->host, &l->host)) {
+        n++;
+        oldest = k;
+      }
+    if (n > most || (n == most && oldest->id < victim->id)) {
+      most = n;
+      victim = oldest;
+    }
+  }
+  return victim;
+}
+
+/* Links in their handshake are capped: at the cap one goes
+ * (eviction_victim) before another is taken. */
+static void make_room(struct server *srv) {
+  while (srv->peer_unidentified >= srv->peer_handshake_cap) {
+    struct nodelink *old = eviction_victim(srv);
+    if (old == NULL)
+      return;
+    log_limited(&srv->peer_evict_log, LOG_LEVEL_WARN,
+                "peer %s: dropped: %" PRIu32 " links from other daemons "
+                "were still in their handshake (peer_handshakes)",
+                old->peer, srv->peer_unidentified);
+    link_fail(old, SP_EBUSY);
+  }
+}
 
 static void on_accept(uv_poll_t *handle, int status, int events) {
   struct server *srv = handle->data;
@@ -625,21 +724,54 @@ static void on_accept(uv_poll_t *handle, int status, int events) {
     if (sock < 0) {
       if (errno == EINTR || errno == ECONNABORTED)
         continue;
+      if (errno == EMFILE || errno == ENFILE) {
+        /* Retrying at once would spin: the connection is dropped, as the
+         * client listener does (server.c). */
+        log_limited(&srv->peer_accept_log, LOG_LEVEL_WARN,
+                    "peer accept: %s; dropping a connection",
+                    strerror(errno));
+        if (!server_shed(srv, srv->peer_fd))
+          return;
+        continue;
+      }
       if (errno != EAGAIN && errno != EWOULDBLOCK)
-        log_msg(LOG_LEVEL_WARN, "peer accept: %s", strerror(errno));
+        log_limited(&srv->peer_accept_log, LOG_LEVEL_WARN,
+                    "peer accept: %s", strerror(errno));
       return;
     }
+    make_room(srv);
     nodelink_tune(sock);
     struct nodelink *l = link_new(srv, sock);
     if (l == NULL) {
       close(sock);
       continue;
     }
+    l->accepted = true;
+    memcpy(&l->host, &sa, sizeof sa);
+    srv->peer_unidentified++;
     nodelink_addr_format((struct sockaddr *)&sa, l->peer, sizeof l->peer);
     log_msg(LOG_LEVEL_DEBUG, "peer %s: connected", l->peer);
-    uv_timer_start(&l->timer, on_timeout, NODELINK_HELLO_MS, 0);
-    update_events(l);
+    uv_timer_start(&l->timer, on_timeout, srv->cfg->peer_timeout_ms, 0);
+    if (update_events(l) == 0)
+      mesh_link_accepted(srv, l);
   }
+}
+
+/* Links in their handshake hold a descriptor each: a quarter of the
+ * descriptor limit at most, so that the peer port alone cannot take the
+ * descriptors local clients need. */
+static uint32_t handshake_cap(const struct config *cfg) {
+  struct rlimit rl;
+  uint32_t cap = cfg->peer_handshakes;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
+      rl.rlim_cur / 4 >= cap)
+    return cap;
+  uint32_t quarter = rl.rlim_cur >= 8 ? (uint32_t)(rl.rlim_cur / 4) : 1;
+  log_msg(LOG_LEVEL_INFO, "peer_handshakes %" PRIu32 " is more than a "
+          "quarter of the descriptor limit (%llu): at most %" PRIu32
+          " links in their handshake", cap, (unsigned long long)rl.rlim_cur,
+          quarter);
+  return quarter;
 }
 
 int nodelink_listen_open(struct server *srv) {
@@ -685,6 +817,7 @@ int nodelink_listen_open(struct server *srv) {
     return -1;
   }
   srv->peer_fd = sock;
+  srv->peer_handshake_cap = handshake_cap(cfg);
   srv->peer_poll.data = srv;
   uv_poll_start(&srv->peer_poll, UV_READABLE, on_accept);
   log_msg(LOG_LEVEL_INFO, "listening for peer daemons on %s (advertised as %s)",

@@ -28,6 +28,7 @@ static const struct {
   const char *name;
 } op_names[] = {
     {NODEMSG_HELLO, "peer_hello"}, {NODEMSG_DATA, "peer_data"},
+    {NODEMSG_CHALLENGE, "peer_challenge"},
     {NODEMSG_JOIN, "join"},        {NODEMSG_LEFT, "left"},
     {NODEMSG_ASK, "ask"},          {NODEMSG_PLAN, "plan"},
     {NODEMSG_PLANNED, "planned"},  {NODEMSG_GO, "go"},
@@ -290,9 +291,16 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
   m->id = head->id;
   int rc = 0;
   switch (m->op) {
+  case NODEMSG_CHALLENGE:
+    if ((rc = get_u(map, "version", UINT64_MAX, &m->version, msg, msglen)) !=
+        0)
+      return rc;
+    return get_fixed_bin(map, "nonce", m->nonce, PEERAUTH_NONCE_BYTES, msg,
+                         msglen);
   case NODEMSG_HELLO:
   case NODEMSG_DATA:
-    /* A request carries who is asking; the reply only who answers. */
+    /* A request carries who is asking; the reply only who answers.  Both
+     * carry their sender's proof, never the job's secret. */
     if (sp_msg_field(map, "job") == NULL) {
       if (m->op == NODEMSG_HELLO &&
           ((rc = get_u32(map, "node", NODE_MAX_NODES - 1, &m->node, msg,
@@ -301,13 +309,16 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
                        msglen)) != 0))
         return rc;
       m->reply = true;
-      return 0;
+      return get_fixed_bin(map, "proof", m->proof, PEERAUTH_PROOF_BYTES, msg,
+                           msglen);
     }
     if ((rc = get_u(map, "version", UINT64_MAX, &m->version, msg, msglen)) !=
             0 ||
         (rc = get_fixed_bin(map, "job", m->job, JOB_ID_BYTES, msg, msglen)) !=
             0 ||
-        (rc = get_fixed_bin(map, "secret", m->secret, JOB_SECRET_BYTES, msg,
+        (rc = get_fixed_bin(map, "nonce", m->nonce, PEERAUTH_NONCE_BYTES, msg,
+                            msglen)) != 0 ||
+        (rc = get_fixed_bin(map, "proof", m->proof, PEERAUTH_PROOF_BYTES, msg,
                             msglen)) != 0 ||
         (rc = get_u(map, "node_id", UINT64_MAX, &m->node_id, msg, msglen)) !=
             0)
@@ -335,6 +346,9 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
     if (sp_msg_get_bool(map, "disconnected", false, &m->disconnected) != 0)
       return sp_failf(msg, msglen, SP_EBADMSG,
                       "\"disconnected\" must be a bool");
+    /* Optional: why the rank left, when its daemon knows. */
+    if (sp_msg_field(map, "message") != NULL)
+      return get_message(map, m->message, msg, msglen);
     return 0;
   case NODEMSG_ASK:
     if ((rc = get_u(map, "gather", UINT64_MAX, &m->gather, msg, msglen)) !=
@@ -403,14 +417,16 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
 
 static uint32_t fields_of(const struct nodemsg *m) {
   switch (m->op) {
+  case NODEMSG_CHALLENGE:
+    return 2;
   case NODEMSG_HELLO:
-    return m->reply ? 2 : 5;
+    return m->reply ? 3 : 6;
   case NODEMSG_DATA:
-    return m->reply ? 0 : 5;
+    return m->reply ? 1 : 6;
   case NODEMSG_JOIN:
     return m->reply ? 0 : 3;
   case NODEMSG_LEFT:
-    return 2;
+    return m->message[0] != '\0' ? 3 : 2;
   case NODEMSG_ASK:
     return 5;
   case NODEMSG_PLAN:
@@ -457,6 +473,11 @@ void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
   sp_msgbuf_begin(mb, nodemsg_op_name(m->op), m->id, fields_of(m));
   msgpack_packer *pk = &mb->pk;
   switch (m->op) {
+  case NODEMSG_CHALLENGE:
+    sp_pack_kv_u64(pk, "version", m->version);
+    sp_pack_str(pk, "nonce");
+    sp_pack_bin(pk, m->nonce, PEERAUTH_NONCE_BYTES);
+    break;
   case NODEMSG_HELLO:
   case NODEMSG_DATA:
     if (m->reply) {
@@ -464,13 +485,17 @@ void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
         sp_pack_kv_u64(pk, "node", m->node);
         sp_pack_kv_u64(pk, "node_id", m->node_id);
       }
+      sp_pack_str(pk, "proof");
+      sp_pack_bin(pk, m->proof, PEERAUTH_PROOF_BYTES);
       break;
     }
     sp_pack_kv_u64(pk, "version", m->version);
     sp_pack_str(pk, "job");
     sp_pack_bin(pk, m->job, JOB_ID_BYTES);
-    sp_pack_str(pk, "secret");
-    sp_pack_bin(pk, m->secret, JOB_SECRET_BYTES);
+    sp_pack_str(pk, "nonce");
+    sp_pack_bin(pk, m->nonce, PEERAUTH_NONCE_BYTES);
+    sp_pack_str(pk, "proof");
+    sp_pack_bin(pk, m->proof, PEERAUTH_PROOF_BYTES);
     sp_pack_kv_u64(pk, "node_id", m->node_id);
     if (m->op == NODEMSG_HELLO)
       sp_pack_kv_str(pk, "addr", m->addr);
@@ -487,6 +512,8 @@ void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
   case NODEMSG_LEFT:
     sp_pack_kv_u64(pk, "rank", m->rank);
     sp_pack_kv_bool(pk, "disconnected", m->disconnected);
+    if (m->message[0] != '\0')
+      sp_pack_kv_str(pk, "message", m->message);
     break;
   case NODEMSG_ASK:
     sp_pack_kv_u64(pk, "gather", m->gather);

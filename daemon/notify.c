@@ -4,7 +4,9 @@
  * sd_notify does nothing when NOTIFY_SOCKET is unset, so a daemon started by
  * hand pays nothing; without libsystemd every call here is empty.
  */
+#include <inttypes.h>
 #include <stdio.h>
+#include <time.h>
 
 #include "config.h"
 #include "daemon/daemon.h"
@@ -18,7 +20,23 @@ void notify_ready(const char *status) {
 
 void notify_status(const char *status) { sd_notifyf(0, "STATUS=%s", status); }
 
-void notify_stopping(void) { sd_notify(0, "STOPPING=1\nSTATUS=stopping"); }
+void notify_stopping(const char *status, uint64_t extend_usec) {
+  if (extend_usec > 0)
+    sd_notifyf(0, "STOPPING=1\nSTATUS=%s\nEXTEND_TIMEOUT_USEC=%" PRIu64,
+               status, extend_usec);
+  else
+    sd_notifyf(0, "STOPPING=1\nSTATUS=%s", status);
+}
+
+/* systemd matches MONOTONIC_USEC against its own clock to tell this reload
+ * from an earlier one (sd_notify(3)). */
+void notify_reloading(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  sd_notifyf(0, "RELOADING=1\nSTATUS=reloading the configuration\n"
+                "MONOTONIC_USEC=%" PRIu64,
+             (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u);
+}
 
 void notify_watchdog(void) { sd_notify(0, "WATCHDOG=1"); }
 
@@ -33,7 +51,11 @@ uint64_t notify_watchdog_usec(void) {
 
 void notify_ready(const char *status) { (void)status; }
 void notify_status(const char *status) { (void)status; }
-void notify_stopping(void) {}
+void notify_stopping(const char *status, uint64_t extend_usec) {
+  (void)status;
+  (void)extend_usec;
+}
+void notify_reloading(void) {}
 void notify_watchdog(void) {}
 uint64_t notify_watchdog_usec(void) { return 0; }
 

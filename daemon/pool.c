@@ -6,13 +6,14 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <stdbool.h>
-
 #include "shardport.h"
 #include "daemon/cuda/gpu.h"
+#include "daemon/daemon.h"
 #include "daemon/pool.h"
 
 struct pool {
@@ -24,6 +25,11 @@ struct pool {
   /* Released device segments, each kept for its owner only. */
   struct pool_segment *kept;
   size_t nkept;
+  /* Host segments shared with their ranks, watched for the close of the
+   * rank's description; and the bytes of those released meanwhile. */
+  int watch_fd;
+  struct pool_segment *watched;
+  uint64_t held;
 };
 
 int pool_create(uint64_t capacity, uint64_t gpu_capacity, struct pool **out) {
@@ -39,6 +45,11 @@ int pool_create(uint64_t capacity, uint64_t gpu_capacity, struct pool **out) {
   }
   pool->capacity = capacity;
   pool->gpu_capacity = gpu_capacity;
+  pool->watch_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  if (pool->watch_fd < 0)
+    log_msg(LOG_LEVEL_WARN, "inotify: %s; a released segment is counted "
+            "only until its release, however long its rank holds it",
+            strerror(errno));
   *out = pool;
   return 0;
 }
@@ -52,16 +63,24 @@ void pool_destroy(struct pool *pool) {
     pool->nkept--;
     pool_segment_free(pool, seg);
   }
+  /* Released segments still held: the daemon stops counting them. */
+  while (pool->watched != NULL)
+    pool_segment_free(pool, pool->watched);
+  if (pool->watch_fd >= 0)
+    close(pool->watch_fd);
   free(pool);
 }
 
 int pool_segment_new(struct pool *pool, uint64_t size,
                      struct pool_segment **out) {
+  /* Segments whose holders have gone make room first. */
+  pool_collect(pool);
   if (size > pool->capacity - pool->used)
     return SP_EPOOL;
   struct pool_segment *seg = calloc(1, sizeof *seg);
   if (!seg)
     return SP_ENOMEM;
+  seg->wd = -1;
   seg->fd = memfd_create("shardport-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (seg->fd < 0)
     goto fail;
@@ -85,6 +104,16 @@ fail:;
     close(seg->fd);
   free(seg);
   return rc;
+}
+
+/* Takes a host segment off the watched list. */
+static void unwatch(struct pool *pool, struct pool_segment *seg) {
+  for (struct pool_segment **p = &pool->watched; *p != NULL; p = &(*p)->next)
+    if (*p == seg) {
+      *p = seg->next;
+      seg->next = NULL;
+      return;
+    }
 }
 
 /* Takes a kept segment out of the list. */
@@ -170,6 +199,7 @@ int pool_segment_new_device(struct pool *pool, struct gpu *gpu, int device,
   }
   const struct gpu_segment_info *info = gpu_segment_info(seg->dev);
   seg->fd = -1;
+  seg->wd = -1;
   seg->base = info->ptr;
   seg->size = info->size;
   seg->gpu = gpu;
@@ -184,6 +214,17 @@ int pool_segment_new_device(struct pool *pool, struct gpu *gpu, int device,
 void pool_segment_put(struct pool *pool, struct pool_segment *segment) {
   if (!segment)
     return;
+  if (!segment->dev && segment->wd >= 0 && !segment->holder_closed) {
+    /* Its rank still holds it: counted until the kernel says it closed.
+     * The daemon's own mapping goes now; its descriptor stays, so that
+     * the only close to come is the rank's. */
+    if (segment->base)
+      munmap(segment->base, segment->size);
+    segment->base = NULL;
+    segment->released = true;
+    pool->held += segment->size;
+    return;
+  }
   if (!segment->dev || segment->owner == NULL) {
     pool_segment_free(pool, segment);
     return;
@@ -228,12 +269,91 @@ void pool_segment_free(struct pool *pool, struct pool_segment *segment) {
     free(segment);
     return;
   }
+  if (segment->wd >= 0) {
+    unwatch(pool, segment);
+    inotify_rm_watch(pool->watch_fd, segment->wd);
+  }
+  if (segment->released)
+    pool->held -= segment->size;
   if (segment->base)
     munmap(segment->base, segment->size);
   close(segment->fd);
   pool->used -= segment->size;
   free(segment);
 }
+
+int pool_segment_share(struct pool *pool, struct pool_segment *segment,
+                       char *msg, size_t msglen) {
+  /* Opening the memfd again through /proc makes a description of its own,
+   * whose last close the kernel reports (a dup would share the daemon's). */
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", segment->fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    snprintf(msg, msglen, "cannot open the segment again through %s: %s",
+             path, strerror(errno));
+    return SP_EBACKEND;
+  }
+  if (pool->watch_fd < 0 || segment->wd >= 0)
+    return fd;
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  segment->wd = inotify_add_watch(pool->watch_fd, path,
+                                  IN_CLOSE_WRITE | IN_CLOSE_NOWRITE);
+  if (segment->wd < 0) {
+    snprintf(msg, msglen, "cannot watch the segment (inotify: %s)",
+             strerror(errno));
+    close(fd);
+    return SP_EBACKEND;
+  }
+  segment->next = pool->watched;
+  pool->watched = segment;
+  return fd;
+}
+
+int pool_watch_fd(const struct pool *pool) { return pool->watch_fd; }
+
+/* The rank's description of segment is closed everywhere. */
+static void holder_gone(struct pool *pool, struct pool_segment *segment) {
+  segment->holder_closed = true;
+  if (segment->released)
+    pool_segment_free(pool, segment);
+}
+
+void pool_collect(struct pool *pool) {
+  if (pool->watch_fd < 0)
+    return;
+  _Alignas(struct inotify_event) char buf[4096];
+  for (;;) {
+    ssize_t n = read(pool->watch_fd, buf, sizeof buf);
+    if (n <= 0)
+      return;
+    for (ssize_t off = 0; off < n;) {
+      const struct inotify_event *ev = (const void *)(buf + off);
+      off += (ssize_t)(sizeof *ev + ev->len);
+      if (ev->mask & IN_Q_OVERFLOW) {
+        /* Closes were lost: which holders are gone cannot be told, so the
+         * released segments are no longer counted. */
+        log_msg(LOG_LEVEL_WARN, "inotify queue overflow: released segments "
+                "still held by ranks are no longer counted");
+        for (struct pool_segment *seg = pool->watched, *next; seg != NULL;
+             seg = next) {
+          next = seg->next;
+          if (seg->released)
+            pool_segment_free(pool, seg);
+        }
+        continue;
+      }
+      for (struct pool_segment *seg = pool->watched; seg != NULL;
+           seg = seg->next)
+        if (seg->wd == ev->wd) {
+          holder_gone(pool, seg);
+          break;
+        }
+    }
+  }
+}
+
+uint64_t pool_held(const struct pool *pool) { return pool->held; }
 
 uint64_t pool_used(const struct pool *pool) {
   return pool->used + pool->device_used;

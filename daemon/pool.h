@@ -19,10 +19,20 @@
  * needs the room.  Device bytes (in use and kept) are counted in pool_used
  * and bounded per GPU by the device capacity (gpu_pool_capacity), not by
  * the pool's capacity, which is host memory.
+ *
+ * A host segment's pages outlive the daemon's own use of it while a trainer
+ * still holds what it was given (a descriptor, a mapping, or a copy of the
+ * descriptor it passed on), and the daemon wrote them, so they are charged
+ * to it.  So each rank gets its own open file description of the segment
+ * (pool_segment_share), watched with inotify: the kernel reports its close
+ * when the last descriptor and mapping of it are gone, in any process.  A
+ * released segment whose description is still held stays counted in
+ * pool_used (and pool_held) until then.
  */
 #ifndef SP_DAEMON_POOL_H
 #define SP_DAEMON_POOL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,7 +51,13 @@ struct pool_segment {
   struct gpu_segment *dev; /* a device segment, else NULL */
   int device;              /* a device segment's local ordinal */
   const void *owner;       /* a device segment's owner (a job member) */
-  struct pool_segment *next; /* kept device segments */
+  struct pool_segment *next; /* kept device segments; watched host ones */
+  /* A shared host segment: its inotify watch (-1 when none), whether the
+   * rank's description has been closed everywhere, and whether the daemon
+   * released it and only waits for that. */
+  int wd;
+  bool holder_closed;
+  bool released;
 };
 
 /* capacity 0 means half of the machine's physical memory; gpu_capacity
@@ -66,8 +82,20 @@ int pool_segment_new_device(struct pool *pool, struct gpu *gpu, int device,
 /* Frees a segment now.  NULL is allowed. */
 void pool_segment_free(struct pool *pool, struct pool_segment *segment);
 /* Returns a released segment: a device segment is kept for its owner's
- * next export, a host segment is freed.  NULL is allowed. */
+ * next export; a host segment is freed, or counted on until its rank's
+ * description is closed everywhere.  NULL is allowed. */
 void pool_segment_put(struct pool *pool, struct pool_segment *segment);
+/* A new open file description of a host segment for its rank (read-write,
+ * close-on-exec), watched until it is closed everywhere: a descriptor, or
+ * SP_EBACKEND with a sentence in msg. */
+int pool_segment_share(struct pool *pool, struct pool_segment *segment,
+                       char *msg, size_t msglen);
+/* The inotify descriptor the loop polls (-1 when the kernel gave none),
+ * and what reads its events: segments whose holders are gone are freed. */
+int pool_watch_fd(const struct pool *pool);
+void pool_collect(struct pool *pool);
+/* Bytes of released host segments their ranks still hold. */
+uint64_t pool_held(const struct pool *pool);
 /* Frees every segment kept for owner (it left, or its job ended). */
 void pool_owner_gone(struct pool *pool, const void *owner);
 /* Device segments kept for reuse, and device bytes per GPU (for status

@@ -15,6 +15,21 @@
  *   - a frame is registered whole or not at all: everything is checked and
  *     mapped first, and committed only when nothing can fail any more, so a
  *     refusal leaves the registry exactly as it was.
+ *
+ * Host storages share mappings.  A trainer that registers one storage per
+ * parameter, all in one memfd, would otherwise cost one mapping each, and
+ * vm.max_map_count (65530 by default) ends that for every job of the node.
+ * So each file is mapped once, whole, from its first byte, and every
+ * storage in it points into that mapping.  A file is known by its device
+ * and inode, never by descriptor: the same memfd arrives as a new
+ * descriptor in every frame, and memfds of different processes are
+ * different files.  A storage past the end of its file's mapping (the file
+ * grew since) gets a new mapping of the whole file, which the file's later
+ * storages use; the older one stays for the storages in it.  Since every
+ * mapping starts at the file's first byte, the newest covers every older
+ * one, and a storage never needs two.  Every mapping is PROT_READ, as
+ * before.  What a registry takes is counted (reg_usage) and offered to its
+ * quotas before a frame is kept.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -29,25 +44,42 @@
 #include "daemon/daemon.h"
 #include "shardport.h"
 
+/* What a registration costs, counted against max_user_registration_bytes:
+ * its entries in the registry's arrays, its slots in the lookup tables as
+ * many as a table just grown holds per entry (four: idxset.c keeps a load
+ * from a quarter to a half), and what it owns.  The arrays' spare room,
+ * from doubling, may hold as much again (docs/operations.md, "Quotas"). */
+#define STORAGE_COST                                                           \
+  (sizeof(struct sp_storage) + sizeof(struct reg_storage) +                    \
+   2 * 4 * sizeof(uint64_t))
+
+static uint64_t tensor_cost(const struct req_tensor *t) {
+  uint64_t holders = 0;
+  for (size_t i = 0; i < t->npieces; i++)
+    holders += t->pieces[i].nholders;
+  return sizeof(struct plan_key_in) + 4 * sizeof(uint64_t) + t->key_len + 1 +
+         t->npieces * sizeof(struct affine_piece) + holders * sizeof(uint32_t);
+}
+
 void registry_init(struct registry *reg, uint32_t device_type) {
   memset(reg, 0, sizeof *reg);
   reg->device_type = device_type;
   idxset_init(&reg->by_sid);
   idxset_init(&reg->by_base);
   idxset_init(&reg->by_name);
+  idxset_init(&reg->by_file);
 }
 
-static void unmap(const struct registry *reg, struct reg_storage *s) {
-  if (s->map != NULL)
-    munmap(s->map, s->map_len);
-  s->map = NULL;
+static void close_cuda(const struct registry *reg, struct reg_storage *s) {
   if (s->gpu.import != NULL)
     gpu_storage_close(reg->gpu, &s->gpu);
 }
 
 void registry_free(struct registry *reg) {
   for (size_t i = 0; i < reg->nstorages; i++)
-    unmap(reg, &reg->info[i]);
+    close_cuda(reg, &reg->info[i]);
+  for (size_t i = 0; i < reg->nmaps; i++)
+    munmap(reg->maps[i].addr, reg->maps[i].len);
   for (size_t i = 0; i < reg->nkeys; i++) {
     free((char *)reg->keys[i].name);
     free((void *)reg->keys[i].pieces);
@@ -55,9 +87,12 @@ void registry_free(struct registry *reg) {
   free(reg->storages);
   free(reg->info);
   free(reg->keys);
+  free(reg->maps);
+  free(reg->files);
   idxset_free(&reg->by_sid);
   idxset_free(&reg->by_base);
   idxset_free(&reg->by_name);
+  idxset_free(&reg->by_file);
   memset(reg, 0, sizeof *reg);
 }
 
@@ -74,6 +109,15 @@ static int grow(void **array, size_t *cap, size_t need, size_t size) {
   *array = p;
   *cap = ncap;
   return 0;
+}
+
+/* Counts what a kept frame took, in the registry and for its quotas. */
+static void charge(struct registry *reg, const struct reg_usage *more) {
+  reg->used.mappings += more->mappings;
+  reg->used.registrations += more->registrations;
+  reg->used.bytes += more->bytes;
+  if (reg->quota != NULL)
+    reg->quota->charge(reg->quota_arg, more);
 }
 
 struct sid_probe {
@@ -101,46 +145,6 @@ uint32_t registry_find_sid(const struct registry *reg, uint32_t sid) {
   return idxset_find(&reg->by_sid, idxset_hash_u64(sid), match_sid, &p);
 }
 
-/* Maps bytes [offset, offset + length) of fd read-only.  The mapping
- * starts at the page below offset; data points at offset itself. */
-static int map_storage(int fd, const struct req_storage *rs, uint32_t index,
-                       struct reg_storage *out, char *msg, size_t msglen) {
-  struct stat st;
-  if (fstat(fd, &st) != 0)
-    return sp_failf(msg, msglen, SP_EBADFD, "storages[%u] (sid %u): fstat: %s",
-                    index, rs->sid, strerror(errno));
-  if (!S_ISREG(st.st_mode))
-    return sp_failf(msg, msglen, SP_EBADFD,
-                    "storages[%u] (sid %u): the descriptor is not a memfd or "
-                    "shm file",
-                    index, rs->sid);
-  if ((uint64_t)st.st_size < rs->offset + rs->length)
-    return sp_failf(msg, msglen, SP_EBADFD,
-                    "storages[%u] (sid %u): the file has %lld bytes, fewer "
-                    "than offset + length = %llu",
-                    index, rs->sid, (long long)st.st_size,
-                    (unsigned long long)(rs->offset + rs->length));
-  memset(out, 0, sizeof *out);
-  out->sid = rs->sid;
-  if (rs->length == 0)
-    return 0;
-  uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-  uint64_t start = rs->offset - rs->offset % page;
-  uint64_t len = rs->offset - start + rs->length;
-  if (len > SIZE_MAX)
-    return sp_failf(msg, msglen, SP_EBADFD, "storages[%u] (sid %u): too large",
-                    index, rs->sid);
-  void *p = mmap(NULL, (size_t)len, PROT_READ, MAP_SHARED, fd, (off_t)start);
-  if (p == MAP_FAILED)
-    return sp_failf(msg, msglen, errno == ENOMEM ? SP_ENOMEM : SP_EBADFD,
-                    "storages[%u] (sid %u): cannot map it read-only: %s", index,
-                    rs->sid, strerror(errno));
-  out->map = p;
-  out->map_len = (size_t)len;
-  out->data = (const uint8_t *)p + (rs->offset - start);
-  return 0;
-}
-
 /* Opens a CUDA storage of a CUDA rank on the GPU it names (its rank's
  * when it names none). */
 static int open_cuda_storage(const struct registry *reg,
@@ -150,11 +154,6 @@ static int open_cuda_storage(const struct registry *reg,
                              size_t msglen) {
   memset(out, 0, sizeof *out);
   out->sid = rs->sid;
-  if (reg->gpu == NULL)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "storages[%u] (sid %u): a CUDA storage, but this rank "
-                    "joined with a \"cpu\" device",
-                    index, rs->sid);
   int device = reg->device;
   if (rs->device[0] != '\0' &&
       (device = gpu_find_device(reg->gpu, rs->device, strlen(rs->device))) < 0)
@@ -175,21 +174,6 @@ static int open_cuda_storage(const struct registry *reg,
     return sp_failf(msg, msglen, rc, "storages[%u] (sid %u): %s", index,
                     rs->sid, why);
   return 0;
-}
-
-/* Maps or opens one storage as its kind says. */
-static int open_storage(const struct registry *reg,
-                        const struct req_storage *rs,
-                        const struct sp_frame *frame, uint32_t index,
-                        struct reg_storage *out, char *msg, size_t msglen) {
-  if (rs->kind != REQ_STORAGE_MEMFD)
-    return open_cuda_storage(reg, rs, frame, index, out, msg, msglen);
-  if (reg->gpu != NULL)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "storages[%u] (sid %u): a memfd storage, but this rank "
-                    "joined with a CUDA device; register its CUDA storages",
-                    index, rs->sid);
-  return map_storage(frame->fds[rs->fd], rs, index, out, msg, msglen);
 }
 
 static int sid_cmp(const void *a, const void *b) {
@@ -242,16 +226,25 @@ static int check_unique(const struct registry *reg, const struct req_storage *s,
   return rc;
 }
 
-/* Checks n more storages against the limit and the ones registered, and
- * makes room for them, so that registering them cannot fail halfway. */
-static int reserve_storages(struct registry *reg, const struct req_storage *s,
-                            size_t n, char *msg, size_t msglen) {
+/* Checks n more storages against the limit and the ones registered. */
+static int check_storages(const struct registry *reg,
+                          const struct req_storage *s, size_t n, char *msg,
+                          size_t msglen) {
   if (n > REQ_MAX_PER_RANK - reg->nstorages)
     return sp_failf(msg, msglen, SP_ELIMIT,
                     "a rank may register at most %u storages",
                     REQ_MAX_PER_RANK);
-  int rc = check_unique(reg, s, n, msg, msglen);
-  if (rc != 0)
+  return check_unique(reg, s, n, msg, msglen);
+}
+
+/* Asks the quotas for more, then makes room for n more storages, so that
+ * registering them cannot fail halfway. */
+static int reserve_storages(struct registry *reg, size_t n,
+                            const struct reg_usage *more, char *msg,
+                            size_t msglen) {
+  int rc;
+  if (reg->quota != NULL &&
+      (rc = reg->quota->admit(reg->quota_arg, reg, more, msg, msglen)) != 0)
     return rc;
   size_t need = reg->nstorages + n;
   if (grow((void **)&reg->storages, &reg->storage_cap_s, need,
@@ -259,40 +252,241 @@ static int reserve_storages(struct registry *reg, const struct req_storage *s,
       grow((void **)&reg->info, &reg->storage_cap_i, need, sizeof *reg->info) !=
           0 ||
       idxset_reserve(&reg->by_sid, n) != 0 ||
-      idxset_reserve(&reg->by_base, n) != 0)
+      idxset_reserve(&reg->by_base, n) != 0 ||
+      grow((void **)&reg->maps, &reg->map_cap, reg->nmaps + more->mappings,
+           sizeof *reg->maps) != 0 ||
+      grow((void **)&reg->files, &reg->file_cap, reg->nfiles + more->mappings,
+           sizeof *reg->files) != 0 ||
+      idxset_reserve(&reg->by_file, more->mappings) != 0)
     return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+  return 0;
+}
+
+/* The frame's descriptors as files: each looked at once, and for each
+ * file whether this frame maps it. */
+struct frame_file {
+  bool used;      /* a memfd storage of the frame names it */
+  struct stat st; /* valid when used */
+  uint32_t same;  /* the frame's first descriptor of the same file */
+  uint32_t file;  /* the file in reg->files, or IDXSET_NONE if new */
+  bool map;       /* this frame maps it, whole */
+  uint32_t first; /* the first storage that needs that mapping */
+  void *addr;     /* the mapping, once made */
+};
+
+struct file_probe {
+  const struct registry *reg;
+  dev_t dev;
+  ino_t ino;
+};
+
+static bool match_file(const void *ctx, uint32_t idx) {
+  const struct file_probe *p = ctx;
+  return p->reg->files[idx].dev == p->dev && p->reg->files[idx].ino == p->ino;
+}
+
+static uint64_t file_hash(dev_t dev, ino_t ino) {
+  uint64_t id[2] = {(uint64_t)dev, (uint64_t)ino};
+  return idxset_hash_bytes(id, sizeof id);
+}
+
+static uint32_t find_file(const struct registry *reg, const struct stat *st) {
+  struct file_probe p = {reg, st->st_dev, st->st_ino};
+  return idxset_find(&reg->by_file, file_hash(st->st_dev, st->st_ino),
+                     match_file, &p);
+}
+
+/* Looks at each descriptor a memfd storage names, checks every memfd
+ * storage against its file, and finds the files this frame must map: those
+ * not mapped yet, or mapped short of one of the frame's storages. */
+static int plan_files(const struct registry *reg, const struct req_storage *s,
+                      size_t n, const struct sp_frame *frame,
+                      struct frame_file *ff, size_t *nnew, char *msg,
+                      size_t msglen) {
+  memset(ff, 0, frame->nfds * sizeof *ff);
+  *nnew = 0;
+  for (size_t i = 0; i < n; i++) {
+    const struct req_storage *rs = &s[i];
+    if (rs->kind != REQ_STORAGE_MEMFD)
+      continue;
+    struct frame_file *f = &ff[rs->fd];
+    if (!f->used) {
+      if (fstat(frame->fds[rs->fd], &f->st) != 0)
+        return sp_failf(msg, msglen, SP_EBADFD,
+                        "storages[%zu] (sid %u): fstat: %s", i, rs->sid,
+                        strerror(errno));
+      f->used = true;
+      f->same = rs->fd;
+      for (uint32_t j = 0; j < frame->nfds; j++)
+        if (ff[j].used && j != rs->fd && ff[j].st.st_dev == f->st.st_dev &&
+            ff[j].st.st_ino == f->st.st_ino) {
+          f->same = ff[j].same;
+          break;
+        }
+      f->file = find_file(reg, &f->st);
+    }
+    if (!S_ISREG(f->st.st_mode))
+      return sp_failf(msg, msglen, SP_EBADFD,
+                      "storages[%zu] (sid %u): the descriptor is not a memfd "
+                      "or shm file",
+                      i, rs->sid);
+    if ((uint64_t)f->st.st_size < rs->offset + rs->length)
+      return sp_failf(msg, msglen, SP_EBADFD,
+                      "storages[%zu] (sid %u): the file has %lld bytes, fewer "
+                      "than offset + length = %llu",
+                      i, rs->sid, (long long)f->st.st_size,
+                      (unsigned long long)(rs->offset + rs->length));
+    if (rs->length == 0)
+      continue;
+    struct frame_file *owner = &ff[f->same];
+    bool covered = owner->file != IDXSET_NONE &&
+                   rs->offset + rs->length <=
+                       reg->maps[reg->files[owner->file].map].len;
+    if (!covered && !owner->map) {
+      if ((uint64_t)f->st.st_size > SIZE_MAX)
+        return sp_failf(msg, msglen, SP_EBADFD,
+                        "storages[%zu] (sid %u): the file is too large to "
+                        "map",
+                        i, rs->sid);
+      owner->map = true;
+      owner->first = (uint32_t)i;
+      (*nnew)++;
+    }
+  }
+  return 0;
+}
+
+static void unmap_new(struct frame_file *ff, size_t nfds) {
+  for (size_t j = 0; j < nfds; j++)
+    if (ff[j].addr != NULL) {
+      munmap(ff[j].addr, (size_t)ff[j].st.st_size);
+      ff[j].addr = NULL;
+    }
+}
+
+/* Maps each file the frame must map, whole and read-only. */
+static int map_files(struct frame_file *ff, const struct req_storage *s,
+                     const struct sp_frame *frame, char *msg, size_t msglen) {
+  for (size_t j = 0; j < frame->nfds; j++) {
+    if (!ff[j].map)
+      continue;
+    void *p = mmap(NULL, (size_t)ff[j].st.st_size, PROT_READ, MAP_SHARED,
+                   frame->fds[j], 0);
+    if (p == MAP_FAILED) {
+      int err = errno;
+      unmap_new(ff, frame->nfds);
+      return sp_failf(msg, msglen, err == ENOMEM ? SP_ENOMEM : SP_EBADFD,
+                      "storages[%u] (sid %u): cannot map its file read-only: "
+                      "%s",
+                      ff[j].first, s[ff[j].first].sid, strerror(err));
+    }
+    ff[j].addr = p;
+  }
+  return 0;
+}
+
+/* Keeps the frame's new mappings: each one the newest of its file. */
+static void commit_files(struct registry *reg, struct frame_file *ff,
+                         size_t nfds) {
+  for (size_t j = 0; j < nfds; j++) {
+    if (ff[j].addr == NULL)
+      continue;
+    uint32_t map = (uint32_t)reg->nmaps++;
+    reg->maps[map] = (struct reg_map){ff[j].addr, (size_t)ff[j].st.st_size};
+    if (ff[j].file == IDXSET_NONE) {
+      ff[j].file = (uint32_t)reg->nfiles++;
+      reg->files[ff[j].file] =
+          (struct reg_file){ff[j].st.st_dev, ff[j].st.st_ino, map};
+      idxset_insert(&reg->by_file, file_hash(ff[j].st.st_dev, ff[j].st.st_ino),
+                    ff[j].file);
+    } else {
+      reg->files[ff[j].file].map = map;
+    }
+  }
+}
+
+/* A rank's storages are of its device's kind: memfd storages for a "cpu"
+ * rank, CUDA storages for a CUDA rank. */
+static int check_kinds(const struct registry *reg, const struct req_storage *s,
+                       size_t n, char *msg, size_t msglen) {
+  for (size_t i = 0; i < n; i++) {
+    bool memfd = s[i].kind == REQ_STORAGE_MEMFD;
+    if (memfd && reg->gpu != NULL)
+      return sp_failf(msg, msglen, SP_EINVAL,
+                      "storages[%zu] (sid %u): a memfd storage, but this rank "
+                      "joined with a CUDA device; register its CUDA storages",
+                      i, s[i].sid);
+    if (!memfd && reg->gpu == NULL)
+      return sp_failf(msg, msglen, SP_EINVAL,
+                      "storages[%zu] (sid %u): a CUDA storage, but this rank "
+                      "joined with a \"cpu\" device",
+                      i, s[i].sid);
+  }
+  return 0;
+}
+
+/* Opens each CUDA storage of the frame into fresh (a memfd storage's
+ * memory comes with its file's mapping, map_files); nothing stays open when
+ * one fails. */
+static int open_cuda_storages(const struct registry *reg,
+                              const struct req_storage *s, size_t n,
+                              const struct sp_frame *frame,
+                              struct reg_storage *fresh, char *msg,
+                              size_t msglen) {
+  for (size_t i = 0; i < n; i++) {
+    memset(&fresh[i], 0, sizeof fresh[i]);
+    fresh[i].sid = s[i].sid;
+    if (s[i].kind == REQ_STORAGE_MEMFD)
+      continue;
+    int rc = open_cuda_storage(reg, &s[i], frame, (uint32_t)i, &fresh[i], msg,
+                               msglen);
+    if (rc != 0) {
+      for (size_t k = 0; k < i; k++)
+        close_cuda(reg, &fresh[k]);
+      return rc;
+    }
+  }
   return 0;
 }
 
 int registry_add_storages(struct registry *reg, const struct req_storage *s,
                           size_t n, const struct sp_frame *frame, char *msg,
                           size_t msglen) {
-  int rc = reserve_storages(reg, s, n, msg, msglen);
-  if (rc != 0)
+  struct frame_file ff[SP_FDS_MAX];
+  size_t nnew;
+  int rc = check_storages(reg, s, n, msg, msglen);
+  if (rc != 0 || (rc = check_kinds(reg, s, n, msg, msglen)) != 0 ||
+      (rc = plan_files(reg, s, n, frame, ff, &nnew, msg, msglen)) != 0)
     return rc;
-  /* Map into the spare room at the end; only the count commits them. */
+  struct reg_usage more = {.mappings = nnew,
+                           .registrations = n,
+                           .bytes = n * STORAGE_COST};
+  if ((rc = reserve_storages(reg, n, &more, msg, msglen)) != 0)
+    return rc;
+  /* Open into the spare room at the end; only the count commits them. */
   struct reg_storage *fresh = reg->info + reg->nstorages;
-  size_t mapped = 0;
-  for (; mapped < n; mapped++) {
-    rc = open_storage(reg, &s[mapped], frame, (uint32_t)mapped,
-                      &fresh[mapped], msg, msglen);
-    if (rc != 0)
-      break;
-  }
-  if (rc != 0) {
-    for (size_t i = 0; i < mapped; i++)
-      unmap(reg, &fresh[i]);
+  if ((rc = open_cuda_storages(reg, s, n, frame, fresh, msg, msglen)) != 0)
+    return rc;
+  if ((rc = map_files(ff, s, frame, msg, msglen)) != 0) {
+    for (size_t i = 0; i < n; i++)
+      close_cuda(reg, &fresh[i]);
     return rc;
   }
+  commit_files(reg, ff, frame->nfds);
   for (size_t i = 0; i < n; i++) {
     uint32_t idx = (uint32_t)(reg->nstorages + i);
     struct sp_storage *st = &reg->storages[idx];
     memset(st, 0, sizeof *st);
     st->device.type = SP_DEVICE_CPU;
-    if (s[i].kind != REQ_STORAGE_MEMFD) {
+    if (s[i].kind == REQ_STORAGE_MEMFD) {
+      if (s[i].length > 0) {
+        const struct reg_file *file = &reg->files[ff[ff[s[i].fd].same].file];
+        fresh[i].data = (const uint8_t *)reg->maps[file->map].addr + s[i].offset;
+      }
+    } else {
       /* The planner tells storages apart by (device, base): the GPU's
        * UUID is what identifies it across processes. */
-      int device = reg->info[idx].gpu.device;
+      int device = fresh[i].gpu.device;
       st->device.type = SP_DEVICE_CUDA;
       st->device.index = device;
       memcpy(st->device.uuid, gpu_device_uuid(reg->gpu, device),
@@ -305,6 +499,7 @@ int registry_add_storages(struct registry *reg, const struct req_storage *s,
       idxset_insert(&reg->by_base, idxset_hash_u64(s[i].base), idx);
   }
   reg->nstorages += n;
+  charge(reg, &more);
   return 0;
 }
 
@@ -392,6 +587,12 @@ int registry_add_tensors(struct registry *reg, struct req_tensor *t, size_t n,
   int rc = check_keys(reg, t, n, msg, msglen);
   if (rc != 0)
     return rc;
+  struct reg_usage more = {.registrations = n};
+  for (size_t i = 0; i < n; i++)
+    more.bytes += tensor_cost(&t[i]);
+  if (reg->quota != NULL &&
+      (rc = reg->quota->admit(reg->quota_arg, reg, &more, msg, msglen)) != 0)
+    return rc;
   size_t need = reg->nkeys + n;
   if (grow((void **)&reg->keys, &reg->key_cap, need, sizeof *reg->keys) != 0 ||
       idxset_reserve(&reg->by_name, n) != 0)
@@ -422,6 +623,7 @@ int registry_add_tensors(struct registry *reg, struct req_tensor *t, size_t n,
                   (uint32_t)(reg->nkeys + i));
   }
   reg->nkeys = need;
+  charge(reg, &more);
   return 0;
 }
 
@@ -439,8 +641,9 @@ int registry_add_remote_storages(struct registry *reg,
                                  const struct req_storage *s,
                                  const struct sp_device *device, size_t n,
                                  char *msg, size_t msglen) {
-  int rc = reserve_storages(reg, s, n, msg, msglen);
-  if (rc != 0)
+  struct reg_usage more = {.registrations = n, .bytes = n * STORAGE_COST};
+  int rc = check_storages(reg, s, n, msg, msglen);
+  if (rc != 0 || (rc = reserve_storages(reg, n, &more, msg, msglen)) != 0)
     return rc;
   /* The rank's memory is on its own node: nothing here maps it. */
   for (size_t i = 0; i < n; i++) {
@@ -457,5 +660,6 @@ int registry_add_remote_storages(struct registry *reg,
       idxset_insert(&reg->by_base, idxset_hash_u64(s[i].base), idx);
   }
   reg->nstorages += n;
+  charge(reg, &more);
   return 0;
 }

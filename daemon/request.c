@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "proto/fail.h"
+#include "proto/text.h"
 #include "daemon/daemon.h"
 #include "proto/wire.h"
 #include "shardport.h"
@@ -63,42 +64,14 @@ static int get_dims(const msgpack_object *map, const char *key, uint32_t *ndim,
 }
 
 bool request_utf8_valid(const char *s, size_t len) {
-  const uint8_t *p = (const uint8_t *)s;
-  size_t i = 0;
-  while (i < len) {
-    uint8_t c = p[i];
-    size_t n;
+  const unsigned char *p = (const unsigned char *)s;
+  while (len > 0) {
     uint32_t cp;
-    if (c == 0)
+    size_t n = sp_utf8_len(p, len, &cp);
+    if (n == 0 || cp == 0)
       return false;
-    if (c < 0x80) {
-      i++;
-      continue;
-    }
-    if (c >= 0xc2 && c <= 0xdf) {
-      n = 1;
-      cp = c & 0x1f;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      n = 2;
-      cp = c & 0x0f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      n = 3;
-      cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (len - i <= n)
-      return false;
-    for (size_t k = 1; k <= n; k++) {
-      if ((p[i + k] & 0xc0) != 0x80)
-        return false;
-      cp = (cp << 6) | (p[i + k] & 0x3f);
-    }
-    /* Overlong forms, UTF-16 surrogates and values past U+10FFFF. */
-    if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
-        (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
-      return false;
-    i += n + 1;
+    p += n;
+    len -= n;
   }
   return true;
 }
@@ -632,4 +605,54 @@ int request_parse_release(const msgpack_object *map, uint64_t *export_id,
                           char *msg, size_t msglen) {
   return get_uint(map, "export_id", false, UINT64_MAX, export_id, "", msg,
                   msglen);
+}
+
+/* A job id or a prefix of one: 1 to 32 hex digits, kept in lowercase. */
+static int get_job_ref(const msgpack_object *map, const char *key,
+                       bool optional, char out[2 * JOB_ID_BYTES + 1],
+                       char *msg, size_t msglen) {
+  const char *s;
+  size_t len;
+  int rc = sp_msg_get_str(map, key, optional, &s, &len);
+  if (rc < 0)
+    return sp_failf(msg, msglen, SP_EBADMSG, "\"%s\" must be a string", key);
+  if (rc == 1) {
+    out[0] = '\0';
+    return 0;
+  }
+  if (len == 0 || len > 2 * JOB_ID_BYTES)
+    return sp_failf(msg, msglen, SP_EINVAL,
+                    "\"%s\" must be a job id of 1 to %d hex digits, not %zu "
+                    "bytes",
+                    key, 2 * JOB_ID_BYTES, len);
+  for (size_t i = 0; i < len; i++) {
+    char c = s[i];
+    if (c >= 'A' && c <= 'F')
+      c = (char)(c - 'A' + 'a');
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+      return sp_failf(msg, msglen, SP_EINVAL,
+                      "\"%s\" must be a job id of hex digits; byte %zu is not "
+                      "one",
+                      key, i);
+    out[i] = c;
+  }
+  out[len] = '\0';
+  return 0;
+}
+
+int request_parse_job_ref(const msgpack_object *map,
+                          char out[2 * JOB_ID_BYTES + 1], char *msg,
+                          size_t msglen) {
+  return get_job_ref(map, "job", false, out, msg, msglen);
+}
+
+int request_parse_jobs(const msgpack_object *map,
+                       char after[2 * JOB_ID_BYTES + 1], char *msg,
+                       size_t msglen) {
+  int rc = get_job_ref(map, "after", true, after, msg, msglen);
+  if (rc == 0 && after[0] != '\0' && strlen(after) != 2 * JOB_ID_BYTES)
+    return sp_failf(msg, msglen, SP_EINVAL,
+                    "\"after\" must be a whole job id of %d hex digits",
+                    2 * JOB_ID_BYTES);
+  return rc;
 }

@@ -1,6 +1,8 @@
 /*
  * server.c - the event loop: accepting, signals, readiness and the
- * watchdog, and a shutdown that closes every handle.
+ * watchdog, and a shutdown that closes every handle.  SIGTERM and SIGINT
+ * start a drain (drain.c), which ends in server_stop; SIGHUP reloads the
+ * configuration (reload.c).
  *
  * The loop never blocks.  Peers are checked as they are accepted, before
  * anything is read from them; a refused peer and a peer beyond max_clients
@@ -41,15 +43,19 @@ static void refuse(int sock, int code, const char *message) {
 
 /* Implements a best effort approach to mitigating accept() EMFILE errors:
  * a spare descriptor is given up to accept the waiting connection and close
- * it, so that the listen socket does not stay readable forever. */
-static void shed_connection(struct server *srv) {
+ * it, so that the listen socket does not stay readable forever.  Both
+ * listeners (clients here, other daemons in nodelink.c) shed this way. */
+bool server_shed(struct server *srv, int listen_fd) {
   if (srv->reserve_fd < 0)
-    return;
+    srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (srv->reserve_fd < 0)
+    return false;
   close(srv->reserve_fd);
-  int sock = accept4(srv->listener.fd, NULL, NULL, SOCK_CLOEXEC);
+  int sock = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
   if (sock >= 0)
     close(sock);
   srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  return true;
 }
 
 static void on_listen(uv_poll_t *handle, int status, int events) {
@@ -66,13 +72,15 @@ static void on_listen(uv_poll_t *handle, int status, int events) {
       if (errno == EINTR || errno == ECONNABORTED)
         continue;
       if (errno == EMFILE || errno == ENFILE) {
-        log_msg(LOG_LEVEL_WARN, "accept: %s; dropping a connection",
-                strerror(errno));
-        shed_connection(srv);
+        log_limited(&srv->accept_log, LOG_LEVEL_WARN,
+                    "accept: %s; dropping a connection", strerror(errno));
+        if (!server_shed(srv, srv->listener.fd))
+          return;
         continue;
       }
       if (errno != EAGAIN && errno != EWOULDBLOCK)
-        log_msg(LOG_LEVEL_WARN, "accept: %s", strerror(errno));
+        log_limited(&srv->accept_log, LOG_LEVEL_WARN, "accept: %s",
+                    strerror(errno));
       return;
     }
     struct peer peer;
@@ -102,6 +110,24 @@ static void on_listen(uv_poll_t *handle, int status, int events) {
   }
 }
 
+static void on_pool_watch(uv_poll_t *handle, int status, int events) {
+  struct server *srv = handle->data;
+  (void)status;
+  (void)events;
+  pool_collect(srv->pool);
+}
+
+/* Polls the pool's inotify descriptor, so that a released segment is
+ * freed as soon as its rank closes it (pool.h). */
+static void start_pool_watch(struct server *srv) {
+  int fd = pool_watch_fd(srv->pool);
+  if (fd < 0 || uv_poll_init(srv->loop, &srv->pool_poll, fd) != 0)
+    return;
+  srv->pool_poll.data = srv;
+  uv_poll_start(&srv->pool_poll, UV_READABLE, on_pool_watch);
+  srv->pool_poll_on = true;
+}
+
 static void report_status(struct server *srv) {
   char status[256];
   snprintf(status, sizeof(status), "serving on %s, %" PRIu32 " client(s)",
@@ -115,25 +141,48 @@ static void on_watchdog(uv_timer_t *timer) {
   report_status(srv);
 }
 
-static void stop(struct server *srv, const char *why) {
+void server_stop(struct server *srv, bool at_once, int job_code, int code,
+                 const char *why) {
   if (srv->stopping)
     return;
   srv->stopping = true;
   log_msg(LOG_LEVEL_INFO, "%s; stopping", why);
-  notify_stopping();
+  notify_status("stopping");
   if (srv->listener.fd >= 0) {
     uv_close((uv_handle_t *)&srv->listen_poll, NULL);
     listen_close(&srv->listener);
   }
   uv_close((uv_handle_t *)&srv->sig_term, NULL);
   uv_close((uv_handle_t *)&srv->sig_int, NULL);
+  uv_close((uv_handle_t *)&srv->sig_hup, NULL);
+  uv_close((uv_handle_t *)&srv->drain_timer, NULL);
   if (srv->watchdog_on)
     uv_close((uv_handle_t *)&srv->watchdog, NULL);
-  while (srv->conns != NULL)
-    conn_close(srv->conns);
+  if (srv->pool_poll_on)
+    uv_close((uv_handle_t *)&srv->pool_poll, NULL);
+  if (at_once) {
+    while (srv->conns != NULL)
+      conn_close(srv->conns);
+  } else {
+    /* Every client learns why its connection ends: a job's ranks that the
+     * job is gone, the others that the daemon stopped. */
+    for (struct job *job = srv->jobs; job != NULL; job = job->next) {
+      char msg[SP_ERRMSG_MAX + 1];
+      snprintf(msg, sizeof msg,
+               "shardportd stopped (%s) and job %s ended with it: once the "
+               "daemon is back, create a new job and register every rank "
+               "again",
+               why, job->hex);
+      job_terminate(job, job_code, msg);
+    }
+    for (struct conn *c = srv->conns, *next; c != NULL; c = next) {
+      next = conn_next(c);
+      conn_finish(c, code, "shardportd stopped (%s)", why);
+    }
+  }
   /* Jobs end from their own wake-ups, once any engine thread has stopped;
    * the loop runs until they have closed their handles (and their links
-   * to other daemons). */
+   * to other daemons), and the connections theirs. */
   job_shutdown(srv);
   nodelink_listen_close(srv);
   nodelink_shutdown(srv);
@@ -141,7 +190,10 @@ static void stop(struct server *srv, const char *why) {
 
 static void on_signal(uv_signal_t *handle, int signum) {
   struct server *srv = handle->data;
-  stop(srv, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  if (signum == SIGHUP)
+    reload_run(srv);
+  else
+    drain_begin(srv, signum == SIGTERM ? "SIGTERM" : "SIGINT");
 }
 
 /* Signals are caught before the socket exists: a client may connect and a
@@ -149,11 +201,17 @@ static void on_signal(uv_signal_t *handle, int signum) {
 static int start_signals(struct server *srv) {
   uv_signal_init(srv->loop, &srv->sig_term);
   uv_signal_init(srv->loop, &srv->sig_int);
+  uv_signal_init(srv->loop, &srv->sig_hup);
+  uv_timer_init(srv->loop, &srv->drain_timer);
   srv->sig_term.data = srv;
   srv->sig_int.data = srv;
+  srv->sig_hup.data = srv;
+  srv->drain_timer.data = srv;
   int rc = uv_signal_start(&srv->sig_term, on_signal, SIGTERM);
   if (rc == 0)
     rc = uv_signal_start(&srv->sig_int, on_signal, SIGINT);
+  if (rc == 0)
+    rc = uv_signal_start(&srv->sig_hup, on_signal, SIGHUP);
   if (rc != 0)
     log_msg(LOG_LEVEL_ERROR, "uv_signal_start: %s", uv_strerror(rc));
   return rc;
@@ -175,8 +233,9 @@ static void start_watchdog(struct server *srv) {
 }
 
 /* The test seam of docs/operations.md: SHARDPORTD_TEST_ROUND_DELAY_MS=N
- * makes the engine pause N ms after every round (at most a minute), so
- * that tests can watch or break an export while it moves. */
+ * makes the engine pause N ms after preparing the pool and after every
+ * round (at most a minute), so that tests can watch or break an export
+ * while it moves. */
 static uint32_t test_round_delay(void) {
   const char *v = getenv("SHARDPORTD_TEST_ROUND_DELAY_MS");
   if (v == NULL || v[0] == '\0')
@@ -219,7 +278,15 @@ static int finish_loop(uv_loop_t *loop) {
   return rc;
 }
 
-int server_run(const struct config *cfg, const struct backend_choice *backend) {
+uint32_t server_engine_threads(const struct config *cfg) {
+  if (cfg->engine_threads > 0)
+    return cfg->engine_threads;
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  return cpus >= 4 ? 4 : cpus > 1 ? (uint32_t)cpus : 1;
+}
+
+int server_run(const struct config_origin *origin, struct config *cfg,
+               const struct backend_choice *backend) {
   uv_loop_t loop;
   int rc = uv_loop_init(&loop);
   if (rc != 0) {
@@ -229,6 +296,7 @@ int server_run(const struct config *cfg, const struct backend_choice *backend) {
   struct server srv = {
       .loop = &loop,
       .cfg = cfg,
+      .origin = origin,
       .backend = backend,
       .started_ns = uv_hrtime(),
       .listener = {.fd = -1},
@@ -240,11 +308,7 @@ int server_run(const struct config *cfg, const struct backend_choice *backend) {
   srv.reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   srv.test_round_delay_ms = test_round_delay();
   srv.test_digest_xor = test_digest_xor();
-  srv.engine_threads = cfg->engine_threads;
-  if (srv.engine_threads == 0) {
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    srv.engine_threads = cpus >= 4 ? 4 : cpus > 1 ? (uint32_t)cpus : 1;
-  }
+  srv.engine_threads = server_engine_threads(cfg);
   if (pool_create(cfg->pool_capacity, cfg->gpu_pool_capacity, &srv.pool) != 0) {
     log_msg(LOG_LEVEL_ERROR, "cannot create the memory pool");
     if (srv.reserve_fd >= 0)
@@ -263,6 +327,8 @@ int server_run(const struct config *cfg, const struct backend_choice *backend) {
     listen_close(&srv.listener);
     uv_close((uv_handle_t *)&srv.sig_term, NULL);
     uv_close((uv_handle_t *)&srv.sig_int, NULL);
+    uv_close((uv_handle_t *)&srv.sig_hup, NULL);
+    uv_close((uv_handle_t *)&srv.drain_timer, NULL);
     finish_loop(&loop);
     pool_destroy(srv.pool);
     if (srv.reserve_fd >= 0)
@@ -272,6 +338,7 @@ int server_run(const struct config *cfg, const struct backend_choice *backend) {
   srv.listen_poll.data = &srv;
   uv_poll_start(&srv.listen_poll, UV_READABLE, on_listen);
   start_watchdog(&srv);
+  start_pool_watch(&srv);
 
   char file[PATH_MAX + 64];
   config_describe_file(cfg, file, sizeof file);

@@ -1,7 +1,7 @@
 /*
  * status.c - the status reply (docs/protocol.md, "status"): what the daemon
  * is, which backend serves and why, how long it has run, who is connected,
- * the memory pool and the jobs.  Everything is read from the loop's own
+ * the memory pool, the jobs, and what each user holds.  Everything is read from the loop's own
  * state and the engines' atomics, so it answers at once during an export.
  */
 #include "config.h"
@@ -9,7 +9,9 @@
 #include "daemon/pool.h"
 
 void status_pack(const struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
-  sp_msgbuf_begin(mb, "status", id, 11);
+  /* Segments whose ranks closed them are freed before they are counted. */
+  pool_collect(srv->pool);
+  sp_msgbuf_begin(mb, "status", id, 14);
   msgpack_packer *pk = &mb->pk;
   sp_pack_kv_str(pk, "daemon_version", SP_VERSION);
   sp_pack_kv_u64(pk, "protocol_version", SP_PROTOCOL_VERSION);
@@ -24,8 +26,15 @@ void status_pack(const struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
   sp_pack_kv_u64(pk, "clients", srv->nclients);
   sp_pack_kv_u64(pk, "pool_used", pool_used(srv->pool));
   sp_pack_kv_u64(pk, "pool_capacity", pool_capacity(srv->pool));
+  /* Released segments their ranks still hold (part of pool_used). */
+  sp_pack_kv_u64(pk, "pool_held", pool_held(srv->pool));
   /* Where other daemons reach this one ("" when peer_listen is off). */
   sp_pack_kv_str(pk, "peer_address", srv->peer_address);
+  /* Stopping: new work is refused while running exports finish. */
+  sp_pack_kv_bool(pk, "draining", srv->draining);
   sp_pack_str(pk, "jobs");
   job_status_pack(srv, pk);
+  /* What each user holds against its quotas (docs/operations.md). */
+  sp_pack_str(pk, "users");
+  quota_status_pack(srv, pk);
 }

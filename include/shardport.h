@@ -103,7 +103,12 @@ extern "C" {
   X(TICKET, 97, "bad_ticket", "the job ticket or its secret is not valid")     \
   X(STATE, 98, "bad_state", "the request does not fit the job's state")        \
   X(BACKEND, 99, "backend", "the memory or transport backend failed")          \
-  X(POOL, 100, "pool_exhausted", "the memory pool is exhausted")
+  X(POOL, 100, "pool_exhausted", "the memory pool is exhausted")            \
+  X(ABORTED, 101, "aborted", "the job was aborted by its owner or root")      \
+  X(DAEMONSTOPPING, 102, "daemon_stopping",                                    \
+    "shardportd is stopping and takes no new jobs, ranks or exports")          \
+  X(DAEMONRESTARTED, 103, "daemon_restarted",                                  \
+    "shardportd stopped or restarted; the job is gone, create it again")
 
 typedef enum sp_error {
 #define SP_ERROR_ENUM(name, num, wire, msg) SP_E##name = -(num),
@@ -183,7 +188,8 @@ typedef struct sp_node_status {
 /* The daemon's view of one job, as sp_status reports it. */
 typedef struct sp_job_status {
   char *job_id;         /* hex id */
-  char *phase;          /* waiting, planning, moving, publishing, published, failed */
+  char *phase;          /* waiting, planning, allocating, moving, publishing,
+                           published, failed */
   char *error;          /* set when phase is failed, else NULL */
   uint32_t world;       /* ranks in the job */
   uint32_t joined;      /* ranks joined on this daemon's view */
@@ -199,6 +205,12 @@ typedef struct sp_job_status {
   uint32_t node;          /* this daemon's node number in the job */
   size_t nnodes;          /* 0 for a job on one daemon */
   sp_node_status *nodes;  /* the job's daemons, by node number */
+  uint32_t asked;         /* ranks waiting for the next export */
+  uint64_t export_id;     /* the running or last export (0 before the first) */
+  /* The owners' pool segments of the running export on this daemon, and
+   * how much of them is prepared (phase allocating: before round 1). */
+  uint64_t bytes_prepared;
+  uint64_t bytes_to_prepare;
 } sp_job_status;
 
 typedef struct sp_status_info {
@@ -216,11 +228,91 @@ typedef struct sp_status_info {
   /* Where other daemons reach this one for jobs across nodes; NULL when it
    * does not listen for them. */
   char *peer_address;
+  /* 1: the daemon is stopping; it takes no new jobs or exports while the
+   * running ones finish (docs/operations.md). */
+  int draining;
 } sp_status_info;
 
 /* Fills *out with a newly allocated snapshot; free it with sp_status_free. */
 SP_EXPORT int sp_status(sp_client *client, sp_status_info **out);
 SP_EXPORT void sp_status_free(sp_status_info *status);
+
+/* ---- the operator's view of jobs (docs/protocol.md, "jobs") ---- */
+
+/* One job as sp_jobs lists it. */
+typedef struct sp_job_entry {
+  char *job_id;       /* 32 hex digits */
+  char *phase;        /* as sp_job_status.phase */
+  uint32_t owner_uid; /* who created it (the only user besides root who may
+                         abort it) */
+  uint32_t owner_pid; /* the process that created it */
+  double age_s;       /* seconds since it was created */
+  uint64_t exports;   /* exports finished, published or failed */
+  uint32_t world;
+  uint32_t joined;    /* ranks joined on this daemon */
+  uint32_t asked;     /* of those, ranks waiting for the next export */
+  uint64_t export_id; /* the running or last export (0 before the first) */
+  uint32_t node;       /* this daemon's node number in the job */
+  uint32_t node_count; /* daemons the job spans; 0 for a job on one daemon */
+} sp_job_entry;
+
+typedef struct sp_job_list {
+  size_t njobs;
+  sp_job_entry *jobs; /* in job id order */
+} sp_job_list;
+
+/* Every job of the daemon, fetched a page at a time; free with
+ * sp_job_list_free. */
+SP_EXPORT int sp_jobs(sp_client *client, sp_job_list **out);
+SP_EXPORT void sp_job_list_free(sp_job_list *list);
+
+/* One rank of a job as the daemon answering sees it. */
+typedef struct sp_rank_info {
+  char *state;  /* absent, joined, asked, exporting, leaving */
+  uint32_t pid; /* its process, when it is served by this daemon; else 0 */
+  int64_t node; /* its node number in the job when known; else -1 */
+} sp_rank_info;
+
+/* One finished export of a job. */
+typedef struct sp_export_record {
+  uint64_t export_id; /* 0: it failed while its ranks asked, unstarted */
+  int failed;         /* 0: published */
+  char *error;        /* "<code>: <message>" when failed, else NULL */
+  double age_s;       /* seconds since it ended */
+  double duration_s;  /* from the first ask (or its start) to its end */
+  uint32_t rounds;
+  uint64_t bytes_moved;
+  uint64_t bytes_total;
+  double rate_bps;
+} sp_export_record;
+
+/* One job in full. */
+typedef struct sp_job_detail {
+  sp_job_status job;   /* the job as sp_status reports it */
+  uint32_t owner_uid;
+  uint32_t owner_pid;
+  double age_s;
+  uint64_t exports;    /* exports finished, of which history keeps the last */
+  size_t nranks;       /* the job's world */
+  sp_rank_info *ranks; /* by rank */
+  size_t nhistory;
+  sp_export_record *history; /* the last finished exports, newest first (the
+                                daemon's export_history of them) */
+} sp_job_detail;
+
+/* The job whose id is job or starts with it (1 to 32 hex digits):
+ * SP_ENOJOB when none, SP_EINVAL when the prefix fits several (or is not
+ * hex).  Free *out with sp_job_detail_free. */
+SP_EXPORT int sp_job_show(sp_client *client, const char *job,
+                          sp_job_detail **out);
+SP_EXPORT void sp_job_detail_free(sp_job_detail *detail);
+
+/* Aborts the job whose id is job or starts with it, as sp_job_show finds
+ * it: its running export and waiting ranks fail with SP_EABORTED, and its
+ * ranks' connections end with it.  Only the job's owner and root may
+ * (SP_EPERM).  job_id (optional, at least 33 bytes) receives the whole id. */
+SP_EXPORT int sp_job_abort(sp_client *client, const char *job, char *job_id,
+                           size_t size);
 
 /* ---- jobs, registration and exports (docs/protocol.md, "Jobs") ---- */
 
@@ -403,9 +495,11 @@ typedef struct sp_owned_tensor {
    * (the tensor is the rank's to use), or for identity in the caller's own
    * storage.  Valid until sp_release, sp_job_leave or sp_close, whichever
    * comes first; tied weights share one data pointer.  NULL only for an
-   * empty tensor in an empty segment.  For a rank on a GPU it is a device
-   * address (device says which GPU), and the library has waited for the
-   * daemon's completion event: the tensor is assembled. */
+   * empty tensor in an empty segment; an empty identity tensor's data may
+   * lie past its storage's end, where the caller's own view put it.  For a
+   * rank on a GPU it is a device address (device says which GPU), and the
+   * library has waited for the daemon's completion event: the tensor is
+   * assembled. */
   void *data;
   int identity; /* 1: data points into the caller's own storage (no copy) */
   const char *device; /* "cpu", or "cuda:<GPU UUID>" */

@@ -7,6 +7,7 @@
 
 #include "shardport.h"
 #include "proto/msg.h"
+#include "proto/text.h"
 
 /* The packer's writer: remembers the first failure, after which nothing more
  * is appended, so that a message never goes out with a hole in it. */
@@ -99,11 +100,17 @@ void sp_pack_kv_bool(msgpack_packer *pk, const char *key, bool value) {
 
 int sp_msg_error(struct sp_frame_tx *tx, uint64_t id, int code,
                  const char *fmt, ...) {
-  char message[SP_ERRMSG_MAX + 1];
+  char text[SP_ERRMSG_MAX + 1];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(message, sizeof message, fmt, ap);
+  vsnprintf(text, sizeof text, fmt, ap);
   va_end(ap);
+  /* Messages quote what peers sent (an op name, a storage kind), and the
+   * message is a msgpack str, which strict decoders refuse unless it is
+   * UTF-8.  Escaping never shortens the text, so a character that
+   * formatting cut at the end is dropped here, not half sent. */
+  char message[SP_ERRMSG_MAX + 1];
+  sp_text_sanitize(text, message, sizeof message);
 
   struct sp_msgbuf mb;
   sp_msgbuf_begin(&mb, "error", id, 2);

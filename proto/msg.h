@@ -49,7 +49,8 @@ void sp_pack_kv_i64(msgpack_packer *pk, const char *key, int64_t value);
 void sp_pack_kv_f64(msgpack_packer *pk, const char *key, double value);
 void sp_pack_kv_bool(msgpack_packer *pk, const char *key, bool value);
 
-/* A complete error reply in tx; the message is printf-style and truncated to
+/* A complete error reply in tx; the message is printf-style, made valid
+ * UTF-8 without control characters (sp_text_sanitize) and truncated to
  * SP_ERRMSG_MAX bytes. */
 int sp_msg_error(struct sp_frame_tx *tx, uint64_t id, int code,
                  const char *fmt, ...) __attribute__((format(printf, 4, 5)));

@@ -82,7 +82,7 @@ int sp_view_extent(uint32_t ndim, const int64_t *shape, const int64_t *stride,
     return SP_EINVAL;
   for (uint32_t i = 0; i < ndim; i++) {
     if (shape[i] == 0) {
-      *extent = (uint64_t)offset;
+      *extent = 0;
       return 0;
     }
   }
@@ -108,7 +108,7 @@ uint64_t sp_view_whole_elements(uint64_t nbytes, enum sp_dtype dtype) {
 int sp_view_check(const struct sp_view *view, uint64_t storage_bytes, char *msg,
                   size_t msglen) {
   uint32_t size = sp_dtype_size(view->dtype);
-  uint64_t numel, nbytes, extent, whole;
+  uint64_t numel, nbytes, extent, whole, offset_bytes;
   int rc;
 
   if (size == 0)
@@ -142,6 +142,14 @@ int sp_view_check(const struct sp_view *view, uint64_t storage_bytes, char *msg,
   if (sp_view_extent(view->ndim, view->shape, view->stride, view->offset,
                      &extent) != 0)
     return sp_failf(msg, msglen, SP_EOVERFLOW, "the view's extent overflows");
+  /* An empty view reaches no element, so its offset may lie anywhere
+   * (PyTorch leaves an empty slice's offset past the end of its storage),
+   * but its first byte must still be an address. */
+  if (__builtin_mul_overflow((uint64_t)view->offset, size, &offset_bytes) ||
+      offset_bytes > (uint64_t)INT64_MAX)
+    return sp_failf(msg, msglen, SP_EOVERFLOW,
+                     "the storage offset %lld in bytes overflows",
+                     (long long)view->offset);
   /* Whole elements only: the tail of a storage that is not a multiple of
    * the element size is never part of a view. */
   whole = sp_view_whole_elements(storage_bytes, view->dtype);

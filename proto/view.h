@@ -81,7 +81,8 @@ int sp_view_check_overlap(uint32_t ndim, const int64_t *shape,
                           const int64_t *stride);
 
 /* The elements from index 0 up to one past the last element the layout
- * reaches (offset alone for an empty layout); SP_EOVERFLOW past 63 bits.
+ * reaches (0 for an empty layout: it reaches none, wherever its offset
+ * lies); SP_EOVERFLOW past 63 bits.
  * Dims, strides and offset must already be known non-negative. */
 int sp_view_extent(uint32_t ndim, const int64_t *shape, const int64_t *stride,
                    int64_t offset, uint64_t *extent);
@@ -92,7 +93,8 @@ uint64_t sp_view_whole_elements(uint64_t nbytes, enum sp_dtype dtype);
 /* Checks a view against a storage of storage_bytes: SP_EDTYPE, SP_EINVAL
  * (too many dims, a negative dim, stride or offset), SP_EOVERFLOW,
  * SP_EZEROSTRIDE, SP_ESELFOVERLAP or SP_EOUTOFBOUNDS, with a sentence in msg
- * (which may be NULL). */
+ * (which may be NULL).  An empty view touches no byte: its offset may lie
+ * past the storage's end, as long as it counts bytes in 63 bits. */
 int sp_view_check(const struct sp_view *view, uint64_t storage_bytes, char *msg,
                   size_t msglen);
 

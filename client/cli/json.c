@@ -20,7 +20,7 @@ void json_string(FILE *out, const char *s) {
   putc('"', out);
   while (n > 0) {
     uint32_t cp;
-    size_t len = text_utf8_len(p, n, &cp);
+    size_t len = sp_utf8_len(p, n, &cp);
     if (len == 0) {
       fputs("\\ufffd", out);
       len = 1;
@@ -60,4 +60,21 @@ void json_double(FILE *out, double v) {
   if (strtod(buf, NULL) != v)
     snprintf(buf, sizeof buf, "%.17g", v);
   fputs(buf, out);
+}
+
+void json_u64(FILE *out, const char *key, uint64_t v) {
+  fprintf(out, ",\"%s\":%llu", key, (unsigned long long)v);
+}
+
+void json_str_field(FILE *out, const char *key, const char *v) {
+  fprintf(out, ",\"%s\":", key);
+  if (v)
+    json_string(out, v);
+  else
+    fputs("null", out);
+}
+
+void json_double_field(FILE *out, const char *key, double v) {
+  fprintf(out, ",\"%s\":", key);
+  json_double(out, v);
 }

@@ -18,32 +18,46 @@
 
 static const struct cli_command *const commands[] = {
     &cli_status_command,
+    &cli_jobs_command,
+    &cli_abort_command,
     &cli_ping_command,
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
 /* The longest --watch interval: a day. */
 #define WATCH_MAX_S 86400.0
+/* A job id has 32 hex digits; a command takes it or a prefix of it. */
+#define JOB_HEX_MAX 32
 
 static void print_usage(FILE *out) {
-  fputs("usage: shardport [--socket PATH] [--json] [--watch SECONDS] COMMAND\n"
+  fputs("usage: shardport [--socket PATH] [--json] [--watch SECONDS] COMMAND "
+        "[JOB]\n"
         "       shardport --help | --version\n"
         "\n"
         "commands:\n",
         out);
-  for (size_t i = 0; i < NCOMMANDS; i++)
-    fprintf(out, "  %-8s  %s\n", commands[i]->name, commands[i]->summary);
-  fputs("  help      show this help\n"
+  for (size_t i = 0; i < NCOMMANDS; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "%s%s%s", commands[i]->name,
+             commands[i]->args[0] ? " " : "", commands[i]->args);
+    fprintf(out, "  %-14s  %s\n", name, commands[i]->summary);
+  }
+  fputs("  help            show this help\n"
         "\n"
         "options (before or after the command):\n"
         "  -s, --socket PATH      the daemon's socket; default $SHARDPORT_SOCKET,\n"
         "                         /run/shardport/shardport.sock for root, else\n"
         "                         $XDG_RUNTIME_DIR/shardport.sock when it exists,\n"
         "                         else /run/shardport/shardport.sock\n"
-        "  -j, --json             print one JSON object per snapshot (status, ping)\n"
-        "  -w, --watch SECONDS    redraw every SECONDS until interrupted (status)\n"
+        "  -j, --json             print one JSON object per snapshot (status, jobs,\n"
+        "                         abort, ping)\n"
+        "  -w, --watch SECONDS    redraw every SECONDS until interrupted (status,\n"
+        "                         jobs)\n"
         "  -h, --help             show this help\n"
         "  -V, --version          show the version and the protocol version\n"
+        "\n"
+        "JOB is a job id as `shardport jobs` lists it, or any prefix of it that\n"
+        "names one job.\n"
         "\n"
         "exit status: 0 ok, 1 error, 2 usage error, 3 daemon not running\n",
         out);
@@ -65,8 +79,8 @@ static int usage_error(const char *fmt, ...) {
 int cli_report(const char *what, int code, const sp_client *client) {
   /* The daemon's message is at most 1024 bytes; escaping can quadruple it. */
   char safe_what[512], detail[4 * 1024 + 1];
-  text_sanitize(what, safe_what, sizeof safe_what);
-  text_sanitize(client ? sp_last_message(client) : "", detail, sizeof detail);
+  sp_text_sanitize(what, safe_what, sizeof safe_what);
+  sp_text_sanitize(client ? sp_last_message(client) : "", detail, sizeof detail);
   if (detail[0])
     fprintf(stderr, "shardport: %s: %s (%s)\n", safe_what, sp_strerror(code),
             detail);
@@ -124,9 +138,12 @@ static int parse_args(int argc, char **argv, struct cli_args *a) {
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
     if (options_done || arg[0] != '-' || arg[1] == '\0') {
-      if (a->command)
+      if (a->command && a->opts.job)
         return usage_error("unexpected argument '%s'", arg);
-      a->command = arg;
+      if (a->command)
+        a->opts.job = arg;
+      else
+        a->command = arg;
       continue;
     }
     if (strcmp(arg, "--") == 0) {
@@ -173,8 +190,22 @@ static const struct cli_command *find_command(const char *name) {
   return NULL;
 }
 
+static bool is_job_ref(const char *s) {
+  size_t len = strlen(s);
+  return len >= 1 && len <= JOB_HEX_MAX &&
+         strspn(s, "0123456789abcdefABCDEF") == len;
+}
+
 /* Checks the parsed options against the command.  Returns an exit status. */
 static int check_args(struct cli_args *a, const struct cli_command *cmd) {
+  if (a->opts.job && !(cmd->flags & (CLI_TAKES_JOB | CLI_NEEDS_JOB)))
+    return usage_error("unexpected argument '%s'", a->opts.job);
+  if (!a->opts.job && (cmd->flags & CLI_NEEDS_JOB))
+    return usage_error("'%s' needs a JOB (a job id, or a prefix of one)",
+                       cmd->name);
+  if (a->opts.job && !is_job_ref(a->opts.job))
+    return usage_error("'%s' is not a job id (1 to %d hex digits)",
+                       a->opts.job, JOB_HEX_MAX);
   if (a->opts.json && !(cmd->flags & CLI_TAKES_JSON))
     return usage_error("'%s' does not take --json", cmd->name);
   if (!a->watch_arg)
@@ -202,7 +233,7 @@ int cli_connect(const struct cli_options *opts, sp_client **client,
 
 int cli_report_connect(int code, const char *why) {
   char safe[4 * CLI_WHY_MAX + 1];
-  text_sanitize(why, safe, sizeof safe);
+  sp_text_sanitize(why, safe, sizeof safe);
   fprintf(stderr, "shardport: %s\n", safe);
   return code == SP_ENODAEMON ? CLI_EXIT_NODAEMON : CLI_EXIT_ERROR;
 }

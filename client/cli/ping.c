@@ -15,7 +15,7 @@ static int ping_exec(sp_client *client, const struct cli_options *opts,
     fprintf(out, ",\"rtt_ns\":%llu}\n", (unsigned long long)rtt_ns);
   } else {
     char socket[256];
-    text_sanitize(opts->socket, socket, sizeof socket);
+    sp_text_sanitize(opts->socket, socket, sizeof socket);
     fprintf(out, "pong from %s: rtt %.3f ms\n", socket, (double)rtt_ns / 1e6);
   }
   return 0;
@@ -23,6 +23,7 @@ static int ping_exec(sp_client *client, const struct cli_options *opts,
 
 const struct cli_command cli_ping_command = {
     .name = "ping",
+    .args = "",
     .summary = "measure one round trip to the daemon",
     .flags = CLI_TAKES_JSON,
     .exec = ping_exec,

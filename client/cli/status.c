@@ -15,18 +15,18 @@ static void row(FILE *out, const char *label, const char *value) {
 }
 
 /* A job across nodes: its plan's digest, and one line per daemon. */
-static void print_nodes(FILE *out, const sp_job_status *job) {
+void status_print_nodes(FILE *out, const sp_job_status *job) {
   if (job->nnodes == 0)
     return;
   char digest[CELL];
-  text_sanitize(job->plan_digest ? job->plan_digest : "", digest,
+  sp_text_sanitize(job->plan_digest ? job->plan_digest : "", digest,
                 sizeof digest);
   fprintf(out, "    nodes: %zu, this daemon is node %u; plan %s\n",
           job->nnodes, job->node, digest[0] ? digest : "(none yet)");
   size_t aw = strlen("ADDRESS");
   for (size_t n = 0; n < job->nnodes; n++) {
     char addr[CELL];
-    text_sanitize(job->nodes[n].address, addr, sizeof addr);
+    sp_text_sanitize(job->nodes[n].address, addr, sizeof addr);
     if (strlen(addr) > aw)
       aw = strlen(addr);
   }
@@ -35,7 +35,7 @@ static void print_nodes(FILE *out, const sp_job_status *job) {
   for (size_t n = 0; n < job->nnodes; n++) {
     const sp_node_status *nd = &job->nodes[n];
     char addr[CELL], sent[32], received[32];
-    text_sanitize(nd->address, addr, sizeof addr);
+    sp_text_sanitize(nd->address, addr, sizeof addr);
     sp_format_bytes(nd->bytes_sent, sent, sizeof sent);
     sp_format_bytes(nd->bytes_received, received, sizeof received);
     if (nd->self)
@@ -45,6 +45,22 @@ static void print_nodes(FILE *out, const sp_job_status *job) {
       fprintf(out, "    %-6u%-*s  %-11s%-12s%s\n", nd->node, (int)aw, addr,
               nd->connected ? "yes" : "no", sent, received);
   }
+}
+
+/* What a job's row cannot say: the pool being prepared before round 1
+ * (a big first export spends most of its time there), and the ranks that
+ * asked while the others have not. */
+static void print_progress_notes(FILE *out, const sp_job_status *job) {
+  if (job->bytes_to_prepare > 0 && strcmp(job->phase, "allocating") == 0) {
+    char done[32], total[32];
+    sp_format_bytes(job->bytes_prepared, done, sizeof done);
+    sp_format_bytes(job->bytes_to_prepare, total, sizeof total);
+    fprintf(out, "    preparing the pool: %s of %s\n", done, total);
+  }
+  if (job->asked > 0 && strcmp(job->phase, "waiting") == 0)
+    fprintf(out, "    asked: %u of %u ranks (`shardport status JOB` shows "
+            "which)\n",
+            job->asked, job->world);
 }
 
 /* The jobs as a table whose columns fit their widest cell. */
@@ -64,8 +80,8 @@ static void print_jobs(FILE *out, const sp_status_info *st) {
   for (size_t j = 0; j < st->njobs; j++) {
     const sp_job_status *job = &st->jobs[j];
     char moved[32], total[32], rate[32];
-    text_sanitize(job->job_id, cells[j][ID], CELL);
-    text_sanitize(job->phase, cells[j][PHASE], CELL);
+    sp_text_sanitize(job->job_id, cells[j][ID], CELL);
+    sp_text_sanitize(job->phase, cells[j][PHASE], CELL);
     snprintf(cells[j][RANKS], CELL, "%u/%u", job->joined, job->world);
     snprintf(cells[j][ROUND], CELL, "%u of %u", job->round, job->rounds);
     sp_format_bytes(job->bytes_moved, moved, sizeof moved);
@@ -95,10 +111,11 @@ static void print_jobs(FILE *out, const sp_status_info *st) {
     fputc('\n', out);
     if (st->jobs[j].error) {
       char error[CELL];
-      text_sanitize(st->jobs[j].error, error, sizeof error);
+      sp_text_sanitize(st->jobs[j].error, error, sizeof error);
       fprintf(out, "    error: %s\n", error);
     }
-    print_nodes(out, &st->jobs[j]);
+    print_progress_notes(out, &st->jobs[j]);
+    status_print_nodes(out, &st->jobs[j]);
   }
   free(cells);
 }
@@ -106,14 +123,14 @@ static void print_jobs(FILE *out, const sp_status_info *st) {
 static void print_table(FILE *out, const sp_status_info *st) {
   char a[CELL], b[CELL], line[2 * CELL + 64];
 
-  text_sanitize(st->daemon_version, a, sizeof a);
+  sp_text_sanitize(st->daemon_version, a, sizeof a);
   row(out, "daemon version", a);
   snprintf(line, sizeof line, "%u", st->protocol_version);
   row(out, "protocol version", line);
-  text_sanitize(st->backends_built, a, sizeof a);
+  sp_text_sanitize(st->backends_built, a, sizeof a);
   row(out, "backends built", a[0] ? a : "none");
-  text_sanitize(st->backend_active, a, sizeof a);
-  text_sanitize(st->backend_reason, b, sizeof b);
+  sp_text_sanitize(st->backend_active, a, sizeof a);
+  sp_text_sanitize(st->backend_reason, b, sizeof b);
   /* The reason's gist; --json has all of it. */
   char gist[CELL];
   bool cut = text_gist(b, gist, sizeof gist);
@@ -134,9 +151,12 @@ static void print_table(FILE *out, const sp_status_info *st) {
     snprintf(line, sizeof line, "%s used of %s", a, b);
   row(out, "pool", line);
   if (st->peer_address) {
-    text_sanitize(st->peer_address, a, sizeof a);
+    sp_text_sanitize(st->peer_address, a, sizeof a);
     row(out, "peer address", a);
   }
+  if (st->draining)
+    row(out, "state", "stopping: no new jobs or exports while the running "
+                      "ones finish");
   if (st->njobs == 0) {
     row(out, "jobs", "no jobs");
     return;
@@ -165,16 +185,36 @@ static void json_backends(FILE *out, const char *list) {
   fputc(']', out);
 }
 
-static void json_u64(FILE *out, const char *key, uint64_t v) {
-  fprintf(out, ",\"%s\":%llu", key, (unsigned long long)v);
-}
-
-static void json_str_field(FILE *out, const char *key, const char *v) {
-  fprintf(out, ",\"%s\":", key);
-  if (v)
-    json_string(out, v);
-  else
-    fputs("null", out);
+void status_json_job_fields(FILE *out, const sp_job_status *job) {
+  fputs("\"job_id\":", out);
+  json_string(out, job->job_id);
+  json_str_field(out, "phase", job->phase);
+  json_str_field(out, "error", job->error);
+  json_u64(out, "world", job->world);
+  json_u64(out, "joined", job->joined);
+  json_u64(out, "round", job->round);
+  json_u64(out, "rounds", job->rounds);
+  json_u64(out, "bytes_moved", job->bytes_moved);
+  json_u64(out, "bytes_total", job->bytes_total);
+  json_double_field(out, "rate_bps", job->rate_bps);
+  json_str_field(out, "plan_digest", job->plan_digest);
+  json_u64(out, "asked", job->asked);
+  json_u64(out, "export_id", job->export_id);
+  json_u64(out, "bytes_prepared", job->bytes_prepared);
+  json_u64(out, "bytes_to_prepare", job->bytes_to_prepare);
+  json_u64(out, "node", job->node);
+  fputs(",\"nodes\":[", out);
+  for (size_t n = 0; n < job->nnodes; n++) {
+    const sp_node_status *nd = &job->nodes[n];
+    fprintf(out, "%s{\"node\":%u", n ? "," : "", nd->node);
+    json_str_field(out, "address", nd->address);
+    fprintf(out, ",\"self\":%s,\"connected\":%s", nd->self ? "true" : "false",
+            nd->connected ? "true" : "false");
+    json_u64(out, "bytes_sent", nd->bytes_sent);
+    json_u64(out, "bytes_received", nd->bytes_received);
+    fputc('}', out);
+  }
+  fputc(']', out);
 }
 
 static void print_json(FILE *out, const sp_status_info *st,
@@ -194,41 +234,20 @@ static void print_json(FILE *out, const sp_status_info *st,
   json_u64(out, "pool_capacity", st->pool_capacity);
   fputs(",\"jobs\":[", out);
   for (size_t j = 0; j < st->njobs; j++) {
-    const sp_job_status *job = &st->jobs[j];
-    fputs(j ? ",{\"job_id\":" : "{\"job_id\":", out);
-    json_string(out, job->job_id);
-    json_str_field(out, "phase", job->phase);
-    json_str_field(out, "error", job->error);
-    json_u64(out, "world", job->world);
-    json_u64(out, "joined", job->joined);
-    json_u64(out, "round", job->round);
-    json_u64(out, "rounds", job->rounds);
-    json_u64(out, "bytes_moved", job->bytes_moved);
-    json_u64(out, "bytes_total", job->bytes_total);
-    fputs(",\"rate_bps\":", out);
-    json_double(out, job->rate_bps);
-    json_str_field(out, "plan_digest", job->plan_digest);
-    json_u64(out, "node", job->node);
-    fputs(",\"nodes\":[", out);
-    for (size_t n = 0; n < job->nnodes; n++) {
-      const sp_node_status *nd = &job->nodes[n];
-      fprintf(out, "%s{\"node\":%u", n ? "," : "", nd->node);
-      json_str_field(out, "address", nd->address);
-      fprintf(out, ",\"self\":%s,\"connected\":%s", nd->self ? "true" : "false",
-              nd->connected ? "true" : "false");
-      json_u64(out, "bytes_sent", nd->bytes_sent);
-      json_u64(out, "bytes_received", nd->bytes_received);
-      fputc('}', out);
-    }
-    fputs("]}", out);
+    fputs(j ? ",{" : "{", out);
+    status_json_job_fields(out, &st->jobs[j]);
+    fputc('}', out);
   }
   fputs("]", out);
   json_str_field(out, "peer_address", st->peer_address);
+  fprintf(out, ",\"draining\":%s", st->draining ? "true" : "false");
   fputs("}\n", out);
 }
 
 static int status_exec(sp_client *client, const struct cli_options *opts,
                        FILE *out) {
+  if (opts->job)
+    return job_show_exec(client, opts, out);
   sp_status_info *st;
   int rc = sp_status(client, &st);
   if (rc < 0)
@@ -243,7 +262,9 @@ static int status_exec(sp_client *client, const struct cli_options *opts,
 
 const struct cli_command cli_status_command = {
     .name = "status",
-    .summary = "show the daemon, its backends, memory pool and jobs",
-    .flags = CLI_TAKES_JSON | CLI_TAKES_WATCH,
+    .args = "[JOB]",
+    .summary = "show the daemon, its backends, memory pool and jobs; or one "
+               "job in full",
+    .flags = CLI_TAKES_JSON | CLI_TAKES_WATCH | CLI_TAKES_JOB,
     .exec = status_exec,
 };

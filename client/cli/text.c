@@ -1,91 +1,19 @@
 /*
- * text.c - turning what the daemon reports into text for people: UTF-8
- * checks, terminal-safe strings, byte counts and durations.
+ * text.c - turning what the daemon reports into text for people: the gist
+ * of a reason, durations, user names and tables (byte counts are
+ * sp_format_bytes, proto/units.c).
  *
  * Strings in a status reply come from another process; printed raw, an
  * escape sequence in one could rewrite the operator's terminal.  So every
- * daemon string goes through text_sanitize before the table shows it.
+ * daemon string goes through sp_text_sanitize (proto/text.c) before the
+ * table shows it.
  */
 #include <math.h>
+#include <pwd.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "client/cli/cli.h"
-
-size_t text_utf8_len(const unsigned char *s, size_t n, uint32_t *cp) {
-  unsigned char b = s[0];
-  size_t len;
-  uint32_t min;
-  if (b < 0x80) {
-    *cp = b;
-    return 1;
-  }
-  if (b >= 0xc2 && b <= 0xdf) {
-    len = 2;
-    min = 0x80;
-    *cp = b & 0x1fu;
-  } else if (b >= 0xe0 && b <= 0xef) {
-    len = 3;
-    min = 0x800;
-    *cp = b & 0x0fu;
-  } else if (b >= 0xf0 && b <= 0xf4) {
-    len = 4;
-    min = 0x10000;
-    *cp = b & 0x07u;
-  } else {
-    return 0; /* a continuation byte, an overlong lead (c0, c1) or f5..ff */
-  }
-  if (n < len)
-    return 0;
-  for (size_t i = 1; i < len; i++) {
-    if ((s[i] & 0xc0) != 0x80)
-      return 0;
-    *cp = *cp << 6 | (s[i] & 0x3fu);
-  }
-  /* Overlong forms, UTF-16 surrogates and code points past U+10FFFF are not
-   * UTF-8. */
-  if (*cp < min || (*cp >= 0xd800 && *cp <= 0xdfff) || *cp > 0x10ffff)
-    return 0;
-  return len;
-}
-
-/* C0 controls, DEL and the C1 controls (U+0080..U+009F) all steer a
- * terminal. */
-static int is_control(uint32_t cp) {
-  return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f);
-}
-
-void text_sanitize(const char *s, char *buf, size_t size) {
-  static const char hex[] = "0123456789abcdef";
-  const unsigned char *p = (const unsigned char *)s;
-  size_t n = strlen(s), out = 0;
-  if (size == 0)
-    return;
-  while (n > 0) {
-    uint32_t cp;
-    size_t len = text_utf8_len(p, n, &cp);
-    if (len > 0 && !is_control(cp)) {
-      if (out + len >= size)
-        break;
-      memcpy(buf + out, p, len);
-      out += len;
-    } else {
-      /* Escape one byte at a time, so that a C1 control's two bytes and an
-       * invalid byte both show what was sent. */
-      len = len > 0 ? len : 1;
-      if (out + 4 * len >= size)
-        break;
-      for (size_t i = 0; i < len; i++) {
-        buf[out++] = '\\';
-        buf[out++] = 'x';
-        buf[out++] = hex[p[i] >> 4];
-        buf[out++] = hex[p[i] & 0xf];
-      }
-    }
-    p += len;
-    n -= len;
-  }
-  buf[out] = '\0';
-}
 
 bool text_gist(const char *s, char *buf, size_t size) {
   /* Up to the first "; " or " (", and of that the first two ": "-parts. */
@@ -125,4 +53,40 @@ void text_duration(double seconds, char *buf, size_t size) {
     snprintf(buf, size, "%llum %llus", m, s);
   else
     snprintf(buf, size, "%llus", s);
+}
+
+void text_user(uint32_t uid, char *buf, size_t size) {
+  struct passwd pw, *found = NULL;
+  char scratch[1024];
+  if (getpwuid_r((uid_t)uid, &pw, scratch, sizeof scratch, &found) == 0 &&
+      found != NULL) {
+    sp_text_sanitize(found->pw_name, buf, size);
+    return;
+  }
+  snprintf(buf, size, "%u", uid);
+}
+
+void text_table_measure(struct text_table *t, const char *const *row) {
+  for (size_t c = 0; c < t->ncols; c++) {
+    size_t len = strlen(row[c]);
+    if (len > t->width[c])
+      t->width[c] = len;
+  }
+}
+
+void text_table_row(const struct text_table *t, FILE *out, const char *indent,
+                    const char *const *row) {
+  /* The last cell written is not padded, and empty cells at the end are
+   * not written: no trailing blanks. */
+  size_t n = t->ncols;
+  while (n > 1 && row[n - 1][0] == '\0')
+    n--;
+  fputs(indent, out);
+  for (size_t c = 0; c < n; c++) {
+    if (c + 1 < n)
+      fprintf(out, "%-*s  ", (int)t->width[c], row[c]);
+    else
+      fputs(row[c], out);
+  }
+  fputc('\n', out);
 }

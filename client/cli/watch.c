@@ -11,9 +11,10 @@
  * follow each other, a blank line apart (JSON: one object per line).  A
  * text snapshot starts with the time it was taken.
  *
- * A daemon that goes away (a restart: nothing listens, the connection
- * closes) does not end the watch: the snapshot says so, and the next tick
- * connects again.  Any other failure (a refusal, a bad reply) ends it.
+ * A daemon that goes away (a restart: it says it is stopping, nothing
+ * listens, the connection closes) does not end the watch: the snapshot
+ * says so, and the next tick connects again.  Any other failure (a
+ * refusal, a bad reply) ends it.
  */
 #include <errno.h>
 #include <signal.h>
@@ -107,7 +108,7 @@ static int draw(const struct cli_command *cmd, sp_client *client,
 static int draw_away(const char *why, const struct cli_options *opts,
                      bool tty, bool first) {
   char safe[4 * CLI_WHY_MAX + 1];
-  text_sanitize(why, safe, sizeof safe);
+  sp_text_sanitize(why, safe, sizeof safe);
   if (opts->json) {
     fprintf(stderr, "shardport: %s; connecting again every %gs\n", safe,
             opts->watch_s);
@@ -126,11 +127,13 @@ static int draw_away(const char *why, const struct cli_options *opts,
   return rc;
 }
 
-/* Codes that mean the daemon is not there now (stopped, restarting): the
- * watch goes on. */
+/* Codes that mean the daemon is not there now (stopped, restarting; a
+ * stopping daemon says so before it closes the connection): the watch
+ * goes on. */
 static bool daemon_away(int code) {
   return code == SP_ENODAEMON || code == SP_ECLOSED || code == SP_EIO ||
-         code == SP_ETIMEOUT;
+         code == SP_ETIMEOUT || code == SP_EDAEMONSTOPPING ||
+         code == SP_EDAEMONRESTARTED;
 }
 
 int watch_run(const struct cli_command *cmd, const struct cli_options *opts) {

@@ -548,6 +548,11 @@ static int run_rounds(struct runner *r) {
   const struct plan *plan = e->plan;
   if (check_plan(r) != 0 || zero_segments(r) != 0 || wait_step(r, 0) != 0)
     return e->rc;
+  /* The segments are ready: status says allocating until round 1, and the
+   * test seam pauses here too, as the host engine does. */
+  for (uint32_t rank = 0; rank < plan->world; rank++)
+    atomic_fetch_add(&e->bytes_prepared, e->dst_size[rank]);
+  pause_ms(e, e->round_delay_ms);
   for (size_t k = 0; k < plan->nrounds && !canceled(e); k++) {
     const struct plan_round *rd = &plan->rounds[k];
     uint32_t round = (uint32_t)(k + 1);

@@ -10,16 +10,6 @@
 #include "daemon/plan/affine.h"
 #include "daemon/plan/internal.h"
 
-/* The writer record: one byte per element of the full tensor.  The low bits
- * say who may write the element, WRITTEN says rebuild has stored its bytes,
- * so later replicas compare instead of overwriting. */
-enum {
-  WRITER_NOBODY = 0,
-  WRITER_SINGLE = 1,
-  WRITER_REPLICA = 2,
-  WRITER_WRITTEN = 4,
-};
-
 /* Walks a piece's elements in row-major order of its shape, keeping the
  * source and destination element indices; no callback per element. */
 struct piece_iter {
@@ -171,49 +161,50 @@ static int check_piece(const struct affine_map *map, uint32_t rank, size_t pi,
                     p->dst_stride, numel, full_numel, msg, msglen);
 }
 
-/* The first piece of rank, before piece `before`, that reads shard element
- * s: only walked to name the culprit of a refusal. */
-static size_t first_reader(const struct affine_shard *shard, size_t before,
-                           uint64_t s) {
-  for (size_t pi = 0; pi < before; pi++) {
-    struct piece_iter it;
-    for (piece_iter_start(&it, &shard->pieces[pi],
-                          piece_numel(&shard->pieces[pi]));
-         !it.done; piece_iter_next(&it))
-      if (it.src == s)
-        return pi;
-  }
-  return before;
+/* A sweep that neither passed nor found a fault in the layout. */
+static int refuse_sweep(const struct affine_map *map, int rc, char *msg,
+                        size_t msglen) {
+  if (rc == SP_ETIMEOUT)
+    return plan_refuse(msg, msglen, rc,
+                       "key '%s': planning was stopped while checking its "
+                       "affine pieces",
+                       map->key);
+  return plan_refuse(msg, msglen, rc,
+                     "key '%s': no memory to check its affine pieces",
+                     map->key);
 }
 
-/* Checks rank's pieces; readmask holds at least the shard's numel bytes. */
+/* Refuses what a sweep over one rank's sources found. */
+static int refuse_source(const struct affine_map *map, uint32_t rank, int rc,
+                         const struct cover_defect *d, char *msg,
+                         size_t msglen) {
+  if (rc == SP_EDOUBLEWRITE)
+    return plan_refuse(msg, msglen, rc,
+                       "key '%s': rank %u reads element %llu of its shard "
+                       "in pieces %u and %u",
+                       map->key, rank, (unsigned long long)d->element, d->box,
+                       d->other);
+  return refuse_sweep(map, rc, msg, msglen);
+}
+
+/* Checks rank's pieces on their own; boxes holds at least their count. */
 static int check_rank(const struct affine_map *map, uint32_t rank,
-                      uint64_t full_numel, uint8_t *readmask, char *msg,
+                      uint64_t full_numel, struct cover_box *boxes, char *msg,
                       size_t msglen) {
   const struct affine_shard *shard = &map->shards[rank];
+  struct cover_defect d;
   int rc;
 
   for (size_t pi = 0; pi < shard->npieces; pi++) {
+    const struct affine_piece *p = &shard->pieces[pi];
     rc = check_piece(map, rank, pi, full_numel, msg, msglen);
     if (rc != 0)
       return rc;
+    boxes[pi] = (struct cover_box){p->src_offset, p->ndim, p->shape,
+                                   p->src_stride, false};
   }
-  memset(readmask, 0, shard->numel);
-  for (size_t pi = 0; pi < shard->npieces; pi++) {
-    const struct affine_piece *p = &shard->pieces[pi];
-    struct piece_iter it;
-    for (piece_iter_start(&it, p, piece_numel(p)); !it.done;
-         piece_iter_next(&it)) {
-      if (readmask[it.src])
-        return plan_refuse(msg, msglen, SP_EDOUBLEWRITE,
-                           "key '%s': rank %u reads element %llu of its shard "
-                           "in pieces %zu and %zu",
-                           map->key, rank, (unsigned long long)it.src,
-                           first_reader(shard, pi, it.src), pi);
-      readmask[it.src] = 1;
-    }
-  }
-  return 0;
+  rc = cover_check(boxes, shard->npieces, shard->numel, false, map->stop, &d);
+  return rc != 0 ? refuse_source(map, rank, rc, &d, msg, msglen) : 0;
 }
 
 static int full_numel_of(const struct affine_map *map, uint64_t *numel,
@@ -227,10 +218,33 @@ static int full_numel_of(const struct affine_map *map, uint64_t *numel,
   return 0;
 }
 
+/* Box indices are 32 bits (cover.c's heaps): a key's pieces over all ranks
+ * stay below 2^32, far beyond what any frame limit lets through. */
+static int count_pieces(const struct affine_map *map, size_t *total, char *msg,
+                        size_t msglen) {
+  *total = 0;
+  for (uint32_t r = 0; r < map->nranks; r++)
+    if (__builtin_add_overflow(*total, map->shards[r].npieces, total) ||
+        *total >= UINT32_MAX)
+      return plan_refuse(msg, msglen, SP_EOVERFLOW,
+                         "key '%s' has 2^32 or more affine pieces", map->key);
+  return 0;
+}
+
+static struct cover_box *boxes_new(const struct affine_map *map, size_t n,
+                                   int *rc, char *msg, size_t msglen) {
+  struct cover_box *boxes = malloc((n > 0 ? n : 1) * sizeof *boxes);
+  if (boxes == NULL)
+    *rc = plan_refuse(msg, msglen, SP_ENOMEM,
+                      "key '%s': no memory to check %zu affine pieces",
+                      map->key, n);
+  return boxes;
+}
+
 int affine_check_rank(const struct affine_map *map, uint32_t rank, char *msg,
                       size_t msglen) {
+  struct cover_box *boxes;
   uint64_t full_numel;
-  uint8_t *readmask;
   int rc;
 
   if (rank >= map->nranks)
@@ -239,13 +253,86 @@ int affine_check_rank(const struct affine_map *map, uint32_t rank, char *msg,
   rc = full_numel_of(map, &full_numel, msg, msglen);
   if (rc != 0)
     return rc;
-  readmask = malloc(map->shards[rank].numel > 0 ? map->shards[rank].numel : 1);
-  if (readmask == NULL)
-    return plan_refuse(msg, msglen, SP_ENOMEM,
-                       "key '%s': no memory for a shard of %llu elements",
-                       map->key, (unsigned long long)map->shards[rank].numel);
-  rc = check_rank(map, rank, full_numel, readmask, msg, msglen);
-  free(readmask);
+  boxes = boxes_new(map, map->shards[rank].npieces, &rc, msg, msglen);
+  if (boxes == NULL)
+    return rc;
+  rc = check_rank(map, rank, full_numel, boxes, msg, msglen);
+  free(boxes);
+  return rc;
+}
+
+/* The rank and piece of box i, the pieces of all ranks numbered in rank
+ * order. */
+static void box_piece(const struct affine_map *map, uint32_t i, uint32_t *rank,
+                      size_t *piece) {
+  uint32_t r = 0;
+  while (i >= map->shards[r].npieces) {
+    i -= (uint32_t)map->shards[r].npieces;
+    r++;
+  }
+  *rank = r;
+  *piece = i;
+}
+
+static int refuse_destination(const struct affine_map *map, int rc,
+                              const struct cover_defect *d, char *msg,
+                              size_t msglen) {
+  char where[96];
+  uint32_t r0, r1;
+  size_t p0, p1;
+
+  if (rc != SP_EDOUBLEWRITE && rc != SP_EUNCOVERED)
+    return refuse_sweep(map, rc, msg, msglen);
+  format_index(map, d->element, where, sizeof where);
+  if (rc == SP_EUNCOVERED)
+    return plan_refuse(msg, msglen, rc,
+                       "key '%s': element %s is held by no "
+                       "rank",
+                       map->key, where);
+  box_piece(map, d->box, &r0, &p0);
+  box_piece(map, d->other, &r1, &p1);
+  return plan_refuse(msg, msglen, rc,
+                     "key '%s': element %s is written by rank %u (piece %zu, "
+                     "%s) and rank %u (piece %zu, %s); only replicas may "
+                     "share an element",
+                     map->key, where, r0, p0,
+                     piece_role(&map->shards[r0].pieces[p0]), r1, p1,
+                     piece_role(&map->shards[r1].pieces[p1]));
+}
+
+/* Every rank's pieces on their own, then every piece's destination
+ * together: replicas may share elements with replicas only, and every
+ * element is written.  Memory proportional to the pieces (cover.c). */
+int affine_validate(const struct affine_map *map, char *msg, size_t msglen) {
+  struct cover_box *boxes;
+  struct cover_defect d;
+  uint64_t full_numel;
+  size_t total, at = 0;
+  int rc;
+
+  rc = full_numel_of(map, &full_numel, msg, msglen);
+  if (rc == 0)
+    rc = count_pieces(map, &total, msg, msglen);
+  if (rc != 0)
+    return rc;
+  boxes = boxes_new(map, total, &rc, msg, msglen);
+  if (boxes == NULL)
+    return rc;
+  for (uint32_t r = 0; r < map->nranks && rc == 0; r++)
+    rc = check_rank(map, r, full_numel, boxes, msg, msglen);
+  for (uint32_t r = 0; r < map->nranks && rc == 0; r++) {
+    for (size_t pi = 0; pi < map->shards[r].npieces; pi++) {
+      const struct affine_piece *p = &map->shards[r].pieces[pi];
+      boxes[at++] = (struct cover_box){p->dst_offset, p->ndim, p->shape,
+                                       p->dst_stride, p->nholders > 1};
+    }
+  }
+  if (rc == 0) {
+    rc = cover_check(boxes, total, full_numel, true, map->stop, &d);
+    if (rc != 0)
+      rc = refuse_destination(map, rc, &d, msg, msglen);
+  }
+  free(boxes);
   return rc;
 }
 
@@ -273,152 +360,63 @@ static void first_writer(const struct affine_map *map, uint32_t rank, size_t pi,
   *wp = pi;
 }
 
-static int refuse_conflict(const struct affine_map *map, uint32_t rank,
-                           size_t pi, uint64_t d, int code, char *msg,
-                           size_t msglen) {
+static int refuse_different(const struct affine_map *map, uint32_t rank,
+                            size_t pi, uint64_t d, char *msg, size_t msglen) {
   char where[96];
   uint32_t wr;
   size_t wp;
 
   first_writer(map, rank, pi, d, &wr, &wp);
   format_index(map, d, where, sizeof where);
-  if (code == SP_EDIFFERENT)
-    return plan_refuse(msg, msglen, code,
-                       "key '%s': replicas hold different data at element %s: "
-                       "rank %u (piece %zu) and rank %u (piece %zu)",
-                       map->key, where, wr, wp, rank, pi);
-  return plan_refuse(msg, msglen, code,
-                     "key '%s': element %s is written by rank %u (piece %zu, "
-                     "%s) and rank %u (piece %zu, %s); only replicas may "
-                     "share an element",
-                     map->key, where, wr, wp,
-                     piece_role(&map->shards[wr].pieces[wp]), rank, pi,
-                     piece_role(&map->shards[rank].pieces[pi]));
+  return plan_refuse(msg, msglen, SP_EDIFFERENT,
+                     "key '%s': replicas hold different data at element %s: "
+                     "rank %u (piece %zu) and rank %u (piece %zu)",
+                     map->key, where, wr, wp, rank, pi);
 }
 
-/* Runs every check and returns the writer record in *out (the caller frees
- * it).  The verdict does not depend on the visiting order: an element is
- * refused as soon as a single holder meets any other writer, whichever came
- * first, and replicas only ever meet replicas. */
-static int writers(const struct affine_map *map, uint64_t *full_numel,
-                   uint8_t **out, char *msg, size_t msglen) {
-  uint64_t max_shard = 1;
-  uint8_t *readmask, *mask;
-  int rc;
-
-  rc = full_numel_of(map, full_numel, msg, msglen);
-  if (rc != 0)
-    return rc;
-  for (uint32_t r = 0; r < map->nranks; r++)
-    if (map->shards[r].numel > max_shard)
-      max_shard = map->shards[r].numel;
-  readmask = malloc(max_shard);
-  if (readmask == NULL)
-    return plan_refuse(msg, msglen, SP_ENOMEM,
-                       "key '%s': no memory for a shard of %llu elements",
-                       map->key, (unsigned long long)max_shard);
-  for (uint32_t r = 0; r < map->nranks; r++) {
-    rc = check_rank(map, r, *full_numel, readmask, msg, msglen);
-    if (rc != 0) {
-      free(readmask);
-      return rc;
-    }
-  }
-  free(readmask);
-  mask = calloc(*full_numel > 0 ? *full_numel : 1, 1);
-  if (mask == NULL)
-    return plan_refuse(msg, msglen, SP_ENOMEM,
-                       "key '%s': no memory for a writer record of %llu "
-                       "elements",
-                       map->key, (unsigned long long)*full_numel);
-  for (uint32_t r = 0; r < map->nranks; r++) {
-    const struct affine_shard *shard = &map->shards[r];
-    for (size_t pi = 0; pi < shard->npieces; pi++) {
-      const struct affine_piece *p = &shard->pieces[pi];
-      uint8_t kind = p->nholders > 1 ? WRITER_REPLICA : WRITER_SINGLE;
-      struct piece_iter it;
-      for (piece_iter_start(&it, p, piece_numel(p)); !it.done;
-           piece_iter_next(&it)) {
-        uint8_t seen = mask[it.dst];
-        if (seen == WRITER_NOBODY) {
-          mask[it.dst] = kind;
-        } else if (seen == WRITER_SINGLE || kind == WRITER_SINGLE) {
-          rc =
-              refuse_conflict(map, r, pi, it.dst, SP_EDOUBLEWRITE, msg, msglen);
-          free(mask);
-          return rc;
-        }
-      }
-    }
-  }
-  for (uint64_t d = 0; d < *full_numel; d++) {
-    if (mask[d] == WRITER_NOBODY) {
-      char where[96];
-      uint64_t more = 0;
-      for (uint64_t e = d + 1; e < *full_numel; e++)
-        more += mask[e] == WRITER_NOBODY;
-      format_index(map, d, where, sizeof where);
-      free(mask);
-      return plan_refuse(msg, msglen, SP_EUNCOVERED,
-                         "key '%s': element %s is held by no rank (and %llu "
-                         "more elements)",
-                         map->key, where, (unsigned long long)more);
-    }
-  }
-  *out = mask;
-  return 0;
-}
-
-int affine_validate(const struct affine_map *map, char *msg, size_t msglen) {
-  uint64_t full_numel;
-  uint8_t *mask;
-  int rc = writers(map, &full_numel, &mask, msg, msglen);
-  if (rc == 0)
-    free(mask);
-  return rc;
-}
-
+/* After affine_validate, one byte per element of the full tensor (which
+ * rebuild fills anyway) says whether its bytes are stored yet, so that a
+ * later replica compares instead of overwriting. */
 int affine_rebuild(const struct affine_map *map, size_t elsize,
                    const void *const *shards, void *full, char *msg,
                    size_t msglen) {
-  uint64_t full_numel;
-  uint8_t *mask;
-  int rc = writers(map, &full_numel, &mask, msg, msglen);
-  uint64_t bytes;
+  uint64_t full_numel, bytes;
+  uint8_t *written;
+  int rc = affine_validate(map, msg, msglen);
 
+  if (rc == 0)
+    rc = full_numel_of(map, &full_numel, msg, msglen);
   if (rc != 0)
     return rc;
-  if (__builtin_mul_overflow(full_numel, (uint64_t)elsize, &bytes)) {
-    free(mask);
+  if (__builtin_mul_overflow(full_numel, (uint64_t)elsize, &bytes))
     return plan_refuse(msg, msglen, SP_EOVERFLOW,
                        "key '%s': the full tensor's size overflows", map->key);
-  }
-  for (uint32_t r = 0; r < map->nranks; r++) {
+  written = calloc(full_numel > 0 ? full_numel : 1, 1);
+  if (written == NULL)
+    return plan_refuse(msg, msglen, SP_ENOMEM,
+                       "key '%s': no memory to assemble %llu elements",
+                       map->key, (unsigned long long)full_numel);
+  for (uint32_t r = 0; r < map->nranks && rc == 0; r++) {
     const struct affine_shard *shard = &map->shards[r];
     const uint8_t *src = shards[r];
-    for (size_t pi = 0; pi < shard->npieces; pi++) {
+    for (size_t pi = 0; pi < shard->npieces && rc == 0; pi++) {
       const struct affine_piece *p = &shard->pieces[pi];
       struct piece_iter it;
-      for (piece_iter_start(&it, p, piece_numel(p)); !it.done;
+      for (piece_iter_start(&it, p, piece_numel(p)); !it.done && rc == 0;
            piece_iter_next(&it)) {
         uint8_t *to = (uint8_t *)full + it.dst * elsize;
         const uint8_t *from = src + it.src * elsize;
-        if (mask[it.dst] & WRITER_WRITTEN) {
-          if (memcmp(to, from, elsize) != 0) {
-            rc =
-                refuse_conflict(map, r, pi, it.dst, SP_EDIFFERENT, msg, msglen);
-            free(mask);
-            return rc;
-          }
-        } else {
+        if (!written[it.dst]) {
           memcpy(to, from, elsize);
-          mask[it.dst] |= WRITER_WRITTEN;
+          written[it.dst] = 1;
+        } else if (memcmp(to, from, elsize) != 0) {
+          rc = refuse_different(map, r, pi, it.dst, msg, msglen);
         }
       }
     }
   }
-  free(mask);
-  return 0;
+  free(written);
+  return rc;
 }
 
 int affine_extract(const struct affine_map *map, uint32_t rank, size_t elsize,

@@ -14,11 +14,13 @@
  * non-negative offsets and strides, no zero stride and no view that reaches
  * one address twice on either side (sp_view_check_overlap), the source
  * inside the shard and the destination inside the full tensor, and no shard
- * element read by two pieces.  Across ranks: a writer record of one byte per
- * element of the full tensor (nobody, single holder, replica) refuses an
- * element written by two single holders or by a single holder and a replica,
- * whatever order ranks are visited in, and an element nobody writes.
- * Replicas are compared byte for byte at assembly (affine_rebuild).
+ * element read by two pieces.  Across ranks: an element written by two
+ * single holders or by a single holder and a replica is refused, whatever
+ * order ranks are visited in, and so is an element nobody writes.  Both are
+ * decided by a sweep over the pieces' runs of elements (cover.c), in memory
+ * proportional to the pieces, never to the tensor: a layout of terabytes
+ * costs what its pieces do.  Replicas are compared byte for byte at
+ * assembly (affine_rebuild).
  *
  * One limit, from the same seed: a corruption that turns the map into a
  * different valid layout (two equal pieces swapping destinations, a piece
@@ -28,6 +30,8 @@
 #ifndef SP_DAEMON_PLAN_AFFINE_H
 #define SP_DAEMON_PLAN_AFFINE_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -57,19 +61,23 @@ struct affine_map {
   const int64_t *shape; /* the full tensor */
   uint32_t nranks;
   const struct affine_shard *shards; /* [nranks], indexed by rank */
+  /* Set by another thread to stop the checks: they then return
+   * SP_ETIMEOUT.  NULL: never stopped. */
+  const _Atomic bool *stop;
 };
 
 /* Checks one rank's pieces on their own: what extract needs. */
 int affine_check_rank(const struct affine_map *map, uint32_t rank, char *msg,
                       size_t msglen);
 
-/* Checks every rank's pieces and the writer record over the full tensor:
- * metadata only, one byte per element of the full tensor and of the largest
- * shard, freed before returning. */
+/* Checks every rank's pieces, then every destination together: metadata
+ * only, in memory proportional to the pieces (about 320 bytes each), freed
+ * before returning. */
 int affine_validate(const struct affine_map *map, char *msg, size_t msglen);
 
 /* Builds the full tensor (elsize bytes per element, row-major) from every
- * rank's shard after affine_validate's checks, comparing replicas:
+ * rank's shard after affine_validate's checks, comparing replicas with the
+ * help of one byte per element of the full tensor:
  * SP_EDIFFERENT when two holders of an element hold different bytes.
  * shards[r] holds map->shards[r].numel elements. */
 int affine_rebuild(const struct affine_map *map, size_t elsize,

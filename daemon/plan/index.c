@@ -241,6 +241,7 @@ int plan_index_build(const struct plan_input *in, struct plan_index *ix,
 
   memset(ix, 0, sizeof *ix);
   ix->world = in->world;
+  ix->stop = in->stop;
   rc = order_ranks(in, ix, msg, msglen);
   if (rc != 0)
     goto fail;

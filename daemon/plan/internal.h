@@ -5,6 +5,8 @@
 #ifndef SP_DAEMON_PLAN_INTERNAL_H
 #define SP_DAEMON_PLAN_INTERNAL_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -19,6 +21,34 @@ int plan_refuse(char *msg, size_t msglen, int code, const char *fmt, ...)
 /* "rank 3" or "ranks 1, 2 and 5", naming at most eight and counting the
  * rest, so a refusal in a world of thousands stays one line. */
 void plan_refuse_ranks(char *buf, size_t len, const uint32_t *ranks, size_t n);
+/* SP_ETIMEOUT with its sentence once *stop is set (stop may be NULL),
+ * else 0: looked at between steps, so that planning stops soon. */
+int plan_check_stop(const _Atomic bool *stop, char *msg, size_t msglen);
+
+/* cover.c: how strided boxes reach the elements [0, n), in memory
+ * proportional to the boxes (about 280 bytes each), never to n. */
+
+struct cover_box {
+  int64_t offset;
+  uint32_t ndim;
+  const int64_t *shape;
+  const int64_t *stride;
+  bool shared; /* a replica: may reach what other shared boxes reach */
+};
+
+struct cover_defect {
+  uint64_t element; /* the lowest element found at fault */
+  uint32_t box;     /* SP_EDOUBLEWRITE: the two boxes reaching it, */
+  uint32_t other;   /* box < other */
+};
+
+/* The boxes must have passed sp_view_check_overlap and lie inside [0, n).
+ * Returns 0; SP_EDOUBLEWRITE when an element is reached by two boxes not
+ * both shared; SP_EUNCOVERED when complete and an element is reached by
+ * none; SP_ETIMEOUT once *stop (NULL: never) is set; SP_ENOMEM. */
+int cover_check(const struct cover_box *boxes, size_t nboxes, uint64_t n,
+                bool complete, const _Atomic bool *stop,
+                struct cover_defect *out);
 
 /* index.c: every rank's keys, gathered per key in rank order. */
 
@@ -32,6 +62,7 @@ struct plan_index {
   uint32_t *entry_rank;             /* the rank of each entry */
   uint64_t *table;                  /* name hash table: hash << 32 | key */
   size_t table_mask;
+  const _Atomic bool *stop; /* the input's */
 };
 
 int plan_index_build(const struct plan_input *in, struct plan_index *ix,

@@ -27,6 +27,8 @@
 #ifndef SP_DAEMON_PLAN_LAYOUT_H
 #define SP_DAEMON_PLAN_LAYOUT_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -77,6 +79,10 @@ struct plan_input {
   const struct plan_rank_in *ranks;
   uint32_t max_keys;  /* keys per round; 0 means PLAN_DEFAULT_MAX_KEYS */
   uint64_t max_bytes; /* traffic per round; 0 means no byte budget */
+  /* Set by another thread when planning must stop (the export's time is
+   * up): plan_build then returns SP_ETIMEOUT soon, having freed what it
+   * took.  NULL: never stopped.  The planner reads no clock itself. */
+  const _Atomic bool *stop;
 };
 
 /* "shard0", "replicated", "plain", "expert", "affine"; "unknown" else. */

@@ -38,15 +38,23 @@ int plan_build(const struct plan_input *in, struct plan **out, char *msg,
   }
   for (uint32_t r = 0; r < in->world; r++)
     plan->node[r] = ix.rank[r]->node;
+  /* The stop flag is looked at between steps and, where one step's work
+   * grows with the data (keys, affine runs), inside it. */
   rc = plan_validate_keys(&ix, plan, msg, msglen);
   if (rc == 0)
     rc = plan_validate_groups(&ix, plan, &groups, msg, msglen);
+  if (rc == 0)
+    rc = plan_check_stop(in->stop, msg, msglen);
   if (rc == 0)
     rc = plan_units_build(&ix, &groups, plan, msg, msglen);
   if (rc == 0)
     rc = plan_owners_assign(plan, msg, msglen);
   if (rc == 0)
+    rc = plan_check_stop(in->stop, msg, msglen);
+  if (rc == 0)
     rc = plan_moves_classify(&ix, plan, msg, msglen);
+  if (rc == 0)
+    rc = plan_check_stop(in->stop, msg, msglen);
   if (rc == 0)
     rc = plan_rounds_build(&ix, plan, msg, msglen);
   if (rc == 0)

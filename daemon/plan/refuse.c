@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+#include "shardport.h"
 #include "daemon/plan/internal.h"
 
 #define NAMED_RANKS 8
@@ -16,6 +17,12 @@ int plan_refuse(char *msg, size_t msglen, int code, const char *fmt, ...) {
     va_end(ap);
   }
   return code;
+}
+
+int plan_check_stop(const _Atomic bool *stop, char *msg, size_t msglen) {
+  if (stop == NULL || !atomic_load(stop))
+    return 0;
+  return plan_refuse(msg, msglen, SP_ETIMEOUT, "planning was stopped");
 }
 
 void plan_refuse_ranks(char *buf, size_t len, const uint32_t *ranks, size_t n) {

@@ -319,7 +319,8 @@ static int check_affine(const struct key_view *kv, char *msg, size_t msglen) {
                             .ndim = e0->ndim,
                             .shape = e0->shape,
                             .nranks = (uint32_t)kv->n,
-                            .shards = shards};
+                            .shards = shards,
+                            .stop = kv->ix->stop};
   rc = affine_validate(&map, msg, msglen);
   free(shards);
   return rc;
@@ -383,7 +384,9 @@ static int validate_key(const struct plan_index *ix, uint32_t k,
 int plan_validate_keys(const struct plan_index *ix, struct plan *plan,
                        char *msg, size_t msglen) {
   for (uint32_t k = 0; k < ix->nkeys; k++) {
-    int rc = validate_key(ix, k, &plan->keys[k], msg, msglen);
+    int rc = plan_check_stop(ix->stop, msg, msglen);
+    if (rc == 0)
+      rc = validate_key(ix, k, &plan->keys[k], msg, msglen);
     if (rc != 0)
       return rc;
   }

@@ -4,6 +4,7 @@
  * Peers are checked with SO_PEERCRED against the allowed uids and gid; the
  * socket directory must belong to the daemon's uid and not be writable by
  * everyone; a stale socket is removed, a live one or a non-socket is not.
+ * A job may be aborted by the user who created it and by root only.
  * These tests need root (to chown and to become other users), and the
  * suite says it skipped when it is not root.
  */
@@ -118,6 +119,146 @@ START_TEST(allowed_by_group) {
   ck_assert_int_ge(sock, 0);
   ck_assert_int_eq(sp_test_hello(sock, SP_PROTOCOL_VERSION), SP_EPERM);
   close(sock);
+}
+END_TEST
+
+/* A child that became uid (and gid) runs fn(arg, out) with out the write
+ * end of a pipe to the test; the test reads what it wrote into buf.  The
+ * child's exit status (fn's result), or -1. */
+static int as_user(uid_t uid, int (*fn)(const char *arg, int out),
+                   const char *arg, char *buf, size_t size, pid_t *child) {
+  int p[2];
+  ck_assert_int_eq(pipe(p), 0);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    close(p[0]);
+    if (setgroups(0, NULL) != 0 || setgid(uid) != 0 || setuid(uid) != 0)
+      _exit(100);
+    _exit(fn(arg, p[1]));
+  }
+  close(p[1]);
+  size_t got = 0;
+  ssize_t n;
+  while (got + 1 < size && (n = read(p[0], buf + got, size - 1 - got)) > 0)
+    got += (size_t)n;
+  buf[got] = '\0';
+  close(p[0]);
+  if (child != NULL) {
+    *child = pid;
+    return 0;
+  }
+  return sp_test_wait(pid, 2 * SP_TEST_TIMEOUT_MS);
+}
+
+/* A request {"op": op, "job": job} on a new connection: the reply's error
+ * code (0 for success) and its message in msg. */
+static int job_request(const char *op, const char *job, char *msg,
+                       size_t size) {
+  int sock = sp_test_connect_hello(daemon_.socket);
+  if (sock < 0)
+    return sock;
+  struct sp_msgbuf mb;
+  sp_msgbuf_begin(&mb, op, 7, 1);
+  sp_pack_kv_str(&mb.pk, "job", job);
+  struct sp_test_reply r;
+  int rc = sp_test_send_msgbuf(sock, &mb, NULL, 0);
+  if (rc == 0)
+    rc = sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS);
+  if (rc == 0) {
+    rc = r.code;
+    snprintf(msg, size, "%s", r.message);
+    sp_test_reply_free(&r);
+  }
+  close(sock);
+  return rc;
+}
+
+/* Creates a job of world 2 and joins it as rank 0; writes its id on out,
+ * then waits for the daemon's last word: 0 when it is `aborted` naming the
+ * uid arg as the one who aborted, 1 otherwise. */
+static int own_a_job(const char *arg, int out) {
+  int sock = sp_test_connect_hello(daemon_.socket);
+  if (sock < 0)
+    return 2;
+  struct sp_msgbuf mb;
+  struct sp_test_reply r;
+  sp_msgbuf_begin(&mb, "job_create", 1, 1);
+  sp_pack_kv_u64(&mb.pk, "world", 2);
+  char hex[33];
+  const uint8_t *ticket;
+  size_t len;
+  if (sp_test_send_msgbuf(sock, &mb, NULL, 0) != 0 ||
+      sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS) != 0 || r.code != 0 ||
+      sp_msg_get_strbuf(&r.map, "job_id", false, hex, sizeof hex) != 0 ||
+      sp_msg_get_bin(&r.map, "ticket", false, &ticket, &len) != 0)
+    return 3;
+  sp_msgbuf_begin(&mb, "join", 2, 4);
+  sp_pack_str(&mb.pk, "ticket");
+  sp_pack_bin(&mb.pk, ticket, len);
+  sp_pack_kv_u64(&mb.pk, "rank", 0);
+  sp_pack_kv_u64(&mb.pk, "world", 2);
+  sp_pack_kv_str(&mb.pk, "device", "cpu");
+  sp_test_reply_free(&r);
+  if (sp_test_send_msgbuf(sock, &mb, NULL, 0) != 0 ||
+      sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS) != 0 || r.code != 0)
+    return 4;
+  sp_test_reply_free(&r);
+  if (write(out, hex, 32) != 32)
+    return 5;
+  close(out);
+  if (sp_test_recv(sock, &r, 2 * SP_TEST_TIMEOUT_MS) != 0)
+    return 6;
+  char who[64];
+  snprintf(who, sizeof who, "aborted by uid %s ", arg);
+  int ok = r.head.id == 0 && r.code == SP_EABORTED &&
+           strstr(r.message, who) != NULL;
+  sp_test_reply_free(&r);
+  close(sock);
+  return ok ? 0 : 1;
+}
+
+/* Aborts the job arg; writes the reply's code and message on out. */
+static int try_abort(const char *arg, int out) {
+  char msg[1100];
+  int rc = job_request("job_abort", arg, msg, sizeof msg);
+  dprintf(out, "%d %s", rc, msg);
+  return 0;
+}
+
+/* Only the user who created a job, or root, may abort it; the ranks hear
+ * who did. */
+START_TEST(abort_only_by_owner_or_root) {
+  start_with("allowed_uids = 0, 12345, 65534\n");
+  char hex[64], answer[1200];
+  pid_t owner;
+  ck_assert_int_eq(as_user(NOBODY, own_a_job, "0", hex, sizeof hex, &owner),
+                   0);
+  ck_assert_uint_eq(strlen(hex), 32);
+
+  /* Another user may look but not abort. */
+  char msg[1100];
+  ck_assert_int_eq(job_request("job_status", hex, msg, sizeof msg), 0);
+  ck_assert_int_eq(
+      as_user(OTHER_ID, try_abort, hex, answer, sizeof answer, NULL), 0);
+  char want[64];
+  snprintf(want, sizeof want, "%d ", SP_EPERM);
+  ck_assert_msg(strncmp(answer, want, strlen(want)) == 0, "%s", answer);
+  ck_assert_ptr_nonnull(strstr(answer, "belongs to uid 65534"));
+
+  /* The owner may, from any of its processes. */
+  char second[64];
+  pid_t owner2;
+  ck_assert_int_eq(
+      as_user(NOBODY, own_a_job, "65534", second, sizeof second, &owner2), 0);
+  ck_assert_int_eq(
+      as_user(NOBODY, try_abort, second, answer, sizeof answer, NULL), 0);
+  ck_assert_msg(strncmp(answer, "0 ", 2) == 0, "%s", answer);
+  ck_assert_int_eq(sp_test_wait(owner2, 2 * SP_TEST_TIMEOUT_MS), 0);
+
+  /* Root may abort anyone's. */
+  ck_assert_int_eq(job_request("job_abort", hex, msg, sizeof msg), 0);
+  ck_assert_int_eq(sp_test_wait(owner, 2 * SP_TEST_TIMEOUT_MS), 0);
 }
 END_TEST
 
@@ -264,6 +405,7 @@ int main(void) {
   tcase_add_test(peers, default_allows_root_and_own_group_only);
   tcase_add_test(peers, allowed_by_group);
   tcase_add_test(peers, socket_mode_and_group);
+  tcase_add_test(peers, abort_only_by_owner_or_root);
   suite_add_tcase(s, peers);
   TCase *dirs = tcase_create("socket path");
   tcase_add_checked_fixture(dirs, NULL, stop_daemon);

@@ -347,6 +347,33 @@ START_TEST(check_config) {
 }
 END_TEST
 
+/* The bounds of drain_timeout and export_history, at their edges. */
+START_TEST(drain_and_history_bounds) {
+  static const struct {
+    const char *line;
+    int status;
+  } cases[] = {
+      {"drain_timeout = 0\n", 0},
+      {"drain_timeout = 86400000ms\n", 0},
+      {"drain_timeout = 86400001ms\n", 1},
+      {"drain_timeout = soon\n", 1},
+      {"export_history = 0\n", 0},
+      {"export_history = 256\n", 0},
+      {"export_history = 257\n", 1},
+  };
+  char dir[256], path[300];
+  ck_assert_int_eq(sp_test_mkdtemp(dir, sizeof(dir)), 0);
+  snprintf(path, sizeof(path), "%s/d.conf", dir);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ck_assert_int_eq(sp_test_write_file(path, cases[i].line), 0);
+    const char *args[] = {"-n", "--config", path, NULL};
+    ck_assert_msg(run_daemon(args, NULL, 0) == cases[i].status, "%s",
+                  cases[i].line);
+  }
+  sp_test_rmdir(dir);
+}
+END_TEST
+
 START_TEST(print_config_defaults) {
   char out[4096];
   const char *args[] = {"--print-config", "--config", "/dev/null", "--socket",
@@ -378,10 +405,19 @@ START_TEST(print_config_defaults) {
            "export_timeout = 1m\n"
            "job_timeout = 5m\n"
            "max_jobs = 256\n"
+           "max_user_jobs = 64\n"
+           "max_user_registrations = 8388608\n"
+           "max_user_registration_bytes = 1G\n"
+           "max_user_mappings = 32768\n"
+           "max_client_mappings = 8192\n"
            "engine_threads = 0\n"
            "compare_replicas = yes\n"
+           "drain_timeout = 1m\n"
+           "export_history = 8\n"
            "peer_listen = none\n"
-           "peer_advertise = none\n",
+           "peer_advertise = none\n"
+           "peer_timeout = 10s\n"
+           "peer_handshakes = 64\n",
            uids, (unsigned)getegid());
   ck_assert_str_eq(out, expect);
 
@@ -631,6 +667,7 @@ int main(int argc, char **argv) {
   TCase *cli = tcase_create("command line");
   tcase_set_timeout(cli, 30);
   tcase_add_test(cli, check_config);
+  tcase_add_test(cli, drain_and_history_bounds);
   tcase_add_test(cli, print_config_defaults);
   tcase_add_test(cli, command_line_errors);
   tcase_add_test(cli, log_prefixes);

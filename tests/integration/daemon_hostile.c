@@ -19,16 +19,8 @@
 static struct sp_test_daemon daemon_;
 
 static void start(void) {
-#if defined(__SANITIZE_ADDRESS__)
-  /* AddressSanitizer keeps freed memory in a quarantine of 256 MiB, which
-   * the RSS bound below would count as growth; a small quarantine keeps the
-   * bound meaningful in the sanitizer build. */
-  const char *opts = getenv("ASAN_OPTIONS");
-  char buf[512];
-  snprintf(buf, sizeof(buf), "%s%squarantine_size_mb=4",
-           opts != NULL ? opts : "", opts != NULL && opts[0] != '\0' ? ":" : "");
-  ck_assert_int_eq(setenv("ASAN_OPTIONS", buf, 1), 0);
-#endif
+  /* The RSS bounds below would count a sanitizer's quarantine as growth. */
+  sp_test_small_quarantine();
   ck_assert_int_eq(sp_test_daemon_start(&daemon_, NULL), 0);
 }
 

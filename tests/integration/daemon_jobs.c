@@ -124,21 +124,11 @@ static struct ticket job_create(int sock, uint32_t world) {
   return t;
 }
 
-static void pack_join(struct sp_msgbuf *mb, uint64_t id, const struct ticket *t,
-                      uint32_t rank, uint32_t world, const char *device) {
-  sp_msgbuf_begin(mb, "join", id, 4);
-  sp_pack_str(&mb->pk, "ticket");
-  sp_pack_bin(&mb->pk, t->bytes, t->len);
-  sp_pack_kv_u64(&mb->pk, "rank", rank);
-  sp_pack_kv_u64(&mb->pk, "world", world);
-  sp_pack_kv_str(&mb->pk, "device", device);
-}
-
 static int join(int sock, const struct ticket *t, uint32_t rank,
                 uint32_t world) {
   struct sp_msgbuf mb;
   uint64_t id = next_id++;
-  pack_join(&mb, id, t, rank, world, "cpu");
+  sp_test_pack_join(&mb, id, t->bytes, t->len, rank, world, "cpu");
   return call(sock, &mb, id, NULL, 0, NULL);
 }
 
@@ -691,7 +681,27 @@ START_TEST(export_two_ranks) {
 }
 END_TEST
 
-/* Pool memory comes back when a rank's connection closes unreleased. */
+/* Waits until the daemon's pool_used (and pool_held) is want. */
+static void wait_pool_used(int sock, uint64_t want, uint64_t want_held) {
+  uint64_t used = UINT64_MAX, held = UINT64_MAX;
+  for (int i = 0; i < 200 && (used != want || held != want_held); i++) {
+    if (i > 0)
+      usleep(10000);
+    struct sp_msgbuf mb;
+    struct sp_test_reply r;
+    uint64_t id = next_id++;
+    sp_msgbuf_begin(&mb, "status", id, 0);
+    ck_assert_int_eq(call(sock, &mb, id, NULL, 0, &r), 0);
+    ck_assert_int_eq(sp_msg_get_u64(&r.map, "pool_used", false, &used), 0);
+    ck_assert_int_eq(sp_msg_get_u64(&r.map, "pool_held", false, &held), 0);
+    sp_test_reply_free(&r);
+  }
+  ck_assert_uint_eq(used, want);
+  ck_assert_uint_eq(held, want_held);
+}
+
+/* Pool memory comes back when a rank's connection closes unreleased, once
+ * the rank no longer maps it either. */
 START_TEST(close_returns_pool_memory) {
   struct rank rk[2];
   struct published pub[2];
@@ -707,22 +717,57 @@ START_TEST(close_returns_pool_memory) {
   close(rk[0].sock);
   close(rk[1].sock);
   rk[0].sock = rk[1].sock = -1;
-  /* The published memory stays readable for as long as it is mapped. */
+  /* The published memory stays readable for as long as it is mapped, and
+   * counted for as long: the ranks' pages are the daemon's. */
   check_model(rk, pub);
   int sock = sp_test_connect_hello(daemon_.socket);
-  for (int i = 0; i < 200; i++) {
-    status_job(sock, phase, sizeof phase, &used, NULL, NULL, NULL, 0);
-    if (used == 0 && phase[0] == '\0')
-      break;
-    usleep(10000);
-  }
-  ck_assert_uint_eq(used, 0);
+  uint64_t mapped = pub[0].segment_size + pub[1].segment_size;
+  wait_pool_used(sock, mapped, mapped);
+  status_job(sock, phase, sizeof phase, &used, NULL, NULL, NULL, 0);
   ck_assert_str_eq(phase, "");
   published_free(&pub[0]);
   published_free(&pub[1]);
+  wait_pool_used(sock, 0, 0);
   close(sock);
   rank_close(&rk[0]);
   rank_close(&rk[1]);
+}
+END_TEST
+
+/* A rank that keeps its segment after release (a duplicate of the
+ * descriptor, or a mapping alone) keeps its pages: pool_used counts them,
+ * as pool_held, until the last of them is closed, and not a moment
+ * longer. */
+START_TEST(kept_segment_counted_until_closed) {
+  struct rank rk[2];
+  struct published pub[2];
+  char msg[1024];
+  two_ranks(rk, NKEYS);
+  uint64_t id0 = send_export(rk[0].sock, false, 10000, 0);
+  uint64_t id1 = send_export(rk[1].sock, false, 10000, 0);
+  ck_assert_int_eq(read_export(rk[0].sock, id0, &pub[0], msg, sizeof msg, NULL),
+                   0);
+  ck_assert_int_eq(read_export(rk[1].sock, id1, &pub[1], msg, sizeof msg, NULL),
+                   0);
+  ck_assert_uint_gt(pub[0].segment_size, 0);
+  ck_assert_uint_gt(pub[1].segment_size, 0);
+  size_t size0 = pub[0].segment_size, size1 = pub[1].segment_size;
+  /* Rank 0 keeps a copy of its descriptor, rank 1 its mapping alone. */
+  int kept_fd = dup(pub[0].segment_fd);
+  ck_assert_int_ge(kept_fd, 0);
+  void *kept_map = pub[1].segment;
+  pub[1].segment = NULL;
+  for (uint32_t r = 0; r < 2; r++) {
+    ck_assert_int_eq(release(rk[r].sock, pub[r].export_id), 0);
+    published_free(&pub[r]);
+  }
+  wait_pool_used(rk[0].sock, size0 + size1, size0 + size1);
+  ck_assert_int_eq(munmap(kept_map, size1), 0);
+  wait_pool_used(rk[0].sock, size0, size0);
+  close(kept_fd);
+  wait_pool_used(rk[0].sock, 0, 0);
+  for (uint32_t r = 0; r < 2; r++)
+    rank_close(&rk[r]);
 }
 END_TEST
 
@@ -857,20 +902,20 @@ START_TEST(join_refusals) {
   struct ticket bad = t;
   bad.bytes[bad.len - 3] ^= 0x55; /* inside the secret or world */
   id = next_id++;
-  pack_join(&mb, id, &bad, 0, 2, "cpu");
+  sp_test_pack_join(&mb, id, bad.bytes, bad.len, 0, 2, "cpu");
   expect_error(a, &mb, id, NULL, 0, SP_ETICKET, NULL);
   struct ticket junk = {.len = 5, .bytes = {0xdd, 0xff, 0, 0, 0}};
   id = next_id++;
-  pack_join(&mb, id, &junk, 0, 2, "cpu");
+  sp_test_pack_join(&mb, id, junk.bytes, junk.len, 0, 2, "cpu");
   expect_error(a, &mb, id, NULL, 0, SP_ETICKET, "not a shardport");
   id = next_id++;
-  pack_join(&mb, id, &t, 2, 2, "cpu");
+  sp_test_pack_join(&mb, id, t.bytes, t.len, 2, 2, "cpu");
   expect_error(a, &mb, id, NULL, 0, SP_ERANK, "below the world");
   id = next_id++;
-  pack_join(&mb, id, &t, 0, 3, "cpu");
+  sp_test_pack_join(&mb, id, t.bytes, t.len, 0, 3, "cpu");
   expect_error(a, &mb, id, NULL, 0, SP_ERANK, "world 3");
   id = next_id++;
-  pack_join(&mb, id, &t, 0, 2, "gpu0");
+  sp_test_pack_join(&mb, id, t.bytes, t.len, 0, 2, "gpu0");
   expect_error(a, &mb, id, NULL, 0, SP_EINVAL, "device");
 
   ck_assert_int_eq(join(a, &t, 0, 2), 0);
@@ -1260,6 +1305,7 @@ static Suite *suite(void) {
   tcase_set_timeout(tc, 30);
   tcase_add_test(tc, export_two_ranks);
   tcase_add_test(tc, close_returns_pool_memory);
+  tcase_add_test(tc, kept_segment_counted_until_closed);
   tcase_add_test(tc, registration_refusals);
   tcase_add_test(tc, join_refusals);
   tcase_add_test(tc, export_twice_and_unknown_release);

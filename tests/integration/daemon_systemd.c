@@ -115,6 +115,65 @@ START_TEST(ready_status_watchdog_stopping) {
 }
 END_TEST
 
+/* Reads notify datagrams until one holds a line starting with prefix;
+ * copies that line into found.  1 when seen, 0 after timeout_ms. */
+static int await_prefix(const char *prefix, int timeout_ms, char *found,
+                        size_t size) {
+  int64_t deadline = now_ms() + timeout_ms;
+  for (;;) {
+    int64_t left = deadline - now_ms();
+    if (left <= 0)
+      return 0;
+    struct pollfd p = {.fd = notify_sock, .events = POLLIN};
+    if (poll(&p, 1, (int)left) <= 0)
+      continue;
+    char msg[4096];
+    ssize_t n = recv(notify_sock, msg, sizeof(msg) - 1, 0);
+    if (n <= 0)
+      continue;
+    msg[n] = '\0';
+    char *save = NULL;
+    for (char *l = strtok_r(msg, "\n", &save); l != NULL;
+         l = strtok_r(NULL, "\n", &save))
+      if (strncmp(l, prefix, strlen(prefix)) == 0) {
+        snprintf(found, size, "%s", l);
+        return 1;
+      }
+  }
+}
+
+/* SIGHUP: RELOADING=1 with the monotonic time, then READY=1.  SIGTERM:
+ * STOPPING=1 with how long the drain may take (drain_timeout plus 15 s for
+ * the last replies), so that systemd does not kill it mid-drain. */
+START_TEST(reloading_and_stop_timeout) {
+  char conf[320];
+  snprintf(conf, sizeof(conf), "%s/d.conf", notify_dir);
+  ck_assert_int_eq(sp_test_write_file(conf, "drain_timeout = 100s\n"), 0);
+  const char *args[] = {"--config", conf, NULL};
+  struct sp_test_daemon d;
+  ck_assert_int_eq(sp_test_daemon_start(&d, args), 0);
+  char log[16384] = "", line[256];
+  ck_assert(await_line("READY=1", SP_TEST_TIMEOUT_MS, log, sizeof(log)));
+  ck_assert_int_eq(kill(d.pid, SIGHUP), 0);
+  ck_assert_msg(await_line("RELOADING=1", SP_TEST_TIMEOUT_MS, log, sizeof(log)),
+                "no RELOADING=1; got:\n%s", log);
+  /* Sent in the same datagram as RELOADING=1. */
+  ck_assert_msg(strstr(log, "RELOADING=1\nSTATUS=reloading the configuration"
+                            "\nMONOTONIC_USEC=") != NULL,
+                "no MONOTONIC_USEC; got:\n%s", log);
+  ck_assert_msg(await_line("READY=1", SP_TEST_TIMEOUT_MS, log, sizeof(log)),
+                "no READY=1 after the reload; got:\n%s", log);
+  ck_assert_int_eq(kill(d.pid, SIGTERM), 0);
+  ck_assert_msg(await_prefix("EXTEND_TIMEOUT_USEC=", SP_TEST_TIMEOUT_MS, line,
+                             sizeof line),
+                "no EXTEND_TIMEOUT_USEC");
+  ck_assert_str_eq(line, "EXTEND_TIMEOUT_USEC=115000000");
+  ck_assert_int_eq(sp_test_wait(d.pid, SP_TEST_TIMEOUT_MS), 0);
+  d.pid = -1;
+  sp_test_daemon_stop(&d);
+}
+END_TEST
+
 START_TEST(watchdog_off_by_config) {
   ck_assert_int_eq(setenv("WATCHDOG_USEC", "200000", 1), 0);
   char conf[320];
@@ -210,6 +269,7 @@ int main(int argc, char **argv) {
   tcase_add_test(notify, ready_status_watchdog_stopping);
   tcase_add_test(notify, watchdog_off_by_config);
   tcase_add_test(notify, no_watchdog_unless_asked);
+  tcase_add_test(notify, reloading_and_stop_timeout);
   suite_add_tcase(s, notify);
   TCase *activation = tcase_create("activation");
   tcase_set_timeout(activation, 50);

@@ -369,6 +369,36 @@ int sp_test_connect_hello(const char *path) {
   return sock;
 }
 
+void sp_test_pack_join(struct sp_msgbuf *mb, uint64_t id, const uint8_t *ticket,
+                       size_t ticket_len, uint32_t rank, uint32_t world,
+                       const char *device) {
+  sp_msgbuf_begin(mb, "join", id, 4);
+  sp_pack_str(&mb->pk, "ticket");
+  sp_pack_bin(&mb->pk, ticket, ticket_len);
+  sp_pack_kv_u64(&mb->pk, "rank", rank);
+  sp_pack_kv_u64(&mb->pk, "world", world);
+  sp_pack_kv_str(&mb->pk, "device", device);
+}
+
+int sp_test_join(int sock, uint64_t id, const uint8_t *ticket,
+                 size_t ticket_len, uint32_t rank, uint32_t world) {
+  struct sp_msgbuf mb;
+  sp_test_pack_join(&mb, id, ticket, ticket_len, rank, world, "cpu");
+  int r = sp_test_send_msgbuf(sock, &mb, NULL, 0);
+  if (r < 0)
+    return r;
+  struct sp_test_reply reply;
+  r = sp_test_recv(sock, &reply, SP_TEST_TIMEOUT_MS);
+  if (r < 0)
+    return r;
+  if (reply.code != 0)
+    r = reply.code;
+  else if (strcmp(reply.head.op, "join") != 0 || reply.head.id != id)
+    r = SP_EBADMSG;
+  sp_test_reply_free(&reply);
+  return r;
+}
+
 int sp_test_ping(int sock, uint64_t id) {
   int r = sp_test_send_op(sock, "ping", id, NULL, 0);
   if (r < 0)
@@ -386,6 +416,18 @@ int sp_test_ping(int sock, uint64_t id) {
 }
 
 long sp_test_rss_kb(pid_t pid) { return sp_test_vm_kb(pid, "VmRSS"); }
+
+void sp_test_small_quarantine(void) {
+#if defined(__SANITIZE_ADDRESS__)
+  const char *opts = getenv("ASAN_OPTIONS");
+  if (opts != NULL && strstr(opts, "quarantine_size_mb=4") != NULL)
+    return;
+  char buf[512];
+  snprintf(buf, sizeof(buf), "%s%squarantine_size_mb=4",
+           opts != NULL ? opts : "", opts != NULL && opts[0] != '\0' ? ":" : "");
+  setenv("ASAN_OPTIONS", buf, 1);
+#endif
+}
 
 long sp_test_vm_kb(pid_t pid, const char *field) {
   char path[64];

@@ -118,6 +118,16 @@ int sp_test_hello(int sock, uint64_t version);
 /* Connects and does the hello exchange: a socket, or a negative code. */
 int sp_test_connect_hello(const char *path);
 
+/* A join of rank in world with the ticket's bytes, as a rank on device
+ * ("cpu", "cuda:<GPU UUID>"), packed into mb. */
+void sp_test_pack_join(struct sp_msgbuf *mb, uint64_t id, const uint8_t *ticket,
+                       size_t ticket_len, uint32_t rank, uint32_t world,
+                       const char *device);
+/* Joins as a "cpu" rank and reads the reply: 0, or the error reply's code
+ * (or a transport code). */
+int sp_test_join(int sock, uint64_t id, const uint8_t *ticket,
+                 size_t ticket_len, uint32_t rank, uint32_t world);
+
 /* One ping round trip: 0 when a ping reply with this id came back. */
 int sp_test_ping(int sock, uint64_t id);
 
@@ -125,6 +135,11 @@ int sp_test_ping(int sock, uint64_t id);
 long sp_test_vm_kb(pid_t pid, const char *field);
 /* The daemon's resident set in KiB, or -1. */
 long sp_test_rss_kb(pid_t pid);
+/* In a build with AddressSanitizer, makes the daemons started from now on
+ * keep a quarantine of freed memory of 4 MiB instead of 256 MiB, which a
+ * bound on the daemon's resident set would count as growth; elsewhere
+ * nothing. */
+void sp_test_small_quarantine(void);
 
 /* The number of open fds of pid from /proc/PID/fd, or -1. */
 int sp_test_count_fds(pid_t pid);

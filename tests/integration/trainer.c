@@ -74,7 +74,9 @@ static void holding_shape(const struct scenario *sc, const struct tkey *k,
                           uint32_t rank, int64_t *shape) {
   shape[0] = k->shape[0];
   shape[1] = k->shape[1];
-  if (k->kind == SHARD0)
+  if (k->kind == AFFINE_MAP)
+    shape[0] = k->layout->numel[rank];
+  else if (k->kind == SHARD0)
     shape[0] = k->parts[rank];
   else if (k->kind == AFFINE_COLS)
     shape[1] = k->parts[rank];
@@ -114,7 +116,7 @@ static int build_storage(struct rank *r) {
       continue;
     }
     holding_shape(sc, k, r->rank, h->shape);
-    int64_t cols = k->ndim == 2 ? h->shape[1] : 1;
+    int64_t cols = k->ndim == 2 && k->kind != AFFINE_MAP ? h->shape[1] : 1;
     h->row_stride = cols + (k->kind == SHARD0 && k->ndim == 2 ? k->pad : 0);
     int64_t n = k->ndim == 0 ? 1 : h->shape[0] * h->row_stride;
     h->nbytes = (uint64_t)n * k->es;
@@ -134,6 +136,11 @@ static int build_storage(struct rank *r) {
     const struct holding *h = &r->h[i];
     if (!h->held || k->tie > 0)
       continue;
+    if (k->kind == AFFINE_MAP) {
+      tlayout_fill(k->layout, r->rank, k->name, k->es,
+                   r->storage + h->byte_off);
+      continue;
+    }
     int64_t rows = k->ndim == 0 ? 1 : h->shape[0];
     int64_t cols = k->ndim == 2 ? h->shape[1] : 1;
     for (int64_t y = 0; y < rows; y++)
@@ -163,6 +170,7 @@ static sp_placement placement_of(enum kind kind) {
     return SP_PLACEMENT_EXPERT;
   case AFFINE_COLS:
   case AFFINE_PAIRS:
+  case AFFINE_MAP:
     return SP_PLACEMENT_AFFINE;
   }
   return 0;
@@ -234,6 +242,12 @@ static int register_all(struct rank *r, sp_client *c) {
       pieces[i] = pieces_of(sc, k, r->rank, holders[i]);
       d->npieces = 1;
       d->pieces = pieces[i];
+    } else if (k->kind == AFFINE_MAP) {
+      /* The shard is one run of elements; the pieces say what it holds. */
+      d->ndim = 1;
+      d->shape[1] = d->stride[1] = 0;
+      d->npieces = k->layout->npieces[r->rank];
+      d->pieces = k->layout->pieces[r->rank];
     }
   }
   if (sc->tweak)
@@ -403,6 +417,38 @@ static void on_progress(const sp_progress *p, void *arg) {
     raise(SIGKILL);
 }
 
+/* The victim's part after its first export (enum fault): 1 when it is
+ * done with the job (it reports, then closes), 0 to go on, or a code. */
+static int part_after_first(struct rank *r, sp_client *c,
+                            const sp_ticket *ticket) {
+  const struct scenario *sc = r->sc;
+  int rc;
+  switch (sc->fault) {
+  case CLOSE_AFTER_FIRST:
+    return 1;
+  case LEAVE_AFTER_FIRST:
+    rc = sp_job_leave(c);
+    return rc < 0 ? rc : 1;
+  case REJOIN_AFTER_FIRST:
+    if ((rc = sp_job_leave(c)) < 0)
+      return rc;
+    /* The rank's place is free once its daemon has seen it go. */
+    for (int tries = 0; tries < 500; tries++) {
+      rc = sp_job_join(c, ticket, r->rank, sc->world, "cpu");
+      if (rc != SP_ERANK)
+        break;
+      struct timespec ts = {0, 10 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
+    if (rc < 0)
+      return rc;
+    rc = register_all(r, c);
+    return rc < 0 ? rc : 0;
+  default:
+    return 0;
+  }
+}
+
 static void rank_main(const struct scenario *sc, const char *socket,
                       uint32_t rank, int in_fd, int out_fd) {
   struct rank r = {.sc = sc, .rank = rank, .in_fd = in_fd, .out_fd = out_fd,
@@ -461,10 +507,16 @@ static void rank_main(const struct scenario *sc, const char *socket,
   }
   /* Each export of the job is verified afresh; the job, its members and
    * registrations stay between them. */
-  for (uint32_t e = 0; e < (sc->exports ? sc->exports : 1); e++) {
+  uint32_t nexports = sc->exports ? sc->exports : 1;
+  for (uint32_t e = 0; e < nexports; e++) {
     if (e == sc->corrupt_export)
       corrupt_key(&r);
     sp_owned_set *set = NULL;
+    if (sc->gate && e + 1 == nexports) {
+      char go;
+      write_msg(out_fd, 'G', NULL, 0);
+      read_full(in_fd, &go, 1, TRAINER_WAIT_MS);
+    }
     memset(r.owned, 0, sc->nkeys);
     r.rep.export_rc = sp_export(c, &eo, &set);
     snprintf(r.rep.message, sizeof r.rep.message, "%s", sp_last_message(c));
@@ -475,6 +527,13 @@ static void rank_main(const struct scenario *sc, const char *socket,
       failf(&r, "release: %s", sp_strerror(rc));
     if (memcmp(r.copy, r.storage, r.len) != 0)
       failf(&r, "registered memory changed during the export");
+    if (e == 0 && nexports > 1 && rank == sc->victim &&
+        (rc = part_after_first(&r, c, &ticket)) != 0) {
+      if (rc < 0)
+        failf(&r, "after the first export: %s: %s", sp_strerror(rc),
+              sp_last_message(c));
+      goto report;
+    }
   }
   if (sc->hold) {
     char go;
@@ -571,6 +630,44 @@ void trainer_release(struct world *w, const struct scenario *sc) {
     ck_assert_int_eq(write(w->in[i], "g", 1), 1);
 }
 
+void trainer_wait_gate(struct world *w, const struct scenario *sc,
+                       uint32_t skip) {
+  for (uint32_t i = 0; i < sc->world; i++) {
+    if (i == skip)
+      continue;
+    char type = next_msg(w, i, 'G');
+    ck_assert_msg(type == 'G', "rank %u sent '%c', not at the gate", i, type);
+  }
+}
+
+void trainer_open_gate(struct world *w, const struct scenario *sc,
+                       uint32_t skip) {
+  for (uint32_t i = 0; i < sc->world; i++)
+    if (i != skip)
+      ck_assert_int_eq(write(w->in[i], "g", 1), 1);
+}
+
+void trainer_wait_joined(const char *socket, uint32_t joined) {
+  uint32_t now = UINT32_MAX;
+  for (int tries = 0; tries < TRAINER_WAIT_MS / 10 && now != joined;
+       tries++) {
+    sp_client *c;
+    sp_status_info *st;
+    ck_assert_int_eq(sp_connect(socket, &c), 0);
+    ck_assert_int_eq(sp_status(c, &st), 0);
+    ck_assert_uint_eq(st->njobs, 1);
+    now = st->jobs[0].joined;
+    sp_status_free(st);
+    sp_close(c);
+    if (now != joined) {
+      struct timespec ts = {0, 10 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  ck_assert_msg(now == joined, "the daemon counts %u joined ranks, not %u",
+                now, joined);
+}
+
 void trainer_read_report(struct world *w, const struct scenario *sc,
                          uint32_t i) {
   char type = next_msg(w, i, 'R');
@@ -589,8 +686,9 @@ void trainer_read_report(struct world *w, const struct scenario *sc,
 
 void trainer_finish(struct world *w, const struct scenario *sc) {
   for (uint32_t i = 0; i < sc->world; i++) {
-    if (!w->reported[i] && w->pid[i] > 0 &&
-        !(sc->fault != NO_FAULT && i == sc->victim))
+    bool killed = (sc->fault == KILL_WAITING || sc->fault == KILL_MOVING) &&
+                  i == sc->victim;
+    if (!w->reported[i] && w->pid[i] > 0 && !killed)
       trainer_read_report(w, sc, i);
     close(w->in[i]);
     close(w->out[i]);
@@ -640,6 +738,12 @@ sp_tensor_desc *trainer_desc(sp_tensor_desc *t, size_t n, const char *key) {
     if (strcmp(t[i].key, key) == 0)
       return &t[i];
   return NULL;
+}
+
+void trainer_victim_out_of_bounds(const struct scenario *sc, uint32_t rank,
+                                  sp_tensor_desc *t, size_t *n) {
+  if (rank == sc->victim)
+    trainer_desc(t, *n, "a")->offset += 1 << 20;
 }
 
 void trainer_drop_b_on_3(const struct scenario *sc, uint32_t rank,

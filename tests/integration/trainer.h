@@ -25,6 +25,7 @@
 
 #include "proto/msg.h"
 #include "shardport.h"
+#include "tests/integration/tlayout.h"
 
 #define TRAINER_MAXR 8
 /* How long the test process waits for a rank's next message. */
@@ -39,6 +40,7 @@ enum kind {
   /* Rows in world/2 blocks (parts[b]: block b's rows); ranks r and
    * r + world/2 both hold block r % (world/2): replicas of one piece. */
   AFFINE_PAIRS,
+  AFFINE_MAP, /* the pieces .layout gives each rank (tlayout.h) */
 };
 
 struct tkey {
@@ -54,6 +56,9 @@ struct tkey {
   /* SHARD0 and 2-D: elements between rows beyond the columns, so the
    * rank's view is not contiguous. */
   int64_t pad;
+  /* AFFINE_MAP: a layout of 2 dims, the key's shape; each rank registers
+   * its shard as one dim of the layout's numel elements. */
+  const struct tlayout *layout;
 };
 
 #define K(...) ((struct tkey){__VA_ARGS__})
@@ -64,7 +69,18 @@ struct scenario;
 typedef void tweak_fn(const struct scenario *sc, uint32_t rank,
                       sp_tensor_desc *t, size_t *n);
 
-enum fault { NO_FAULT, KILL_WAITING, KILL_MOVING };
+/* KILL_*: the victim is killed while the others wait, or once data moves.
+ * *_AFTER_FIRST (with two exports or more): after its first export the
+ * victim leaves the job, closes its connection without leaving, or leaves
+ * and joins again as the same rank (registering anew) to go on. */
+enum fault {
+  NO_FAULT,
+  KILL_WAITING,
+  KILL_MOVING,
+  LEAVE_AFTER_FIRST,
+  CLOSE_AFTER_FIRST,
+  REJOIN_AFTER_FIRST,
+};
 
 struct scenario {
   uint32_t world;
@@ -80,6 +96,9 @@ struct scenario {
   /* After its exports, a rank waits for trainer_release() before it
    * leaves, so that the test can look at the job. */
   bool hold;
+  /* Before its last export, each rank that gets there waits for
+   * trainer_open_gate(), so that the test decides when they ask. */
+  bool gate;
   /* 1 + a rank whose replica data differs from the original's. */
   uint32_t corrupt;
   /* A key whose copy differs from the original's on the ranks in
@@ -124,9 +143,19 @@ void trainer_wait_moving(struct world *w, uint32_t i);
  * leave (the reports follow). */
 void trainer_wait_held(struct world *w, const struct scenario *sc);
 void trainer_release(struct world *w, const struct scenario *sc);
+/* With gate: waits until every rank but skip stands before its last
+ * export; then lets them ask. */
+void trainer_wait_gate(struct world *w, const struct scenario *sc,
+                       uint32_t skip);
+void trainer_open_gate(struct world *w, const struct scenario *sc,
+                       uint32_t skip);
+/* Waits until the daemon at socket, holding one job, counts `joined` of
+ * its ranks in it: it has seen the others go. */
+void trainer_wait_joined(const char *socket, uint32_t joined);
 void trainer_read_report(struct world *w, const struct scenario *sc,
                          uint32_t i);
-/* Reads every report not read yet (but a victim's) and reaps the ranks. */
+/* Reads every report not read yet (but a killed victim's) and reaps the
+ * ranks. */
 void trainer_finish(struct world *w, const struct scenario *sc);
 void trainer_free(struct world *w, const struct scenario *sc);
 /* Every rank exported, passed its checks, and every key has one owner. */
@@ -188,5 +217,10 @@ sp_tensor_desc *trainer_desc(sp_tensor_desc *t, size_t n, const char *key);
 /* A tweak: rank 3 does not register "b", so the ranks' key sets differ. */
 void trainer_drop_b_on_3(const struct scenario *sc, uint32_t rank,
                          sp_tensor_desc *t, size_t *n);
+/* A tweak: the victim's view of "a" starts past its storage's end, so the
+ * daemon refuses its registration (view_out_of_bounds) and the victim
+ * gives up: it reports and closes its connection. */
+void trainer_victim_out_of_bounds(const struct scenario *sc, uint32_t rank,
+                                  sp_tensor_desc *t, size_t *n);
 
 #endif /* SP_TEST_TRAINER_H */

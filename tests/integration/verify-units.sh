@@ -37,6 +37,18 @@ grep -q '^ExecStart=/.*/shardportd$' "$service" || {
   echo "verify-units: ExecStart is not an absolute path to shardportd" >&2
   exit 1
 }
+# systemctl reload sends SIGHUP, which reloads the configuration; a stop
+# leaves the drain its time (docs/operations.md).
+grep -q '^ExecReload=/bin/kill -HUP \$MAINPID$' "$service" || {
+  echo "verify-units: no ExecReload that sends SIGHUP to the daemon" >&2
+  exit 1
+}
+stop=$(sed -n 's/^TimeoutStopSec=\([0-9]*\)s$/\1/p' "$service")
+if [ -z "$stop" ] || [ "$stop" -lt 75 ]; then
+  echo "verify-units: TimeoutStopSec must leave the default drain_timeout" \
+    "(60 s) and the last replies (15 s) their time" >&2
+  exit 1
+fi
 
 sed "s|^ExecStart=.*|ExecStart=$daemon|" "$service" >"$work/shardportd.service"
 cp "$socket" "$work/shardportd.socket"

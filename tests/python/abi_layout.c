@@ -57,6 +57,10 @@ int main(void) {
   FIELD(sp_job_status, node);
   FIELD(sp_job_status, nnodes);
   FIELD(sp_job_status, nodes);
+  FIELD(sp_job_status, asked);
+  FIELD(sp_job_status, export_id);
+  FIELD(sp_job_status, bytes_prepared);
+  FIELD(sp_job_status, bytes_to_prepare);
   END();
 
   BEGIN(sp_status_info);
@@ -72,6 +76,7 @@ int main(void) {
   FIELD(sp_status_info, njobs);
   FIELD(sp_status_info, jobs);
   FIELD(sp_status_info, peer_address);
+  FIELD(sp_status_info, draining);
   END();
 
   BEGIN(sp_ticket);

@@ -34,7 +34,7 @@ class ClientTest(unittest.TestCase):
     def test_status(self):
         with shardport.Client(self.socket) as client:
             status = client.status()
-        self.assertEqual(status.protocol_version, 1)
+        self.assertEqual(status.protocol_version, 2)
         self.assertTrue(status.daemon_version)
         self.assertIn("host", status.backends_built)
         self.assertIn(status.backend_active, status.backends_built)
@@ -144,10 +144,32 @@ class ErrorTableTest(unittest.TestCase):
             self.assertIs(type(exc), cls)
             self.assertTrue(exc.message)
 
+    def test_a_stopping_daemon_is_caught_as_restarted(self):
+        self.assertEqual(errors.DaemonRestarted.name, "daemon_restarted")
+        self.assertTrue(issubclass(errors.DaemonStopping,
+                                   errors.DaemonRestarted))
+        self.assertEqual(errors.Aborted.code, -101)
+
     def test_unknown_code_is_internal(self):
         exc = errors.error_for(-250, "what the daemon said")
         self.assertIs(type(exc), errors.Internal)
         self.assertEqual(exc.message, "what the daemon said")
+
+
+class RestartTest(unittest.TestCase):
+
+    def test_a_job_whose_daemon_stopped_raises_daemon_restarted(self):
+        with harness.daemon() as running:
+            client = shardport.Client(running.socket)
+            client.join(client.create_job(2), 0, 2)
+            running.proc.terminate()
+            self.assertEqual(running.proc.wait(10), 0)
+            # Every later call says so, until the job is made again.
+            for _ in range(2):
+                with self.assertRaises(errors.DaemonRestarted) as caught:
+                    client.ping()
+                self.assertIn("create a new job", caught.exception.message)
+            client.close()
 
 
 class NoTorchTest(unittest.TestCase):

@@ -372,6 +372,20 @@ class OneRankExportTest(unittest.TestCase):
         self.assertTrue(phases, "the progress callback was never called")
         self.assertEqual(phases[0], "waiting")
 
+    def test_empty_view_past_its_storage_end(self):
+        # The last rank's empty dim-0 shard of a column-sliced tensor:
+        # PyTorch leaves its offset past the end of the storage.
+        z = torch.arange(63, dtype=torch.float32).view(9, 7)
+        tail = z[:, 2:7][9:9]
+        self.assertEqual(tail.storage_offset(), 65)
+        state = {"z": z, "tail": tail}
+        with harness.daemon() as daemon, \
+                shardport.Job.create(1, socket=daemon.socket) as job:
+            job.register(state, plain(state))
+            with job.export() as owned:
+                self.assertIs(owned["tail"], tail)
+                self.assertIs(owned["z"], z)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

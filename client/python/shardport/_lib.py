@@ -78,6 +78,10 @@ class sp_job_status(ctypes.Structure):
         ("node", ctypes.c_uint32),
         ("nnodes", ctypes.c_size_t),
         ("nodes", ctypes.POINTER(sp_node_status)),
+        ("asked", ctypes.c_uint32),
+        ("export_id", ctypes.c_uint64),
+        ("bytes_prepared", ctypes.c_uint64),
+        ("bytes_to_prepare", ctypes.c_uint64),
     ]
 
 
@@ -95,6 +99,7 @@ class sp_status_info(ctypes.Structure):
         ("njobs", ctypes.c_size_t),
         ("jobs", ctypes.POINTER(sp_job_status)),
         ("peer_address", ctypes.c_char_p),
+        ("draining", ctypes.c_int),
     ]
 
 

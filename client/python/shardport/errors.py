@@ -10,6 +10,11 @@ a change here.  A class is named after the code's wire name in CamelCase:
 Every exception carries ``code`` (the negative C code), ``name`` (the wire
 name) and ``message`` (the daemon's own text when it sent one, else the
 library's sentence for the code).
+
+A code whose remedy is another's derives from that one's class: a daemon
+that is stopping (``DaemonStopping``) ends its jobs as it goes, so
+``except DaemonRestarted`` catches both, and the handler re-creates the job
+(docs/python.md).
 """
 
 from . import _lib
@@ -37,17 +42,26 @@ def _camel(wire_name):
     return "".join(part.capitalize() for part in wire_name.split("_"))
 
 
+# wire name -> the wire name of the class it derives from.
+_PARENTS = {"daemon_stopping": "daemon_restarted"}
+
+
 def _generate():
-    classes = {}
+    table = {}
     for number in range(1, _MAX_CODE + 1):
         wire = _lib.fn.sp_err_name(-number).decode()
-        if wire == "unknown":
-            continue
-        doc = _lib.fn.sp_strerror(-number).decode()
-        cls = type(_camel(wire), (ShardportError,),
-                   {"code": -number, "name": wire, "__doc__": doc,
+        if wire != "unknown":
+            table[wire] = -number
+    classes, by_name = {}, {}
+    # Parents first, so that a child's base exists when it is made.
+    for wire in sorted(table, key=lambda w: w in _PARENTS):
+        code = table[wire]
+        base = by_name.get(_PARENTS.get(wire), ShardportError)
+        doc = _lib.fn.sp_strerror(code).decode()
+        cls = type(_camel(wire), (base,),
+                   {"code": code, "name": wire, "__doc__": doc,
                     "__module__": __name__})
-        classes[-number] = cls
+        classes[code] = by_name[wire] = cls
     return classes
 
 

@@ -372,6 +372,10 @@ class OwnedTensors:
 
     @staticmethod
     def _same_view(mine, owned, dtype):
+        # The first element's address from the storage: an empty tensor's
+        # data_ptr() is 0, and its offset may lie past the storage's end.
+        first = (_untyped_storage(mine).data_ptr()
+                 + mine.storage_offset() * mine.element_size())
         return (mine.dtype == dtype and tuple(mine.shape) == owned.shape
                 and tuple(mine.stride()) == owned.stride
-                and mine.data_ptr() == owned.data)
+                and first == owned.data)

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Strict checks of `shardport ... --json` output, read from stdin.
 
-usage: check_json.py MODE SOCKET
+usage: check_json.py MODE SOCKET [JOB]
   status        one status object on one line (docs/cli.md schema)
   status-lines  one or more status objects, one per line (--watch --json)
   status-fake   one status object with the fake daemon's exact values
   ping          one ping object
+  jobs          one jobs object listing JOB (`shardport jobs --json`)
+  job           one job object for JOB (`shardport status JOB --json`)
+  abort         one abort object for JOB
 
 Strict means: RFC 8259 only (no NaN or Infinity), no duplicate keys, exactly
 the documented fields with exactly the documented types (a bool is not an
@@ -63,6 +66,7 @@ STATUS = {
     "pool_capacity": is_uint,
     "jobs": lambda v: type(v) is list,
     "peer_address": is_str_or_null,
+    "draining": lambda v: type(v) is bool,
 }
 
 JOB = {
@@ -77,8 +81,51 @@ JOB = {
     "bytes_total": is_uint,
     "rate_bps": is_number,
     "plan_digest": is_str_or_null,
+    "asked": is_uint,
+    "export_id": is_uint,
+    "bytes_prepared": is_uint,
+    "bytes_to_prepare": is_uint,
     "node": is_uint,
     "nodes": lambda v: type(v) is list,
+}
+
+ENTRY = {
+    "job_id": is_str,
+    "phase": is_str,
+    "owner_uid": is_uint,
+    "owner_pid": is_uint,
+    "age_s": is_number,
+    "exports": is_uint,
+    "world": is_uint,
+    "joined": is_uint,
+    "asked": is_uint,
+    "export_id": is_uint,
+    "node": is_uint,
+    "node_count": is_uint,
+}
+
+DETAIL = dict(JOB, owner_uid=is_uint, owner_pid=is_uint, age_s=is_number,
+              exports=is_uint, ranks=lambda v: type(v) is list,
+              history=lambda v: type(v) is list)
+
+
+def is_uint_or_null(v):
+    return v is None or is_uint(v)
+
+
+RANK = {"rank": is_uint, "state": is_str, "pid": is_uint_or_null,
+        "node": is_uint_or_null}
+
+RECORD = {
+    "export_id": is_uint,
+    "outcome": lambda v: v in ("published", "failed"),
+    "error": is_str_or_null,
+    "age_s": is_number,
+    "duration_s": is_number,
+    "rounds": is_uint,
+    "bytes_moved": is_uint,
+    "bytes_total": is_uint,
+    "rate_bps": is_number,
 }
 
 NODE = {
@@ -111,8 +158,36 @@ def check_status(obj, socket):
             check_fields(node, NODE, f"jobs[{i}].nodes[{k}]")
     if obj["socket"] != socket:
         raise Bad(f"socket {obj['socket']!r} != {socket!r}")
-    if obj["protocol_version"] != 1 or obj["uptime_s"] < 0:
+    if obj["protocol_version"] != 2 or obj["uptime_s"] < 0:
         raise Bad("implausible values")
+
+
+def check_jobs(obj, socket, job):
+    check_fields(obj, {"socket": is_str, "jobs": lambda v: type(v) is list},
+                 "jobs")
+    for i, entry in enumerate(obj["jobs"]):
+        check_fields(entry, ENTRY, f"jobs[{i}]")
+    if obj["socket"] != socket:
+        raise Bad(f"socket {obj['socket']!r} != {socket!r}")
+    if job not in [e["job_id"] for e in obj["jobs"]]:
+        raise Bad(f"job {job} is not listed")
+
+
+def check_job(obj, socket, job):
+    check_fields(obj, {"socket": is_str, "job": lambda v: type(v) is dict},
+                 "job")
+    detail = obj["job"]
+    check_fields(detail, DETAIL, "job")
+    for i, rank in enumerate(detail["ranks"]):
+        check_fields(rank, RANK, f"job.ranks[{i}]")
+        if rank["rank"] != i:
+            raise Bad(f"ranks[{i}] is rank {rank['rank']}")
+    for i, record in enumerate(detail["history"]):
+        check_fields(record, RECORD, f"job.history[{i}]")
+    if len(detail["ranks"]) != detail["world"]:
+        raise Bad("not one rank entry per rank of the world")
+    if obj["socket"] != socket or detail["job_id"] != job:
+        raise Bad("socket or job id differs")
 
 
 def check_fake(obj):
@@ -127,6 +202,7 @@ def check_fake(obj):
         "pool_used": 1536,
         "pool_capacity": 1 << 30,
         "peer_address": None,
+        "draining": False,
     }
     for key, value in expect.items():
         if obj[key] != value:
@@ -136,11 +212,13 @@ def check_fake(obj):
         {"job_id": "00ff00ff", "phase": "moving", "error": None, "world": 8,
          "joined": 8, "round": 3, "rounds": 10, "bytes_moved": 1 << 20,
          "bytes_total": 1 << 30, "rate_bps": 5e8, "plan_digest": None,
-         "node": 0, "nodes": []},
+         "asked": 0, "export_id": 0, "bytes_prepared": 0,
+         "bytes_to_prepare": 0, "node": 0, "nodes": []},
         {"job_id": "a1", "phase": "failed", "error": "rank 3 lost",
          "world": 2, "joined": 1, "round": 0, "rounds": 0, "bytes_moved": 0,
-         "bytes_total": 0, "rate_bps": 0, "plan_digest": None, "node": 0,
-         "nodes": []},
+         "bytes_total": 0, "rate_bps": 0, "plan_digest": None, "asked": 0,
+         "export_id": 0, "bytes_prepared": 0, "bytes_to_prepare": 0,
+         "node": 0, "nodes": []},
     ]
     if jobs != want_jobs:
         raise Bad(f"jobs {jobs!r} != {want_jobs!r}")
@@ -157,6 +235,7 @@ def lines_of(text):
 
 def main():
     mode, socket = sys.argv[1], sys.argv[2]
+    job = sys.argv[3] if len(sys.argv) > 3 else None
     raw = sys.stdin.buffer.read()
     # Strict UTF-8: JSON text must be valid Unicode.
     text = raw.decode("utf-8", errors="strict")
@@ -169,6 +248,14 @@ def main():
             check_fields(obj, PING, "ping")
             if obj["socket"] != socket:
                 raise Bad("socket differs")
+        elif mode == "jobs":
+            check_jobs(obj, socket, job)
+        elif mode == "job":
+            check_job(obj, socket, job)
+        elif mode == "abort":
+            check_fields(obj, {"socket": is_str, "job_id": is_str}, "abort")
+            if obj["socket"] != socket or obj["job_id"] != job:
+                raise Bad("socket or job id differs")
         else:
             check_status(obj, socket)
             if mode == "status-fake":

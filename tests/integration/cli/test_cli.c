@@ -129,11 +129,12 @@ static void run_cli(const char *const *args, struct run *r) {
   run_argv(argv, NULL, 0, r);
 }
 
-/* Checks text with check_json.py in the given mode; fails the test with the
- * checker's complaint. */
-static void check_json(const char *mode, const char *extra, const char *text) {
+/* Checks text with check_json.py in the given mode, for socket and (jobs,
+ * job, abort) a job id; fails the test with the checker's complaint. */
+static void check_json(const char *mode, const char *socket, const char *job,
+                       const char *text) {
   const char *argv[] = {env_or_die("PYTHON3"), env_or_die("SHARDPORT_JSON_CHECK"),
-                        mode, extra, NULL};
+                        mode, socket, job, NULL};
   static struct run r;
   run_argv(argv, text, 0, &r);
   ck_assert_msg(r.status == 0, "check_json %s failed: %s%s\non: %s", mode,
@@ -177,7 +178,7 @@ START_TEST(status_table) {
   ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
   ck_assert_uint_eq(r.err_len, 0);
   static const char *const rows[] = {
-      "daemon version    " SP_VERSION "\n", "protocol version  1\n",
+      "daemon version    " SP_VERSION "\n", "protocol version  2\n",
       "backends built    host", "backend active    host",
       "uptime            ", "clients           ",
       "pool              ", "jobs              no jobs\n"};
@@ -200,7 +201,7 @@ START_TEST(status_json) {
           &r);
   ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
   ck_assert_uint_eq(r.err_len, 0);
-  check_json("status", daemon_.socket, r.out);
+  check_json("status", daemon_.socket, NULL, r.out);
 }
 END_TEST
 
@@ -213,7 +214,7 @@ START_TEST(ping) {
   ck_assert_int_eq(r.status, 1); /* an empty path is an invalid argument */
   run_cli((const char *[]){"-s", daemon_.socket, "-j", "ping", NULL}, &r);
   ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
-  check_json("ping", daemon_.socket, r.out);
+  check_json("ping", daemon_.socket, NULL, r.out);
 }
 END_TEST
 
@@ -247,7 +248,118 @@ START_TEST(watch_refreshes) {
   watch_for((const char *[]){"--json", NULL}, &r);
   ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
   ck_assert_uint_ge(count(r.out, "\n"), 2);
-  check_json("status-lines", daemon_.socket, r.out);
+  check_json("status-lines", daemon_.socket, NULL, r.out);
+}
+END_TEST
+
+/* A job of world 2 made and joined as rank 0 on a raw connection (the
+ * job lasts while it stays open): the connection, its id in hex. */
+static int job_joined(char *hex) {
+  int sock = sp_test_connect_hello(daemon_.socket);
+  ck_assert_int_ge(sock, 0);
+  struct sp_msgbuf mb;
+  struct sp_test_reply t, joined;
+  sp_msgbuf_begin(&mb, "job_create", 1, 1);
+  sp_pack_kv_u64(&mb.pk, "world", 2);
+  ck_assert_int_eq(sp_test_send_msgbuf(sock, &mb, NULL, 0), 0);
+  ck_assert_int_eq(sp_test_recv(sock, &t, SP_TEST_TIMEOUT_MS), 0);
+  ck_assert_int_eq(sp_msg_get_strbuf(&t.map, "job_id", false, hex, 33), 0);
+  const uint8_t *ticket;
+  size_t len;
+  ck_assert_int_eq(sp_msg_get_bin(&t.map, "ticket", false, &ticket, &len), 0);
+  sp_msgbuf_begin(&mb, "join", 2, 4);
+  sp_pack_str(&mb.pk, "ticket");
+  sp_pack_bin(&mb.pk, ticket, len);
+  sp_pack_kv_u64(&mb.pk, "rank", 0);
+  sp_pack_kv_u64(&mb.pk, "world", 2);
+  sp_pack_kv_str(&mb.pk, "device", "cpu");
+  ck_assert_int_eq(sp_test_send_msgbuf(sock, &mb, NULL, 0), 0);
+  ck_assert_int_eq(sp_test_recv(sock, &joined, SP_TEST_TIMEOUT_MS), 0);
+  ck_assert_int_eq(joined.code, 0);
+  sp_test_reply_free(&joined);
+  sp_test_reply_free(&t);
+  return sock;
+}
+
+START_TEST(jobs_show_and_abort) {
+  run_cli((const char *[]){"-s", daemon_.socket, "jobs", NULL}, &r);
+  ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+  ck_assert_str_eq(r.out, "no jobs\n");
+
+  char hex[33], prefix[7];
+  int rank0 = job_joined(hex);
+  snprintf(prefix, sizeof prefix, "%.6s", hex);
+  run_cli((const char *[]){"-s", daemon_.socket, "jobs", NULL}, &r);
+  ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+  ck_assert_msg(has_line_starting(r.out, "JOB  ") &&
+                    strstr(r.out, "  USER  PHASE    RANKS  ASKED  EXPORTS  "
+                                  "AGE  NODE\n") != NULL,
+                "%s", r.out);
+  char line[128];
+  snprintf(line, sizeof line, "%s  root  waiting  1/2    0      0        ",
+           hex);
+  ck_assert_msg(has_line_starting(r.out, line), "no '%s' in:\n%s", line,
+                r.out);
+  run_cli((const char *[]){"-s", daemon_.socket, "jobs", "--json", NULL}, &r);
+  ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+  check_json("jobs", daemon_.socket, hex, r.out);
+
+  /* One job in full, by a prefix of its id. */
+  run_cli((const char *[]){"-s", daemon_.socket, "status", prefix, NULL}, &r);
+  ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+  char owner[128];
+  snprintf(owner, sizeof owner, "owner             root (uid 0, pid %d)\n",
+           (int)getpid());
+  snprintf(line, sizeof line, "job               %s\n", hex);
+  const char *const rows[] = {line,
+                              owner,
+                              "phase             waiting\n",
+                              "ranks             1 of 2 joined, 0 asked\n",
+                              "exports           0 finished\n",
+                              "  RANK  STATE   PID",
+                              "history           no export finished yet\n"};
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+    ck_assert_msg(strstr(r.out, rows[i]), "no '%s' in:\n%s", rows[i], r.out);
+  /* The PID column is as wide as this process's pid (at least "PID"). */
+  char rank_row[128], pid[16];
+  int width = snprintf(pid, sizeof pid, "%d", (int)getpid());
+  width = width < 3 ? 3 : width;
+  snprintf(rank_row, sizeof rank_row, "  0     joined  %-*s  0\n", width, pid);
+  ck_assert_msg(strstr(r.out, rank_row), "no '%s' in:\n%s", rank_row, r.out);
+  snprintf(rank_row, sizeof rank_row, "  1     absent  %-*s  -\n", width, "-");
+  ck_assert_msg(strstr(r.out, rank_row), "no '%s' in:\n%s", rank_row, r.out);
+  run_cli((const char *[]){"-s", daemon_.socket, "--json", "status", hex,
+                           NULL},
+          &r);
+  ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+  check_json("job", daemon_.socket, hex, r.out);
+
+  /* Abort: the rank hears it; the job is gone for the next abort. */
+  run_cli((const char *[]){"-s", daemon_.socket, "abort", prefix, "--json",
+                           NULL},
+          &r);
+  ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+  check_json("abort", daemon_.socket, hex, r.out);
+  struct sp_test_reply notice;
+  ck_assert_int_eq(sp_test_recv(rank0, &notice, SP_TEST_TIMEOUT_MS), 0);
+  ck_assert_int_eq(notice.code, SP_EABORTED);
+  sp_test_reply_free(&notice);
+  close(rank0);
+  run_cli((const char *[]){"-s", daemon_.socket, "abort", hex, NULL}, &r);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_uint_eq(r.out_len, 0);
+  ck_assert_msg(strstr(r.err, "shardport: abort: no such job (job_abort: "
+                               "no job ") == r.err,
+                "%s", r.err);
+  run_cli((const char *[]){"-s", daemon_.socket, "status", hex, NULL}, &r);
+  ck_assert_int_eq(r.status, 1);
+
+  rank0 = job_joined(hex);
+  run_cli((const char *[]){"-s", daemon_.socket, "abort", hex, NULL}, &r);
+  ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+  snprintf(line, sizeof line, "aborted job %s\n", hex);
+  ck_assert_str_eq(r.out, line);
+  close(rank0);
 }
 END_TEST
 
@@ -347,6 +459,13 @@ START_TEST(usage_errors_are_exit_2) {
       {"--watch", "nan", "status", NULL},
       {"--watch", "1", "ping", NULL},
       {"--json=yes", "status", NULL},
+      {"abort", NULL},
+      {"abort", "xyz", NULL},
+      {"abort", "0123456789abcdef0123456789abcdef0", NULL},
+      {"abort", "ab", "cd", NULL},
+      {"ping", "ab", NULL},
+      {"jobs", "ab", NULL},
+      {"abort", "ab", "--watch", "1", NULL},
       {"--socket", NULL},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -372,11 +491,13 @@ START_TEST(help_and_version) {
   ck_assert_ptr_nonnull(strstr(r.out, "exit status"));
   run_cli((const char *[]){"help", NULL}, &r);
   ck_assert_int_eq(r.status, 0);
-  ck_assert_ptr_nonnull(strstr(r.out, "  status "));
+  ck_assert_ptr_nonnull(strstr(r.out, "  status [JOB] "));
+  ck_assert_ptr_nonnull(strstr(r.out, "  jobs "));
+  ck_assert_ptr_nonnull(strstr(r.out, "  abort JOB "));
   ck_assert_ptr_nonnull(strstr(r.out, "  ping "));
   run_cli((const char *[]){"--version", NULL}, &r);
   ck_assert_int_eq(r.status, 0);
-  ck_assert_str_eq(r.out, "shardport " SP_VERSION " (protocol 1)\n");
+  ck_assert_str_eq(r.out, "shardport " SP_VERSION " (protocol 2)\n");
 }
 END_TEST
 
@@ -464,7 +585,7 @@ START_TEST(jobs_table_and_hostile_strings) {
           &r);
   fake_daemon_stop(&d);
   ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
-  check_json("status-fake", d.socket, r.out);
+  check_json("status-fake", d.socket, NULL, r.out);
 }
 END_TEST
 
@@ -479,6 +600,7 @@ int main(void) {
   tcase_add_test(live, default_socket_from_env);
   tcase_add_test(live, watch_refreshes);
   tcase_add_test(live, watch_survives_a_restart);
+  tcase_add_test(live, jobs_show_and_abort);
   suite_add_tcase(s, live);
   TCase *exits = tcase_create("exit_statuses");
   tcase_set_timeout(exits, 60);

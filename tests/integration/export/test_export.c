@@ -6,7 +6,8 @@
  * holdings from a deterministic original, registers, exports, checks every
  * owned tensor byte for byte and reports to the test process, which
  * asserts on the reports: every key owned by exactly one rank, refusals
- * identical on every rank, faults reaching every survivor.
+ * identical on every rank, faults reaching every survivor, and a rank that
+ * left before the others asked failing their export at once.
  */
 #include <check.h>
 #include <errno.h>
@@ -324,6 +325,95 @@ START_TEST(rank_killed_while_the_others_wait) {
 }
 END_TEST
 
+/* ---- ranks that left before the others asked ---- */
+
+/* Every rank but the victim failed its last export with rank_lost, one
+ * message on every rank, naming the victim and holding `because`. */
+static void assert_lost_before(struct world *w, const struct scenario *sc,
+                               const char *because) {
+  uint32_t first = sc->victim == 0 ? 1 : 0;
+  for (uint32_t i = 0; i < sc->world; i++) {
+    if (i == sc->victim)
+      continue;
+    ck_assert_msg(w->rep[i].export_rc == SP_ERANKLOST, "rank %u: %s: %s (%s)",
+                  i, sp_err_name(w->rep[i].export_rc), w->rep[i].message,
+                  w->rep[i].failure);
+    ck_assert_msg(strstr(w->rep[i].message, because) != NULL,
+                  "rank %u: \"%s\" does not say \"%s\"", i,
+                  w->rep[i].message, because);
+    ck_assert_str_eq(w->rep[i].message, w->rep[first].message);
+  }
+}
+
+/* The victim is gone (its report read) and the daemon has seen it go;
+ * then the others, waiting at the gate, ask.  Their export's timeout
+ * (30 s) is longer than the test waits for them (TRAINER_WAIT_MS): only
+ * an answer at once passes. */
+static void others_ask_after_the_victim_left(struct world *w,
+                                             const struct scenario *sc) {
+  trainer_read_report(w, sc, sc->victim);
+  trainer_wait_gate(w, sc, sc->victim);
+  trainer_wait_joined(daemon_.socket, sc->world - 1);
+  trainer_open_gate(w, sc, sc->victim);
+  trainer_finish(w, sc);
+}
+
+/* Rank 2's registration is refused and it gives up before the others ask:
+ * they hear rank_lost at once, with why. */
+START_TEST(refused_rank_gone_before_the_others_ask) {
+  struct scenario sc = {.world = 4, .nkeys = 2, .keys = fault_keys,
+                        .tweak = trainer_victim_out_of_bounds, .victim = 2,
+                        .gate = true, .timeout_ms = 30000};
+  struct world w;
+  trainer_start(&w, &sc, one_daemon());
+  others_ask_after_the_victim_left(&w, &sc);
+  ck_assert_msg(strstr(w.rep[2].failure, "register: ") != NULL, "%s", w.rep[2].failure);
+  assert_lost_before(&w, &sc,
+                     "rank 2 disconnected from job ");
+  assert_lost_before(&w, &sc,
+                     "; rank 2's registration was refused: "
+                     "view_out_of_bounds: tensor_add: ");
+  trainer_free(&w, &sc);
+  next_job_is_served();
+}
+END_TEST
+
+/* After the first export, rank 1 leaves (or closes its connection): the
+ * others' second export fails at once, naming it. */
+START_TEST(rank_gone_between_exports) {
+  static const enum fault how[2] = {LEAVE_AFTER_FIRST, CLOSE_AFTER_FIRST};
+  struct scenario sc = {.world = 4, .nkeys = 2, .keys = fault_keys,
+                        .exports = 2, .fault = how[_i], .victim = 1,
+                        .gate = true, .timeout_ms = 30000};
+  struct world w;
+  trainer_start(&w, &sc, one_daemon());
+  others_ask_after_the_victim_left(&w, &sc);
+  ck_assert_int_eq(w.rep[1].export_rc, 0);
+  ck_assert_str_eq(w.rep[1].failure, "");
+  assert_lost_before(&w, &sc,
+                     _i == 0 ? "rank 1 left job " : "rank 1 disconnected from "
+                                                    "job ");
+  trainer_free(&w, &sc);
+  next_job_is_served();
+}
+END_TEST
+
+/* A rank that left and joined again is part of the next export: nobody
+ * fails for its earlier departure. */
+START_TEST(rank_back_between_exports) {
+  struct scenario sc = {.world = 4, .nkeys = 2, .keys = fault_keys,
+                        .exports = 2, .fault = REJOIN_AFTER_FIRST,
+                        .victim = 1, .gate = true};
+  struct world w;
+  trainer_start(&w, &sc, one_daemon());
+  trainer_wait_gate(&w, &sc, UINT32_MAX);
+  trainer_open_gate(&w, &sc, UINT32_MAX);
+  trainer_finish(&w, &sc);
+  trainer_assert_exported(&w, &sc);
+  trainer_free(&w, &sc);
+}
+END_TEST
+
 /* With the engine pausing after each round (the daemon's test seam), rank
  * 3 dies while data moves. */
 START_TEST(rank_killed_mid_export) {
@@ -539,6 +629,13 @@ int main(void) {
   tcase_set_timeout(faults, 60);
   tcase_add_test(faults, rank_killed_while_the_others_wait);
   suite_add_tcase(s, faults);
+  TCase *gone = tcase_create("departures");
+  tcase_add_checked_fixture(gone, start, stop);
+  tcase_set_timeout(gone, 60);
+  tcase_add_test(gone, refused_rank_gone_before_the_others_ask);
+  tcase_add_loop_test(gone, rank_gone_between_exports, 0, 2);
+  tcase_add_test(gone, rank_back_between_exports);
+  suite_add_tcase(s, gone);
   TCase *slow = tcase_create("faults_mid_export");
   tcase_add_checked_fixture(slow, start_slow, stop);
   tcase_set_timeout(slow, 60);

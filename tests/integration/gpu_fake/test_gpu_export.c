@@ -38,6 +38,7 @@
 #include "shardport.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/model.h"
+#include "tests/integration/tlayout.h"
 
 #define MAXR 8
 #define SID 7
@@ -49,8 +50,18 @@
 /* ---- scenarios ---- */
 
 /* AFFINE_ALL: every rank holds the whole key as one affine piece naming
- * every rank as a holder (replicas the owner compares). */
-enum kind { SHARD0 = 1, REPLICATED, PLAIN, EXPERT, AFFINE_COLS, AFFINE_ALL };
+ * every rank as a holder (replicas the owner compares).  AFFINE_MAP: the
+ * pieces .layout gives each rank (tests/integration/tlayout.h), its shard
+ * registered as one dim. */
+enum kind {
+  SHARD0 = 1,
+  REPLICATED,
+  PLAIN,
+  EXPERT,
+  AFFINE_COLS,
+  AFFINE_ALL,
+  AFFINE_MAP
+};
 
 struct tkey {
   const char *name;
@@ -63,6 +74,7 @@ struct tkey {
   uint32_t expert;
   int tie; /* > 0: shares key tie - 1's holding */
   int bad; /* > 0: rank bad - 1's copy differs at element BAD_ELEMENT */
+  const struct tlayout *layout; /* AFFINE_MAP, 2 dims */
 };
 
 #define BAD_ELEMENT 13
@@ -165,7 +177,10 @@ __attribute__((format(printf, 2, 3))) static void failf(struct rank *r,
 static void holding_shape(const struct tkey *k, uint32_t rank, int64_t *shape) {
   shape[0] = k->shape[0];
   shape[1] = k->shape[1];
-  if (k->kind == SHARD0)
+  if (k->kind == AFFINE_MAP) {
+    shape[0] = k->layout->numel[rank];
+    shape[1] = 1;
+  } else if (k->kind == SHARD0)
     shape[0] = k->parts[rank];
   else if (k->kind == AFFINE_COLS)
     shape[1] = k->parts[rank];
@@ -256,6 +271,11 @@ static int build_storage(struct rank *r) {
     const struct holding *h = &r->h[i];
     if (!h->held || k->tie > 0)
       continue;
+    if (k->kind == AFFINE_MAP) {
+      tlayout_fill(k->layout, r->rank, k->name, k->es,
+                   r->image + h->byte_off);
+      continue;
+    }
     int64_t rows = k->ndim == 0 ? 1 : h->shape[0];
     int64_t cols = k->ndim == 2 ? h->shape[1] : 1;
     for (int64_t y = 0; y < rows; y++)
@@ -293,6 +313,7 @@ static sp_placement placement_of(enum kind kind) {
     return SP_PLACEMENT_EXPERT;
   case AFFINE_COLS:
   case AFFINE_ALL:
+  case AFFINE_MAP:
     return SP_PLACEMENT_AFFINE;
   }
   return 0;
@@ -380,6 +401,13 @@ static int register_all(struct rank *r, sp_client *c) {
       }
       d->npieces = 1;
       d->pieces = &pieces[i];
+    } else if (k->kind == AFFINE_MAP) {
+      /* The shard is one run of elements; the pieces say what it holds. */
+      d->ndim = 1;
+      d->shape[1] = d->stride[1] = 0;
+      d->stride[0] = 1;
+      d->npieces = k->layout->npieces[r->rank];
+      d->pieces = k->layout->pieces[r->rank];
     }
   }
   rc = sp_register_tensors(c, t, n);
@@ -1459,6 +1487,48 @@ START_TEST(replicas_compared_on_the_gpus) {
 }
 END_TEST
 
+/* Tensor parallel splits replicated over data parallel ranks
+ * (tlayout_family), on one node and across two: replicas with strided
+ * sources cross the nodes through NCCL and are compared on their owner's
+ * node. */
+static struct tlayout_key family_[TLAYOUT_FAMILY];
+static struct tkey family_keys_[TLAYOUT_FAMILY];
+
+static void make_family_keys(void) {
+  tlayout_family(family_);
+  for (size_t i = 0; i < TLAYOUT_FAMILY; i++)
+    family_keys_[i] = K(.name = family_[i].name, .kind = AFFINE_MAP,
+                        .dtype = family_[i].dtype, .es = family_[i].es,
+                        .ndim = 2,
+                        .shape = {family_[i].layout.shape[0],
+                                  family_[i].layout.shape[1]},
+                        .layout = &family_[i].layout);
+}
+
+START_TEST(tensor_parallel_replicas) {
+  make_family_keys();
+  struct scenario sc = {.world = 4, .nkeys = TLAYOUT_FAMILY,
+                        .keys = family_keys_, .gpus = 2, .exports = 2,
+                        .modes = {MODE_PTR, MODE_TORCH, MODE_FD, MODE_RAW}};
+  struct world w;
+  run(&sc, &w);
+  assert_exported(&w, &sc);
+  world_free(&w, &sc);
+}
+END_TEST
+
+START_TEST(two_nodes_tensor_parallel_replicas) {
+  make_family_keys();
+  struct scenario sc = {.world = 4, .nodes = 2, .nkeys = TLAYOUT_FAMILY,
+                        .keys = family_keys_, .gpus = 2, .exports = 2,
+                        .modes = {MODE_PTR, MODE_TORCH, MODE_FD, MODE_RAW}};
+  struct world w;
+  run(&sc, &w);
+  assert_exported(&w, &sc);
+  world_free(&w, &sc);
+}
+END_TEST
+
 START_TEST(two_nodes_replicas_compared) {
   /* Ranks 0, 1 on node 0 and 2, 3 on node 1: replicas cross the nodes
    * through NCCL and are compared on their owner's node. */
@@ -1592,6 +1662,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, large_strided_tensors);
   tcase_add_test(tc, refusals);
   tcase_add_test(tc, replicas_compared_on_the_gpus);
+  tcase_add_test(tc, tensor_parallel_replicas);
   suite_add_tcase(s, tc);
   TCase *pool = tcase_create("pool");
   tcase_add_checked_fixture(pool, start, stop);
@@ -1613,6 +1684,7 @@ int main(int argc, char **argv) {
   tcase_set_timeout(nodes, 120);
   tcase_add_test(nodes, two_nodes_mixed_model);
   tcase_add_test(nodes, two_nodes_replicas_compared);
+  tcase_add_test(nodes, two_nodes_tensor_parallel_replicas);
   suite_add_tcase(s, nodes);
   TCase *joined = tcase_create("nodes-join");
   tcase_add_checked_fixture(joined, start_nodes_logged, stop_nodes_logged);

@@ -6,26 +6,28 @@
  *
  * What is asserted: every layout of the single-node suite exports across
  * nodes exactly (each rank checks every byte it owns against the original)
- * and with the same owners as on one daemon; every daemon of a job plans
- * the same digest and shows its nodes and the bytes between them; a wrong
- * secret or job id is refused; refusals reach every rank of every node
- * with one message; and the faults: a daemon killed mid-round, a daemon
+ * and with the same owners as on one daemon, and so do tensor parallel
+ * splits replicated over data parallel ranks on the other node (strided
+ * sources among them); every daemon of a job plans the same digest and
+ * shows its nodes and the bytes between them; a wrong secret or job id is
+ * refused; refusals reach every rank of every node with one message; and
+ * the faults: a daemon killed mid-round, a daemon
  * stopped (SIGSTOP: it reads nothing), a rank lost on another node, fail
  * every surviving rank with the error naming the lost node or rank within
  * the export's timeout, free the survivors' pool, and leave the daemons
- * ready for the next job; a slow peer is not a lost one.
+ * ready for the next job; a slow peer is not a lost one; a rank that left
+ * before the others asked (its registration refused, by leave, or with its
+ * node) fails their export at once on both nodes, with why, and one that
+ * joined again fails nothing.
  *
  *   test-nodes [TCASE]   (all test cases by default)
  */
-#include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -371,6 +373,34 @@ START_TEST(refusal_reaches_every_node_alike) {
 }
 END_TEST
 
+/* Tensor parallel splits replicated over data parallel ranks
+ * (tlayout_family): the replicas that reach an owner on another node, with
+ * strided sources among them, are packed where they are held and compared
+ * on the owner's node only.  Exact on one daemon and on two. */
+START_TEST(tensor_parallel_replicas_across_nodes) {
+  static struct tlayout_key family[TLAYOUT_FAMILY];
+  struct tkey keys[TLAYOUT_FAMILY];
+  tlayout_family(family);
+  for (size_t i = 0; i < TLAYOUT_FAMILY; i++)
+    keys[i] = K(.name = family[i].name, .kind = AFFINE_MAP,
+                .dtype = family[i].dtype, .es = family[i].es, .ndim = 2,
+                .shape = {family[i].layout.shape[0],
+                          family[i].layout.shape[1]},
+                .layout = &family[i].layout);
+  struct scenario sc = {.world = 4, .nkeys = TLAYOUT_FAMILY, .keys = keys,
+                        .exports = 2};
+  struct world one, two;
+  run_on(&sc, &one, 1);
+  trainer_assert_exported(&one, &sc);
+  run_on(&sc, &two, 2);
+  trainer_assert_exported(&two, &sc);
+  trainer_free(&one, &sc);
+  trainer_free(&two, &sc);
+  assert_idle(0);
+  assert_idle(1);
+}
+END_TEST
+
 /* Replicas of one piece on two nodes disagree: the owner's daemon finds
  * it, and every rank on both nodes hears the same message. */
 START_TEST(replicas_across_nodes_that_differ) {
@@ -488,73 +518,6 @@ START_TEST(wrong_secret_or_job_is_refused) {
   ck_assert_int_eq(sp_connect(daemons[1].socket, &other), 0);
   ck_assert_int_eq(sp_job_join(other, &good, 1, 2, "cpu"), 0);
   sp_close(other);
-  sp_close(root);
-}
-END_TEST
-
-/* The daemon's address from its status: where to speak the peer protocol
- * by hand. */
-static int dial_peer_port(int i) {
-  sp_status_info *st = status_of(i);
-  char addr[64];
-  snprintf(addr, sizeof addr, "%s", st->peer_address);
-  sp_status_free(st);
-  char *colon = strrchr(addr, ':');
-  ck_assert_ptr_nonnull(colon);
-  *colon = '\0';
-  struct sockaddr_in sa = {.sin_family = AF_INET,
-                           .sin_port = htons((uint16_t)atoi(colon + 1))};
-  ck_assert_int_eq(inet_pton(AF_INET, addr, &sa.sin_addr), 1);
-  int sock = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ck_assert_int_ge(sock, 0);
-  ck_assert_int_eq(connect(sock, (struct sockaddr *)&sa, sizeof sa), 0);
-  return sock;
-}
-
-/* A daemon that says hello with a wrong secret, or anything but hello, is
- * answered with an error and closed; the daemon goes on serving. */
-START_TEST(peer_with_wrong_secret_is_closed) {
-  sp_client *root;
-  sp_ticket good;
-  ck_assert_int_eq(sp_connect(daemons[0].socket, &root), 0);
-  ck_assert_int_eq(sp_job_create(root, 2, &good), 0);
-  uint8_t *job = ticket_field(&good, "job");
-  uint8_t secret[16];
-  memcpy(secret, ticket_field(&good, "secret"), 16);
-  secret[0] ^= 0x80;
-  int sock = dial_peer_port(0);
-  struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "peer_hello", 0, 5);
-  sp_pack_kv_u64(&mb.pk, "version", 1);
-  sp_pack_str(&mb.pk, "job");
-  sp_pack_bin(&mb.pk, job, 16);
-  sp_pack_str(&mb.pk, "secret");
-  sp_pack_bin(&mb.pk, secret, 16);
-  sp_pack_kv_str(&mb.pk, "addr", "127.0.0.1:9");
-  sp_pack_kv_u64(&mb.pk, "node_id", 12345);
-  ck_assert_int_eq(sp_test_send_msgbuf(sock, &mb, NULL, 0), 0);
-  struct sp_test_reply r;
-  ck_assert_int_eq(sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS), 0);
-  ck_assert_str_eq(r.head.op, "error");
-  ck_assert_int_eq(r.code, SP_ETICKET);
-  sp_test_reply_free(&r);
-  ck_assert_int_eq(sp_test_wait_closed(sock, SP_TEST_TIMEOUT_MS), 0);
-  close(sock);
-  /* Not a hello at all. */
-  sock = dial_peer_port(0);
-  ck_assert_int_eq(sp_test_send_op(sock, "ping", 3, NULL, 0), 0);
-  ck_assert_int_eq(sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS), 0);
-  ck_assert_int_eq(r.code, SP_EHELLO);
-  sp_test_reply_free(&r);
-  ck_assert_int_eq(sp_test_wait_closed(sock, SP_TEST_TIMEOUT_MS), 0);
-  close(sock);
-  /* A frame larger than a peer may send before it said who it is. */
-  sock = dial_peer_port(0);
-  uint8_t huge[4] = {0x7f, 0xff, 0xff, 0xff};
-  ck_assert_int_eq(sp_test_send_raw(sock, huge, sizeof huge, NULL, 0), 0);
-  ck_assert_int_eq(sp_test_wait_closed(sock, SP_TEST_TIMEOUT_MS), 0);
-  close(sock);
-  ck_assert_int_eq(sp_ping(root, NULL), 0);
   sp_close(root);
 }
 END_TEST
@@ -715,6 +678,141 @@ START_TEST(rank_lost_on_another_node) {
 }
 END_TEST
 
+/* ---- ranks that left before the others asked ---- */
+
+/* Every rank but the victim failed its last export with rank_lost, one
+ * message on both nodes, holding each of `says`. */
+static void assert_lost_everywhere(const struct world *w,
+                                   const struct scenario *sc,
+                                   const char *const *says) {
+  uint32_t first = sc->victim == 0 ? 1 : 0;
+  for (uint32_t i = 0; i < sc->world; i++) {
+    if (i == sc->victim)
+      continue;
+    ck_assert_msg(w->rep[i].export_rc == SP_ERANKLOST, "rank %u: %s: %s (%s)",
+                  i, sp_err_name(w->rep[i].export_rc), w->rep[i].message,
+                  w->rep[i].failure);
+    for (const char *const *p = says; *p != NULL; p++)
+      ck_assert_msg(strstr(w->rep[i].message, *p) != NULL,
+                    "rank %u: \"%s\" does not say \"%s\"", i,
+                    w->rep[i].message, *p);
+    ck_assert_str_eq(w->rep[i].message, w->rep[first].message);
+  }
+}
+
+/* The victim (on node victim_node) is gone and its daemon has seen it go
+ * and told the root; then the others, at the gate, ask.  Their export's
+ * timeout (30 s) is longer than the test waits for them
+ * (TRAINER_WAIT_MS): only an answer at once passes. */
+static void others_ask_after_the_victim_left(struct world *w,
+                                             const struct scenario *sc,
+                                             int victim_node) {
+  trainer_read_report(w, sc, sc->victim);
+  trainer_wait_gate(w, sc, sc->victim);
+  trainer_wait_joined(daemons[victim_node].socket, 1);
+  /* Its daemon sends the root `left` on its next wake-up. */
+  sleep_ms(200);
+  trainer_open_gate(w, sc, sc->victim);
+  trainer_finish(w, sc);
+}
+
+/* Rank 3's registration is refused on the second node and it gives up
+ * before the others ask: every other rank, on both nodes, hears rank_lost
+ * at once with why, from the daemon that refused it. */
+START_TEST(refused_rank_gone_on_another_node) {
+  struct scenario sc = {.world = 4,
+                        .nkeys = sizeof refusal_keys / sizeof refusal_keys[0],
+                        .keys = refusal_keys,
+                        .tweak = trainer_victim_out_of_bounds, .victim = 3,
+                        .gate = true, .timeout_ms = 30000};
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  others_ask_after_the_victim_left(&w, &sc, 1);
+  static const char *const says[] = {
+      "rank 3 disconnected from job ",
+      "; rank 3's registration was refused: view_out_of_bounds: tensor_add: ",
+      NULL};
+  assert_lost_everywhere(&w, &sc, says);
+  trainer_free(&w, &sc);
+  next_job_is_served(2);
+}
+END_TEST
+
+/* After the first export, rank 2 (second node) leaves: the others' second
+ * export fails at once on both nodes, naming it. */
+START_TEST(rank_left_between_exports_on_another_node) {
+  struct scenario sc = {.world = 4,
+                        .nkeys = sizeof refusal_keys / sizeof refusal_keys[0],
+                        .keys = refusal_keys, .exports = 2,
+                        .fault = LEAVE_AFTER_FIRST, .victim = 2, .gate = true,
+                        .timeout_ms = 30000};
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  others_ask_after_the_victim_left(&w, &sc, 1);
+  ck_assert_int_eq(w.rep[2].export_rc, 0);
+  static const char *const says[] = {"rank 2 left job ", NULL};
+  assert_lost_everywhere(&w, &sc, says);
+  trainer_free(&w, &sc);
+  next_job_is_served(2);
+}
+END_TEST
+
+/* Between exports the second daemon dies, and its ranks with it: the
+ * first node's ranks' next export fails at once, naming a rank of the lost
+ * node and the node. */
+START_TEST(node_gone_between_exports) {
+  struct scenario sc = {.world = 4,
+                        .nkeys = sizeof refusal_keys / sizeof refusal_keys[0],
+                        .keys = refusal_keys, .exports = 2, .gate = true,
+                        .timeout_ms = 30000};
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  trainer_wait_gate(&w, &sc, UINT32_MAX);
+  kill_daemon(1, SIGKILL);
+  /* The root has seen the node go: the job lists one node. */
+  size_t nodes = 2;
+  for (int tries = 0; tries < 2000 && nodes != 1; tries++) {
+    sp_status_info *st = status_of(0);
+    ck_assert_uint_eq(st->njobs, 1);
+    nodes = st->jobs[0].nnodes;
+    sp_status_free(st);
+    if (nodes != 1)
+      sleep_ms(10);
+  }
+  ck_assert_uint_eq(nodes, 1);
+  trainer_open_gate(&w, &sc, UINT32_MAX);
+  trainer_finish(&w, &sc);
+  for (uint32_t i = 0; i < 2; i++) {
+    ck_assert_msg(w.rep[i].export_rc == SP_ERANKLOST, "rank %u: %s: %s (%s)",
+                  i, sp_err_name(w.rep[i].export_rc), w.rep[i].message,
+                  w.rep[i].failure);
+    ck_assert_ptr_nonnull(strstr(w.rep[i].message, "rank 2 disconnected"));
+    ck_assert_ptr_nonnull(strstr(w.rep[i].message, "; node 1 ("));
+  }
+  ck_assert_str_eq(w.rep[0].message, w.rep[1].message);
+  trainer_free(&w, &sc);
+  assert_idle(0);
+}
+END_TEST
+
+/* A rank that left and joined again on its node is part of the next
+ * export: nobody fails for its earlier departure. */
+START_TEST(rank_back_between_exports_on_another_node) {
+  struct scenario sc = {.world = 4,
+                        .nkeys = sizeof refusal_keys / sizeof refusal_keys[0],
+                        .keys = refusal_keys, .exports = 2,
+                        .fault = REJOIN_AFTER_FIRST, .victim = 3,
+                        .gate = true};
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  trainer_wait_gate(&w, &sc, UINT32_MAX);
+  trainer_open_gate(&w, &sc, UINT32_MAX);
+  trainer_finish(&w, &sc);
+  trainer_assert_exported(&w, &sc);
+  trainer_free(&w, &sc);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   Suite *s = suite_create("nodes");
   TCase *exp = tcase_create("export");
@@ -725,6 +823,7 @@ int main(int argc, char **argv) {
   tcase_add_test(exp, digests_agree_and_status_shows_nodes);
   tcase_add_loop_test(exp, refusal_reaches_every_node_alike, 0,
                       sizeof refusals / sizeof refusals[0]);
+  tcase_add_test(exp, tensor_parallel_replicas_across_nodes);
   tcase_add_test(exp, replicas_across_nodes_that_differ);
   tcase_add_test(exp, replicated_copies_across_nodes_that_differ);
   tcase_add_test(exp, different_plans_fail_everywhere);
@@ -739,7 +838,6 @@ int main(int argc, char **argv) {
   tcase_add_checked_fixture(join, start2, stop_all);
   tcase_set_timeout(join, 60);
   tcase_add_test(join, wrong_secret_or_job_is_refused);
-  tcase_add_test(join, peer_with_wrong_secret_is_closed);
   suite_add_tcase(s, join);
   TCase *faults = tcase_create("faults");
   tcase_add_checked_fixture(faults, start2_slow, stop_all);
@@ -750,6 +848,14 @@ int main(int argc, char **argv) {
   tcase_add_test(faults, slow_peer_is_not_lost);
   tcase_add_test(faults, rank_lost_on_another_node);
   suite_add_tcase(s, faults);
+  TCase *gone = tcase_create("departures");
+  tcase_add_checked_fixture(gone, start2, stop_all);
+  tcase_set_timeout(gone, 60);
+  tcase_add_test(gone, refused_rank_gone_on_another_node);
+  tcase_add_test(gone, rank_left_between_exports_on_another_node);
+  tcase_add_test(gone, rank_back_between_exports_on_another_node);
+  tcase_add_test(gone, node_gone_between_exports);
+  suite_add_tcase(s, gone);
   SRunner *sr = srunner_create(s);
   srunner_run(sr, NULL, argc > 1 ? argv[1] : NULL, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);

@@ -1,6 +1,7 @@
 /*
- * test_cli_text.c - the CLI's JSON strings and numbers, UTF-8 checks and
- * terminal-safe text, byte counts and durations.
+ * test_cli_text.c - the CLI's JSON strings and numbers, byte counts, the
+ * gist of a reason and durations (terminal-safe text is
+ * tests/unit/proto/test_text.c's).
  */
 #include <check.h>
 #include <math.h>
@@ -85,42 +86,6 @@ START_TEST(json_doubles_round_trip) {
 }
 END_TEST
 
-START_TEST(utf8_lengths) {
-  uint32_t cp;
-  ck_assert_uint_eq(text_utf8_len((const unsigned char *)"A", 1, &cp), 1);
-  ck_assert_uint_eq(cp, 'A');
-  ck_assert_uint_eq(text_utf8_len((const unsigned char *)"\xc3\xa9", 2, &cp), 2);
-  ck_assert_uint_eq(cp, 0xe9);
-  ck_assert_uint_eq(text_utf8_len((const unsigned char *)"\xc3\xa9", 1, &cp), 0);
-  ck_assert_uint_eq(
-      text_utf8_len((const unsigned char *)"\xf0\x9f\x98\x80", 4, &cp), 4);
-  ck_assert_uint_eq(cp, 0x1f600);
-  ck_assert_uint_eq(text_utf8_len((const unsigned char *)"\xc1\xbf", 2, &cp), 0);
-  ck_assert_uint_eq(text_utf8_len((const unsigned char *)"\xf5\x80\x80\x80", 4, &cp), 0);
-}
-END_TEST
-
-START_TEST(sanitize_for_terminal) {
-  char buf[64];
-  text_sanitize("host", buf, sizeof buf);
-  ck_assert_str_eq(buf, "host");
-  text_sanitize("a\x1b[2Jb", buf, sizeof buf);
-  ck_assert_str_eq(buf, "a\\x1b[2Jb");
-  text_sanitize("caf\xc3\xa9\xff", buf, sizeof buf);
-  ck_assert_str_eq(buf, "caf\xc3\xa9\\xff");
-  /* U+009B is CSI in 8-bit terminals: escaped byte by byte. */
-  text_sanitize("\xc2\x9b", buf, sizeof buf);
-  ck_assert_str_eq(buf, "\\xc2\\x9b");
-  text_sanitize("tab\there", buf, sizeof buf);
-  ck_assert_str_eq(buf, "tab\\x09here");
-  /* Truncation keeps whole characters and escapes. */
-  text_sanitize("abc\x1b", buf, 6);
-  ck_assert_str_eq(buf, "abc");
-  text_sanitize("ab\xc3\xa9", buf, 4);
-  ck_assert_str_eq(buf, "ab");
-}
-END_TEST
-
 START_TEST(reasons_keep_their_gist) {
   char buf[64];
   ck_assert(text_gist("the CUDA backend cannot serve: no usable NVIDIA "
@@ -189,8 +154,6 @@ int main(void) {
   tcase_add_test(json, json_doubles_round_trip);
   suite_add_tcase(s, json);
   TCase *text = tcase_create("text");
-  tcase_add_test(text, utf8_lengths);
-  tcase_add_test(text, sanitize_for_terminal);
   tcase_add_test(text, bytes_are_human);
   tcase_add_test(text, reasons_keep_their_gist);
   tcase_add_test(text, durations_are_human);

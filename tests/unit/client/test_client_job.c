@@ -543,7 +543,7 @@ enum variant {
   REFUSED,          /* an error reply */
   /* every variant from here is refused by the library */
   BAD_SEGMENT_INDEX,
-  BAD_OFFSET_PAST_SEGMENT,
+  BAD_EMPTY_OFFSET_OVERFLOW,
   BAD_VIEW_PAST_SEGMENT,
   BAD_UNKNOWN_SID,
   BAD_PAST_STORAGE,
@@ -611,8 +611,9 @@ static int send_progress(int conn, uint64_t id, const char *phase,
 }
 
 /* Part 0: two segments, "w.b" and the tied pair; part 1: the identity
- * tensor "emb" and an empty tensor at the very end of segment 1.  Each
- * variant breaks one thing. */
+ * tensor "emb", an empty tensor at the very end of segment 1, and the
+ * rank's own empty view whose offset lies past its storage's end (as
+ * PyTorch leaves an empty slice's).  Each variant breaks one thing. */
 static int send_export(int conn, uint64_t id, int v) {
   int seg[2] = {pattern_memfd(SEG_NAME, SEG0_LEN, 1),
                 pattern_memfd(SEG_NAME, SEG1_LEN, 2)};
@@ -668,7 +669,7 @@ static int send_export(int conn, uint64_t id, int v) {
   sp_pack_kv_u64(&mb.pk, "part", v == BAD_PART_ORDER ? 2 : 1);
   sp_pack_kv_u64(&mb.pk, "parts", 2);
   sp_pack_str(&mb.pk, "tensors");
-  msgpack_pack_array(&mb.pk, 2);
+  msgpack_pack_array(&mb.pk, 3);
   msgpack_packer *pk = &mb.pk;
   if (v == BAD_UNKNOWN_SID)
     pack_owned(pk, "emb", "float32", 1, s8, s1, -1, 9, 128, false);
@@ -677,14 +678,17 @@ static int send_export(int conn, uint64_t id, int v) {
                STORAGE_LEN - 16, false);
   else
     pack_owned(pk, "emb", "float32", 1, s8, s1, -1, STORAGE_ID, 128, false);
-  if (v == BAD_OFFSET_PAST_SEGMENT)
-    pack_owned(pk, "empty", "float32", 1, s0, s1, 1, 0, SEG1_LEN + 1, false);
+  if (v == BAD_EMPTY_OFFSET_OVERFLOW)
+    pack_owned(pk, "empty", "float32", 1, s0, s1, 1, 0,
+               (uint64_t)INT64_MAX + 1, false);
   else if (v == BAD_VIEW_PAST_SEGMENT)
     pack_owned(pk, "empty", "float32", 1, s4, s1, 1, 0, SEG1_LEN - 12, false);
   else if (v == BAD_DUPLICATE_KEY)
     pack_owned(pk, "w.b", "float32", 1, s0, s1, 1, 0, SEG1_LEN, false);
   else
     pack_owned(pk, "empty", "float32", 1, s0, s1, 1, 0, SEG1_LEN, false);
+  pack_owned(pk, "empty.own", "float32", 1, s0, s1, -1, STORAGE_ID,
+             STORAGE_LEN + 256, false);
   return fake_send(conn, &mb, NULL, 0);
 }
 
@@ -804,13 +808,15 @@ START_TEST(export_maps_and_checks_the_reply) {
   ck_assert_int_eq(sp_export(r.c, &opts, &set), 0);
   ck_assert_ptr_nonnull(set);
   ck_assert_uint_eq(set->export_id, EXPORT_ID);
-  ck_assert_uint_eq(set->ntensors, 5);
-  const char *order[5] = {"emb", "empty", "tied.a", "tied.b", "w.b"};
-  for (int i = 0; i < 5; i++)
+  ck_assert_uint_eq(set->ntensors, 6);
+  const char *order[6] = {"emb", "empty", "empty.own", "tied.a", "tied.b",
+                          "w.b"};
+  for (int i = 0; i < 6; i++)
     ck_assert_str_eq(set->tensors[i].key, order[i]);
 
-  const sp_owned_tensor *emb = &set->tensors[0], *ta = &set->tensors[2],
-                        *tb = &set->tensors[3], *wb = &set->tensors[4];
+  const sp_owned_tensor *emb = &set->tensors[0], *own = &set->tensors[2],
+                        *ta = &set->tensors[3], *tb = &set->tensors[4],
+                        *wb = &set->tensors[5];
   /* Identity: a pointer into the rank's own storage. */
   ck_assert_int_eq(emb->identity, 1);
   ck_assert_ptr_eq(emb->data, r.storage + 128);
@@ -829,6 +835,11 @@ START_TEST(export_maps_and_checks_the_reply) {
   ck_assert_int_eq(ta->stride[0], 3);
   ck_assert_uint_eq(((const uint8_t *)ta->data)[5], pattern(5, 2));
   ck_assert_int_eq(set->tensors[1].shape[0], 0);
+  /* An empty view of the rank's own storage, past its end: accepted, at
+   * the address PyTorch's data_ptr() would give. */
+  ck_assert_int_eq(own->identity, 1);
+  ck_assert_int_eq(own->shape[0], 0);
+  ck_assert(own->data == (void *)((uintptr_t)r.storage + STORAGE_LEN + 256));
 
   ck_assert_int_eq(log.calls, 2);
   ck_assert_str_eq(log.phases[0], "planning");
@@ -909,7 +920,7 @@ START_TEST(progress_keeps_a_slow_export_alive) {
   sp_export_opts opts = {.timeout_ms = 100};
   sp_owned_set *set = NULL;
   ck_assert_int_eq(sp_export(r.c, &opts, &set), 0);
-  ck_assert_uint_eq(set->ntensors, 5);
+  ck_assert_uint_eq(set->ntensors, 6);
   ck_assert_int_eq(sp_release(r.c, set), 0);
   sp_close(r.c);
   fake_daemon_stop(&d);

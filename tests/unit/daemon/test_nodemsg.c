@@ -170,23 +170,42 @@ static int round_trip(const struct nodemsg *m, struct nodemsg *out) {
 
 START_TEST(messages_round_trip) {
   struct nodemsg in, out;
-  in = (struct nodemsg){.op = NODEMSG_HELLO, .version = 1, .node_id = 99};
+  in = (struct nodemsg){.op = NODEMSG_CHALLENGE, .version = 2};
+  memset(in.nonce, 0x5a, sizeof in.nonce);
+  ck_assert_int_eq(round_trip(&in, &out), 0);
+  ck_assert_int_eq(out.op, NODEMSG_CHALLENGE);
+  ck_assert_uint_eq(out.version, 2);
+  ck_assert_mem_eq(out.nonce, in.nonce, sizeof in.nonce);
+  nodemsg_free(&out);
+
+  in = (struct nodemsg){.op = NODEMSG_HELLO, .version = 2, .node_id = 99};
   memcpy(in.job, id16, 16);
-  memcpy(in.secret, id16, 16);
+  memset(in.nonce, 0x11, sizeof in.nonce);
+  memset(in.proof, 0x22, sizeof in.proof);
   snprintf(in.addr, sizeof in.addr, "10.0.0.9:7070");
   ck_assert_int_eq(round_trip(&in, &out), 0);
   ck_assert_int_eq(out.op, NODEMSG_HELLO);
   ck_assert(!out.reply);
   ck_assert_str_eq(out.addr, "10.0.0.9:7070");
   ck_assert_uint_eq(out.node_id, 99);
-  ck_assert_mem_eq(out.secret, id16, 16);
+  ck_assert_mem_eq(out.nonce, in.nonce, sizeof in.nonce);
+  ck_assert_mem_eq(out.proof, in.proof, sizeof in.proof);
   nodemsg_free(&out);
 
   in = (struct nodemsg){.op = NODEMSG_HELLO, .reply = true, .node = 3,
                         .node_id = 5};
+  memset(in.proof, 0x33, sizeof in.proof);
   ck_assert_int_eq(round_trip(&in, &out), 0);
   ck_assert(out.reply);
   ck_assert_uint_eq(out.node, 3);
+  ck_assert_mem_eq(out.proof, in.proof, sizeof in.proof);
+  nodemsg_free(&out);
+
+  in = (struct nodemsg){.op = NODEMSG_DATA, .reply = true};
+  memset(in.proof, 0x44, sizeof in.proof);
+  ck_assert_int_eq(round_trip(&in, &out), 0);
+  ck_assert(out.reply);
+  ck_assert_mem_eq(out.proof, in.proof, sizeof in.proof);
   nodemsg_free(&out);
 
   in = (struct nodemsg){.op = NODEMSG_ASK, .gather = 7, .rank = 2,
@@ -281,6 +300,14 @@ START_TEST(messages_round_trip) {
   in = (struct nodemsg){.op = NODEMSG_LEFT, .rank = 5, .disconnected = true};
   ck_assert_int_eq(round_trip(&in, &out), 0);
   ck_assert(out.disconnected);
+  ck_assert_str_eq(out.message, "");
+  nodemsg_free(&out);
+  /* With why the rank left, when its daemon knows. */
+  snprintf(in.message, sizeof in.message,
+           "rank 5's registration was refused: view_out_of_bounds: x");
+  ck_assert_int_eq(round_trip(&in, &out), 0);
+  ck_assert_str_eq(out.message,
+                   "rank 5's registration was refused: view_out_of_bounds: x");
   nodemsg_free(&out);
 }
 END_TEST
@@ -301,24 +328,37 @@ static int parse_crafted(const char *op, uint32_t nfields,
   return rc;
 }
 
-static void hello_short_secret(msgpack_packer *pk) {
-  sp_pack_kv_u64(pk, "version", 1);
+static void hello_short_proof(msgpack_packer *pk) {
+  uint8_t bytes[32] = {0};
+  sp_pack_kv_u64(pk, "version", 2);
   sp_pack_str(pk, "job");
   sp_pack_bin(pk, id16, 16);
-  sp_pack_str(pk, "secret");
-  sp_pack_bin(pk, id16, 15);
+  sp_pack_str(pk, "nonce");
+  sp_pack_bin(pk, bytes, 32);
+  sp_pack_str(pk, "proof");
+  sp_pack_bin(pk, bytes, 31);
   sp_pack_kv_str(pk, "addr", "10.0.0.1:1");
   sp_pack_kv_u64(pk, "node_id", 1);
 }
 
 static void hello_name_addr(msgpack_packer *pk) {
-  sp_pack_kv_u64(pk, "version", 1);
+  uint8_t bytes[32] = {0};
+  sp_pack_kv_u64(pk, "version", 2);
   sp_pack_str(pk, "job");
   sp_pack_bin(pk, id16, 16);
-  sp_pack_str(pk, "secret");
-  sp_pack_bin(pk, id16, 16);
+  sp_pack_str(pk, "nonce");
+  sp_pack_bin(pk, bytes, 32);
+  sp_pack_str(pk, "proof");
+  sp_pack_bin(pk, bytes, 32);
   sp_pack_kv_str(pk, "addr", "evil.example:1");
   sp_pack_kv_u64(pk, "node_id", 1);
+}
+
+static void challenge_short_nonce(msgpack_packer *pk) {
+  uint8_t bytes[32] = {0};
+  sp_pack_kv_u64(pk, "version", 2);
+  sp_pack_str(pk, "nonce");
+  sp_pack_bin(pk, bytes, 16);
 }
 
 static void ask_big_rank(msgpack_packer *pk) {
@@ -547,11 +587,15 @@ END_TEST
 
 START_TEST(messages_refused) {
   char why[256];
-  ck_assert_int_eq(parse_crafted("peer_hello", 5, hello_short_secret, why,
+  ck_assert_int_eq(parse_crafted("peer_hello", 6, hello_short_proof, why,
                                  sizeof why),
                    SP_EBADMSG);
-  ck_assert_ptr_nonnull(strstr(why, "secret"));
-  ck_assert_int_eq(parse_crafted("peer_hello", 5, hello_name_addr, why,
+  ck_assert_ptr_nonnull(strstr(why, "proof"));
+  ck_assert_int_eq(parse_crafted("peer_challenge", 2, challenge_short_nonce,
+                                 why, sizeof why),
+                   SP_EBADMSG);
+  ck_assert_ptr_nonnull(strstr(why, "nonce"));
+  ck_assert_int_eq(parse_crafted("peer_hello", 6, hello_name_addr, why,
                                  sizeof why),
                    SP_EINVAL);
   ck_assert_ptr_nonnull(strstr(why, "addr"));

@@ -567,6 +567,178 @@ static struct req_tensor tensor(const char *key, uint32_t sid, int64_t rows,
   return t;
 }
 
+/* Writes byte pattern (page + index) into pages [from, to) of fd. */
+static void fill_pages(int fd, size_t from, size_t to) {
+  uint8_t page[4096];
+  for (size_t p = from; p < to; p++) {
+    for (size_t i = 0; i < sizeof page; i++)
+      page[i] = (uint8_t)(p * 31 + i);
+    ck_assert_int_eq(pwrite(fd, page, sizeof page, (off_t)(p * 4096)),
+                     (ssize_t)sizeof page);
+  }
+}
+
+static void check_page(const struct registry *reg, uint32_t sid, size_t p) {
+  uint32_t i = registry_find_sid(reg, sid);
+  ck_assert_uint_ne(i, IDXSET_NONE);
+  for (size_t k = 0; k < 4096; k += 1021)
+    ck_assert_uint_eq(reg->info[i].data[k], (uint8_t)(p * 31 + k));
+}
+
+/* A thousand one-page storages in one memfd, over frames that each bring
+ * their own descriptors of it: one mapping.  The file grows, and a storage
+ * in the new part maps it once more; the storages before it read on. */
+START_TEST(storages_share_mappings) {
+  enum { PAGES = 1000 };
+  struct registry reg;
+  char err[256];
+  registry_init(&reg, SP_DEVICE_CPU);
+  int fd = memfd_of(PAGES * 4096);
+  fill_pages(fd, 0, PAGES);
+  int maps = count_maps();
+  struct req_storage *s = calloc(PAGES, sizeof *s);
+  ck_assert_ptr_nonnull(s);
+  for (uint32_t p = 0; p < PAGES; p++)
+    s[p] = (struct req_storage){.sid = p,
+                                .fd = p % 2,
+                                .offset = (uint64_t)p * 4096,
+                                .length = 4096,
+                                .base = 0x100000 + (uint64_t)p * 4096};
+  for (uint32_t first = 0; first < PAGES; first += 100) {
+    struct sp_frame frame = {.nfds = 2};
+    frame.fds[0] = dup(fd);
+    frame.fds[1] = dup(fd);
+    ck_assert_int_eq(
+        registry_add_storages(&reg, s + first, 100, &frame, err, sizeof err),
+        0);
+    close(frame.fds[0]);
+    close(frame.fds[1]);
+  }
+  ck_assert_int_eq(count_maps(), maps + 1);
+  ck_assert_uint_eq(reg.nstorages, PAGES);
+  check_page(&reg, 0, 0);
+  check_page(&reg, PAGES - 1, PAGES - 1);
+
+  ck_assert_int_eq(ftruncate(fd, (PAGES + 8) * 4096), 0);
+  fill_pages(fd, PAGES, PAGES + 8);
+  struct req_storage grown[2] = {
+      /* Inside the old mapping: shares it. */
+      {.sid = PAGES, .fd = 0, .offset = 10, .length = 20, .base = 0x10},
+      /* Past it: maps the grown file. */
+      {.sid = PAGES + 1, .fd = 0, .offset = (PAGES + 4) * 4096,
+       .length = 4096, .base = 0x20}};
+  struct sp_frame frame = {.nfds = 1};
+  frame.fds[0] = fd;
+  ck_assert_int_eq(registry_add_storages(&reg, grown, 1, &frame, err,
+                                         sizeof err),
+                   0);
+  ck_assert_int_eq(count_maps(), maps + 1);
+  ck_assert_int_eq(registry_add_storages(&reg, grown + 1, 1, &frame, err,
+                                         sizeof err),
+                   0);
+  ck_assert_int_eq(count_maps(), maps + 2);
+  check_page(&reg, PAGES + 1, PAGES + 4);
+  check_page(&reg, 7, 7);
+  char perms[8];
+  maps_perms(reg.info[registry_find_sid(&reg, PAGES + 1)].data, perms);
+  ck_assert_str_eq(perms, "r--s");
+
+  /* Another memfd is another file, whatever its descriptor's number. */
+  int other = memfd_of(4096);
+  struct req_storage third = {
+      .sid = PAGES + 2, .fd = 0, .offset = 0, .length = 1, .base = 0x30};
+  frame.fds[0] = other;
+  ck_assert_int_eq(
+      registry_add_storages(&reg, &third, 1, &frame, err, sizeof err), 0);
+  ck_assert_int_eq(count_maps(), maps + 3);
+  registry_free(&reg);
+  ck_assert_int_eq(count_maps(), maps);
+  free(s);
+  close(fd);
+  close(other);
+}
+END_TEST
+
+/* The quota a registry is given sees what each frame would take (a file
+ * already mapped costs no mapping), and a refusal keeps nothing. */
+struct quota_probe {
+  struct reg_usage asked, charged;
+  bool refuse;
+};
+
+static int probe_admit(void *arg, const struct registry *reg,
+                       const struct reg_usage *more, char *msg,
+                       size_t msglen) {
+  (void)reg;
+  struct quota_probe *q = arg;
+  q->asked = *more;
+  if (q->refuse)
+    snprintf(msg, msglen, "refused");
+  return q->refuse ? SP_ELIMIT : 0;
+}
+
+static void probe_charge(void *arg, const struct reg_usage *more) {
+  struct quota_probe *q = arg;
+  q->charged.mappings += more->mappings;
+  q->charged.registrations += more->registrations;
+  q->charged.bytes += more->bytes;
+}
+
+static const struct reg_quota_ops probe_ops = {probe_admit, probe_charge};
+
+START_TEST(quota_sees_each_frame) {
+  struct registry reg;
+  struct quota_probe q = {.refuse = true};
+  char err[256];
+  registry_init(&reg, SP_DEVICE_CPU);
+  reg.quota = &probe_ops;
+  reg.quota_arg = &q;
+  int fd = memfd_of(8192);
+  struct sp_frame frame = {.nfds = 1};
+  frame.fds[0] = fd;
+  struct req_storage s[2] = {
+      {.sid = 1, .fd = 0, .offset = 0, .length = 4096, .base = 0x1000},
+      {.sid = 2, .fd = 0, .offset = 4096, .length = 4096, .base = 0x2000}};
+  int maps = count_maps();
+  ck_assert_int_eq(registry_add_storages(&reg, s, 2, &frame, err, sizeof err),
+                   SP_ELIMIT);
+  ck_assert_str_eq(err, "refused");
+  ck_assert_uint_eq(q.asked.mappings, 1);
+  ck_assert_uint_eq(q.asked.registrations, 2);
+  ck_assert_uint_gt(q.asked.bytes, 0);
+  ck_assert_uint_eq(reg.nstorages, 0);
+  ck_assert_int_eq(count_maps(), maps);
+  ck_assert_uint_eq(q.charged.registrations, 0);
+
+  q.refuse = false;
+  ck_assert_int_eq(registry_add_storages(&reg, s, 1, &frame, err, sizeof err),
+                   0);
+  ck_assert_int_eq(registry_add_storages(&reg, s + 1, 1, &frame, err,
+                                         sizeof err),
+                   0);
+  ck_assert_uint_eq(q.asked.mappings, 0);
+  ck_assert_uint_eq(q.charged.mappings, 1);
+  ck_assert_uint_eq(q.charged.registrations, 2);
+  ck_assert_uint_eq(reg.used.mappings, 1);
+  ck_assert_uint_eq(reg.used.registrations, 2);
+  ck_assert_uint_eq(reg.used.bytes, q.charged.bytes);
+
+  /* A tensor costs its key's bytes beside its entry. */
+  struct req_tensor t = tensor("k", 1, 1, 1, 0);
+  ck_assert_int_eq(registry_add_tensors(&reg, &t, 1, err, sizeof err), 0);
+  uint64_t short_key = q.asked.bytes;
+  t = tensor("kkkkkkkkkk", 1, 1, 1, 0);
+  q.refuse = true;
+  ck_assert_int_eq(registry_add_tensors(&reg, &t, 1, err, sizeof err),
+                   SP_ELIMIT);
+  ck_assert_uint_eq(q.asked.bytes, short_key + 9);
+  ck_assert_uint_eq(reg.nkeys, 1);
+  ck_assert_uint_eq(reg.used.registrations, 3);
+  registry_free(&reg);
+  close(fd);
+}
+END_TEST
+
 START_TEST(tensors_checked_against_storages) {
   struct registry reg;
   char err[256];
@@ -684,6 +856,8 @@ static Suite *suite(void) {
   tcase_add_test(tc, storages_map_read_only);
   tcase_add_test(tc, storage_frames_whole_or_nothing);
   tcase_add_test(tc, tensors_checked_against_storages);
+  tcase_add_test(tc, storages_share_mappings);
+  tcase_add_test(tc, quota_sees_each_frame);
   tcase_add_test(tc, idxset_grows_and_finds);
   suite_add_tcase(s, tc);
   return s;

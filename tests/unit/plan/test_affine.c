@@ -2,9 +2,11 @@
  * test_affine.c - affine validation, rebuild and extract (seed 003).
  */
 #include <check.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "shardport.h"
 #include "daemon/plan/affine.h"
@@ -118,7 +120,7 @@ START_TEST(destination_collision_of_any_stride_refused) {
   two_init(&t, 1, 4, 0, 2, &a, 1, 3, &b, 1);
   ck_assert_int_eq(affine_validate(&t.map, msg, sizeof msg), SP_EDOUBLEWRITE);
   ck_assert_ptr_nonnull(strstr(msg, "element [2]"));
-  /* Each rank on its own is fine: only the writer record sees it. */
+  /* Each rank on its own is fine: only the check across ranks sees it. */
   ck_assert_int_eq(affine_check_rank(&t.map, 0, msg, sizeof msg), 0);
   ck_assert_int_eq(affine_check_rank(&t.map, 1, msg, sizeof msg), 0);
 }
@@ -282,6 +284,130 @@ START_TEST(column_splits_round_trip) {
 }
 END_TEST
 
+/* A (rows, 16, 2) piece with strides (64, 4, 1): columns 4c + off and
+ * 4c + off + 1 of rows [row0, row0 + rows) of a (50, 64) tensor. */
+static struct affine_piece pairs(int64_t rows, int64_t off,
+                                 const uint32_t *holders, uint32_t nholders) {
+  struct affine_piece p = {.ndim = 3,
+                           .shape = {rows, 16, 2},
+                           .src_stride = {32, 2, 1},
+                           .dst_offset = off,
+                           .dst_stride = {64, 4, 1},
+                           .nholders = nholders,
+                           .holders = holders};
+  return p;
+}
+
+/* Replicas that overlap one another: rank 0's covers columns 1 and 2 mod 4
+ * of rows 0-19, rank 1's columns 2 and 3 mod 4 of rows 0-39; rank 2 alone
+ * holds columns 0 mod 4 of rows 0-39, columns 1 mod 4 of rows 20-39 and
+ * the last 10 rows whole.  The runs repeat every 4 elements, so the sweep
+ * skips most of the rows, and must stop before rank 0's replica ends, where
+ * a single holder's elements begin. */
+START_TEST(overlapping_replicas_over_many_rows) {
+  static const uint32_t R2[] = {2};
+  const int64_t shape[2] = {50, 64};
+  struct affine_piece a = pairs(20, 1, R01, 2), b = pairs(40, 2, R01, 2);
+  struct affine_piece single[4] = {
+      p2(40, 16, 0, 16, 1, 0, 64, 4, R2, 1),
+      p2(20, 16, 640, 16, 1, 20 * 64 + 1, 64, 4, R2, 1),
+      p1(640, 960, 40 * 64, R2, 1), p1(1, 1600, 30 * 64 + 6, R2, 1)};
+  struct affine_shard shards[3] = {
+      {640, 1, &a}, {1280, 1, &b}, {1601, 3, single}};
+  struct affine_map map = {"w", 2, shape, 3, shards, NULL};
+  char msg[256];
+
+  ck_assert_msg(affine_validate(&map, msg, sizeof msg) == 0, "%s", msg);
+  /* Columns 0 mod 4 stop a row short: that row's first element is the
+   * first one nobody writes. */
+  single[0].shape[0] = 39;
+  ck_assert_int_eq(affine_validate(&map, msg, sizeof msg), SP_EUNCOVERED);
+  ck_assert_ptr_nonnull(strstr(msg, "element [39, 0]"));
+  /* One more element of rank 2 lands on a replica, 30 rows down. */
+  single[0].shape[0] = 40;
+  shards[2].npieces = 4;
+  ck_assert_int_eq(affine_validate(&map, msg, sizeof msg), SP_EDOUBLEWRITE);
+  ck_assert_ptr_nonnull(strstr(msg, "element [30, 6]"));
+  ck_assert_ptr_nonnull(strstr(msg, "(piece 3, single holder)"));
+}
+END_TEST
+
+static long max_rss_kib(void) {
+  struct rusage ru;
+  ck_assert_int_eq(getrusage(RUSAGE_SELF, &ru), 0);
+  return ru.ru_maxrss;
+}
+
+/* One rank, a shard of 2^31 uint8 elements (a sparse file costs nothing to
+ * register) and one piece: the checks cost what the piece does, not a byte
+ * per element of the shard and of the full tensor (4 GiB, the daemon's
+ * resident set for as long as the checks ran). */
+START_TEST(huge_sparse_layout_checked_in_the_memory_of_its_pieces) {
+  const int64_t n = (int64_t)1 << 31;
+  const int64_t shape[1] = {n};
+  struct affine_piece piece = p1(1, 0, 0, R0, 1);
+  struct affine_shard shard = {(uint64_t)n, 1, &piece};
+  struct affine_map map = {"huge", 1, shape, 1, &shard, NULL};
+  long before = max_rss_kib();
+  char msg[256];
+
+  ck_assert_int_eq(affine_validate(&map, msg, sizeof msg), SP_EUNCOVERED);
+  ck_assert_ptr_nonnull(strstr(msg, "element [1]"));
+  piece.shape[0] = n;
+  ck_assert_msg(affine_validate(&map, msg, sizeof msg) == 0, "%s", msg);
+  ck_assert_int_eq(affine_check_rank(&map, 0, msg, sizeof msg), 0);
+  ck_assert_msg(max_rss_kib() - before < 16 * 1024,
+                "the peak resident set grew from %ld to %ld KiB", before,
+                max_rss_kib());
+}
+END_TEST
+
+/* A valid layout of 2^22 elements in 22 pieces whose runs are single
+ * elements at periods 2, 4, ..., 2^22 (element e in the piece of the lowest
+ * zero bit of e), and e = 2^22 - 1 alone: no run pattern repeats before
+ * the end, so the sweep visits every element. */
+struct dyadic {
+  int64_t shape[1];
+  struct affine_piece pieces[23];
+  struct affine_shard shard;
+  struct affine_map map;
+};
+
+static void dyadic_init(struct dyadic *d, const _Atomic bool *stop) {
+  const int64_t n = (int64_t)1 << 22;
+
+  d->shape[0] = n;
+  /* The shard is laid out like the full tensor, so that both sides of the
+   * checks visit every element. */
+  for (int i = 0; i < 22; i++) {
+    int64_t first = ((int64_t)1 << i) - 1;
+    d->pieces[i] = p1(n >> (i + 1), first, first, R0, 1);
+    d->pieces[i].src_stride[0] = (int64_t)2 << i;
+    d->pieces[i].dst_stride[0] = (int64_t)2 << i;
+  }
+  d->pieces[22] = p1(1, n - 1, n - 1, R0, 1);
+  d->shard = (struct affine_shard){(uint64_t)n, 23, d->pieces};
+  d->map = (struct affine_map){"dyadic", 1, d->shape, 1, &d->shard, stop};
+}
+
+/* Planning stops when asked, in the middle of one key's checks (the
+ * export's timeout sets the flag from another thread). */
+START_TEST(checks_stop_when_asked) {
+  static struct dyadic d;
+  _Atomic bool stop = false;
+  char msg[256];
+
+  dyadic_init(&d, &stop);
+  ck_assert_msg(affine_validate(&d.map, msg, sizeof msg) == 0, "%s", msg);
+  atomic_store(&stop, true);
+  ck_assert_int_eq(affine_validate(&d.map, msg, sizeof msg), SP_ETIMEOUT);
+  ck_assert_ptr_nonnull(strstr(msg, "key 'dyadic': planning was stopped"));
+  ck_assert_int_eq(affine_check_rank(&d.map, 0, msg, sizeof msg), SP_ETIMEOUT);
+  d.map.stop = NULL;
+  ck_assert_msg(affine_check_rank(&d.map, 0, msg, sizeof msg) == 0, "%s", msg);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("plan-affine");
   TCase *tc = tcase_create("affine");
@@ -298,6 +424,9 @@ int main(void) {
   tcase_add_test(tc, shard_element_read_twice_refused);
   tcase_add_test(tc, extract_zeroes_padding);
   tcase_add_test(tc, column_splits_round_trip);
+  tcase_add_test(tc, overlapping_replicas_over_many_rows);
+  tcase_add_test(tc, huge_sparse_layout_checked_in_the_memory_of_its_pieces);
+  tcase_add_test(tc, checks_stop_when_asked);
   suite_add_tcase(s, tc);
   sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -8,8 +8,11 @@
  * naming the key and the ranks.
  */
 #include <check.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "shardport.h"
 #include "daemon/plan/plan.h"
@@ -317,6 +320,75 @@ START_TEST(affine_refusals_through_the_planner) {
 }
 END_TEST
 
+/* Planning stops, freeing what it took, once its stop flag is set: before
+ * the first key when set already, and inside one key's affine checks when
+ * set while they run. */
+struct stopper {
+  _Atomic bool flag;
+  pthread_t thread;
+};
+
+static void *stop_soon(void *arg) {
+  struct stopper *st = arg;
+  struct timespec ts = {0, 50 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  atomic_store(&st->flag, true);
+  return NULL;
+}
+
+START_TEST(planning_stops_when_asked) {
+  static const uint32_t h0[] = {0};
+  const int64_t n = (int64_t)1 << 30;
+  const int64_t shape[1] = {n};
+  const uint64_t numel[1] = {(uint64_t)n};
+  /* Element e in the piece of the lowest zero bit of e, the last alone:
+   * every element a run of its own, a billion of them, in 31 pieces. */
+  struct affine_piece pieces[31];
+  const struct affine_piece *by_rank[1] = {pieces};
+  const size_t npieces[1] = {31};
+  struct stopper st = {.flag = false};
+  struct tjob *job = tjob_new(1);
+  struct plan_input in;
+  struct plan *plan;
+  char msg[512];
+
+  for (int i = 0; i < 30; i++) {
+    int64_t first = ((int64_t)1 << i) - 1;
+    pieces[i] = (struct affine_piece){.ndim = 1,
+                                      .shape = {n >> (i + 1)},
+                                      .src_offset = first,
+                                      .src_stride = {(int64_t)2 << i},
+                                      .dst_offset = first,
+                                      .dst_stride = {(int64_t)2 << i},
+                                      .nholders = 1,
+                                      .holders = h0};
+  }
+  pieces[30] = (struct affine_piece){.ndim = 1,
+                                     .shape = {1},
+                                     .src_offset = n - 1,
+                                     .src_stride = {1},
+                                     .dst_offset = n - 1,
+                                     .dst_stride = {1},
+                                     .nholders = 1,
+                                     .holders = h0};
+  tjob_affine(job, "dyadic", SP_DTYPE_UINT8, 1, shape, numel, by_rank, npieces);
+  in = *tjob_input(job, 0, 0);
+  in.stop = &st.flag;
+  atomic_store(&st.flag, true);
+  ck_assert_int_eq(plan_build(&in, &plan, msg, sizeof msg), SP_ETIMEOUT);
+  ck_assert_ptr_null(plan);
+  ck_assert_str_eq(msg, "planning was stopped");
+  atomic_store(&st.flag, false);
+  ck_assert_int_eq(pthread_create(&st.thread, NULL, stop_soon, &st), 0);
+  ck_assert_int_eq(plan_build(&in, &plan, msg, sizeof msg), SP_ETIMEOUT);
+  ck_assert_int_eq(pthread_join(st.thread, NULL), 0);
+  ck_assert_ptr_null(plan);
+  ck_assert_str_eq(msg, "key 'dyadic': planning was stopped while checking "
+                        "its affine pieces");
+  tjob_free(job);
+}
+END_TEST
+
 START_TEST(placement_names_round_trip) {
   for (int p = PLAN_SHARD0; p <= PLAN_AFFINE; p++) {
     const char *name = plan_layout_placement_name((enum plan_placement)p);
@@ -363,6 +435,7 @@ int main(void) {
   tcase_add_test(tc, unsupported_layouts);
   tcase_add_test(tc, whole_placements_hold_the_global_shape);
   tcase_add_test(tc, affine_refusals_through_the_planner);
+  tcase_add_test(tc, planning_stops_when_asked);
   suite_add_tcase(s, tc);
   sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -1,0 +1,126 @@
+/*
+ * test_peerauth.c - the proofs of the handshake between daemons
+ * (daemon/peerauth.c): the exact bytes docs/protocol.md names are MAC'd,
+ * every one of them matters, and proofs compare equal only when equal.
+ *
+ * The expected proofs were computed from the documented layout with
+ * Python's hmac module, an implementation of its own:
+ *   hmac.new(secret, b"shardport-peer-2" + bytes([side, link]) + job
+ *            + listener_nonce + dialer_nonce, hashlib.sha256).hexdigest()
+ * with secret = 00..0f, job = 10..1f, listener_nonce = 32 bytes of a0 and
+ * dialer_nonce = 00..1f.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "daemon/daemon.h"
+
+static uint8_t secret[JOB_SECRET_BYTES], job[JOB_ID_BYTES];
+static uint8_t listener_nonce[PEERAUTH_NONCE_BYTES];
+static uint8_t dialer_nonce[PEERAUTH_NONCE_BYTES];
+
+static void setup(void) {
+  for (int i = 0; i < JOB_SECRET_BYTES; i++)
+    secret[i] = (uint8_t)i;
+  for (int i = 0; i < JOB_ID_BYTES; i++)
+    job[i] = (uint8_t)(16 + i);
+  memset(listener_nonce, 0xa0, sizeof listener_nonce);
+  for (int i = 0; i < PEERAUTH_NONCE_BYTES; i++)
+    dialer_nonce[i] = (uint8_t)i;
+}
+
+static void hex(const uint8_t *p, char *out) {
+  for (int i = 0; i < PEERAUTH_PROOF_BYTES; i++)
+    snprintf(out + 2 * i, 3, "%02x", p[i]);
+}
+
+static void proof_of(enum peerauth_side side, enum peerauth_link link,
+                     uint8_t out[PEERAUTH_PROOF_BYTES]) {
+  peerauth_proof(secret, side, link, job, listener_nonce, dialer_nonce, out);
+}
+
+START_TEST(proofs_match_the_documented_layout) {
+  static const struct {
+    enum peerauth_side side;
+    enum peerauth_link link;
+    const char *want;
+  } cases[] = {
+      {PEERAUTH_DIALER, PEERAUTH_CONTROL,
+       "78dbf6667d3265bfe4b9492b3fd8ff9de124c269d2230b743fb93ca7209f2971"},
+      {PEERAUTH_LISTENER, PEERAUTH_CONTROL,
+       "777cd431e45410d6dada92f1bc1fa306c89879db74e88c1bc50b96008e5fbc16"},
+      {PEERAUTH_DIALER, PEERAUTH_DATA,
+       "66651a6ccdaaa9631f0b5e547263706cfd5ab44c640f43e8393719743f45c1b4"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    uint8_t p[PEERAUTH_PROOF_BYTES];
+    char got[2 * PEERAUTH_PROOF_BYTES + 1];
+    proof_of(cases[i].side, cases[i].link, p);
+    hex(p, got);
+    ck_assert_str_eq(got, cases[i].want);
+  }
+}
+END_TEST
+
+/* Any byte of the secret, the job id or either nonce changes the proof,
+ * and so does swapping the nonces: a proof made for one handshake holds
+ * for no other. */
+START_TEST(every_input_matters) {
+  uint8_t base[PEERAUTH_PROOF_BYTES], p[PEERAUTH_PROOF_BYTES];
+  proof_of(PEERAUTH_DIALER, PEERAUTH_CONTROL, base);
+  uint8_t *inputs[] = {secret, job, listener_nonce, dialer_nonce};
+  size_t lens[] = {sizeof secret, sizeof job, sizeof listener_nonce,
+                   sizeof dialer_nonce};
+  for (size_t k = 0; k < 4; k++)
+    for (size_t i = 0; i < lens[k]; i++) {
+      inputs[k][i] ^= 0x01;
+      proof_of(PEERAUTH_DIALER, PEERAUTH_CONTROL, p);
+      inputs[k][i] ^= 0x01;
+      ck_assert_msg(!peerauth_equal(base, p), "input %zu byte %zu ignored",
+                    k, i);
+    }
+  peerauth_proof(secret, PEERAUTH_DIALER, PEERAUTH_CONTROL, job, dialer_nonce,
+                 listener_nonce, p);
+  ck_assert(!peerauth_equal(base, p));
+  proof_of(PEERAUTH_DIALER, PEERAUTH_CONTROL, p);
+  ck_assert(peerauth_equal(base, p));
+}
+END_TEST
+
+START_TEST(equal_only_when_every_byte_is) {
+  uint8_t a[PEERAUTH_PROOF_BYTES], b[PEERAUTH_PROOF_BYTES];
+  proof_of(PEERAUTH_LISTENER, PEERAUTH_DATA, a);
+  memcpy(b, a, sizeof a);
+  ck_assert(peerauth_equal(a, b));
+  b[0] ^= 0x80;
+  ck_assert(!peerauth_equal(a, b));
+  b[0] ^= 0x80;
+  b[PEERAUTH_PROOF_BYTES - 1] ^= 0x01;
+  ck_assert(!peerauth_equal(a, b));
+}
+END_TEST
+
+START_TEST(nonces_are_fresh) {
+  uint8_t a[PEERAUTH_NONCE_BYTES], b[PEERAUTH_NONCE_BYTES];
+  ck_assert_int_eq(peerauth_nonce(a), 0);
+  ck_assert_int_eq(peerauth_nonce(b), 0);
+  ck_assert_mem_ne(a, b, sizeof a);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("peerauth");
+  TCase *tc = tcase_create("proofs");
+  tcase_add_checked_fixture(tc, setup, NULL);
+  tcase_add_test(tc, proofs_match_the_documented_layout);
+  tcase_add_test(tc, every_input_matters);
+  tcase_add_test(tc, equal_only_when_every_byte_is);
+  tcase_add_test(tc, nonces_are_fresh);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? 0 : 1;
+}
