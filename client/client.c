@@ -74,8 +74,9 @@ static int connect_error(int err) {
   }
 }
 
-/* A connected, close-on-exec, blocking Unix stream socket, or a code. */
-static int open_socket(const char *path, int64_t deadline) {
+/* A connected, close-on-exec, blocking Unix stream socket, or a code (and
+ * the errno behind it in *err). */
+static int open_socket(const char *path, int64_t deadline, int *err) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   size_t len = strlen(path);
   if (len == 0 || len >= sizeof sa.sun_path)
@@ -83,14 +84,17 @@ static int open_socket(const char *path, int64_t deadline) {
   memcpy(sa.sun_path, path, len + 1);
 
   int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (sock < 0)
+  if (sock < 0) {
+    *err = errno;
     return connect_error(errno);
+  }
   /* A Unix-socket connect waits on a full listen backlog for as long as
    * SO_SNDTIMEO allows. */
   int rc = arm_timeout(sock, SO_SNDTIMEO, deadline);
   if (rc == 0) {
     while (connect(sock, (struct sockaddr *)&sa, sizeof sa) != 0) {
       if (errno != EINTR) {
+        *err = errno;
         rc = connect_error(errno);
         break;
       }
@@ -331,14 +335,22 @@ static int hello(sp_client *c) {
   return rc;
 }
 
-SP_EXPORT int sp_connect(const char *path, sp_client **out) {
+SP_EXPORT int sp_connect_explain(const char *path, sp_client **out, char *why,
+                                 size_t whylen) {
+  if (why != NULL && whylen > 0)
+    why[0] = '\0';
   if (!out)
     return SP_EINVAL;
   char default_path[sizeof(struct sockaddr_un)];
+  const char *origin = NULL;
   if (!path) {
-    int rc = sp_default_socket_path(default_path, sizeof default_path);
-    if (rc < 0)
+    int rc = sp_default_socket_origin(default_path, sizeof default_path,
+                                      &origin);
+    if (rc < 0) {
+      client_explain(why, whylen, "the default socket path", origin, rc, 0,
+                     NULL);
       return rc;
+    }
     path = default_path;
   }
 
@@ -352,19 +364,26 @@ SP_EXPORT int sp_connect(const char *path, sp_client **out) {
   sp_frame_rx_init(&c->rx, &limits);
 
   int64_t deadline = deadline_after(c->timeout_ms);
-  c->sock = open_socket(path, deadline);
+  int err = 0;
+  c->sock = open_socket(path, deadline, &err);
   if (c->sock < 0) {
     int rc = c->sock;
     free(c);
+    client_explain(why, whylen, path, origin, rc, err, NULL);
     return rc;
   }
   int rc = hello(c);
   if (rc < 0) {
+    client_explain(why, whylen, path, origin, rc, 0, c->message);
     sp_close(c);
     return rc;
   }
   *out = c;
   return 0;
+}
+
+SP_EXPORT int sp_connect(const char *path, sp_client **out) {
+  return sp_connect_explain(path, out, NULL, 0);
 }
 
 SP_EXPORT void sp_close(sp_client *client) {

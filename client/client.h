@@ -109,6 +109,14 @@ int client_next(sp_client *c, uint64_t id, uint64_t wait_ms,
 
 void client_reply_release(struct client_reply *reply);
 
+/* client/explain.c: the sentence sp_connect_explain returns for a
+ * connection to path (origin: where a default path came from, or NULL)
+ * that failed with code; err is the errno of a failed connect() and 0 when
+ * the daemon answered, daemon_msg its error reply's text (or NULL). */
+void client_explain(char *why, size_t len, const char *path,
+                    const char *origin, int code, int err,
+                    const char *daemon_msg);
+
 /* client/register.c: the storage table.  reserve makes room for n more so
  * that the adds after a daemon accepted a frame cannot fail. */
 int client_storages_reserve(struct client_storages *t, size_t n);

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <grp.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -16,9 +17,6 @@
 
 #include "daemon/daemon.h"
 #include "proto/socket_path.h"
-
-/* Where the default socket lives when the daemon runs as root (systemd's
- * RuntimeDirectory=shardport makes the directory). */
 
 static int fail(char *err, size_t errsize, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -45,6 +43,7 @@ void config_default(struct config *cfg) {
   cfg->max_output = CONFIG_DEFAULT_MAX_OUTPUT;
   cfg->backend = BACKEND_AUTO;
   cfg->watchdog = true;
+  cfg->compare_replicas = true;
   cfg->pool_capacity = 0;
   cfg->gpu_pool_capacity = 0;
   cfg->max_bytes = CONFIG_DEFAULT_MAX_BYTES;
@@ -63,25 +62,35 @@ void config_default(struct config *cfg) {
   cfg->export_history = CONFIG_DEFAULT_EXPORT_HISTORY;
 }
 
-/* A decimal number with an optional binary suffix k, M or G. */
+/* Binary size suffixes, largest first (config_print's choice). */
+static const struct {
+  const char *suffix;
+  unsigned shift;
+} size_units[] = {{"T", 40}, {"G", 30}, {"M", 20}, {"k", 10}};
+
+/* The shift of a size suffix: k (or K), M, G, T, each alone or followed by
+ * "iB" (KiB, MiB, ...).  -1 for anything else: "MB" would be ambiguous. */
+static int size_shift(const char *suffix) {
+  if (suffix[0] == '\0')
+    return 0;
+  char unit = suffix[0] == 'K' ? 'k' : suffix[0];
+  if (suffix[1] != '\0' && strcmp(suffix + 1, "iB") != 0)
+    return -1;
+  for (size_t i = 0; i < sizeof size_units / sizeof size_units[0]; i++)
+    if (size_units[i].suffix[0] == unit)
+      return (int)size_units[i].shift;
+  return -1;
+}
+
+/* A decimal number with an optional binary suffix (size_shift). */
 static int parse_size(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
   if (!isdigit((unsigned char)s[0]))
     return -1;
   errno = 0;
   char *end;
   unsigned long long v = strtoull(s, &end, 10);
-  if (errno != 0)
-    return -1;
-  unsigned shift = 0;
-  if (*end == 'k' || *end == 'K')
-    shift = 10;
-  else if (*end == 'M')
-    shift = 20;
-  else if (*end == 'G')
-    shift = 30;
-  if (shift != 0)
-    end++;
-  if (*end != '\0' || v > (UINT64_MAX >> shift))
+  int shift = errno == 0 ? size_shift(end) : -1;
+  if (shift < 0 || v > (UINT64_MAX >> shift))
     return -1;
   v <<= shift;
   if (v < lo || v > hi)
@@ -90,8 +99,28 @@ static int parse_size(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
   return 0;
 }
 
-/* A duration: a decimal number with the unit ms, s or m (seconds when none
- * is given), in milliseconds from lo to hi. */
+/* How config_print writes a byte size: the largest suffix that is exact. */
+static void print_size(FILE *out, const char *key, uint64_t bytes) {
+  for (size_t i = 0; bytes > 0 && i < sizeof size_units / sizeof size_units[0];
+       i++) {
+    uint64_t unit = UINT64_C(1) << size_units[i].shift;
+    if (bytes % unit == 0) {
+      fprintf(out, "%s = %" PRIu64 "%s\n", key, bytes / unit,
+              size_units[i].suffix);
+      return;
+    }
+  }
+  fprintf(out, "%s = %" PRIu64 "\n", key, bytes);
+}
+
+/* Duration units, largest first (config_print's choice). */
+static const struct {
+  const char *unit;
+  uint64_t ms;
+} duration_units[] = {{"h", 3600000}, {"m", 60000}, {"s", 1000}, {"ms", 1}};
+
+/* A duration: a decimal number with the unit ms, s, m or h (seconds when
+ * none is given), in milliseconds from lo to hi. */
 static int parse_duration(const char *s, uint64_t lo, uint64_t hi,
                           uint64_t *out) {
   if (!isdigit((unsigned char)s[0]))
@@ -101,14 +130,11 @@ static int parse_duration(const char *s, uint64_t lo, uint64_t hi,
   unsigned long long v = strtoull(s, &end, 10);
   if (errno != 0 || v > UINT32_MAX)
     return -1;
-  uint64_t scale;
-  if (strcmp(end, "ms") == 0)
-    scale = 1;
-  else if (strcmp(end, "s") == 0 || *end == '\0')
-    scale = 1000;
-  else if (strcmp(end, "m") == 0)
-    scale = 60000;
-  else
+  uint64_t scale = *end == '\0' ? 1000 : 0;
+  for (size_t i = 0; i < sizeof duration_units / sizeof duration_units[0]; i++)
+    if (strcmp(end, duration_units[i].unit) == 0)
+      scale = duration_units[i].ms;
+  if (scale == 0)
     return -1;
   v *= scale;
   if (v < lo || v > hi)
@@ -119,12 +145,13 @@ static int parse_duration(const char *s, uint64_t lo, uint64_t hi,
 
 /* How config_print writes a duration: the largest unit that is exact. */
 static void print_duration(FILE *out, const char *key, uint64_t ms) {
-  if (ms % 60000 == 0)
-    fprintf(out, "%s = %" PRIu64 "m\n", key, ms / 60000);
-  else if (ms % 1000 == 0)
-    fprintf(out, "%s = %" PRIu64 "s\n", key, ms / 1000);
-  else
-    fprintf(out, "%s = %" PRIu64 "ms\n", key, ms);
+  for (size_t i = 0; i < sizeof duration_units / sizeof duration_units[0];
+       i++)
+    if (ms % duration_units[i].ms == 0) {
+      fprintf(out, "%s = %" PRIu64 "%s\n", key, ms / duration_units[i].ms,
+              duration_units[i].unit);
+      return;
+    }
 }
 
 static int parse_bool(const char *s, bool *out) {
@@ -330,7 +357,8 @@ int config_set(struct config *cfg, const char *key, const char *value,
     uint64_t v;
     if (parse_size(value, size_keys[i].lo, size_keys[i].hi, &v) != 0)
       return fail(err, errsize,
-                  "%s: \"%s\" is not a number from %" PRIu64 " to %" PRIu64,
+                  "%s: \"%s\" is not a number from %" PRIu64 " to %" PRIu64
+                  " (suffixes k, M, G, T or KiB, MiB, GiB, TiB)",
                   key, value, size_keys[i].lo, size_keys[i].hi);
     store_size(cfg, key, v);
     return 0;
@@ -344,7 +372,7 @@ int config_set(struct config *cfg, const char *key, const char *value,
         0)
       return fail(err, errsize,
                   "%s: \"%s\" is not a duration from %" PRIu64
-                  "ms to %" PRIu64 "ms (units ms, s, m)",
+                  "ms to %" PRIu64 "ms (units ms, s, m, h)",
                   key, value, duration_keys[i].lo, duration_keys[i].hi);
     store_size(cfg, key, v);
     return 0;
@@ -401,9 +429,10 @@ int config_set(struct config *cfg, const char *key, const char *value,
     cfg->backend = (enum backend_kind)kind;
     return 0;
   }
-  if (strcmp(key, "watchdog") == 0) {
-    if (parse_bool(value, &cfg->watchdog) != 0)
-      return fail(err, errsize, "watchdog: \"%s\" is not yes or no", value);
+  if (strcmp(key, "watchdog") == 0 || strcmp(key, "compare_replicas") == 0) {
+    bool *flag = key[0] == 'w' ? &cfg->watchdog : &cfg->compare_replicas;
+    if (parse_bool(value, flag) != 0)
+      return fail(err, errsize, "%s: \"%s\" is not yes or no", key, value);
     return 0;
   }
   if (strcmp(key, "peer_listen") == 0 || strcmp(key, "peer_advertise") == 0)
@@ -422,12 +451,15 @@ static char *trim(char *s) {
 
 int config_load(struct config *cfg, const char *path, bool must_exist,
                 char *err, size_t errsize) {
+  cfg->file = path;
+  cfg->file_read = false;
   FILE *f = fopen(path, "re");
   if (f == NULL) {
     if (errno == ENOENT && !must_exist)
       return 0;
     return fail(err, errsize, "%s: %s", path, strerror(errno));
   }
+  cfg->file_read = true;
   char line[4096];
   char msg[512];
   unsigned lineno = 0;
@@ -474,7 +506,21 @@ int config_resolve_socket(struct config *cfg, char *err, size_t errsize) {
   return 0;
 }
 
+void config_describe_file(const struct config *cfg, char *buf, size_t len) {
+  if (cfg->file == NULL)
+    snprintf(buf, len, "none");
+  else if (cfg->file_read)
+    snprintf(buf, len, "%s", cfg->file);
+  else
+    snprintf(buf, len, "none (%s does not exist; built-in defaults)",
+             cfg->file);
+}
+
 void config_print(const struct config *cfg, FILE *out) {
+  char file[PATH_MAX + 64];
+  config_describe_file(cfg, file, sizeof file);
+  /* A comment, so that the output stays a valid configuration file. */
+  fprintf(out, "# configuration file: %s\n", file);
   fprintf(out, "socket = %s\n", cfg->socket);
   if (cfg->socket_group_set)
     fprintf(out, "socket_group = %u\n", (unsigned)cfg->socket_group);
@@ -489,30 +535,31 @@ void config_print(const struct config *cfg, FILE *out) {
   else
     fprintf(out, "allowed_gid = none\n");
   fprintf(out, "log_level = %s\n", log_level_name(cfg->log_level));
-  fprintf(out, "max_frame = %" PRIu32 "\n", cfg->limits.max_frame);
+  print_size(out, "max_frame", cfg->limits.max_frame);
   fprintf(out, "max_depth = %" PRIu32 "\n", cfg->limits.max_depth);
   fprintf(out, "max_items = %" PRIu32 "\n", cfg->limits.max_items);
-  fprintf(out, "max_string = %" PRIu32 "\n", cfg->limits.max_string);
+  print_size(out, "max_string", cfg->limits.max_string);
   fprintf(out, "max_fds = %" PRIu32 "\n", cfg->limits.max_fds);
   fprintf(out, "max_clients = %" PRIu32 "\n", cfg->max_clients);
-  fprintf(out, "max_output = %" PRIu64 "\n", cfg->max_output);
+  print_size(out, "max_output", cfg->max_output);
   fprintf(out, "backend = %s\n", backend_name(cfg->backend));
   fprintf(out, "watchdog = %s\n", cfg->watchdog ? "yes" : "no");
-  fprintf(out, "pool_capacity = %" PRIu64 "\n", cfg->pool_capacity);
-  fprintf(out, "gpu_pool_capacity = %" PRIu64 "\n", cfg->gpu_pool_capacity);
-  fprintf(out, "max_bytes = %" PRIu64 "\n", cfg->max_bytes);
+  print_size(out, "pool_capacity", cfg->pool_capacity);
+  print_size(out, "gpu_pool_capacity", cfg->gpu_pool_capacity);
+  print_size(out, "max_bytes", cfg->max_bytes);
   print_duration(out, "export_timeout", cfg->export_timeout_ms);
   print_duration(out, "job_timeout", cfg->job_timeout_ms);
   fprintf(out, "max_jobs = %" PRIu32 "\n", cfg->max_jobs);
   fprintf(out, "max_user_jobs = %" PRIu32 "\n", cfg->max_user_jobs);
   fprintf(out, "max_user_registrations = %" PRIu64 "\n",
           cfg->max_user_registrations);
-  fprintf(out, "max_user_registration_bytes = %" PRIu64 "\n",
-          cfg->max_user_registration_bytes);
+  print_size(out, "max_user_registration_bytes",
+             cfg->max_user_registration_bytes);
   fprintf(out, "max_user_mappings = %" PRIu32 "\n", cfg->max_user_mappings);
   fprintf(out, "max_client_mappings = %" PRIu32 "\n",
           cfg->max_client_mappings);
   fprintf(out, "engine_threads = %" PRIu32 "\n", cfg->engine_threads);
+  fprintf(out, "compare_replicas = %s\n", cfg->compare_replicas ? "yes" : "no");
   print_duration(out, "drain_timeout", cfg->drain_timeout_ms);
   fprintf(out, "export_history = %" PRIu32 "\n", cfg->export_history);
   fprintf(out, "peer_listen = %s\n",

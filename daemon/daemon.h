@@ -108,6 +108,10 @@ void backend_release(struct backend_choice *choice);
 #define NODE_ADDR_MAX 64
 
 struct config {
+  /* The configuration file config_load was given (NULL before), and
+   * whether it was there to read. */
+  const char *file;
+  bool file_read;
   char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
   /* True when socket is the built-in default (its directory may be made). */
   bool socket_is_default;
@@ -145,6 +149,9 @@ struct config {
   uint32_t max_client_mappings;
   /* Threads copying one export's data; 0 means min(4, online CPUs). */
   uint32_t engine_threads;
+  /* Read and compare every rank's copy of replicated and plain keys
+   * before an export moves (replicas.c). */
+  bool compare_replicas;
   /* How long a stopping daemon lets running exports finish (drain.c). */
   uint32_t drain_timeout_ms;
   /* Finished exports each job keeps for status (history.c). */
@@ -170,9 +177,9 @@ struct config {
 /* Built-in defaults: root and the daemon's own uid, its own gid. */
 void config_default(struct config *cfg);
 /*
- * Reads a `key = value` file over cfg.  A missing file is an error when
- * must_exist, else the defaults stand.  On failure returns -1 with a message
- * naming the file and line in err.
+ * Reads a `key = value` file over cfg and notes it (cfg->file, file_read).
+ * A missing file is an error when must_exist, else the defaults stand.  On
+ * failure returns -1 with a message naming the file and line in err.
  */
 int config_load(struct config *cfg, const char *path, bool must_exist,
                 char *err, size_t errsize);
@@ -182,8 +189,12 @@ int config_set(struct config *cfg, const char *key, const char *value,
 /* Fills in the default socket path when none was configured: 0, or -1 when
  * none can be derived (not root and no XDG_RUNTIME_DIR). */
 int config_resolve_socket(struct config *cfg, char *err, size_t errsize);
-/* Prints every key with its effective value, in config file syntax. */
+/* Prints every key with its effective value, in config file syntax, after
+ * a comment naming the file read. */
 void config_print(const struct config *cfg, FILE *out);
+/* The file read, for the start log, -n and --print-config: its path, or
+ * "none (PATH does not exist; built-in defaults)". */
+void config_describe_file(const struct config *cfg, char *buf, size_t len);
 /* Checks what no single key can (peer_listen on a wildcard address needs
  * peer_advertise): 0, or -1 with err. */
 int config_check(const struct config *cfg, char *err, size_t errsize);
@@ -228,6 +239,9 @@ struct listener {
 int listen_open(const struct config *cfg, struct listener *l);
 /* Closes the socket and removes its file unless systemd owns it. */
 void listen_close(struct listener *l);
+/* What listen_open would refuse about cfg->socket's directory, without
+ * making it (`shardportd -n`): 0, or -1 with what to do in err. */
+int listen_check(const struct config *cfg, char *err, size_t errsize);
 
 /* ---- peer.c ----------------------------------------------------------- */
 
@@ -258,6 +272,16 @@ void notify_reloading(void);
 void notify_watchdog(void);
 /* The watchdog interval systemd asked for in microseconds, or 0. */
 uint64_t notify_watchdog_usec(void);
+
+/* ---- detach.c --------------------------------------------------------- */
+
+/* `--detach`: forks; the parent exits once the child is ready (printing
+ * its pid) or with the child's status when it exits first.  Returns 0 in
+ * the child (in a session of its own, stdin and stdout on /dev/null), or
+ * -1 when it cannot fork.  Call before anything starts threads or CUDA. */
+int detach_start(void);
+/* Tells a waiting parent the daemon serves; a no-op when not detached. */
+void detach_ready(void);
 
 /* ---- server.c --------------------------------------------------------- */
 
@@ -756,6 +780,47 @@ bool engine_region_contains(const struct plan_region *r, int64_t elem);
 void engine_join(struct engine *e);
 /* pthread_create with the asynchronous signals blocked in the thread. */
 int engine_spawn(pthread_t *thread, void *(*fn)(void *), void *arg);
+/* Runs fn(arg) on this thread with the engine's SIGBUS guard: a read of a
+ * trainer's mapping that faults (a file truncated after registering) ends
+ * fn early and returns -1 with the address in *fault, instead of killing
+ * the daemon.  For readers of the mappings outside the rounds
+ * (replicas.c).  0 when fn returned. */
+int engine_guarded(void (*fn)(void *arg), void *arg, const void **fault);
+
+/* ---- replicas.c ------------------------------------------------------- */
+
+/* The digests of the replicated and plain keys this node's ranks hold, for
+ * one export: digest[j * nkeys + i] is the XXH3-64 of rank ranks[j]'s copy
+ * of plan key keys[i], its elements in row-major order.  Keys on GPUs are
+ * not read (their device memory is not mapped here). */
+struct replica_digests {
+  size_t nkeys;
+  uint32_t *keys;  /* plan key indices, in key order */
+  uint32_t nranks;
+  uint32_t *ranks; /* the local ranks, ascending */
+  uint64_t *digest;
+};
+
+/* Reads every local rank's copy (src[r] its storages, NULL for a rank on
+ * another node) on threads threads, this one included, under the engine's
+ * SIGBUS guard: 0, or SP_ENOMEM or SP_EBADFD (an unreadable copy, named)
+ * with a sentence.  *out is empty when nothing is to compare. */
+int replicas_hash(const struct plan *plan, const struct plan_input *in,
+                  const struct reg_storage *const *src, uint32_t threads,
+                  struct replica_digests *out, char *msg, size_t msglen);
+/* SP_EDIFFERENT naming the first key (in key order) whose local copies
+ * differ, the lowest rank and the first rank that differs from it; or 0. */
+int replicas_compare(const struct plan *plan, const struct replica_digests *d,
+                     char *msg, size_t msglen);
+/* The one refusal text: rank_b's copy of key differs from rank_a's, and
+ * more further ranks' too.  Returns SP_EDIFFERENT. */
+int replicas_refuse(const struct plan *plan, uint32_t key, uint32_t rank_a,
+                    uint64_t digest_a, uint32_t rank_b, uint64_t digest_b,
+                    size_t more, char *msg, size_t msglen);
+void replicas_free(struct replica_digests *d);
+/* The plan index of the n-th replicated or plain key on the CPU (the
+ * order of replica_digests.keys), or PLAN_NONE. */
+uint32_t replicas_key_at(const struct plan *plan, size_t n);
 
 /* ---- publish.c -------------------------------------------------------- */
 
@@ -911,7 +976,6 @@ struct job {
   char error[SP_ERRMSG_MAX + 1];
   uint32_t last_round, last_rounds;
   uint64_t last_bytes_moved, last_bytes_total;
-  double rate_bps;
   /* The last plan and its layout, reused by an export with the same
    * registrations, groups and options (export.c). */
   struct plan *cached_plan;
@@ -1072,9 +1136,17 @@ int export_start_gathered(struct job *job, struct mesh_export *mx,
                           uint64_t export_id, uint32_t max_keys,
                           uint64_t max_bytes, uint32_t timeout_ms, char *msg,
                           size_t msglen);
-/* The root's go (every node planned alike) and publish (every node moved
- * its data). */
-void export_go(struct job *job);
+/* Two nodes' copies of the key-th replicated or plain key (in key order)
+ * that differ, as the root found them (mesh.c, go). */
+struct replica_differ {
+  uint32_t key;
+  uint32_t ranks[2];
+  uint64_t digests[2];
+};
+/* The root's go (every node planned alike; differ: but two nodes' copies
+ * of a replicated key differ, and the export is refused) and publish
+ * (every node moved its data). */
+void export_go(struct job *job, const struct replica_differ *differ);
 void export_publish(struct job *job);
 /* Fails the running export, or the ranks waiting for one, with the root's
  * code and message (nothing is reported back to the root). */
@@ -1253,6 +1325,18 @@ struct nodemsg {
    * the fresh NCCL id the root made for it (0: the ticket's id, not sent). */
   uint64_t comm_gen;
   uint8_t nccl_id[NODE_NCCL_ID_BYTES];
+  /* planned: the node's lowest rank and its digests of the plan's
+   * replicated and plain keys (replicas.c), in key order; owned, none when
+   * the node compares none.  go: differ when the root found two nodes'
+   * digests of the differ_key-th such key unequal (ranks and digests of
+   * both). */
+  uint32_t replica_rank;
+  size_t nreplicas;
+  uint64_t *replicas;
+  bool differ;
+  uint32_t differ_key;
+  uint32_t differ_ranks[2];
+  uint64_t differ_digests[2];
 };
 
 const char *nodemsg_op_name(enum nodemsg_op op);
@@ -1311,7 +1395,8 @@ void mesh_link_hello(struct server *srv, struct nodelink *l,
  * found here, the data plane, and the end. */
 int mesh_plan_input(struct mesh_export *mx, struct plan_input *in, char *msg,
                     size_t msglen);
-void mesh_planned(struct job *job, uint64_t digest);
+void mesh_planned(struct job *job, uint64_t digest,
+                  const struct replica_digests *replicas);
 void mesh_moved(struct job *job);
 void mesh_failed(struct job *job, int code, const char *message);
 /* The data plane lost node: on the root, the node leaves the job as if its

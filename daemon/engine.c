@@ -94,6 +94,25 @@ static void install_sigbus(void) {
   sigaction(SIGBUS, &sa, &previous_sigbus);
 }
 
+int engine_guarded(void (*fn)(void *arg), void *arg, const void **fault) {
+  pthread_once(&sigbus_once, install_sigbus);
+  sigjmp_buf jump;
+  if (sigsetjmp(jump, 0) != 0) {
+    /* Back from the handler, which ran with SIGBUS blocked. */
+    sigset_t set;
+    fault_jump = NULL;
+    sigemptyset(&set);
+    sigaddset(&set, SIGBUS);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+    *fault = (const void *)fault_addr;
+    return -1;
+  }
+  fault_jump = &jump;
+  fn(arg);
+  fault_jump = NULL;
+  return 0;
+}
+
 /* The first failure of a run is its result; the others stop. */
 static int engine_fail(struct engine *e, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

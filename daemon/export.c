@@ -8,6 +8,9 @@
  *   planning    plan_build and the publication layout run on a worker
  *               thread (a big job's plan takes long enough to stall the
  *               loop); skipped when the job's cached plan still applies.
+ *               The same thread then compares the copies of replicated
+ *               and plain keys (replicas.c), cached plan or not: the data
+ *               may have changed since the last export.
  *               Bounded by the export's timeout: past it the export fails
  *               with `timeout` and the planner is told to stop.
  *   moving      the owners' pool segments are allocated, then the engine
@@ -31,6 +34,7 @@
 
 #include "daemon/daemon.h"
 #include "daemon/pool.h"
+#include "proto/fail.h"
 #include "proto/text.h"
 #include "shardport.h"
 
@@ -79,6 +83,15 @@ struct export {
   _Atomic bool planned;
   pthread_t planner;
   bool thread_alive;
+  /* The job's cached plan applies: the planning thread only compares. */
+  bool reuse_plan;
+  /* The digests of the local ranks' replicated and plain keys. */
+  struct replica_digests replicas;
+  /* compare_replicas and engine_threads as the export started: a reload
+   * (reload.c) rewrites the configuration on the loop while the planning
+   * thread runs. */
+  bool compare;
+  uint32_t compare_threads;
   /* The plan used, owned by the job's cache. */
   const struct plan *plan;
   const struct publish_layout *layout;
@@ -249,6 +262,7 @@ static void free_export(struct export *ex) {
       conn_on_drained(er->m->conn, NULL, NULL);
     er->m->in_export = false;
   }
+  replicas_free(&ex->replicas);
   /* The plan borrows the gathered metadata: it goes first. */
   plan_free(ex->new_plan);
   publish_layout_free(&ex->new_layout);
@@ -270,16 +284,24 @@ static void finish(struct export *ex) {
   job->last_rounds = plan_rounds(ex);
   job->last_bytes_total = ex->bytes_total;
   job->last_bytes_moved = atomic_load(&ex->engine.bytes_moved);
+  /* A failed export's history keeps the last rate it moved at. */
+  double rate_bps = ex->rate_bps;
   if (!ex->failed) {
     job->last_phase = JOB_PUBLISHED;
+    /* The export's figure, as status showed it while it moved (TOTAL, in
+     * the same units): the bytes this node moved, and their rate. */
     uint64_t ms = now - ex->moving_ms;
-    job->rate_bps =
-        ms > 0 ? (double)ex->bytes_total * 1000.0 / (double)ms : ex->rate_bps;
+    if (ms > 0)
+      rate_bps = (double)ex->bytes_total * 1000.0 / (double)ms;
+    char moved[32], rate[32];
+    sp_format_bytes(ex->bytes_total, moved, sizeof moved);
+    sp_format_bytes(ms > 0 ? ex->bytes_total * 1000 / ms : 0, rate,
+                    sizeof rate);
     log_msg(LOG_LEVEL_INFO,
-            "job %s: export %" PRIu64 " published: %" PRIu64
-            " bytes in %" PRIu32 " round(s), %" PRIu64 " ms",
-            job->hex, ex->id, ex->bytes_total, plan_rounds(ex),
-            now - ex->started_ms);
+            "job %s: export %" PRIu64 " published: moved %s in %" PRIu32
+            " round(s), %" PRIu64 " ms (%s/s)",
+            job->hex, ex->id, moved, plan_rounds(ex), now - ex->started_ms,
+            rate);
   }
   history_add(&job->history,
               &(struct history_entry){
@@ -291,7 +313,7 @@ static void finish(struct export *ex) {
                   .rounds = plan_rounds(ex),
                   .bytes_moved = job->last_bytes_moved,
                   .bytes_total = ex->bytes_total,
-                  .rate_bps = ex->failed ? ex->rate_bps : job->rate_bps});
+                  .rate_bps = rate_bps});
   job->running = NULL;
   free_export(ex);
   if (job->cache_stale)
@@ -327,7 +349,7 @@ static void fail_export_as(struct export *ex, int code, const char *message,
   ex->failed = true;
   job->last_phase = JOB_FAILED;
   set_job_error(job, code, message);
-  log_msg(LOG_LEVEL_INFO, "job %s: export %" PRIu64 " failed: %s", job->hex,
+  log_msg(LOG_LEVEL_WARN, "job %s: export %" PRIu64 " failed: %s", job->hex,
           ex->id, job->error);
   atomic_store(&ex->engine.cancel, true);
   atomic_store(&ex->plan_stop, true);
@@ -357,7 +379,7 @@ static bool any_asked(const struct job *job) {
 static void fail_gather(struct job *job, int code, const char *message) {
   job->last_phase = JOB_FAILED;
   set_job_error(job, code, message);
-  log_msg(LOG_LEVEL_INFO, "job %s: export failed before it started: %s",
+  log_msg(LOG_LEVEL_WARN, "job %s: export failed before it started: %s",
           job->hex, job->error);
   uint64_t now = job_now_ms(), first_ask = now;
   for (uint32_t r = 0; r < job->world; r++)
@@ -370,7 +392,6 @@ static void fail_gather(struct job *job, int code, const char *message) {
                                                      .ended_ms = now});
   job->last_round = job->last_rounds = 0;
   job->last_bytes_moved = job->last_bytes_total = 0;
-  job->rate_bps = 0;
   for (uint32_t r = 0; r < job->world; r++)
     if (job->members[r] != NULL)
       job_answer_ask(job->members[r], code, message);
@@ -549,26 +570,57 @@ void export_comms_rank_left(struct job *job, uint32_t r) {
   drop_early_comms(job);
 }
 
+/* Reads and compares every local copy of the replicated and plain keys
+ * (replicas.c): on one node, every rank's; across nodes, this node's,
+ * whose lowest rank's digests then go to the root with `planned`.  On the
+ * planning thread: the job's registrations and cached plan do not change
+ * while an export runs. */
+static int compare_replicas(struct export *ex, const struct plan *plan) {
+  struct job *job = ex->job;
+  if (!ex->compare)
+    return 0;
+  const struct reg_storage **src = calloc(job->world, sizeof *src);
+  if (src == NULL)
+    return sp_failf(ex->plan_msg, sizeof ex->plan_msg, SP_ENOMEM,
+                    "out of memory comparing replicated keys");
+  for (uint32_t r = 0; r < job->world; r++)
+    if (ex->ranks[r].m != NULL)
+      src[r] = ex->ranks[r].m->reg.info;
+  int rc = replicas_hash(plan, &ex->in, src, ex->compare_threads,
+                         &ex->replicas, ex->plan_msg, sizeof ex->plan_msg);
+  free(src);
+  if (rc == 0)
+    rc = replicas_compare(plan, &ex->replicas, ex->plan_msg,
+                          sizeof ex->plan_msg);
+  return rc;
+}
+
 static void *plan_main(void *arg) {
   struct export *ex = arg;
-  /* Across nodes, the input is read from the bytes every node got. */
-  ex->plan_rc = ex->mx != NULL ? mesh_plan_input(ex->mx, &ex->in, ex->plan_msg,
-                                                 sizeof ex->plan_msg)
-                               : 0;
-  ex->in.stop = &ex->plan_stop;
-  if (ex->plan_rc == 0)
-    ex->plan_rc =
-        plan_build(&ex->in, &ex->new_plan, ex->plan_msg, sizeof ex->plan_msg);
-  if (ex->plan_rc == 0 &&
-      publish_layout_build(ex->new_plan, &ex->new_layout) != 0) {
-    ex->plan_rc = SP_ENOMEM;
-    snprintf(ex->plan_msg, sizeof ex->plan_msg,
-             "out of memory laying out the owned tensors");
+  if (!ex->reuse_plan) {
+    /* Across nodes, the input is read from the bytes every node got. */
+    ex->plan_rc = ex->mx != NULL ? mesh_plan_input(ex->mx, &ex->in,
+                                                   ex->plan_msg,
+                                                   sizeof ex->plan_msg)
+                                 : 0;
+    ex->in.stop = &ex->plan_stop;
+    if (ex->plan_rc == 0)
+      ex->plan_rc = plan_build(&ex->in, &ex->new_plan, ex->plan_msg,
+                               sizeof ex->plan_msg);
+    if (ex->plan_rc == 0 &&
+        publish_layout_build(ex->new_plan, &ex->new_layout) != 0) {
+      ex->plan_rc = SP_ENOMEM;
+      snprintf(ex->plan_msg, sizeof ex->plan_msg,
+               "out of memory laying out the owned tensors");
+    }
+    if (ex->plan_rc == 0)
+      ex->plan_rc = make_comms(ex);
   }
   /* From here the communicators' set-up bounds itself (make_comms). */
   atomic_store(&ex->plan_built, true);
   if (ex->plan_rc == 0)
-    ex->plan_rc = make_comms(ex);
+    ex->plan_rc = compare_replicas(
+        ex, ex->reuse_plan ? ex->job->cached_plan : ex->new_plan);
   atomic_store(&ex->planned, true);
   job_wake(ex->job);
   return NULL;
@@ -839,17 +891,19 @@ static void step(struct export *ex) {
       fail_export(ex, ex->plan_rc, ex->plan_msg);
       break;
     }
-    ex->job->plan_digest = ex->new_plan->digest;
-    ex->job->has_plan_digest = true;
+    if (!ex->reuse_plan) {
+      ex->job->plan_digest = ex->new_plan->digest;
+      ex->job->has_plan_digest = true;
+    }
     if (ex->mx != NULL) {
       /* The export keeps its plan; the root compares digests first. */
       ex->plan = ex->new_plan;
       ex->layout = &ex->new_layout;
       ex->await = AWAIT_GO;
-      mesh_planned(ex->job, ex->new_plan->digest);
+      mesh_planned(ex->job, ex->new_plan->digest, &ex->replicas);
       return;
     }
-    if (cache_install(ex) != 0) {
+    if (!ex->reuse_plan && cache_install(ex) != 0) {
       fail_export(ex, SP_ENOMEM, "out of memory keeping the plan");
       break;
     }
@@ -989,7 +1043,10 @@ static void maybe_start(struct job *job) {
   job->error[0] = '\0';
   log_msg(LOG_LEVEL_INFO, "job %s: export %" PRIu64 " started", job->hex,
           ex->id);
-  if (cache_applies(ex)) {
+  ex->reuse_plan = cache_applies(ex);
+  ex->compare = job->srv->cfg->compare_replicas;
+  ex->compare_threads = job->srv->engine_threads;
+  if (ex->reuse_plan && !ex->compare) {
     start_moving(ex);
     if (ex->failed && !ex->thread_alive)
       finish(ex);
@@ -1182,7 +1239,8 @@ void export_view(const struct job *job, struct export_view *out) {
   out->rounds = job->last_rounds;
   out->bytes_moved = job->last_bytes_moved;
   out->bytes_total = job->last_bytes_total;
-  out->rate_bps = job->rate_bps;
+  /* Nothing moves now: no rate (the log has the export's own). */
+  out->rate_bps = 0;
 }
 
 int export_op_request(struct conn *c, const struct sp_msg_head *head,
@@ -1303,6 +1361,8 @@ int export_start_gathered(struct job *job, struct mesh_export *mx,
   job->error[0] = '\0';
   log_msg(LOG_LEVEL_INFO, "job %s: export %" PRIu64 " started (node %" PRIu32
           ")", job->hex, ex->id, mesh_self(job));
+  ex->compare = job->srv->cfg->compare_replicas;
+  ex->compare_threads = job->srv->engine_threads;
   ex->phase = JOB_PLANNING;
   progress_all(ex);
   ex->planning_ms = job_now_ms();
@@ -1315,10 +1375,27 @@ int export_start_gathered(struct job *job, struct mesh_export *mx,
   return 0;
 }
 
-void export_go(struct job *job) {
+void export_go(struct job *job, const struct replica_differ *differ) {
   struct export *ex = job->running;
   if (ex == NULL || ex->await != AWAIT_GO || ex->failed)
     return;
+  if (differ != NULL) {
+    /* Every node names the key from its own plan, which is every node's:
+     * one message everywhere, which the root passes on as any failure.
+     * The export still awaits go, so the next step frees it. */
+    char msg[SP_ERRMSG_MAX + 1];
+    uint32_t key = replicas_key_at(ex->plan, differ->key);
+    if (key == PLAN_NONE)
+      fail_export(ex, SP_EBADMSG,
+                  "the root named a replicated key this plan does not have");
+    else
+      fail_export(ex, replicas_refuse(ex->plan, key, differ->ranks[0],
+                                      differ->digests[0], differ->ranks[1],
+                                      differ->digests[1], 0, msg, sizeof msg),
+                  msg);
+    job_wake(job);
+    return;
+  }
   ex->await = AWAIT_NONE;
   start_moving(ex);
   if (ex->failed && !ex->thread_alive)

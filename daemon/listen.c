@@ -11,6 +11,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
@@ -79,53 +80,95 @@ static int take_systemd_socket(struct listener *l) {
 }
 #endif
 
-static int check_dir(const struct config *cfg, const char *dir) {
+static int fail(char *err, size_t errsize, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail(char *err, size_t errsize, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errsize, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+/* Splits an absolute socket path into its directory and file name. */
+static int split_path(const char *path, char *dir, size_t dirlen,
+                      const char **name, char *err, size_t errsize) {
+  /* Set on every path: at -O3 GCC cannot see that a refusal keeps the
+   * caller from reading it (-Wmaybe-uninitialized). */
+  *name = "";
+  const char *slash = strrchr(path, '/');
+  if (path[0] != '/' || slash == NULL)
+    return fail(err, errsize, "socket path %s is not absolute", path);
+  size_t n = slash == path ? 1 : (size_t)(slash - path);
+  if (n >= dirlen)
+    return fail(err, errsize, "socket path %s is too long", path);
+  memcpy(dir, path, n);
+  dir[n] = '\0';
+  *name = slash + 1;
+  return 0;
+}
+
+/* Checks the socket's directory: it must belong to the daemon's uid and be
+ * writable by nobody else.  A missing default directory is made when
+ * create (else it passes: starting makes it).  A refusal says what to do
+ * instead: a newcomer's first try is often a socket right in /tmp. */
+static int check_dir(const struct config *cfg, const char *dir,
+                     const char *name, bool create, char *err,
+                     size_t errsize) {
   struct stat st;
   if (stat(dir, &st) != 0) {
-    if (errno != ENOENT || !cfg->socket_is_default) {
-      log_msg(LOG_LEVEL_ERROR, "socket directory %s: %s", dir,
-              strerror(errno));
-      return -1;
-    }
+    if (errno != ENOENT)
+      return fail(err, errsize, "socket directory %s: %s", dir,
+                  strerror(errno));
     /* Only the default directory is made, so that a mistyped --socket
      * fails loudly instead of creating directories where nobody looks. */
-    if (mkdir(dir, DIR_MODE) != 0 && errno != EEXIST) {
-      log_msg(LOG_LEVEL_ERROR, "mkdir %s: %s", dir, strerror(errno));
-      return -1;
-    }
+    if (!cfg->socket_is_default)
+      return fail(err, errsize,
+                  "socket directory %s does not exist (only the default "
+                  "/run/shardport is made); create it first: mkdir -m 0700 "
+                  "%s",
+                  dir, dir);
+    if (!create)
+      return 0;
+    if (mkdir(dir, DIR_MODE) != 0 && errno != EEXIST)
+      return fail(err, errsize, "mkdir %s: %s", dir, strerror(errno));
     if (chmod(dir, DIR_MODE) != 0 ||
-        (cfg->socket_group_set && chown(dir, (uid_t)-1, cfg->socket_group))) {
-      log_msg(LOG_LEVEL_ERROR, "socket directory %s: %s", dir,
-              strerror(errno));
-      return -1;
-    }
-    if (stat(dir, &st) != 0) {
-      log_msg(LOG_LEVEL_ERROR, "socket directory %s: %s", dir,
-              strerror(errno));
-      return -1;
-    }
+        (cfg->socket_group_set && chown(dir, (uid_t)-1, cfg->socket_group)) ||
+        stat(dir, &st) != 0)
+      return fail(err, errsize, "socket directory %s: %s", dir,
+                  strerror(errno));
   }
-  if (!S_ISDIR(st.st_mode)) {
-    log_msg(LOG_LEVEL_ERROR, "socket directory %s is not a directory", dir);
-    return -1;
-  }
-  if (st.st_uid != geteuid()) {
-    log_msg(LOG_LEVEL_ERROR,
-            "refusing socket directory %s: owned by uid %u, not by the "
-            "daemon's uid %u",
-            dir, (unsigned)st.st_uid, (unsigned)geteuid());
-    return -1;
-  }
+  if (!S_ISDIR(st.st_mode))
+    return fail(err, errsize, "socket directory %s is not a directory", dir);
+  const char *parent = strcmp(dir, "/") == 0 ? "" : dir;
+  if (st.st_uid != geteuid())
+    return fail(err, errsize,
+                "refusing socket directory %s: owned by uid %u, not by the "
+                "daemon's uid %u; put the socket in a directory of the "
+                "daemon's own: mkdir -m 0700 %s/shardport && shardportd "
+                "--socket %s/shardport/%s",
+                dir, (unsigned)st.st_uid, (unsigned)geteuid(), parent, parent,
+                name);
   /* Anyone else who may write the directory may swap the socket for a link
    * between our bind and our chown. */
-  if (st.st_mode & (S_IWGRP | S_IWOTH)) {
-    log_msg(LOG_LEVEL_ERROR,
-            "refusing socket directory %s: it is writable by others than its "
-            "owner (mode %04o)",
-            dir, (unsigned)(st.st_mode & 07777));
-    return -1;
-  }
+  if (st.st_mode & (S_IWGRP | S_IWOTH))
+    return fail(err, errsize,
+                "refusing socket directory %s: it is writable by others than "
+                "its owner (mode %04o), who could put their own socket in "
+                "its place; put the socket in a directory of its own: mkdir "
+                "-m 0700 %s/shardport && shardportd --socket "
+                "%s/shardport/%s",
+                dir, (unsigned)(st.st_mode & 07777), parent, parent, name);
   return 0;
+}
+
+int listen_check(const struct config *cfg, char *err, size_t errsize) {
+  char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+  const char *name;
+  if (split_path(cfg->socket, dir, sizeof dir, &name, err, errsize) != 0)
+    return -1;
+  return check_dir(cfg, dir, name, false, err, errsize);
 }
 
 /* Removes a socket file left by a daemon that died, never a live one and
@@ -207,19 +250,14 @@ static int make_path_socket(const struct config *cfg, struct listener *l) {
   memcpy(sa.sun_path, cfg->socket, len + 1);
   const char *path = sa.sun_path;
 
-  char dir[sizeof(sa.sun_path)];
-  memcpy(dir, cfg->socket, len + 1);
-  char *slash = strrchr(dir, '/');
-  if (slash == NULL) {
-    log_msg(LOG_LEVEL_ERROR, "socket path %s is not absolute", cfg->socket);
+  char dir[sizeof(sa.sun_path)], why[1024];
+  const char *name;
+  if (split_path(path, dir, sizeof dir, &name, why, sizeof why) != 0 ||
+      check_dir(cfg, dir, name, true, why, sizeof why) != 0) {
+    log_msg(LOG_LEVEL_ERROR, "%s", why);
     return -1;
   }
-  if (slash == dir)
-    slash[1] = '\0';
-  else
-    *slash = '\0';
-
-  if (check_dir(cfg, dir) != 0 || take_lock(path, l) != 0)
+  if (take_lock(path, l) != 0)
     return -1;
   if (remove_stale(path, &sa) != 0)
     return release_lock(l);

@@ -3,8 +3,9 @@
  *
  * Lines go to stderr.  Under systemd (stderr is the journal stream named by
  * JOURNAL_STREAM) each line starts with the syslog priority "<N>", which the
- * journal turns into the entry's priority; otherwise lines are plain text
- * for a terminal.
+ * journal turns into the entry's priority (and stamps with its own time);
+ * otherwise lines are plain text for a terminal or a file, each starting
+ * with the local time to the millisecond.
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -75,11 +76,18 @@ static void log_line(enum log_level level, uint64_t suppressed,
    * harness never interleave mid-line. */
   char line[2048];
   int n;
-  if (log_journal)
+  if (log_journal) {
     n = snprintf(line, sizeof(line), "<%d>", (int)level);
-  else
-    n = snprintf(line, sizeof(line), "shardportd: %s: ",
-                 log_level_name(level));
+  } else {
+    struct timespec ts;
+    struct tm tm;
+    char when[32] = "";
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (localtime_r(&ts.tv_sec, &tm) != NULL)
+      strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+    n = snprintf(line, sizeof(line), "%s.%03ld shardportd: %s: ", when,
+                 ts.tv_nsec / 1000000, log_level_name(level));
+  }
   /* Messages quote what peers sent (op and client names, keys): escaped,
    * a control byte there cannot end the line and forge another, with its
    * own priority, in the journal, and the line stays UTF-8, which the

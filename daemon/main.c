@@ -6,7 +6,9 @@
  * Exit codes (docs/operations.md): 0 clean exit, 1 bad configuration,
  * 2 bad command line, 3 could not start serving.
  */
+#include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +21,6 @@
 #define EXIT_USAGE 2
 #define EXIT_SERVE 3
 
-#define DEFAULT_CONFIG SP_SYSCONFDIR "/shardport/shardportd.conf"
 
 static void usage(FILE *out) {
   fprintf(out,
@@ -29,6 +30,9 @@ static void usage(FILE *out) {
           "                           /run/shardport/shardport.sock as root,\n"
           "                           else $XDG_RUNTIME_DIR/shardport.sock)\n"
           "  -c, --config FILE        configuration file (default: %s)\n"
+          "  -d, --detach             serve in the background once listening;\n"
+          "                           print the daemon's pid, or exit with its\n"
+          "                           error when it cannot start\n"
           "  -l, --log-level LEVEL    error, warn, info or debug\n"
           "  -b, --backend NAME       auto, host or cuda\n"
           "      --peer-listen ADDR:PORT\n"
@@ -36,11 +40,12 @@ static void usage(FILE *out) {
           "                           nodes); port 0 takes any free port\n"
           "      --peer-advertise ADDR[:PORT]\n"
           "                           the address other daemons dial\n"
-          "  -n, --check              check the configuration and exit\n"
+          "  -n, --check              check the configuration and the socket's\n"
+          "                           directory, and exit\n"
           "      --print-config       print every setting and exit\n"
           "  -V, --version            print the version and exit\n"
           "  -h, --help               print this help and exit\n",
-          DEFAULT_CONFIG);
+          SP_CONFIG_FILE);
 }
 
 enum { OPT_PRINT_CONFIG = 256, OPT_PEER_LISTEN, OPT_PEER_ADVERTISE };
@@ -48,6 +53,7 @@ enum { OPT_PRINT_CONFIG = 256, OPT_PEER_LISTEN, OPT_PEER_ADVERTISE };
 static const struct option long_options[] = {
     {"socket", required_argument, NULL, 's'},
     {"config", required_argument, NULL, 'c'},
+    {"detach", no_argument, NULL, 'd'},
     {"log-level", required_argument, NULL, 'l'},
     {"backend", required_argument, NULL, 'b'},
     {"check", no_argument, NULL, 'n'},
@@ -74,9 +80,9 @@ int main(int argc, char **argv) {
   log_init(LOG_LEVEL_INFO);
   const char *config_path = NULL;
   struct config_origin origin = {.nflags = 0};
-  bool check = false, print = false;
+  bool check = false, print = false, detach = false;
   int opt;
-  while ((opt = getopt_long(argc, argv, "s:c:l:b:nVh", long_options, NULL)) !=
+  while ((opt = getopt_long(argc, argv, "s:c:dl:b:nVh", long_options, NULL)) !=
          -1) {
     switch (opt) {
     case 's':
@@ -84,6 +90,9 @@ int main(int argc, char **argv) {
       break;
     case 'c':
       config_path = optarg;
+      break;
+    case 'd':
+      detach = true;
       break;
     case 'l':
       add_flag(&origin, "log_level", optarg);
@@ -122,7 +131,7 @@ int main(int argc, char **argv) {
 
   struct config cfg;
   char err[512];
-  origin.path = config_path != NULL ? config_path : DEFAULT_CONFIG;
+  origin.path = config_path != NULL ? config_path : SP_CONFIG_FILE;
   origin.must_exist = config_path != NULL;
   int built = config_build(&origin, &cfg, err, sizeof(err));
   if (built == CONFIG_EFLAG) {
@@ -133,6 +142,11 @@ int main(int argc, char **argv) {
     log_msg(LOG_LEVEL_ERROR, "%s", err);
     return EXIT_CONFIG;
   }
+  /* Before the backend: the CUDA runtime must never see a fork. */
+  if (detach && !print && !check && detach_start() != 0) {
+    log_msg(LOG_LEVEL_ERROR, "--detach: cannot fork: %s", strerror(errno));
+    return EXIT_SERVE;
+  }
   struct backend_choice backend;
   if (backend_select(cfg.backend, &backend, err, sizeof(err)) != 0) {
     log_msg(LOG_LEVEL_ERROR, "%s", err);
@@ -140,9 +154,21 @@ int main(int argc, char **argv) {
   }
   if (print)
     config_print(&cfg, stdout);
-  if (check)
-    fprintf(stderr, "shardportd: configuration OK (backend %s: %s)\n",
-            backend.active, backend.reason);
+  if (check) {
+    /* What starting would refuse (socket activation aside, which -n
+     * cannot see): the socket's directory. */
+    if (listen_check(&cfg, err, sizeof(err)) != 0) {
+      log_msg(LOG_LEVEL_ERROR, "%s", err);
+      backend_release(&backend);
+      return EXIT_SERVE;
+    }
+    char file[PATH_MAX + 64];
+    config_describe_file(&cfg, file, sizeof file);
+    fprintf(stderr,
+            "shardportd: configuration OK (file %s; socket %s; backend %s: "
+            "%s)\n",
+            file, cfg.socket, backend.active, backend.reason);
+  }
   if (print || check) {
     backend_release(&backend);
     return 0;

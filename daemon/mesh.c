@@ -68,9 +68,14 @@ struct mesh_node {
   int data;              /* the data socket, or -1 */
   int data_next;         /* a newer one, taken at the next export */
   uint32_t nranks;       /* root: ranks joined there */
-  /* Root: the node's part in the export being agreed. */
+  /* Root: the node's part in the export being agreed, and its lowest
+   * rank's digests of the replicated and plain keys (none when it
+   * compares none). */
   bool in_export, planned, moved;
   uint64_t digest;
+  uint32_t replica_rank;
+  size_t nreplicas;
+  uint64_t *replicas;
   uint64_t heard_ms;
   bool ask_pending; /* its next frame is the meta of ask */
   struct nodemsg ask;
@@ -159,6 +164,10 @@ struct mesh {
   struct mesh_export *incoming, *ready, *current;
   bool awaiting_links;
   uint64_t planned_digest;
+  /* What `planned` tells the root of this node's replicated keys. */
+  uint32_t planned_replica_rank;
+  size_t planned_nreplicas;
+  uint64_t *planned_replicas;
   uint64_t heard_ms, beat_ms;
   uint32_t timeout_ms; /* of the export under way */
   /* Root. */
@@ -278,6 +287,20 @@ static void inbox_push(struct mesh *ms, bool to_root, uint32_t from,
     memcpy(it->msg.nodes, m->nodes, m->nnodes * sizeof *m->nodes);
     memcpy(it->msg.rank_nodes, m->rank_nodes,
            m->world * sizeof *m->rank_nodes);
+  }
+  it->msg.replicas = NULL;
+  if (m->nreplicas > 0) {
+    it->msg.replicas = malloc(m->nreplicas * sizeof *m->replicas);
+    if (it->msg.replicas == NULL) {
+      nodemsg_free(&it->msg);
+      free(it->blobs);
+      free(it);
+      log_msg(LOG_LEVEL_ERROR, "job %s: out of memory queueing a message",
+              ms->job->hex);
+      return;
+    }
+    memcpy(it->msg.replicas, m->replicas,
+           m->nreplicas * sizeof *m->replicas);
   }
   for (size_t i = 0; i < nblobs; i++)
     it->blobs[i] = nodeblob_ref(blobs[i]);
@@ -467,6 +490,7 @@ void mesh_free(struct mesh *ms) {
       continue;
     nodelink_close(n->ctl);
     node_close_data(n);
+    free(n->replicas);
     free(n);
   }
   free(ms->nodes);
@@ -493,6 +517,7 @@ void mesh_free(struct mesh *ms) {
   for (uint32_t r = 0; r < ms->job->world; r++)
     nodeblob_unref(ms->sent_meta[r]);
   free(ms->sent_meta);
+  free(ms->planned_replicas);
   free(ms);
 }
 
@@ -961,13 +986,30 @@ static void maybe_send_planned(struct mesh *ms) {
   ms->awaiting_links = false;
   struct nodemsg p = {.op = NODEMSG_PLANNED,
                       .gather = mx->gather,
-                      .digest = ms->planned_digest};
+                      .digest = ms->planned_digest,
+                      .replica_rank = ms->planned_replica_rank,
+                      .nreplicas = ms->planned_nreplicas,
+                      .replicas = ms->planned_replicas};
   to_root(ms, &p, NULL);
 }
 
-void mesh_planned(struct job *job, uint64_t digest) {
+void mesh_planned(struct job *job, uint64_t digest,
+                  const struct replica_digests *replicas) {
   struct mesh *ms = job->mesh;
   ms->planned_digest = digest ^ ms->srv->test_digest_xor;
+  /* The lowest local rank's digests stand for the node's: its other
+   * ranks' copies were compared with them already (export.c). */
+  free(ms->planned_replicas);
+  ms->planned_replicas = NULL;
+  ms->planned_nreplicas = 0;
+  if (replicas->nkeys > 0 &&
+      (ms->planned_replicas =
+           malloc(replicas->nkeys * sizeof *replicas->digest)) != NULL) {
+    memcpy(ms->planned_replicas, replicas->digest,
+           replicas->nkeys * sizeof *replicas->digest);
+    ms->planned_nreplicas = replicas->nkeys;
+    ms->planned_replica_rank = replicas->ranks[0];
+  }
   ms->awaiting_links = true;
   maybe_send_planned(ms);
 }
@@ -1164,8 +1206,13 @@ static void member_handle(struct mesh *ms, const struct nodemsg *m,
     break;
   case NODEMSG_GO:
     if (ms->current != NULL && ms->current->gather == m->gather) {
-      ms->current->moving = true;
-      export_go(job);
+      struct replica_differ differ = {.key = m->differ_key,
+                                      .ranks = {m->differ_ranks[0],
+                                                m->differ_ranks[1]},
+                                      .digests = {m->differ_digests[0],
+                                                  m->differ_digests[1]}};
+      ms->current->moving = !m->differ;
+      export_go(job, m->differ ? &differ : NULL);
     }
     break;
   case NODEMSG_PUBLISH:
@@ -1609,6 +1656,49 @@ static void coord_ask(struct mesh *ms, struct mesh_node *n,
     gather_complete(ms);
 }
 
+/* The nodes' digests of their replicated and plain keys: the first key
+ * (in key order) on which two nodes differ goes in go (each node then
+ * refuses the export with different_data naming it, and tells the root as
+ * any failure).  Nodes that compare none are left out.  -1 when a node's
+ * count does not match the others' (the export failed). */
+static int compare_node_replicas(struct mesh *ms, struct nodemsg *go) {
+  const struct mesh_node *base = NULL;
+  for (uint32_t i = 0; i < ms->nnodes; i++) {
+    const struct mesh_node *x = ms->nodes[i];
+    if (x == NULL || !x->in_export || x->nreplicas == 0)
+      continue;
+    if (base == NULL) {
+      base = x;
+      continue;
+    }
+    if (x->nreplicas != base->nreplicas) {
+      char msg[256];
+      snprintf(msg, sizeof msg,
+               "node %u compared %zu replicated keys and node %u %zu for "
+               "export %" PRIu64 " of job %s",
+               base->node, base->nreplicas, x->node, x->nreplicas,
+               ms->cexport_id, ms->job->hex);
+      coord_fail(ms, ms->cexport_gather, SP_EBADMSG, msg, true);
+      export_over(ms);
+      return -1;
+    }
+  }
+  for (size_t k = 0; base != NULL && k < base->nreplicas && !go->differ; k++)
+    for (uint32_t i = 0; i < ms->nnodes && !go->differ; i++) {
+      const struct mesh_node *x = ms->nodes[i];
+      if (x == NULL || !x->in_export || x->nreplicas == 0 ||
+          x->replicas[k] == base->replicas[k])
+        continue;
+      go->differ = true;
+      go->differ_key = (uint32_t)k;
+      go->differ_ranks[0] = base->replica_rank;
+      go->differ_ranks[1] = x->replica_rank;
+      go->differ_digests[0] = base->replicas[k];
+      go->differ_digests[1] = x->replicas[k];
+    }
+  return 0;
+}
+
 static void coord_planned(struct mesh *ms, struct mesh_node *n,
                           const struct nodemsg *m) {
   if (ms->cstate != COORD_PLANNING || m->gather != ms->cexport_gather ||
@@ -1616,6 +1706,15 @@ static void coord_planned(struct mesh *ms, struct mesh_node *n,
     return;
   n->planned = true;
   n->digest = m->digest;
+  free(n->replicas);
+  n->replicas = NULL;
+  n->nreplicas = 0;
+  if (m->nreplicas > 0 &&
+      (n->replicas = malloc(m->nreplicas * sizeof *m->replicas)) != NULL) {
+    memcpy(n->replicas, m->replicas, m->nreplicas * sizeof *m->replicas);
+    n->nreplicas = m->nreplicas;
+    n->replica_rank = m->replica_rank;
+  }
   uint64_t digest0 = 0;
   bool first = true, same = true;
   for (uint32_t i = 0; i < ms->nnodes; i++) {
@@ -1647,6 +1746,8 @@ static void coord_planned(struct mesh *ms, struct mesh_node *n,
   }
   ms->cstate = COORD_MOVING;
   struct nodemsg go = {.op = NODEMSG_GO, .gather = ms->cexport_gather};
+  if (compare_node_replicas(ms, &go) != 0)
+    return;
   for (uint32_t i = 0; i < ms->nnodes; i++)
     if (ms->nodes[i] != NULL && ms->nodes[i]->in_export)
       to_node(ms, i, &go, NULL, 0);

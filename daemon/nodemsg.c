@@ -47,8 +47,10 @@ const char *nodemsg_op_name(enum nodemsg_op op) {
 void nodemsg_free(struct nodemsg *m) {
   free(m->nodes);
   free(m->rank_nodes);
+  free(m->replicas);
   m->nodes = NULL;
   m->rank_nodes = NULL;
+  m->replicas = NULL;
 }
 
 /* ---- reading ---- */
@@ -183,6 +185,89 @@ static int parse_nodes(const msgpack_object *map, struct nodemsg *m,
   return 0;
 }
 
+/* Digests per bin of "replicas": a control frame's strings and bins hold
+ * at most a mebibyte (the client limits apply to control messages). */
+#define REPLICAS_PER_BIN (SP_LIMITS_DEFAULT_MAX_STRING / 8)
+
+/* planned: optional "replica_rank" and "replicas" (an array of bins, each
+ * of 8 bytes per key, little-endian, at most REPLICAS_PER_BIN keys; at
+ * most REQ_MAX_PER_RANK keys in all), both or neither. */
+static int parse_replicas(const msgpack_object *map, struct nodemsg *m,
+                          char *msg, size_t msglen) {
+  if (sp_msg_field(map, "replicas") == NULL &&
+      sp_msg_field(map, "replica_rank") == NULL)
+    return 0;
+  int rc = get_u32(map, "replica_rank", REQ_MAX_WORLD - 1, &m->replica_rank,
+                   msg, msglen);
+  if (rc != 0)
+    return rc;
+  const msgpack_object_array *a;
+  if (sp_msg_get_array(map, "replicas", false, &a) != 0 || a->size == 0)
+    return sp_failf(msg, msglen, SP_EBADMSG,
+                    "\"replicas\" must be an array of bins");
+  size_t total = 0;
+  for (uint32_t i = 0; i < a->size; i++) {
+    const msgpack_object *o = &a->ptr[i];
+    if (o->type != MSGPACK_OBJECT_BIN || o->via.bin.size == 0 ||
+        o->via.bin.size % 8 != 0 || o->via.bin.size / 8 > REPLICAS_PER_BIN)
+      return sp_failf(msg, msglen, SP_EBADMSG,
+                      "replicas[%u] must be a bin of 8 bytes per key, at "
+                      "most %u keys",
+                      i, REPLICAS_PER_BIN);
+    total += o->via.bin.size / 8;
+  }
+  if (total > REQ_MAX_PER_RANK)
+    return sp_failf(msg, msglen, SP_EINVAL,
+                    "\"replicas\" holds %zu digests, more than %u", total,
+                    REQ_MAX_PER_RANK);
+  m->replicas = malloc(total * sizeof *m->replicas);
+  if (m->replicas == NULL)
+    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+  for (uint32_t i = 0; i < a->size; i++) {
+    const uint8_t *p = (const uint8_t *)a->ptr[i].via.bin.ptr;
+    for (size_t j = 0; j < a->ptr[i].via.bin.size / 8; j++) {
+      uint64_t v = 0;
+      for (int b = 7; b >= 0; b--)
+        v = v << 8 | p[j * 8 + (size_t)b];
+      m->replicas[m->nreplicas++] = v;
+    }
+  }
+  return 0;
+}
+
+/* go: optional "differ_key", "differ_ranks" and "differ_digests" (two
+ * each), all or none. */
+static int parse_differ(const msgpack_object *map, struct nodemsg *m,
+                        char *msg, size_t msglen) {
+  if (sp_msg_field(map, "differ_key") == NULL &&
+      sp_msg_field(map, "differ_ranks") == NULL &&
+      sp_msg_field(map, "differ_digests") == NULL)
+    return 0;
+  int rc = get_u32(map, "differ_key", REQ_MAX_PER_RANK - 1, &m->differ_key,
+                   msg, msglen);
+  if (rc != 0)
+    return rc;
+  const msgpack_object_array *r, *d;
+  if (sp_msg_get_array(map, "differ_ranks", false, &r) != 0 ||
+      sp_msg_get_array(map, "differ_digests", false, &d) != 0 ||
+      r->size != 2 || d->size != 2)
+    return sp_failf(msg, msglen, SP_EBADMSG,
+                    "\"differ_ranks\" and \"differ_digests\" must be arrays "
+                    "of two unsigned integers");
+  for (int i = 0; i < 2; i++) {
+    if (r->ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+        r->ptr[i].via.u64 >= REQ_MAX_WORLD ||
+        d->ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+      return sp_failf(msg, msglen, SP_EINVAL,
+                      "\"differ_ranks\" must hold ranks and "
+                      "\"differ_digests\" unsigned integers");
+    m->differ_ranks[i] = (uint32_t)r->ptr[i].via.u64;
+    m->differ_digests[i] = d->ptr[i].via.u64;
+  }
+  m->differ = true;
+  return 0;
+}
+
 static int parse_options(const msgpack_object *map, struct nodemsg *m,
                          char *msg, size_t msglen) {
   int rc;
@@ -299,10 +384,14 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
             0 ||
         (rc = get_u(map, "digest", UINT64_MAX, &m->digest, msg, msglen)) != 0)
       return rc;
-    if (sp_msg_field(map, "code") != NULL)
-      return get_code(map, &m->code, msg, msglen);
-    return 0;
+    if (sp_msg_field(map, "code") != NULL &&
+        (rc = get_code(map, &m->code, msg, msglen)) != 0)
+      return rc;
+    return parse_replicas(map, m, msg, msglen);
   case NODEMSG_GO:
+    if ((rc = get_u(map, "gather", UINT64_MAX, &m->gather, msg, msglen)) != 0)
+      return rc;
+    return parse_differ(map, m, msg, msglen);
   case NODEMSG_MOVED:
   case NODEMSG_PUBLISH:
   case NODEMSG_BEAT:
@@ -343,8 +432,9 @@ static uint32_t fields_of(const struct nodemsg *m) {
   case NODEMSG_PLAN:
     return m->comm_gen > 0 ? 9 : 7;
   case NODEMSG_PLANNED:
-    return m->code != 0 ? 3 : 2;
+    return 2 + (m->code != 0) + (m->nreplicas > 0 ? 2 : 0);
   case NODEMSG_GO:
+    return m->differ ? 4 : 1;
   case NODEMSG_MOVED:
   case NODEMSG_PUBLISH:
   case NODEMSG_BEAT:
@@ -357,6 +447,26 @@ static uint32_t fields_of(const struct nodemsg *m) {
     return 0;
   }
   return 0;
+}
+
+/* The digests in bins of REPLICAS_PER_BIN, little-endian whatever this
+ * machine's order. */
+static void pack_replicas(msgpack_packer *pk, const struct nodemsg *m) {
+  sp_pack_kv_u64(pk, "replica_rank", m->replica_rank);
+  sp_pack_str(pk, "replicas");
+  size_t nbins = (m->nreplicas + REPLICAS_PER_BIN - 1) / REPLICAS_PER_BIN;
+  msgpack_pack_array(pk, (uint32_t)nbins);
+  for (size_t i = 0; i < m->nreplicas; i++) {
+    if (i % REPLICAS_PER_BIN == 0) {
+      size_t left = m->nreplicas - i;
+      msgpack_pack_bin(pk, 8 * (left < REPLICAS_PER_BIN ? left
+                                                        : REPLICAS_PER_BIN));
+    }
+    uint8_t le[8];
+    for (int b = 0; b < 8; b++)
+      le[b] = (uint8_t)(m->replicas[i] >> (8 * b));
+    msgpack_pack_bin_body(pk, le, 8);
+  }
 }
 
 void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
@@ -441,8 +551,23 @@ void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
     sp_pack_kv_u64(pk, "digest", m->digest);
     if (m->code != 0)
       sp_pack_kv_str(pk, "code", sp_err_name(m->code));
+    if (m->nreplicas > 0)
+      pack_replicas(pk, m);
     break;
   case NODEMSG_GO:
+    sp_pack_kv_u64(pk, "gather", m->gather);
+    if (m->differ) {
+      sp_pack_kv_u64(pk, "differ_key", m->differ_key);
+      sp_pack_str(pk, "differ_ranks");
+      msgpack_pack_array(pk, 2);
+      msgpack_pack_uint32(pk, m->differ_ranks[0]);
+      msgpack_pack_uint32(pk, m->differ_ranks[1]);
+      sp_pack_str(pk, "differ_digests");
+      msgpack_pack_array(pk, 2);
+      msgpack_pack_uint64(pk, m->differ_digests[0]);
+      msgpack_pack_uint64(pk, m->differ_digests[1]);
+    }
+    break;
   case NODEMSG_MOVED:
   case NODEMSG_PUBLISH:
   case NODEMSG_BEAT:

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -339,14 +340,17 @@ int server_run(const struct config_origin *origin, struct config *cfg,
   start_watchdog(&srv);
   start_pool_watch(&srv);
 
+  char file[PATH_MAX + 64];
+  config_describe_file(cfg, file, sizeof file);
   log_msg(LOG_LEVEL_INFO,
-          "listening on %s%s (protocol %d, backend %s: %s)",
+          "listening on %s%s (protocol %d, configuration %s, backend %s: %s)",
           srv.listener.path,
           srv.listener.from_systemd ? " (from systemd)" : "",
-          SP_PROTOCOL_VERSION, backend->active, backend->reason);
+          SP_PROTOCOL_VERSION, file, backend->active, backend->reason);
   char status[256];
   snprintf(status, sizeof(status), "serving on %s", srv.listener.path);
   notify_ready(status);
+  detach_ready();
 
   rc = finish_loop(&loop);
   pool_destroy(srv.pool);

@@ -121,12 +121,25 @@ SP_EXPORT const char *sp_strerror(int code);
 /* The wire name of a code ("frame_too_large"); "unknown" for unknown codes. */
 SP_EXPORT const char *sp_err_name(int code);
 
-/* The socket path used when none is given: $SHARDPORT_SOCKET, else
- * /run/shardport/shardport.sock for root, else
- * $XDG_RUNTIME_DIR/shardport.sock (when that is an absolute path).  Returns
- * 0 and writes at most size bytes, or SP_EINVAL when no path can be derived
- * or it does not fit. */
+/* The socket path used when none is given (docs/operations.md, "Socket
+ * paths"): $SHARDPORT_SOCKET; else for root the system socket
+ * /run/shardport/shardport.sock; else $XDG_RUNTIME_DIR/shardport.sock when
+ * a socket is there, else the system socket when one is there, else
+ * $XDG_RUNTIME_DIR/shardport.sock when XDG_RUNTIME_DIR is an absolute
+ * path, else the system socket.  Returns 0 and writes at most size bytes,
+ * or SP_EINVAL when it does not fit (buf is then ""). */
 SP_EXPORT int sp_default_socket_path(char *buf, size_t size);
+/* As sp_default_socket_path; *origin (when origin is not NULL) receives a
+ * static phrase saying where the path came from, for messages ("from
+ * $SHARDPORT_SOCKET", "the system socket: XDG_RUNTIME_DIR is not set"). */
+SP_EXPORT int sp_default_socket_origin(char *buf, size_t size,
+                                       const char **origin);
+
+/* Writes bytes into buf (size bytes; "" never) as shardport writes every
+ * size a person reads, in the CLI, the daemon's log and the demo alike:
+ * "512 B", "1.5 KiB", ... "16.0 EiB" (binary units, one decimal).
+ * Returns buf. */
+SP_EXPORT const char *sp_format_bytes(uint64_t bytes, char *buf, size_t size);
 
 typedef struct sp_client sp_client;
 
@@ -136,6 +149,13 @@ typedef struct sp_client sp_client;
  * that the daemon speaks another protocol version.  The socket is
  * close-on-exec.  A client serves one thread at a time. */
 SP_EXPORT int sp_connect(const char *path, sp_client **out);
+/* As sp_connect; on failure why (whylen bytes; NULL when whylen is 0)
+ * receives a sentence for a person: the path tried and, for the default
+ * path, where it came from; what went wrong (nothing there, a socket
+ * nobody answers on, the file system's permissions, the daemon's own
+ * refusal in its words); and what to do about it. */
+SP_EXPORT int sp_connect_explain(const char *path, sp_client **out, char *why,
+                                 size_t whylen);
 /* Closes the connection and frees the client; NULL is allowed. */
 SP_EXPORT void sp_close(sp_client *client);
 

@@ -23,6 +23,7 @@
 /* The global options, parsed once by main.c. */
 struct cli_options {
   const char *socket; /* --socket, or the default path */
+  bool socket_given;  /* --socket was given */
   bool json;          /* --json */
   double watch_s;     /* --watch; 0 prints once */
   const char *job;    /* the JOB argument (1 to 32 hex digits), or NULL */
@@ -65,15 +66,27 @@ int job_show_exec(sp_client *client, const struct cli_options *opts,
 /* main.c: prints "shardport: <what>: <text>" (and the daemon's own message
  * when client holds one) to stderr; returns the exit status for code. */
 int cli_report(const char *what, int code, const sp_client *client);
+/* The longest explanation of a failed connection. */
+#define CLI_WHY_MAX 2048
+/* Connects to the daemon opts names: 0, or a code with the library's
+ * explanation in why (sp_connect_explain). */
+int cli_connect(const struct cli_options *opts, sp_client **client, char *why,
+                size_t whylen);
+/* Prints "shardport: <why>"; returns the exit status for code. */
+int cli_report_connect(int code, const char *why);
 
-/* watch.c: runs cmd every opts->watch_s seconds until SIGINT or SIGTERM;
- * redraws in place when stdout is a terminal.  Returns an exit status. */
-int watch_run(const struct cli_command *cmd, sp_client *client,
-              const struct cli_options *opts);
+/* watch.c: connects and runs cmd every opts->watch_s seconds until SIGINT
+ * or SIGTERM; redraws in place when stdout is a terminal, under a line
+ * with the time; while the daemon is away (restarting) it says so and
+ * connects again at the next tick.  Returns an exit status. */
+int watch_run(const struct cli_command *cmd, const struct cli_options *opts);
 
-/* text.c (terminal-safe strings are proto/text.h's sp_text_sanitize) */
-/* "512 B", "1.5 KiB", ..., "16.0 EiB". */
-void text_bytes(uint64_t bytes, char *buf, size_t size);
+/* text.c (terminal-safe strings are proto/text.h's sp_text_sanitize, byte
+ * counts shardport.h's sp_format_bytes) */
+/* The gist of a long reason: its first two clauses ("a: b: c; d (e)"
+ * gives "a: b"), at most size - 1 bytes.  True when anything was left
+ * out. */
+bool text_gist(const char *s, char *buf, size_t size);
 /* "0s", "59s", "1m 0s", "2h 3m 4s", "5d 2h 3m 4s". */
 void text_duration(double seconds, char *buf, size_t size);
 /* A user by name ("alice"), or by number when it has none here ("1234"). */

@@ -28,7 +28,7 @@ static void seconds(double s, char *buf, size_t size) {
 
 static void rate(double bps, char *buf, size_t size) {
   char b[32];
-  text_bytes(bps < 1.8e19 ? (uint64_t)bps : UINT64_MAX, b, sizeof b);
+  sp_format_bytes(bps < 1.8e19 ? (uint64_t)bps : UINT64_MAX, b, sizeof b);
   snprintf(buf, size, "%s/s", b);
 }
 
@@ -54,17 +54,23 @@ static void print_head(FILE *out, const sp_job_detail *d) {
            job->world, job->asked);
   row(out, "ranks", line);
   if (job->export_id > 0) {
-    text_bytes(job->bytes_moved, a, sizeof a);
-    text_bytes(job->bytes_total, b, sizeof b);
-    rate(job->rate_bps, c, sizeof c);
-    snprintf(line, sizeof line, "%llu: round %u of %u, %s of %s moved, %s",
+    sp_format_bytes(job->bytes_moved, a, sizeof a);
+    sp_format_bytes(job->bytes_total, b, sizeof b);
+    /* A rate while data moves, as in `status` (RATE). */
+    c[0] = '\0';
+    if (strcmp(job->phase, "moving") == 0) {
+      char r[48];
+      rate(job->rate_bps, r, sizeof r);
+      snprintf(c, sizeof c, ", %s", r);
+    }
+    snprintf(line, sizeof line, "%llu: round %u of %u, %s of %s moved%s",
              (unsigned long long)job->export_id, job->round, job->rounds, a, b,
              c);
     row(out, "export", line);
   }
   if (job->bytes_to_prepare > 0 && strcmp(job->phase, "allocating") == 0) {
-    text_bytes(job->bytes_prepared, a, sizeof a);
-    text_bytes(job->bytes_to_prepare, b, sizeof b);
+    sp_format_bytes(job->bytes_prepared, a, sizeof a);
+    sp_format_bytes(job->bytes_to_prepare, b, sizeof b);
     snprintf(line, sizeof line, "%s of %s of the pool", a, b);
     row(out, "prepared", line);
   }
@@ -140,7 +146,7 @@ static void print_history(FILE *out, const sp_job_detail *d) {
       text_duration(e->age_s, ago, sizeof ago);
       snprintf(ended, sizeof ended, "%s ago", ago);
       seconds(e->duration_s, took, sizeof took);
-      text_bytes(e->bytes_moved, moved, sizeof moved);
+      sp_format_bytes(e->bytes_moved, moved, sizeof moved);
       rate(e->rate_bps, rt, sizeof rt);
       sp_text_sanitize(e->error ? e->error : "", error, sizeof error);
       const char *cell[NCOLS] = {id,    e->failed ? "failed" : "published",

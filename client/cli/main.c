@@ -47,7 +47,8 @@ static void print_usage(FILE *out) {
         "options (before or after the command):\n"
         "  -s, --socket PATH      the daemon's socket; default $SHARDPORT_SOCKET,\n"
         "                         /run/shardport/shardport.sock for root, else\n"
-        "                         $XDG_RUNTIME_DIR/shardport.sock\n"
+        "                         $XDG_RUNTIME_DIR/shardport.sock when it exists,\n"
+        "                         else /run/shardport/shardport.sock\n"
         "  -j, --json             print one JSON object per snapshot (status, jobs,\n"
         "                         abort, ping)\n"
         "  -w, --watch SECONDS    redraw every SECONDS until interrupted (status,\n"
@@ -163,6 +164,7 @@ static int parse_args(int argc, char **argv, struct cli_args *a) {
     switch (options[o].id) {
     case OPT_SOCKET:
       a->opts.socket = value;
+      a->opts.socket_given = true;
       break;
     case OPT_JSON:
       a->opts.json = true;
@@ -221,21 +223,32 @@ static int check_args(struct cli_args *a, const struct cli_command *cmd) {
   return CLI_EXIT_OK;
 }
 
+int cli_connect(const struct cli_options *opts, sp_client **client,
+                char *why, size_t whylen) {
+  /* The library resolves a default path itself, so that its explanation
+   * says where the path came from. */
+  return sp_connect_explain(opts->socket_given ? opts->socket : NULL, client,
+                            why, whylen);
+}
+
+int cli_report_connect(int code, const char *why) {
+  char safe[4 * CLI_WHY_MAX + 1];
+  sp_text_sanitize(why, safe, sizeof safe);
+  fprintf(stderr, "shardport: %s\n", safe);
+  return code == SP_ENODAEMON ? CLI_EXIT_NODAEMON : CLI_EXIT_ERROR;
+}
+
 /* Connects, runs the command once or under --watch, closes. */
 static int run(const struct cli_command *cmd, const struct cli_options *opts) {
+  if (opts->watch_s > 0)
+    return watch_run(cmd, opts);
   sp_client *client;
-  char what[512];
-  snprintf(what, sizeof what, "connect to %s", opts->socket);
-  int rc = sp_connect(opts->socket, &client);
+  char why[CLI_WHY_MAX];
+  int rc = cli_connect(opts, &client, why, sizeof why);
   if (rc < 0)
-    return cli_report(what, rc, NULL);
-  int status;
-  if (opts->watch_s > 0) {
-    status = watch_run(cmd, client, opts);
-  } else {
-    rc = cmd->exec(client, opts, stdout);
-    status = rc < 0 ? cli_report(cmd->name, rc, client) : CLI_EXIT_OK;
-  }
+    return cli_report_connect(rc, why);
+  rc = cmd->exec(client, opts, stdout);
+  int status = rc < 0 ? cli_report(cmd->name, rc, client) : CLI_EXIT_OK;
   sp_close(client);
   return status;
 }
@@ -262,14 +275,10 @@ int main(int argc, char **argv) {
   if (status != CLI_EXIT_OK)
     return status;
 
+  /* The path the output names (status --json, ping). */
   char default_socket[4096];
   if (!a.opts.socket) {
-    if (sp_default_socket_path(default_socket, sizeof default_socket) < 0) {
-      fputs("shardport: no socket path: pass --socket, or set "
-            "SHARDPORT_SOCKET or XDG_RUNTIME_DIR\n",
-            stderr);
-      return CLI_EXIT_ERROR;
-    }
+    sp_default_socket_path(default_socket, sizeof default_socket);
     a.opts.socket = default_socket;
   }
 

@@ -36,8 +36,8 @@ void status_print_nodes(FILE *out, const sp_job_status *job) {
     const sp_node_status *nd = &job->nodes[n];
     char addr[CELL], sent[32], received[32];
     sp_text_sanitize(nd->address, addr, sizeof addr);
-    text_bytes(nd->bytes_sent, sent, sizeof sent);
-    text_bytes(nd->bytes_received, received, sizeof received);
+    sp_format_bytes(nd->bytes_sent, sent, sizeof sent);
+    sp_format_bytes(nd->bytes_received, received, sizeof received);
     if (nd->self)
       fprintf(out, "    %-6u%-*s  %s\n", nd->node, (int)aw, addr,
               "this daemon");
@@ -53,8 +53,8 @@ void status_print_nodes(FILE *out, const sp_job_status *job) {
 static void print_progress_notes(FILE *out, const sp_job_status *job) {
   if (job->bytes_to_prepare > 0 && strcmp(job->phase, "allocating") == 0) {
     char done[32], total[32];
-    text_bytes(job->bytes_prepared, done, sizeof done);
-    text_bytes(job->bytes_to_prepare, total, sizeof total);
+    sp_format_bytes(job->bytes_prepared, done, sizeof done);
+    sp_format_bytes(job->bytes_to_prepare, total, sizeof total);
     fprintf(out, "    preparing the pool: %s of %s\n", done, total);
   }
   if (job->asked > 0 && strcmp(job->phase, "waiting") == 0)
@@ -84,12 +84,18 @@ static void print_jobs(FILE *out, const sp_status_info *st) {
     sp_text_sanitize(job->phase, cells[j][PHASE], CELL);
     snprintf(cells[j][RANKS], CELL, "%u/%u", job->joined, job->world);
     snprintf(cells[j][ROUND], CELL, "%u of %u", job->round, job->rounds);
-    text_bytes(job->bytes_moved, moved, sizeof moved);
-    text_bytes(job->bytes_total, total, sizeof total);
+    sp_format_bytes(job->bytes_moved, moved, sizeof moved);
+    sp_format_bytes(job->bytes_total, total, sizeof total);
     snprintf(cells[j][MOVED], CELL, "%s of %s", moved, total);
-    text_bytes(job->rate_bps < 1.8e19 ? (uint64_t)job->rate_bps : UINT64_MAX,
-               rate, sizeof rate);
-    snprintf(cells[j][RATE], CELL, "%s/s", rate);
+    /* A rate is shown while data moves; the export's own figure is in
+     * the daemon's log once it published. */
+    sp_format_bytes(job->rate_bps < 1.8e19 ? (uint64_t)job->rate_bps
+                                           : UINT64_MAX,
+                    rate, sizeof rate);
+    if (strcmp(job->phase, "moving") == 0)
+      snprintf(cells[j][RATE], CELL, "%s/s", rate);
+    else
+      snprintf(cells[j][RATE], CELL, "-");
     for (int c = 0; c < NCOLS; c++)
       if (strlen(cells[j][c]) > width[c])
         width[c] = strlen(cells[j][c]);
@@ -125,14 +131,19 @@ static void print_table(FILE *out, const sp_status_info *st) {
   row(out, "backends built", a[0] ? a : "none");
   sp_text_sanitize(st->backend_active, a, sizeof a);
   sp_text_sanitize(st->backend_reason, b, sizeof b);
-  snprintf(line, sizeof line, b[0] ? "%s (%s)" : "%s", a, b);
+  /* The reason's gist; --json has all of it. */
+  char gist[CELL];
+  bool cut = text_gist(b, gist, sizeof gist);
+  snprintf(line, sizeof line, !b[0] ? "%s" : cut ? "%s (%s; --json has more)"
+                                                 : "%s (%s)",
+           a, gist);
   row(out, "backend active", line);
   text_duration(st->uptime_s, a, sizeof a);
   row(out, "uptime", a);
   snprintf(line, sizeof line, "%u", st->clients);
   row(out, "clients", line);
-  text_bytes(st->pool_used, a, sizeof a);
-  text_bytes(st->pool_capacity, b, sizeof b);
+  sp_format_bytes(st->pool_used, a, sizeof a);
+  sp_format_bytes(st->pool_capacity, b, sizeof b);
   if (st->pool_capacity > 0)
     snprintf(line, sizeof line, "%s used of %s (%.1f%%)", a, b,
              100.0 * (double)st->pool_used / (double)st->pool_capacity);

@@ -1,6 +1,7 @@
 /*
- * text.c - turning what the daemon reports into text for people: byte
- * counts, durations and user names.
+ * text.c - turning what the daemon reports into text for people: the gist
+ * of a reason, durations, user names and tables (byte counts are
+ * sp_format_bytes, proto/units.c).
  *
  * Strings in a status reply come from another process; printed raw, an
  * escape sequence in one could rewrite the operator's terminal.  So every
@@ -14,21 +15,25 @@
 
 #include "client/cli/cli.h"
 
-void text_bytes(uint64_t bytes, char *buf, size_t size) {
-  static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB",
-                                      "EiB"};
-  if (bytes < 1024) {
-    snprintf(buf, size, "%llu B", (unsigned long long)bytes);
-    return;
+bool text_gist(const char *s, char *buf, size_t size) {
+  /* Up to the first "; " or " (", and of that the first two ": "-parts. */
+  size_t end = strlen(s);
+  const char *semi = strstr(s, "; "), *paren = strstr(s, " (");
+  if (semi != NULL && (size_t)(semi - s) < end)
+    end = (size_t)(semi - s);
+  if (paren != NULL && (size_t)(paren - s) < end)
+    end = (size_t)(paren - s);
+  const char *colon = strstr(s, ": ");
+  if (colon != NULL && (size_t)(colon - s) < end) {
+    const char *second = strstr(colon + 2, ": ");
+    if (second != NULL && (size_t)(second - s) < end)
+      end = (size_t)(second - s);
   }
-  double v = (double)bytes / 1024;
-  size_t u = 0;
-  /* Move up a unit when the value would print as "1024.0". */
-  while (v >= 1023.95 && u + 1 < sizeof units / sizeof units[0]) {
-    v /= 1024;
-    u++;
-  }
-  snprintf(buf, size, "%.1f %s", v, units[u]);
+  if (end >= size)
+    end = size - 1;
+  memcpy(buf, s, end);
+  buf[end] = '\0';
+  return s[end] != '\0';
 }
 
 void text_duration(double seconds, char *buf, size_t size) {

@@ -520,9 +520,11 @@ static void on_progress(const sp_progress *p, void *arg) {
     fprintf(stderr, "\r\033[K  export: %s", p->phase);
     if (p->rounds > 0)
       fprintf(stderr, ", round %u of %u", p->round, p->rounds);
+    char moved[32], total[32];
     if (p->bytes_total > 0)
-      fprintf(stderr, ", %.1f of %.1f MiB", (double)p->bytes_moved / 1048576,
-              (double)p->bytes_total / 1048576);
+      fprintf(stderr, ", %s of %s",
+              sp_format_bytes(p->bytes_moved, moved, sizeof moved),
+              sp_format_bytes(p->bytes_total, total, sizeof total));
     fflush(stderr);
   }
   /* Once some bytes have moved (or in the last round of a short export),
@@ -708,8 +710,9 @@ static int run_rank(const struct opts *o, const struct model *m,
   const char *socket =
       o->nsockets > 0 ? o->sockets[(uint64_t)rank * o->nsockets / o->ranks]
                       : NULL;
-  if ((e = sp_connect(socket, &c)) < 0) {
-    fail_sp(r, NULL, "connect", e);
+  char why[1024];
+  if ((e = sp_connect_explain(socket, &c, why, sizeof why)) < 0) {
+    fail(r, "%s", why);
     goto out;
   }
   sp_ticket ticket;
@@ -902,7 +905,16 @@ int main(int argc, char **argv) {
     /* The export runs once every rank has asked: from the last request to
      * the last rank holding its tensors. */
     double secs = last_end - last_start;
-    double gib = (double)m.bytes / (1024.0 * 1024.0 * 1024.0);
+    /* The figures status and the daemon's log show for the export: the
+     * bytes moved into the pool (keys already whole where they are move
+     * nothing), in the same units. */
+    uint64_t moved = m.bytes - identity_bytes;
+    char model[32], moved_text[32], in_place[32], rate[32];
+    sp_format_bytes(m.bytes, model, sizeof model);
+    sp_format_bytes(moved, moved_text, sizeof moved_text);
+    sp_format_bytes(identity_bytes, in_place, sizeof in_place);
+    sp_format_bytes(secs > 0 ? (uint64_t)((double)moved / secs) : 0, rate,
+                    sizeof rate);
     if (o.machine)
       printf("ranks=%u keys=%zu bytes=%llu pool_bytes=%llu "
              "identity_bytes=%llu max_rank_bytes=%llu seconds=%.6f "
@@ -913,10 +925,11 @@ int main(int argc, char **argv) {
              (unsigned long long)max_owned, secs,
              o.nsockets > 1 ? o.nsockets : 1);
     else
-      printf("shardport-demo: %u ranks%s exported %zu keys, %.1f MiB in "
-             "%.3f s (%.2f GiB/s); every owned tensor verified OK\n",
+      printf("shardport-demo: %u ranks%s exported %zu keys of %s (%s "
+             "already whole where they were): moved %s in %.3f s (%s/s); "
+             "every owned tensor verified OK\n",
              o.ranks, o.nsockets > 1 ? " on several daemons" : "", m.nkeys,
-             (double)m.bytes / 1048576.0, secs, secs > 0 ? gib / secs : 0.0);
+             model, in_place, moved_text, secs, rate);
   }
   free(owned);
   free(theirs);

@@ -86,7 +86,10 @@ int gpu_open(struct gpu **out, char *why, size_t whylen) {
   pthread_mutex_init(&gpu->imports_lock, NULL);
   for (int d = 0; d < count; d++) {
     gpu->devices[d].info = info[d];
-    snprintf(gpu->devices[d].name, sizeof gpu->devices[d].name, "cuda:%s",
+    /* A UUID string is "GPU-" and 36 characters: the precision only tells
+     * the compiler that the name fits. */
+    snprintf(gpu->devices[d].name, sizeof gpu->devices[d].name, "cuda:%.*s",
+             (int)(sizeof gpu->devices[d].name - sizeof "cuda:"),
              info[d].uuid_str);
   }
   enable_peers(gpu);

@@ -103,7 +103,7 @@ for case in export faults; do
       >"$work/$case.log" 2>&1; then
     step "$case" PASS "$(grep -o '[0-9]*%: Checks.*' "$work/$case.log")"
   else
-    grep -v '^shardportd: info' "$work/$case.log" | tail -n 20
+    grep -v ' shardportd: info: ' "$work/$case.log" | tail -n 20
     step "$case" FAIL "see above"
   fi
 done

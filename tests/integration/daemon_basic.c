@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -218,31 +219,50 @@ START_TEST(sigint_clean_shutdown) {
 }
 END_TEST
 
+static void read_file(const char *path, char *buf, size_t size) {
+  FILE *f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  size_t n = fread(buf, 1, size - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+}
+
 /* Runs shardportd with args and returns its exit status; its stdout goes to
- * out (when not NULL). */
-static int run_daemon(const char *const *args, char *out, size_t outsize) {
+ * out and its stderr to err (each when not NULL). */
+static int run_daemon_output(const char *const *args, char *out,
+                             size_t outsize, char *err, size_t errsize) {
   char dir[256];
   ck_assert_int_eq(sp_test_mkdtemp(dir, sizeof(dir)), 0);
-  char outpath[300];
+  char outpath[300], errpath[300];
   snprintf(outpath, sizeof(outpath), "%s/out", dir);
+  snprintf(errpath, sizeof(errpath), "%s/err", dir);
   fflush(stdout);
-  int saved = dup(STDOUT_FILENO);
+  fflush(stderr);
+  int saved_out = dup(STDOUT_FILENO), saved_err = dup(STDERR_FILENO);
   ck_assert(freopen(outpath, "w", stdout) != NULL);
+  int errfd = open(errpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ck_assert_int_ge(errfd, 0);
+  if (err != NULL)
+    dup2(errfd, STDERR_FILENO);
+  close(errfd);
   pid_t pid = sp_test_spawn(args);
   fflush(stdout);
-  ck_assert_int_ge(dup2(saved, STDOUT_FILENO), 0);
-  close(saved);
+  ck_assert_int_ge(dup2(saved_out, STDOUT_FILENO), 0);
+  ck_assert_int_ge(dup2(saved_err, STDERR_FILENO), 0);
+  close(saved_out);
+  close(saved_err);
   ck_assert_int_gt(pid, 0);
   int status = sp_test_wait(pid, SP_TEST_TIMEOUT_MS);
-  if (out != NULL) {
-    FILE *f = fopen(outpath, "r");
-    ck_assert_ptr_nonnull(f);
-    size_t n = fread(out, 1, outsize - 1, f);
-    out[n] = '\0';
-    fclose(f);
-  }
+  if (out != NULL)
+    read_file(outpath, out, outsize);
+  if (err != NULL)
+    read_file(errpath, err, errsize);
   sp_test_rmdir(dir);
   return status;
+}
+
+static int run_daemon(const char *const *args, char *out, size_t outsize) {
+  return run_daemon_output(args, out, outsize, NULL, 0);
 }
 
 START_TEST(check_config) {
@@ -251,18 +271,20 @@ START_TEST(check_config) {
   snprintf(good, sizeof(good), "%s/good.conf", dir);
   snprintf(bad, sizeof(bad), "%s/bad.conf", dir);
   snprintf(badval, sizeof(badval), "%s/badval.conf", dir);
-  ck_assert_int_eq(sp_test_write_file(good,
-                                      "# a comment\n"
-                                      "\n"
-                                      "socket = /tmp/x/s.sock\n"
-                                      "log_level = debug   # trailing\n"
-                                      "max_frame = 1M\n"
-                                      "max_fds = 4\n"
-                                      "allowed_uids = 0, 12345\n"
-                                      "allowed_gid = none\n"
-                                      "backend = host\n"
-                                      "watchdog = no\n"),
-                   0);
+  char good_text[1024];
+  snprintf(good_text, sizeof(good_text),
+           "# a comment\n"
+           "\n"
+           "socket = %s/s.sock\n"
+           "log_level = debug   # trailing\n"
+           "max_frame = 1M\n"
+           "max_fds = 4\n"
+           "allowed_uids = 0, 12345\n"
+           "allowed_gid = none\n"
+           "backend = host\n"
+           "watchdog = no\n",
+           dir);
+  ck_assert_int_eq(sp_test_write_file(good, good_text), 0);
   ck_assert_int_eq(sp_test_write_file(bad, "max_frame = 1M\nno_such_key = 1\n"),
                    0);
   ck_assert_int_eq(sp_test_write_file(badval, "max_fds = 1000\n"), 0);
@@ -280,9 +302,13 @@ START_TEST(check_config) {
   char out[4096];
   const char *print_args[] = {"--print-config", "--config", good, NULL};
   ck_assert_int_eq(run_daemon(print_args, out, sizeof(out)), 0);
-  ck_assert_ptr_nonnull(strstr(out, "socket = /tmp/x/s.sock\n"));
+  char want[512];
+  snprintf(want, sizeof(want), "# configuration file: %s\n", good);
+  ck_assert_msg(strncmp(out, want, strlen(want)) == 0, "%s", out);
+  snprintf(want, sizeof(want), "socket = %s/s.sock\n", dir);
+  ck_assert_ptr_nonnull(strstr(out, want));
   ck_assert_ptr_nonnull(strstr(out, "log_level = debug\n"));
-  ck_assert_ptr_nonnull(strstr(out, "max_frame = 1048576\n"));
+  ck_assert_ptr_nonnull(strstr(out, "max_frame = 1M\n"));
   ck_assert_ptr_nonnull(strstr(out, "max_fds = 4\n"));
   ck_assert_ptr_nonnull(strstr(out, "allowed_uids = 0,12345\n"));
   ck_assert_ptr_nonnull(strstr(out, "allowed_gid = none\n"));
@@ -358,32 +384,34 @@ START_TEST(print_config_defaults) {
     snprintf(uids, sizeof(uids), "0,%u", (unsigned)geteuid());
   char expect[2048];
   snprintf(expect, sizeof(expect),
+           "# configuration file: /dev/null\n"
            "socket = /tmp/sp.sock\n"
            "socket_group = none\n"
            "allowed_uids = %s\n"
            "allowed_gid = %u\n"
            "log_level = info\n"
-           "max_frame = 16777216\n"
+           "max_frame = 16M\n"
            "max_depth = 16\n"
            "max_items = 262144\n"
-           "max_string = 1048576\n"
+           "max_string = 1M\n"
            "max_fds = 32\n"
            "max_clients = 1024\n"
-           "max_output = 33554432\n"
+           "max_output = 32M\n"
            "backend = auto\n"
            "watchdog = yes\n"
            "pool_capacity = 0\n"
            "gpu_pool_capacity = 0\n"
-           "max_bytes = 1073741824\n"
+           "max_bytes = 1G\n"
            "export_timeout = 1m\n"
            "job_timeout = 5m\n"
            "max_jobs = 256\n"
            "max_user_jobs = 64\n"
            "max_user_registrations = 8388608\n"
-           "max_user_registration_bytes = 1073741824\n"
+           "max_user_registration_bytes = 1G\n"
            "max_user_mappings = 32768\n"
            "max_client_mappings = 8192\n"
            "engine_threads = 0\n"
+           "compare_replicas = yes\n"
            "drain_timeout = 1m\n"
            "export_history = 8\n"
            "peer_listen = none\n"
@@ -400,7 +428,8 @@ START_TEST(print_config_defaults) {
   ck_assert_int_eq(sp_test_write_file(path, out), 0);
   const char *reread[] = {"--print-config", "--config", path, NULL};
   ck_assert_int_eq(run_daemon(reread, again, sizeof(again)), 0);
-  ck_assert_str_eq(again, out);
+  /* All but the first line, which names the file read. */
+  ck_assert_str_eq(strchr(again, '\n'), strchr(out, '\n'));
   sp_test_rmdir(dir);
 }
 END_TEST
@@ -449,9 +478,16 @@ START_TEST(log_prefixes) {
   run_logged(args, true, err, sizeof(err));
   ck_assert_msg(strncmp(err, "<3>", 3) == 0, "got: %s", err);
   ck_assert_ptr_nonnull(strstr(err, "bad.conf:1: unknown key"));
-  /* On a terminal, plain words. */
+  /* On a terminal or in a file, plain words after the local time:
+   * "2026-05-01T12:00:03.123 shardportd: error: ...". */
   run_logged(args, false, err, sizeof(err));
-  ck_assert_msg(strncmp(err, "shardportd: error: ", 19) == 0, "got: %s", err);
+  int year, mon, day, hour, min, sec, ms, used = 0;
+  ck_assert_msg(sscanf(err, "%4d-%2d-%2dT%2d:%2d:%2d.%3d %n", &year, &mon,
+                       &day, &hour, &min, &sec, &ms, &used) == 7 &&
+                    used == 24,
+                "got: %s", err);
+  ck_assert_msg(strncmp(err + 24, "shardportd: error: ", 19) == 0, "got: %s",
+                err);
   sp_test_rmdir(dir);
 }
 END_TEST
@@ -481,6 +517,138 @@ START_TEST(command_line_errors) {
 }
 END_TEST
 
+/* The daemon reads the one documented configuration file by default, and
+ * says which file it read. */
+START_TEST(default_config_file) {
+  char out[4096];
+  const char *help[] = {"--help", NULL};
+  ck_assert_int_eq(run_daemon(help, out, sizeof(out)), 0);
+  ck_assert_ptr_nonnull(
+      strstr(out, "(default: /etc/shardport/shardportd.conf)"));
+  const char *print[] = {"--print-config", "--socket", "/tmp/sp.sock", NULL};
+  ck_assert_int_eq(run_daemon(print, out, sizeof(out)), 0);
+  /* Whether this machine has the file or not, the first line names it. */
+  static const char read[] =
+      "# configuration file: /etc/shardport/shardportd.conf\n";
+  static const char none[] = "# configuration file: none "
+                             "(/etc/shardport/shardportd.conf does not exist; "
+                             "built-in defaults)\n";
+  ck_assert_msg(strncmp(out, read, strlen(read)) == 0 ||
+                    strncmp(out, none, strlen(none)) == 0,
+                "%s", out);
+}
+END_TEST
+
+/* A socket directory the daemon would refuse is refused by -n too, and
+ * both say what to do instead. */
+START_TEST(socket_directory_refusals_say_what_to_do) {
+  char err[4096], dir[256], sock[300];
+  const char *open_dir[] = {"-n", "--config", "/dev/null", "--socket",
+                            "/tmp/sp-basic.sock", NULL};
+  ck_assert_int_eq(run_daemon_output(open_dir, NULL, 0, err, sizeof(err)), 3);
+  ck_assert_msg(strstr(err, "refusing socket directory /tmp: it is writable "
+                            "by others than its owner (mode 1777)") &&
+                    strstr(err, "mkdir -m 0700 /tmp/shardport && shardportd "
+                                "--socket /tmp/shardport/sp-basic.sock"),
+                "%s", err);
+  /* Starting says the same, and exits 3. */
+  const char *start_args[] = {"--config", "/dev/null", "--socket",
+                              "/tmp/sp-basic.sock", NULL};
+  ck_assert_int_eq(run_daemon_output(start_args, NULL, 0, err, sizeof(err)),
+                   3);
+  ck_assert_msg(strstr(err, "mkdir -m 0700 /tmp/shardport"), "%s", err);
+  ck_assert_int_eq(sp_test_mkdtemp(dir, sizeof(dir)), 0);
+  snprintf(sock, sizeof(sock), "%s/missing/s.sock", dir);
+  const char *missing[] = {"-n", "--config", "/dev/null", "--socket", sock,
+                           NULL};
+  ck_assert_int_eq(run_daemon_output(missing, NULL, 0, err, sizeof(err)), 3);
+  ck_assert_msg(strstr(err, "does not exist") &&
+                    strstr(err, "create it first: mkdir -m 0700 "),
+                "%s", err);
+  snprintf(sock, sizeof(sock), "%s/s.sock", dir);
+  const char *fine[] = {"-n", "--config", "/dev/null", "--socket", sock, NULL};
+  ck_assert_int_eq(run_daemon_output(fine, NULL, 0, err, sizeof(err)), 0);
+  char want[512];
+  snprintf(want, sizeof(want),
+           "shardportd: configuration OK (file /dev/null; socket %s; ", sock);
+  ck_assert_msg(strstr(err, want), "%s", err);
+  sp_test_rmdir(dir);
+}
+END_TEST
+
+/* Sizes take k, M, G, T and KiB ... TiB; durations ms, s, m and h; the
+ * printed configuration uses the largest exact unit. */
+START_TEST(size_and_duration_units) {
+  char dir[256], path[300], out[4096], err[4096];
+  ck_assert_int_eq(sp_test_mkdtemp(dir, sizeof(dir)), 0);
+  snprintf(path, sizeof(path), "%s/units.conf", dir);
+  ck_assert_int_eq(sp_test_write_file(path, "max_bytes = 2GiB\n"
+                                            "max_output = 64KiB\n"
+                                            "pool_capacity = 3T\n"
+                                            "max_frame = 1536k\n"
+                                            "export_timeout = 2h\n"
+                                            "job_timeout = 24h\n"),
+                   0);
+  const char *print[] = {"--print-config", "--config", path, "--socket",
+                         "/tmp/sp.sock", NULL};
+  ck_assert_int_eq(run_daemon(print, out, sizeof(out)), 0);
+  static const char *const lines[] = {
+      "max_bytes = 2G\n", "max_output = 64k\n", "pool_capacity = 3T\n",
+      "max_frame = 1536k\n", "export_timeout = 2h\n", "job_timeout = 24h\n"};
+  for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++)
+    ck_assert_msg(strstr(out, lines[i]), "no '%s' in\n%s", lines[i], out);
+  /* SI-looking suffixes are ambiguous; a day and an hour is past the
+   * bound. */
+  static const char *const bad[] = {"max_bytes = 1MB\n", "max_bytes = 1m\n",
+                                    "job_timeout = 25h\n",
+                                    "export_timeout = 1d\n"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ck_assert_int_eq(sp_test_write_file(path, bad[i]), 0);
+    const char *check[] = {"-n", "--config", path, "--socket", "/tmp/x.sock",
+                           NULL};
+    ck_assert_msg(run_daemon_output(check, NULL, 0, err, sizeof(err)) == 1,
+                  "accepted %s", bad[i]);
+  }
+  sp_test_rmdir(dir);
+}
+END_TEST
+
+/* --detach returns once the daemon serves, with its pid; or with the
+ * daemon's error and exit status when it cannot start. */
+START_TEST(detach_serves_in_the_background) {
+  /* The detached daemon's parent exits: it becomes this process's child
+   * again, so that it can be reaped here. */
+  ck_assert_int_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  char dir[256], sock[300], out[256], err[4096];
+  ck_assert_int_eq(sp_test_mkdtemp(dir, sizeof(dir)), 0);
+  snprintf(sock, sizeof(sock), "%s/s.sock", dir);
+  const char *args[] = {"--detach", "--config", "/dev/null", "--socket", sock,
+                        NULL};
+  ck_assert_int_eq(run_daemon_output(args, out, sizeof(out), err, sizeof(err)),
+                   0);
+  char *end;
+  long pid = strtol(out, &end, 10);
+  ck_assert_msg(pid > 0 && strcmp(end, "\n") == 0, "stdout: '%s'", out);
+  /* It listens already: no waiting. */
+  int s = sp_test_connect_hello(sock);
+  ck_assert_int_ge(s, 0);
+  ck_assert_int_eq(sp_test_ping(s, 7), 0);
+  close(s);
+  ck_assert_int_eq(kill((pid_t)pid, SIGTERM), 0);
+  ck_assert_int_eq(sp_test_wait((pid_t)pid, SP_TEST_TIMEOUT_MS), 0);
+  struct stat st;
+  ck_assert_int_ne(lstat(sock, &st), 0);
+  sp_test_rmdir(dir);
+  /* A daemon that cannot start: its error, its status, no pid. */
+  const char *refused[] = {"--detach", "--config", "/dev/null", "--socket",
+                           "/tmp/sp-basic.sock", NULL};
+  ck_assert_int_eq(
+      run_daemon_output(refused, out, sizeof(out), err, sizeof(err)), 3);
+  ck_assert_str_eq(out, "");
+  ck_assert_msg(strstr(err, "mkdir -m 0700 /tmp/shardport"), "%s", err);
+}
+END_TEST
+
 /* usage: test-daemon-basic [served | "command line"] (default: both) */
 int main(int argc, char **argv) {
   Suite *s = suite_create("daemon-basic");
@@ -503,6 +671,10 @@ int main(int argc, char **argv) {
   tcase_add_test(cli, print_config_defaults);
   tcase_add_test(cli, command_line_errors);
   tcase_add_test(cli, log_prefixes);
+  tcase_add_test(cli, default_config_file);
+  tcase_add_test(cli, socket_directory_refusals_say_what_to_do);
+  tcase_add_test(cli, size_and_duration_units);
+  tcase_add_test(cli, detach_serves_in_the_background);
   suite_add_tcase(s, cli);
   SRunner *sr = srunner_create(s);
   srunner_run(sr, NULL, argc > 1 ? argv[1] : NULL, CK_NORMAL);

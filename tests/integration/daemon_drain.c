@@ -297,7 +297,7 @@ START_TEST(reload_applies_what_may_change_live) {
   ck_assert(log_has("applied: log_level (info -> debug), max_jobs (1 -> 2)",
                     SP_TEST_TIMEOUT_MS));
   ck_assert(log_has("need a restart (systemctl restart shardportd): "
-                    "pool_capacity (67108864 -> 134217728)",
+                    "pool_capacity (64M -> 128M)",
                     0));
   ck_assert_int_eq(job_create(sock, 3, &r), 0);
   sp_test_reply_free(&r);

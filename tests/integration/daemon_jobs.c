@@ -307,7 +307,7 @@ static void pack_model_tensor(msgpack_packer *pk, const struct rank *rk,
   const struct mkey *k = &model[i];
   const struct mkey *v = k->kind == TIED ? &model[k->tie_of] : k;
   uint32_t r = rk->rank;
-  int64_t shape[2], stride[2];
+  int64_t shape[2] = {0, 0}, stride[2] = {0, 0};
   const char *placement;
   bool affine = k->kind == COLUMNS || k->kind == REPLICA;
   for (uint32_t d = 0; d < k->ndim; d++)

@@ -377,6 +377,20 @@ static int read_full(int fd, void *buf, size_t len, int timeout_ms) {
   return 0;
 }
 
+/* Changes the first byte of this rank's copy of sc->corrupt_key when the
+ * scenario says so, in the registered memory (the daemon sees it at the
+ * next export) and in the copy the rank checks it against. */
+static void corrupt_key(struct rank *r) {
+  const struct scenario *sc = r->sc;
+  size_t i;
+  if (sc->corrupt_key == NULL || !(sc->corrupt_ranks & (1u << r->rank)) ||
+      find(sc, sc->corrupt_key, &i) == NULL || !r->h[i].held ||
+      r->h[i].nbytes == 0)
+    return;
+  r->storage[r->h[i].byte_off] ^= 0x5a;
+  r->copy[r->h[i].byte_off] ^= 0x5a;
+}
+
 struct progress_ctx {
   struct rank *r;
   bool told, told_moving;
@@ -495,6 +509,8 @@ static void rank_main(const struct scenario *sc, const char *socket,
    * registrations stay between them. */
   uint32_t nexports = sc->exports ? sc->exports : 1;
   for (uint32_t e = 0; e < nexports; e++) {
+    if (e == sc->corrupt_export)
+      corrupt_key(&r);
     sp_owned_set *set = NULL;
     if (sc->gate && e + 1 == nexports) {
       char go;

@@ -101,6 +101,12 @@ struct scenario {
   bool gate;
   /* 1 + a rank whose replica data differs from the original's. */
   uint32_t corrupt;
+  /* A key whose copy differs from the original's on the ranks in
+   * corrupt_ranks (a bit per rank, each changed alike), from export
+   * number corrupt_export (0-based: 0 is from the start) on. */
+  const char *corrupt_key;
+  uint32_t corrupt_ranks;
+  uint32_t corrupt_export;
   /* A job created elsewhere: rank 0 joins it instead of creating one. */
   const sp_ticket *ticket;
 };

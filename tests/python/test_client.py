@@ -73,6 +73,26 @@ class ClientTest(unittest.TestCase):
         self.assertIn(path, exc.message)
         self.assertIn("no_daemon", str(exc))
 
+    def test_no_daemon_names_the_default_path_and_its_origin(self):
+        with tempfile.TemporaryDirectory() as empty:
+            path = os.path.join(empty, "none.sock")
+            saved = os.environ.get("SHARDPORT_SOCKET")
+            os.environ["SHARDPORT_SOCKET"] = path
+            try:
+                self.assertEqual(shardport.default_socket(),
+                                 (path, "from $SHARDPORT_SOCKET"))
+                with self.assertRaises(errors.NoDaemon) as caught:
+                    shardport.Client()
+            finally:
+                if saved is None:
+                    del os.environ["SHARDPORT_SOCKET"]
+                else:
+                    os.environ["SHARDPORT_SOCKET"] = saved
+        message = caught.exception.message
+        self.assertIn("%s (from $SHARDPORT_SOCKET)" % path, message)
+        self.assertNotIn("the default socket", message)
+        self.assertIn("start shardportd", message)
+
     def test_daemon_gone_is_typed(self):
         with harness.daemon() as running:
             client = shardport.Client(running.socket)

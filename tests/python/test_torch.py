@@ -116,12 +116,42 @@ def check_rank_killed(res):
     assert "rank %d" % VICTIM in message, message
 
 
+def check_plain_left_out(res):
+    message = check_same_refusal(res, "InvalidArgument")
+    assert "without a placement in a job of 3 ranks: w." in message, message
+
+
+def check_plain_differs(res):
+    message = check_same_refusal(res, "DifferentData")
+    assert message.startswith("key 'w' (plain): rank 1's copy differs from "
+                              "rank 0's"), message
+    assert "and 1 more rank's too" in message, message
+
+
+def check_affine_columns(res):
+    owned = sorted(k for r in res.values() for k in r["owned"])
+    assert owned == ["tp.h", "tp.w"], owned
+
+
+def check_rank_gone_early(res):
+    from torch_worker import GONE
+    survivors = {r: v for r, v in res.items() if r != GONE}
+    message = check_same_refusal(survivors, "Timeout")
+    # The first exchange the others wait in names the rank they wait for.
+    assert message.startswith("rank(s) %d did not " % GONE), message
+    assert "within 2 s" in message, message
+
+
 CHECKS = {
     "model": check_model,
     "dtypes-views": check_dtypes_views,
     "refusal": check_refusal,
     "no-daemon": check_no_daemon,
     "rank-killed": check_rank_killed,
+    "plain-left-out": check_plain_left_out,
+    "plain-differs": check_plain_differs,
+    "affine-columns": check_affine_columns,
+    "rank-gone-early": check_rank_gone_early,
 }
 
 
@@ -130,8 +160,10 @@ def main():
     torch = harness.require_torch()
     print("PyTorch %s, %d ranks on gloo, scenario %s"
           % (torch.__version__, WORLD, scenario), flush=True)
+    # A refusal is logged as a warning: journalctl -p warning shows it.
+    daemon_args = ("--log-level", "warn") if scenario == "refusal" else ()
     with tempfile.TemporaryDirectory(prefix="sp-torch-") as workdir, \
-            harness.daemon() as daemon:
+            harness.daemon(*daemon_args) as daemon:
         statuses, output = run_ranks(scenario, daemon, workdir)
         survivors = range(WORLD)
         if scenario == "rank-killed":
@@ -145,6 +177,10 @@ def main():
             assert statuses == expected, \
                 "rank exit statuses %s, expected %s" % (statuses, expected)
             CHECKS[scenario](results(workdir, survivors))
+            if scenario == "refusal":
+                log = daemon.log_text()
+                assert " shardportd: warn: job " in log and \
+                    "failed: bad_tiling: key 'w'" in log, log
             import shardport
             with shardport.Client(daemon.socket) as client:
                 client.ping()  # the daemon is ready for the next export

@@ -18,7 +18,7 @@ import harness
 torch = harness.require_torch()
 
 import shardport  # noqa: E402 (after the torch check, on purpose)
-from shardport import Placement, errors  # noqa: E402
+from shardport import Piece, Placement, errors  # noqa: E402
 from shardport.client import OwnedTensor, Progress  # noqa: E402
 from shardport._progress import TerminalProgress  # noqa: E402
 from shardport.tensors import OwnedTensors, Registration  # noqa: E402
@@ -60,6 +60,14 @@ def stand_in_dtensor(local, global_shape, placement, mesh):
 
 def plain(state):
     return {k: "plain" for k in state}
+
+
+def piece(**fields):
+    """A piece: rank 0's three columns of a (4, 6) tensor, but fields."""
+    values = dict(shape=(4, 3), src_offset=0, src_stride=(3, 1),
+                  dst_offset=0, dst_stride=(6, 1), holders=(0,))
+    values.update(fields)
+    return Piece(**values)
 
 
 class RegistrationTest(unittest.TestCase):
@@ -138,7 +146,10 @@ class RegistrationTest(unittest.TestCase):
              errors.InvalidArgument, "a placement is"),
             ({"w": torch.Tensor._make_subclass(OnCuda, torch.zeros(2)),
               "x": torch.zeros(2)},
-             None, errors.InvalidArgument, "mixes CPU tensors (x) and CUDA"),
+             {"w": "plain", "x": "plain"}, errors.InvalidArgument,
+             "mixes CPU tensors (x) and CUDA"),
+            ({"w": torch.zeros(2)}, {"w": "affine"},
+             errors.InvalidArgument, "needs the whole tensor's global_shape"),
         ]
         for state, placements, cls, text in cases:
             with self.subTest(text=text):
@@ -154,6 +165,60 @@ class RegistrationTest(unittest.TestCase):
             self.assertIsNone(_dtensor_api())
         reg = Registration({"w": torch.zeros(3)}, None, world=1)
         self.assertEqual(reg.tensor_descs[0].placement, "plain")
+
+    def test_plain_tensors_left_out_need_saying_in_a_bigger_job(self):
+        state = {k: torch.zeros(3) for k in ("a", "b", "c")}
+        # Whole on every rank, or each rank's own rows: only the caller
+        # knows, so a job of more than one rank refuses to guess.
+        with self.assertRaises(errors.InvalidArgument) as caught:
+            Registration(state, {"b": "plain"}, world=2)
+        message = caught.exception.message
+        self.assertIn("2 plain tensor(s) without a placement in a job of 2 "
+                      "ranks: a, c.", message)
+        self.assertIn('default_placement="plain"', message)
+        reg = Registration(state, {"b": Placement("shard0", (6,))}, world=2,
+                           default_placement="plain")
+        self.assertEqual([d.placement for d in reg.tensor_descs],
+                         ["plain", "shard0", "plain"])
+        reg = Registration(state, None, world=2,
+                           default_placement=Placement("replicated"))
+        self.assertEqual({d.placement for d in reg.tensor_descs},
+                         {"replicated"})
+        with self.assertRaises(errors.UnsupportedLayout):
+            Registration(state, None, world=2, default_placement="whole")
+
+    def test_affine_pieces_reach_the_descriptor(self):
+        # Rank 1 of 2 holds columns 3..5 of a (4, 6) weight.
+        cols = Piece(shape=(4, 3), src_offset=0, src_stride=(3, 1),
+                     dst_offset=3, dst_stride=(6, 1), holders=(1,))
+        reg = Registration({"w": torch.zeros(4, 3)},
+                           {"w": Placement("affine", (4, 6), pieces=[cols])},
+                           world=2)
+        (desc,) = reg.tensor_descs
+        self.assertEqual((desc.placement, desc.global_shape, desc.pieces),
+                         ("affine", (4, 6), (cols,)))
+        with self.assertRaises(errors.InvalidArgument) as caught:
+            Placement("shard0", (2,), pieces=(cols,))
+        self.assertIn("pieces belong to an affine", caught.exception.message)
+        # A rank that holds nothing of the key gives no pieces.
+        reg = Registration({"w": torch.zeros(0)},
+                           {"w": Placement("affine", (4, 6))}, world=2)
+        self.assertEqual(reg.tensor_descs[0].pieces, ())
+
+    def test_pieces_refused_before_the_daemon_sees_them(self):
+        cases = [
+            (dict(src_stride=(3,)), "src_stride has 1 dims"),
+            (dict(dst_stride=(-6, 1)), "must not be negative"),
+            (dict(holders=()), "needs its holders"),
+            (dict(shape=(1,) * 9, src_stride=(1,) * 9, dst_stride=(1,) * 9),
+             "at most 8"),
+            (dict(src_offset="x"), "must be integers"),
+        ]
+        for fields, text in cases:
+            with self.subTest(text=text):
+                with self.assertRaises(errors.InvalidArgument) as caught:
+                    piece(**fields)
+                self.assertIn(text, caught.exception.message)
 
 
 class DTensorInferenceTest(unittest.TestCase):
@@ -272,6 +337,14 @@ class TerminalProgressTest(unittest.TestCase):
         self.assertIn("round 2/5", tty.getvalue())
         self.assertIn("3.0 MiB / 8.0 MiB (37%)", tty.getvalue())
         self.assertTrue(tty.getvalue().endswith("\n"))
+
+    def test_drawn_on_rank_0_only(self):
+        from shardport.export import _terminal_progress
+        with mock.patch.object(TerminalProgress, "wanted", lambda: True):
+            self.assertIsInstance(_terminal_progress(0), TerminalProgress)
+            self.assertIsNone(_terminal_progress(1))
+        with mock.patch.object(TerminalProgress, "wanted", lambda: False):
+            self.assertIsNone(_terminal_progress(0))
 
 
 class OneRankExportTest(unittest.TestCase):

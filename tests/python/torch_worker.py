@@ -234,8 +234,8 @@ def scenario_no_daemon(ctx):
     state = {"w": torch.ones(2)}
     missing = os.path.join(ctx.out_dir, "nobody-listens.sock")
     try:
-        shardport.export_state_dict(state, socket=missing, progress=False,
-                                    timeout=30).release()
+        shardport.export_state_dict(state, {"w": "plain"}, socket=missing,
+                                    progress=False, timeout=30).release()
     except shardport.ShardportError as exc:
         return {"type": type(exc).__name__, "message": exc.message}
     raise AssertionError("an export without a daemon succeeded")
@@ -274,12 +274,101 @@ def scenario_rank_killed(ctx):
                          % VICTIM)
 
 
+def refusal_of(call):
+    """The ShardportError call raises, as the parent compares it."""
+    try:
+        call()
+    except shardport.ShardportError as exc:
+        return {"type": type(exc).__name__, "message": exc.message}
+    raise AssertionError("the call succeeded")
+
+
+def scenario_plain_left_out(ctx):
+    """Each rank holds its own rows of "w" and says nothing of it: a plain
+    tensor in a job of three ranks is not guessed to be whole everywhere;
+    every rank refuses before registering."""
+    state = {"w": torch.full((2, 4), float(ctx.rank)),
+             "b": torch.ones(3)}
+    return refusal_of(lambda: shardport.export_state_dict(
+        state, {"b": "replicated"}, socket=ctx.socket, progress=False,
+        timeout=30).release())
+
+
+def scenario_plain_differs(ctx):
+    """The half weight of a sharded tensor exported as plain: the caller
+    says plain (default_placement), but each rank holds its own rows.  The
+    daemons compare the copies and every rank hears one different_data
+    naming "w"."""
+    state = {"w": torch.full((2, 4), float(ctx.rank)),
+             "b": torch.ones(3)}
+    return refusal_of(lambda: shardport.export_state_dict(
+        state, socket=ctx.socket, progress=False, timeout=30,
+        default_placement="plain").release())
+
+
+def scenario_affine_columns(ctx):
+    """Tensor parallelism: rank r holds columns of each weight, uneven,
+    as one affine piece; the owner gets the whole weight, byte for byte
+    PyTorch's own cat of the gathered columns."""
+    rank, world = ctx.rank, ctx.world
+    torch.manual_seed(7)
+    whole = {"tp.w": torch.randn(5, 9), "tp.h": torch.randn(3, 7).to(
+        torch.bfloat16)}
+    state, placements = {}, {}
+    for key, t in whole.items():
+        cuts = split_rows(t.shape[1], world, [2, 3, 1, 1][:world])
+        a, b = cuts[rank]
+        state[key] = t[:, a:b].contiguous()
+        cols = b - a
+        pieces = () if cols == 0 else (shardport.Piece(
+            shape=(t.shape[0], cols), src_offset=0, src_stride=(cols, 1),
+            dst_offset=a, dst_stride=(t.shape[1], 1), holders=(rank,)),)
+        placements[key] = Placement("affine", tuple(t.shape), pieces=pieces)
+    expected = {k: gather_whole(state[k].t().contiguous()).t()
+                for k in sorted(whole)}
+    for key in whole:  # the reference itself is right
+        assert_same(key, expected[key].contiguous(), whole[key])
+    with shardport.export_state_dict(state, placements, socket=ctx.socket,
+                                     progress=False, timeout=30) as owned:
+        for key, tensor in owned.items():
+            assert_same(key, tensor, whole[key])
+        return {"owned": sorted(owned)}
+
+
+# The rank that scenario_rank_gone_early ends before exporting.
+GONE = 0
+
+
+def scenario_rank_gone_early(ctx):
+    """Rank 0 never reaches export_state_dict while the others wait in it
+    (it hangs elsewhere, or died without its connections closing): they
+    do not wait for it past their timeout, and say which rank they waited
+    for.  Rank 0 stays until they have written their results, so that no
+    closed connection tells them first."""
+    if ctx.rank == GONE:
+        others = [os.path.join(ctx.out_dir, "%d.json" % r)
+                  for r in range(ctx.world) if r != GONE]
+        deadline = time.monotonic() + 60
+        while not all(os.path.exists(p) for p in others) and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        return {"gone": True}
+    state = {"w": torch.ones(2, 3)}
+    return refusal_of(lambda: shardport.export_state_dict(
+        state, {"w": Placement("shard0", (6, 3))}, socket=ctx.socket,
+        progress=False, timeout=2).release())
+
+
 SCENARIOS = {
     "model": scenario_model,
     "dtypes-views": scenario_dtypes_views,
     "refusal": scenario_refusal,
     "no-daemon": scenario_no_daemon,
     "rank-killed": scenario_rank_killed,
+    "plain-left-out": scenario_plain_left_out,
+    "plain-differs": scenario_plain_differs,
+    "affine-columns": scenario_affine_columns,
+    "rank-gone-early": scenario_rank_gone_early,
 }
 
 

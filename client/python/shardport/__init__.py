@@ -18,14 +18,15 @@ docs/python.md.
 from . import errors
 from ._lib import path as library_path
 from .client import (Client, JobStatus, NodeStatus, OwnedSet, OwnedTensor,
-                     Progress, Status, StorageDesc, TensorDesc)
+                     Progress, Status, StorageDesc, TensorDesc, default_socket)
 from .errors import ShardportError
 from .export import Export, Job, export_state_dict
-from .placements import Placement
+from .placements import Piece, Placement
 
 __all__ = [
     "Client", "Export", "Job", "JobStatus", "NodeStatus", "OwnedSet",
     "OwnedTensor",
-    "Placement", "Progress", "ShardportError", "Status", "StorageDesc",
-    "TensorDesc", "errors", "export_state_dict", "library_path",
+    "Piece", "Placement", "Progress", "ShardportError", "Status", "StorageDesc",
+    "TensorDesc", "default_socket", "errors", "export_state_dict",
+    "library_path",
 ]

@@ -1,15 +1,17 @@
 """The one-line progress an export shows on a terminal."""
 
+import ctypes
 import sys
+
+from . import _lib
 
 
 def _size(n):
-    if n < 1024:
-        return "%d B" % n
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        n /= 1024.0
-        if n < 1024 or unit == "TiB":
-            return "%.1f %s" % (n, unit)
+    """n bytes as everything of shardport writes a size (sp_format_bytes):
+    one export's figure reads the same here, in status and in the log."""
+    buf = ctypes.create_string_buffer(32)
+    _lib.fn.sp_format_bytes(n, buf, len(buf))
+    return buf.value.decode()
 
 
 class TerminalProgress:

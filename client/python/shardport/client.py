@@ -83,7 +83,8 @@ class StorageDesc:
 class TensorDesc:
     """A view into a registered storage and how this rank holds the key.
     shape, stride and offset are in elements; placement is one of
-    ``shard0``, ``replicated``, ``plain``, ``expert``."""
+    ``shard0``, ``replicated``, ``plain``, ``expert``, ``affine``; pieces
+    are an affine placement's shardport.Piece objects."""
     key: str
     storage: int
     dtype: str
@@ -92,6 +93,7 @@ class TensorDesc:
     offset: int
     placement: str
     global_shape: Tuple[int, ...]
+    pieces: Tuple = ()
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,25 @@ _PLACEMENTS = {
     "replicated": _lib.SP_PLACEMENT_REPLICATED,
     "plain": _lib.SP_PLACEMENT_PLAIN,
     "expert": _lib.SP_PLACEMENT_EXPERT,
+    "affine": _lib.SP_PLACEMENT_AFFINE,
 }
+
+
+# The longest explanation of a failed connection (sp_connect_explain).
+_WHY_MAX = 2048
+
+
+def default_socket():
+    """(path, origin): the socket a Client without socket= connects to, and
+    where that path comes from ($SHARDPORT_SOCKET, this user's own daemon,
+    the system socket), as include/shardport.h's sp_default_socket_origin
+    says."""
+    buf = ctypes.create_string_buffer(4096)
+    origin = ctypes.c_char_p()
+    rc = _lib.fn.sp_default_socket_origin(buf, len(buf), ctypes.byref(origin))
+    if rc < 0:
+        raise error_for(rc)
+    return buf.value.decode(), (origin.value or b"").decode()
 
 
 def _text(raw):
@@ -190,11 +210,13 @@ class Client:
         self._handle = None
         handle = ctypes.c_void_p()
         path = None if socket is None else socket.encode()
-        rc = _lib.fn.sp_connect(path, ctypes.byref(handle))
+        # The library's sentence names the path tried (and where a default
+        # came from), what went wrong and what to do about it.
+        why = ctypes.create_string_buffer(_WHY_MAX)
+        rc = _lib.fn.sp_connect_explain(path, ctypes.byref(handle), why,
+                                        len(why))
         if rc < 0:
-            where = socket if socket is not None else "the default socket"
-            raise error_for(rc, "%s (%s)" % (
-                _lib.fn.sp_strerror(rc).decode(), where))
+            raise error_for(rc, why.value.decode("utf-8", "replace") or None)
         self._handle = handle
         if timeout is not None:
             self.set_timeout(timeout)
@@ -335,8 +357,30 @@ class Client:
         self._check(_lib.fn.sp_register_storages(self._live(), array,
                                                  len(storages)))
 
+    @staticmethod
+    def _pieces(t, keep):
+        """t's pieces as an sp_piece array; keep holds what it points to."""
+        array = (_lib.sp_piece * len(t.pieces))()
+        for slot, p in zip(array, t.pieces):
+            holders = (ctypes.c_uint32 * len(p.holders))(*p.holders)
+            keep.append(holders)
+            slot.ndim = len(p.shape)
+            slot.shape = _dims(p.shape, "a piece's shape", t.key)
+            slot.src_offset = p.src_offset
+            slot.src_stride = _dims(p.src_stride, "a piece's src_stride",
+                                    t.key)
+            slot.dst_offset = p.dst_offset
+            slot.dst_stride = _dims(p.dst_stride, "a piece's dst_stride",
+                                    t.key)
+            slot.nholders = len(p.holders)
+            slot.holders = holders
+        keep.append(array)
+        return array
+
     def register_tensors(self, tensors: Sequence[TensorDesc]):
         array = (_lib.sp_tensor_desc * len(tensors))()
+        # The pieces and their holders must outlive the call.
+        keep = []
         for slot, t in zip(array, tensors):
             if t.placement not in _PLACEMENTS:
                 raise errors.UnsupportedLayout(
@@ -353,6 +397,9 @@ class Client:
             slot.global_ndim = len(t.global_shape)
             slot.global_shape = _dims(t.global_shape, "its global shape",
                                       t.key)
+            if t.pieces:
+                slot.npieces = len(t.pieces)
+                slot.pieces = self._pieces(t, keep)
         self._check(_lib.fn.sp_register_tensors(self._live(), array,
                                                 len(tensors)))
 
@@ -419,5 +466,5 @@ class Client:
         self._check(_lib.fn.sp_release(self._handle, pointer))
 
 
-__all__ = ["Client", "Status", "JobStatus", "StorageDesc", "TensorDesc",
+__all__ = ["Client", "default_socket", "Status", "JobStatus", "StorageDesc", "TensorDesc",
            "Progress", "OwnedSet", "OwnedTensor", "ShardportError"]

@@ -9,7 +9,7 @@ export as often as needed.  export_state_dict does all of it in one call.
 
 from collections.abc import Mapping
 
-from . import errors
+from . import _rendezvous, errors
 from ._progress import TerminalProgress
 from .client import Client
 
@@ -25,17 +25,26 @@ def _torch_distributed():
     return dist
 
 
+def _terminal_progress(rank):
+    """The progress line an export shows when the caller chose none: on
+    rank 0 only (the ranks of a job often share one terminal, and rank 0's
+    line shows the job's progress), and only where stderr is a terminal."""
+    return TerminalProgress() if rank == 0 and TerminalProgress.wanted() \
+        else None
+
+
 class Job:
     """One rank of a job.  Make it with Job.create (rank 0), Job.join (the
     other ranks, with rank 0's ticket) or Job.from_torch_distributed (every
     rank at once); their socket and timeout are Client's.  Closing it leaves
     the job and releases its exports."""
 
-    def __init__(self, client, ticket, rank, world):
+    def __init__(self, client, ticket, rank, world, timeout=None):
         self.client = client
         self.ticket = ticket
         self.rank = rank
         self.world = world
+        self.timeout = timeout
         self._registration = None
 
     @staticmethod
@@ -70,7 +79,7 @@ class Job:
         except BaseException:
             client.close()
             raise
-        return cls(client, ticket, 0, world)
+        return cls(client, ticket, 0, world, timeout)
 
     @classmethod
     def join(cls, ticket, rank, world, *, socket=None, timeout=None,
@@ -81,19 +90,22 @@ class Job:
         except BaseException:
             client.close()
             raise
-        return cls(client, ticket, rank, world)
+        return cls(client, ticket, rank, world, timeout)
 
     @classmethod
     def from_torch_distributed(cls, *, socket=None, timeout=None,
                                device=None):
         """Collective over torch.distributed's default group: rank 0
-        creates the job and broadcasts its ticket, every rank joins as its
-        own rank (on device, as Job.create).  If rank 0 cannot create the
-        job, every rank raises its error."""
+        creates the job and hands its ticket to the other ranks through the
+        group's store, every rank joins as its own rank (on device, as
+        Job.create).  If rank 0 cannot create the job, every rank raises
+        its error; a rank that waits longer than timeout seconds (default
+        5 minutes) for the ticket raises errors.Timeout naming rank 0."""
         dist = _torch_distributed()
         rank, world = dist.get_rank(), dist.get_world_size()
         if rank != 0:
-            (outcome,) = cls._broadcast(dist, None)
+            (outcome,) = _rendezvous.exchange(
+                dist, "hand out the job's ticket", None, [0], timeout)
             if isinstance(outcome, tuple):
                 raise errors.error_for(*outcome)
             return cls.join(outcome, rank, world, socket=socket,
@@ -102,37 +114,40 @@ class Job:
             job = cls.create(world, socket=socket, timeout=timeout,
                              device=device)
         except Exception as exc:
-            # The other ranks wait in the broadcast: they get the error too.
+            # The other ranks wait for the ticket: they get the error too.
             if isinstance(exc, errors.ShardportError):
-                cls._broadcast(dist, (exc.code, exc.message))
+                outcome = (exc.code, exc.message)
             else:
-                cls._broadcast(dist, (errors.Internal.code,
-                                      "rank 0 could not create the job: %s"
-                                      % exc))
+                outcome = (errors.Internal.code,
+                           "rank 0 could not create the job: %s" % exc)
+            _rendezvous.exchange(dist, "hand out the job's ticket", outcome,
+                                 [0], timeout)
             raise
-        cls._broadcast(dist, job.ticket)
+        _rendezvous.exchange(dist, "hand out the job's ticket", job.ticket,
+                             [0], timeout)
         return job
 
-    @staticmethod
-    def _broadcast(dist, value):
-        box = [value]
-        dist.broadcast_object_list(box, src=0)
-        return box
-
-    def register(self, state_dict, placements=None):
+    def register(self, state_dict, placements=None, *,
+                 default_placement=None):
         """Registers this rank's tensors: once per job.
 
         placements maps keys to "shard0", "replicated", "plain", "expert" or
-        a shardport.Placement; keys it leaves out are inferred (a DTensor
-        with Shard(0) on a 1-D mesh is shard0, with Replicate() replicated,
-        a plain tensor plain).  CPU tensors not yet in shared memory are
-        moved there, as Tensor.share_memory_() does.
+        a shardport.Placement (an "affine" one carries its Pieces); keys it
+        leaves out are inferred: a DTensor with Shard(0) on a 1-D mesh is
+        shard0, with Replicate() replicated.  A plain tensor left out takes
+        default_placement; without one it is plain in a job of one rank and
+        refused in a bigger one (whole on every rank, or each rank's own
+        part?  Only the caller knows).  CPU tensors not yet in shared memory
+        are moved there, as Tensor.share_memory_() does.
         """
         from .tensors import Registration
         if self._registration is not None:
             raise errors.BadState("this rank already registered its state "
                                   "dict; register once, export many times")
-        registration = Registration(state_dict, placements, self.world)
+        self._register(Registration(state_dict, placements, self.world,
+                                    default_placement, timeout=self.timeout))
+
+    def _register(self, registration):
         self.client.register_storages(registration.storage_descs)
         self.client.register_tensors(registration.tensor_descs)
         self._registration = registration
@@ -142,8 +157,9 @@ class Job:
         """Runs one export; returns the Export of this rank's whole tensors.
 
         groups: lists of keys that must end on one owner.  progress: None
-        shows a progress line when stderr is a terminal, False shows
-        nothing, a callable receives every shardport.Progress.  timeout:
+        shows a progress line on rank 0 when its stderr is a terminal (one
+        line for the job, not one per rank), False shows nothing, a
+        callable receives every shardport.Progress.  timeout:
         seconds the daemon waits for the other ranks and for progress.
         max_keys, max_bytes: the bounds of one round (0: the defaults).
         """
@@ -162,8 +178,8 @@ class Job:
             for index in self._registration.cuda_devices:
                 torch.cuda.synchronize(index)
         shown = None
-        if progress is None and TerminalProgress.wanted():
-            progress = shown = TerminalProgress()
+        if progress is None:
+            progress = shown = _terminal_progress(self.rank)
         try:
             owned = self.client.export(groups=groups, max_keys=max_keys,
                                        max_bytes=max_bytes, timeout=timeout,
@@ -245,26 +261,35 @@ class Export(Mapping):
 
 
 def export_state_dict(state_dict, placements=None, *, groups=(),
-                      progress=None, timeout=None, socket=None):
+                      progress=None, timeout=None, socket=None,
+                      default_placement=None):
     """Exports a sharded state dict in one call; collective over
     torch.distributed's default group.
 
     Creates a job of every rank, registers state_dict (see Job.register for
-    placements), runs one export (see Job.export for groups and progress)
-    and returns the Export of this rank's whole tensors.  Release it, or use
-    it as a context manager: the release also leaves the job.  For repeated
-    exports keep a Job.
+    placements and default_placement), runs one export (see Job.export for
+    groups and progress) and returns the Export of this rank's whole
+    tensors.  Release it, or use it as a context manager: the release also
+    leaves the job.  For repeated exports keep a Job.
 
-    timeout, in seconds, bounds each request to the daemon and how long the
-    daemon waits for the other ranks; socket is the daemon's socket path
-    (None: $SHARDPORT_SOCKET, then the default path).
+    timeout, in seconds, bounds each request to the daemon, how long the
+    daemon waits for the other ranks, and how long a rank waits for rank 0's
+    ticket and the others' rows (None: the daemon's export_timeout, the
+    library's 30 s per request, 5 minutes for the ticket); socket is the
+    daemon's socket path (None: $SHARDPORT_SOCKET, then the default path).
     """
+    from .tensors import Registration
     device = next((v.device for v in state_dict.values()
                    if getattr(v, "is_cuda", False)), None)
+    # Placements are decided, and refused, before the job exists: every
+    # rank refuses alike, and none is left joining a job its peers left.
+    registration = Registration(state_dict, placements,
+                                _torch_distributed().get_world_size(),
+                                default_placement, timeout=timeout)
     job = Job.from_torch_distributed(socket=socket, timeout=timeout,
                                      device=device)
     try:
-        job.register(state_dict, placements)
+        job._register(registration)
         return job._export(groups, progress, timeout, 0, 0, close_job=True)
     except BaseException:
         job.close()

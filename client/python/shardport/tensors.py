@@ -30,7 +30,7 @@ import os
 
 import torch
 
-from . import errors
+from . import _rendezvous, errors
 from .client import StorageDesc, TensorDesc
 from .placements import Placement, normalize
 
@@ -62,11 +62,12 @@ def _dtensor_api():
     return None
 
 
-def _infer(key, value, world):
+def _infer(key, value, world, default):
     """(local tensor, Placement) for a value without an explicit placement:
     a DTensor with Shard(0) on a 1-D mesh of every rank is shard0, with
-    Replicate() replicated; a plain tensor is plain; anything else is
-    refused."""
+    Replicate() replicated; a plain tensor is default (a Placement), or
+    plain in a job of one rank, or None (the caller must say); anything
+    else is refused."""
     dtensor = _dtensor_api()
     if dtensor is not None and isinstance(value, dtensor[0]):
         _, shard, replicate = dtensor
@@ -87,16 +88,24 @@ def _infer(key, value, world):
             "%s: DTensor placement %s cannot be inferred (only Shard(0) and "
             "Replicate() are); give this key's placement explicitly"
             % (key, placement))
-    return value, Placement("plain", tuple(value.shape))
+    # Whole on every rank, or each rank's own rows?  Only the caller knows:
+    # guessing plain when each rank holds its part would publish the
+    # owner's part as the whole tensor.
+    if default is not None:
+        return value, default
+    if world == 1:
+        return value, Placement("plain", tuple(value.shape))
+    return value, None
 
 
-def _local(key, value, explicit, world):
-    """The local tensor and Placement of one state dict entry."""
+def _local(key, value, explicit, world, default):
+    """The local tensor and Placement (None: a plain tensor the caller must
+    place) of one state dict entry."""
     if not isinstance(value, torch.Tensor):
         raise errors.InvalidArgument("%s: a %s is not a tensor"
                                      % (key, type(value).__name__))
     if explicit is None:
-        tensor, placement = _infer(key, value, world)
+        tensor, placement = _infer(key, value, world, default)
     else:
         dtensor = _dtensor_api()
         is_dtensor = dtensor is not None and isinstance(value, dtensor[0])
@@ -120,13 +129,14 @@ def _untyped_storage(tensor):
     return tensor.storage().untyped()
 
 
-def _gather_rows(rows, world):
+def _gather_rows(rows, world, timeout):
     """The whole tensor's dim 0 of every key in rows (this rank's shard0
     keys without a global shape, with their local rows): the sum of every
-    rank's rows, added up through torch.distributed.
+    rank's rows, added up through torch.distributed's store, waiting at
+    most timeout seconds for the others (_rendezvous).
 
     Every rank takes part whenever torch.distributed spans the job, also
-    with nothing to ask: a rank that skipped the collective would leave the
+    with nothing to ask: a rank that skipped the exchange would leave the
     others waiting in it."""
     import torch.distributed as dist
     spans_job = (dist.is_available() and dist.is_initialized()
@@ -139,9 +149,25 @@ def _gather_rows(rows, world):
                 "torch.distributed over the job's %d ranks so that "
                 "shardport can add up their rows" % (next(iter(rows)), world))
         return {}
-    everyone = [None] * world
-    dist.all_gather_object(everyone, rows)
+    everyone = _rendezvous.exchange(dist, "report the rows of their shard0 "
+                                    "keys", rows, list(range(world)),
+                                    timeout)
     return {key: sum(r.get(key, 0) for r in everyone) for key in rows}
+
+
+def _unplaced(keys, world):
+    """The refusal of plain tensors left out of placements in a job of
+    world ranks."""
+    named = ", ".join(keys[:8]) + (" and %d more" % (len(keys) - 8)
+                                   if len(keys) > 8 else "")
+    return errors.InvalidArgument(
+        "%d plain tensor(s) without a placement in a job of %d ranks: %s. "
+        "shardport cannot tell whether every rank holds the same values "
+        "(\"plain\" or \"replicated\"; the daemon then checks that every "
+        "copy is equal) or its own part (\"shard0\", an affine Placement, "
+        "\"expert\"): name each in placements, or pass "
+        "default_placement=\"plain\" when every rank holds them whole"
+        % (len(keys), world, named))
 
 
 class Registration:
@@ -150,24 +176,33 @@ class Registration:
     It keeps every registered storage alive: the fd the daemon duplicated
     and the memory an identity tensor points into belong to them.  local
     maps each key to the tensor registered for it (the caller's own object,
-    or a DTensor's local tensor).
+    or a DTensor's local tensor).  default_placement places the plain
+    tensors placements leaves out (None: plain in a job of one rank,
+    refused in a bigger one).
     """
 
-    def __init__(self, state_dict, placements, world):
+    def __init__(self, state_dict, placements, world, default_placement=None,
+                 timeout=None):
         placements = dict(placements or {})
         unknown = sorted(set(placements) - set(state_dict))
         if unknown:
             raise errors.InvalidArgument("placements name keys that are not "
                                          "in the state dict: %s"
                                          % ", ".join(unknown))
+        default = None
+        if default_placement is not None:
+            default = normalize("default_placement", default_placement)
         self.local = {}
         self._storages = []
         self.storage_descs = []
         self.tensor_descs = []
         chosen = {}
         for key, value in state_dict.items():
-            self.local[key], chosen[key] = _local(key, value,
-                                                  placements.get(key), world)
+            self.local[key], chosen[key] = _local(
+                key, value, placements.get(key), world, default)
+        unplaced = [key for key, p in chosen.items() if p is None]
+        if unplaced:
+            raise _unplaced(unplaced, world)
         needs_rows = {}
         for key, placement in chosen.items():
             if (placement.kind != "shard0"
@@ -177,7 +212,7 @@ class Registration:
                 raise errors.InvalidArgument("%s: a 0-dim tensor cannot be "
                                              "shard0" % key)
             needs_rows[key] = self.local[key].shape[0]
-        for key, rows in _gather_rows(needs_rows, world).items():
+        for key, rows in _gather_rows(needs_rows, world, timeout).items():
             shape = (rows,) + tuple(self.local[key].shape[1:])
             chosen[key] = Placement("shard0", shape)
         on = {}
@@ -248,12 +283,15 @@ class Registration:
         return sid
 
     def _describe(self, key, tensor, placement, ids):
+        global_shape = placement.global_shape
         return TensorDesc(
             key=key, storage=self._storage_id(tensor, ids),
             dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape),
             stride=tuple(tensor.stride()), offset=tensor.storage_offset(),
             placement=placement.kind,
-            global_shape=placement.global_shape or tuple(tensor.shape))
+            global_shape=(tuple(tensor.shape) if global_shape is None
+                          else global_shape),
+            pieces=placement.pieces)
 
 
 class _EmptyFile:

@@ -363,6 +363,57 @@ START_TEST(jobs_show_and_abort) {
 }
 END_TEST
 
+/* --watch over a daemon restart: each text snapshot starts with the
+ * time; while the daemon is away the watch says so and goes on, and it
+ * shows the new daemon once it listens on the same socket. */
+START_TEST(watch_survives_a_restart) {
+  char outpath[320];
+  snprintf(outpath, sizeof outpath, "%s.watch", daemon_.socket);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    int fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execl(env_or_die("SHARDPORT_CLI"), "shardport", "--socket",
+          daemon_.socket, "--watch", "0.2", "status", (char *)NULL);
+    _exit(127);
+  }
+  struct timespec pause = {0, 700 * 1000000L};
+  nanosleep(&pause, NULL);
+  /* Stopped: the socket goes; a new daemon then listens on the same path
+   * (the directory stays). */
+  ck_assert_int_eq(kill(daemon_.pid, SIGTERM), 0);
+  ck_assert_int_eq(sp_test_wait(daemon_.pid, SP_TEST_TIMEOUT_MS), 0);
+  nanosleep(&pause, NULL);
+  const char *args[] = {"--socket", daemon_.socket, "--config", "/dev/null",
+                        NULL};
+  daemon_.pid = sp_test_spawn(args);
+  ck_assert_int_gt(daemon_.pid, 0);
+  for (int i = 0; i < 200 && access(daemon_.socket, F_OK) != 0; i++)
+    nanosleep(&(struct timespec){0, 10 * 1000000L}, NULL);
+  nanosleep(&pause, NULL);
+  ck_assert_int_eq(kill(pid, SIGINT), 0);
+  ck_assert_int_eq(sp_test_wait(pid, RUN_TIMEOUT_MS), 0);
+  static char out[1 << 16];
+  FILE *f = fopen(outpath, "r");
+  ck_assert_ptr_nonnull(f);
+  out[fread(out, 1, sizeof out - 1, f)] = '\0';
+  fclose(f);
+  unlink(outpath);
+  const char *away = strstr(out, "; connecting again every 0.2s\n");
+  ck_assert_msg(away != NULL, "%s", out);
+  ck_assert_msg(strstr(away, "daemon version") != NULL,
+                "no snapshot after the restart:\n%s", out);
+  /* "every 0.2s  2026-05-01 12:00:03" heads every snapshot. */
+  int year, mon, day, hour, min, sec;
+  ck_assert_msg(sscanf(out, "every 0.2s  %4d-%2d-%2d %2d:%2d:%2d", &year, &mon,
+                       &day, &hour, &min, &sec) == 6,
+                "%s", out);
+  ck_assert_uint_eq(count(out, "every 0.2s  "), count(out, "\n\nevery") + 1);
+}
+END_TEST
+
 /* ---- exit statuses without a daemon ---- */
 
 START_TEST(no_daemon_is_exit_3) {
@@ -371,10 +422,22 @@ START_TEST(no_daemon_is_exit_3) {
   run_cli((const char *[]){"--socket", path, "status", NULL}, &r);
   ck_assert_int_eq(r.status, 3);
   ck_assert_uint_eq(r.out_len, 0);
+  /* The path tried and what to do. */
   char want[512];
-  snprintf(want, sizeof want, "shardport: connect to %s: %s\n", path,
-           sp_strerror(SP_ENODAEMON));
+  snprintf(want, sizeof want,
+           "shardport: no shardportd listens at %s: nothing is there; start "
+           "shardportd (docs/operations.md), or point SHARDPORT_SOCKET at "
+           "the socket it listens on\n",
+           path);
   ck_assert_str_eq(r.err, want);
+  /* A default path says where it came from. */
+  setenv("SHARDPORT_SOCKET", path, 1);
+  run_cli((const char *[]){"status", NULL}, &r);
+  unsetenv("SHARDPORT_SOCKET");
+  ck_assert_int_eq(r.status, 3);
+  snprintf(want, sizeof want, "%s (from $SHARDPORT_SOCKET): nothing is there",
+           path);
+  ck_assert_msg(strstr(r.err, want) != NULL, "%s", r.err);
   run_cli((const char *[]){"--socket", path, "--json", "status", NULL}, &r);
   ck_assert_int_eq(r.status, 3);
   run_cli((const char *[]){"--socket", path, "ping", NULL}, &r);
@@ -536,6 +599,7 @@ int main(void) {
   tcase_add_test(live, ping);
   tcase_add_test(live, default_socket_from_env);
   tcase_add_test(live, watch_refreshes);
+  tcase_add_test(live, watch_survives_a_restart);
   tcase_add_test(live, jobs_show_and_abort);
   suite_add_tcase(s, live);
   TCase *exits = tcase_create("exit_statuses");

@@ -185,6 +185,87 @@ START_TEST(refusal_reaches_every_rank_alike) {
 }
 END_TEST
 
+/* ---- replicated and plain copies that differ ---- */
+
+/* Every rank refused with different_data and one message, which has want
+ * in it; nothing owned. */
+static void assert_different(struct world *w, const struct scenario *sc,
+                             const char *want) {
+  for (uint32_t i = 0; i < sc->world; i++) {
+    ck_assert_msg(w->rep[i].export_rc == SP_EDIFFERENT,
+                  "rank %u: %s (%s): %s", i, sp_err_name(w->rep[i].export_rc),
+                  w->rep[i].failure, w->rep[i].message);
+    ck_assert_str_eq(w->rep[i].message, w->rep[0].message);
+    for (size_t k = 0; k < sc->nkeys; k++)
+      ck_assert_uint_eq(w->owned[i][k], 0);
+  }
+  ck_assert_msg(strstr(w->rep[0].message, want), "%s", w->rep[0].message);
+}
+
+/* A rank whose replicated copy differs (a sharded tensor registered as
+ * replicated): refused before anything moves, naming the key and ranks. */
+START_TEST(replicated_copies_that_differ) {
+  struct scenario sc = {.world = 4,
+                        .nkeys = sizeof mixed_keys / sizeof mixed_keys[0],
+                        .keys = mixed_keys, .group = mixed_group,
+                        .corrupt_key = "norm", .corrupt_ranks = 1u << 2};
+  struct world w;
+  run(&sc, &w);
+  assert_different(&w, &sc,
+                   "key 'norm' (replicated): rank 2's copy differs from "
+                   "rank 0's");
+  for (uint32_t i = 0; i < sc.world; i++)
+    ck_assert(!w.moving[i]);
+  trainer_free(&w, &sc);
+}
+END_TEST
+
+/* A plain key changed on two ranks between two exports of one job: the
+ * second export (on the job's cached plan) reads the copies again. */
+START_TEST(plain_copies_that_change_between_exports) {
+  struct scenario sc = {.world = 4,
+                        .nkeys = sizeof mixed_keys / sizeof mixed_keys[0],
+                        .keys = mixed_keys, .group = mixed_group,
+                        .exports = 2, .corrupt_key = "bias",
+                        .corrupt_ranks = 1u << 1 | 1u << 3,
+                        .corrupt_export = 1};
+  struct world w;
+  run(&sc, &w);
+  assert_different(&w, &sc,
+                   "key 'bias' (plain): rank 1's copy differs from rank 0's "
+                   "(xxh3 ");
+  ck_assert_ptr_nonnull(strstr(w.rep[0].message, "and 1 more rank's too"));
+  trainer_free(&w, &sc);
+}
+END_TEST
+
+/* compare_replicas = no: the copies are not read, and the owner's is
+ * published as it is (docs/operations.md). */
+START_TEST(comparison_turned_off) {
+  stop();
+  char dir[256], conf[300];
+  ck_assert_int_eq(sp_test_mkdtemp(dir, sizeof dir), 0);
+  snprintf(conf, sizeof conf, "%s/off.conf", dir);
+  ck_assert_int_eq(sp_test_write_file(conf, "compare_replicas = no\n"), 0);
+  const char *args[] = {"--config", conf, NULL};
+  ck_assert_int_eq(sp_test_daemon_start(&daemon_, args), 0);
+  struct scenario sc = {.world = 4,
+                        .nkeys = sizeof mixed_keys / sizeof mixed_keys[0],
+                        .keys = mixed_keys, .group = mixed_group};
+  struct world w;
+  run(&sc, &w);
+  trainer_assert_exported(&w, &sc);
+  /* A rank that does not own "norm" changes its copy: nobody notices. */
+  sc.corrupt_key = "norm";
+  sc.corrupt_ranks = 1u << ((trainer_owner_of(&w, &sc, "norm") + 1) % 4);
+  trainer_free(&w, &sc);
+  run(&sc, &w);
+  trainer_assert_exported(&w, &sc);
+  trainer_free(&w, &sc);
+  sp_test_rmdir(dir);
+}
+END_TEST
+
 /* ---- faults ---- */
 
 static struct tkey fault_keys[] = {
@@ -539,6 +620,9 @@ int main(void) {
   tcase_set_timeout(refuse, 60);
   tcase_add_loop_test(refuse, refusal_reaches_every_rank_alike, 0,
                       sizeof refusals / sizeof refusals[0]);
+  tcase_add_test(refuse, replicated_copies_that_differ);
+  tcase_add_test(refuse, plain_copies_that_change_between_exports);
+  tcase_add_test(refuse, comparison_turned_off);
   suite_add_tcase(s, refuse);
   TCase *faults = tcase_create("faults");
   tcase_add_checked_fixture(faults, start, stop);

@@ -417,6 +417,38 @@ START_TEST(replicas_across_nodes_that_differ) {
 }
 END_TEST
 
+/* Copies of a replicated key that differ between the nodes (both ranks of
+ * node 1 alike): each node's own copies agree, the root finds the nodes'
+ * digests differ, and every rank of both nodes hears one different_data.
+ * Copies that differ within node 1: that node finds it, and the root
+ * passes it on. */
+START_TEST(replicated_copies_across_nodes_that_differ) {
+  struct scenario sc = {.world = 4, .nkeys = NMIXED, .keys = mixed_keys,
+                        .group = mixed_group, .corrupt_key = "norm",
+                        .corrupt_ranks = 1u << 2 | 1u << 3};
+  struct world w;
+  run_on(&sc, &w, 2);
+  assert_refused(&w, &sc, SP_EDIFFERENT);
+  ck_assert_msg(strstr(w.rep[0].message, "key 'norm' (replicated): rank 2's "
+                                         "copy differs from rank 0's"),
+                "%s", w.rep[0].message);
+  for (uint32_t i = 0; i < sc.world; i++)
+    ck_assert(!w.moving[i]);
+  trainer_free(&w, &sc);
+  sc.corrupt_key = "bias";
+  sc.corrupt_ranks = 1u << 3;
+  run_on(&sc, &w, 2);
+  assert_refused(&w, &sc, SP_EDIFFERENT);
+  ck_assert_msg(strstr(w.rep[0].message, "key 'bias' (plain): rank 3's copy "
+                                         "differs from rank 2's"),
+                "%s", w.rep[0].message);
+  trainer_free(&w, &sc);
+  assert_idle(0);
+  assert_idle(1);
+  next_job_is_served(2);
+}
+END_TEST
+
 /* A daemon that planned differently (the test seam perturbs the digest it
  * reports): nothing moves, and every rank on both nodes hears one
  * plan_digest_mismatch naming both digests. */
@@ -793,6 +825,7 @@ int main(int argc, char **argv) {
                       sizeof refusals / sizeof refusals[0]);
   tcase_add_test(exp, tensor_parallel_replicas_across_nodes);
   tcase_add_test(exp, replicas_across_nodes_that_differ);
+  tcase_add_test(exp, replicated_copies_across_nodes_that_differ);
   tcase_add_test(exp, different_plans_fail_everywhere);
   suite_add_tcase(s, exp);
   TCase *three = tcase_create("three");

@@ -1,6 +1,7 @@
 /*
- * test_cli_text.c - the CLI's JSON strings and numbers, byte counts and
- * durations (terminal-safe text is tests/unit/proto/test_text.c's).
+ * test_cli_text.c - the CLI's JSON strings and numbers, byte counts, the
+ * gist of a reason and durations (terminal-safe text is
+ * tests/unit/proto/test_text.c's).
  */
 #include <check.h>
 #include <math.h>
@@ -85,21 +86,40 @@ START_TEST(json_doubles_round_trip) {
 }
 END_TEST
 
+START_TEST(reasons_keep_their_gist) {
+  char buf[64];
+  ck_assert(text_gist("the CUDA backend cannot serve: no usable NVIDIA "
+                      "driver: cudaGetDeviceCount failed with error 35 (x); "
+                      "CUDA runtime 13.0",
+                      buf, sizeof buf));
+  ck_assert_str_eq(buf, "the CUDA backend cannot serve: no usable NVIDIA "
+                        "driver");
+  ck_assert(!text_gist("selected by configuration", buf, sizeof buf));
+  ck_assert_str_eq(buf, "selected by configuration");
+  ck_assert(text_gist("2 GPUs; CUDA 13.0", buf, sizeof buf));
+  ck_assert_str_eq(buf, "2 GPUs");
+  ck_assert(text_gist("0123456789", buf, 5));
+  ck_assert_str_eq(buf, "0123");
+  ck_assert(!text_gist("", buf, sizeof buf));
+  ck_assert_str_eq(buf, "");
+}
+END_TEST
+
 START_TEST(bytes_are_human) {
   char buf[32];
-  text_bytes(0, buf, sizeof buf);
+  sp_format_bytes(0, buf, sizeof buf);
   ck_assert_str_eq(buf, "0 B");
-  text_bytes(1023, buf, sizeof buf);
+  sp_format_bytes(1023, buf, sizeof buf);
   ck_assert_str_eq(buf, "1023 B");
-  text_bytes(1024, buf, sizeof buf);
+  sp_format_bytes(1024, buf, sizeof buf);
   ck_assert_str_eq(buf, "1.0 KiB");
-  text_bytes(1536, buf, sizeof buf);
+  sp_format_bytes(1536, buf, sizeof buf);
   ck_assert_str_eq(buf, "1.5 KiB");
-  text_bytes(UINT64_C(1) << 30, buf, sizeof buf);
+  sp_format_bytes(UINT64_C(1) << 30, buf, sizeof buf);
   ck_assert_str_eq(buf, "1.0 GiB");
-  text_bytes((UINT64_C(1) << 20) - 1, buf, sizeof buf);
+  sp_format_bytes((UINT64_C(1) << 20) - 1, buf, sizeof buf);
   ck_assert_str_eq(buf, "1.0 MiB");
-  text_bytes(UINT64_MAX, buf, sizeof buf);
+  sp_format_bytes(UINT64_MAX, buf, sizeof buf);
   ck_assert_str_eq(buf, "16.0 EiB");
 }
 END_TEST
@@ -135,6 +155,7 @@ int main(void) {
   suite_add_tcase(s, json);
   TCase *text = tcase_create("text");
   tcase_add_test(text, bytes_are_human);
+  tcase_add_test(text, reasons_keep_their_gist);
   tcase_add_test(text, durations_are_human);
   suite_add_tcase(s, text);
   SRunner *sr = srunner_create(s);

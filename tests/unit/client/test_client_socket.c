@@ -1,6 +1,8 @@
 /*
  * test_client_socket.c - the default socket path and every way sp_connect
- * can fail before a daemon answers, without any daemon.
+ * can fail before a daemon answers, with the explanation of each, without
+ * any daemon.  Where the system socket exists is tested in a mount
+ * namespace of its own (tests/integration/cli, system-socket).
  */
 #include <check.h>
 #include <dirent.h>
@@ -90,52 +92,80 @@ START_TEST(root_uses_system_socket) {
 }
 END_TEST
 
+/* Binds a socket at path (nobody listens): what a daemon leaves there. */
+static void bind_at(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  strcpy(sa.sun_path, path);
+  int s = socket(AF_UNIX, SOCK_STREAM, 0);
+  ck_assert_int_eq(bind(s, (struct sockaddr *)&sa, sizeof sa), 0);
+  close(s);
+}
+
+/* A user whose own daemon's socket is in its runtime directory gets it,
+ * whatever else exists. */
 static int user_path(void *arg) {
-  (void)arg;
-  char buf[256];
+  const char *dir = arg;
+  char buf[256], want[256];
+  const char *origin = NULL;
   unsetenv("SHARDPORT_SOCKET");
-  setenv("XDG_RUNTIME_DIR", "/run/user/4242", 1);
-  if (sp_default_socket_path(buf, sizeof buf) != 0 ||
-      strcmp(buf, "/run/user/4242/shardport.sock") != 0)
+  setenv("XDG_RUNTIME_DIR", dir, 1);
+  snprintf(want, sizeof want, "%s/shardport.sock", dir);
+  if (sp_default_socket_origin(buf, sizeof buf, &origin) != 0 ||
+      strcmp(buf, want) != 0)
     return 1;
+  if (strstr(origin, "$XDG_RUNTIME_DIR/shardport.sock") == NULL)
+    return 4;
   /* Too small a buffer is refused, never truncated. */
   if (sp_default_socket_path(buf, 10) != SP_EINVAL || buf[0] != '\0')
     return 2;
   setenv("SHARDPORT_SOCKET", "/x.sock", 1);
-  if (sp_default_socket_path(buf, sizeof buf) != 0 ||
-      strcmp(buf, "/x.sock") != 0)
+  if (sp_default_socket_origin(buf, sizeof buf, &origin) != 0 ||
+      strcmp(buf, "/x.sock") != 0 ||
+      strcmp(origin, "from $SHARDPORT_SOCKET") != 0)
     return 3;
   return 0;
 }
 
-START_TEST(user_uses_runtime_dir) {
-  ck_assert_int_eq(as_unprivileged(user_path, NULL), 0);
+START_TEST(user_uses_own_socket) {
+  make_tmpdir();
+  ck_assert_int_eq(chmod(tmpdir, 0755), 0);
+  char path[128];
+  snprintf(path, sizeof path, "%s/shardport.sock", tmpdir);
+  bind_at(path);
+  ck_assert_int_eq(as_unprivileged(user_path, tmpdir), 0);
+  remove_tmpdir();
 }
 END_TEST
 
-static int no_path(void *arg) {
+/* Without a usable XDG_RUNTIME_DIR (a batch job) a user looks at the
+ * system socket, where the systemd service listens, and says why. */
+static int no_runtime_dir(void *arg) {
   (void)arg;
   char buf[256] = "junk";
+  const char *origin = NULL;
   unsetenv("SHARDPORT_SOCKET");
   unsetenv("XDG_RUNTIME_DIR");
-  if (sp_default_socket_path(buf, sizeof buf) != SP_EINVAL || buf[0] != '\0')
+  if (sp_default_socket_origin(buf, sizeof buf, &origin) != 0 ||
+      strcmp(buf, "/run/shardport/shardport.sock") != 0)
     return 1;
-  setenv("XDG_RUNTIME_DIR", "", 1);
-  if (sp_default_socket_path(buf, sizeof buf) != SP_EINVAL)
+  if (strncmp(origin, "the system socket", 17) != 0 ||
+      strstr(origin, "XDG_RUNTIME_DIR is not set") == NULL)
     return 2;
-  /* A relative runtime directory is invalid (XDG base directory rules). */
-  setenv("XDG_RUNTIME_DIR", "run/user/4242", 1);
-  if (sp_default_socket_path(buf, sizeof buf) != SP_EINVAL)
-    return 4;
-  /* sp_connect(NULL, ...) has no path to try either. */
-  sp_client *c = (sp_client *)buf;
-  if (sp_connect(NULL, &c) != SP_EINVAL || c != (sp_client *)buf)
+  /* An empty or relative runtime directory is invalid (XDG base
+   * directory rules): the same. */
+  setenv("XDG_RUNTIME_DIR", "", 1);
+  if (sp_default_socket_path(buf, sizeof buf) != 0 ||
+      strcmp(buf, "/run/shardport/shardport.sock") != 0)
     return 3;
+  setenv("XDG_RUNTIME_DIR", "run/user/4242", 1);
+  if (sp_default_socket_path(buf, sizeof buf) != 0 ||
+      strcmp(buf, "/run/shardport/shardport.sock") != 0)
+    return 4;
   return 0;
 }
 
-START_TEST(user_without_runtime_dir_has_no_path) {
-  ck_assert_int_eq(as_unprivileged(no_path, NULL), 0);
+START_TEST(user_without_runtime_dir_looks_at_system_socket) {
+  ck_assert_int_eq(as_unprivileged(no_runtime_dir, NULL), 0);
 }
 END_TEST
 
@@ -232,6 +262,74 @@ START_TEST(forbidden_directory_is_permission_denied) {
 }
 END_TEST
 
+/* ---- sp_connect_explain ---- */
+
+/* The explanation of connecting to path (NULL: the default) and its code. */
+static int explain(const char *path, char *why, size_t len) {
+  sp_client *c = NULL;
+  int rc = sp_connect_explain(path, &c, why, len);
+  ck_assert_ptr_null(c);
+  return rc;
+}
+
+START_TEST(explanations_name_path_and_cause) {
+  char path[128], why[1024];
+  make_tmpdir();
+  snprintf(path, sizeof path, "%s/none.sock", tmpdir);
+  ck_assert_int_eq(explain(path, why, sizeof why), SP_ENODAEMON);
+  ck_assert_msg(strstr(why, path) && strstr(why, "nothing is there") &&
+                    strstr(why, "start shardportd"),
+                "%s", why);
+  /* A default path says where it came from. */
+  setenv("SHARDPORT_SOCKET", path, 1);
+  ck_assert_int_eq(explain(NULL, why, sizeof why), SP_ENODAEMON);
+  unsetenv("SHARDPORT_SOCKET");
+  ck_assert_msg(strstr(why, "(from $SHARDPORT_SOCKET)"), "%s", why);
+  /* A socket file nobody answers on. */
+  snprintf(path, sizeof path, "%s/stale.sock", tmpdir);
+  bind_at(path);
+  ck_assert_int_eq(explain(path, why, sizeof why), SP_ENODAEMON);
+  ck_assert_msg(strstr(why, "nobody answers"), "%s", why);
+  /* A short buffer gets a terminated prefix; none at all is fine. */
+  ck_assert_int_eq(explain(path, why, 8), SP_ENODAEMON);
+  ck_assert_uint_eq(strlen(why), 7);
+  ck_assert_int_eq(explain(path, NULL, 0), SP_ENODAEMON);
+  remove_tmpdir();
+}
+END_TEST
+
+static int denied_by_file_system(void *arg) {
+  char why[1024];
+  sp_client *c = NULL;
+  if (sp_connect_explain(arg, &c, why, sizeof why) != SP_EPERM)
+    return 1;
+  /* Not the daemon: the file system, with the group that is let in. */
+  if (strstr(why, "the file system denies") == NULL ||
+      strstr(why, "its directory is mode 0750, group root") == NULL ||
+      strstr(why, "usermod -aG root") == NULL)
+    return 2;
+  return 0;
+}
+
+START_TEST(file_system_denial_names_the_group) {
+  if (geteuid() != 0) {
+    fprintf(stderr, "file_system_denial_names_the_group: not root; it needs "
+                    "a directory another user cannot enter\n");
+    return;
+  }
+  char path[160], dir[128];
+  make_tmpdir();
+  ck_assert_int_eq(chmod(tmpdir, 0755), 0);
+  snprintf(dir, sizeof dir, "%s/d", tmpdir);
+  ck_assert_int_eq(mkdir(dir, 0750), 0);
+  ck_assert_int_eq(chmod(dir, 0750), 0);
+  snprintf(path, sizeof path, "%s/s.sock", dir);
+  bind_at(path);
+  ck_assert_int_eq(as_unprivileged(denied_by_file_system, path), 0);
+  remove_tmpdir();
+}
+END_TEST
+
 START_TEST(failed_connects_leak_no_fd) {
   char path[128];
   make_tmpdir();
@@ -264,8 +362,8 @@ int main(void) {
   TCase *path = tcase_create("default_path");
   tcase_add_test(path, explicit_env_wins);
   tcase_add_test(path, root_uses_system_socket);
-  tcase_add_test(path, user_uses_runtime_dir);
-  tcase_add_test(path, user_without_runtime_dir_has_no_path);
+  tcase_add_test(path, user_uses_own_socket);
+  tcase_add_test(path, user_without_runtime_dir_looks_at_system_socket);
   tcase_add_test(path, bad_buffers);
   suite_add_tcase(s, path);
   TCase *conn = tcase_create("connect");
@@ -273,6 +371,8 @@ int main(void) {
   tcase_add_test(conn, stale_socket_is_no_daemon);
   tcase_add_test(conn, bad_paths_are_invalid);
   tcase_add_test(conn, forbidden_directory_is_permission_denied);
+  tcase_add_test(conn, explanations_name_path_and_cause);
+  tcase_add_test(conn, file_system_denial_names_the_group);
   tcase_add_test(conn, failed_connects_leak_no_fd);
   tcase_add_test(conn, null_clients_are_refused);
   suite_add_tcase(s, conn);

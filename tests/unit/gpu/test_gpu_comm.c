@@ -45,7 +45,7 @@ static void run_nodes(int nodes, const char *exports, const char *timeout_ms,
                       int fault_node, const char *fault_env,
                       struct node_run *runs, int started) {
   struct child ch[MAX_NODES];
-  char n[8], node_arg[MAX_NODES][8], node_env[MAX_NODES][32], tmo[64];
+  char n[8], node_arg[MAX_NODES][12], node_env[MAX_NODES][32], tmo[64];
   snprintf(n, sizeof n, "%d", nodes);
   snprintf(tmo, sizeof tmo, "GPUNODE_TIMEOUT_MS=%s", timeout_ms);
   for (int i = 0; i < started; i++) {
