@@ -348,6 +348,11 @@ struct server {
   uint32_t peer_unidentified;
   uint32_t peer_handshake_cap;
   struct log_limit peer_accept_log, peer_evict_log;
+  /* The loop's iterations (loopwatch.c): when the last one ended, the
+   * loop's idle time then, and the longest busy time since the last
+   * status. */
+  uv_check_t loop_check;
+  uint64_t loop_last_ns, loop_last_idle_ns, loop_max_busy_ns;
 };
 
 /* Listens, serves until SIGTERM/SIGINT (drained, drain.c) and shuts down
@@ -386,6 +391,16 @@ bool drain_refuse(struct server *srv, struct conn *c, uint64_t id,
  * and which need a restart.  A configuration that does not load changes
  * nothing. */
 void reload_run(struct server *srv);
+
+/* ---- loopwatch.c ------------------------------------------------------ */
+
+/* Starts timing the loop's iterations; before the loop runs. */
+void loopwatch_start(struct server *srv);
+/* Closes the watch; with the server's other handles. */
+void loopwatch_stop(struct server *srv);
+/* The longest iteration's busy time, in microseconds, since the last call;
+ * starts a new window. */
+uint64_t loopwatch_take_max_us(struct server *srv);
 
 /* ---- conn.c ----------------------------------------------------------- */
 
@@ -703,6 +718,30 @@ void registry_free(struct registry *reg);
 int registry_add_storages(struct registry *reg, const struct req_storage *s,
                           size_t n, const struct sp_frame *frame, char *msg,
                           size_t msglen);
+/* The half of a registration that needs nothing of a registry, so may run
+ * on any thread: the frame's entries checked against each other (a sid,
+ * base or key twice), and hashed for the registry's tables.  0 and *p to
+ * free with registry_prepared_free, or a refusal. */
+struct reg_prepared {
+  uint64_t *hash; /* n sid hashes, then n base hashes (storages); n key
+                     hashes, then n sid hashes (tensors) */
+};
+int registry_prepare_storages(const struct req_storage *s, size_t n,
+                              struct reg_prepared *p, char *msg,
+                              size_t msglen);
+int registry_prepare_tensors(const struct req_tensor *t, size_t n,
+                             struct reg_prepared *p, char *msg, size_t msglen);
+void registry_prepared_free(struct reg_prepared *p);
+/* registry_add_storages and registry_add_tensors of a prepared frame: the
+ * other half, against and into the registry. */
+int registry_add_prepared_storages(struct registry *reg,
+                                   const struct req_storage *s, size_t n,
+                                   const struct sp_frame *frame,
+                                   const struct reg_prepared *p, char *msg,
+                                   size_t msglen);
+int registry_add_prepared_tensors(struct registry *reg, struct req_tensor *t,
+                                  size_t n, const struct reg_prepared *p,
+                                  char *msg, size_t msglen);
 /* Checks and registers n tensors; all or none.  On success each tensor's
  * pieces belong to the registry (t[i].pieces is NULL). */
 int registry_add_tensors(struct registry *reg, struct req_tensor *t, size_t n,
@@ -719,6 +758,30 @@ int registry_add_remote_storages(struct registry *reg,
                                  const struct req_storage *s,
                                  const struct sp_device *device, size_t n,
                                  char *msg, size_t msglen);
+
+/* ---- registration.c ---------------------------------------------------- */
+
+/* A storage_add or tensor_add read out of its frame and checked against
+ * itself; what registering it still needs is the loop's. */
+struct registration;
+
+/* Prepares a registration from the decoded frame alone, so on any thread;
+ * NULL when out of memory.  The registration points into the frame's
+ * decoded objects and lives no longer than they do. */
+struct registration *registration_prepare_storages(
+    const msgpack_object *map, const struct sp_frame *frame);
+struct registration *registration_prepare_tensors(
+    const msgpack_object *map, const struct sp_frame *frame);
+/* On the loop: registers a prepared registration (NULL: out of memory)
+ * with the connection's rank and replies; the caller still frees it. */
+int registration_serve(struct conn *c, const struct sp_msg_head *head,
+                       struct sp_frame *frame, struct registration *r);
+void registration_free(struct registration *r);
+/* Handlers of the dispatch table: both steps at once. */
+int job_op_storage_add(struct conn *c, const struct sp_msg_head *head,
+                       const msgpack_object *map, struct sp_frame *frame);
+int job_op_tensor_add(struct conn *c, const struct sp_msg_head *head,
+                      const msgpack_object *map, struct sp_frame *frame);
 
 /* ---- engine.c --------------------------------------------------------- */
 
@@ -1026,10 +1089,6 @@ int job_op_join(struct conn *c, const struct sp_msg_head *head,
                 const msgpack_object *map, struct sp_frame *frame);
 int job_op_leave(struct conn *c, const struct sp_msg_head *head,
                  const msgpack_object *map, struct sp_frame *frame);
-int job_op_storage_add(struct conn *c, const struct sp_msg_head *head,
-                       const msgpack_object *map, struct sp_frame *frame);
-int job_op_tensor_add(struct conn *c, const struct sp_msg_head *head,
-                      const msgpack_object *map, struct sp_frame *frame);
 /* The connection of member closed: the job notices on its next wake-up. */
 void job_conn_closed(struct job_member *member);
 /* Ends every job at shutdown, after the connections closed. */
@@ -1496,7 +1555,8 @@ int abort_op_job_abort(struct conn *c, const struct sp_msg_head *head,
 
 /* ---- status.c --------------------------------------------------------- */
 
-/* Builds the status reply for request id into mb. */
-void status_pack(const struct server *srv, uint64_t id, struct sp_msgbuf *mb);
+/* Builds the status reply for request id into mb; starts a new window
+ * of loop_max_busy_us. */
+void status_pack(struct server *srv, uint64_t id, struct sp_msgbuf *mb);
 
 #endif /* SP_DAEMON_H */

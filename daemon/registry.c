@@ -188,53 +188,84 @@ static int base_cmp(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+static bool has_bytes(const struct req_storage *s) { return s->length > 0; }
+
 /* Refuses a sid registered twice, and two storages with bytes at one base
  * address: the planner takes equal (device, base) for the same memory when
  * it looks for tied weights, so a trainer that sent one base for two
- * different regions would get one tensor's bytes under another's name. */
-static int check_unique(const struct registry *reg, const struct req_storage *s,
-                        size_t n, char *msg, size_t msglen) {
+ * different regions would get one tensor's bytes under another's name.
+ * This half checks the frame against itself and hashes each sid and base
+ * for the other (check_storages); it needs nothing of the registry. */
+int registry_prepare_storages(const struct req_storage *s, size_t n,
+                              struct reg_prepared *p, char *msg,
+                              size_t msglen) {
   const struct req_storage **by = malloc((n > 0 ? n : 1) * sizeof *by);
+  p->hash = malloc((n > 0 ? 2 * n : 1) * sizeof *p->hash);
   int rc = 0;
-  if (by == NULL)
+  if (by == NULL || p->hash == NULL) {
+    free(by);
+    registry_prepared_free(p);
     return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
-  for (size_t i = 0; i < n; i++)
+  }
+  for (size_t i = 0; i < n; i++) {
     by[i] = &s[i];
+    p->hash[i] = idxset_hash_u64(s[i].sid);
+    p->hash[n + i] = idxset_hash_u64(s[i].base);
+  }
   qsort(by, n, sizeof *by, sid_cmp);
-  for (size_t i = 0; i < n && rc == 0; i++) {
-    if ((i > 0 && by[i]->sid == by[i - 1]->sid) ||
-        registry_find_sid(reg, by[i]->sid) != IDXSET_NONE)
+  for (size_t i = 1; i < n && rc == 0; i++)
+    if (by[i]->sid == by[i - 1]->sid)
       rc = sp_failf(msg, msglen, SP_EINVAL,
                     "storage sid %u is registered twice", by[i]->sid);
-  }
   size_t m = 0;
   for (size_t i = 0; i < n; i++)
-    if (s[i].length > 0)
+    if (has_bytes(&s[i]))
       by[m++] = &s[i];
   qsort(by, m, sizeof *by, base_cmp);
-  for (size_t i = 0; i < m && rc == 0; i++) {
-    struct base_probe p = {reg, by[i]->base};
-    if ((i > 0 && by[i]->base == by[i - 1]->base) ||
-        idxset_find(&reg->by_base, idxset_hash_u64(by[i]->base), match_base,
-                    &p) != IDXSET_NONE)
+  for (size_t i = 1; i < m && rc == 0; i++)
+    if (by[i]->base == by[i - 1]->base)
       rc = sp_failf(msg, msglen, SP_EINVAL,
                     "storage sid %u: another storage of this rank has base "
                     "address 0x%llx; register each storage once",
                     by[i]->sid, (unsigned long long)by[i]->base);
-  }
   free(by);
+  if (rc != 0)
+    registry_prepared_free(p);
   return rc;
 }
 
-/* Checks n more storages against the limit and the ones registered. */
+void registry_prepared_free(struct reg_prepared *p) {
+  free(p->hash);
+  p->hash = NULL;
+}
+
+/* Checks n more storages, prepared, against the limit and the ones
+ * registered. */
 static int check_storages(const struct registry *reg,
-                          const struct req_storage *s, size_t n, char *msg,
+                          const struct req_storage *s, size_t n,
+                          const struct reg_prepared *p, char *msg,
                           size_t msglen) {
   if (n > REQ_MAX_PER_RANK - reg->nstorages)
     return sp_failf(msg, msglen, SP_ELIMIT,
                     "a rank may register at most %u storages",
                     REQ_MAX_PER_RANK);
-  return check_unique(reg, s, n, msg, msglen);
+  for (size_t i = 0; i < n; i++) {
+    struct sid_probe sp = {reg, s[i].sid};
+    if (idxset_find(&reg->by_sid, p->hash[i], match_sid, &sp) != IDXSET_NONE)
+      return sp_failf(msg, msglen, SP_EINVAL,
+                      "storage sid %u is registered twice", s[i].sid);
+  }
+  for (size_t i = 0; i < n; i++) {
+    struct base_probe bp = {reg, s[i].base};
+    if (has_bytes(&s[i]) &&
+        idxset_find(&reg->by_base, p->hash[n + i], match_base, &bp) !=
+            IDXSET_NONE)
+      return sp_failf(msg, msglen, SP_EINVAL,
+                      "storage sid %u: another storage of this rank has base "
+                      "address 0x%llx; register each storage once",
+                      s[i].sid, (unsigned long long)s[i].base);
+  }
+  return 0;
 }
 
 /* Asks the quotas for more, then makes room for n more storages, so that
@@ -457,9 +488,23 @@ static int open_cuda_storages(const struct registry *reg,
 int registry_add_storages(struct registry *reg, const struct req_storage *s,
                           size_t n, const struct sp_frame *frame, char *msg,
                           size_t msglen) {
+  struct reg_prepared p;
+  int rc = registry_prepare_storages(s, n, &p, msg, msglen);
+  if (rc != 0)
+    return rc;
+  rc = registry_add_prepared_storages(reg, s, n, frame, &p, msg, msglen);
+  registry_prepared_free(&p);
+  return rc;
+}
+
+int registry_add_prepared_storages(struct registry *reg,
+                                   const struct req_storage *s, size_t n,
+                                   const struct sp_frame *frame,
+                                   const struct reg_prepared *p, char *msg,
+                                   size_t msglen) {
   struct frame_file ff[SP_FDS_MAX];
   size_t nnew;
-  int rc = check_storages(reg, s, n, msg, msglen);
+  int rc = check_storages(reg, s, n, p, msg, msglen);
   if (rc != 0 || (rc = check_kinds(reg, s, n, msg, msglen)) != 0 ||
       (rc = plan_files(reg, s, n, frame, ff, &nnew, msg, msglen)) != 0)
     return rc;
@@ -499,9 +544,9 @@ int registry_add_storages(struct registry *reg, const struct req_storage *s,
     }
     st->base = s[i].base;
     st->nbytes = s[i].length;
-    idxset_insert(&reg->by_sid, idxset_hash_u64(s[i].sid), idx);
-    if (s[i].length > 0)
-      idxset_insert(&reg->by_base, idxset_hash_u64(s[i].base), idx);
+    idxset_insert(&reg->by_sid, p->hash[i], idx);
+    if (has_bytes(&s[i]))
+      idxset_insert(&reg->by_base, p->hash[n + i], idx);
   }
   reg->nstorages += n;
   charge(reg, &more);
@@ -530,37 +575,59 @@ static int tensor_key_cmp(const void *a, const void *b) {
   return x->key_len < y->key_len ? -1 : x->key_len > y->key_len;
 }
 
-/* Keys unique within the frame and against what is registered. */
-static int check_keys(const struct registry *reg, const struct req_tensor *t,
-                      size_t n, char *msg, size_t msglen) {
+/* Keys unique within the frame; each key and sid hashed for
+ * registry_add_prepared_tensors.  Needs nothing of the registry. */
+int registry_prepare_tensors(const struct req_tensor *t, size_t n,
+                             struct reg_prepared *p, char *msg,
+                             size_t msglen) {
   const struct req_tensor **by = malloc((n > 0 ? n : 1) * sizeof *by);
+  p->hash = malloc((n > 0 ? 2 * n : 1) * sizeof *p->hash);
   int rc = 0;
-  if (by == NULL)
+  if (by == NULL || p->hash == NULL) {
+    free(by);
+    registry_prepared_free(p);
     return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
-  for (size_t i = 0; i < n; i++)
+  }
+  for (size_t i = 0; i < n; i++) {
     by[i] = &t[i];
+    p->hash[i] = idxset_hash_bytes(t[i].key, t[i].key_len);
+    p->hash[n + i] = idxset_hash_u64(t[i].sid);
+  }
   qsort(by, n, sizeof *by, tensor_key_cmp);
-  for (size_t i = 0; i < n && rc == 0; i++) {
-    struct name_probe p = {reg, by[i]->key, by[i]->key_len};
-    if ((i > 0 && tensor_key_cmp(&by[i], &by[i - 1]) == 0) ||
-        idxset_find(&reg->by_name,
-                    idxset_hash_bytes(by[i]->key, by[i]->key_len), match_name,
-                    &p) != IDXSET_NONE)
+  for (size_t i = 1; i < n && rc == 0; i++)
+    if (tensor_key_cmp(&by[i], &by[i - 1]) == 0)
       rc = sp_failf(msg, msglen, SP_EDUPKEY,
                     "key '%.*s' is registered twice by this rank",
                     (int)by[i]->key_len, by[i]->key);
-  }
   free(by);
+  if (rc != 0)
+    registry_prepared_free(p);
   return rc;
+}
+
+/* Keys not registered yet. */
+static int check_keys(const struct registry *reg, const struct req_tensor *t,
+                      size_t n, const struct reg_prepared *p, char *msg,
+                      size_t msglen) {
+  for (size_t i = 0; i < n; i++) {
+    struct name_probe np = {reg, t[i].key, t[i].key_len};
+    if (idxset_find(&reg->by_name, p->hash[i], match_name, &np) !=
+        IDXSET_NONE)
+      return sp_failf(msg, msglen, SP_EDUPKEY,
+                      "key '%.*s' is registered twice by this rank",
+                      (int)t[i].key_len, t[i].key);
+  }
+  return 0;
 }
 
 /* Checks one tensor against its storage and fills in its planner form;
  * nothing is allocated. */
 static int check_tensor(const struct registry *reg, const struct req_tensor *t,
-                        size_t i, struct plan_key_in *out, char *msg,
-                        size_t msglen) {
+                        size_t i, uint64_t sid_hash, struct plan_key_in *out,
+                        char *msg, size_t msglen) {
   int klen = (int)(t->key_len < 64 ? t->key_len : 64);
-  uint32_t idx = registry_find_sid(reg, t->sid);
+  struct sid_probe sp = {reg, t->sid};
+  uint32_t idx = idxset_find(&reg->by_sid, sid_hash, match_sid, &sp);
   if (idx == IDXSET_NONE)
     return sp_failf(msg, msglen, SP_ENOSTORAGE,
                     "tensors[%zu] ('%.*s'): storage sid %u is not registered",
@@ -586,10 +653,22 @@ static int check_tensor(const struct registry *reg, const struct req_tensor *t,
 
 int registry_add_tensors(struct registry *reg, struct req_tensor *t, size_t n,
                          char *msg, size_t msglen) {
+  struct reg_prepared p;
+  int rc = registry_prepare_tensors(t, n, &p, msg, msglen);
+  if (rc != 0)
+    return rc;
+  rc = registry_add_prepared_tensors(reg, t, n, &p, msg, msglen);
+  registry_prepared_free(&p);
+  return rc;
+}
+
+int registry_add_prepared_tensors(struct registry *reg, struct req_tensor *t,
+                                  size_t n, const struct reg_prepared *p,
+                                  char *msg, size_t msglen) {
   if (n > REQ_MAX_PER_RANK - reg->nkeys)
     return sp_failf(msg, msglen, SP_ELIMIT,
                     "a rank may register at most %u tensors", REQ_MAX_PER_RANK);
-  int rc = check_keys(reg, t, n, msg, msglen);
+  int rc = check_keys(reg, t, n, p, msg, msglen);
   if (rc != 0)
     return rc;
   struct reg_usage more = {.registrations = n};
@@ -604,7 +683,8 @@ int registry_add_tensors(struct registry *reg, struct req_tensor *t, size_t n,
     return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
   struct plan_key_in *fresh = reg->keys + reg->nkeys;
   for (size_t i = 0; i < n; i++)
-    if ((rc = check_tensor(reg, &t[i], i, &fresh[i], msg, msglen)) != 0)
+    if ((rc = check_tensor(reg, &t[i], i, p->hash[n + i], &fresh[i], msg,
+                           msglen)) != 0)
       return rc;
   size_t named = 0;
   for (; named < n; named++) {
@@ -624,8 +704,7 @@ int registry_add_tensors(struct registry *reg, struct req_tensor *t, size_t n,
   for (size_t i = 0; i < n; i++) {
     fresh[i].pieces = t[i].pieces;
     t[i].pieces = NULL;
-    idxset_insert(&reg->by_name, idxset_hash_bytes(t[i].key, t[i].key_len),
-                  (uint32_t)(reg->nkeys + i));
+    idxset_insert(&reg->by_name, p->hash[i], (uint32_t)(reg->nkeys + i));
   }
   reg->nkeys = need;
   charge(reg, &more);
@@ -647,9 +726,15 @@ int registry_add_remote_storages(struct registry *reg,
                                  const struct sp_device *device, size_t n,
                                  char *msg, size_t msglen) {
   struct reg_usage more = {.registrations = n, .bytes = n * STORAGE_COST};
-  int rc = check_storages(reg, s, n, msg, msglen);
-  if (rc != 0 || (rc = reserve_storages(reg, n, &more, msg, msglen)) != 0)
+  struct reg_prepared p;
+  int rc = registry_prepare_storages(s, n, &p, msg, msglen);
+  if (rc != 0)
     return rc;
+  if ((rc = check_storages(reg, s, n, &p, msg, msglen)) != 0 ||
+      (rc = reserve_storages(reg, n, &more, msg, msglen)) != 0) {
+    registry_prepared_free(&p);
+    return rc;
+  }
   /* The rank's memory is on its own node: nothing here maps it. */
   for (size_t i = 0; i < n; i++) {
     uint32_t idx = (uint32_t)(reg->nstorages + i);
@@ -660,10 +745,11 @@ int registry_add_remote_storages(struct registry *reg,
     st->device = device[i];
     st->base = s[i].base;
     st->nbytes = s[i].length;
-    idxset_insert(&reg->by_sid, idxset_hash_u64(s[i].sid), idx);
-    if (s[i].length > 0)
-      idxset_insert(&reg->by_base, idxset_hash_u64(s[i].base), idx);
+    idxset_insert(&reg->by_sid, p.hash[i], idx);
+    if (has_bytes(&s[i]))
+      idxset_insert(&reg->by_base, p.hash[n + i], idx);
   }
+  registry_prepared_free(&p);
   reg->nstorages += n;
   charge(reg, &more);
   return 0;
