@@ -63,6 +63,9 @@
  * takes well under a millisecond, so smaller ones cost the loop less than
  * the round trip to a worker. */
 #define CONN_WORKER_MIN_FRAME (64u << 10)
+/* Bytes read from one connection per wakeup: about what the socket buffers
+ * hold, so that receiving a large frame costs the loop no more per turn. */
+#define CONN_READ_PER_WAKEUP (256u << 10)
 
 struct conn {
   struct server *srv;
@@ -479,16 +482,27 @@ static void decoded_free(struct decoded *d, struct sp_frame *frame) {
   sp_frame_release(frame);
 }
 
-/* Serves one decoded frame, and frees it and the decoding.  Before hello,
- * anything but a good hello ends the connection once the error reply is
- * written. */
-static void serve(struct conn *c, struct sp_frame *frame, struct decoded *d) {
+/* What an op's handler or step returned: true when it wants another step;
+ * else a negative code is replied. */
+static bool op_returned(struct conn *c, const struct decoded *d, int rc) {
+  if (rc == 1)
+    return true;
+  if (rc < 0 && !c->closed)
+    conn_send_error(c, d->head.id, rc, "%s: %s", d->head.op, sp_strerror(rc));
+  return false;
+}
+
+/* Serves one decoded frame; true when its op wants another step
+ * (serve_step).  The caller frees the frame and the decoding once served.
+ * Before hello, anything but a good hello ends the connection once the
+ * error reply is written. */
+static bool serve(struct conn *c, struct sp_frame *frame, struct decoded *d) {
   const struct sp_msg_head *head = &d->head;
   int rc = d->rc;
   if (rc == SP_ENOMEM && !d->has_zone) {
     conn_send_error(c, 0, SP_ENOMEM, "out of memory decoding the frame");
     drain(c);
-    goto out;
+    return false;
   }
   if (rc < 0) {
     log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": bad frame: %s", c->id,
@@ -496,56 +510,95 @@ static void serve(struct conn *c, struct sp_frame *frame, struct decoded *d) {
     conn_send_error(c, head->id, rc, "%s", sp_strerror(rc));
     if (!c->hello_done)
       drain(c);
-    goto out;
+    return false;
   }
   if (!c->hello_done && strcmp(head->op, "hello") != 0) {
     conn_send_error(c, head->id, SP_EHELLO,
                     "the first frame must be hello, not \"%s\"", head->op);
     drain(c);
-    goto out;
+    return false;
   }
   const struct op *op = find_op(head->op);
   if (op == NULL) {
     conn_send_error(c, head->id, SP_EUNKNOWNOP, "unknown operation \"%s\"",
                     head->op);
-    goto out;
+    return false;
   }
   if (op->new_work && drain_refuse(c->srv, c, head->id, head->op))
-    goto out;
+    return false;
   if (!op->takes_fds && frame->nfds > 0) {
     size_t n = sp_frame_close_fds(frame);
     log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": closed %zu fd(s) sent with %s",
             c->id, n, head->op);
   }
-  if (d->prepared != NULL)
-    rc = op->serve(c, head, frame, d->prepared);
-  else
-    rc = op->handle(c, head, &d->map, frame);
-  if (rc < 0 && !c->closed)
-    conn_send_error(c, head->id, rc, "%s: %s", head->op, sp_strerror(rc));
-out:
-  decoded_free(d, frame);
+  rc = d->prepared != NULL ? op->serve(c, head, frame, d->prepared)
+                            : op->handle(c, head, &d->map, frame);
+  return op_returned(c, d, rc);
+}
+
+/* The next step of a frame whose op asked for one. */
+static bool serve_step(struct conn *c, struct sp_frame *frame,
+                       struct decoded *d) {
+  const struct op *op = find_op(d->head.op);
+  return op_returned(c, d, op->serve(c, &d->head, frame, d->prepared));
 }
 
 /* Decodes and serves one complete frame on the loop. */
 static void dispatch(struct conn *c, struct sp_frame *frame) {
   struct decoded d;
   decode(&c->srv->cfg->limits, frame, false, &d);
+  /* Without a prepared registration the op's handler takes every step. */
   serve(c, frame, &d);
+  decoded_free(&d, frame);
 }
 
-/* A large frame on its way through a worker thread. */
+/* A large frame on its way through a worker thread, and then through the
+ * steps of its op, each in a later turn of the loop. */
 struct worker_frame {
   uv_work_t work;
   struct conn *c;
   struct sp_limits limits; /* a copy: a reload may change the loop's */
   struct sp_frame frame;
   struct decoded d;
+  bool stepping; /* served once; its op wants more steps */
 };
 
 static void decode_on_worker(uv_work_t *work) {
   struct worker_frame *w = work->data;
   decode(&w->limits, &w->frame, true, &w->d);
+}
+
+/* Between two steps: the round trip through the thread pool lets the loop
+ * poll, and serve the others, before the next step. */
+static void next_turn(uv_work_t *work) { (void)work; }
+
+static void on_worker_done(uv_work_t *work, int status);
+
+/* A served frame and its decoding are freed on a worker: a large one is
+ * tens of megabytes in thousands of blocks.  Registrations hold no GPU
+ * handle once served (registry_batch_step). */
+static void free_on_worker(uv_work_t *work) {
+  struct worker_frame *w = work->data;
+  decoded_free(&w->d, &w->frame);
+}
+
+static void on_freed(uv_work_t *work, int status) {
+  struct worker_frame *w = work->data;
+  struct conn *c = w->c;
+  (void)status;
+  free(w);
+  conn_unref(c);
+}
+
+static int to_worker(struct conn *c, struct worker_frame *w, uv_work_cb cb) {
+  int rc = uv_queue_work(c->srv->loop, &w->work, cb, on_worker_done);
+  if (rc != 0) {
+    log_msg(LOG_LEVEL_WARN, "client %" PRIu64 ": uv_queue_work: %s", c->id,
+            uv_strerror(rc));
+    return rc;
+  }
+  c->on_worker = true;
+  return 0;
 }
 
 static void on_worker_done(uv_work_t *work, int status) {
@@ -559,16 +612,28 @@ static void on_worker_done(uv_work_t *work, int status) {
             "after the connection %s; dropped",
             c->id, w->frame.len, c->closed ? "closed" : "began to close");
     decoded_free(&w->d, &w->frame);
-  } else {
-    serve(c, &w->frame, &w->d);
+    free(w);
+    conn_unref(c);
+    return;
   }
-  free(w);
+  if (w->stepping ? serve_step(c, &w->frame, &w->d)
+                  : serve(c, &w->frame, &w->d)) {
+    w->stepping = true;
+    if (to_worker(c, w, next_turn) == 0)
+      return;
+    while (serve_step(c, &w->frame, &w->d))
+      ;
+  }
   if (!c->closed) {
     /* Frames that arrived meanwhile are read from the next wakeup. */
     watch_partial_frame(c);
     flush(c);
   }
-  conn_unref(c);
+  /* Served: the connection reads again while the frame is freed. */
+  if (uv_queue_work(c->srv->loop, &w->work, free_on_worker, on_freed) != 0) {
+    decoded_free(&w->d, &w->frame);
+    on_freed(&w->work, 0);
+  }
 }
 
 /* Hands a large frame to a worker thread; reading waits until it has been
@@ -581,16 +646,11 @@ static bool serve_on_worker(struct conn *c, struct sp_frame *frame) {
   w->limits = c->srv->cfg->limits;
   w->frame = *frame;
   w->work.data = w;
-  int rc = uv_queue_work(c->srv->loop, &w->work, decode_on_worker,
-                         on_worker_done);
-  if (rc != 0) {
-    log_msg(LOG_LEVEL_WARN, "client %" PRIu64 ": uv_queue_work: %s", c->id,
-            uv_strerror(rc));
+  if (to_worker(c, w, decode_on_worker) != 0) {
     free(w);
     return false;
   }
   c->open_handles++;
-  c->on_worker = true;
   return true;
 }
 
@@ -683,6 +743,7 @@ int conn_open(struct server *srv, int sock, const struct peer *peer) {
   if (before_hello.max_frame > CONN_HELLO_MAX_FRAME)
     before_hello.max_frame = CONN_HELLO_MAX_FRAME;
   sp_frame_rx_init(&c->rx, &before_hello);
+  c->rx.max_read = CONN_READ_PER_WAKEUP;
   int rc = uv_poll_init(srv->loop, &c->poll, sock);
   if (rc != 0) {
     log_msg(LOG_LEVEL_ERROR, "uv_poll_init: %s", uv_strerror(rc));

@@ -718,30 +718,34 @@ void registry_free(struct registry *reg);
 int registry_add_storages(struct registry *reg, const struct req_storage *s,
                           size_t n, const struct sp_frame *frame, char *msg,
                           size_t msglen);
-/* The half of a registration that needs nothing of a registry, so may run
- * on any thread: the frame's entries checked against each other (a sid,
- * base or key twice), and hashed for the registry's tables.  0 and *p to
- * free with registry_prepared_free, or a refusal. */
-struct reg_prepared {
-  uint64_t *hash; /* n sid hashes, then n base hashes (storages); n key
-                     hashes, then n sid hashes (tensors) */
-};
-int registry_prepare_storages(const struct req_storage *s, size_t n,
-                              struct reg_prepared *p, char *msg,
-                              size_t msglen);
-int registry_prepare_tensors(const struct req_tensor *t, size_t n,
-                             struct reg_prepared *p, char *msg, size_t msglen);
-void registry_prepared_free(struct reg_prepared *p);
-/* registry_add_storages and registry_add_tensors of a prepared frame: the
- * other half, against and into the registry. */
-int registry_add_prepared_storages(struct registry *reg,
-                                   const struct req_storage *s, size_t n,
-                                   const struct sp_frame *frame,
-                                   const struct reg_prepared *p, char *msg,
-                                   size_t msglen);
-int registry_add_prepared_tensors(struct registry *reg, struct req_tensor *t,
-                                  size_t n, const struct reg_prepared *p,
-                                  char *msg, size_t msglen);
+/*
+ * A frame's storages or tensors registered in steps (registration.c), so
+ * that no step holds the loop long.  The batch is made from the request
+ * alone, on any thread: the entries checked against each other (a sid,
+ * base or key twice) and hashed for the registry's tables, the names
+ * copied.  Each step then runs on the loop, on at most budget entries:
+ * checked against the registry, then (in the step where the last is
+ * checked) admitted by the quotas with room made and files mapped, then
+ * indexed past the registry's count, and kept, all at once, by the step
+ * that indexes the last.  Until then the registry reads as before, and a
+ * refusal leaves it so.  While a batch is stepped, nothing else may add to
+ * its registry; a batch dropped before its end needs its registry no more.
+ */
+struct reg_batch;
+/* 0 and *out (free it with registry_batch_free), or a refusal.  The batch
+ * points into s or t, which must outlive it. */
+int registry_batch_storages(const struct req_storage *s, size_t n,
+                            struct reg_batch **out, char *msg, size_t msglen);
+int registry_batch_tensors(struct req_tensor *t, size_t n,
+                           struct reg_batch **out, char *msg, size_t msglen);
+/* One step: 1 while entries remain, 0 once kept (each tensor's pieces then
+ * belong to the registry), or a refusal.  frame: the storages' own. */
+int registry_batch_step(struct registry *reg, struct reg_batch *b,
+                        const struct sp_frame *frame, size_t budget, char *msg,
+                        size_t msglen);
+/* Frees a batch, and what it took that the registry did not keep; never
+ * touches a registry. */
+void registry_batch_free(struct reg_batch *b);
 /* Checks and registers n tensors; all or none.  On success each tensor's
  * pieces belong to the registry (t[i].pieces is NULL). */
 int registry_add_tensors(struct registry *reg, struct req_tensor *t, size_t n,
@@ -772,8 +776,10 @@ struct registration *registration_prepare_storages(
     const msgpack_object *map, const struct sp_frame *frame);
 struct registration *registration_prepare_tensors(
     const msgpack_object *map, const struct sp_frame *frame);
-/* On the loop: registers a prepared registration (NULL: out of memory)
- * with the connection's rank and replies; the caller still frees it. */
+/* On the loop: one step of registering a prepared registration (NULL: out
+ * of memory) with the connection's rank.  Returns 1 when it wants another
+ * step, in a later turn of the loop; else it has replied (0, or a negative
+ * code to reply).  The caller still frees it. */
 int registration_serve(struct conn *c, const struct sp_msg_head *head,
                        struct sp_frame *frame, struct registration *r);
 void registration_free(struct registration *r);

@@ -6,13 +6,15 @@
  * reading them out of the frame costs far more than adding them to a
  * registry.  So a registration is prepared first, from the decoded frame
  * alone: the request is parsed, checked against itself and hashed for the
- * registry's tables (registry_prepare_storages), touching
- * nothing of the loop's state, so that conn.c can prepare a large frame on
- * a worker thread while the loop serves everyone else.  It is then served
- * on the loop: the rank is looked up (it may have left, or its job ended,
- * while the frame was prepared), and the entries are checked against and
- * added to its registry.  A small frame takes both steps at once, on the
- * loop, through the same two functions.
+ * registry's tables (registry_batch_storages), touching nothing of the
+ * loop's state, so that conn.c can prepare a large frame on a worker
+ * thread while the loop serves everyone else.  It is then served on the
+ * loop in steps of REGISTRATION_STEP entries (registry_batch_step), each
+ * in its own turn of the loop, so that no step holds the loop for more
+ * than about a millisecond.  Before each step the rank is looked up again:
+ * between steps its job may have ended or its connection closed, and the
+ * registration is then dropped.  A frame of up to REGISTRATION_STEP
+ * entries, which small frames are, is served in one step.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -22,6 +24,9 @@
 #include "daemon/daemon.h"
 #include "shardport.h"
 
+/* Entries checked or indexed per step: about a millisecond of the loop. */
+#define REGISTRATION_STEP 4096u
+
 struct registration {
   bool tensors;
   /* A refusal found while preparing: its code and message, or 0. */
@@ -30,7 +35,9 @@ struct registration {
   struct req_storage *storages;
   struct req_tensor *tensor;
   size_t n;
-  struct reg_prepared prepared;
+  struct reg_batch *batch;
+  /* The rank it is served for, from its first step on. */
+  struct job_member *member;
 };
 
 static struct registration *prepare(bool tensors, const msgpack_object *map,
@@ -43,14 +50,14 @@ static struct registration *prepare(bool tensors, const msgpack_object *map,
     r->rc = request_parse_tensors(map, &r->tensor, &r->n, r->msg,
                                   sizeof r->msg);
     if (r->rc == 0)
-      r->rc = registry_prepare_tensors(r->tensor, r->n, &r->prepared, r->msg,
-                                       sizeof r->msg);
+      r->rc = registry_batch_tensors(r->tensor, r->n, &r->batch, r->msg,
+                                     sizeof r->msg);
   } else {
     r->rc = request_parse_storages(map, frame->nfds, &r->storages, &r->n,
                                    r->msg, sizeof r->msg);
     if (r->rc == 0)
-      r->rc = registry_prepare_storages(r->storages, r->n, &r->prepared,
-                                        r->msg, sizeof r->msg);
+      r->rc = registry_batch_storages(r->storages, r->n, &r->batch, r->msg,
+                                      sizeof r->msg);
   }
   return r;
 }
@@ -68,7 +75,7 @@ struct registration *registration_prepare_tensors(
 void registration_free(struct registration *r) {
   if (r == NULL)
     return;
-  registry_prepared_free(&r->prepared);
+  registry_batch_free(r->batch);
   free(r->storages);
   request_tensors_free(r->tensor, r->n);
   free(r);
@@ -116,13 +123,19 @@ int registration_serve(struct conn *c, const struct sp_msg_head *head,
   struct job_member *m = registering_member(c, head->id, op);
   if (m == NULL)
     return 0;
+  /* A rank that left and joined again is another member: what was checked
+   * for the first says nothing of the second's registry. */
+  if (r->member != NULL && m != r->member)
+    return conn_send_error(c, head->id, SP_ESTATE,
+                           "%s: the rank left its job during the frame", op);
+  r->member = m;
   int rc = r->rc;
-  if (rc == 0 && r->tensors)
-    rc = registry_add_prepared_tensors(&m->reg, r->tensor, r->n, &r->prepared,
-                                       r->msg, sizeof r->msg);
-  else if (rc == 0)
-    rc = registry_add_prepared_storages(&m->reg, r->storages, r->n, frame,
-                                        &r->prepared, r->msg, sizeof r->msg);
+  if (rc == 0) {
+    rc = registry_batch_step(&m->reg, r->batch, frame, REGISTRATION_STEP,
+                             r->msg, sizeof r->msg);
+    if (rc == 1)
+      return 1;
+  }
   if (rc != 0) {
     note_refused(m, rc, op, r->msg);
     return conn_send_error(c, head->id, rc, "%s: %s", op, r->msg);
@@ -134,18 +147,23 @@ int registration_serve(struct conn *c, const struct sp_msg_head *head,
   return conn_send_msgbuf(c, &mb);
 }
 
-int job_op_storage_add(struct conn *c, const struct sp_msg_head *head,
-                       const msgpack_object *map, struct sp_frame *frame) {
-  struct registration *r = registration_prepare_storages(map, frame);
-  int rc = registration_serve(c, head, frame, r);
+/* Both steps at once, on the loop: a frame too small to be worth a worker
+ * (conn.c), whose steps then follow each other at once. */
+static int serve_now(struct conn *c, const struct sp_msg_head *head,
+                     struct sp_frame *frame, struct registration *r) {
+  int rc;
+  while ((rc = registration_serve(c, head, frame, r)) == 1)
+    ;
   registration_free(r);
   return rc;
 }
 
+int job_op_storage_add(struct conn *c, const struct sp_msg_head *head,
+                       const msgpack_object *map, struct sp_frame *frame) {
+  return serve_now(c, head, frame, registration_prepare_storages(map, frame));
+}
+
 int job_op_tensor_add(struct conn *c, const struct sp_msg_head *head,
                       const msgpack_object *map, struct sp_frame *frame) {
-  struct registration *r = registration_prepare_tensors(map, frame);
-  int rc = registration_serve(c, head, frame, r);
-  registration_free(r);
-  return rc;
+  return serve_now(c, head, frame, registration_prepare_tensors(map, frame));
 }
