@@ -129,12 +129,13 @@ int main(void) {
     if (busy_us[i] > busy_max)
       busy_max = busy_us[i];
   }
-  struct sp_ping_stats all =
-      sp_prober_window(&p, from[0], from[BENCH_ROUNDS - 1] + took[BENCH_ROUNDS - 1]);
+  struct sp_ping_stats all = sp_prober_window(
+      &p, from[0], from[BENCH_ROUNDS - 1] + took[BENCH_ROUNDS - 1]);
   print("registering, all rounds", all);
-  printf("p99 while registering / idle p99: %.1f; loop busy at most %.3f ms "
-         "(idle: %.3f ms)\n",
+  printf("while registering / idle: p99 x%.2f, max x%.2f; loop busy at most "
+         "%.3f ms (idle: %.3f ms)\n",
          idle.p99_ns > 0 ? (double)all.p99_ns / (double)idle.p99_ns : 0.0,
+         idle.max_ns > 0 ? (double)all.max_ns / (double)idle.max_ns : 0.0,
          busy_max / 1e3, idle_busy_us / 1e3);
   sp_prober_free(&p);
   sp_close(creator);
