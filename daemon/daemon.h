@@ -711,6 +711,9 @@ struct registry {
 void registry_init(struct registry *reg, uint32_t device_type);
 /* Unmaps every storage and frees everything. */
 void registry_free(struct registry *reg);
+/* registry_free, on a worker thread for a large host registry: the
+ * registry is emptied at once, and no one may use what it held. */
+void registry_drop(uv_loop_t *loop, struct registry *reg);
 /* Maps and registers n storages whose fds are frame's (the frame keeps
  * them); all or none.  A file is mapped once, whole, and shared by the
  * storages in it.  SP_EBADFD, SP_EINVAL, SP_ELIMIT (the quota's code),

@@ -110,7 +110,7 @@ static void member_free(struct job_member *m) {
   request_groups_free(&m->ask.groups);
   quota_unregister(m->user, &m->reg.used);
   quota_release(m->user, QUOTA_RANK);
-  registry_free(&m->reg);
+  registry_drop(m->job->srv->loop, &m->reg);
   if (m->conn != NULL)
     conn_set_member(m->conn, NULL);
   free(m->refused);

@@ -96,6 +96,46 @@ void registry_free(struct registry *reg) {
   memset(reg, 0, sizeof *reg);
 }
 
+/* Registries with at least this many entries are freed on a worker: a
+ * hundred thousand take about ten milliseconds. */
+#define REGISTRY_FREE_ON_WORKER 4096u
+
+struct registry_drop {
+  uv_work_t work;
+  struct registry reg;
+};
+
+static void free_dropped(uv_work_t *work) {
+  struct registry_drop *d = work->data;
+  registry_free(&d->reg);
+}
+
+static void on_dropped(uv_work_t *work, int status) {
+  (void)status;
+  free(work->data);
+}
+
+void registry_drop(uv_loop_t *loop, struct registry *reg) {
+  /* A CUDA rank's storages are closed from the loop's thread, as they
+   * were opened. */
+  struct registry_drop *d =
+      reg->gpu == NULL &&
+              reg->nstorages + reg->nkeys >= REGISTRY_FREE_ON_WORKER
+          ? malloc(sizeof *d)
+          : NULL;
+  if (d == NULL) {
+    registry_free(reg);
+    return;
+  }
+  d->reg = *reg;
+  memset(reg, 0, sizeof *reg);
+  d->work.data = d;
+  if (uv_queue_work(loop, &d->work, free_dropped, on_dropped) != 0) {
+    registry_free(&d->reg);
+    free(d);
+  }
+}
+
 /* Room for more items in an array of *cap, doubling. */
 static int grow(void **array, size_t *cap, size_t need, size_t size) {
   if (need <= *cap)
