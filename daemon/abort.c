@@ -5,9 +5,11 @@
  * root may abort it.  Its running export and its waiting ranks fail with
  * `aborted`, naming who aborted it, and every rank's connection is ended
  * with that error (job_terminate), so that each trainer hears it on its
- * next call whatever it was doing.  Across nodes the running export fails
- * on every node (the root passes the failure on); the job's ranks on other
- * nodes stay until they leave, or until their own daemon aborts it too.
+ * next call whatever it was doing.  Across nodes, an abort on the job's
+ * root ends the job on every node (mesh.c tells each one, and their ranks
+ * hear the same error); an abort on another node ends that node's part,
+ * and its running export fails on every node (the root passes the failure
+ * on).
  */
 #include <stdio.h>
 

@@ -1068,7 +1068,8 @@ void job_set_owner(struct job *job, const struct peer *peer);
 /* Ends the job for good (an abort, the daemon stopping): its running
  * export and its waiting ranks fail with code and message, every rank's
  * connection is ended with them (conn_finish), and the job is freed once
- * no thread uses it. */
+ * no thread uses it.  On the root of a job across nodes, every other node
+ * ends it too, its ranks with the same code and message. */
 void job_terminate(struct job *job, int code, const char *message);
 /* For jobs across nodes (mesh.c): the next job of an id after prev (NULL:
  * the first), or NULL (an id names one job, but shadows of tickets that
@@ -1165,7 +1166,7 @@ void export_abort(struct job *job, int code, const char *message);
 #define NODE_MAX_ITEMS (1u << 26)
 #define NODE_MAX_NODES 4096u
 /* Bump when a message between daemons changes (docs/protocol.md). */
-#define NODE_PROTOCOL_VERSION 2
+#define NODE_PROTOCOL_VERSION 3
 
 /* Frame bytes shared by the links that send them (the root relays one
  * rank's registrations to every node): refcounted, loop thread only. */
@@ -1288,6 +1289,7 @@ enum nodemsg_op {
   NODEMSG_BEAT,
   NODEMSG_BYE,
   NODEMSG_ERROR,
+  NODEMSG_ABORT, /* the root ended the job for good: every node ends it */
 };
 
 struct nodemsg_node {
@@ -1385,6 +1387,9 @@ void mesh_tick(struct job *job);
 /* Something to watch (asks out, an export under way); may the job end. */
 bool mesh_active(const struct job *job);
 bool mesh_may_end(const struct job *job);
+/* On the root: tells every node that the job ended for good, with the code
+ * and message its ranks there are to hear. */
+void mesh_job_ended(struct job *job, int code, const char *message);
 /* A link another daemon opened: its challenge, then its first frame. */
 void mesh_link_accepted(struct server *srv, struct nodelink *l);
 void mesh_link_hello(struct server *srv, struct nodelink *l,

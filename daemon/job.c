@@ -299,6 +299,10 @@ void job_conn_closed(struct job_member *m) {
 }
 
 void job_terminate(struct job *job, int code, const char *message) {
+  /* The other nodes first: the root's own failure must not reach them as
+   * the loss of its links. */
+  if (job->mesh != NULL)
+    mesh_job_ended(job, code, message);
   export_abort(job, code, message);
   for (uint32_t r = 0; r < job->world; r++) {
     struct job_member *m = job->members[r];

@@ -608,6 +608,79 @@ START_TEST(root_killed_mid_round) {
 }
 END_TEST
 
+/* The job's one id, as the daemon at index i lists it. */
+static void only_job(int i, char hex[33]) {
+  sp_client *c;
+  sp_job_list *list;
+  ck_assert_int_eq(sp_connect(daemons[i].socket, &c), 0);
+  ck_assert_int_eq(sp_jobs(c, &list), 0);
+  ck_assert_uint_eq(list->njobs, 1);
+  snprintf(hex, 33, "%s", list->jobs[0].job_id);
+  sp_job_list_free(list);
+  sp_close(c);
+}
+
+/* The root's operator aborts the job mid-round: every rank, on both nodes,
+ * fails with aborted and the one message naming who (the other node's ranks
+ * do not see it as the root's loss), and both daemons let the job go. */
+START_TEST(root_abort_fails_every_node) {
+  struct scenario sc = slow_scenario(10000);
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  trainer_wait_moving(&w, 2);
+  char hex[33];
+  only_job(0, hex);
+  sp_client *c;
+  ck_assert_int_eq(sp_connect(daemons[0].socket, &c), 0);
+  ck_assert_int_eq(sp_job_abort(c, hex, NULL, 0), 0);
+  sp_close(c);
+  trainer_finish(&w, &sc);
+  for (uint32_t i = 0; i < sc.world; i++) {
+    ck_assert_msg(w.rep[i].export_rc == SP_EABORTED, "rank %u: %s: %s (%s)",
+                  i, sp_err_name(w.rep[i].export_rc), w.rep[i].message,
+                  w.rep[i].failure);
+    ck_assert_msg(strstr(w.rep[i].message, "aborted by uid") != NULL,
+                  "rank %u: %s", i, w.rep[i].message);
+    ck_assert_str_eq(w.rep[i].message, w.rep[0].message);
+  }
+  trainer_free(&w, &sc);
+  assert_idle(0);
+  assert_idle(1);
+  next_job_is_served(2);
+}
+END_TEST
+
+/* The root daemon stops (SIGTERM) while a rank of the job waits on the
+ * other node: that rank's connection ends with the root's daemon_restarted
+ * and message, as the root's own ranks' do, not with the root's loss. */
+START_TEST(root_stop_ends_every_node) {
+  sp_client *r0, *r1;
+  sp_ticket t;
+  ck_assert_int_eq(sp_connect(daemons[0].socket, &r0), 0);
+  ck_assert_int_eq(sp_job_create(r0, 2, &t), 0);
+  ck_assert_int_eq(sp_job_join(r0, &t, 0, 2, "cpu"), 0);
+  ck_assert_int_eq(sp_connect(daemons[1].socket, &r1), 0);
+  ck_assert_int_eq(sp_job_join(r1, &t, 1, 2, "cpu"), 0);
+  ck_assert_int_eq(kill(daemons[0].pid, SIGTERM), 0);
+  ck_assert_int_eq(sp_test_wait(daemons[0].pid, SP_TEST_TIMEOUT_MS), 0);
+  daemons[0].pid = -1;
+  ck_assert_int_eq(sp_ping(r0, NULL), SP_EDAEMONRESTARTED);
+  /* The other node hears it at once; the ping may come first. */
+  int rc = 0;
+  for (int tries = 0; tries < 200 && rc == 0; tries++) {
+    rc = sp_ping(r1, NULL);
+    if (rc == 0)
+      sleep_ms(25);
+  }
+  ck_assert_msg(rc == SP_EDAEMONRESTARTED, "%s: %s", sp_err_name(rc),
+                sp_last_message(r1));
+  ck_assert_ptr_nonnull(strstr(sp_last_message(r1), "stopped (SIGTERM)"));
+  sp_close(r0);
+  sp_close(r1);
+  assert_idle(1);
+}
+END_TEST
+
 /* A daemon that stops reading (SIGSTOP) fails the export on the other
  * node within the export's timeout (2 s here), naming it; once it runs
  * again it is the one that was lost. */
@@ -838,12 +911,14 @@ int main(int argc, char **argv) {
   tcase_add_checked_fixture(join, start2, stop_all);
   tcase_set_timeout(join, 60);
   tcase_add_test(join, wrong_secret_or_job_is_refused);
+  tcase_add_test(join, root_stop_ends_every_node);
   suite_add_tcase(s, join);
   TCase *faults = tcase_create("faults");
   tcase_add_checked_fixture(faults, start2_slow, stop_all);
   tcase_set_timeout(faults, 60);
   tcase_add_test(faults, daemon_killed_mid_round);
   tcase_add_test(faults, root_killed_mid_round);
+  tcase_add_test(faults, root_abort_fails_every_node);
   tcase_add_test(faults, daemon_stopped_mid_round);
   tcase_add_test(faults, slow_peer_is_not_lost);
   tcase_add_test(faults, rank_lost_on_another_node);
