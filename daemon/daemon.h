@@ -1152,7 +1152,11 @@ void export_publish(struct job *job);
 /* Fails the running export, or the ranks waiting for one, with the root's
  * code and message (nothing is reported back to the root). */
 void export_fail(struct job *job, int code, const char *message);
+/* Fails the ranks of this node waiting for an export, and logs the failure
+ * (once, at warn) when there are any. */
 void export_fail_asks(struct job *job, int code, const char *message);
+/* Whether a rank of this node waits for an export. */
+bool export_any_asked(const struct job *job);
 /* Fails the running export (across nodes, the root hears it and fails it
  * on every node) and the ranks waiting for one, with code and message:
  * an abort, a drain that ran out of time. */

@@ -1536,8 +1536,13 @@ static void clear_asks(struct mesh *ms) {
 
 /* A gather that cannot complete: every node's waiting ranks hear why. */
 static void gather_fail(struct mesh *ms, int code, const char *message) {
-  log_msg(LOG_LEVEL_INFO, "job %s: export failed before it started: %s: %s",
-          ms->job->hex, sp_err_name(code), message);
+  /* Where ranks of the root's own node wait, export.c logs the failure as
+   * it answers them (export_fail_asks, through the inbox); the root logs
+   * it here only when none do, so that it is logged once, at warn, as
+   * every failed export is. */
+  if (!export_any_asked(ms->job))
+    log_msg(LOG_LEVEL_WARN, "job %s: export failed before it started: %s: %s",
+            ms->job->hex, sp_err_name(code), message);
   coord_fail(ms, ms->cgather, code, message, false);
   clear_asks(ms);
   ms->cgather++;

@@ -24,6 +24,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,12 +42,30 @@
 static struct sp_test_daemon daemons[MAXD];
 static int ndaemons;
 
+/* With logs: daemon i's stderr goes to logs[i], in log_dir. */
+static char log_dir[256], logs[MAXD][300];
+
 static void start_daemons(int n, const char *round_delay_ms) {
   static const char *const args[] = {"--peer-listen", "127.0.0.1:0", NULL};
   if (round_delay_ms != NULL)
     setenv("SHARDPORTD_TEST_ROUND_DELAY_MS", round_delay_ms, 1);
-  for (int i = 0; i < n; i++)
-    ck_assert_int_eq(sp_test_daemon_start(&daemons[i], args), 0);
+  for (int i = 0; i < n; i++) {
+    int saved = -1;
+    if (log_dir[0] != '\0') {
+      snprintf(logs[i], sizeof logs[i], "%s/%d.log", log_dir, i);
+      int log = open(logs[i], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      ck_assert_int_ge(log, 0);
+      saved = dup(2);
+      dup2(log, 2);
+      close(log);
+    }
+    int rc = sp_test_daemon_start(&daemons[i], args);
+    if (saved >= 0) {
+      dup2(saved, 2);
+      close(saved);
+    }
+    ck_assert_int_eq(rc, 0);
+  }
   unsetenv("SHARDPORTD_TEST_ROUND_DELAY_MS");
   ndaemons = n;
 }
@@ -56,12 +75,35 @@ static void start3(void) { start_daemons(3, NULL); }
 /* The engines pause after every round, so a test can act mid-export. */
 static void start2_slow(void) { start_daemons(2, "150"); }
 
+static void start2_logged(void) {
+  ck_assert_int_eq(sp_test_mkdtemp(log_dir, sizeof log_dir), 0);
+  start_daemons(2, NULL);
+}
+
 static void stop_all(void) {
   for (int i = 0; i < ndaemons; i++)
     if (daemons[i].pid > 0)
       ck_assert_int_eq(sp_test_daemon_stop(&daemons[i]), 0);
     else
       sp_test_daemon_stop(&daemons[i]); /* killed: its directory goes */
+  if (log_dir[0] != '\0')
+    sp_test_rmdir(log_dir);
+  log_dir[0] = '\0';
+}
+
+/* How many lines of daemon i's log hold words; *line gets the last. */
+static int log_count(int i, const char *words, char *line, size_t len) {
+  FILE *f = fopen(logs[i], "re");
+  ck_assert_ptr_nonnull(f);
+  char buf[4096];
+  int n = 0;
+  while (fgets(buf, sizeof buf, f) != NULL)
+    if (strstr(buf, words) != NULL) {
+      snprintf(line, len, "%s", buf);
+      n++;
+    }
+  fclose(f);
+  return n;
 }
 
 /* Ranks in blocks over the first n daemons: rank 0 (the job's creator) on
@@ -751,6 +793,35 @@ START_TEST(rank_lost_on_another_node) {
 }
 END_TEST
 
+/* Rank 3, on the second node, dies while the others wait: each daemon
+ * logs the failed export once, at warn (the root used to log it twice, at
+ * info and at warn). */
+START_TEST(gather_failure_logged_once) {
+  struct scenario sc = {.world = 4,
+                        .nkeys = sizeof refusal_keys / sizeof refusal_keys[0],
+                        .keys = refusal_keys, .fault = KILL_WAITING,
+                        .victim = 3};
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  for (uint32_t i = 0; i < sc.world; i++)
+    trainer_expect_progress(&w, i);
+  ck_assert_int_eq(kill(w.pid[3], SIGKILL), 0);
+  for (uint32_t i = 0; i < 3; i++)
+    trainer_read_report(&w, &sc, i);
+  trainer_finish(&w, &sc);
+  for (uint32_t i = 0; i < 3; i++)
+    ck_assert_int_eq(w.rep[i].export_rc, SP_ERANKLOST);
+  trainer_free(&w, &sc);
+  for (int d = 0; d < 2; d++) {
+    char line[4096] = "";
+    int n = log_count(d, "export failed before it started", line, sizeof line);
+    ck_assert_msg(n == 1, "daemon %d logged the failure %d times", d, n);
+    ck_assert_msg(strstr(line, "shardportd: warn: ") != NULL, "daemon %d: %s",
+                  d, line);
+  }
+}
+END_TEST
+
 /* ---- ranks that left before the others asked ---- */
 
 /* Every rank but the victim failed its last export with rank_lost, one
@@ -923,6 +994,11 @@ int main(int argc, char **argv) {
   tcase_add_test(faults, slow_peer_is_not_lost);
   tcase_add_test(faults, rank_lost_on_another_node);
   suite_add_tcase(s, faults);
+  TCase *logged = tcase_create("logs");
+  tcase_add_checked_fixture(logged, start2_logged, stop_all);
+  tcase_set_timeout(logged, 60);
+  tcase_add_test(logged, gather_failure_logged_once);
+  suite_add_tcase(s, logged);
   TCase *gone = tcase_create("departures");
   tcase_add_checked_fixture(gone, start2, stop_all);
   tcase_set_timeout(gone, 60);
