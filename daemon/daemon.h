@@ -1488,10 +1488,12 @@ uint8_t *remote_dest(const struct remote *r, const struct plan_move *m,
 /* ---- joblist.c -------------------------------------------------------- */
 
 /* The job whose id is ref or starts with it (ref: 1 to 32 lowercase hex
- * digits): 0, SP_ENOJOB, or SP_EINVAL when ref fits several; with a
- * sentence in msg. */
+ * digits): 0, SP_ENOJOB, or SP_EINVAL when ref fits several ids; with a
+ * sentence in msg.  A daemon keeps one shadow of a job rooted elsewhere
+ * per secret (job.c), so one id may name several jobs: *named says how
+ * many, and *out is one of them. */
 int joblist_find(const struct server *srv, const char *ref, struct job **out,
-                 char *msg, size_t msglen);
+                 uint32_t *named, char *msg, size_t msglen);
 /* Handlers of the dispatch table (conn.c). */
 int joblist_op_jobs(struct conn *c, const struct sp_msg_head *head,
                     const msgpack_object *map, struct sp_frame *frame);
