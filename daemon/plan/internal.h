@@ -26,7 +26,7 @@ void plan_refuse_ranks(char *buf, size_t len, const uint32_t *ranks, size_t n);
 int plan_check_stop(const _Atomic bool *stop, char *msg, size_t msglen);
 
 /* cover.c: how strided boxes reach the elements [0, n), in memory
- * proportional to the boxes (about 280 bytes each), never to n. */
+ * proportional to the boxes (about 320 bytes each), never to n. */
 
 struct cover_box {
   int64_t offset;
