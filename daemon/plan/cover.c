@@ -269,8 +269,9 @@ static int by_period(const void *a, const void *b) {
   return x->pos < y->pos ? -1 : x->pos > y->pos ? 1 : 0;
 }
 
-/* The first run of the comb in progress that ends furthest, when moving
- * the run that starts at start and ends at end may replace it. */
+/* Of the runs offered, the one that ends furthest and, of those, the first
+ * swept (lowest start, then lowest box): the one a sweep of every run
+ * would have kept as its maximum. */
 struct reach {
   uint64_t end, start;
   uint32_t box;
