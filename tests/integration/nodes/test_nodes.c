@@ -819,6 +819,22 @@ END_TEST
  * node, which finds it gone when it starts.  The export fails at once
  * naming rank 2: the second node forgot rank 3's departure when the root
  * placed rank 3 elsewhere, and names no rank that is back. */
+/* Waits until daemon i counts `asked` of its ranks waiting for the next
+ * export (each one's ask is then on its way to the root). */
+static void wait_asked(int i, uint32_t asked) {
+  uint32_t now = UINT32_MAX;
+  for (int tries = 0; tries < TRAINER_WAIT_MS / 10 && now != asked; tries++) {
+    sp_status_info *st = status_of(i);
+    ck_assert_uint_eq(st->njobs, 1);
+    now = st->jobs[0].asked;
+    sp_status_free(st);
+    if (now != asked)
+      sleep_ms(10);
+  }
+  ck_assert_msg(now == asked, "daemon %d counts %u ranks asking, not %u", i,
+                now, asked);
+}
+
 START_TEST(rank_gone_after_another_came_back_elsewhere) {
   struct scenario sc = {.world = 4,
                         .nkeys = sizeof refusal_keys / sizeof refusal_keys[0],
@@ -835,11 +851,12 @@ START_TEST(rank_gone_after_another_came_back_elsewhere) {
   trainer_wait_joined(daemons[0].socket, 2);
   trainer_wait_joined(daemons[1].socket, 2);
   trainer_open_gate(&w, &sc, 2);
-  sleep_ms(200);
+  wait_asked(0, 2);
+  wait_asked(1, 1);
   kill_daemon(0, SIGSTOP);
   ck_assert_int_eq(write(w.in[2], "g", 1), 1);
   /* Its daemon sends the root rank 2's ask, then sees it go. */
-  sleep_ms(300);
+  wait_asked(1, 2);
   ck_assert_int_eq(kill(w.pid[2], SIGKILL), 0);
   sp_test_wait(w.pid[2], TRAINER_WAIT_MS);
   w.pid[2] = -1;
