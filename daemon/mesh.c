@@ -1085,6 +1085,14 @@ void mesh_try_start(struct job *job) {
     refuse_start(ms, mx, SP_ENOMEM, "out of memory starting the export");
     return;
   }
+  /* A rank that left this node and joined again on another one is back:
+   * this node heard it leave, but only the root heard it return, and says
+   * so by placing it there.  Its departure would name it in place of a
+   * rank that is gone.  (The root's own record is the job's, kept up to
+   * date as ranks come and go, later than this announcement.) */
+  for (uint32_t r = 0; r < job->world && !ms->root; r++)
+    if (mx->rank_nodes[r] != ms->self && mx->rank_nodes[r] != PLAN_NONE)
+      job_rank_returned(job, r);
   /* This node must still hold every rank the root placed here. */
   for (uint32_t r = 0; r < job->world; r++) {
     const struct job_member *m = job->members[r];

@@ -957,6 +957,73 @@ START_TEST(rank_back_between_exports_on_another_node) {
 }
 END_TEST
 
+/* Rank 3 leaves the second node after the first export and comes back on
+ * the first; then rank 2, on the second node, dies after asking, while the
+ * root is stopped: the root announces the export with rank 2 on the second
+ * node, which finds it gone when it starts.  The export fails at once
+ * naming rank 2: the second node forgot rank 3's departure when the root
+ * placed rank 3 elsewhere, and names no rank that is back. */
+/* Waits until daemon i counts `asked` of its ranks waiting for the next
+ * export (each one's ask is then on its way to the root). */
+static void wait_asked(int i, uint32_t asked) {
+  uint32_t now = UINT32_MAX;
+  for (int tries = 0; tries < TRAINER_WAIT_MS / 10 && now != asked; tries++) {
+    sp_status_info *st = status_of(i);
+    ck_assert_uint_eq(st->njobs, 1);
+    now = st->jobs[0].asked;
+    sp_status_free(st);
+    if (now != asked)
+      sleep_ms(10);
+  }
+  ck_assert_msg(now == asked, "daemon %d counts %u ranks asking, not %u", i,
+                now, asked);
+}
+
+START_TEST(rank_gone_after_another_came_back_elsewhere) {
+  struct scenario sc = {.world = 4,
+                        .nkeys = sizeof refusal_keys / sizeof refusal_keys[0],
+                        .keys = refusal_keys, .exports = 2,
+                        .fault = REJOIN_ELSEWHERE_AFTER_FIRST, .victim = 3,
+                        .rejoin_socket = daemons[0].socket, .gate = true,
+                        .timeout_ms = 30000};
+  const char *const sockets[] = {daemons[0].socket, daemons[1].socket,
+                                 daemons[1].socket, daemons[1].socket};
+  struct world w;
+  trainer_start(&w, &sc, sockets);
+  /* Rank 3 is back, on the first node, with every rank at the gate. */
+  trainer_wait_gate(&w, &sc, UINT32_MAX);
+  trainer_wait_joined(daemons[0].socket, 2);
+  trainer_wait_joined(daemons[1].socket, 2);
+  trainer_open_gate(&w, &sc, 2);
+  wait_asked(0, 2);
+  wait_asked(1, 1);
+  kill_daemon(0, SIGSTOP);
+  ck_assert_int_eq(write(w.in[2], "g", 1), 1);
+  /* Its daemon sends the root rank 2's ask, then sees it go. */
+  wait_asked(1, 2);
+  ck_assert_int_eq(kill(w.pid[2], SIGKILL), 0);
+  sp_test_wait(w.pid[2], TRAINER_WAIT_MS);
+  w.pid[2] = -1;
+  trainer_wait_joined(daemons[1].socket, 1);
+  kill_daemon(0, SIGCONT);
+  trainer_finish(&w, &sc);
+  static const uint32_t others[] = {0, 1, 3};
+  for (size_t i = 0; i < 3; i++) {
+    const struct report *rep = &w.rep[others[i]];
+    ck_assert_msg(rep->export_rc == SP_ERANKLOST, "rank %u: %s: %s (%s)",
+                  others[i], sp_err_name(rep->export_rc), rep->message,
+                  rep->failure);
+    ck_assert_msg(strstr(rep->message, "rank 2 disconnected from job ") !=
+                      NULL,
+                  "rank %u: \"%s\" does not name rank 2", others[i],
+                  rep->message);
+    ck_assert_str_eq(rep->message, w.rep[0].message);
+  }
+  trainer_free(&w, &sc);
+  next_job_is_served(2);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   Suite *s = suite_create("nodes");
   TCase *exp = tcase_create("export");
@@ -1005,6 +1072,7 @@ int main(int argc, char **argv) {
   tcase_add_test(gone, refused_rank_gone_on_another_node);
   tcase_add_test(gone, rank_left_between_exports_on_another_node);
   tcase_add_test(gone, rank_back_between_exports_on_another_node);
+  tcase_add_test(gone, rank_gone_after_another_came_back_elsewhere);
   tcase_add_test(gone, node_gone_between_exports);
   suite_add_tcase(s, gone);
   SRunner *sr = srunner_create(s);
