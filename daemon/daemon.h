@@ -1136,7 +1136,8 @@ void job_set_owner(struct job *job, const struct peer *peer);
 /* Ends the job for good (an abort, the daemon stopping): its running
  * export and its waiting ranks fail with code and message, every rank's
  * connection is ended with them (conn_finish), and the job is freed once
- * no thread uses it. */
+ * no thread uses it.  On the root of a job across nodes, every other node
+ * ends it too, its ranks with the same code and message. */
 void job_terminate(struct job *job, int code, const char *message);
 /* For jobs across nodes (mesh.c): the next job of an id after prev (NULL:
  * the first), or NULL (an id names one job, but shadows of tickets that
@@ -1219,7 +1220,11 @@ void export_publish(struct job *job);
 /* Fails the running export, or the ranks waiting for one, with the root's
  * code and message (nothing is reported back to the root). */
 void export_fail(struct job *job, int code, const char *message);
+/* Fails the ranks of this node waiting for an export, and logs the failure
+ * (once, at warn) when there are any. */
 void export_fail_asks(struct job *job, int code, const char *message);
+/* Whether a rank of this node waits for an export. */
+bool export_any_asked(const struct job *job);
 /* Fails the running export (across nodes, the root hears it and fails it
  * on every node) and the ranks waiting for one, with code and message:
  * an abort, a drain that ran out of time. */
@@ -1233,7 +1238,7 @@ void export_abort(struct job *job, int code, const char *message);
 #define NODE_MAX_ITEMS (1u << 26)
 #define NODE_MAX_NODES 4096u
 /* Bump when a message between daemons changes (docs/protocol.md). */
-#define NODE_PROTOCOL_VERSION 2
+#define NODE_PROTOCOL_VERSION 3
 
 /* Frame bytes shared by the links that send them (the root relays one
  * rank's registrations to every node): refcounted, loop thread only. */
@@ -1356,6 +1361,7 @@ enum nodemsg_op {
   NODEMSG_BEAT,
   NODEMSG_BYE,
   NODEMSG_ERROR,
+  NODEMSG_ABORT, /* the root ended the job for good: every node ends it */
 };
 
 struct nodemsg_node {
@@ -1453,6 +1459,9 @@ void mesh_tick(struct job *job);
 /* Something to watch (asks out, an export under way); may the job end. */
 bool mesh_active(const struct job *job);
 bool mesh_may_end(const struct job *job);
+/* On the root: tells every node that the job ended for good, with the code
+ * and message its ranks there are to hear. */
+void mesh_job_ended(struct job *job, int code, const char *message);
 /* A link another daemon opened: its challenge, then its first frame. */
 void mesh_link_accepted(struct server *srv, struct nodelink *l);
 void mesh_link_hello(struct server *srv, struct nodelink *l,
@@ -1547,10 +1556,12 @@ uint8_t *remote_dest(const struct remote *r, const struct plan_move *m,
 /* ---- joblist.c -------------------------------------------------------- */
 
 /* The job whose id is ref or starts with it (ref: 1 to 32 lowercase hex
- * digits): 0, SP_ENOJOB, or SP_EINVAL when ref fits several; with a
- * sentence in msg. */
+ * digits): 0, SP_ENOJOB, or SP_EINVAL when ref fits several ids; with a
+ * sentence in msg.  A daemon keeps one shadow of a job rooted elsewhere
+ * per secret (job.c), so one id may name several jobs: *named says how
+ * many, and *out is one of them. */
 int joblist_find(const struct server *srv, const char *ref, struct job **out,
-                 char *msg, size_t msglen);
+                 uint32_t *named, char *msg, size_t msglen);
 /* Handlers of the dispatch table (conn.c). */
 int joblist_op_jobs(struct conn *c, const struct sp_msg_head *head,
                     const msgpack_object *map, struct sp_frame *frame);

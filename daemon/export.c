@@ -368,7 +368,7 @@ static void fail_export_as(struct export *ex, int code, const char *message,
   }
 }
 
-static bool any_asked(const struct job *job) {
+bool export_any_asked(const struct job *job) {
   for (uint32_t r = 0; r < job->world; r++)
     if (job->members[r] != NULL && job->members[r]->asked)
       return true;
@@ -969,7 +969,7 @@ static void maybe_start(struct job *job) {
   /* A rank left and has not joined again: the export cannot complete. */
   char gone[SP_ERRMSG_MAX + 1];
   if (job_departed(job, gone, sizeof gone)) {
-    if (any_asked(job))
+    if (export_any_asked(job))
       fail_gather(job, SP_ERANKLOST, gone);
     return;
   }
@@ -1100,7 +1100,8 @@ void export_member_lost(struct job *job, struct job_member *m) {
   /* Ranks waiting for the next export would wait for this one in vain
    * (ranks that ask later hear it from maybe_start). */
   char gone[SP_ERRMSG_MAX + 1];
-  if (any_asked(job) && (job->dying || job_departed(job, gone, sizeof gone)))
+  if (export_any_asked(job) &&
+      (job->dying || job_departed(job, gone, sizeof gone)))
     fail_gather(job, SP_ERANKLOST, job->dying ? stopping : gone);
   job_wake(job);
 }
@@ -1230,7 +1231,7 @@ void export_view(const struct job *job, struct export_view *out) {
   out->export_id = job->next_export_id - 1;
   /* An export that failed while its ranks asked is an outcome too, also
    * before the job's first export id. */
-  if (any_asked(job) || job->history.total == 0) {
+  if (export_any_asked(job) || job->history.total == 0) {
     out->phase = JOB_WAITING;
     return;
   }
@@ -1427,6 +1428,6 @@ void export_abort(struct job *job, int code, const char *message) {
 }
 
 void export_fail_asks(struct job *job, int code, const char *message) {
-  if (any_asked(job))
+  if (export_any_asked(job))
     fail_gather(job, code, message);
 }

@@ -80,6 +80,17 @@ static struct job *find_ticket(const struct server *srv,
   return found;
 }
 
+/* Whether a job of this id was created on this daemon (one on this daemon
+ * only, or one across nodes rooted here): a shadow of that id would be
+ * forged, since the root is here. */
+static bool created_here(const struct server *srv, const uint8_t *id) {
+  for (struct job *j = job_find(srv, NULL, id); j != NULL;
+       j = job_find(srv, j, id))
+    if (j->mesh == NULL || mesh_is_root(j->mesh))
+      return true;
+  return false;
+}
+
 static void on_job_handle_closed(uv_handle_t *handle) {
   struct job *job = handle->data;
   if (--job->open_handles > 0)
@@ -299,6 +310,10 @@ void job_conn_closed(struct job_member *m) {
 }
 
 void job_terminate(struct job *job, int code, const char *message) {
+  /* The other nodes first: the root's own failure must not reach them as
+   * the loss of its links. */
+  if (job->mesh != NULL)
+    mesh_job_ended(job, code, message);
   export_abort(job, code, message);
   for (uint32_t r = 0; r < job->world; r++) {
     struct job_member *m = job->members[r];
@@ -493,9 +508,11 @@ int job_op_join(struct conn *c, const struct sp_msg_head *head,
    * a shadow's secret is only a claim until its root proves it, so a
    * ticket forged with a job's id and another secret gets a shadow of its
    * own, which its root refuses, and never stands in the way of the real
-   * ticket's ranks. */
+   * ticket's ranks.  Where the job was created here, such a ticket is
+   * refused outright (below), so that the root has one job of its id. */
   if (job == NULL && ticket.root[0] != '\0' &&
-      strcmp(ticket.root, srv->peer_address) != 0) {
+      strcmp(ticket.root, srv->peer_address) != 0 &&
+      !created_here(srv, ticket.job)) {
     rc = mesh_shadow_job(c, head, &ticket, &job);
     if (job == NULL)
       return rc;

@@ -27,6 +27,9 @@
  *   member -> root   moved          this node's rounds are done
  *   root -> member   publish        every node's are: owners get replies
  *   either way       fail           one code and message for every rank
+ *   root -> member   abort          the job ended for good on the root
+ *                                   (job_abort, or the root stopping):
+ *                                   every node ends it with that error
  * The root relays and compares, so every daemon plans from the same bytes
  * and no rank is published to unless every node moved its data.  The
  * root's own node talks to the root through an inbox handled on the job's
@@ -196,6 +199,7 @@ static void member_handle(struct mesh *ms, const struct nodemsg *m,
 static void coord_handle(struct mesh *ms, uint32_t from, const struct nodemsg *m,
                          struct nodeblob *blob);
 static void root_lost(struct mesh *ms, const char *why);
+static void root_ended(struct mesh *ms, const struct nodemsg *m);
 static void node_lost(struct mesh *ms, struct mesh_node *n, const char *why);
 static void maybe_send_planned(struct mesh *ms);
 static void data_fail(struct mesh_node *n, const char *why);
@@ -519,6 +523,30 @@ void mesh_free(struct mesh *ms) {
   free(ms->sent_meta);
   free(ms->planned_replicas);
   free(ms);
+}
+
+/* The root ends the job for good (job_abort, or its daemon stopping): each
+ * node hears it before its control link closes, so that the ranks there
+ * fail with the root's code and message, not with node_lost.  The nodes
+ * leave the job at once, as if they had said goodbye, so that the root's
+ * part of it may end. */
+void mesh_job_ended(struct job *job, int code, const char *message) {
+  struct mesh *ms = job->mesh;
+  if (ms == NULL || !ms->root)
+    return;
+  struct nodemsg a = {.op = NODEMSG_ABORT, .code = code};
+  snprintf(a.message, sizeof a.message, "%s", message);
+  for (uint32_t i = 1; i < ms->nnodes; i++) {
+    struct mesh_node *n = ms->nodes[i];
+    if (n == NULL || !n->present || n->ctl == NULL)
+      continue;
+    link_send_msg(n->ctl, &a);
+    nodelink_close_after_flush(n->ctl);
+    n->ctl = NULL;
+    n->present = false;
+    n->in_export = false;
+    n->nranks = 0;
+  }
 }
 
 void mesh_data_lost(struct job *job, uint32_t node, const char *why) {
@@ -1057,6 +1085,14 @@ void mesh_try_start(struct job *job) {
     refuse_start(ms, mx, SP_ENOMEM, "out of memory starting the export");
     return;
   }
+  /* A rank that left this node and joined again on another one is back:
+   * this node heard it leave, but only the root heard it return, and says
+   * so by placing it there.  Its departure would name it in place of a
+   * rank that is gone.  (The root's own record is the job's, kept up to
+   * date as ranks come and go, later than this announcement.) */
+  for (uint32_t r = 0; r < job->world && !ms->root; r++)
+    if (mx->rank_nodes[r] != ms->self && mx->rank_nodes[r] != PLAN_NONE)
+      job_rank_returned(job, r);
   /* This node must still hold every rank the root placed here. */
   for (uint32_t r = 0; r < job->world; r++) {
     const struct job_member *m = job->members[r];
@@ -1224,6 +1260,9 @@ static void member_handle(struct mesh *ms, const struct nodemsg *m,
   case NODEMSG_FAIL:
     member_fail_msg(ms, m);
     break;
+  case NODEMSG_ABORT:
+    root_ended(ms, m);
+    break;
   case NODEMSG_BEAT:
     break;
   default:
@@ -1263,6 +1302,20 @@ static void root_lost(struct mesh *ms, const char *why) {
   if (!job->ever_joined)
     job_end(job);
   job_wake(job);
+}
+
+/* The root ended the job for good: this node ends its part with the
+ * root's code and message, which every rank here hears, and every join
+ * still waiting for the root's answer. */
+static void root_ended(struct mesh *ms, const struct nodemsg *m) {
+  struct job *job = ms->job;
+  log_msg(LOG_LEVEL_WARN, "job %s: the root daemon %s ended the job: %s: %s",
+          job->hex, ms->root_addr, sp_err_name(m->code), m->message);
+  ms->broken = true;
+  ms->broken_code = m->code;
+  snprintf(ms->broken_msg, sizeof ms->broken_msg, "%s", m->message);
+  joins_refuse(ms, m->code, m->message);
+  job_terminate(job, m->code, m->message);
 }
 
 /* The root refused this daemon, or did not prove it knows the job's secret,
@@ -1491,8 +1544,13 @@ static void clear_asks(struct mesh *ms) {
 
 /* A gather that cannot complete: every node's waiting ranks hear why. */
 static void gather_fail(struct mesh *ms, int code, const char *message) {
-  log_msg(LOG_LEVEL_INFO, "job %s: export failed before it started: %s: %s",
-          ms->job->hex, sp_err_name(code), message);
+  /* Where ranks of the root's own node wait, export.c logs the failure as
+   * it answers them (export_fail_asks, through the inbox); the root logs
+   * it here only when none do, so that it is logged once, at warn, as
+   * every failed export is. */
+  if (!export_any_asked(ms->job))
+    log_msg(LOG_LEVEL_WARN, "job %s: export failed before it started: %s: %s",
+            ms->job->hex, sp_err_name(code), message);
   coord_fail(ms, ms->cgather, code, message, false);
   clear_asks(ms);
   ms->cgather++;
