@@ -26,10 +26,13 @@
  * CONN_WORKER_MIN_FRAME bytes or more is decoded on a libuv worker thread,
  * with the part of its op that needs nothing of the loop's state (the op's
  * prepare: a registration's parsing and its checks against itself), and
- * served on the loop when it comes back.  The connection reads nothing more
- * meanwhile, so its frames are still served in order, and it stays
- * allocated until the worker is done: a connection closed meanwhile (its
- * job ended, the daemon stops) drops the frame when it comes back.
+ * served on the loop when it comes back, in steps that each take a turn of
+ * the loop if the op asks for them (registration.c); it is freed on a
+ * worker too.  The connection reads nothing more meanwhile, so its frames
+ * are still served in order, and it stays allocated until the worker is
+ * done: a connection closed meanwhile (its job ended, the daemon stops)
+ * drops the frame when it comes back.  Reads are bounded per wakeup
+ * (CONN_READ_PER_WAKEUP), so receiving a large frame takes turns as well.
  *
  * A connection that joined a job carries its member (job.c); closing the
  * connection tells the job, which fails and frees what the rank took part
@@ -80,8 +83,8 @@ struct conn {
   /* Handles not yet closed, and a frame on a worker; the conn is freed
    * when this reaches 0. */
   int open_handles;
-  /* A frame is being decoded on a worker: nothing more is read until it
-   * has been served. */
+  /* A large frame is on a worker, or between two steps of its op: nothing
+   * more is read until it has been served. */
   bool on_worker;
   int events;
   struct sp_frame_rx rx;
@@ -590,15 +593,19 @@ static void on_freed(uv_work_t *work, int status) {
   conn_unref(c);
 }
 
-static int to_worker(struct conn *c, struct worker_frame *w, uv_work_cb cb) {
-  int rc = uv_queue_work(c->srv->loop, &w->work, cb, on_worker_done);
+/* uv_queue_work fails only without a work callback. */
+static void queue_work(uv_loop_t *loop, struct worker_frame *w, uv_work_cb cb,
+                       uv_after_work_cb after) {
+  int rc = uv_queue_work(loop, &w->work, cb, after);
   if (rc != 0) {
-    log_msg(LOG_LEVEL_WARN, "client %" PRIu64 ": uv_queue_work: %s", c->id,
-            uv_strerror(rc));
-    return rc;
+    log_msg(LOG_LEVEL_ERROR, "uv_queue_work: %s", uv_strerror(rc));
+    abort();
   }
+}
+
+static void to_worker(struct conn *c, struct worker_frame *w, uv_work_cb cb) {
+  queue_work(c->srv->loop, w, cb, on_worker_done);
   c->on_worker = true;
-  return 0;
 }
 
 static void on_worker_done(uv_work_t *work, int status) {
@@ -619,10 +626,8 @@ static void on_worker_done(uv_work_t *work, int status) {
   if (w->stepping ? serve_step(c, &w->frame, &w->d)
                   : serve(c, &w->frame, &w->d)) {
     w->stepping = true;
-    if (to_worker(c, w, next_turn) == 0)
-      return;
-    while (serve_step(c, &w->frame, &w->d))
-      ;
+    to_worker(c, w, next_turn);
+    return;
   }
   if (!c->closed) {
     /* Frames that arrived meanwhile are read from the next wakeup. */
@@ -630,14 +635,11 @@ static void on_worker_done(uv_work_t *work, int status) {
     flush(c);
   }
   /* Served: the connection reads again while the frame is freed. */
-  if (uv_queue_work(c->srv->loop, &w->work, free_on_worker, on_freed) != 0) {
-    decoded_free(&w->d, &w->frame);
-    on_freed(&w->work, 0);
-  }
+  queue_work(c->srv->loop, w, free_on_worker, on_freed);
 }
 
 /* Hands a large frame to a worker thread; reading waits until it has been
- * served.  Returns false (the frame untouched) when it cannot. */
+ * served.  Returns false (the frame untouched) when out of memory. */
 static bool serve_on_worker(struct conn *c, struct sp_frame *frame) {
   struct worker_frame *w = calloc(1, sizeof *w);
   if (w == NULL)
@@ -646,11 +648,8 @@ static bool serve_on_worker(struct conn *c, struct sp_frame *frame) {
   w->limits = c->srv->cfg->limits;
   w->frame = *frame;
   w->work.data = w;
-  if (to_worker(c, w, decode_on_worker) != 0) {
-    free(w);
-    return false;
-  }
   c->open_handles++;
+  to_worker(c, w, decode_on_worker);
   return true;
 }
 
