@@ -99,6 +99,8 @@ void backend_release(struct backend_choice *choice);
 #define CONFIG_DEFAULT_MAX_USER_REGISTRATION_BYTES (UINT64_C(1) << 30)
 #define CONFIG_DEFAULT_MAX_USER_MAPPINGS 32768u
 #define CONFIG_DEFAULT_MAX_CLIENT_MAPPINGS 8192u
+/* A sixteenth of x86-64's 128 TiB of user address space. */
+#define CONFIG_DEFAULT_MAX_USER_MAPPED_BYTES (UINT64_C(8) << 40)
 #define CONFIG_DEFAULT_PEER_TIMEOUT_MS 10000u
 #define CONFIG_DEFAULT_PEER_HANDSHAKES 64u
 #define CONFIG_DEFAULT_DRAIN_TIMEOUT_MS 60000u
@@ -140,13 +142,14 @@ struct config {
   uint32_t job_timeout_ms;
   uint32_t max_jobs;
   /* What one uid may hold: jobs it created, registrations of its ranks
-   * (storages and tensors, their bytes), host mappings; and the host
-   * mappings of one client (quota.c). */
+   * (storages and tensors, their bytes), host mappings and the address
+   * space they take; and the host mappings of one client (quota.c). */
   uint32_t max_user_jobs;
   uint64_t max_user_registrations;
   uint64_t max_user_registration_bytes;
   uint32_t max_user_mappings;
   uint32_t max_client_mappings;
+  uint64_t max_user_mapped_bytes;
   /* Threads copying one export's data; 0 means min(4, online CPUs). */
   uint32_t engine_threads;
   /* Read and compare every rank's copy of replicated and plain keys
@@ -625,32 +628,47 @@ struct registry;
 struct reg_storage {
   uint32_t sid;
   /* The storage's first byte, in a read-only mapping of its file that the
-   * registry holds (reg_map); NULL when empty. */
+   * registry holds (reg_map, maps[map]); NULL when empty. */
   const uint8_t *data;
+  uint32_t map;
   /* A CUDA storage: its opened allocation and device address (gpu.data;
    * data is then NULL: it is not host memory). */
   struct gpu_mapping gpu;
 };
 
-/* A read-only mapping of a whole file, shared by every storage of the
- * registry that lies in it (registry.c says why). */
+/* A read-only mapping of pages of a file, shared by every storage of the
+ * registry that lies in it (registry.c says which pages and why). */
 struct reg_map {
-  void *addr;
-  size_t len;
+  void *addr;      /* the mapping's first byte */
+  size_t len;      /* bytes mapped, whole pages */
+  uint64_t offset; /* the file offset addr maps, a page boundary */
+  uint32_t file;   /* index into the registry's files */
+  /* The pages of the storages in it, counted once per storage. */
+  uint64_t covered;
 };
 
-/* A file the registry maps, known by its identity, and its newest (so
- * largest) mapping. */
+/* A file the registry maps, known by its identity. */
 struct reg_file {
   dev_t dev;
   ino_t ino;
-  uint32_t map; /* index into the registry's maps */
+};
+
+/* A registry's mappings in file order: sorted by (file, offset), and for
+ * each the mapping that reaches furthest into its file among it and the
+ * ones of its file before it, so finding one that holds a range takes one
+ * binary search (registry.c). */
+struct reg_place {
+  uint64_t offset; /* the mapping's, copied: the sort key with file */
+  uint32_t file;
+  uint32_t map;   /* index into maps */
+  uint32_t reach; /* index into maps */
 };
 
 /* What a registry holds, as the quotas count it (docs/operations.md,
  * "Quotas"). */
 struct reg_usage {
   uint64_t mappings;      /* host mappings, reg_map */
+  uint64_t mapped_bytes;  /* the address space they take */
   uint64_t registrations; /* storages and tensors */
   uint64_t bytes;         /* registration bytes: registry.c's *_cost */
 };
@@ -662,6 +680,8 @@ struct reg_quota_ops {
                const struct reg_usage *more, char *msg, size_t msglen);
   /* The registry took more. */
   void (*charge)(void *arg, const struct reg_usage *more);
+  /* The registry gave some back (mappings a larger one replaced). */
+  void (*release)(void *arg, const struct reg_usage *less);
 };
 
 /* One rank's registrations, in the planner's form.  Used from the loop
@@ -681,9 +701,12 @@ struct registry {
   size_t nkeys, key_cap;
   struct plan_key_in *keys; /* names and pieces owned */
   struct idxset by_name;
-  /* Every mapping made (unmapped with the registry), and the files. */
+  /* Every mapping made (unmapped with the registry), in file order too,
+   * and the files. */
   size_t nmaps, map_cap;
   struct reg_map *maps;
+  size_t place_cap;
+  struct reg_place *places; /* nmaps of them */
   size_t nfiles, file_cap;
   struct reg_file *files;
   struct idxset by_file;
@@ -697,9 +720,9 @@ void registry_init(struct registry *reg, uint32_t device_type);
 /* Unmaps every storage and frees everything. */
 void registry_free(struct registry *reg);
 /* Maps and registers n storages whose fds are frame's (the frame keeps
- * them); all or none.  A file is mapped once, whole, and shared by the
- * storages in it.  SP_EBADFD, SP_EINVAL, SP_ELIMIT (the quota's code),
- * SP_ENOMEM. */
+ * them); all or none.  Only the pages the storages lie in are mapped,
+ * and a mapping is shared by every storage in it (registry.c).
+ * SP_EBADFD, SP_EINVAL, SP_ELIMIT (the quota's code), SP_ENOMEM. */
 int registry_add_storages(struct registry *reg, const struct req_storage *s,
                           size_t n, const struct sp_frame *frame, char *msg,
                           size_t msglen);
