@@ -491,7 +491,11 @@ static bool may_join(const struct page_span *run, const struct page_span *sp,
   uint64_t add = sp->lo < run->hi
                      ? (sp->covered < beyond ? sp->covered : beyond)
                      : sp->covered;
+  /* Never more than the run's pages: storages overlap, and so the
+   * doubling below cannot overflow (file offsets are below 2^63). */
   *covered = run->covered + add;
+  if (*covered > hi - run->lo)
+    *covered = hi - run->lo;
   return hi - run->lo <= 2 * *covered;
 }
 
@@ -695,7 +699,10 @@ static void commit_maps(struct registry *reg, struct frame_maps *fm,
      * the run that replaces it. */
     if (fm->absorbed[m] != IDXSET_NONE)
       m = fm->map_of[i] = (uint32_t)old + fm->absorbed[m];
-    reg->maps[m].covered += pages_of(s[i].offset, s[i].length);
+    struct reg_map *map = &reg->maps[m];
+    map->covered += pages_of(s[i].offset, s[i].length);
+    if (map->covered > map->len)
+      map->covered = map->len;
   }
   if (fm->less.mappings > 0) {
     drop_absorbed(reg, fm, old);
