@@ -350,6 +350,8 @@ struct server {
    * may be (peer_handshakes, at most a quarter of the descriptor limit). */
   uint32_t peer_unidentified;
   uint32_t peer_handshake_cap;
+  /* Room to choose a link to drop among peer_handshake_cap (nodelink.c). */
+  struct peerhost_entry *peer_evict_scratch;
   struct log_limit peer_accept_log, peer_evict_log;
 };
 
@@ -1265,6 +1267,32 @@ void nodelink_close_after_flush(struct nodelink *l);
 void nodelink_detach(struct nodelink *l, void (*fn)(void *arg, int sock),
                      void *arg);
 const char *nodelink_peer(const struct nodelink *l);
+
+/* ---- peerhost.c ------------------------------------------------------- */
+
+/* The host a peer address belongs to: an IPv4 address (IPv4-mapped IPv6
+ * ones included), or an IPv6 /64 prefix; zero for any other family. */
+#define PEERHOST_PREFIX_BYTES 8
+struct peer_host {
+  sa_family_t family;
+  uint8_t prefix[PEERHOST_PREFIX_BYTES]; /* IPv4: 4 bytes, then zeros */
+};
+
+void peerhost_of(const struct sockaddr_storage *sa, struct peer_host *out);
+/* A total order: 0 when both are one host. */
+int peerhost_cmp(const struct peer_host *a, const struct peer_host *b);
+
+/* A link in its handshake, as the choice of one to drop sees it. */
+struct peerhost_entry {
+  struct peer_host host;
+  uint64_t id; /* smaller is older */
+  void *link;
+};
+
+/* Which of n > 0 links to drop at peer_handshakes: the oldest of the host
+ * that holds the most (ties: the host whose oldest is oldest).  Sorts e
+ * and returns the victim's index in it. */
+size_t peerhost_victim(struct peerhost_entry *e, size_t n);
 
 /* ---- peerauth.c ------------------------------------------------------- */
 
