@@ -378,7 +378,9 @@ static uint64_t pages_of(uint64_t offset, uint64_t length) {
   return (offset + length + page - 1) / page * page - offset / page * page;
 }
 
-/* The frame's descriptor of st's file: found or looked at now. */
+/* Looks at the file of a storage's descriptor, once per frame: its stat,
+ * the frame's first descriptor of the same file, and the registry's entry
+ * for it if it has one. */
 static int look_at(const struct registry *reg, const struct req_storage *rs,
                    size_t i, const struct sp_frame *frame,
                    struct frame_file *ff, char *msg, size_t msglen) {
