@@ -305,9 +305,9 @@ END_TEST
 int main(void) {
   const char *why = setup_net();
   if (why != NULL) {
-    printf("nodes-netns: SKIPPED: the link-cut test needs network "
+    printf("nodes-netns: SKIPPED: these tests need network "
            "namespaces: %s\n", why);
-    fprintf(stderr, "nodes-netns: SKIPPED: the link-cut test needs network "
+    fprintf(stderr, "nodes-netns: SKIPPED: these tests need network "
             "namespaces: %s\n", why);
     teardown_net();
     return SKIP;
