@@ -639,7 +639,7 @@ struct reg_storage {
 };
 
 /* A read-only mapping of pages of a file, shared by every storage of the
- * registry that lies in it (registry.c says which pages and why). */
+ * registry that lies in it (regmap.c says which pages and why). */
 struct reg_map {
   void *addr;      /* the mapping's first byte */
   size_t len;      /* bytes mapped, whole pages */
@@ -658,7 +658,7 @@ struct reg_file {
 /* A registry's mappings in file order: sorted by (file, offset), and for
  * each the mapping that reaches furthest into its file among it and the
  * ones of its file before it, so finding one that holds a range takes one
- * binary search (registry.c). */
+ * binary search (regmap.c). */
 struct reg_place {
   uint64_t offset; /* the mapping's, copied: the sort key with file */
   uint32_t file;
@@ -723,7 +723,7 @@ void registry_init(struct registry *reg, uint32_t device_type);
 void registry_free(struct registry *reg);
 /* Maps and registers n storages whose fds are frame's (the frame keeps
  * them); all or none.  Only the pages the storages lie in are mapped,
- * and a mapping is shared by every storage in it (registry.c).
+ * and a mapping is shared by every storage in it (regmap.c).
  * SP_EBADFD, SP_EINVAL, SP_ELIMIT (the quota's code), SP_ENOMEM. */
 int registry_add_storages(struct registry *reg, const struct req_storage *s,
                           size_t n, const struct sp_frame *frame, char *msg,
@@ -744,6 +744,37 @@ int registry_add_remote_storages(struct registry *reg,
                                  const struct req_storage *s,
                                  const struct sp_device *device, size_t n,
                                  char *msg, size_t msglen);
+
+/* ---- regmap.c --------------------------------------------------------- */
+
+/* The host mappings one storage_add frame needs (registry_add_storages):
+ * planned, then mapped, then committed to the registry, or freed at any
+ * step with nothing kept. */
+struct regmap_frame;
+
+/* Checks the frame's memfd storages against their files and plans their
+ * mappings: 0, or SP_EBADFD / SP_ENOMEM with a sentence.  *out is set
+ * either way, for regmap_frame_free. */
+int regmap_plan(const struct registry *reg, const struct req_storage *s,
+                size_t n, const struct sp_frame *frame,
+                struct regmap_frame **out, char *msg, size_t msglen);
+/* What the plan's new mappings take (more: mappings, mapped_bytes) and
+ * what the mappings they replace give back once committed (less). */
+void regmap_usage(const struct regmap_frame *fm, struct reg_usage *more,
+                  struct reg_usage *less);
+/* Makes the planned mappings, read-only: 0, or SP_ENOMEM / SP_EBADFD with
+ * none of them left. */
+int regmap_map(struct regmap_frame *fm, const struct sp_frame *frame,
+               char *msg, size_t msglen);
+/* Keeps the new mappings in reg (whose arrays have room for them) and
+ * drops the ones they replace, moving registered storages into the new
+ * ones; cannot fail. */
+void regmap_commit(struct registry *reg, struct regmap_frame *fm,
+                   const struct req_storage *s, size_t n);
+/* After regmap_commit: the mapping in reg->maps the frame's non-empty
+ * memfd storage i lies in. */
+uint32_t regmap_map_of(const struct regmap_frame *fm, size_t i);
+void regmap_frame_free(struct regmap_frame *fm);
 
 /* ---- engine.c --------------------------------------------------------- */
 
