@@ -264,8 +264,10 @@ static bool may_join(const struct page_span *run, const struct page_span *sp,
  * run before it while the run stays within twice the pages its storages
  * cover, and a run that holds a new span is mapped, taking in the
  * mappings it joined.  A run is then widened, within its file, to twice
- * its storages' pages, so that a trainer registering one storage after
- * another in one memfd maps it a logarithmic number of times.  Whatever
+ * its storages' pages, so that a trainer registering storages packed one
+ * after another in one memfd, a frame each, maps it again only each time
+ * their pages double (storages with gaps between them fill no such room,
+ * and each frame's run replaces the last).  Whatever
  * offsets a client declares in however large a sparse file, a mapping
  * takes at most twice the address space of its storages. */
 static void make_runs(struct regmap_frame *fm) {
