@@ -361,10 +361,11 @@ int registry_add_storages(struct registry *reg, const struct req_storage *s,
                           size_t msglen) {
   struct regmap_frame *fm = NULL;
   int rc = check_storages(reg, s, n, msg, msglen);
-  if (rc != 0 || (rc = check_kinds(reg, s, n, msg, msglen)) != 0 ||
-      (rc = regmap_plan(reg, s, n, frame, &fm, msg, msglen)) != 0)
+  if (rc != 0 || (rc = check_kinds(reg, s, n, msg, msglen)) != 0)
     return rc;
-  rc = add_storages(reg, s, n, frame, fm, msg, msglen);
+  /* The plan is freed whether it, or what follows it, failed. */
+  if ((rc = regmap_plan(reg, s, n, frame, &fm, msg, msglen)) == 0)
+    rc = add_storages(reg, s, n, frame, fm, msg, msglen);
   regmap_frame_free(fm);
   return rc;
 }
