@@ -48,6 +48,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
+#include "daemon/metrics.h"
 #include "shardport.h"
 
 /* While an export is under way, each side says it is alive this often. */
@@ -1447,6 +1448,8 @@ int mesh_remote(struct job *job, struct mesh_export *mx,
     snprintf(peers[n].addr, sizeof peers[n].addr, "%s", node->addr);
     peers[n].sent = &node->sent;
     peers[n].received = &node->received;
+    if (n != ms->self)
+      peers[n].metrics = metrics_peer(job->srv->metrics, node->addr);
     if (n != ms->self && in_roster(mx, n))
       peers[n].sock = node->data;
   }
