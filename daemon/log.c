@@ -6,8 +6,8 @@
  * priority and the structured fields of log_fields (SHARDPORT_JOB,
  * SHARDPORT_RANK, SHARDPORT_NODE, SHARDPORT_EXPORT, SHARDPORT_ERROR;
  * docs/operations.md, "Monitoring"), so that `journalctl SHARDPORT_JOB=ID`
- * shows one job's story.  Should the journal's socket refuse an entry, the
- * line goes to stderr instead, starting with the syslog priority "<N>",
+ * shows one job's story.  Should the journal's socket be missing or refuse
+ * an entry, the line goes to stderr instead, starting with the syslog priority "<N>",
  * which the journal's stream turns into the entry's priority.  A daemon
  * not under systemd writes plain text lines for a terminal or a file, each
  * starting with the local time to the millisecond.
@@ -28,6 +28,9 @@
 
 #if SP_HAVE_SYSTEMD
 #include <systemd/sd-journal.h>
+
+/* Where libsystemd sends journal entries (its fixed path). */
+#define LOG_JOURNAL_SOCKET "/run/systemd/journal/socket"
 #endif
 
 static enum log_level log_level = LOG_LEVEL_INFO;
@@ -130,7 +133,10 @@ static void log_line(enum log_level level, const struct log_fields *f,
              " (%" PRIu64 " more like it not logged)", suppressed);
   }
 #if SP_HAVE_SYSTEMD
-  if (log_journal && log_to_journal(level, f, text) == 0)
+  /* sd_journal_sendv drops an entry silently (and says it succeeded) when
+   * the journal's socket is not there, so it is asked for first. */
+  if (log_journal && access(LOG_JOURNAL_SOCKET, W_OK) == 0 &&
+      log_to_journal(level, f, text) == 0)
     return;
 #else
   (void)f;
