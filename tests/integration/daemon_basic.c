@@ -515,10 +515,17 @@ START_TEST(log_prefixes) {
   ck_assert_int_eq(sp_test_write_file(bad, "no_such_key = 1\n"), 0);
   const char *args[] = {"-n", "--config", bad, NULL};
   char err[1024];
-  /* Under systemd the journal takes the priority from "<N>". */
+  /* Under systemd a line is a journal entry (libsystemd's socket; the
+   * journal-fields test reads them); where that socket is missing, as on a
+   * build machine, it goes to the stream and the journal takes the
+   * priority from "<N>". */
   run_logged(args, true, err, sizeof(err));
-  ck_assert_msg(strncmp(err, "<3>", 3) == 0, "got: %s", err);
-  ck_assert_ptr_nonnull(strstr(err, "bad.conf:1: unknown key"));
+  if (SP_HAVE_SYSTEMD && access("/run/systemd/journal/socket", F_OK) == 0) {
+    ck_assert_msg(err[0] == '\0', "got: %s", err);
+  } else {
+    ck_assert_msg(strncmp(err, "<3>", 3) == 0, "got: %s", err);
+    ck_assert_ptr_nonnull(strstr(err, "bad.conf:1: unknown key"));
+  }
   /* On a terminal or in a file, plain words after the local time:
    * "2026-05-01T12:00:03.123 shardportd: error: ...". */
   run_logged(args, false, err, sizeof(err));
