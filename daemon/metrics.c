@@ -62,7 +62,9 @@ struct metrics {
    * (release), so a scrape reads them without the lock. */
   struct metrics_peer peers[METRICS_MAX_PEERS];
   _Atomic uint32_t npeers;
+  /* The addresses past the table's, summed; shown once one came. */
   struct metrics_peer other;
+  _Atomic bool other_used;
 };
 
 struct metrics *metrics_new(const char *backend, const char *reason,
@@ -157,8 +159,10 @@ struct metrics_peer *metrics_peer(struct metrics *m, const char *addr) {
   for (uint32_t i = 0; i < n; i++)
     if (strcmp(m->peers[i].addr, addr) == 0)
       return &m->peers[i];
-  if (n == METRICS_MAX_PEERS)
+  if (n == METRICS_MAX_PEERS) {
+    atomic_store_explicit(&m->other_used, true, memory_order_relaxed);
     return &m->other;
+  }
   snprintf(m->peers[n].addr, sizeof m->peers[n].addr, "%s", addr);
   atomic_store_explicit(&m->npeers, n + 1, memory_order_release);
   return &m->peers[n];
@@ -269,7 +273,7 @@ static void put_peers(struct text *t, const struct metrics *m, bool sent) {
     const struct metrics_peer *p = i < n ? &m->peers[i] : &m->other;
     uint64_t v = atomic_load_explicit(sent ? &p->sent : &p->received,
                                       memory_order_relaxed);
-    if (i == n && n < METRICS_MAX_PEERS)
+    if (i == n && !atomic_load_explicit(&m->other_used, memory_order_relaxed))
       continue;
     put(t, "%s{peer=\"", name);
     put_label(t, p->addr);
