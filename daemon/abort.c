@@ -37,8 +37,9 @@ int abort_op_job_abort(struct conn *c, const struct sp_msg_head *head,
   snprintf(why, sizeof why,
            "job %s was aborted by uid %u (pid %d); create a new job to go on",
            job->hex, (unsigned)who->uid, (int)who->pid);
-  log_msg(LOG_LEVEL_WARN, "job %s: aborted by uid %u (pid %d)", job->hex,
-          (unsigned)who->uid, (int)who->pid);
+  log_with(LOG_LEVEL_WARN, LOG_JOB(job->hex),
+           "job %s: aborted by uid %u (pid %d)", job->hex, (unsigned)who->uid,
+           (int)who->pid);
   /* Answered first: the one asking may be a rank of the job, whose
    * connection the abort ends. */
   struct sp_msgbuf mb;

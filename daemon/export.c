@@ -474,10 +474,10 @@ static int make_comms(struct export *ex) {
         return rc;
       }
       job->gpu_comms_gen = 0;
-      log_msg(LOG_LEVEL_INFO,
-              "job %s: %zu NCCL communicator(s) of %" PRIu32 " ranks, made "
-              "as the ranks joined, warmed on this node (generation 0)",
-              job->hex, n, job->world);
+      log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+               "job %s: %zu NCCL communicator(s) of %" PRIu32 " ranks, made "
+               "as the ranks joined, warmed on this node (generation 0)",
+               job->hex, n, job->world);
       return 0;
     }
     gpu_comms_abort(job->gpu_comms);
@@ -500,11 +500,11 @@ static int make_comms(struct export *ex) {
      * have aborted them), so every node drops its own and makes new ones
      * from the fresh id the root sent.  Aborted, not finalized: a peer's
      * may be gone. */
-    log_msg(LOG_LEVEL_INFO,
-            "job %s: NCCL communicators of generation %" PRIu64
-            " replaced by generation %" PRIu64 "%s",
-            job->hex, job->gpu_comms_gen, gen,
-            gpu_comms_failed(job->gpu_comms) ? " (they were aborted)" : "");
+    log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+             "job %s: NCCL communicators of generation %" PRIu64
+             " replaced by generation %" PRIu64 "%s",
+             job->hex, job->gpu_comms_gen, gen,
+             gpu_comms_failed(job->gpu_comms) ? " (they were aborted)" : "");
     gpu_comms_abort(job->gpu_comms);
     gpu_comms_free(job->gpu_comms);
     job->gpu_comms = NULL;
@@ -521,10 +521,10 @@ static int make_comms(struct export *ex) {
                             sizeof ex->plan_msg);
   if (rc == 0) {
     job->gpu_comms_gen = gen;
-    log_msg(LOG_LEVEL_INFO,
-            "job %s: %zu NCCL communicator(s) of %" PRIu32 " ranks made and "
-            "warmed on this node (generation %" PRIu64 ")",
-            job->hex, n, job->world, gen);
+    log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+             "job %s: %zu NCCL communicator(s) of %" PRIu32 " ranks made and "
+             "warmed on this node (generation %" PRIu64 ")",
+             job->hex, n, job->world, gen);
   }
   return rc;
 }
@@ -570,27 +570,28 @@ void export_comms_join(struct job *job) {
     }
     rc = gpu_comms_add(job->gpu_comms, ranks, n, msg, sizeof msg);
     if (rc == 0)
-      log_msg(LOG_LEVEL_INFO,
-              "job %s: NCCL communicator(s) of %zu rank(s) starting, generation "
-              "0, as the rank(s) joined",
-              job->hex, n);
+      log_with(
+          LOG_LEVEL_INFO, LOG_JOB(job->hex),
+          "job %s: NCCL communicator(s) of %zu rank(s) starting, generation "
+          "0, as the rank(s) joined",
+          job->hex, n);
     job->comms_ready = false;
   }
   if (rc == 0 && job->comms_early && !job->comms_ready) {
     rc = gpu_comms_poll(job->gpu_comms, msg, sizeof msg);
     if (rc == 0) {
       job->comms_ready = true;
-      log_msg(LOG_LEVEL_INFO,
-              "job %s: communicators ready on this node (made as the ranks "
-              "joined; the first export warms them)",
-              job->hex);
+      log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+               "job %s: communicators ready on this node (made as the ranks "
+               "joined; the first export warms them)",
+               job->hex);
     }
   }
   if (rc < 0) {
-    log_msg(LOG_LEVEL_INFO,
-            "job %s: the NCCL communicators started as ranks joined failed "
-            "(%s); the first export makes them",
-            job->hex, msg);
+    log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+             "job %s: the NCCL communicators started as ranks joined failed "
+             "(%s); the first export makes them",
+             job->hex, msg);
     drop_early_comms(job);
   }
 }
@@ -598,11 +599,11 @@ void export_comms_join(struct job *job) {
 void export_comms_rank_left(struct job *job, uint32_t r) {
   if (!job->comms_early || !gpu_comms_holds(job->gpu_comms, r))
     return;
-  log_msg(LOG_LEVEL_INFO,
-          "job %s: rank %" PRIu32 " left before the first export: its NCCL "
-          "communicator and this node's others are aborted; the first "
-          "export makes them",
-          job->hex, r);
+  log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+           "job %s: rank %" PRIu32 " left before the first export: its NCCL "
+           "communicator and this node's others are aborted; the first "
+           "export makes them",
+           job->hex, r);
   drop_early_comms(job);
 }
 
@@ -1222,10 +1223,10 @@ void export_tick(struct job *job) {
     for (uint32_t r = 0; r < job->world; r++) {
       struct export_rank *er = &ex->ranks[r];
       if (!er->answered && er->m->conn != NULL) {
-        log_msg(LOG_LEVEL_WARN,
-                "job %s: rank %" PRIu32 " did not read its export reply in "
-                "%" PRIu32 " ms; disconnecting it",
-                job->hex, r, ex->timeout_ms);
+        log_with(LOG_LEVEL_WARN, LOG_JOB(job->hex),
+                 "job %s: rank %" PRIu32 " did not read its export reply in "
+                 "%" PRIu32 " ms; disconnecting it",
+                 job->hex, r, ex->timeout_ms);
         conn_close(er->m->conn);
       }
     }

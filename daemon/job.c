@@ -264,8 +264,8 @@ void job_wake(struct job *job) { uv_async_send(&job->wake); }
 static void on_tick(uv_timer_t *timer) {
   struct job *job = timer->data;
   if (!job->ever_joined) {
-    log_msg(LOG_LEVEL_INFO, "job %s: no rank joined within job_timeout",
-            job->hex);
+    log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+             "job %s: no rank joined within job_timeout", job->hex);
     job->ticking = false;
     job_destroy(job);
     return;

@@ -558,10 +558,11 @@ int remote_exchange(struct remote *r, const atomic_bool *cancel,
              r->plan->keys[m->key].name);
     return rc;
   }
-  log_msg(LOG_LEVEL_INFO, "job %s: export %" PRIu64 ": node %zu (%s): %s",
-          r->job_hex, r->export_id, failed, r->peers[failed].addr,
-          rc == SP_ETIMEOUT ? "moved nothing within the export's timeout"
-                            : sp_strerror(rc));
+  log_with(LOG_LEVEL_INFO, LOG_JOB(r->job_hex),
+           "job %s: export %" PRIu64 ": node %zu (%s): %s", r->job_hex,
+           r->export_id, failed, r->peers[failed].addr,
+           rc == SP_ETIMEOUT ? "moved nothing within the export's timeout"
+                             : sp_strerror(rc));
   *lost_node = (uint32_t)failed;
   mesh_lost_message(r->job_hex, (uint32_t)failed, r->peers[failed].addr,
                     r->export_id, msg, msglen);

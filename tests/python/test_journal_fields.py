@@ -14,6 +14,7 @@ meson test sets SHARDPORTD, SHARDPORT_DEMO and PYTHONPATH.
 """
 
 import os
+import re
 import shutil
 import socket
 import struct
@@ -138,6 +139,12 @@ class JournalFields(unittest.TestCase):
         for e in got:
             self.assertEqual(e["SYSLOG_IDENTIFIER"], "shardportd")
             self.assertIn(e["PRIORITY"], ("3", "4", "6", "7"))
+        # Every line about a job names it in a field: `journalctl
+        # SHARDPORT_JOB=ID` is the whole story.
+        for e in got:
+            about = re.match(r"job ([0-9a-f]{32}):", e["MESSAGE"])
+            if about:
+                self.assertEqual(e.get("SHARDPORT_JOB"), about.group(1), e)
         jobs = []
         for e in got:
             if "SHARDPORT_JOB" in e and e["SHARDPORT_JOB"] not in jobs:
