@@ -40,9 +40,25 @@ enum log_level {
  * (JOURNAL_STREAM names it) to choose "<N>" prefixes over plain text. */
 void log_init(enum log_level level);
 void log_set_level(enum log_level level);
-/* The one logging call: one line to stderr. */
+/* The one logging call: one line to stderr, or one journal entry. */
 void log_msg(enum log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* What a line is about, as journal fields (log.c): a job's line carries
+ * them so that `journalctl SHARDPORT_JOB=ID` finds it.  LOG_NONE, NULL or
+ * 0 leaves a field out. */
+#define LOG_NONE (-1)
+struct log_fields {
+  const char *job; /* SHARDPORT_JOB: the job's id in hex */
+  int64_t rank;    /* SHARDPORT_RANK */
+  int64_t node;    /* SHARDPORT_NODE: the job's node on this daemon */
+  uint64_t export_id; /* SHARDPORT_EXPORT */
+  int error;       /* SHARDPORT_ERROR: the code's wire name */
+};
+/* A job's fields: rank and node LOG_NONE, no export, no error. */
+#define LOG_JOB(hex) \
+  (&(struct log_fields){.job = (hex), .rank = LOG_NONE, .node = LOG_NONE})
+void log_with(enum log_level level, const struct log_fields *f,
+              const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* An event that may repeat as fast as the loop turns (an accept failing at
  * EMFILE, links dropped at a cap) is logged with log_limited: at most one
  * line per LOG_LIMIT_MS, which says how many were not logged since the
@@ -104,6 +120,9 @@ void backend_release(struct backend_choice *choice);
 #define CONFIG_DEFAULT_DRAIN_TIMEOUT_MS 60000u
 #define CONFIG_DEFAULT_EXPORT_HISTORY 8u
 #define CONFIG_MAX_EXPORT_HISTORY 256u
+/* Scrapers of the metrics endpoint connected at once (metrics_http.c). */
+#define CONFIG_DEFAULT_METRICS_CONNECTIONS 64u
+#define CONFIG_MAX_METRICS_CONNECTIONS 1024u
 /* "addr:port" of a daemon, numeric (IPv6 in brackets), with its NUL. */
 #define NODE_ADDR_MAX 64
 
@@ -172,6 +191,12 @@ struct config {
   /* Links accepted from other daemons that have not yet proved who they
    * are, at most (nodelink.c). */
   uint32_t peer_handshakes;
+  /* Where GET /metrics is served (off unless set; docs/operations.md,
+   * "Monitoring"), and how many scrapers may be connected at once. */
+  bool metrics_listen_set;
+  char metrics_listen[NODE_ADDR_MAX];
+  struct sockaddr_storage metrics_listen_addr;
+  uint32_t metrics_connections;
 };
 
 /* Built-in defaults: root and the daemon's own uid, its own gid. */
@@ -288,6 +313,8 @@ void detach_ready(void);
 struct conn;
 struct job;
 struct pool;
+struct metrics;
+struct metrics_http;
 
 struct server {
   uv_loop_t *loop;
@@ -348,6 +375,12 @@ struct server {
   uint32_t peer_unidentified;
   uint32_t peer_handshake_cap;
   struct log_limit peer_accept_log, peer_evict_log;
+  /* What Prometheus scrapes (daemon/metrics.h): the counters, always; the
+   * HTTP endpoint when metrics_listen is set, and the async handle its
+   * thread asks the loop for fresh gauges with. */
+  struct metrics *metrics;
+  struct metrics_http *metrics_http;
+  uv_async_t metrics_async;
 };
 
 /* Listens, serves until SIGTERM/SIGINT (drained, drain.c) and shuts down
@@ -1444,6 +1477,8 @@ struct remote_peer_setup {
   int sock; /* the data link, or -1 (this node, or none) */
   char addr[NODE_ADDR_MAX];
   _Atomic uint64_t *sent, *received; /* the node's counters, or NULL */
+  /* The daemon's counters of that peer address (metrics.h), or NULL. */
+  struct metrics_peer *metrics;
 };
 
 struct remote_setup {
