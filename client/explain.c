@@ -62,6 +62,21 @@ static void explain_fs(char *why, size_t len, const char *where,
     return;
   }
   group_name(st.st_gid, group, sizeof group);
+  /* Root's group lets its members do far more than reach a socket: nobody
+   * should join it for this.  The daemon's configuration names the group
+   * it opens the socket to instead. */
+  if (st.st_gid == 0) {
+    snprintf(why, len,
+             "cannot reach %s: the file system denies %s access (%s is mode "
+             "%04o, group %s); it is open to root's group only, which no "
+             "user should join for this: set socket_group and allowed_gid "
+             "in shardportd's configuration to a group of its users (such "
+             "as shardport), give the socket's directory that group too, "
+             "restart shardportd and add USER to the group "
+             "(docs/operations.md, \"Socket permissions\")",
+             where, user, what, (unsigned)(st.st_mode & 07777), group);
+    return;
+  }
   snprintf(why, len,
            "cannot reach %s: the file system denies %s access (%s is mode "
            "%04o, group %s); members of group %s may connect: usermod -aG "
@@ -105,8 +120,10 @@ void client_explain(char *why, size_t len, const char *path,
              "shardportd at %s refused %s: %s; it admits the users in its "
              "allowed_uids and the members of its allowed_gid (by default "
              "root, its own user and its own group, shardport under "
-             "systemd): join that group or be added to allowed_uids "
-             "(docs/operations.md, \"Socket permissions\")",
+             "systemd): add the user to allowed_uids in shardportd's "
+             "configuration, or set allowed_gid to a group of its users "
+             "(such as shardport, never root) and add the user to that "
+             "group (docs/operations.md, \"Socket permissions\")",
              where, user,
              daemon_msg != NULL && daemon_msg[0] != '\0' ? daemon_msg
                                                         : sp_strerror(code));

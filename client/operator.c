@@ -95,10 +95,13 @@ static int fetch_page(sp_client *client, const char *after,
     memset(e, 0, sizeof *e);
     list->njobs++;
     rc = decode_entry(&a->ptr[i], e);
-    /* Pages come in id order: anything else could loop for ever. */
-    const char *prev = list->njobs > 1 ? list->jobs[list->njobs - 2].job_id
-                                       : after;
-    if (rc == 0 && strcmp(e->job_id, prev) <= 0)
+    /* Pages come in id order, each after the last id of the one before:
+     * anything else could loop for ever.  Within a page one id may come
+     * more than once (shadows of one job id with different secrets, which
+     * the daemon keeps on one page). */
+    int order = i == 0 ? strcmp(e->job_id, after)
+                       : strcmp(e->job_id, list->jobs[list->njobs - 2].job_id);
+    if (rc == 0 && (i == 0 ? order <= 0 : order < 0))
       rc = SP_EBADMSG;
   }
   client_reply_release(&reply);

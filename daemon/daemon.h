@@ -40,9 +40,25 @@ enum log_level {
  * (JOURNAL_STREAM names it) to choose "<N>" prefixes over plain text. */
 void log_init(enum log_level level);
 void log_set_level(enum log_level level);
-/* The one logging call: one line to stderr. */
+/* The one logging call: one line to stderr, or one journal entry. */
 void log_msg(enum log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* What a line is about, as journal fields (log.c): a job's line carries
+ * them so that `journalctl SHARDPORT_JOB=ID` finds it.  LOG_NONE, NULL or
+ * 0 leaves a field out. */
+#define LOG_NONE (-1)
+struct log_fields {
+  const char *job; /* SHARDPORT_JOB: the job's id in hex */
+  int64_t rank;    /* SHARDPORT_RANK */
+  int64_t node;    /* SHARDPORT_NODE: the job's node on this daemon */
+  uint64_t export_id; /* SHARDPORT_EXPORT */
+  int error;       /* SHARDPORT_ERROR: the code's wire name */
+};
+/* A job's fields: rank and node LOG_NONE, no export, no error. */
+#define LOG_JOB(hex) \
+  (&(struct log_fields){.job = (hex), .rank = LOG_NONE, .node = LOG_NONE})
+void log_with(enum log_level level, const struct log_fields *f,
+              const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* An event that may repeat as fast as the loop turns (an accept failing at
  * EMFILE, links dropped at a cap) is logged with log_limited: at most one
  * line per LOG_LIMIT_MS, which says how many were not logged since the
@@ -106,6 +122,9 @@ void backend_release(struct backend_choice *choice);
 #define CONFIG_DEFAULT_DRAIN_TIMEOUT_MS 60000u
 #define CONFIG_DEFAULT_EXPORT_HISTORY 8u
 #define CONFIG_MAX_EXPORT_HISTORY 256u
+/* Scrapers of the metrics endpoint connected at once (metrics_http.c). */
+#define CONFIG_DEFAULT_METRICS_CONNECTIONS 64u
+#define CONFIG_MAX_METRICS_CONNECTIONS 1024u
 /* "addr:port" of a daemon, numeric (IPv6 in brackets), with its NUL. */
 #define NODE_ADDR_MAX 64
 
@@ -175,6 +194,12 @@ struct config {
   /* Links accepted from other daemons that have not yet proved who they
    * are, at most (nodelink.c). */
   uint32_t peer_handshakes;
+  /* Where GET /metrics is served (off unless set; docs/operations.md,
+   * "Monitoring"), and how many scrapers may be connected at once. */
+  bool metrics_listen_set;
+  char metrics_listen[NODE_ADDR_MAX];
+  struct sockaddr_storage metrics_listen_addr;
+  uint32_t metrics_connections;
 };
 
 /* Built-in defaults: root and the daemon's own uid, its own gid. */
@@ -291,6 +316,8 @@ void detach_ready(void);
 struct conn;
 struct job;
 struct pool;
+struct metrics;
+struct metrics_http;
 
 struct server {
   uv_loop_t *loop;
@@ -353,6 +380,12 @@ struct server {
   /* Room to choose a link to drop among peer_handshake_cap (nodelink.c). */
   struct peerhost_entry *peer_evict_scratch;
   struct log_limit peer_accept_log, peer_evict_log;
+  /* What Prometheus scrapes (daemon/metrics.h): the counters, always; the
+   * HTTP endpoint when metrics_listen is set, and the async handle its
+   * thread asks the loop for fresh gauges with. */
+  struct metrics *metrics;
+  struct metrics_http *metrics_http;
+  uv_async_t metrics_async;
 };
 
 /* Listens, serves until SIGTERM/SIGINT (drained, drain.c) and shuts down
@@ -1124,7 +1157,8 @@ void job_set_owner(struct job *job, const struct peer *peer);
 /* Ends the job for good (an abort, the daemon stopping): its running
  * export and its waiting ranks fail with code and message, every rank's
  * connection is ended with them (conn_finish), and the job is freed once
- * no thread uses it. */
+ * no thread uses it.  On the root of a job across nodes, every other node
+ * ends it too, its ranks with the same code and message. */
 void job_terminate(struct job *job, int code, const char *message);
 /* For jobs across nodes (mesh.c): the next job of an id after prev (NULL:
  * the first), or NULL (an id names one job, but shadows of tickets that
@@ -1207,7 +1241,11 @@ void export_publish(struct job *job);
 /* Fails the running export, or the ranks waiting for one, with the root's
  * code and message (nothing is reported back to the root). */
 void export_fail(struct job *job, int code, const char *message);
+/* Fails the ranks of this node waiting for an export, and logs the failure
+ * (once, at warn) when there are any. */
 void export_fail_asks(struct job *job, int code, const char *message);
+/* Whether a rank of this node waits for an export. */
+bool export_any_asked(const struct job *job);
 /* Fails the running export (across nodes, the root hears it and fails it
  * on every node) and the ranks waiting for one, with code and message:
  * an abort, a drain that ran out of time. */
@@ -1221,7 +1259,7 @@ void export_abort(struct job *job, int code, const char *message);
 #define NODE_MAX_ITEMS (1u << 26)
 #define NODE_MAX_NODES 4096u
 /* Bump when a message between daemons changes (docs/protocol.md). */
-#define NODE_PROTOCOL_VERSION 2
+#define NODE_PROTOCOL_VERSION 3
 
 /* Frame bytes shared by the links that send them (the root relays one
  * rank's registrations to every node): refcounted, loop thread only. */
@@ -1370,6 +1408,7 @@ enum nodemsg_op {
   NODEMSG_BEAT,
   NODEMSG_BYE,
   NODEMSG_ERROR,
+  NODEMSG_ABORT, /* the root ended the job for good: every node ends it */
 };
 
 struct nodemsg_node {
@@ -1467,6 +1506,9 @@ void mesh_tick(struct job *job);
 /* Something to watch (asks out, an export under way); may the job end. */
 bool mesh_active(const struct job *job);
 bool mesh_may_end(const struct job *job);
+/* On the root: tells every node that the job ended for good, with the code
+ * and message its ranks there are to hear. */
+void mesh_job_ended(struct job *job, int code, const char *message);
 /* A link another daemon opened: its challenge, then its first frame. */
 void mesh_link_accepted(struct server *srv, struct nodelink *l);
 void mesh_link_hello(struct server *srv, struct nodelink *l,
@@ -1517,6 +1559,8 @@ struct remote_peer_setup {
   int sock; /* the data link, or -1 (this node, or none) */
   char addr[NODE_ADDR_MAX];
   _Atomic uint64_t *sent, *received; /* the node's counters, or NULL */
+  /* The daemon's counters of that peer address (metrics.h), or NULL. */
+  struct metrics_peer *metrics;
 };
 
 struct remote_setup {
@@ -1561,10 +1605,12 @@ uint8_t *remote_dest(const struct remote *r, const struct plan_move *m,
 /* ---- joblist.c -------------------------------------------------------- */
 
 /* The job whose id is ref or starts with it (ref: 1 to 32 lowercase hex
- * digits): 0, SP_ENOJOB, or SP_EINVAL when ref fits several; with a
- * sentence in msg. */
+ * digits): 0, SP_ENOJOB, or SP_EINVAL when ref fits several ids; with a
+ * sentence in msg.  A daemon keeps one shadow of a job rooted elsewhere
+ * per secret (job.c), so one id may name several jobs: *named says how
+ * many, and *out is one of them. */
 int joblist_find(const struct server *srv, const char *ref, struct job **out,
-                 char *msg, size_t msglen);
+                 uint32_t *named, char *msg, size_t msglen);
 /* Handlers of the dispatch table (conn.c). */
 int joblist_op_jobs(struct conn *c, const struct sp_msg_head *head,
                     const msgpack_object *map, struct sp_frame *frame);

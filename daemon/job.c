@@ -80,6 +80,17 @@ static struct job *find_ticket(const struct server *srv,
   return found;
 }
 
+/* Whether a job of this id was created on this daemon (one on this daemon
+ * only, or one across nodes rooted here): a shadow of that id would be
+ * forged, since the root is here. */
+static bool created_here(const struct server *srv, const uint8_t *id) {
+  for (struct job *j = job_find(srv, NULL, id); j != NULL;
+       j = job_find(srv, j, id))
+    if (j->mesh == NULL || mesh_is_root(j->mesh))
+      return true;
+  return false;
+}
+
 static void on_job_handle_closed(uv_handle_t *handle) {
   struct job *job = handle->data;
   if (--job->open_handles > 0)
@@ -128,7 +139,7 @@ static void job_destroy(struct job *job) {
   srv->njobs--;
   if (job->owner != NULL)
     quota_release(job->owner, QUOTA_JOB);
-  log_msg(LOG_LEVEL_INFO, "job %s: ended", job->hex);
+  log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex), "job %s: ended", job->hex);
   for (uint32_t r = 0; r < job->world; r++)
     if (job->members[r] != NULL) {
       member_free(job->members[r]);
@@ -226,8 +237,11 @@ static void free_lost(struct job *job) {
     struct job_member *m = job->members[r];
     if (m == NULL || !m->lost)
       continue;
-    log_msg(LOG_LEVEL_INFO, "job %s: rank %u %s", job->hex, r,
-            m->disconnected ? "disconnected" : "left");
+    log_with(LOG_LEVEL_INFO,
+             &(struct log_fields){
+                 .job = job->hex, .rank = r, .node = LOG_NONE},
+             "job %s: rank %u %s", job->hex, r,
+             m->disconnected ? "disconnected" : "left");
     if (job->mesh != NULL)
       mesh_rank_left(job, r, m->disconnected, m->refused);
     export_comms_rank_left(job, r);
@@ -261,8 +275,8 @@ void job_wake(struct job *job) { uv_async_send(&job->wake); }
 static void on_tick(uv_timer_t *timer) {
   struct job *job = timer->data;
   if (!job->ever_joined) {
-    log_msg(LOG_LEVEL_INFO, "job %s: no rank joined within job_timeout",
-            job->hex);
+    log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+             "job %s: no rank joined within job_timeout", job->hex);
     job->ticking = false;
     job_destroy(job);
     return;
@@ -299,6 +313,10 @@ void job_conn_closed(struct job_member *m) {
 }
 
 void job_terminate(struct job *job, int code, const char *message) {
+  /* The other nodes first: the root's own failure must not reach them as
+   * the loss of its links. */
+  if (job->mesh != NULL)
+    mesh_job_ended(job, code, message);
   export_abort(job, code, message);
   for (uint32_t r = 0; r < job->world; r++) {
     struct job_member *m = job->members[r];
@@ -453,7 +471,7 @@ int job_op_create(struct conn *c, const struct sp_msg_head *head,
     return conn_send_error(c, head->id, SP_ENOMEM,
                            "job_create: cannot make a ticket");
   }
-  log_msg(LOG_LEVEL_INFO,
+  log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
           "job %s: created for %" PRIu32 " ranks by uid %u (pid %d)",
           job->hex, job->world, (unsigned)job->owner_uid,
           (int)job->owner_pid);
@@ -493,9 +511,11 @@ int job_op_join(struct conn *c, const struct sp_msg_head *head,
    * a shadow's secret is only a claim until its root proves it, so a
    * ticket forged with a job's id and another secret gets a shadow of its
    * own, which its root refuses, and never stands in the way of the real
-   * ticket's ranks. */
+   * ticket's ranks.  Where the job was created here, such a ticket is
+   * refused outright (below), so that the root has one job of its id. */
   if (job == NULL && ticket.root[0] != '\0' &&
-      strcmp(ticket.root, srv->peer_address) != 0) {
+      strcmp(ticket.root, srv->peer_address) != 0 &&
+      !created_here(srv, ticket.job)) {
     rc = mesh_shadow_job(c, head, &ticket, &job);
     if (job == NULL)
       return rc;
@@ -605,7 +625,9 @@ struct job_member *job_admit(struct job *job, struct conn *c,
   if (job->mesh != NULL)
     mesh_rank_joined(job, req->rank);
   export_drop_cache(job);
-  log_msg(LOG_LEVEL_INFO,
+  log_with(LOG_LEVEL_INFO,
+          &(struct log_fields){
+              .job = job->hex, .rank = req->rank, .node = LOG_NONE},
           "job %s: rank %" PRIu32 " joined (%" PRIu32 " of %" PRIu32 ")",
           job->hex, req->rank, job->joined, job->world);
   struct sp_msgbuf mb;

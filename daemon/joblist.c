@@ -22,24 +22,31 @@
 #define JOBLIST_PAGE 1024u
 
 int joblist_find(const struct server *srv, const char *ref, struct job **out,
-                 char *msg, size_t msglen) {
-  size_t len = strlen(ref), matches = 0;
+                 uint32_t *named, char *msg, size_t msglen) {
+  size_t len = strlen(ref);
+  uint32_t matches = 0;
+  bool several_ids = false;
   *out = NULL;
   for (struct job *job = srv->jobs; job != NULL; job = job->next)
     if (strncmp(job->hex, ref, len) == 0) {
-      *out = job;
+      if (*out == NULL)
+        *out = job;
+      else if (strcmp(job->hex, (*out)->hex) != 0)
+        several_ids = true;
       matches++;
     }
   if (matches == 0)
     return sp_failf(msg, msglen, SP_ENOJOB,
                     "no job %s on this daemon (it ended, or was never here)",
                     ref);
-  if (matches > 1) {
+  if (several_ids) {
     *out = NULL;
     return sp_failf(msg, msglen, SP_EINVAL,
-                    "job id prefix %s matches %zu jobs; give more digits", ref,
-                    matches);
+                    "job id prefix %s matches %" PRIu32 " jobs; give more "
+                    "digits",
+                    ref, matches);
   }
+  *named = matches;
   return 0;
 }
 
@@ -74,10 +81,14 @@ static void pack_summary(const struct job *job, msgpack_packer *pk,
   sp_pack_kv_u64(pk, "node_count", mesh_node_count(job));
 }
 
+/* By id, and the jobs of one id (joblist_find) oldest first. */
 static int by_id(const void *a, const void *b) {
   const struct job *x = *(struct job *const *)a;
   const struct job *y = *(struct job *const *)b;
-  return strcmp(x->hex, y->hex);
+  int c = strcmp(x->hex, y->hex);
+  if (c != 0)
+    return c;
+  return (x->created_ms > y->created_ms) - (x->created_ms < y->created_ms);
 }
 
 int joblist_op_jobs(struct conn *c, const struct sp_msg_head *head,
@@ -101,6 +112,11 @@ int joblist_op_jobs(struct conn *c, const struct sp_msg_head *head,
   while (first < n && after[0] != '\0' && strcmp(all[first]->hex, after) <= 0)
     first++;
   size_t count = n - first < JOBLIST_PAGE ? n - first : JOBLIST_PAGE;
+  /* The next page starts after the last id of this one, so the jobs of
+   * one id (shadows, joblist_find) stay on one page: none is skipped. */
+  while (first + count < n &&
+         strcmp(all[first + count]->hex, all[first + count - 1]->hex) == 0)
+    count++;
   uint64_t now = job_now_ms();
   struct sp_msgbuf mb;
   sp_msgbuf_begin(&mb, "jobs", head->id, 2);
@@ -167,9 +183,17 @@ int joblist_op_job_status(struct conn *c, const struct sp_msg_head *head,
   (void)frame;
   char ref[2 * JOB_ID_BYTES + 1], msg[256];
   struct job *job;
+  uint32_t named;
   int rc = request_parse_job_ref(map, ref, msg, sizeof msg);
   if (rc == 0)
-    rc = joblist_find(conn_server(c), ref, &job, msg, sizeof msg);
+    rc = joblist_find(conn_server(c), ref, &job, &named, msg, sizeof msg);
+  if (rc == 0 && named > 1)
+    rc = sp_failf(msg, sizeof msg, SP_EINVAL,
+                  "job id %s names %" PRIu32 " jobs on this daemon: shadows "
+                  "of a job rooted elsewhere, made by tickets with its id "
+                  "and different secrets (one at most is the real job); "
+                  "shardport jobs lists them, shardport abort ends them all",
+                  job->hex, named);
   if (rc != 0)
     return conn_send_error(c, head->id, rc, "job_status: %s", msg);
   uint64_t now = job_now_ms();

@@ -35,6 +35,7 @@ static const struct {
     {NODEMSG_MOVED, "moved"},      {NODEMSG_PUBLISH, "publish"},
     {NODEMSG_FAIL, "fail"},        {NODEMSG_BEAT, "beat"},
     {NODEMSG_BYE, "bye"},          {NODEMSG_ERROR, "error"},
+    {NODEMSG_ABORT, "abort"},
 };
 
 const char *nodemsg_op_name(enum nodemsg_op op) {
@@ -401,6 +402,7 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
       return rc;
     __attribute__((fallthrough));
   case NODEMSG_ERROR:
+  case NODEMSG_ABORT:
     if ((rc = get_code(map, &m->code, msg, msglen)) != 0)
       return rc;
     if (m->code == 0)
@@ -442,6 +444,7 @@ static uint32_t fields_of(const struct nodemsg *m) {
   case NODEMSG_FAIL:
     return 3;
   case NODEMSG_ERROR:
+  case NODEMSG_ABORT:
     return 2;
   case NODEMSG_BYE:
     return 0;
@@ -577,6 +580,7 @@ void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
     sp_pack_kv_u64(pk, "gather", m->gather);
     __attribute__((fallthrough));
   case NODEMSG_ERROR:
+  case NODEMSG_ABORT:
     sp_pack_kv_str(pk, "code", sp_err_name(m->code));
     sp_pack_kv_str(pk, "message", m->message);
     break;

@@ -7,7 +7,8 @@
  * file, SHARDPORT_SOCKET, the flags), so a flag still wins over the file.
  * What the daemon set up once at start keeps its running value until a
  * restart: the socket and its group, the backend, the memory pool, the
- * listener for other daemons and the address it advertises, the watchdog.
+ * listener for other daemons and the address it advertises, the watchdog,
+ * the metrics endpoint.
  * Every other key applies from the next connection, job, export or frame.
  *
  * Which keys changed is found by comparing config_print of the running
@@ -16,6 +17,7 @@
  * setting that printed value again: config_print is a valid configuration
  * file, so the one parser restores it and no key's fields are listed twice.
  */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +28,7 @@
 static const char *const restart_keys[] = {
     "socket",        "socket_group",      "backend",     "watchdog",
     "pool_capacity", "gpu_pool_capacity", "peer_listen", "peer_advertise",
+    "metrics_listen", "metrics_connections",
 };
 
 static bool needs_restart(const char *key) {
@@ -134,13 +137,23 @@ void reload_run(struct server *srv) {
     *srv->cfg = next;
     log_set_level(next.log_level);
     srv->engine_threads = server_engine_threads(&next);
+    /* What was read, as the start line says it: a default file that does
+     * not exist was not read, and the defaults and flags were applied. */
+    char source[PATH_MAX + 96];
+    if (next.file_read)
+      snprintf(source, sizeof source, "%s read", path);
+    else
+      snprintf(source, sizeof source,
+               "no configuration file read (%s does not exist; built-in "
+               "defaults and flags)",
+               path);
     if (applied[0] == '\0' && restart[0] == '\0')
-      log_msg(LOG_LEVEL_INFO, "reload: %s read; nothing changed", path);
+      log_msg(LOG_LEVEL_INFO, "reload: %s; nothing changed", source);
     else
       log_msg(LOG_LEVEL_INFO,
-              "reload: %s read; applied: %s; need a restart "
+              "reload: %s; applied: %s; need a restart "
               "(systemctl restart shardportd): %s",
-              path, applied[0] ? applied : "none",
+              source, applied[0] ? applied : "none",
               restart[0] ? restart : "none");
   }
   free(old_text);

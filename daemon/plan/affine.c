@@ -203,7 +203,8 @@ static int check_rank(const struct affine_map *map, uint32_t rank,
     boxes[pi] = (struct cover_box){p->src_offset, p->ndim, p->shape,
                                    p->src_stride, false};
   }
-  rc = cover_check(boxes, shard->npieces, shard->numel, false, map->stop, &d);
+  rc = cover_check(boxes, shard->npieces, shard->numel, false, map->stop, &d,
+                  NULL);
   return rc != 0 ? refuse_source(map, rank, rc, &d, msg, msglen) : 0;
 }
 
@@ -328,7 +329,7 @@ int affine_validate(const struct affine_map *map, char *msg, size_t msglen) {
     }
   }
   if (rc == 0) {
-    rc = cover_check(boxes, total, full_numel, true, map->stop, &d);
+    rc = cover_check(boxes, total, full_numel, true, map->stop, &d, NULL);
     if (rc != 0)
       rc = refuse_destination(map, rc, &d, msg, msglen);
   }

@@ -71,7 +71,7 @@ int affine_check_rank(const struct affine_map *map, uint32_t rank, char *msg,
                       size_t msglen);
 
 /* Checks every rank's pieces, then every destination together: metadata
- * only, in memory proportional to the pieces (about 320 bytes each), freed
+ * only, in memory proportional to the pieces (about 360 bytes each), freed
  * before returning. */
 int affine_validate(const struct affine_map *map, char *msg, size_t msglen);
 

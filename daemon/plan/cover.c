@@ -24,13 +24,21 @@
  * is the one at the lowest element, in whatever order the boxes come.
  *
  * Runs can be as many as elements (columns dealt round-robin), so the
- * sweep also skips.  Between two events (a comb opening or closing) the
- * combs in progress repeat with the least common multiple L of their
- * periods.  Once a whole L after the last event has been swept, each later
- * whole L before the next event holds the same runs shifted by L: the
- * active heap and both maxima move forward by as many L as fit.  A column
- * split of any height then costs a few runs per box, interleaved columns a
- * few runs per row and box.
+ * sweep also skips what repeats (sweep_try_skip): the combs in progress of
+ * the shortest periods repeat with the least common multiple L of their
+ * periods, from the point W where nothing else left a trace (the ends of
+ * closed combs, kept apart, and the runs of the other combs in progress)
+ * up to the next comb to open, close, or run of another comb.  Once two
+ * whole L past W are swept, every later run before that horizon is judged
+ * as its copy a period before it was: the pattern's combs and both maxima
+ * move forward by as many L as fit.  A comb of a long period in progress
+ * (one column of every row) is left out of the pattern of the short ones
+ * (the other columns dealt round-robin) instead of stretching it to its
+ * own period.  A row, column or block split of any height then costs a few
+ * runs per box, interleaved columns a few runs per row and box; attempts
+ * come after as many runs as there are combs in progress, and twice as
+ * far apart after each that finds nothing to skip, so they at most double
+ * the runs of a pattern that never repeats.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +46,7 @@
 #include "shardport.h"
 #include "daemon/plan/internal.h"
 
-/* How many runs the sweep takes between two looks at the stop flag. */
+/* How many steps the sweep takes between two looks at the stop flag. */
 #define STOP_EVERY 4096u
 
 struct box {
@@ -78,9 +86,9 @@ static void heap_push(struct heap *h, struct heap_entry x) {
   h->e[i] = x;
 }
 
-static struct heap_entry heap_pop(struct heap *h) {
-  struct heap_entry top = h->e[0], x = h->e[--h->n];
-  size_t i = 0;
+/* Moves h->e[i] down until neither child comes before it. */
+static void heap_sift_down(struct heap *h, size_t i) {
+  struct heap_entry x = h->e[i];
   for (;;) {
     size_t c = 2 * i + 1;
     if (c >= h->n)
@@ -92,9 +100,21 @@ static struct heap_entry heap_pop(struct heap *h) {
     h->e[i] = h->e[c];
     i = c;
   }
+  h->e[i] = x;
+}
+
+static struct heap_entry heap_pop(struct heap *h) {
+  struct heap_entry top = h->e[0];
+  h->e[0] = h->e[--h->n];
   if (h->n > 0)
-    h->e[i] = x;
+    heap_sift_down(h, 0);
   return top;
+}
+
+/* Restores the order of a heap whose keys changed. */
+static void heap_make(struct heap *h) {
+  for (size_t i = h->n / 2; i-- > 0;)
+    heap_sift_down(h, i);
 }
 
 static uint64_t gcd(uint64_t a, uint64_t b) {
@@ -178,9 +198,11 @@ static bool box_next_comb(struct box *b) {
   return false;
 }
 
-static uint64_t comb_end(const struct box *b) {
-  return b->comb + (b->count - 1) * b->period + b->run;
-}
+/* An active comb's period and position in the active heap. */
+struct ordered {
+  uint64_t period;
+  uint32_t pos;
+};
 
 struct sweep {
   struct box *boxes;
@@ -189,14 +211,21 @@ struct sweep {
   uint64_t n;
   bool complete;
   /* The furthest end of any run swept so far, and of any unshared run,
-   * with the boxes that reached them. */
+   * with the boxes that reached them first. */
   uint64_t end_any, end_unshared;
   uint32_t box_any, box_unshared;
-  /* Skipping: the last event, a multiple of the active combs' periods
-   * (0: unknown), and where the next attempt may happen. */
-  uint64_t event;
-  uint64_t period;
-  uint64_t attempt_at;
+  /* Over the combs closed so far, kept apart from the combs still open:
+   * one past the start of the last run, and the furthest end. */
+  uint64_t closed_start, closed_end;
+  /* Runs to sweep before the next attempt to skip, and the interval, which
+   * doubles after each attempt that finds nothing to skip. */
+  uint64_t until_attempt, interval;
+  /* Room for one entry per box, for the attempts. */
+  struct ordered *order; /* the active combs, by period */
+  uint64_t *tail_start; /* see sweep_try_skip */
+  uint64_t *tail_end;
+  uint64_t *tail_key;
+  struct cover_work work;
 };
 
 static int defect(struct cover_defect *out, int code, uint64_t element,
@@ -229,45 +258,161 @@ static int sweep_run(struct sweep *s, uint32_t i, uint64_t start, uint64_t len,
   return 0;
 }
 
-/* Moves the sweep from next (every run before it swept, and at least one
- * whole period since the last event) forward by as many periods as fit
- * before the next event, keeping a period of margin. */
-static void sweep_skip(struct sweep *s, uint64_t next) {
-  uint64_t period = 1, horizon = s->n, room, shift;
+static const struct box *active_box(const struct sweep *s, uint32_t pos) {
+  return &s->boxes[s->active.e[pos].box];
+}
 
-  if (s->pending.n > 0)
-    horizon = s->pending.e[0].key;
-  for (size_t k = 0; k < s->active.n; k++) {
-    const struct box *b = &s->boxes[s->active.e[k].box];
-    uint64_t end = comb_end(b);
-    period = lcm_within(period, b->period, s->n);
-    if (end < horizon)
-      horizon = end;
-  }
-  s->period = period;
-  if (period == 0)
-    return;
-  s->attempt_at = next + period;
-  /* Each comb's next run starts at most one period past next, so after the
-   * shift before next + shift + period < horizon: still a run of its comb,
-   * and no event comes between. */
-  room = horizon - next;
-  if (room <= 2 * period)
-    return;
-  shift = ((room - 1) / period - 1) * period;
-  for (size_t k = 0; k < s->active.n; k++) {
-    struct box *b = &s->boxes[s->active.e[k].box];
-    s->active.e[k].key += shift;
+static int by_period(const void *a, const void *b) {
+  const struct ordered *x = a, *y = b;
+  if (x->period != y->period)
+    return x->period < y->period ? -1 : 1;
+  return x->pos < y->pos ? -1 : x->pos > y->pos ? 1 : 0;
+}
+
+/* Of the runs offered, the one that ends furthest and, of those, the first
+ * swept (lowest start, then lowest box): the one a sweep of every run
+ * would have kept as its maximum. */
+struct reach {
+  uint64_t end, start;
+  uint32_t box;
+};
+
+static void reach_offer(struct reach *r, uint64_t start, uint64_t end,
+                        uint32_t box) {
+  if (end > r->end ||
+      (end == r->end &&
+       (start < r->start || (start == r->start && box < r->box))))
+    *r = (struct reach){end, start, box};
+}
+
+/* Moves the first j + 1 combs of order (the pattern) forward by shift,
+ * a multiple of each one's period, and both maxima with them. */
+static void sweep_shift(struct sweep *s, size_t j, uint64_t shift) {
+  struct reach any = {0, 0, 0}, unshared = {0, 0, 0};
+
+  for (size_t k = 0; k <= j; k++) {
+    struct heap_entry *e = &s->active.e[s->order[k].pos];
+    struct box *b = &s->boxes[e->box];
+    uint64_t last;
+    e->key += shift;
     b->next += shift / b->period;
+    s->work.skipped += shift / b->period;
+    /* A comb's runs end in increasing order: the furthest end of its runs
+     * is its last run's, the one before its next. */
+    last = e->key - b->period;
+    reach_offer(&any, last, last + b->run, e->box);
+    if (!b->shared)
+      reach_offer(&unshared, last, last + b->run, e->box);
   }
-  /* Both maxima come from runs of combs in progress when they lie past the
-   * last event; a maximum at or before it is left behind by every later
-   * run, shifted or not. */
-  if (s->end_any > s->event)
-    s->end_any += shift;
-  if (s->end_unshared > s->event)
-    s->end_unshared += shift;
-  s->attempt_at += shift;
+  /* An end equal to one reached before the skip was reached first there. */
+  if (any.end > s->end_any) {
+    s->end_any = any.end;
+    s->box_any = any.box;
+  }
+  if (unshared.end > s->end_unshared) {
+    s->end_unshared = unshared.end;
+    s->box_unshared = unshared.box;
+  }
+  heap_make(&s->active);
+}
+
+/*
+ * Skips what repeats ahead of next, the first element of every run not yet
+ * swept: true when it did.
+ *
+ * A pattern is the combs in progress of the j + 1 shortest periods, which
+ * repeat with their lcm L.  It starts at W, past the start of every run of
+ * the other combs, closed or in progress, and past the first run of each
+ * of its combs; it holds up to H: up to the next comb to open, the next
+ * run of the other combs, and the last run of each of its combs.  Every
+ * run that starts in [W, H) is the pattern's, and one at x in [W + L, H)
+ * is one at x - L moved by L.  Once [W, next) holds two whole periods, the
+ * pattern's own maxima at x and at x - L differ by exactly L.
+ *
+ * What ends before W does not change that: the pattern's combs' own runs
+ * before W end before W + L (a comb's runs are at most a period long).
+ * A run before W that ends at E later than that must be shared and reach
+ * past every run after W it would refuse, or a defect was found already;
+ * so it can only hide a gap, and only before E.  Each run in [next, H)
+ * is then judged as its copy a period before it was, without a defect,
+ * as long as E ends before the copy or after the run: the pattern's combs
+ * move forward by as many periods S as keep each next run before its
+ * comb's last (next + S + L <= H) and keep clear of E, and each maximum
+ * becomes the furthest of its own and of the last runs moved.
+ */
+static bool sweep_try_skip(struct sweep *s) {
+  size_t a = s->active.n, best_j = 0;
+  uint64_t next = s->active.e[0].key, horizon = s->n, best = 0;
+  uint64_t period = 1, first = 0, last = UINT64_MAX;
+
+  if (s->pending.n > 0) {
+    horizon = s->pending.e[0].key;
+    if (horizon < next)
+      next = horizon;
+  }
+  s->work.steps += a;
+  for (size_t k = 0; k < a; k++)
+    s->order[k] = (struct ordered){active_box(s, (uint32_t)k)->period,
+                                   (uint32_t)k};
+  qsort(s->order, a, sizeof *s->order, by_period);
+  /* Over the combs order[j..], the furthest start of a run swept (plus
+   * one) and its end, and the first run not swept. */
+  s->tail_start[a] = s->closed_start;
+  s->tail_end[a] = s->closed_end;
+  s->tail_key[a] = UINT64_MAX;
+  for (size_t k = a; k-- > 0;) {
+    const struct box *b = active_box(s, s->order[k].pos);
+    uint64_t key = s->active.e[s->order[k].pos].key;
+    uint64_t start = key - b->period + 1, end = key - b->period + b->run;
+    s->tail_start[k] = start > s->tail_start[k + 1] ? start
+                                                     : s->tail_start[k + 1];
+    s->tail_end[k] = end > s->tail_end[k + 1] ? end : s->tail_end[k + 1];
+    s->tail_key[k] = key < s->tail_key[k + 1] ? key : s->tail_key[k + 1];
+  }
+  for (size_t j = 0; j < a; j++) {
+    const struct box *b = active_box(s, s->order[j].pos);
+    uint64_t w = s->tail_start[j + 1], h = horizon, e = s->tail_end[j + 1];
+    uint64_t comb_last = b->comb + (b->count - 1) * b->period, shift;
+
+    period = lcm_within(period, b->period, s->n);
+    if (period == 0)
+      break;
+    if (b->comb + 1 > first)
+      first = b->comb + 1;
+    if (comb_last + 1 < last)
+      last = comb_last + 1;
+    if (first > w)
+      w = first;
+    if (last < h)
+      h = last;
+    if (s->tail_key[j + 1] < h)
+      h = s->tail_key[j + 1];
+    if (next < w || next - w < 2 * period || h <= next ||
+        h - next <= period)
+      continue;
+    shift = (h - next - period) / period * period;
+    if (e >= next - period) {
+      if (e <= next)
+        continue;
+      if (e - next < shift)
+        shift = (e - next) / period * period;
+    }
+    if (shift > best) {
+      best = shift;
+      best_j = j;
+    }
+  }
+  if (best == 0)
+    return false;
+  sweep_shift(s, best_j, best);
+  return true;
+}
+
+/* A comb opened or closed: the patterns change, try again soon. */
+static void sweep_event(struct sweep *s) {
+  s->interval = s->active.n > 0 ? s->active.n : 1;
+  if (s->until_attempt > s->interval)
+    s->until_attempt = s->interval;
 }
 
 /* Takes the next run from either heap, judges it and moves its box on. */
@@ -278,54 +423,57 @@ static int sweep_step(struct sweep *s, struct cover_defect *out) {
   struct heap_entry e =
       from_pending ? heap_pop(&s->pending) : heap_pop(&s->active);
   struct box *b = &s->boxes[e.box];
+  bool event = from_pending;
   int rc;
 
-  if (from_pending) {
-    /* A comb opens: the repeating pattern restarts here. */
-    if (e.key > s->event)
-      s->event = e.key;
-    if (b->count > 1)
-      s->period = lcm_within(s->period, b->period, s->n);
-  }
+  s->work.steps++;
   rc = sweep_run(s, e.box, e.key, b->run, out);
   if (rc != 0)
     return rc;
   if (++b->next < b->count) {
     heap_push(&s->active, (struct heap_entry){e.key + b->period, e.box});
   } else {
-    /* The comb closes where its last run ends. */
-    if (e.key + b->run > s->event)
-      s->event = e.key + b->run;
+    event = true;
+    if (e.key + 1 > s->closed_start)
+      s->closed_start = e.key + 1;
+    if (e.key + b->run > s->closed_end)
+      s->closed_end = e.key + b->run;
     if (box_next_comb(b))
       heap_push(&s->pending, (struct heap_entry){b->comb, e.box});
   }
-  if (s->active.n == 0) {
-    s->period = 1;
-  } else if (s->period != 0) {
-    uint64_t next = s->active.e[0].key;
-    if (s->pending.n > 0 && s->pending.e[0].key < next)
-      next = s->pending.e[0].key;
-    /* A gap before next is found only when the run after it comes: no
-     * skip over it, so that the first defect is reported where it is. */
-    if (next >= s->event && next - s->event >= s->period &&
-        next >= s->attempt_at && (!s->complete || s->end_any >= next))
-      sweep_skip(s, next);
+  if (event)
+    sweep_event(s);
+  if (s->active.n > 0 && --s->until_attempt == 0) {
+    if (sweep_try_skip(s)) {
+      s->interval = s->active.n;
+    } else if (s->interval < UINT64_MAX / 2) {
+      s->interval *= 2;
+    }
+    s->until_attempt = s->interval;
   }
   return 0;
 }
 
 int cover_check(const struct cover_box *boxes, size_t nboxes, uint64_t n,
                 bool complete, const _Atomic bool *stop,
-                struct cover_defect *out) {
-  struct sweep s = {.n = n, .complete = complete, .period = 1};
-  uint64_t steps = 0;
+                struct cover_defect *out, struct cover_work *work) {
+  size_t room = nboxes > 0 ? nboxes : 1;
+  struct sweep s = {
+      .n = n, .complete = complete, .until_attempt = 1, .interval = 1};
+  uint64_t look_at = STOP_EVERY;
   int rc = 0;
 
   memset(out, 0, sizeof *out);
-  s.boxes = malloc((nboxes > 0 ? nboxes : 1) * sizeof *s.boxes);
-  s.pending.e = malloc((nboxes > 0 ? nboxes : 1) * sizeof *s.pending.e);
-  s.active.e = malloc((nboxes > 0 ? nboxes : 1) * sizeof *s.active.e);
-  if (s.boxes == NULL || s.pending.e == NULL || s.active.e == NULL) {
+  s.boxes = malloc(room * sizeof *s.boxes);
+  s.pending.e = malloc(room * sizeof *s.pending.e);
+  s.active.e = malloc(room * sizeof *s.active.e);
+  s.order = malloc(room * sizeof *s.order);
+  s.tail_start = malloc((room + 1) * sizeof *s.tail_start);
+  s.tail_end = malloc((room + 1) * sizeof *s.tail_end);
+  s.tail_key = malloc((room + 1) * sizeof *s.tail_key);
+  if (s.boxes == NULL || s.pending.e == NULL || s.active.e == NULL ||
+      s.order == NULL || s.tail_start == NULL || s.tail_end == NULL ||
+      s.tail_key == NULL) {
     rc = SP_ENOMEM;
     goto out;
   }
@@ -337,9 +485,12 @@ int cover_check(const struct cover_box *boxes, size_t nboxes, uint64_t n,
     heap_push(&s.pending, (struct heap_entry){s.boxes[i].comb, (uint32_t)i});
   }
   while (s.pending.n > 0 || s.active.n > 0) {
-    if (++steps % STOP_EVERY == 0 && stop != NULL && atomic_load(stop)) {
-      rc = SP_ETIMEOUT;
-      goto out;
+    if (s.work.steps >= look_at) {
+      look_at = s.work.steps + STOP_EVERY;
+      if (stop != NULL && atomic_load(stop)) {
+        rc = SP_ETIMEOUT;
+        goto out;
+      }
     }
     rc = sweep_step(&s, out);
     if (rc != 0)
@@ -348,8 +499,14 @@ int cover_check(const struct cover_box *boxes, size_t nboxes, uint64_t n,
   if (complete && s.end_any < n)
     rc = defect(out, SP_EUNCOVERED, s.end_any, 0, 0);
 out:
+  if (work != NULL)
+    *work = s.work;
   free(s.boxes);
   free(s.pending.e);
   free(s.active.e);
+  free(s.order);
+  free(s.tail_start);
+  free(s.tail_end);
+  free(s.tail_key);
   return rc;
 }

@@ -26,7 +26,7 @@ void plan_refuse_ranks(char *buf, size_t len, const uint32_t *ranks, size_t n);
 int plan_check_stop(const _Atomic bool *stop, char *msg, size_t msglen);
 
 /* cover.c: how strided boxes reach the elements [0, n), in memory
- * proportional to the boxes (about 280 bytes each), never to n. */
+ * proportional to the boxes (about 320 bytes each), never to n. */
 
 struct cover_box {
   int64_t offset;
@@ -42,13 +42,20 @@ struct cover_defect {
   uint32_t other;   /* box < other */
 };
 
+/* What a sweep cost, for the tests that bound it by the boxes. */
+struct cover_work {
+  uint64_t steps;   /* runs judged, plus combs looked at by skip attempts */
+  uint64_t skipped; /* runs judged by a skip instead, as copies */
+};
+
 /* The boxes must have passed sp_view_check_overlap and lie inside [0, n).
  * Returns 0; SP_EDOUBLEWRITE when an element is reached by two boxes not
  * both shared; SP_EUNCOVERED when complete and an element is reached by
- * none; SP_ETIMEOUT once *stop (NULL: never) is set; SP_ENOMEM. */
+ * none; SP_ETIMEOUT once *stop (NULL: never) is set; SP_ENOMEM.  *work
+ * (work may be NULL) receives what the sweep cost, whatever it returns. */
 int cover_check(const struct cover_box *boxes, size_t nboxes, uint64_t n,
                 bool complete, const _Atomic bool *stop,
-                struct cover_defect *out);
+                struct cover_defect *out, struct cover_work *work);
 
 /* index.c: every rank's keys, gathered per key in rank order. */
 

@@ -3,7 +3,8 @@
  * memory, against a record of one byte per element of the key.
  *
  * Each case is one key of uint8 elements whose pieces the ranks hold in a
- * usual way (rows, columns, blocks, interleaved columns) or in the worst
+ * usual way (rows, columns, blocks, interleaved columns, one column beside
+ * the others interleaved) or in the worst
  * one (runs of one element whose pattern never repeats), checked by
  * affine_validate in a child process of its own (peak memory: getrusage's
  * maxrss after the checks minus before).  The limit measured in the same
@@ -101,6 +102,29 @@ static void interleaved_key(struct key *k) {
     add(k, r, box(R, C / 8, 0, r, C, 8), (uint64_t)(R * C / 8));
 }
 
+/* Column 0 of 4 rows of 2^bits beside the other columns dealt over two
+ * pieces: runs a row apart beside runs two apart, which the sweep once
+ * judged one by one. */
+static void column_beside_dealt(struct key *k, int bits, const char *name) {
+  const int64_t C = (int64_t)1 << bits;
+  *k = (struct key){.name = name, .ndim = 2, .shape = {4, C}};
+  add(k, 0, box(4, 1, 0, 0, C, 1), 4);
+  add(k, 1, box(4, C / 2, 0, 1, C, 2), (uint64_t)(4 * (C / 2)));
+  add(k, 2, box(4, C / 2 - 1, 0, 2, C, 2), (uint64_t)(4 * (C / 2 - 1)));
+}
+
+static void column_beside_dealt_23(struct key *k) {
+  column_beside_dealt(k, 23, "(4, 2^23), column 0 beside the rest dealt over 2");
+}
+
+static void column_beside_dealt_27(struct key *k) {
+  column_beside_dealt(k, 27, "(4, 2^27), column 0 beside the rest dealt over 2");
+}
+
+static void column_beside_dealt_31(struct key *k) {
+  column_beside_dealt(k, 31, "(4, 2^31), column 0 beside the rest dealt over 2");
+}
+
 /* Element e in the piece of the lowest zero bit of e: no pattern repeats,
  * every element is a run the sweep visits. */
 static void dyadic_key(struct key *k) {
@@ -168,7 +192,7 @@ static void run_case(void (*make)(struct key *), double rate) {
   t0 = now_s();
   rc = affine_validate(&map, msg, sizeof msg);
   t = now_s() - t0;
-  printf("| %s | %u | %.3g | %.4f s | %.3g s | %.2g | +%ld KiB | %.3g GiB |\n",
+  printf("| %s | %u | %.3g | %.3g s | %.3g s | %.2g | +%ld KiB | %.3g GiB |\n",
          k.name, k.nranks, (double)numel, t, (double)numel / rate,
          t / ((double)numel / rate), maxrss_kib() - before,
          (double)numel / (1 << 30));
@@ -177,8 +201,10 @@ static void run_case(void (*make)(struct key *), double rate) {
 }
 
 int main(void) {
-  void (*cases[])(struct key *) = {rows_key, columns_key, blocks_key,
-                                   interleaved_key, dyadic_key};
+  void (*cases[])(struct key *) = {
+      rows_key,        columns_key,            blocks_key,
+      interleaved_key, column_beside_dealt_23, column_beside_dealt_27,
+      column_beside_dealt_31, dyadic_key};
   double rate = record_rate();
 
   printf("one byte per element written at %.2f GiB/s\n\n", rate / (1 << 30));

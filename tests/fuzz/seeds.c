@@ -354,6 +354,9 @@ static void node_messages(void) {
   m = (struct nodemsg){.op = NODEMSG_FAIL, .gather = 2, .code = SP_ENODELOST};
   snprintf(m.message, sizeof m.message, "node 1 (x) was lost");
   node_message("fail", &m);
+  m = (struct nodemsg){.op = NODEMSG_ABORT, .code = SP_EABORTED};
+  snprintf(m.message, sizeof m.message, "job J was aborted by uid 0");
+  node_message("abort", &m);
   for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++) {
     char name[32];
     m = (struct nodemsg){.op = plain[i], .gather = 11};

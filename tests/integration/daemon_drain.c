@@ -32,6 +32,8 @@ static void sleep_ms(long ms) {
   nanosleep(&ts, NULL);
 }
 
+static void start_logged(const char *const *args, const char *delay_ms);
+
 /* Starts a daemon on the configuration conf (kept at conf_path, for
  * reloads), its stderr in log_path, the engine pausing delay_ms per round
  * (NULL: no pause). */
@@ -40,6 +42,14 @@ static void start_with(const char *conf, const char *delay_ms) {
   snprintf(conf_path, sizeof conf_path, "%s/shardportd.conf", conf_dir);
   snprintf(log_path, sizeof log_path, "%s/log", conf_dir);
   ck_assert_int_eq(sp_test_write_file(conf_path, conf), 0);
+  const char *args[] = {"--config", conf_path, NULL};
+  start_logged(args, delay_ms);
+}
+
+/* Starts a daemon with its stderr in log_path: through the harness with
+ * args added, or, with args NULL, with nothing but its socket (so that it
+ * reads its default configuration file, if there is one). */
+static void start_logged(const char *const *args, const char *delay_ms) {
   int log = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   ck_assert_int_ge(log, 0);
   int saved = dup(2);
@@ -47,8 +57,25 @@ static void start_with(const char *conf, const char *delay_ms) {
   dup2(log, 2);
   if (delay_ms != NULL)
     setenv("SHARDPORTD_TEST_ROUND_DELAY_MS", delay_ms, 1);
-  const char *args[] = {"--config", conf_path, NULL};
-  int rc = sp_test_daemon_start(&daemon_, args);
+  int rc = 0;
+  if (args != NULL) {
+    rc = sp_test_daemon_start(&daemon_, args);
+  } else {
+    memset(&daemon_, 0, sizeof daemon_);
+    ck_assert_int_eq(sp_test_mkdtemp(daemon_.dir, sizeof daemon_.dir), 0);
+    snprintf(daemon_.socket, sizeof daemon_.socket, "%s/s.sock", daemon_.dir);
+    const char *bare[] = {"--socket", daemon_.socket, NULL};
+    daemon_.pid = sp_test_spawn(bare);
+    int sock = -1;
+    for (int waited = 0; daemon_.pid > 0 && sock < 0 &&
+                         waited < SP_TEST_TIMEOUT_MS; waited += 10) {
+      sleep_ms(10);
+      sock = sp_test_connect(daemon_.socket);
+    }
+    rc = sock >= 0 ? 0 : -1;
+    if (sock >= 0)
+      close(sock);
+  }
   unsetenv("SHARDPORTD_TEST_ROUND_DELAY_MS");
   dup2(saved, 2);
   close(saved);
@@ -280,7 +307,8 @@ END_TEST
  * keep their running value, the log says which; a configuration that does
  * not load changes nothing. */
 START_TEST(reload_applies_what_may_change_live) {
-  start_with("max_jobs = 1\npool_capacity = 64M\n", NULL);
+  start_with("max_jobs = 1\npool_capacity = 64M\nmetrics_connections = 8\n",
+             NULL);
   int sock = sp_test_connect_hello(daemon_.socket);
   ck_assert_int_ge(sock, 0);
   struct sp_test_reply r;
@@ -291,13 +319,15 @@ START_TEST(reload_applies_what_may_change_live) {
 
   ck_assert_int_eq(sp_test_write_file(conf_path, "max_jobs = 2\n"
                                                  "pool_capacity = 128M\n"
+                                                 "metrics_connections = 16\n"
                                                  "log_level = debug\n"),
                    0);
   ck_assert_int_eq(kill(daemon_.pid, SIGHUP), 0);
   ck_assert(log_has("applied: log_level (info -> debug), max_jobs (1 -> 2)",
                     SP_TEST_TIMEOUT_MS));
   ck_assert(log_has("need a restart (systemctl restart shardportd): "
-                    "pool_capacity (64M -> 128M)",
+                    "pool_capacity (64M -> 128M), metrics_connections (8 -> "
+                    "16)",
                     0));
   ck_assert_int_eq(job_create(sock, 3, &r), 0);
   sp_test_reply_free(&r);
@@ -320,6 +350,28 @@ START_TEST(reload_applies_what_may_change_live) {
 }
 END_TEST
 
+/* SIGHUP on a daemon without a configuration file (no --config, and the
+ * default file missing) says that no file was read, not that one was. */
+START_TEST(reload_without_a_file_says_so) {
+  static const char def[] = "/etc/shardport/shardportd.conf";
+  ck_assert_int_eq(sp_test_mkdtemp(conf_dir, sizeof conf_dir), 0);
+  snprintf(log_path, sizeof log_path, "%s/log", conf_dir);
+  start_logged(NULL, NULL);
+  ck_assert_int_eq(kill(daemon_.pid, SIGHUP), 0);
+  /* Whether this machine has the file or not, the line is true. */
+  if (access(def, F_OK) == 0)
+    ck_assert(log_has("reload: /etc/shardport/shardportd.conf read; "
+                      "nothing changed",
+                      SP_TEST_TIMEOUT_MS));
+  else
+    ck_assert(log_has("reload: no configuration file read "
+                      "(/etc/shardport/shardportd.conf does not exist; "
+                      "built-in defaults and flags); nothing changed",
+                      SP_TEST_TIMEOUT_MS));
+  ck_assert_int_eq(sp_test_daemon_stop(&daemon_), 0);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("daemon-drain");
   TCase *tc = tcase_create("drain");
@@ -331,6 +383,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, second_signal_stops_at_once);
   tcase_add_test(tc, library_reports_daemon_restarted);
   tcase_add_test(tc, reload_applies_what_may_change_live);
+  tcase_add_test(tc, reload_without_a_file_says_so);
   suite_add_tcase(s, tc);
   return s;
 }

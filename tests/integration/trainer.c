@@ -417,33 +417,50 @@ static void on_progress(const sp_progress *p, void *arg) {
     raise(SIGKILL);
 }
 
+/* Joins the job again as the same rank on c (after its daemon has seen
+ * it go: until then the root answers that the rank is joined) and
+ * registers anew. */
+static int join_again(struct rank *r, sp_client *c, const sp_ticket *ticket) {
+  int rc;
+  for (int tries = 0; tries < 500; tries++) {
+    rc = sp_job_join(c, ticket, r->rank, r->sc->world, "cpu");
+    if (rc != SP_ERANK)
+      break;
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  if (rc < 0)
+    return rc;
+  rc = register_all(r, c);
+  return rc < 0 ? rc : 0;
+}
+
 /* The victim's part after its first export (enum fault): 1 when it is
- * done with the job (it reports, then closes), 0 to go on, or a code. */
-static int part_after_first(struct rank *r, sp_client *c,
+ * done with the job (it reports, then closes), 0 to go on (on *c, which a
+ * rank that joins elsewhere replaces), or a code. */
+static int part_after_first(struct rank *r, sp_client **c,
                             const sp_ticket *ticket) {
   const struct scenario *sc = r->sc;
+  sp_client *other;
   int rc;
   switch (sc->fault) {
   case CLOSE_AFTER_FIRST:
     return 1;
   case LEAVE_AFTER_FIRST:
-    rc = sp_job_leave(c);
+    rc = sp_job_leave(*c);
     return rc < 0 ? rc : 1;
   case REJOIN_AFTER_FIRST:
-    if ((rc = sp_job_leave(c)) < 0)
+    if ((rc = sp_job_leave(*c)) < 0)
       return rc;
-    /* The rank's place is free once its daemon has seen it go. */
-    for (int tries = 0; tries < 500; tries++) {
-      rc = sp_job_join(c, ticket, r->rank, sc->world, "cpu");
-      if (rc != SP_ERANK)
-        break;
-      struct timespec ts = {0, 10 * 1000 * 1000};
-      nanosleep(&ts, NULL);
-    }
-    if (rc < 0)
+    return join_again(r, *c, ticket);
+  case REJOIN_ELSEWHERE_AFTER_FIRST:
+    if ((rc = sp_job_leave(*c)) < 0)
       return rc;
-    rc = register_all(r, c);
-    return rc < 0 ? rc : 0;
+    if ((rc = sp_connect(sc->rejoin_socket, &other)) < 0)
+      return rc;
+    sp_close(*c);
+    *c = other;
+    return join_again(r, *c, ticket);
   default:
     return 0;
   }
@@ -528,7 +545,7 @@ static void rank_main(const struct scenario *sc, const char *socket,
     if (memcmp(r.copy, r.storage, r.len) != 0)
       failf(&r, "registered memory changed during the export");
     if (e == 0 && nexports > 1 && rank == sc->victim &&
-        (rc = part_after_first(&r, c, &ticket)) != 0) {
+        (rc = part_after_first(&r, &c, &ticket)) != 0) {
       if (rc < 0)
         failf(&r, "after the first export: %s: %s", sp_strerror(rc),
               sp_last_message(c));

@@ -72,7 +72,8 @@ typedef void tweak_fn(const struct scenario *sc, uint32_t rank,
 /* KILL_*: the victim is killed while the others wait, or once data moves.
  * *_AFTER_FIRST (with two exports or more): after its first export the
  * victim leaves the job, closes its connection without leaving, or leaves
- * and joins again as the same rank (registering anew) to go on. */
+ * and joins again as the same rank (registering anew) to go on, on its
+ * daemon or on the one at rejoin_socket. */
 enum fault {
   NO_FAULT,
   KILL_WAITING,
@@ -80,6 +81,7 @@ enum fault {
   LEAVE_AFTER_FIRST,
   CLOSE_AFTER_FIRST,
   REJOIN_AFTER_FIRST,
+  REJOIN_ELSEWHERE_AFTER_FIRST,
 };
 
 struct scenario {
@@ -92,6 +94,7 @@ struct scenario {
   tweak_fn *tweak;
   enum fault fault;
   uint32_t victim;
+  const char *rejoin_socket; /* REJOIN_ELSEWHERE_AFTER_FIRST */
   uint32_t exports; /* exports in the one job; 0 means 1 */
   /* After its exports, a rank waits for trainer_release() before it
    * leaves, so that the test can look at the job. */

@@ -127,7 +127,7 @@ start_daemon
 as_user nobody:nogroup "$cli" ping
 [ "$status" = 1 ] || fail "refused ping exited $status"
 expect_err "shardportd at /run/shardport/shardport.sock (the system socket: XDG_RUNTIME_DIR is not set) refused nobody (uid 65534)"
-expect_err "allowed_uids"
+expect_err "add the user to allowed_uids in shardportd's configuration, or set allowed_gid to a group of its users (such as shardport, never root)"
 
 # 5. No daemon: the path, where it came from, and what to do.
 stop_daemon

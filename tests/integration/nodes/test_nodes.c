@@ -24,6 +24,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,12 +42,30 @@
 static struct sp_test_daemon daemons[MAXD];
 static int ndaemons;
 
+/* With logs: daemon i's stderr goes to logs[i], in log_dir. */
+static char log_dir[256], logs[MAXD][300];
+
 static void start_daemons(int n, const char *round_delay_ms) {
   static const char *const args[] = {"--peer-listen", "127.0.0.1:0", NULL};
   if (round_delay_ms != NULL)
     setenv("SHARDPORTD_TEST_ROUND_DELAY_MS", round_delay_ms, 1);
-  for (int i = 0; i < n; i++)
-    ck_assert_int_eq(sp_test_daemon_start(&daemons[i], args), 0);
+  for (int i = 0; i < n; i++) {
+    int saved = -1;
+    if (log_dir[0] != '\0') {
+      snprintf(logs[i], sizeof logs[i], "%s/%d.log", log_dir, i);
+      int log = open(logs[i], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      ck_assert_int_ge(log, 0);
+      saved = dup(2);
+      dup2(log, 2);
+      close(log);
+    }
+    int rc = sp_test_daemon_start(&daemons[i], args);
+    if (saved >= 0) {
+      dup2(saved, 2);
+      close(saved);
+    }
+    ck_assert_int_eq(rc, 0);
+  }
   unsetenv("SHARDPORTD_TEST_ROUND_DELAY_MS");
   ndaemons = n;
 }
@@ -56,12 +75,35 @@ static void start3(void) { start_daemons(3, NULL); }
 /* The engines pause after every round, so a test can act mid-export. */
 static void start2_slow(void) { start_daemons(2, "150"); }
 
+static void start2_logged(void) {
+  ck_assert_int_eq(sp_test_mkdtemp(log_dir, sizeof log_dir), 0);
+  start_daemons(2, NULL);
+}
+
 static void stop_all(void) {
   for (int i = 0; i < ndaemons; i++)
     if (daemons[i].pid > 0)
       ck_assert_int_eq(sp_test_daemon_stop(&daemons[i]), 0);
     else
       sp_test_daemon_stop(&daemons[i]); /* killed: its directory goes */
+  if (log_dir[0] != '\0')
+    sp_test_rmdir(log_dir);
+  log_dir[0] = '\0';
+}
+
+/* How many lines of daemon i's log hold words; *line gets the last. */
+static int log_count(int i, const char *words, char *line, size_t len) {
+  FILE *f = fopen(logs[i], "re");
+  ck_assert_ptr_nonnull(f);
+  char buf[4096];
+  int n = 0;
+  while (fgets(buf, sizeof buf, f) != NULL)
+    if (strstr(buf, words) != NULL) {
+      snprintf(line, len, "%s", buf);
+      n++;
+    }
+  fclose(f);
+  return n;
 }
 
 /* Ranks in blocks over the first n daemons: rank 0 (the job's creator) on
@@ -608,6 +650,79 @@ START_TEST(root_killed_mid_round) {
 }
 END_TEST
 
+/* The job's one id, as the daemon at index i lists it. */
+static void only_job(int i, char hex[33]) {
+  sp_client *c;
+  sp_job_list *list;
+  ck_assert_int_eq(sp_connect(daemons[i].socket, &c), 0);
+  ck_assert_int_eq(sp_jobs(c, &list), 0);
+  ck_assert_uint_eq(list->njobs, 1);
+  snprintf(hex, 33, "%s", list->jobs[0].job_id);
+  sp_job_list_free(list);
+  sp_close(c);
+}
+
+/* The root's operator aborts the job mid-round: every rank, on both nodes,
+ * fails with aborted and the one message naming who (the other node's ranks
+ * do not see it as the root's loss), and both daemons let the job go. */
+START_TEST(root_abort_fails_every_node) {
+  struct scenario sc = slow_scenario(10000);
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  trainer_wait_moving(&w, 2);
+  char hex[33];
+  only_job(0, hex);
+  sp_client *c;
+  ck_assert_int_eq(sp_connect(daemons[0].socket, &c), 0);
+  ck_assert_int_eq(sp_job_abort(c, hex, NULL, 0), 0);
+  sp_close(c);
+  trainer_finish(&w, &sc);
+  for (uint32_t i = 0; i < sc.world; i++) {
+    ck_assert_msg(w.rep[i].export_rc == SP_EABORTED, "rank %u: %s: %s (%s)",
+                  i, sp_err_name(w.rep[i].export_rc), w.rep[i].message,
+                  w.rep[i].failure);
+    ck_assert_msg(strstr(w.rep[i].message, "aborted by uid") != NULL,
+                  "rank %u: %s", i, w.rep[i].message);
+    ck_assert_str_eq(w.rep[i].message, w.rep[0].message);
+  }
+  trainer_free(&w, &sc);
+  assert_idle(0);
+  assert_idle(1);
+  next_job_is_served(2);
+}
+END_TEST
+
+/* The root daemon stops (SIGTERM) while a rank of the job waits on the
+ * other node: that rank's connection ends with the root's daemon_restarted
+ * and message, as the root's own ranks' do, not with the root's loss. */
+START_TEST(root_stop_ends_every_node) {
+  sp_client *r0, *r1;
+  sp_ticket t;
+  ck_assert_int_eq(sp_connect(daemons[0].socket, &r0), 0);
+  ck_assert_int_eq(sp_job_create(r0, 2, &t), 0);
+  ck_assert_int_eq(sp_job_join(r0, &t, 0, 2, "cpu"), 0);
+  ck_assert_int_eq(sp_connect(daemons[1].socket, &r1), 0);
+  ck_assert_int_eq(sp_job_join(r1, &t, 1, 2, "cpu"), 0);
+  ck_assert_int_eq(kill(daemons[0].pid, SIGTERM), 0);
+  ck_assert_int_eq(sp_test_wait(daemons[0].pid, SP_TEST_TIMEOUT_MS), 0);
+  daemons[0].pid = -1;
+  ck_assert_int_eq(sp_ping(r0, NULL), SP_EDAEMONRESTARTED);
+  /* The other node hears it at once; the ping may come first. */
+  int rc = 0;
+  for (int tries = 0; tries < 200 && rc == 0; tries++) {
+    rc = sp_ping(r1, NULL);
+    if (rc == 0)
+      sleep_ms(25);
+  }
+  ck_assert_msg(rc == SP_EDAEMONRESTARTED, "%s: %s", sp_err_name(rc),
+                sp_last_message(r1));
+  ck_assert_ptr_nonnull(strstr(sp_last_message(r1), "stopped (SIGTERM)"));
+  sp_close(r0);
+  sp_close(r1);
+  assert_idle(1);
+}
+END_TEST
+
 /* A daemon that stops reading (SIGSTOP) fails the export on the other
  * node within the export's timeout (2 s here), naming it; once it runs
  * again it is the one that was lost. */
@@ -675,6 +790,35 @@ START_TEST(rank_lost_on_another_node) {
   }
   trainer_free(&w, &sc);
   next_job_is_served(2);
+}
+END_TEST
+
+/* Rank 3, on the second node, dies while the others wait: each daemon
+ * logs the failed export once, at warn (the root used to log it twice, at
+ * info and at warn). */
+START_TEST(gather_failure_logged_once) {
+  struct scenario sc = {.world = 4,
+                        .nkeys = sizeof refusal_keys / sizeof refusal_keys[0],
+                        .keys = refusal_keys, .fault = KILL_WAITING,
+                        .victim = 3};
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  for (uint32_t i = 0; i < sc.world; i++)
+    trainer_expect_progress(&w, i);
+  ck_assert_int_eq(kill(w.pid[3], SIGKILL), 0);
+  for (uint32_t i = 0; i < 3; i++)
+    trainer_read_report(&w, &sc, i);
+  trainer_finish(&w, &sc);
+  for (uint32_t i = 0; i < 3; i++)
+    ck_assert_int_eq(w.rep[i].export_rc, SP_ERANKLOST);
+  trainer_free(&w, &sc);
+  for (int d = 0; d < 2; d++) {
+    char line[4096] = "";
+    int n = log_count(d, "export failed before it started", line, sizeof line);
+    ck_assert_msg(n == 1, "daemon %d logged the failure %d times", d, n);
+    ck_assert_msg(strstr(line, "shardportd: warn: ") != NULL, "daemon %d: %s",
+                  d, line);
+  }
 }
 END_TEST
 
@@ -813,6 +957,73 @@ START_TEST(rank_back_between_exports_on_another_node) {
 }
 END_TEST
 
+/* Rank 3 leaves the second node after the first export and comes back on
+ * the first; then rank 2, on the second node, dies after asking, while the
+ * root is stopped: the root announces the export with rank 2 on the second
+ * node, which finds it gone when it starts.  The export fails at once
+ * naming rank 2: the second node forgot rank 3's departure when the root
+ * placed rank 3 elsewhere, and names no rank that is back. */
+/* Waits until daemon i counts `asked` of its ranks waiting for the next
+ * export (each one's ask is then on its way to the root). */
+static void wait_asked(int i, uint32_t asked) {
+  uint32_t now = UINT32_MAX;
+  for (int tries = 0; tries < TRAINER_WAIT_MS / 10 && now != asked; tries++) {
+    sp_status_info *st = status_of(i);
+    ck_assert_uint_eq(st->njobs, 1);
+    now = st->jobs[0].asked;
+    sp_status_free(st);
+    if (now != asked)
+      sleep_ms(10);
+  }
+  ck_assert_msg(now == asked, "daemon %d counts %u ranks asking, not %u", i,
+                now, asked);
+}
+
+START_TEST(rank_gone_after_another_came_back_elsewhere) {
+  struct scenario sc = {.world = 4,
+                        .nkeys = sizeof refusal_keys / sizeof refusal_keys[0],
+                        .keys = refusal_keys, .exports = 2,
+                        .fault = REJOIN_ELSEWHERE_AFTER_FIRST, .victim = 3,
+                        .rejoin_socket = daemons[0].socket, .gate = true,
+                        .timeout_ms = 30000};
+  const char *const sockets[] = {daemons[0].socket, daemons[1].socket,
+                                 daemons[1].socket, daemons[1].socket};
+  struct world w;
+  trainer_start(&w, &sc, sockets);
+  /* Rank 3 is back, on the first node, with every rank at the gate. */
+  trainer_wait_gate(&w, &sc, UINT32_MAX);
+  trainer_wait_joined(daemons[0].socket, 2);
+  trainer_wait_joined(daemons[1].socket, 2);
+  trainer_open_gate(&w, &sc, 2);
+  wait_asked(0, 2);
+  wait_asked(1, 1);
+  kill_daemon(0, SIGSTOP);
+  ck_assert_int_eq(write(w.in[2], "g", 1), 1);
+  /* Its daemon sends the root rank 2's ask, then sees it go. */
+  wait_asked(1, 2);
+  ck_assert_int_eq(kill(w.pid[2], SIGKILL), 0);
+  sp_test_wait(w.pid[2], TRAINER_WAIT_MS);
+  w.pid[2] = -1;
+  trainer_wait_joined(daemons[1].socket, 1);
+  kill_daemon(0, SIGCONT);
+  trainer_finish(&w, &sc);
+  static const uint32_t others[] = {0, 1, 3};
+  for (size_t i = 0; i < 3; i++) {
+    const struct report *rep = &w.rep[others[i]];
+    ck_assert_msg(rep->export_rc == SP_ERANKLOST, "rank %u: %s: %s (%s)",
+                  others[i], sp_err_name(rep->export_rc), rep->message,
+                  rep->failure);
+    ck_assert_msg(strstr(rep->message, "rank 2 disconnected from job ") !=
+                      NULL,
+                  "rank %u: \"%s\" does not name rank 2", others[i],
+                  rep->message);
+    ck_assert_str_eq(rep->message, w.rep[0].message);
+  }
+  trainer_free(&w, &sc);
+  next_job_is_served(2);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   Suite *s = suite_create("nodes");
   TCase *exp = tcase_create("export");
@@ -838,22 +1049,30 @@ int main(int argc, char **argv) {
   tcase_add_checked_fixture(join, start2, stop_all);
   tcase_set_timeout(join, 60);
   tcase_add_test(join, wrong_secret_or_job_is_refused);
+  tcase_add_test(join, root_stop_ends_every_node);
   suite_add_tcase(s, join);
   TCase *faults = tcase_create("faults");
   tcase_add_checked_fixture(faults, start2_slow, stop_all);
   tcase_set_timeout(faults, 60);
   tcase_add_test(faults, daemon_killed_mid_round);
   tcase_add_test(faults, root_killed_mid_round);
+  tcase_add_test(faults, root_abort_fails_every_node);
   tcase_add_test(faults, daemon_stopped_mid_round);
   tcase_add_test(faults, slow_peer_is_not_lost);
   tcase_add_test(faults, rank_lost_on_another_node);
   suite_add_tcase(s, faults);
+  TCase *logged = tcase_create("logs");
+  tcase_add_checked_fixture(logged, start2_logged, stop_all);
+  tcase_set_timeout(logged, 60);
+  tcase_add_test(logged, gather_failure_logged_once);
+  suite_add_tcase(s, logged);
   TCase *gone = tcase_create("departures");
   tcase_add_checked_fixture(gone, start2, stop_all);
   tcase_set_timeout(gone, 60);
   tcase_add_test(gone, refused_rank_gone_on_another_node);
   tcase_add_test(gone, rank_left_between_exports_on_another_node);
   tcase_add_test(gone, rank_back_between_exports_on_another_node);
+  tcase_add_test(gone, rank_gone_after_another_came_back_elsewhere);
   tcase_add_test(gone, node_gone_between_exports);
   suite_add_tcase(s, gone);
   SRunner *sr = srunner_create(s);

@@ -198,7 +198,7 @@ static void expect_challenge(int sock) {
   ck_assert_str_eq(r.head.op, "peer_challenge");
   uint64_t version;
   ck_assert_int_eq(sp_msg_get_u64(&r.map, "version", false, &version), 0);
-  ck_assert_uint_eq(version, 2);
+  ck_assert_uint_eq(version, 3);
   sp_test_reply_free(&r);
 }
 
@@ -514,7 +514,7 @@ START_TEST(wrong_proof_or_no_hello_is_closed) {
   expect_challenge(sock);
   struct sp_msgbuf mb;
   sp_msgbuf_begin(&mb, "peer_hello", 0, 6);
-  sp_pack_kv_u64(&mb.pk, "version", 2);
+  sp_pack_kv_u64(&mb.pk, "version", 3);
   sp_pack_str(&mb.pk, "job");
   sp_pack_bin(&mb.pk, ticket_field(&good, "job"), 16);
   sp_pack_str(&mb.pk, "nonce");
@@ -1032,6 +1032,77 @@ START_TEST(forged_ticket_does_not_block_real_ranks) {
 }
 END_TEST
 
+/* Daemon i's job count, once it is n (or the test fails). */
+static void wait_njobs(int i, size_t n) {
+  size_t have = 0;
+  for (int tries = 0; tries < 500; tries++) {
+    sp_status_info *st = status_of(i);
+    have = st->njobs;
+    sp_status_free(st);
+    if (have == n)
+      return;
+    sleep_ms(10);
+  }
+  ck_assert_msg(0, "daemon %d holds %zu jobs, not %zu", i, have, n);
+}
+
+/* A forged ticket's shadow shares the real job's id on the member's
+ * daemon: both jobs are listed, status of the id says it names two, and
+ * abort ends both.  On the root, where the job was created, a ticket with
+ * its id and another secret is refused at once. */
+START_TEST(jobs_that_share_an_id) {
+  start_daemon(0, "127.0.0.1:0", NULL, NULL);
+  start_daemon(1, "127.0.0.1:0", NULL, "peer_timeout = 12s\n");
+  sp_client *c0, *c1, *f0, *op;
+  sp_ticket ticket;
+  ck_assert_int_eq(sp_connect(daemons[0].socket, &c0), 0);
+  ck_assert_int_eq(sp_job_create(c0, 2, &ticket), 0);
+  ck_assert_int_eq(sp_job_join(c0, &ticket, 0, 2, "cpu"), 0);
+  ck_assert_int_eq(join_on(1, &ticket, 1, 2, &c1), 0);
+  uint16_t silent_port;
+  int silent = silent_listener(&silent_port);
+  char silent_addr[32];
+  snprintf(silent_addr, sizeof silent_addr, "127.0.0.1:%u", silent_port);
+  uint8_t secret[16];
+  memcpy(secret, ticket_field(&ticket, "secret"), 16);
+  secret[5] ^= 0x10;
+  struct forged_join f = {
+      .ticket = forge_ticket(ticket_field(&ticket, "job"), secret, 2,
+                             silent_addr)};
+  int rc = join_on(0, &f.ticket, 1, 2, &f0);
+  ck_assert_msg(rc == SP_ETICKET &&
+                    strstr(sp_last_message(f0), "does not match job") != NULL,
+                "on the root: %s: %s", sp_err_name(rc), sp_last_message(f0));
+  sp_close(f0);
+  wait_njobs(0, 1);
+  ck_assert_int_eq(pthread_create(&f.thread, NULL, forged_join_main, &f), 0);
+  wait_njobs(1, 2);
+  ck_assert_int_eq(sp_connect(daemons[1].socket, &op), 0);
+  sp_job_list *list;
+  rc = sp_jobs(op, &list);
+  ck_assert_msg(rc == 0, "jobs: %s: %s", sp_err_name(rc), sp_last_message(op));
+  ck_assert_uint_eq(list->njobs, 2);
+  ck_assert_str_eq(list->jobs[0].job_id, list->jobs[1].job_id);
+  char hex[33];
+  snprintf(hex, sizeof hex, "%s", list->jobs[0].job_id);
+  sp_job_list_free(list);
+  sp_job_detail *d = NULL;
+  ck_assert_int_eq(sp_job_show(op, hex, &d), SP_EINVAL);
+  ck_assert_msg(strstr(sp_last_message(op), "names 2 jobs") != NULL, "%s",
+                sp_last_message(op));
+  ck_assert_int_eq(sp_job_abort(op, hex, NULL, 0), 0);
+  pthread_join(f.thread, NULL);
+  ck_assert_msg(f.rc == SP_ETICKET, "the forged join: %s: %s",
+                sp_err_name(f.rc), f.message);
+  ck_assert_int_eq(sp_ping(c1, NULL), SP_EABORTED);
+  wait_njobs(1, 0);
+  close(silent);
+  sp_close(op);
+  sp_close(c1);
+  sp_close(c0);
+}
+END_TEST
+
 /* A shadow is a job on the member's daemon like any other: it takes one of
  * max_jobs, so it counts against the max_user_jobs of the user whose join
  * made it.  At the bound the next shadow's join is refused, as a
@@ -1089,6 +1160,7 @@ int main(int argc, char **argv) {
   tcase_set_timeout(root, 60);
   tcase_add_test(root, join_through_stopped_root_is_node_lost);
   tcase_add_test(root, forged_ticket_does_not_block_real_ranks);
+  tcase_add_test(root, jobs_that_share_an_id);
   tcase_add_test(root, shadow_jobs_count_against_max_user_jobs);
   suite_add_tcase(s, root);
   SRunner *sr = srunner_create(s);

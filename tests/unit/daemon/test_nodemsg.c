@@ -289,6 +289,14 @@ START_TEST(messages_round_trip) {
   ck_assert_str_eq(out.message, "node 1 (x) was lost");
   nodemsg_free(&out);
 
+  in = (struct nodemsg){.op = NODEMSG_ABORT, .code = SP_EABORTED};
+  snprintf(in.message, sizeof in.message, "job J was aborted by uid 0");
+  ck_assert_int_eq(round_trip(&in, &out), 0);
+  ck_assert_int_eq(out.op, NODEMSG_ABORT);
+  ck_assert_int_eq(out.code, SP_EABORTED);
+  ck_assert_str_eq(out.message, "job J was aborted by uid 0");
+  nodemsg_free(&out);
+
   const enum nodemsg_op plain[] = {NODEMSG_GO, NODEMSG_MOVED, NODEMSG_PUBLISH,
                                    NODEMSG_BEAT, NODEMSG_BYE};
   for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++) {
