@@ -55,6 +55,7 @@ void config_default(struct config *cfg) {
   cfg->max_user_registration_bytes = CONFIG_DEFAULT_MAX_USER_REGISTRATION_BYTES;
   cfg->max_user_mappings = CONFIG_DEFAULT_MAX_USER_MAPPINGS;
   cfg->max_client_mappings = CONFIG_DEFAULT_MAX_CLIENT_MAPPINGS;
+  cfg->max_user_mapped_bytes = CONFIG_DEFAULT_MAX_USER_MAPPED_BYTES;
   cfg->engine_threads = 0;
   cfg->peer_timeout_ms = CONFIG_DEFAULT_PEER_TIMEOUT_MS;
   cfg->peer_handshakes = CONFIG_DEFAULT_PEER_HANDSHAKES;
@@ -248,6 +249,7 @@ static const struct size_key size_keys[] = {
     {"max_user_registration_bytes", 4096, UINT64_C(1) << 50},
     {"max_user_mappings", 1, 1u << 24},
     {"max_client_mappings", 1, 1u << 24},
+    {"max_user_mapped_bytes", 4096, UINT64_C(1) << 50},
     {"engine_threads", 0, 64},
     {"peer_handshakes", 1, 1u << 16},
     {"export_history", 0, CONFIG_MAX_EXPORT_HISTORY},
@@ -293,6 +295,8 @@ static void store_size(struct config *cfg, const char *key, uint64_t v) {
     cfg->max_user_mappings = (uint32_t)v;
   else if (strcmp(key, "max_client_mappings") == 0)
     cfg->max_client_mappings = (uint32_t)v;
+  else if (strcmp(key, "max_user_mapped_bytes") == 0)
+    cfg->max_user_mapped_bytes = v;
   else if (strcmp(key, "engine_threads") == 0)
     cfg->engine_threads = (uint32_t)v;
   else if (strcmp(key, "export_timeout") == 0)
@@ -583,6 +587,7 @@ void config_print(const struct config *cfg, FILE *out) {
   fprintf(out, "max_user_mappings = %" PRIu32 "\n", cfg->max_user_mappings);
   fprintf(out, "max_client_mappings = %" PRIu32 "\n",
           cfg->max_client_mappings);
+  print_size(out, "max_user_mapped_bytes", cfg->max_user_mapped_bytes);
   fprintf(out, "engine_threads = %" PRIu32 "\n", cfg->engine_threads);
   fprintf(out, "compare_replicas = %s\n", cfg->compare_replicas ? "yes" : "no");
   print_duration(out, "drain_timeout", cfg->drain_timeout_ms);

@@ -115,6 +115,8 @@ void backend_release(struct backend_choice *choice);
 #define CONFIG_DEFAULT_MAX_USER_REGISTRATION_BYTES (UINT64_C(1) << 30)
 #define CONFIG_DEFAULT_MAX_USER_MAPPINGS 32768u
 #define CONFIG_DEFAULT_MAX_CLIENT_MAPPINGS 8192u
+/* A sixteenth of x86-64's 128 TiB of user address space. */
+#define CONFIG_DEFAULT_MAX_USER_MAPPED_BYTES (UINT64_C(8) << 40)
 #define CONFIG_DEFAULT_PEER_TIMEOUT_MS 10000u
 #define CONFIG_DEFAULT_PEER_HANDSHAKES 64u
 #define CONFIG_DEFAULT_DRAIN_TIMEOUT_MS 60000u
@@ -159,13 +161,14 @@ struct config {
   uint32_t job_timeout_ms;
   uint32_t max_jobs;
   /* What one uid may hold: jobs it created, registrations of its ranks
-   * (storages and tensors, their bytes), host mappings; and the host
-   * mappings of one client (quota.c). */
+   * (storages and tensors, their bytes), host mappings and the address
+   * space they take; and the host mappings of one client (quota.c). */
   uint32_t max_user_jobs;
   uint64_t max_user_registrations;
   uint64_t max_user_registration_bytes;
   uint32_t max_user_mappings;
   uint32_t max_client_mappings;
+  uint64_t max_user_mapped_bytes;
   /* Threads copying one export's data; 0 means min(4, online CPUs). */
   uint32_t engine_threads;
   /* Read and compare every rank's copy of replicated and plain keys
@@ -374,6 +377,8 @@ struct server {
    * may be (peer_handshakes, at most a quarter of the descriptor limit). */
   uint32_t peer_unidentified;
   uint32_t peer_handshake_cap;
+  /* Room to choose a link to drop among peer_handshake_cap (nodelink.c). */
+  struct peerhost_entry *peer_evict_scratch;
   struct log_limit peer_accept_log, peer_evict_log;
   /* What Prometheus scrapes (daemon/metrics.h): the counters, always; the
    * HTTP endpoint when metrics_listen is set, and the async handle its
@@ -658,32 +663,47 @@ struct registry;
 struct reg_storage {
   uint32_t sid;
   /* The storage's first byte, in a read-only mapping of its file that the
-   * registry holds (reg_map); NULL when empty. */
+   * registry holds (reg_map, maps[map]); NULL when empty. */
   const uint8_t *data;
+  uint32_t map;
   /* A CUDA storage: its opened allocation and device address (gpu.data;
    * data is then NULL: it is not host memory). */
   struct gpu_mapping gpu;
 };
 
-/* A read-only mapping of a whole file, shared by every storage of the
- * registry that lies in it (registry.c says why). */
+/* A read-only mapping of pages of a file, shared by every storage of the
+ * registry that lies in it (regmap.c says which pages and why). */
 struct reg_map {
-  void *addr;
-  size_t len;
+  void *addr;      /* the mapping's first byte */
+  size_t len;      /* bytes mapped, whole pages */
+  uint64_t offset; /* the file offset addr maps, a page boundary */
+  uint32_t file;   /* index into the registry's files */
+  /* The pages of the storages in it, counted once per storage. */
+  uint64_t covered;
 };
 
-/* A file the registry maps, known by its identity, and its newest (so
- * largest) mapping. */
+/* A file the registry maps, known by its identity. */
 struct reg_file {
   dev_t dev;
   ino_t ino;
-  uint32_t map; /* index into the registry's maps */
+};
+
+/* A registry's mappings in file order: sorted by (file, offset), and for
+ * each the mapping that reaches furthest into its file among it and the
+ * ones of its file before it, so finding one that holds a range takes one
+ * binary search (regmap.c). */
+struct reg_place {
+  uint64_t offset; /* the mapping's, copied: the sort key with file */
+  uint32_t file;
+  uint32_t map;   /* index into maps */
+  uint32_t reach; /* index into maps */
 };
 
 /* What a registry holds, as the quotas count it (docs/operations.md,
  * "Quotas"). */
 struct reg_usage {
   uint64_t mappings;      /* host mappings, reg_map */
+  uint64_t mapped_bytes;  /* the address space they take */
   uint64_t registrations; /* storages and tensors */
   uint64_t bytes;         /* registration bytes: registry.c's *_cost */
 };
@@ -695,6 +715,8 @@ struct reg_quota_ops {
                const struct reg_usage *more, char *msg, size_t msglen);
   /* The registry took more. */
   void (*charge)(void *arg, const struct reg_usage *more);
+  /* The registry gave some back (mappings a larger one replaced). */
+  void (*release)(void *arg, const struct reg_usage *less);
 };
 
 /* One rank's registrations, in the planner's form.  Used from the loop
@@ -714,9 +736,12 @@ struct registry {
   size_t nkeys, key_cap;
   struct plan_key_in *keys; /* names and pieces owned */
   struct idxset by_name;
-  /* Every mapping made (unmapped with the registry), and the files. */
+  /* Every mapping made (unmapped with the registry), in file order too,
+   * and the files. */
   size_t nmaps, map_cap;
   struct reg_map *maps;
+  size_t place_cap;
+  struct reg_place *places; /* nmaps of them */
   size_t nfiles, file_cap;
   struct reg_file *files;
   struct idxset by_file;
@@ -730,9 +755,9 @@ void registry_init(struct registry *reg, uint32_t device_type);
 /* Unmaps every storage and frees everything. */
 void registry_free(struct registry *reg);
 /* Maps and registers n storages whose fds are frame's (the frame keeps
- * them); all or none.  A file is mapped once, whole, and shared by the
- * storages in it.  SP_EBADFD, SP_EINVAL, SP_ELIMIT (the quota's code),
- * SP_ENOMEM. */
+ * them); all or none.  Only the pages the storages lie in are mapped,
+ * and a mapping is shared by every storage in it (regmap.c).
+ * SP_EBADFD, SP_EINVAL, SP_ELIMIT (the quota's code), SP_ENOMEM. */
 int registry_add_storages(struct registry *reg, const struct req_storage *s,
                           size_t n, const struct sp_frame *frame, char *msg,
                           size_t msglen);
@@ -752,6 +777,37 @@ int registry_add_remote_storages(struct registry *reg,
                                  const struct req_storage *s,
                                  const struct sp_device *device, size_t n,
                                  char *msg, size_t msglen);
+
+/* ---- regmap.c --------------------------------------------------------- */
+
+/* The host mappings one storage_add frame needs (registry_add_storages):
+ * planned, then mapped, then committed to the registry, or freed at any
+ * step with nothing kept. */
+struct regmap_frame;
+
+/* Checks the frame's memfd storages against their files and plans their
+ * mappings: 0, or SP_EBADFD / SP_ENOMEM with a sentence.  *out is set
+ * either way, for regmap_frame_free. */
+int regmap_plan(const struct registry *reg, const struct req_storage *s,
+                size_t n, const struct sp_frame *frame,
+                struct regmap_frame **out, char *msg, size_t msglen);
+/* What the plan's new mappings take (more: mappings, mapped_bytes) and
+ * what the mappings they replace give back once committed (less). */
+void regmap_usage(const struct regmap_frame *fm, struct reg_usage *more,
+                  struct reg_usage *less);
+/* Makes the planned mappings, read-only: 0, or SP_ENOMEM / SP_EBADFD with
+ * none of them left. */
+int regmap_map(struct regmap_frame *fm, const struct sp_frame *frame,
+               char *msg, size_t msglen);
+/* Keeps the new mappings in reg (whose arrays have room for them) and
+ * drops the ones they replace, moving registered storages into the new
+ * ones; cannot fail. */
+void regmap_commit(struct registry *reg, struct regmap_frame *fm,
+                   const struct req_storage *s, size_t n);
+/* After regmap_commit: the mapping in reg->maps the frame's non-empty
+ * memfd storage i lies in. */
+uint32_t regmap_map_of(const struct regmap_frame *fm, size_t i);
+void regmap_frame_free(struct regmap_frame *fm);
 
 /* ---- engine.c --------------------------------------------------------- */
 
@@ -1280,6 +1336,32 @@ void nodelink_close_after_flush(struct nodelink *l);
 void nodelink_detach(struct nodelink *l, void (*fn)(void *arg, int sock),
                      void *arg);
 const char *nodelink_peer(const struct nodelink *l);
+
+/* ---- peerhost.c ------------------------------------------------------- */
+
+/* The host a peer address belongs to: an IPv4 address (IPv4-mapped IPv6
+ * ones included), or an IPv6 /64 prefix; zero for any other family. */
+#define PEERHOST_PREFIX_BYTES 8
+struct peer_host {
+  sa_family_t family;
+  uint8_t prefix[PEERHOST_PREFIX_BYTES]; /* IPv4: 4 bytes, then zeros */
+};
+
+void peerhost_of(const struct sockaddr_storage *sa, struct peer_host *out);
+/* A total order: 0 when both are one host. */
+int peerhost_cmp(const struct peer_host *a, const struct peer_host *b);
+
+/* A link in its handshake, as the choice of one to drop sees it. */
+struct peerhost_entry {
+  struct peer_host host;
+  uint64_t id; /* smaller is older */
+  void *link;
+};
+
+/* Which of n > 0 links to drop at peer_handshakes: the oldest of the host
+ * that holds the most (ties: the host whose oldest is oldest).  Sorts e
+ * and returns the victim's index in it. */
+size_t peerhost_victim(struct peerhost_entry *e, size_t n);
 
 /* ---- peerauth.c ------------------------------------------------------- */
 

@@ -16,29 +16,13 @@
  *     mapped first, and committed only when nothing can fail any more, so a
  *     refusal leaves the registry exactly as it was.
  *
- * Host storages share mappings.  A trainer that registers one storage per
- * parameter, all in one memfd, would otherwise cost one mapping each, and
- * vm.max_map_count (65530 by default) ends that for every job of the node.
- * So each file is mapped once, whole, from its first byte, and every
- * storage in it points into that mapping.  A file is known by its device
- * and inode, never by descriptor: the same memfd arrives as a new
- * descriptor in every frame, and memfds of different processes are
- * different files.  A storage past the end of its file's mapping (the file
- * grew since) gets a new mapping of the whole file, which the file's later
- * storages use; the older one stays for the storages in it.  Since every
- * mapping starts at the file's first byte, the newest covers every older
- * one, and a storage never needs two.  Every mapping is PROT_READ, as
- * before.  What a registry takes is counted (reg_usage) and offered to its
- * quotas before a frame is kept.
+ * Host storages are mapped by regmap.c, which says which pages and why.
+ * What a registry takes is counted (reg_usage) and offered to its quotas
+ * before a frame is kept.
  */
-#include <errno.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "proto/fail.h"
 #include "daemon/daemon.h"
@@ -80,6 +64,7 @@ void registry_free(struct registry *reg) {
     close_cuda(reg, &reg->info[i]);
   for (size_t i = 0; i < reg->nmaps; i++)
     munmap(reg->maps[i].addr, reg->maps[i].len);
+  free(reg->places);
   for (size_t i = 0; i < reg->nkeys; i++) {
     free((char *)reg->keys[i].name);
     free((void *)reg->keys[i].pieces);
@@ -111,9 +96,18 @@ static int grow(void **array, size_t *cap, size_t need, size_t size) {
   return 0;
 }
 
+/* Counts what a kept frame gave back, in the registry and for its quotas. */
+static void release(struct registry *reg, const struct reg_usage *less) {
+  reg->used.mappings -= less->mappings;
+  reg->used.mapped_bytes -= less->mapped_bytes;
+  if (reg->quota != NULL)
+    reg->quota->release(reg->quota_arg, less);
+}
+
 /* Counts what a kept frame took, in the registry and for its quotas. */
 static void charge(struct registry *reg, const struct reg_usage *more) {
   reg->used.mappings += more->mappings;
+  reg->used.mapped_bytes += more->mapped_bytes;
   reg->used.registrations += more->registrations;
   reg->used.bytes += more->bytes;
   if (reg->quota != NULL)
@@ -255,159 +249,13 @@ static int reserve_storages(struct registry *reg, size_t n,
       idxset_reserve(&reg->by_base, n) != 0 ||
       grow((void **)&reg->maps, &reg->map_cap, reg->nmaps + more->mappings,
            sizeof *reg->maps) != 0 ||
+      grow((void **)&reg->places, &reg->place_cap,
+           reg->nmaps + more->mappings, sizeof *reg->places) != 0 ||
       grow((void **)&reg->files, &reg->file_cap, reg->nfiles + more->mappings,
            sizeof *reg->files) != 0 ||
       idxset_reserve(&reg->by_file, more->mappings) != 0)
     return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
   return 0;
-}
-
-/* The frame's descriptors as files: each looked at once, and for each
- * file whether this frame maps it. */
-struct frame_file {
-  bool used;      /* a memfd storage of the frame names it */
-  struct stat st; /* valid when used */
-  uint32_t same;  /* the frame's first descriptor of the same file */
-  uint32_t file;  /* the file in reg->files, or IDXSET_NONE if new */
-  bool map;       /* this frame maps it, whole */
-  uint32_t first; /* the first storage that needs that mapping */
-  void *addr;     /* the mapping, once made */
-};
-
-struct file_probe {
-  const struct registry *reg;
-  dev_t dev;
-  ino_t ino;
-};
-
-static bool match_file(const void *ctx, uint32_t idx) {
-  const struct file_probe *p = ctx;
-  return p->reg->files[idx].dev == p->dev && p->reg->files[idx].ino == p->ino;
-}
-
-static uint64_t file_hash(dev_t dev, ino_t ino) {
-  uint64_t id[2] = {(uint64_t)dev, (uint64_t)ino};
-  return idxset_hash_bytes(id, sizeof id);
-}
-
-static uint32_t find_file(const struct registry *reg, const struct stat *st) {
-  struct file_probe p = {reg, st->st_dev, st->st_ino};
-  return idxset_find(&reg->by_file, file_hash(st->st_dev, st->st_ino),
-                     match_file, &p);
-}
-
-/* Looks at each descriptor a memfd storage names, checks every memfd
- * storage against its file, and finds the files this frame must map: those
- * not mapped yet, or mapped short of one of the frame's storages. */
-static int plan_files(const struct registry *reg, const struct req_storage *s,
-                      size_t n, const struct sp_frame *frame,
-                      struct frame_file *ff, size_t *nnew, char *msg,
-                      size_t msglen) {
-  memset(ff, 0, frame->nfds * sizeof *ff);
-  *nnew = 0;
-  for (size_t i = 0; i < n; i++) {
-    const struct req_storage *rs = &s[i];
-    if (rs->kind != REQ_STORAGE_MEMFD)
-      continue;
-    struct frame_file *f = &ff[rs->fd];
-    if (!f->used) {
-      if (fstat(frame->fds[rs->fd], &f->st) != 0)
-        return sp_failf(msg, msglen, SP_EBADFD,
-                        "storages[%zu] (sid %u): fstat: %s", i, rs->sid,
-                        strerror(errno));
-      f->used = true;
-      f->same = rs->fd;
-      for (uint32_t j = 0; j < frame->nfds; j++)
-        if (ff[j].used && j != rs->fd && ff[j].st.st_dev == f->st.st_dev &&
-            ff[j].st.st_ino == f->st.st_ino) {
-          f->same = ff[j].same;
-          break;
-        }
-      f->file = find_file(reg, &f->st);
-      /* One size per file in a frame, its first descriptor's, which is the
-       * size it is mapped with: the file may have grown or shrunk between
-       * the two fstats, and a storage checked against a larger size would
-       * point past the mapping. */
-      f->st.st_size = ff[f->same].st.st_size;
-    }
-    if (!S_ISREG(f->st.st_mode))
-      return sp_failf(msg, msglen, SP_EBADFD,
-                      "storages[%zu] (sid %u): the descriptor is not a memfd "
-                      "or shm file",
-                      i, rs->sid);
-    if ((uint64_t)f->st.st_size < rs->offset + rs->length)
-      return sp_failf(msg, msglen, SP_EBADFD,
-                      "storages[%zu] (sid %u): the file has %lld bytes, fewer "
-                      "than offset + length = %llu",
-                      i, rs->sid, (long long)f->st.st_size,
-                      (unsigned long long)(rs->offset + rs->length));
-    if (rs->length == 0)
-      continue;
-    struct frame_file *owner = &ff[f->same];
-    bool covered = owner->file != IDXSET_NONE &&
-                   rs->offset + rs->length <=
-                       reg->maps[reg->files[owner->file].map].len;
-    if (!covered && !owner->map) {
-      if ((uint64_t)f->st.st_size > SIZE_MAX)
-        return sp_failf(msg, msglen, SP_EBADFD,
-                        "storages[%zu] (sid %u): the file is too large to "
-                        "map",
-                        i, rs->sid);
-      owner->map = true;
-      owner->first = (uint32_t)i;
-      (*nnew)++;
-    }
-  }
-  return 0;
-}
-
-static void unmap_new(struct frame_file *ff, size_t nfds) {
-  for (size_t j = 0; j < nfds; j++)
-    if (ff[j].addr != NULL) {
-      munmap(ff[j].addr, (size_t)ff[j].st.st_size);
-      ff[j].addr = NULL;
-    }
-}
-
-/* Maps each file the frame must map, whole and read-only. */
-static int map_files(struct frame_file *ff, const struct req_storage *s,
-                     const struct sp_frame *frame, char *msg, size_t msglen) {
-  for (size_t j = 0; j < frame->nfds; j++) {
-    if (!ff[j].map)
-      continue;
-    void *p = mmap(NULL, (size_t)ff[j].st.st_size, PROT_READ, MAP_SHARED,
-                   frame->fds[j], 0);
-    if (p == MAP_FAILED) {
-      int err = errno;
-      unmap_new(ff, frame->nfds);
-      return sp_failf(msg, msglen, err == ENOMEM ? SP_ENOMEM : SP_EBADFD,
-                      "storages[%u] (sid %u): cannot map its file read-only: "
-                      "%s",
-                      ff[j].first, s[ff[j].first].sid, strerror(err));
-    }
-    ff[j].addr = p;
-  }
-  return 0;
-}
-
-/* Keeps the frame's new mappings: each one the newest of its file. */
-static void commit_files(struct registry *reg, struct frame_file *ff,
-                         size_t nfds) {
-  for (size_t j = 0; j < nfds; j++) {
-    if (ff[j].addr == NULL)
-      continue;
-    uint32_t map = (uint32_t)reg->nmaps++;
-    reg->maps[map] = (struct reg_map){ff[j].addr, (size_t)ff[j].st.st_size};
-    if (ff[j].file == IDXSET_NONE) {
-      ff[j].file = (uint32_t)reg->nfiles++;
-      reg->files[ff[j].file] =
-          (struct reg_file){ff[j].st.st_dev, ff[j].st.st_ino, map};
-      idxset_insert(&reg->by_file, file_hash(ff[j].st.st_dev, ff[j].st.st_ino),
-                    ff[j].file);
-    } else {
-      reg->files[ff[j].file].map = map;
-    }
-  }
 }
 
 /* A rank's storages are of its device's kind: memfd storages for a "cpu"
@@ -454,30 +302,27 @@ static int open_cuda_storages(const struct registry *reg,
   return 0;
 }
 
-int registry_add_storages(struct registry *reg, const struct req_storage *s,
-                          size_t n, const struct sp_frame *frame, char *msg,
-                          size_t msglen) {
-  struct frame_file ff[SP_FDS_MAX];
-  size_t nnew;
-  int rc = check_storages(reg, s, n, msg, msglen);
-  if (rc != 0 || (rc = check_kinds(reg, s, n, msg, msglen)) != 0 ||
-      (rc = plan_files(reg, s, n, frame, ff, &nnew, msg, msglen)) != 0)
-    return rc;
-  struct reg_usage more = {.mappings = nnew,
-                           .registrations = n,
-                           .bytes = n * STORAGE_COST};
-  if ((rc = reserve_storages(reg, n, &more, msg, msglen)) != 0)
+/* Admits, maps and keeps a frame's storages, whose mappings fm plans. */
+static int add_storages(struct registry *reg, const struct req_storage *s,
+                        size_t n, const struct sp_frame *frame,
+                        struct regmap_frame *fm, char *msg, size_t msglen) {
+  struct reg_usage more, less;
+  regmap_usage(fm, &more, &less);
+  more.registrations = n;
+  more.bytes = n * STORAGE_COST;
+  int rc = reserve_storages(reg, n, &more, msg, msglen);
+  if (rc != 0)
     return rc;
   /* Open into the spare room at the end; only the count commits them. */
   struct reg_storage *fresh = reg->info + reg->nstorages;
   if ((rc = open_cuda_storages(reg, s, n, frame, fresh, msg, msglen)) != 0)
     return rc;
-  if ((rc = map_files(ff, s, frame, msg, msglen)) != 0) {
+  if ((rc = regmap_map(fm, frame, msg, msglen)) != 0) {
     for (size_t i = 0; i < n; i++)
       close_cuda(reg, &fresh[i]);
     return rc;
   }
-  commit_files(reg, ff, frame->nfds);
+  regmap_commit(reg, fm, s, n);
   for (size_t i = 0; i < n; i++) {
     uint32_t idx = (uint32_t)(reg->nstorages + i);
     struct sp_storage *st = &reg->storages[idx];
@@ -485,8 +330,10 @@ int registry_add_storages(struct registry *reg, const struct req_storage *s,
     st->device.type = SP_DEVICE_CPU;
     if (s[i].kind == REQ_STORAGE_MEMFD) {
       if (s[i].length > 0) {
-        const struct reg_file *file = &reg->files[ff[ff[s[i].fd].same].file];
-        fresh[i].data = (const uint8_t *)reg->maps[file->map].addr + s[i].offset;
+        uint32_t map = regmap_map_of(fm, i);
+        const struct reg_map *m = &reg->maps[map];
+        fresh[i].data = (const uint8_t *)m->addr + (s[i].offset - m->offset);
+        fresh[i].map = map;
       }
     } else {
       /* The planner tells storages apart by (device, base): the GPU's
@@ -505,7 +352,22 @@ int registry_add_storages(struct registry *reg, const struct req_storage *s,
   }
   reg->nstorages += n;
   charge(reg, &more);
+  release(reg, &less);
   return 0;
+}
+
+int registry_add_storages(struct registry *reg, const struct req_storage *s,
+                          size_t n, const struct sp_frame *frame, char *msg,
+                          size_t msglen) {
+  struct regmap_frame *fm = NULL;
+  int rc = check_storages(reg, s, n, msg, msglen);
+  if (rc != 0 || (rc = check_kinds(reg, s, n, msg, msglen)) != 0)
+    return rc;
+  /* The plan is freed whether it, or what follows it, failed. */
+  if ((rc = regmap_plan(reg, s, n, frame, &fm, msg, msglen)) == 0)
+    rc = add_storages(reg, s, n, frame, fm, msg, msglen);
+  regmap_frame_free(fm);
+  return rc;
 }
 
 struct name_probe {

@@ -449,6 +449,7 @@ START_TEST(print_config_defaults) {
            "max_user_registration_bytes = 1G\n"
            "max_user_mappings = 32768\n"
            "max_client_mappings = 8192\n"
+           "max_user_mapped_bytes = 8T\n"
            "engine_threads = 0\n"
            "compare_replicas = yes\n"
            "drain_timeout = 1m\n"
