@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   meson ninja-build pkg-config gcc libc6-dev
   libuv1-dev libmsgpack-dev check libsystemd-dev libxxhash-dev libsodium-dev nettle-dev
+  libmicrohttpd-dev python3-prometheus-client curl
   clang libclang-rt-14-dev valgrind
   systemd python3 python3-msgpack iproute2 procps
   python3-torch python3-numpy

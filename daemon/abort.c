@@ -28,8 +28,9 @@ static void abort_one(struct job *job, const struct peer *who) {
   snprintf(why, sizeof why,
            "job %s was aborted by uid %u (pid %d); create a new job to go on",
            job->hex, (unsigned)who->uid, (int)who->pid);
-  log_msg(LOG_LEVEL_WARN, "job %s: aborted by uid %u (pid %d)", job->hex,
-          (unsigned)who->uid, (int)who->pid);
+  log_with(LOG_LEVEL_WARN, LOG_JOB(job->hex),
+           "job %s: aborted by uid %u (pid %d)", job->hex, (unsigned)who->uid,
+           (int)who->pid);
   job_terminate(job, SP_EABORTED, why);
 }
 

@@ -55,11 +55,13 @@ void config_default(struct config *cfg) {
   cfg->max_user_registration_bytes = CONFIG_DEFAULT_MAX_USER_REGISTRATION_BYTES;
   cfg->max_user_mappings = CONFIG_DEFAULT_MAX_USER_MAPPINGS;
   cfg->max_client_mappings = CONFIG_DEFAULT_MAX_CLIENT_MAPPINGS;
+  cfg->max_user_mapped_bytes = CONFIG_DEFAULT_MAX_USER_MAPPED_BYTES;
   cfg->engine_threads = 0;
   cfg->peer_timeout_ms = CONFIG_DEFAULT_PEER_TIMEOUT_MS;
   cfg->peer_handshakes = CONFIG_DEFAULT_PEER_HANDSHAKES;
   cfg->drain_timeout_ms = CONFIG_DEFAULT_DRAIN_TIMEOUT_MS;
   cfg->export_history = CONFIG_DEFAULT_EXPORT_HISTORY;
+  cfg->metrics_connections = CONFIG_DEFAULT_METRICS_CONNECTIONS;
 }
 
 /* Binary size suffixes, largest first (config_print's choice). */
@@ -247,9 +249,11 @@ static const struct size_key size_keys[] = {
     {"max_user_registration_bytes", 4096, UINT64_C(1) << 50},
     {"max_user_mappings", 1, 1u << 24},
     {"max_client_mappings", 1, 1u << 24},
+    {"max_user_mapped_bytes", 4096, UINT64_C(1) << 50},
     {"engine_threads", 0, 64},
     {"peer_handshakes", 1, 1u << 16},
     {"export_history", 0, CONFIG_MAX_EXPORT_HISTORY},
+    {"metrics_connections", 1, CONFIG_MAX_METRICS_CONNECTIONS},
 };
 
 /* Keys that take a duration, with their bounds in milliseconds. */
@@ -291,6 +295,8 @@ static void store_size(struct config *cfg, const char *key, uint64_t v) {
     cfg->max_user_mappings = (uint32_t)v;
   else if (strcmp(key, "max_client_mappings") == 0)
     cfg->max_client_mappings = (uint32_t)v;
+  else if (strcmp(key, "max_user_mapped_bytes") == 0)
+    cfg->max_user_mapped_bytes = v;
   else if (strcmp(key, "engine_threads") == 0)
     cfg->engine_threads = (uint32_t)v;
   else if (strcmp(key, "export_timeout") == 0)
@@ -305,6 +311,8 @@ static void store_size(struct config *cfg, const char *key, uint64_t v) {
     cfg->drain_timeout_ms = (uint32_t)v;
   else if (strcmp(key, "export_history") == 0)
     cfg->export_history = (uint32_t)v;
+  else if (strcmp(key, "metrics_connections") == 0)
+    cfg->metrics_connections = (uint32_t)v;
   else
     cfg->max_output = v;
 }
@@ -336,6 +344,25 @@ static int set_peer(struct config *cfg, const char *key, const char *value,
     cfg->peer_listen_len = len;
   snprintf(text, NODE_ADDR_MAX, "%s", value);
   *set = true;
+  return 0;
+}
+
+/* metrics_listen = ADDR:PORT, numeric (IPv6 in brackets), or none. */
+static int set_metrics_listen(struct config *cfg, const char *value,
+                              char *err, size_t errsize) {
+  socklen_t len;
+  cfg->metrics_listen_set = false;
+  cfg->metrics_listen[0] = '\0';
+  if (value[0] == '\0' || strcmp(value, "none") == 0)
+    return 0;
+  if (nodelink_addr_parse(value, strlen(value), false,
+                          &cfg->metrics_listen_addr, &len) != 0)
+    return fail(err, errsize,
+                "metrics_listen: \"%s\" is not a numeric address and port "
+                "(\"127.0.0.1:9464\", \"[::1]:9464\") or none",
+                value);
+  snprintf(cfg->metrics_listen, NODE_ADDR_MAX, "%s", value);
+  cfg->metrics_listen_set = true;
   return 0;
 }
 
@@ -437,6 +464,8 @@ int config_set(struct config *cfg, const char *key, const char *value,
   }
   if (strcmp(key, "peer_listen") == 0 || strcmp(key, "peer_advertise") == 0)
     return set_peer(cfg, key, value, err, errsize);
+  if (strcmp(key, "metrics_listen") == 0)
+    return set_metrics_listen(cfg, value, err, errsize);
   return fail(err, errsize, "unknown key \"%s\"", key);
 }
 
@@ -558,6 +587,7 @@ void config_print(const struct config *cfg, FILE *out) {
   fprintf(out, "max_user_mappings = %" PRIu32 "\n", cfg->max_user_mappings);
   fprintf(out, "max_client_mappings = %" PRIu32 "\n",
           cfg->max_client_mappings);
+  print_size(out, "max_user_mapped_bytes", cfg->max_user_mapped_bytes);
   fprintf(out, "engine_threads = %" PRIu32 "\n", cfg->engine_threads);
   fprintf(out, "compare_replicas = %s\n", cfg->compare_replicas ? "yes" : "no");
   print_duration(out, "drain_timeout", cfg->drain_timeout_ms);
@@ -568,6 +598,10 @@ void config_print(const struct config *cfg, FILE *out) {
           cfg->peer_advertise_set ? cfg->peer_advertise : "none");
   print_duration(out, "peer_timeout", cfg->peer_timeout_ms);
   fprintf(out, "peer_handshakes = %" PRIu32 "\n", cfg->peer_handshakes);
+  fprintf(out, "metrics_listen = %s\n",
+          cfg->metrics_listen_set ? cfg->metrics_listen : "none");
+  fprintf(out, "metrics_connections = %" PRIu32 "\n",
+          cfg->metrics_connections);
 }
 
 int config_build(const struct config_origin *o, struct config *cfg, char *err,

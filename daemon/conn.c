@@ -47,6 +47,7 @@
 
 #include "config.h"
 #include "daemon/daemon.h"
+#include "daemon/metrics.h"
 #include "proto/wire.h"
 #include "shardport.h"
 
@@ -372,6 +373,7 @@ int conn_send_error(struct conn *c, uint64_t id, int code, const char *fmt,
   va_start(ap, fmt);
   vsnprintf(message, sizeof(message), fmt, ap);
   va_end(ap);
+  metrics_refused(c->srv->metrics, code);
   struct sp_frame_tx *tx = calloc(1, sizeof(*tx));
   if (tx == NULL)
     return SP_ENOMEM;

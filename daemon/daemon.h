@@ -40,9 +40,25 @@ enum log_level {
  * (JOURNAL_STREAM names it) to choose "<N>" prefixes over plain text. */
 void log_init(enum log_level level);
 void log_set_level(enum log_level level);
-/* The one logging call: one line to stderr. */
+/* The one logging call: one line to stderr, or one journal entry. */
 void log_msg(enum log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* What a line is about, as journal fields (log.c): a job's line carries
+ * them so that `journalctl SHARDPORT_JOB=ID` finds it.  LOG_NONE, NULL or
+ * 0 leaves a field out. */
+#define LOG_NONE (-1)
+struct log_fields {
+  const char *job; /* SHARDPORT_JOB: the job's id in hex */
+  int64_t rank;    /* SHARDPORT_RANK */
+  int64_t node;    /* SHARDPORT_NODE: the job's node on this daemon */
+  uint64_t export_id; /* SHARDPORT_EXPORT */
+  int error;       /* SHARDPORT_ERROR: the code's wire name */
+};
+/* A job's fields: rank and node LOG_NONE, no export, no error. */
+#define LOG_JOB(hex) \
+  (&(struct log_fields){.job = (hex), .rank = LOG_NONE, .node = LOG_NONE})
+void log_with(enum log_level level, const struct log_fields *f,
+              const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* An event that may repeat as fast as the loop turns (an accept failing at
  * EMFILE, links dropped at a cap) is logged with log_limited: at most one
  * line per LOG_LIMIT_MS, which says how many were not logged since the
@@ -99,11 +115,16 @@ void backend_release(struct backend_choice *choice);
 #define CONFIG_DEFAULT_MAX_USER_REGISTRATION_BYTES (UINT64_C(1) << 30)
 #define CONFIG_DEFAULT_MAX_USER_MAPPINGS 32768u
 #define CONFIG_DEFAULT_MAX_CLIENT_MAPPINGS 8192u
+/* A sixteenth of x86-64's 128 TiB of user address space. */
+#define CONFIG_DEFAULT_MAX_USER_MAPPED_BYTES (UINT64_C(8) << 40)
 #define CONFIG_DEFAULT_PEER_TIMEOUT_MS 10000u
 #define CONFIG_DEFAULT_PEER_HANDSHAKES 64u
 #define CONFIG_DEFAULT_DRAIN_TIMEOUT_MS 60000u
 #define CONFIG_DEFAULT_EXPORT_HISTORY 8u
 #define CONFIG_MAX_EXPORT_HISTORY 256u
+/* Scrapers of the metrics endpoint connected at once (metrics_http.c). */
+#define CONFIG_DEFAULT_METRICS_CONNECTIONS 64u
+#define CONFIG_MAX_METRICS_CONNECTIONS 1024u
 /* "addr:port" of a daemon, numeric (IPv6 in brackets), with its NUL. */
 #define NODE_ADDR_MAX 64
 
@@ -140,13 +161,14 @@ struct config {
   uint32_t job_timeout_ms;
   uint32_t max_jobs;
   /* What one uid may hold: jobs it created, registrations of its ranks
-   * (storages and tensors, their bytes), host mappings; and the host
-   * mappings of one client (quota.c). */
+   * (storages and tensors, their bytes), host mappings and the address
+   * space they take; and the host mappings of one client (quota.c). */
   uint32_t max_user_jobs;
   uint64_t max_user_registrations;
   uint64_t max_user_registration_bytes;
   uint32_t max_user_mappings;
   uint32_t max_client_mappings;
+  uint64_t max_user_mapped_bytes;
   /* Threads copying one export's data; 0 means min(4, online CPUs). */
   uint32_t engine_threads;
   /* Read and compare every rank's copy of replicated and plain keys
@@ -172,6 +194,12 @@ struct config {
   /* Links accepted from other daemons that have not yet proved who they
    * are, at most (nodelink.c). */
   uint32_t peer_handshakes;
+  /* Where GET /metrics is served (off unless set; docs/operations.md,
+   * "Monitoring"), and how many scrapers may be connected at once. */
+  bool metrics_listen_set;
+  char metrics_listen[NODE_ADDR_MAX];
+  struct sockaddr_storage metrics_listen_addr;
+  uint32_t metrics_connections;
 };
 
 /* Built-in defaults: root and the daemon's own uid, its own gid. */
@@ -288,6 +316,8 @@ void detach_ready(void);
 struct conn;
 struct job;
 struct pool;
+struct metrics;
+struct metrics_http;
 
 struct server {
   uv_loop_t *loop;
@@ -347,12 +377,20 @@ struct server {
    * may be (peer_handshakes, at most a quarter of the descriptor limit). */
   uint32_t peer_unidentified;
   uint32_t peer_handshake_cap;
+  /* Room to choose a link to drop among peer_handshake_cap (nodelink.c). */
+  struct peerhost_entry *peer_evict_scratch;
   struct log_limit peer_accept_log, peer_evict_log;
   /* The loop's iterations (loopwatch.c): when the last one ended, the
    * loop's idle time then, and the longest busy time since the last
    * status. */
   uv_check_t loop_check;
   uint64_t loop_last_ns, loop_last_idle_ns, loop_max_busy_ns;
+  /* What Prometheus scrapes (daemon/metrics.h): the counters, always; the
+   * HTTP endpoint when metrics_listen is set, and the async handle its
+   * thread asks the loop for fresh gauges with. */
+  struct metrics *metrics;
+  struct metrics_http *metrics_http;
+  uv_async_t metrics_async;
 };
 
 /* Listens, serves until SIGTERM/SIGINT (drained, drain.c) and shuts down
@@ -640,32 +678,47 @@ struct registry;
 struct reg_storage {
   uint32_t sid;
   /* The storage's first byte, in a read-only mapping of its file that the
-   * registry holds (reg_map); NULL when empty. */
+   * registry holds (reg_map, maps[map]); NULL when empty. */
   const uint8_t *data;
+  uint32_t map;
   /* A CUDA storage: its opened allocation and device address (gpu.data;
    * data is then NULL: it is not host memory). */
   struct gpu_mapping gpu;
 };
 
-/* A read-only mapping of a whole file, shared by every storage of the
- * registry that lies in it (registry.c says why). */
+/* A read-only mapping of pages of a file, shared by every storage of the
+ * registry that lies in it (regmap.c says which pages and why). */
 struct reg_map {
-  void *addr;
-  size_t len;
+  void *addr;      /* the mapping's first byte */
+  size_t len;      /* bytes mapped, whole pages */
+  uint64_t offset; /* the file offset addr maps, a page boundary */
+  uint32_t file;   /* index into the registry's files */
+  /* The pages of the storages in it, counted once per storage. */
+  uint64_t covered;
 };
 
-/* A file the registry maps, known by its identity, and its newest (so
- * largest) mapping. */
+/* A file the registry maps, known by its identity. */
 struct reg_file {
   dev_t dev;
   ino_t ino;
-  uint32_t map; /* index into the registry's maps */
+};
+
+/* A registry's mappings in file order: sorted by (file, offset), and for
+ * each the mapping that reaches furthest into its file among it and the
+ * ones of its file before it, so finding one that holds a range takes one
+ * binary search (regmap.c). */
+struct reg_place {
+  uint64_t offset; /* the mapping's, copied: the sort key with file */
+  uint32_t file;
+  uint32_t map;   /* index into maps */
+  uint32_t reach; /* index into maps */
 };
 
 /* What a registry holds, as the quotas count it (docs/operations.md,
  * "Quotas"). */
 struct reg_usage {
   uint64_t mappings;      /* host mappings, reg_map */
+  uint64_t mapped_bytes;  /* the address space they take */
   uint64_t registrations; /* storages and tensors */
   uint64_t bytes;         /* registration bytes: registry.c's *_cost */
 };
@@ -677,6 +730,8 @@ struct reg_quota_ops {
                const struct reg_usage *more, char *msg, size_t msglen);
   /* The registry took more. */
   void (*charge)(void *arg, const struct reg_usage *more);
+  /* The registry gave some back (mappings a larger one replaced). */
+  void (*release)(void *arg, const struct reg_usage *less);
 };
 
 /* One rank's registrations, in the planner's form.  Used from the loop
@@ -696,9 +751,12 @@ struct registry {
   size_t nkeys, key_cap;
   struct plan_key_in *keys; /* names and pieces owned */
   struct idxset by_name;
-  /* Every mapping made (unmapped with the registry), and the files. */
+  /* Every mapping made (unmapped with the registry), in file order too,
+   * and the files. */
   size_t nmaps, map_cap;
   struct reg_map *maps;
+  size_t place_cap;
+  struct reg_place *places; /* nmaps of them */
   size_t nfiles, file_cap;
   struct reg_file *files;
   struct idxset by_file;
@@ -715,9 +773,9 @@ void registry_free(struct registry *reg);
  * registry is emptied at once, and no one may use what it held. */
 void registry_drop(uv_loop_t *loop, struct registry *reg);
 /* Maps and registers n storages whose fds are frame's (the frame keeps
- * them); all or none.  A file is mapped once, whole, and shared by the
- * storages in it.  SP_EBADFD, SP_EINVAL, SP_ELIMIT (the quota's code),
- * SP_ENOMEM. */
+ * them); all or none.  Only the pages the storages lie in are mapped,
+ * and a mapping is shared by every storage in it (regmap.c).
+ * SP_EBADFD, SP_EINVAL, SP_ELIMIT (the quota's code), SP_ENOMEM. */
 int registry_add_storages(struct registry *reg, const struct req_storage *s,
                           size_t n, const struct sp_frame *frame, char *msg,
                           size_t msglen);
@@ -791,6 +849,37 @@ int job_op_storage_add(struct conn *c, const struct sp_msg_head *head,
                        const msgpack_object *map, struct sp_frame *frame);
 int job_op_tensor_add(struct conn *c, const struct sp_msg_head *head,
                       const msgpack_object *map, struct sp_frame *frame);
+
+/* ---- regmap.c --------------------------------------------------------- */
+
+/* The host mappings one storage_add frame needs (registry_add_storages):
+ * planned, then mapped, then committed to the registry, or freed at any
+ * step with nothing kept. */
+struct regmap_frame;
+
+/* Checks the frame's memfd storages against their files and plans their
+ * mappings: 0, or SP_EBADFD / SP_ENOMEM with a sentence.  *out is set
+ * either way, for regmap_frame_free. */
+int regmap_plan(const struct registry *reg, const struct req_storage *s,
+                size_t n, const struct sp_frame *frame,
+                struct regmap_frame **out, char *msg, size_t msglen);
+/* What the plan's new mappings take (more: mappings, mapped_bytes) and
+ * what the mappings they replace give back once committed (less). */
+void regmap_usage(const struct regmap_frame *fm, struct reg_usage *more,
+                  struct reg_usage *less);
+/* Makes the planned mappings, read-only: 0, or SP_ENOMEM / SP_EBADFD with
+ * none of them left. */
+int regmap_map(struct regmap_frame *fm, const struct sp_frame *frame,
+               char *msg, size_t msglen);
+/* Keeps the new mappings in reg (whose arrays have room for them) and
+ * drops the ones they replace, moving registered storages into the new
+ * ones; cannot fail. */
+void regmap_commit(struct registry *reg, struct regmap_frame *fm,
+                   const struct req_storage *s, size_t n);
+/* After regmap_commit: the mapping in reg->maps the frame's non-empty
+ * memfd storage i lies in. */
+uint32_t regmap_map_of(const struct regmap_frame *fm, size_t i);
+void regmap_frame_free(struct regmap_frame *fm);
 
 /* ---- engine.c --------------------------------------------------------- */
 
@@ -1316,6 +1405,32 @@ void nodelink_detach(struct nodelink *l, void (*fn)(void *arg, int sock),
                      void *arg);
 const char *nodelink_peer(const struct nodelink *l);
 
+/* ---- peerhost.c ------------------------------------------------------- */
+
+/* The host a peer address belongs to: an IPv4 address (IPv4-mapped IPv6
+ * ones included), or an IPv6 /64 prefix; zero for any other family. */
+#define PEERHOST_PREFIX_BYTES 8
+struct peer_host {
+  sa_family_t family;
+  uint8_t prefix[PEERHOST_PREFIX_BYTES]; /* IPv4: 4 bytes, then zeros */
+};
+
+void peerhost_of(const struct sockaddr_storage *sa, struct peer_host *out);
+/* A total order: 0 when both are one host. */
+int peerhost_cmp(const struct peer_host *a, const struct peer_host *b);
+
+/* A link in its handshake, as the choice of one to drop sees it. */
+struct peerhost_entry {
+  struct peer_host host;
+  uint64_t id; /* smaller is older */
+  void *link;
+};
+
+/* Which of n > 0 links to drop at peer_handshakes: the oldest of the host
+ * that holds the most (ties: the host whose oldest is oldest).  Sorts e
+ * and returns the victim's index in it. */
+size_t peerhost_victim(struct peerhost_entry *e, size_t n);
+
 /* ---- peerauth.c ------------------------------------------------------- */
 
 /* The handshake between daemons proves the job's secret without sending
@@ -1512,6 +1627,8 @@ struct remote_peer_setup {
   int sock; /* the data link, or -1 (this node, or none) */
   char addr[NODE_ADDR_MAX];
   _Atomic uint64_t *sent, *received; /* the node's counters, or NULL */
+  /* The daemon's counters of that peer address (metrics.h), or NULL. */
+  struct metrics_peer *metrics;
 };
 
 struct remote_setup {

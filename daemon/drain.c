@@ -53,7 +53,7 @@ static void expire(struct server *srv) {
              " ms)",
              srv->stop_reason, v.export_id, job->hex,
              srv->cfg->drain_timeout_ms);
-    log_msg(LOG_LEVEL_WARN, "job %s: %s", job->hex, msg);
+    log_with(LOG_LEVEL_WARN, LOG_JOB(job->hex), "job %s: %s", job->hex, msg);
     export_abort(job, SP_EDAEMONSTOPPING, msg);
   }
 }

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
+#include "daemon/metrics.h"
 #include "daemon/pool.h"
 #include "proto/fail.h"
 #include "proto/text.h"
@@ -70,6 +71,7 @@ struct export {
   uint32_t timeout_ms; /* the smallest the ranks asked for */
   struct export_rank *ranks;
   bool failed;
+  int fail_code; /* the code it failed with, once failed */
   /* Planning: the worker's input and output. */
   struct plan_rank_in *rin;
   struct plan_input in;
@@ -276,6 +278,17 @@ static void free_export(struct export *ex) {
   free(ex);
 }
 
+/* The journal fields of a line about export ex (log.c), with code when it
+ * failed; node is this daemon's node of a job across nodes. */
+static struct log_fields export_fields(const struct export *ex, int code) {
+  return (struct log_fields){
+      .job = ex->job->hex,
+      .rank = LOG_NONE,
+      .node = ex->job->mesh != NULL ? (int64_t)mesh_self(ex->job) : LOG_NONE,
+      .export_id = ex->id,
+      .error = code};
+}
+
 /* The export is over and no thread runs: record the outcome, free it. */
 static void finish(struct export *ex) {
   struct job *job = ex->job;
@@ -297,12 +310,21 @@ static void finish(struct export *ex) {
     sp_format_bytes(ex->bytes_total, moved, sizeof moved);
     sp_format_bytes(ms > 0 ? ex->bytes_total * 1000 / ms : 0, rate,
                     sizeof rate);
-    log_msg(LOG_LEVEL_INFO,
+    struct log_fields fields = export_fields(ex, 0);
+    log_with(LOG_LEVEL_INFO, &fields,
             "job %s: export %" PRIu64 " published: moved %s in %" PRIu32
             " round(s), %" PRIu64 " ms (%s/s)",
             job->hex, ex->id, moved, plan_rounds(ex), now - ex->started_ms,
             rate);
   }
+  metrics_export_done(
+      job->srv->metrics,
+      &(struct metrics_export){
+          .code = ex->failed ? ex->fail_code : 0,
+          .duration_s = (double)(now - ex->started_ms) / 1000.0,
+          .bytes_moved = job->last_bytes_moved,
+          .rounds = plan_rounds(ex),
+          .keys = ex->plan != NULL ? ex->plan->nkeys : 0});
   history_add(&job->history,
               &(struct history_entry){
                   .export_id = ex->id,
@@ -347,9 +369,12 @@ static void fail_export_as(struct export *ex, int code, const char *message,
   if (report && job->mesh != NULL)
     mesh_failed(job, code, message);
   ex->failed = true;
+  ex->fail_code = code;
   job->last_phase = JOB_FAILED;
   set_job_error(job, code, message);
-  log_msg(LOG_LEVEL_WARN, "job %s: export %" PRIu64 " failed: %s", job->hex,
+  struct log_fields fields = export_fields(ex, code);
+  log_with(LOG_LEVEL_WARN, &fields,
+           "job %s: export %" PRIu64 " failed: %s", job->hex,
           ex->id, job->error);
   atomic_store(&ex->engine.cancel, true);
   atomic_store(&ex->plan_stop, true);
@@ -379,13 +404,24 @@ bool export_any_asked(const struct job *job) {
 static void fail_gather(struct job *job, int code, const char *message) {
   job->last_phase = JOB_FAILED;
   set_job_error(job, code, message);
-  log_msg(LOG_LEVEL_WARN, "job %s: export failed before it started: %s",
+  log_with(LOG_LEVEL_WARN,
+           &(struct log_fields){.job = job->hex,
+                                .rank = LOG_NONE,
+                                .node = job->mesh != NULL
+                                            ? (int64_t)mesh_self(job)
+                                            : LOG_NONE,
+                                .error = code},
+           "job %s: export failed before it started: %s",
           job->hex, job->error);
   uint64_t now = job_now_ms(), first_ask = now;
   for (uint32_t r = 0; r < job->world; r++)
     if (job->members[r] != NULL && job->members[r]->asked &&
         job->members[r]->asked_ms < first_ask)
       first_ask = job->members[r]->asked_ms;
+  metrics_export_done(job->srv->metrics,
+                      &(struct metrics_export){
+                          .code = code,
+                          .duration_s = (double)(now - first_ask) / 1000.0});
   history_add(&job->history, &(struct history_entry){.failed = true,
                                                      .error = job->error,
                                                      .started_ms = first_ask,
@@ -438,10 +474,10 @@ static int make_comms(struct export *ex) {
         return rc;
       }
       job->gpu_comms_gen = 0;
-      log_msg(LOG_LEVEL_INFO,
-              "job %s: %zu NCCL communicator(s) of %" PRIu32 " ranks, made "
-              "as the ranks joined, warmed on this node (generation 0)",
-              job->hex, n, job->world);
+      log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+               "job %s: %zu NCCL communicator(s) of %" PRIu32 " ranks, made "
+               "as the ranks joined, warmed on this node (generation 0)",
+               job->hex, n, job->world);
       return 0;
     }
     gpu_comms_abort(job->gpu_comms);
@@ -464,11 +500,11 @@ static int make_comms(struct export *ex) {
      * have aborted them), so every node drops its own and makes new ones
      * from the fresh id the root sent.  Aborted, not finalized: a peer's
      * may be gone. */
-    log_msg(LOG_LEVEL_INFO,
-            "job %s: NCCL communicators of generation %" PRIu64
-            " replaced by generation %" PRIu64 "%s",
-            job->hex, job->gpu_comms_gen, gen,
-            gpu_comms_failed(job->gpu_comms) ? " (they were aborted)" : "");
+    log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+             "job %s: NCCL communicators of generation %" PRIu64
+             " replaced by generation %" PRIu64 "%s",
+             job->hex, job->gpu_comms_gen, gen,
+             gpu_comms_failed(job->gpu_comms) ? " (they were aborted)" : "");
     gpu_comms_abort(job->gpu_comms);
     gpu_comms_free(job->gpu_comms);
     job->gpu_comms = NULL;
@@ -485,10 +521,10 @@ static int make_comms(struct export *ex) {
                             sizeof ex->plan_msg);
   if (rc == 0) {
     job->gpu_comms_gen = gen;
-    log_msg(LOG_LEVEL_INFO,
-            "job %s: %zu NCCL communicator(s) of %" PRIu32 " ranks made and "
-            "warmed on this node (generation %" PRIu64 ")",
-            job->hex, n, job->world, gen);
+    log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+             "job %s: %zu NCCL communicator(s) of %" PRIu32 " ranks made and "
+             "warmed on this node (generation %" PRIu64 ")",
+             job->hex, n, job->world, gen);
   }
   return rc;
 }
@@ -534,27 +570,28 @@ void export_comms_join(struct job *job) {
     }
     rc = gpu_comms_add(job->gpu_comms, ranks, n, msg, sizeof msg);
     if (rc == 0)
-      log_msg(LOG_LEVEL_INFO,
-              "job %s: NCCL communicator(s) of %zu rank(s) starting, generation "
-              "0, as the rank(s) joined",
-              job->hex, n);
+      log_with(
+          LOG_LEVEL_INFO, LOG_JOB(job->hex),
+          "job %s: NCCL communicator(s) of %zu rank(s) starting, generation "
+          "0, as the rank(s) joined",
+          job->hex, n);
     job->comms_ready = false;
   }
   if (rc == 0 && job->comms_early && !job->comms_ready) {
     rc = gpu_comms_poll(job->gpu_comms, msg, sizeof msg);
     if (rc == 0) {
       job->comms_ready = true;
-      log_msg(LOG_LEVEL_INFO,
-              "job %s: communicators ready on this node (made as the ranks "
-              "joined; the first export warms them)",
-              job->hex);
+      log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+               "job %s: communicators ready on this node (made as the ranks "
+               "joined; the first export warms them)",
+               job->hex);
     }
   }
   if (rc < 0) {
-    log_msg(LOG_LEVEL_INFO,
-            "job %s: the NCCL communicators started as ranks joined failed "
-            "(%s); the first export makes them",
-            job->hex, msg);
+    log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+             "job %s: the NCCL communicators started as ranks joined failed "
+             "(%s); the first export makes them",
+             job->hex, msg);
     drop_early_comms(job);
   }
 }
@@ -562,11 +599,11 @@ void export_comms_join(struct job *job) {
 void export_comms_rank_left(struct job *job, uint32_t r) {
   if (!job->comms_early || !gpu_comms_holds(job->gpu_comms, r))
     return;
-  log_msg(LOG_LEVEL_INFO,
-          "job %s: rank %" PRIu32 " left before the first export: its NCCL "
-          "communicator and this node's others are aborted; the first "
-          "export makes them",
-          job->hex, r);
+  log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+           "job %s: rank %" PRIu32 " left before the first export: its NCCL "
+           "communicator and this node's others are aborted; the first "
+           "export makes them",
+           job->hex, r);
   drop_early_comms(job);
 }
 
@@ -885,6 +922,8 @@ static void step(struct export *ex) {
       return;
     pthread_join(ex->planner, NULL);
     ex->thread_alive = false;
+    metrics_planning_done(ex->job->srv->metrics,
+                          (double)(job_now_ms() - ex->planning_ms) / 1000.0);
     if (ex->failed)
       break;
     if (ex->plan_rc != 0) {
@@ -1041,8 +1080,9 @@ static void maybe_start(struct job *job) {
                                .max_bytes = ex->max_bytes};
   job->running = ex;
   job->error[0] = '\0';
-  log_msg(LOG_LEVEL_INFO, "job %s: export %" PRIu64 " started", job->hex,
-          ex->id);
+  struct log_fields fields = export_fields(ex, 0);
+  log_with(LOG_LEVEL_INFO, &fields,
+           "job %s: export %" PRIu64 " started", job->hex, ex->id);
   ex->reuse_plan = cache_applies(ex);
   ex->compare = job->srv->cfg->compare_replicas;
   ex->compare_threads = job->srv->engine_threads;
@@ -1184,10 +1224,10 @@ void export_tick(struct job *job) {
     for (uint32_t r = 0; r < job->world; r++) {
       struct export_rank *er = &ex->ranks[r];
       if (!er->answered && er->m->conn != NULL) {
-        log_msg(LOG_LEVEL_WARN,
-                "job %s: rank %" PRIu32 " did not read its export reply in "
-                "%" PRIu32 " ms; disconnecting it",
-                job->hex, r, ex->timeout_ms);
+        log_with(LOG_LEVEL_WARN, LOG_JOB(job->hex),
+                 "job %s: rank %" PRIu32 " did not read its export reply in "
+                 "%" PRIu32 " ms; disconnecting it",
+                 job->hex, r, ex->timeout_ms);
         conn_close(er->m->conn);
       }
     }
@@ -1360,8 +1400,10 @@ int export_start_gathered(struct job *job, struct mesh_export *mx,
   }
   job->running = ex;
   job->error[0] = '\0';
-  log_msg(LOG_LEVEL_INFO, "job %s: export %" PRIu64 " started (node %" PRIu32
-          ")", job->hex, ex->id, mesh_self(job));
+  struct log_fields fields = export_fields(ex, 0);
+  log_with(LOG_LEVEL_INFO, &fields,
+           "job %s: export %" PRIu64 " started (node %" PRIu32 ")", job->hex,
+           ex->id, mesh_self(job));
   ex->compare = job->srv->cfg->compare_replicas;
   ex->compare_threads = job->srv->engine_threads;
   ex->phase = JOB_PLANNING;

@@ -139,7 +139,7 @@ static void job_destroy(struct job *job) {
   srv->njobs--;
   if (job->owner != NULL)
     quota_release(job->owner, QUOTA_JOB);
-  log_msg(LOG_LEVEL_INFO, "job %s: ended", job->hex);
+  log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex), "job %s: ended", job->hex);
   for (uint32_t r = 0; r < job->world; r++)
     if (job->members[r] != NULL) {
       member_free(job->members[r]);
@@ -237,8 +237,11 @@ static void free_lost(struct job *job) {
     struct job_member *m = job->members[r];
     if (m == NULL || !m->lost)
       continue;
-    log_msg(LOG_LEVEL_INFO, "job %s: rank %u %s", job->hex, r,
-            m->disconnected ? "disconnected" : "left");
+    log_with(LOG_LEVEL_INFO,
+             &(struct log_fields){
+                 .job = job->hex, .rank = r, .node = LOG_NONE},
+             "job %s: rank %u %s", job->hex, r,
+             m->disconnected ? "disconnected" : "left");
     if (job->mesh != NULL)
       mesh_rank_left(job, r, m->disconnected, m->refused);
     export_comms_rank_left(job, r);
@@ -272,8 +275,8 @@ void job_wake(struct job *job) { uv_async_send(&job->wake); }
 static void on_tick(uv_timer_t *timer) {
   struct job *job = timer->data;
   if (!job->ever_joined) {
-    log_msg(LOG_LEVEL_INFO, "job %s: no rank joined within job_timeout",
-            job->hex);
+    log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+             "job %s: no rank joined within job_timeout", job->hex);
     job->ticking = false;
     job_destroy(job);
     return;
@@ -468,7 +471,7 @@ int job_op_create(struct conn *c, const struct sp_msg_head *head,
     return conn_send_error(c, head->id, SP_ENOMEM,
                            "job_create: cannot make a ticket");
   }
-  log_msg(LOG_LEVEL_INFO,
+  log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
           "job %s: created for %" PRIu32 " ranks by uid %u (pid %d)",
           job->hex, job->world, (unsigned)job->owner_uid,
           (int)job->owner_pid);
@@ -622,7 +625,9 @@ struct job_member *job_admit(struct job *job, struct conn *c,
   if (job->mesh != NULL)
     mesh_rank_joined(job, req->rank);
   export_drop_cache(job);
-  log_msg(LOG_LEVEL_INFO,
+  log_with(LOG_LEVEL_INFO,
+          &(struct log_fields){
+              .job = job->hex, .rank = req->rank, .node = LOG_NONE},
           "job %s: rank %" PRIu32 " joined (%" PRIu32 " of %" PRIu32 ")",
           job->hex, req->rank, job->joined, job->world);
   struct sp_msgbuf mb;

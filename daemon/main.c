@@ -40,6 +40,9 @@ static void usage(FILE *out) {
           "                           nodes); port 0 takes any free port\n"
           "      --peer-advertise ADDR[:PORT]\n"
           "                           the address other daemons dial\n"
+          "      --metrics-listen ADDR:PORT\n"
+          "                           serve Prometheus metrics at\n"
+          "                           http://ADDR:PORT/metrics (default: off)\n"
           "  -n, --check              check the configuration and the socket's\n"
           "                           directory, and exit\n"
           "      --print-config       print every setting and exit\n"
@@ -48,7 +51,8 @@ static void usage(FILE *out) {
           SP_CONFIG_FILE);
 }
 
-enum { OPT_PRINT_CONFIG = 256, OPT_PEER_LISTEN, OPT_PEER_ADVERTISE };
+enum { OPT_PRINT_CONFIG = 256, OPT_PEER_LISTEN, OPT_PEER_ADVERTISE,
+       OPT_METRICS_LISTEN };
 
 static const struct option long_options[] = {
     {"socket", required_argument, NULL, 's'},
@@ -60,6 +64,7 @@ static const struct option long_options[] = {
     {"print-config", no_argument, NULL, OPT_PRINT_CONFIG},
     {"peer-listen", required_argument, NULL, OPT_PEER_LISTEN},
     {"peer-advertise", required_argument, NULL, OPT_PEER_ADVERTISE},
+    {"metrics-listen", required_argument, NULL, OPT_METRICS_LISTEN},
     {"version", no_argument, NULL, 'V'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
@@ -111,6 +116,9 @@ int main(int argc, char **argv) {
       break;
     case OPT_PEER_ADVERTISE:
       add_flag(&origin, "peer_advertise", optarg);
+      break;
+    case OPT_METRICS_LISTEN:
+      add_flag(&origin, "metrics_listen", optarg);
       break;
     case 'V':
       printf("shardportd %s (protocol %d)\n", SP_VERSION, SP_PROTOCOL_VERSION);

@@ -51,6 +51,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
+#include "daemon/metrics.h"
 #include "shardport.h"
 
 /* While an export is under way, each side says it is alive this often. */
@@ -267,8 +268,8 @@ static void inbox_push(struct mesh *ms, bool to_root, uint32_t from,
   if (it == NULL || (nblobs > 0 &&
                      (it->blobs = calloc(nblobs, sizeof *it->blobs)) == NULL)) {
     free(it);
-    log_msg(LOG_LEVEL_ERROR, "job %s: out of memory queueing a message",
-            ms->job->hex);
+    log_with(LOG_LEVEL_ERROR, LOG_JOB(ms->job->hex),
+             "job %s: out of memory queueing a message", ms->job->hex);
     return;
   }
   it->to_root = to_root;
@@ -284,8 +285,8 @@ static void inbox_push(struct mesh *ms, bool to_root, uint32_t from,
       nodemsg_free(&it->msg);
       free(it->blobs);
       free(it);
-      log_msg(LOG_LEVEL_ERROR, "job %s: out of memory queueing a message",
-              ms->job->hex);
+      log_with(LOG_LEVEL_ERROR, LOG_JOB(ms->job->hex),
+               "job %s: out of memory queueing a message", ms->job->hex);
       return;
     }
     memcpy(it->msg.nodes, m->nodes, m->nnodes * sizeof *m->nodes);
@@ -299,8 +300,8 @@ static void inbox_push(struct mesh *ms, bool to_root, uint32_t from,
       nodemsg_free(&it->msg);
       free(it->blobs);
       free(it);
-      log_msg(LOG_LEVEL_ERROR, "job %s: out of memory queueing a message",
-              ms->job->hex);
+      log_with(LOG_LEVEL_ERROR, LOG_JOB(ms->job->hex),
+               "job %s: out of memory queueing a message", ms->job->hex);
       return;
     }
     memcpy(it->msg.replicas, m->replicas,
@@ -697,8 +698,10 @@ int mesh_join(struct job *job, struct conn *c, const struct sp_msg_head *head,
                                  ms->root_addr);
         return rc == 0 ? 1 : rc;
       }
-      log_msg(LOG_LEVEL_INFO, "job %s: joining through its root daemon at "
-              "%s", job->hex, ms->root_addr);
+      log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+               "job %s: joining through its root daemon at "
+               "%s",
+               job->hex, ms->root_addr);
     }
     int rc = queue_join(ms, c, head->id, req, device);
     return rc == 0 ? 1 : rc;
@@ -881,8 +884,9 @@ static void on_data_detached(void *arg, int sock) {
   if (n->data >= 0)
     close(n->data);
   n->data = sock;
-  log_msg(LOG_LEVEL_DEBUG, "job %s: data link to node %u (%s) up",
-          n->mesh->job->hex, n->node, n->addr);
+  log_with(LOG_LEVEL_DEBUG, LOG_JOB(n->mesh->job->hex),
+           "job %s: data link to node %u (%s) up", n->mesh->job->hex, n->node,
+           n->addr);
   maybe_send_planned(n->mesh);
 }
 
@@ -997,8 +1001,9 @@ static void member_fail(struct mesh *ms, int code, const char *message) {
 
 static void data_fail(struct mesh_node *n, const char *why) {
   struct mesh *ms = n->mesh;
-  log_msg(LOG_LEVEL_INFO, "job %s: data link to node %u (%s): %s",
-          ms->job->hex, n->node, n->addr, why);
+  log_with(LOG_LEVEL_INFO, LOG_JOB(ms->job->hex),
+           "job %s: data link to node %u (%s): %s", ms->job->hex, n->node,
+           n->addr, why);
   if (ms->current == NULL || !in_roster(ms->current, n->node))
     return;
   char msg[SP_ERRMSG_MAX + 1];
@@ -1266,8 +1271,9 @@ static void member_handle(struct mesh *ms, const struct nodemsg *m,
   case NODEMSG_BEAT:
     break;
   default:
-    log_msg(LOG_LEVEL_INFO, "job %s: the root sent an unexpected %s",
-            job->hex, nodemsg_op_name(m->op));
+    log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+             "job %s: the root sent an unexpected %s", job->hex,
+             nodemsg_op_name(m->op));
     break;
   }
 }
@@ -1278,8 +1284,8 @@ static void root_lost(struct mesh *ms, const char *why) {
   if (ms->broken)
     return;
   uint64_t export_id = ms->current != NULL ? ms->current->export_id : 0;
-  log_msg(LOG_LEVEL_WARN, "job %s: lost the root daemon %s: %s", job->hex,
-          ms->root_addr, why);
+  log_with(LOG_LEVEL_WARN, LOG_JOB(job->hex),
+           "job %s: lost the root daemon %s: %s", job->hex, ms->root_addr, why);
   ms->broken = true;
   ms->broken_code = SP_ENODELOST;
   mesh_lost_message(job->hex, 0, ms->root_addr, export_id, ms->broken_msg,
@@ -1309,8 +1315,11 @@ static void root_lost(struct mesh *ms, const char *why) {
  * still waiting for the root's answer. */
 static void root_ended(struct mesh *ms, const struct nodemsg *m) {
   struct job *job = ms->job;
-  log_msg(LOG_LEVEL_WARN, "job %s: the root daemon %s ended the job: %s: %s",
-          job->hex, ms->root_addr, sp_err_name(m->code), m->message);
+  log_with(LOG_LEVEL_WARN,
+           &(struct log_fields){.job = job->hex, .rank = LOG_NONE,
+                                .node = LOG_NONE, .error = m->code},
+           "job %s: the root daemon %s ended the job: %s: %s", job->hex,
+           ms->root_addr, sp_err_name(m->code), m->message);
   ms->broken = true;
   ms->broken_code = m->code;
   snprintf(ms->broken_msg, sizeof ms->broken_msg, "%s", m->message);
@@ -1321,8 +1330,10 @@ static void root_ended(struct mesh *ms, const struct nodemsg *m) {
 /* The root refused this daemon, or did not prove it knows the job's secret,
  * before it gave it a node number: the shadow ends and its joins hear why. */
 static void root_refused(struct mesh *ms, int code, const char *why) {
-  log_msg(LOG_LEVEL_WARN, "job %s: the root daemon %s refused this daemon: "
-          "%s", ms->job->hex, ms->root_addr, why);
+  log_with(LOG_LEVEL_WARN, LOG_JOB(ms->job->hex),
+           "job %s: the root daemon %s refused this daemon: "
+           "%s",
+           ms->job->hex, ms->root_addr, why);
   char msg[SP_ERRMSG_MAX + 1];
   snprintf(msg, sizeof msg, "the job's root daemon %s refused: %.900s",
            ms->root_addr, why);
@@ -1377,8 +1388,9 @@ static void root_handshake(struct mesh *ms, struct nodelink *l,
     root->present = true;
     snprintf(root->addr, sizeof root->addr, "%s", ms->root_addr);
   }
-  log_msg(LOG_LEVEL_INFO, "job %s: node %u of the job (root %s)",
-          ms->job->hex, m->node, ms->root_addr);
+  log_with(LOG_LEVEL_INFO, LOG_JOB(ms->job->hex),
+           "job %s: node %u of the job (root %s)", ms->job->hex, m->node,
+           ms->root_addr);
   for (struct pending_join *p = ms->joins; p != NULL; p = p->next)
     send_join(ms, p);
 }
@@ -1500,6 +1512,8 @@ int mesh_remote(struct job *job, struct mesh_export *mx,
     snprintf(peers[n].addr, sizeof peers[n].addr, "%s", node->addr);
     peers[n].sent = &node->sent;
     peers[n].received = &node->received;
+    if (n != ms->self)
+      peers[n].metrics = metrics_peer(job->srv->metrics, node->addr);
     if (n != ms->self && in_roster(mx, n))
       peers[n].sock = node->data;
   }
@@ -1549,8 +1563,9 @@ static void gather_fail(struct mesh *ms, int code, const char *message) {
    * it here only when none do, so that it is logged once, at warn, as
    * every failed export is. */
   if (!export_any_asked(ms->job))
-    log_msg(LOG_LEVEL_WARN, "job %s: export failed before it started: %s: %s",
-            ms->job->hex, sp_err_name(code), message);
+    log_with(LOG_LEVEL_WARN, LOG_JOB(ms->job->hex),
+             "job %s: export failed before it started: %s: %s", ms->job->hex,
+             sp_err_name(code), message);
   coord_fail(ms, ms->cgather, code, message, false);
   clear_asks(ms);
   ms->cgather++;
@@ -1663,8 +1678,10 @@ static void gather_complete(struct mesh *ms) {
       }
       ms->comm_gen++;
       ms->comm_stale = false;
-      log_msg(LOG_LEVEL_INFO, "job %s: NCCL communicators of generation %"
-              PRIu64 " from a new id", job->hex, ms->comm_gen);
+      log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+               "job %s: NCCL communicators of generation %" PRIu64
+               " from a new id",
+               job->hex, ms->comm_gen);
     }
     ms->comm_pending = true;
     p.comm_gen = ms->comm_gen;
@@ -1672,8 +1689,10 @@ static void gather_complete(struct mesh *ms) {
   }
   for (uint32_t r = 0; r < world; r++)
     metas[r] = ms->asks[r].meta;
-  log_msg(LOG_LEVEL_INFO, "job %s: export %" PRIu64 ": every rank asked; "
-          "planning on %zu node(s)", job->hex, p.export_id, p.nnodes);
+  log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+           "job %s: export %" PRIu64 ": every rank asked; "
+           "planning on %zu node(s)",
+           job->hex, p.export_id, p.nnodes);
   ms->cstate = COORD_PLANNING;
   ms->cexport_gather = ms->cgather;
   ms->cexport_id = p.export_id;
@@ -1797,7 +1816,8 @@ static void coord_planned(struct mesh *ms, struct mesh_node *n,
         used += (size_t)snprintf(msg + used, sizeof msg - used,
                                  " node %u %016" PRIx64, i,
                                  ms->nodes[i]->digest);
-    log_msg(LOG_LEVEL_WARN, "job %s: %s", ms->job->hex, msg);
+    log_with(LOG_LEVEL_WARN, LOG_JOB(ms->job->hex), "job %s: %s", ms->job->hex,
+             msg);
     coord_fail(ms, ms->cexport_gather, SP_EDIGEST, msg, true);
     export_over(ms);
     return;
@@ -1889,8 +1909,9 @@ static void coord_join(struct mesh *ms, struct mesh_node *n,
     n->nranks++;
     job_rank_returned(job, m->rank);
     job_note_joined(job);
-    log_msg(LOG_LEVEL_INFO, "job %s: rank %" PRIu32 " joined on node %u (%s)",
-            job->hex, m->rank, n->node, n->addr);
+    log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+             "job %s: rank %" PRIu32 " joined on node %u (%s)", job->hex,
+             m->rank, n->node, n->addr);
   }
   to_node(ms, n->node, &reply, NULL, 0);
 }
@@ -1923,16 +1944,18 @@ static void coord_handle(struct mesh *ms, uint32_t from, const struct nodemsg *m
   case NODEMSG_BEAT:
     break;
   case NODEMSG_BYE: {
-    log_msg(LOG_LEVEL_INFO, "job %s: node %u (%s) left the job", ms->job->hex,
-            n->node, n->addr);
+    log_with(LOG_LEVEL_INFO, LOG_JOB(ms->job->hex),
+             "job %s: node %u (%s) left the job", ms->job->hex, n->node,
+             n->addr);
     nodelink_close(n->ctl);
     n->ctl = NULL;
     node_lost(ms, n, NULL);
     break;
   }
   default:
-    log_msg(LOG_LEVEL_INFO, "job %s: node %u sent an unexpected %s",
-            ms->job->hex, n->node, nodemsg_op_name(m->op));
+    log_with(LOG_LEVEL_INFO, LOG_JOB(ms->job->hex),
+             "job %s: node %u sent an unexpected %s", ms->job->hex, n->node,
+             nodemsg_op_name(m->op));
     break;
   }
 }
@@ -1969,8 +1992,8 @@ static void node_lost(struct mesh *ms, struct mesh_node *n, const char *why) {
   n->nranks = 0;
   if (why != NULL) {
     char msg[SP_ERRMSG_MAX + 1];
-    log_msg(LOG_LEVEL_WARN, "job %s: node %u (%s) lost: %s", job->hex,
-            n->node, n->addr, why);
+    log_with(LOG_LEVEL_WARN, LOG_JOB(job->hex), "job %s: node %u (%s) lost: %s",
+             job->hex, n->node, n->addr, why);
     if (ms->cstate != COORD_IDLE && n->in_export) {
       mesh_lost_message(job->hex, n->node, n->addr, ms->cexport_id, msg,
                         sizeof msg);
@@ -2066,8 +2089,9 @@ static void on_data_accepted(void *arg, int sock) {
   if (n->data >= 0)
     close(n->data);
   n->data = sock;
-  log_msg(LOG_LEVEL_DEBUG, "job %s: data link from node %u (%s) up",
-          n->mesh->job->hex, n->node, n->addr);
+  log_with(LOG_LEVEL_DEBUG, LOG_JOB(n->mesh->job->hex),
+           "job %s: data link from node %u (%s) up", n->mesh->job->hex, n->node,
+           n->addr);
   maybe_send_planned(n->mesh);
 }
 
@@ -2109,8 +2133,8 @@ static void hello_root(struct server *srv, struct nodelink *l,
                           .node_id = srv->node_id};
   listener_proof(job, l, PEERAUTH_CONTROL, m, &reply);
   link_send_msg(l, &reply);
-  log_msg(LOG_LEVEL_INFO, "job %s: node %u (%s) joined the job", job->hex,
-          n->node, n->addr);
+  log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+           "job %s: node %u (%s) joined the job", job->hex, n->node, n->addr);
 }
 
 static void hello_data(struct nodelink *l, const struct nodemsg *m,

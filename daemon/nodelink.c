@@ -85,7 +85,7 @@ struct nodelink {
   /* Accepted by the peer listener (else dialled by this daemon), from
    * host, and whether the peer has proved who it is (nodelink_hello_done). */
   bool accepted;
-  struct sockaddr_storage host;
+  struct peer_host host;
   bool identified;
   /* The owner waits for an answer (nodelink_await). */
   bool awaiting;
@@ -654,46 +654,25 @@ int nodelink_connect(struct server *srv, const char *addr,
 
 /* ---- the listener ---- */
 
-static bool same_host(const struct sockaddr_storage *a,
-                      const struct sockaddr_storage *b) {
-  if (a->ss_family != b->ss_family)
-    return false;
-  if (a->ss_family == AF_INET)
-    return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
-           ((const struct sockaddr_in *)b)->sin_addr.s_addr;
-  return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
-                &((const struct sockaddr_in6 *)b)->sin6_addr,
-                sizeof(struct in6_addr)) == 0;
-}
-
 static bool in_handshake(const struct nodelink *l) {
   return l->accepted && !l->identified;
 }
 
 /* The link to drop when links in their handshake are at the cap: the
  * oldest of the host that holds the most of them (ties: the oldest of
- * those hosts' oldest), so that one host flooding the port loses its own
- * links first, and another daemon's handshake, which takes one round
- * trip, is not cut short.  New links are at the front of the list. */
+ * those hosts' oldest; peerhost.c says what a host is), so that one host
+ * flooding the port loses its own links first, and another daemon's
+ * handshake, which takes one round trip, is not cut short. */
 static struct nodelink *eviction_victim(struct server *srv) {
-  struct nodelink *victim = NULL;
-  uint32_t most = 0;
-  for (struct nodelink *l = srv->links; l != NULL; l = l->next) {
-    if (!in_handshake(l))
-      continue;
-    uint32_t n = 0;
-    struct nodelink *oldest = l;
-    for (struct nodelink *k = srv->links; k != NULL; k = k->next)
-      if (in_handshake(k) && same_host(&k->host, &l->host)) {
-        n++;
-        oldest = k;
-      }
-    if (n > most || (n == most && oldest->id < victim->id)) {
-      most = n;
-      victim = oldest;
-    }
-  }
-  return victim;
+  size_t n = 0;
+  for (struct nodelink *l = srv->links; l != NULL; l = l->next)
+    if (in_handshake(l) && n < srv->peer_handshake_cap)
+      srv->peer_evict_scratch[n++] =
+          (struct peerhost_entry){l->host, l->id, l};
+  if (n == 0)
+    return NULL;
+  return srv->peer_evict_scratch[peerhost_victim(srv->peer_evict_scratch, n)]
+      .link;
 }
 
 /* Links in their handshake are capped: at the cap one goes
@@ -747,7 +726,7 @@ static void on_accept(uv_poll_t *handle, int status, int events) {
       continue;
     }
     l->accepted = true;
-    memcpy(&l->host, &sa, sizeof sa);
+    peerhost_of(&sa, &l->host);
     srv->peer_unidentified++;
     nodelink_addr_format((struct sockaddr *)&sa, l->peer, sizeof l->peer);
     log_msg(LOG_LEVEL_DEBUG, "peer %s: connected", l->peer);
@@ -812,12 +791,20 @@ int nodelink_listen_open(struct server *srv) {
     ((struct sockaddr_in6 *)&adv)->sin6_port = port;
   nodelink_addr_format((struct sockaddr *)&adv, srv->peer_address,
                        sizeof srv->peer_address);
-  if (uv_poll_init(srv->loop, &srv->peer_poll, sock) != 0) {
+  srv->peer_handshake_cap = handshake_cap(cfg);
+  srv->peer_evict_scratch =
+      calloc(srv->peer_handshake_cap, sizeof *srv->peer_evict_scratch);
+  if (srv->peer_evict_scratch == NULL)
+    log_msg(LOG_LEVEL_ERROR, "peer_listen %s: out of memory",
+            cfg->peer_listen);
+  if (srv->peer_evict_scratch == NULL ||
+      uv_poll_init(srv->loop, &srv->peer_poll, sock) != 0) {
+    free(srv->peer_evict_scratch);
+    srv->peer_evict_scratch = NULL;
     close(sock);
     return -1;
   }
   srv->peer_fd = sock;
-  srv->peer_handshake_cap = handshake_cap(cfg);
   srv->peer_poll.data = srv;
   uv_poll_start(&srv->peer_poll, UV_READABLE, on_accept);
   log_msg(LOG_LEVEL_INFO, "listening for peer daemons on %s (advertised as %s)",
@@ -829,6 +816,8 @@ static void on_listener_closed(uv_handle_t *handle) {
   struct server *srv = handle->data;
   close(srv->peer_fd);
   srv->peer_fd = -1;
+  free(srv->peer_evict_scratch);
+  srv->peer_evict_scratch = NULL;
 }
 
 void nodelink_listen_close(struct server *srv) {

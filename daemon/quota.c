@@ -7,7 +7,8 @@
  * other user's job_create is refused until job_timeout; register a million
  * tensors with long keys on each of many connections and take the node's
  * memory; map a file per storage until vm.max_map_count ends every job's
- * next mapping.  So what a user's connections, jobs and ranks hold is
+ * next mapping, or map terabytes of sparse file until the daemon's address
+ * space is gone.  So what a user's connections, jobs and ranks hold is
  * counted per uid (SO_PEERCRED's, checked at accept) and bounded per uid,
  * and host mappings also per client, each bound a configuration value.  A
  * request past a bound is refused with limit_exceeded naming the bound;
@@ -95,6 +96,13 @@ static int admit(void *arg, const struct registry *reg,
                     "than max_user_mappings (%" PRIu32 ") allows",
                     (unsigned)u->uid, u->used.mappings + more->mappings,
                     cfg->max_user_mappings);
+  if (u->used.mapped_bytes + more->mapped_bytes > cfg->max_user_mapped_bytes)
+    return sp_failf(msg, msglen, SP_ELIMIT,
+                    "user %u's clients would map %" PRIu64 " bytes of "
+                    "storage files, more than max_user_mapped_bytes (%" PRIu64
+                    ") allows",
+                    (unsigned)u->uid, u->used.mapped_bytes + more->mapped_bytes,
+                    cfg->max_user_mapped_bytes);
   if (u->used.registrations + more->registrations >
       cfg->max_user_registrations)
     return sp_failf(msg, msglen, SP_ELIMIT,
@@ -117,17 +125,23 @@ static int admit(void *arg, const struct registry *reg,
 static void charge(void *arg, const struct reg_usage *more) {
   struct quota_user *u = arg;
   u->used.mappings += more->mappings;
+  u->used.mapped_bytes += more->mapped_bytes;
   u->used.registrations += more->registrations;
   u->used.bytes += more->bytes;
 }
 
-const struct reg_quota_ops quota_registry_ops = {admit, charge};
-
 void quota_unregister(struct quota_user *u, const struct reg_usage *used) {
   u->used.mappings -= used->mappings;
+  u->used.mapped_bytes -= used->mapped_bytes;
   u->used.registrations -= used->registrations;
   u->used.bytes -= used->bytes;
 }
+
+static void release(void *arg, const struct reg_usage *less) {
+  quota_unregister(arg, less);
+}
+
+const struct reg_quota_ops quota_registry_ops = {admit, charge, release};
 
 void quota_status_pack(const struct server *srv, msgpack_packer *pk) {
   uint32_t n = 0;
@@ -135,7 +149,7 @@ void quota_status_pack(const struct server *srv, msgpack_packer *pk) {
     n++;
   msgpack_pack_array(pk, n);
   for (const struct quota_user *u = srv->users; u != NULL; u = u->next) {
-    msgpack_pack_map(pk, 7);
+    msgpack_pack_map(pk, 8);
     sp_pack_kv_u64(pk, "uid", u->uid);
     sp_pack_kv_u64(pk, "clients", u->held[QUOTA_CLIENT]);
     sp_pack_kv_u64(pk, "jobs", u->held[QUOTA_JOB]);
@@ -143,5 +157,6 @@ void quota_status_pack(const struct server *srv, msgpack_packer *pk) {
     sp_pack_kv_u64(pk, "registrations", u->used.registrations);
     sp_pack_kv_u64(pk, "registration_bytes", u->used.bytes);
     sp_pack_kv_u64(pk, "mappings", u->used.mappings);
+    sp_pack_kv_u64(pk, "mapped_bytes", u->used.mapped_bytes);
   }
 }

@@ -16,29 +16,13 @@
  *     mapped first, and committed only when nothing can fail any more, so a
  *     refusal leaves the registry exactly as it was.
  *
- * Host storages share mappings.  A trainer that registers one storage per
- * parameter, all in one memfd, would otherwise cost one mapping each, and
- * vm.max_map_count (65530 by default) ends that for every job of the node.
- * So each file is mapped once, whole, from its first byte, and every
- * storage in it points into that mapping.  A file is known by its device
- * and inode, never by descriptor: the same memfd arrives as a new
- * descriptor in every frame, and memfds of different processes are
- * different files.  A storage past the end of its file's mapping (the file
- * grew since) gets a new mapping of the whole file, which the file's later
- * storages use; the older one stays for the storages in it.  Since every
- * mapping starts at the file's first byte, the newest covers every older
- * one, and a storage never needs two.  Every mapping is PROT_READ, as
- * before.  What a registry takes is counted (reg_usage) and offered to its
- * quotas before a frame is kept.
+ * Host storages are mapped by regmap.c, which says which pages and why.
+ * What a registry takes is counted (reg_usage) and offered to its quotas
+ * before a frame is kept.
  */
-#include <errno.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "proto/fail.h"
 #include "daemon/daemon.h"
@@ -80,6 +64,7 @@ void registry_free(struct registry *reg) {
     close_cuda(reg, &reg->info[i]);
   for (size_t i = 0; i < reg->nmaps; i++)
     munmap(reg->maps[i].addr, reg->maps[i].len);
+  free(reg->places);
   for (size_t i = 0; i < reg->nkeys; i++) {
     free((char *)reg->keys[i].name);
     free((void *)reg->keys[i].pieces);
@@ -151,9 +136,18 @@ static int grow(void **array, size_t *cap, size_t need, size_t size) {
   return 0;
 }
 
+/* Counts what a kept frame gave back, in the registry and for its quotas. */
+static void release(struct registry *reg, const struct reg_usage *less) {
+  reg->used.mappings -= less->mappings;
+  reg->used.mapped_bytes -= less->mapped_bytes;
+  if (reg->quota != NULL)
+    reg->quota->release(reg->quota_arg, less);
+}
+
 /* Counts what a kept frame took, in the registry and for its quotas. */
 static void charge(struct registry *reg, const struct reg_usage *more) {
   reg->used.mappings += more->mappings;
+  reg->used.mapped_bytes += more->mapped_bytes;
   reg->used.registrations += more->registrations;
   reg->used.bytes += more->bytes;
   if (reg->quota != NULL)
@@ -228,18 +222,6 @@ static int base_cmp(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* The frame's descriptors as files: each looked at once, and for each
- * file whether this frame maps it. */
-struct frame_file {
-  bool used;      /* a memfd storage of the frame names it */
-  struct stat st; /* valid when used */
-  uint32_t same;  /* the frame's first descriptor of the same file */
-  uint32_t file;  /* the file in reg->files, or IDXSET_NONE if new */
-  bool map;       /* this frame maps it, whole */
-  uint32_t first; /* the first storage that needs that mapping */
-  void *addr;     /* the mapping, once made */
-};
-
 /* A frame's entries on their way into a registry (daemon.h): prepared
  * from the frame alone, then checked against the registry, admitted and
  * indexed in steps. */
@@ -254,9 +236,9 @@ struct reg_batch {
   enum { BATCH_CHECK, BATCH_INDEX, BATCH_DONE } stage;
   size_t done; /* entries of the stage done */
   struct reg_usage more;
-  /* Storages, from the admission on until they are kept: the frame's
-   * files, and what was opened for them (on the registry's GPU). */
-  struct frame_file ff[SP_FDS_MAX];
+  /* Storages, from the admission on until they are kept: their mappings'
+   * plan, and what was opened for them (on the registry's GPU). */
+  struct regmap_frame *fm;
   struct reg_storage *fresh;
   struct gpu *opened_on; /* the GPU backend, while fresh holds opened ones */
   /* Tensors: their planner form, checked, with names owned until kept. */
@@ -389,145 +371,13 @@ static int reserve_storages(struct registry *reg, size_t n,
       idxset_reserve(&reg->by_base, n) != 0 ||
       grow((void **)&reg->maps, &reg->map_cap, reg->nmaps + more->mappings,
            sizeof *reg->maps) != 0 ||
+      grow((void **)&reg->places, &reg->place_cap,
+           reg->nmaps + more->mappings, sizeof *reg->places) != 0 ||
       grow((void **)&reg->files, &reg->file_cap, reg->nfiles + more->mappings,
            sizeof *reg->files) != 0 ||
       idxset_reserve(&reg->by_file, more->mappings) != 0)
     return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
   return 0;
-}
-
-struct file_probe {
-  const struct registry *reg;
-  dev_t dev;
-  ino_t ino;
-};
-
-static bool match_file(const void *ctx, uint32_t idx) {
-  const struct file_probe *p = ctx;
-  return p->reg->files[idx].dev == p->dev && p->reg->files[idx].ino == p->ino;
-}
-
-static uint64_t file_hash(dev_t dev, ino_t ino) {
-  uint64_t id[2] = {(uint64_t)dev, (uint64_t)ino};
-  return idxset_hash_bytes(id, sizeof id);
-}
-
-static uint32_t find_file(const struct registry *reg, const struct stat *st) {
-  struct file_probe p = {reg, st->st_dev, st->st_ino};
-  return idxset_find(&reg->by_file, file_hash(st->st_dev, st->st_ino),
-                     match_file, &p);
-}
-
-/* Looks at each descriptor a memfd storage names, checks every memfd
- * storage against its file, and finds the files this frame must map: those
- * not mapped yet, or mapped short of one of the frame's storages. */
-static int plan_files(const struct registry *reg, const struct req_storage *s,
-                      size_t from, size_t to, const struct sp_frame *frame,
-                      struct frame_file *ff, uint64_t *nnew, char *msg,
-                      size_t msglen) {
-  for (size_t i = from; i < to; i++) {
-    const struct req_storage *rs = &s[i];
-    if (rs->kind != REQ_STORAGE_MEMFD)
-      continue;
-    struct frame_file *f = &ff[rs->fd];
-    if (!f->used) {
-      if (fstat(frame->fds[rs->fd], &f->st) != 0)
-        return sp_failf(msg, msglen, SP_EBADFD,
-                        "storages[%zu] (sid %u): fstat: %s", i, rs->sid,
-                        strerror(errno));
-      f->used = true;
-      f->same = rs->fd;
-      for (uint32_t j = 0; j < frame->nfds; j++)
-        if (ff[j].used && j != rs->fd && ff[j].st.st_dev == f->st.st_dev &&
-            ff[j].st.st_ino == f->st.st_ino) {
-          f->same = ff[j].same;
-          break;
-        }
-      f->file = find_file(reg, &f->st);
-      /* One size per file in a frame, its first descriptor's, which is the
-       * size it is mapped with: the file may have grown or shrunk between
-       * the two fstats, and a storage checked against a larger size would
-       * point past the mapping. */
-      f->st.st_size = ff[f->same].st.st_size;
-    }
-    if (!S_ISREG(f->st.st_mode))
-      return sp_failf(msg, msglen, SP_EBADFD,
-                      "storages[%zu] (sid %u): the descriptor is not a memfd "
-                      "or shm file",
-                      i, rs->sid);
-    if ((uint64_t)f->st.st_size < rs->offset + rs->length)
-      return sp_failf(msg, msglen, SP_EBADFD,
-                      "storages[%zu] (sid %u): the file has %lld bytes, fewer "
-                      "than offset + length = %llu",
-                      i, rs->sid, (long long)f->st.st_size,
-                      (unsigned long long)(rs->offset + rs->length));
-    if (rs->length == 0)
-      continue;
-    struct frame_file *owner = &ff[f->same];
-    bool covered = owner->file != IDXSET_NONE &&
-                   rs->offset + rs->length <=
-                       reg->maps[reg->files[owner->file].map].len;
-    if (!covered && !owner->map) {
-      if ((uint64_t)f->st.st_size > SIZE_MAX)
-        return sp_failf(msg, msglen, SP_EBADFD,
-                        "storages[%zu] (sid %u): the file is too large to "
-                        "map",
-                        i, rs->sid);
-      owner->map = true;
-      owner->first = (uint32_t)i;
-      (*nnew)++;
-    }
-  }
-  return 0;
-}
-
-static void unmap_new(struct frame_file *ff, size_t nfds) {
-  for (size_t j = 0; j < nfds; j++)
-    if (ff[j].addr != NULL) {
-      munmap(ff[j].addr, (size_t)ff[j].st.st_size);
-      ff[j].addr = NULL;
-    }
-}
-
-/* Maps each file the frame must map, whole and read-only. */
-static int map_files(struct frame_file *ff, const struct req_storage *s,
-                     const struct sp_frame *frame, char *msg, size_t msglen) {
-  for (size_t j = 0; j < frame->nfds; j++) {
-    if (!ff[j].map)
-      continue;
-    void *p = mmap(NULL, (size_t)ff[j].st.st_size, PROT_READ, MAP_SHARED,
-                   frame->fds[j], 0);
-    if (p == MAP_FAILED) {
-      int err = errno;
-      unmap_new(ff, frame->nfds);
-      return sp_failf(msg, msglen, err == ENOMEM ? SP_ENOMEM : SP_EBADFD,
-                      "storages[%u] (sid %u): cannot map its file read-only: "
-                      "%s",
-                      ff[j].first, s[ff[j].first].sid, strerror(err));
-    }
-    ff[j].addr = p;
-  }
-  return 0;
-}
-
-/* Keeps the frame's new mappings: each one the newest of its file. */
-static void commit_files(struct registry *reg, struct frame_file *ff,
-                         size_t nfds) {
-  for (size_t j = 0; j < nfds; j++) {
-    if (ff[j].addr == NULL)
-      continue;
-    uint32_t map = (uint32_t)reg->nmaps++;
-    reg->maps[map] = (struct reg_map){ff[j].addr, (size_t)ff[j].st.st_size};
-    if (ff[j].file == IDXSET_NONE) {
-      ff[j].file = (uint32_t)reg->nfiles++;
-      reg->files[ff[j].file] =
-          (struct reg_file){ff[j].st.st_dev, ff[j].st.st_ino, map};
-      idxset_insert(&reg->by_file, file_hash(ff[j].st.st_dev, ff[j].st.st_ino),
-                    ff[j].file);
-    } else {
-      reg->files[ff[j].file].map = map;
-    }
-  }
 }
 
 /* A rank's storages are of its device's kind: memfd storages for a "cpu"
@@ -584,30 +434,37 @@ static void close_opened(struct reg_batch *b) {
   b->opened_on = NULL;
 }
 
-/* Admits the checked storages (their files planned, plan_files): the
- * quotas, room in the registry, their files mapped and CUDA storages opened
- * into the batch.  Nothing is
- * indexed yet, so a refusal leaves the registry as it was. */
+/* Admits the checked storages: their mappings planned (regmap.c), the
+ * quotas, room in the registry, the mappings made and committed, and CUDA
+ * storages opened into the batch.  Nothing is indexed yet, so a refusal
+ * leaves the registry as it was. */
 static int admit_storages(struct registry *reg, struct reg_batch *b,
                           const struct sp_frame *frame, char *msg,
                           size_t msglen) {
   const struct req_storage *s = b->s;
   size_t n = b->n;
   int rc;
+  if ((rc = regmap_plan(reg, s, n, frame, &b->fm, msg, msglen)) != 0)
+    return rc;
+  struct reg_usage less;
+  regmap_usage(b->fm, &b->more, &less);
+  b->more.registrations = n;
+  b->more.bytes = n * STORAGE_COST;
   if ((rc = reserve_storages(reg, n, &b->more, msg, msglen)) != 0)
     return rc;
   if ((rc = open_cuda_storages(reg, s, n, frame, b->fresh, msg, msglen)) != 0)
     return rc;
   b->opened_on = reg->gpu;
-  if ((rc = map_files(b->ff, s, frame, msg, msglen)) != 0) {
+  if ((rc = regmap_map(b->fm, frame, msg, msglen)) != 0) {
     close_opened(b);
     return rc;
   }
   /* The mappings are the registry's from now on (unmapped with it), and
    * counted: the registry's usage is what its member gives back when it
    * goes, whether or not the batch is kept. */
-  commit_files(reg, b->ff, frame->nfds);
+  regmap_commit(reg, b->fm, s, n);
   charge(reg, &b->more);
+  release(reg, &less);
   return 0;
 }
 
@@ -627,9 +484,10 @@ static void place_storages(struct registry *reg, const struct reg_batch *b,
     st->device.type = SP_DEVICE_CPU;
     if (s[i].kind == REQ_STORAGE_MEMFD) {
       if (s[i].length > 0) {
-        const struct reg_file *file =
-            &reg->files[b->ff[b->ff[s[i].fd].same].file];
-        info->data = (const uint8_t *)reg->maps[file->map].addr + s[i].offset;
+        uint32_t map = regmap_map_of(b->fm, i);
+        const struct reg_map *m = &reg->maps[map];
+        info->data = (const uint8_t *)m->addr + (s[i].offset - m->offset);
+        info->map = map;
       }
     } else {
       /* The planner tells storages apart by (device, base): the GPU's
@@ -657,9 +515,7 @@ static int step_storages(struct registry *reg, struct reg_batch *b,
                       REQ_MAX_PER_RANK);
     size_t to = b->n - b->done < budget ? b->n : b->done + budget;
     if ((rc = check_storages(reg, b, b->done, to, msg, msglen)) != 0 ||
-        (rc = check_kinds(reg, b->s, b->done, to, msg, msglen)) != 0 ||
-        (rc = plan_files(reg, b->s, b->done, to, frame, b->ff,
-                         &b->more.mappings, msg, msglen)) != 0)
+        (rc = check_kinds(reg, b->s, b->done, to, msg, msglen)) != 0)
       return rc;
     budget -= to - b->done;
     b->done = to;
@@ -915,6 +771,7 @@ void registry_batch_free(struct reg_batch *b) {
   if (b == NULL)
     return;
   close_opened(b);
+  regmap_frame_free(b->fm);
   if (b->keys != NULL)
     for (size_t i = 0; i < b->n; i++)
       free((char *)b->keys[i].name);

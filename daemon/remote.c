@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "daemon/daemon.h"
+#include "daemon/metrics.h"
 #include "daemon/xfer/stream.h"
 #include "shardport.h"
 
@@ -490,24 +491,27 @@ uint8_t *remote_dest(const struct remote *r, const struct plan_move *m,
 
 /* ---- the exchange ---- */
 
+static void add_bytes(_Atomic uint64_t *counter, uint64_t bytes) {
+  if (counter != NULL && bytes > 0)
+    atomic_fetch_add_explicit(counter, bytes, memory_order_relaxed);
+}
+
 static void on_progress(void *arg, uint64_t bytes) {
   struct remote *r = arg;
   atomic_fetch_add_explicit(r->bytes_moved, bytes, memory_order_relaxed);
   /* Which peer moved them: the one whose counters changed. */
   for (uint32_t n = 0; n < r->nnodes; n++) {
     const struct xfer_peer *p = &r->xp[n];
-    if (p->sent != r->seen_sent[n]) {
-      if (r->peers[n].sent != NULL)
-        atomic_fetch_add_explicit(r->peers[n].sent, p->sent - r->seen_sent[n],
-                                  memory_order_relaxed);
-      r->seen_sent[n] = p->sent;
-    }
-    if (p->received != r->seen_recv[n]) {
-      if (r->peers[n].received != NULL)
-        atomic_fetch_add_explicit(r->peers[n].received,
-                                  p->received - r->seen_recv[n],
-                                  memory_order_relaxed);
-      r->seen_recv[n] = p->received;
+    const struct remote_peer_setup *ps = &r->peers[n];
+    uint64_t sent = p->sent - r->seen_sent[n];
+    uint64_t received = p->received - r->seen_recv[n];
+    r->seen_sent[n] = p->sent;
+    r->seen_recv[n] = p->received;
+    add_bytes(ps->sent, sent);
+    add_bytes(ps->received, received);
+    if (ps->metrics != NULL) {
+      add_bytes(&ps->metrics->sent, sent);
+      add_bytes(&ps->metrics->received, received);
     }
   }
 }
@@ -554,10 +558,11 @@ int remote_exchange(struct remote *r, const atomic_bool *cancel,
              r->plan->keys[m->key].name);
     return rc;
   }
-  log_msg(LOG_LEVEL_INFO, "job %s: export %" PRIu64 ": node %zu (%s): %s",
-          r->job_hex, r->export_id, failed, r->peers[failed].addr,
-          rc == SP_ETIMEOUT ? "moved nothing within the export's timeout"
-                            : sp_strerror(rc));
+  log_with(LOG_LEVEL_INFO, LOG_JOB(r->job_hex),
+           "job %s: export %" PRIu64 ": node %zu (%s): %s", r->job_hex,
+           r->export_id, failed, r->peers[failed].addr,
+           rc == SP_ETIMEOUT ? "moved nothing within the export's timeout"
+                             : sp_strerror(rc));
   *lost_node = (uint32_t)failed;
   mesh_lost_message(r->job_hex, (uint32_t)failed, r->peers[failed].addr,
                     r->export_id, msg, msglen);

@@ -22,6 +22,7 @@
 
 #include "config.h"
 #include "daemon/daemon.h"
+#include "daemon/metrics.h"
 #include "daemon/pool.h"
 #include "shardport.h"
 
@@ -141,6 +142,66 @@ static void on_watchdog(uv_timer_t *timer) {
   report_status(srv);
 }
 
+/* On the loop, when a scrape asked: what the loop holds now. */
+static void on_metrics_refresh(uv_async_t *async) {
+  struct server *srv = async->data;
+  struct metrics_gauges g = {.clients = srv->nclients, .jobs = srv->njobs};
+  for (const struct job *job = srv->jobs; job != NULL; job = job->next) {
+    uint32_t joined, asked;
+    job_count_ranks(job, &joined, &asked);
+    g.ranks += joined;
+  }
+  /* Segments whose ranks closed them are freed before they are counted,
+   * as status counts them. */
+  pool_collect(srv->pool);
+  g.pool_used = pool_used(srv->pool);
+  g.pool_kept = pool_held(srv->pool);
+  g.pool_capacity = pool_capacity(srv->pool);
+  if (srv->backend->gpu != NULL) {
+    int n = gpu_device_count(srv->backend->gpu);
+    g.ngpus = n < 0 ? 0 : n > METRICS_MAX_GPUS ? METRICS_MAX_GPUS : (uint32_t)n;
+    for (uint32_t i = 0; i < g.ngpus; i++)
+      g.gpu_used[i] = pool_device_used(srv->pool, (int)i);
+    g.gpu_capacity = pool_gpu_capacity(srv->pool);
+  }
+  metrics_set_gauges(srv->metrics, &g);
+}
+
+/* From the HTTP thread: uv_async_send is the one libuv call any thread
+ * may make. */
+static void metrics_refresh(void *arg) {
+  uv_async_send(arg);
+}
+
+/* Serves GET /metrics when metrics_listen is set: 0, or -1 (logged). */
+static int start_metrics(struct server *srv) {
+  if (!srv->cfg->metrics_listen_set)
+    return 0;
+  int rc = uv_async_init(srv->loop, &srv->metrics_async, on_metrics_refresh);
+  if (rc != 0) {
+    log_msg(LOG_LEVEL_ERROR, "uv_async_init: %s", uv_strerror(rc));
+    return -1;
+  }
+  srv->metrics_async.data = srv;
+  if (metrics_http_start(srv->metrics,
+                         (const struct sockaddr *)&srv->cfg->metrics_listen_addr,
+                         srv->cfg->metrics_connections,
+                         &srv->metrics_http) != 0) {
+    uv_close((uv_handle_t *)&srv->metrics_async, NULL);
+    return -1;
+  }
+  return 0;
+}
+
+/* The HTTP thread is joined before the handle it wakes closes. */
+static void stop_metrics(struct server *srv) {
+  if (srv->metrics_http == NULL)
+    return;
+  metrics_http_stop(srv->metrics_http);
+  srv->metrics_http = NULL;
+  uv_close((uv_handle_t *)&srv->metrics_async, NULL);
+}
+
 void server_stop(struct server *srv, bool at_once, int job_code, int code,
                  const char *why) {
   if (srv->stopping)
@@ -161,6 +222,7 @@ void server_stop(struct server *srv, bool at_once, int job_code, int code,
     uv_close((uv_handle_t *)&srv->watchdog, NULL);
   if (srv->pool_poll_on)
     uv_close((uv_handle_t *)&srv->pool_poll, NULL);
+  stop_metrics(srv);
   if (at_once) {
     while (srv->conns != NULL)
       conn_close(srv->conns);
@@ -310,8 +372,14 @@ int server_run(const struct config_origin *origin, struct config *cfg,
   srv.test_round_delay_ms = test_round_delay();
   srv.test_digest_xor = test_digest_xor();
   srv.engine_threads = server_engine_threads(cfg);
-  if (pool_create(cfg->pool_capacity, cfg->gpu_pool_capacity, &srv.pool) != 0) {
-    log_msg(LOG_LEVEL_ERROR, "cannot create the memory pool");
+  srv.metrics = metrics_new(backend->active, backend->reason,
+                            metrics_refresh, &srv.metrics_async);
+  if (srv.metrics == NULL ||
+      pool_create(cfg->pool_capacity, cfg->gpu_pool_capacity, &srv.pool) != 0) {
+    log_msg(LOG_LEVEL_ERROR, srv.metrics == NULL
+                                 ? "out of memory for the metrics"
+                                 : "cannot create the memory pool");
+    metrics_free(srv.metrics);
     if (srv.reserve_fd >= 0)
       close(srv.reserve_fd);
     uv_loop_close(&loop);
@@ -320,7 +388,7 @@ int server_run(const struct config_origin *origin, struct config *cfg,
 
   if (start_signals(&srv) != 0 || listen_open(cfg, &srv.listener) != 0 ||
       (rc = uv_poll_init(&loop, &srv.listen_poll, srv.listener.fd)) != 0 ||
-      nodelink_listen_open(&srv) != 0) {
+      nodelink_listen_open(&srv) != 0 || start_metrics(&srv) != 0) {
     if (rc != 0)
       log_msg(LOG_LEVEL_ERROR, "uv_poll_init: %s", uv_strerror(rc));
     else if (srv.listener.fd >= 0 && srv.listen_poll.type == UV_POLL)
@@ -330,8 +398,10 @@ int server_run(const struct config_origin *origin, struct config *cfg,
     uv_close((uv_handle_t *)&srv.sig_int, NULL);
     uv_close((uv_handle_t *)&srv.sig_hup, NULL);
     uv_close((uv_handle_t *)&srv.drain_timer, NULL);
+    nodelink_listen_close(&srv);
     finish_loop(&loop);
     pool_destroy(srv.pool);
+    metrics_free(srv.metrics);
     if (srv.reserve_fd >= 0)
       close(srv.reserve_fd);
     return -1;
@@ -356,6 +426,7 @@ int server_run(const struct config_origin *origin, struct config *cfg,
 
   rc = finish_loop(&loop);
   pool_destroy(srv.pool);
+  metrics_free(srv.metrics);
   if (srv.reserve_fd >= 0)
     close(srv.reserve_fd);
   log_msg(LOG_LEVEL_INFO, "stopped");

@@ -90,7 +90,8 @@ static void stop(void) {
 /* The first map of the status reply's users array with this uid, copied
  * as numbers: all zero when the user holds nothing. */
 struct user_use {
-  uint64_t clients, jobs, ranks, registrations, registration_bytes, mappings;
+  uint64_t clients, jobs, ranks, registrations, registration_bytes, mappings,
+      mapped_bytes;
 };
 
 static struct user_use user_status(uid_t uid) {
@@ -117,6 +118,8 @@ static struct user_use user_status(uid_t uid) {
                                     &u.registration_bytes),
                      0);
     ck_assert_int_eq(sp_msg_get_u64(m, "mappings", false, &u.mappings), 0);
+    ck_assert_int_eq(
+        sp_msg_get_u64(m, "mapped_bytes", false, &u.mapped_bytes), 0);
   }
   sp_test_reply_free(&r);
   close(sock);
@@ -354,17 +357,32 @@ END_TEST
 /* ---- 6. mappings -------------------------------------------------------- */
 
 /* Mappings of the daemon's whose file is a memfd of this name. */
-static int daemon_maps_of(const char *memfd_name) {
+/* The daemon's mappings of memfds of this name: how many, and their bytes
+ * in *bytes when not NULL. */
+static int daemon_maps_sized(const char *memfd_name, uint64_t *bytes) {
   char path[64], line[512], needle[64];
   snprintf(path, sizeof path, "/proc/%d/maps", (int)daemon_.pid);
   snprintf(needle, sizeof needle, "/memfd:%s ", memfd_name);
   FILE *f = fopen(path, "re");
   ck_assert_ptr_nonnull(f);
   int n = 0;
-  while (fgets(line, sizeof line, f) != NULL)
-    n += strstr(line, needle) != NULL;
+  uint64_t sum = 0;
+  while (fgets(line, sizeof line, f) != NULL) {
+    if (strstr(line, needle) == NULL)
+      continue;
+    unsigned long long from, to;
+    ck_assert_int_eq(sscanf(line, "%llx-%llx", &from, &to), 2);
+    sum += to - from;
+    n++;
+  }
   fclose(f);
+  if (bytes != NULL)
+    *bytes = sum;
   return n;
+}
+
+static int daemon_maps_of(const char *memfd_name) {
+  return daemon_maps_sized(memfd_name, NULL);
 }
 
 /* A two-rank export of a small model, as a trainer runs one. */
@@ -492,6 +510,119 @@ START_TEST(mapping_bounds) {
   for (int i = 0; i < 8; i++)
     close(fds[i]);
   close(b);
+  sp_close(creator);
+}
+END_TEST
+
+/* One storage_add frame of n storages of length bytes in the frame's one
+ * descriptor, the i-th at offset first + i * stride. */
+static int add_spaced(int sock, int fd, uint32_t first_sid, size_t n,
+                      uint64_t first, uint64_t stride, uint64_t length) {
+  struct sp_msgbuf mb;
+  uint64_t id = next_id++;
+  sp_msgbuf_begin(&mb, "storage_add", id, 1);
+  sp_pack_str(&mb.pk, "storages");
+  msgpack_pack_array(&mb.pk, n);
+  for (size_t i = 0; i < n; i++) {
+    msgpack_pack_map(&mb.pk, 6);
+    sp_pack_kv_u64(&mb.pk, "sid", first_sid + i);
+    sp_pack_kv_str(&mb.pk, "kind", "memfd");
+    sp_pack_kv_u64(&mb.pk, "fd", 0);
+    sp_pack_kv_u64(&mb.pk, "offset", first + i * stride);
+    sp_pack_kv_u64(&mb.pk, "length", length);
+    sp_pack_kv_u64(&mb.pk, "base", (uint64_t)(first_sid + i + 1) << 32);
+  }
+  int code;
+  timed_call(sock, &mb, id, &fd, 1, &code);
+  return code;
+}
+
+/* 64 one-page storages 256 GiB apart in a sparse memfd of 16 TiB: the
+ * daemon maps the pages around them, not the file, and its address space
+ * (VmSize) grows by far less than the gaps between them. */
+START_TEST(sparse_file_maps_storage_pages) {
+  enum { STORAGES = 64 };
+  const uint64_t stride = UINT64_C(256) << 30;
+  start_with("", NULL);
+  sp_client *creator = client();
+  int sock = raw_rank(creator);
+  int fd = memfd_of("sparse", (size_t)(STORAGES * stride));
+  long vm_before = sp_test_vm_kb(daemon_.pid, "VmSize");
+  long rss_before = sp_test_rss_kb(daemon_.pid);
+  ck_assert_int_eq(add_spaced(sock, fd, 0, STORAGES, 0, stride, 4096), 0);
+  long vm_grown = sp_test_vm_kb(daemon_.pid, "VmSize") - vm_before;
+  long rss_grown = sp_test_rss_kb(daemon_.pid) - rss_before;
+  printf("sparse memfd of %llu GiB, %d one-page storages: VmSize grew by "
+         "%ld KiB, VmRSS by %ld KiB\n",
+         (unsigned long long)(STORAGES * stride >> 30), STORAGES, vm_grown,
+         rss_grown);
+  ck_assert_msg(vm_grown < 64 * 1024,
+                "VmSize grew by %ld KiB for %d pages of storage", vm_grown,
+                STORAGES);
+  /* Each page's run is widened to two pages (registry.c). */
+  ck_assert_uint_eq(user_status(geteuid()).mapped_bytes,
+                    2 * STORAGES * 4096);
+  legitimate_job_exports();
+  close(fd);
+  close(sock);
+  sp_close(creator);
+}
+END_TEST
+
+/* max_user_mapped_bytes at its edge: whole files of 768 KiB and 256 KiB
+ * take a user to 1 MiB exactly; one more page is refused, names the
+ * bound, and maps nothing. */
+START_TEST(mapped_bytes_bound) {
+  start_with("max_user_mapped_bytes = 1M\n", NULL);
+  sp_client *creator = client();
+  int sock = raw_rank(creator);
+  int big = memfd_of("mapped", 768 << 10), rest = memfd_of("mapped", 256 << 10);
+  int page = memfd_of("mapped", 4096);
+  ck_assert_int_eq(add_spaced(sock, big, 0, 1, 0, 0, 768 << 10), 0);
+  ck_assert_int_eq(add_spaced(sock, rest, 1, 1, 0, 0, 256 << 10), 0);
+  ck_assert_uint_eq(user_status(geteuid()).mapped_bytes, 1 << 20);
+  int before = daemon_maps_of("mapped");
+  char msg[SP_ERRMSG_MAX + 1];
+  ck_assert_int_eq(add_one_per_fd(sock, 2, &page, 1, msg, sizeof msg),
+                   SP_ELIMIT);
+  ck_assert_ptr_nonnull(strstr(msg, "max_user_mapped_bytes"));
+  ck_assert_int_eq(daemon_maps_of("mapped"), before);
+  ck_assert_uint_eq(user_status(geteuid()).mapped_bytes, 1 << 20);
+  close(big);
+  close(rest);
+  close(page);
+  close(sock);
+  sp_close(creator);
+}
+END_TEST
+
+/* 32,768 one-page storages on every other page of the first 256 MiB of a
+ * memfd of 1 GiB, in frames of 8,192: accepted, one mapping, and the
+ * daemon maps no more than twice the pages registered, not the file. */
+START_TEST(every_other_page_accepted) {
+  enum { STORAGES = 32768, FRAME = 8192 };
+  start_with("", NULL);
+  sp_client *creator = client();
+  int sock = raw_rank(creator);
+  int fd = memfd_of("alternate", (size_t)1 << 30);
+  for (uint32_t first = 0; first < STORAGES; first += FRAME)
+    ck_assert_int_eq(add_spaced(sock, fd, first, FRAME,
+                                (uint64_t)first * 2 * 4096, 2 * 4096, 4096),
+                     0);
+  /* The memfd's mappings themselves: the daemon's whole address space
+   * also holds its worker threads' stacks and malloc arenas. */
+  uint64_t mapped;
+  ck_assert_int_eq(daemon_maps_sized("alternate", &mapped), 1);
+  printf("every other page: %d storages, %llu KiB of the memfd mapped\n",
+         STORAGES, (unsigned long long)(mapped >> 10));
+  ck_assert_msg(mapped < (uint64_t)512 << 20,
+                "%llu KiB of the memfd mapped for %d one-page storages",
+                (unsigned long long)(mapped >> 10), STORAGES);
+  struct user_use u = user_status(geteuid());
+  ck_assert_uint_eq(u.mappings, 1);
+  ck_assert_uint_le(u.mapped_bytes, (uint64_t)2 * STORAGES * 4096);
+  close(fd);
+  close(sock);
   sp_close(creator);
 }
 END_TEST
@@ -805,6 +936,9 @@ int main(void) {
   tcase_add_test(tc, colliding_sids_cost_as_sequential);
   tcase_add_test(tc, one_memfd_many_storages);
   tcase_add_test(tc, mapping_bounds);
+  tcase_add_test(tc, sparse_file_maps_storage_pages);
+  tcase_add_test(tc, mapped_bytes_bound);
+  tcase_add_test(tc, every_other_page_accepted);
   tcase_add_test(tc, user_jobs_bounded);
   tcase_add_test(tc, user_registrations_bounded);
   tcase_add_test(tc, user_registration_bytes_bounded);

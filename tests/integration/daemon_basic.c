@@ -347,6 +347,45 @@ START_TEST(check_config) {
 }
 END_TEST
 
+/* metrics_listen takes a numeric address with a port, or none, from the
+ * file and from --metrics-listen; metrics_connections 1 to 1024. */
+START_TEST(metrics_settings) {
+  static const struct {
+    const char *line;
+    int status;
+  } cases[] = {
+      {"metrics_listen = 127.0.0.1:9464\n", 0},
+      {"metrics_listen = [::1]:9464\n", 0},
+      {"metrics_listen = none\n", 0},
+      {"metrics_listen = localhost:9464\n", 1},
+      {"metrics_listen = 127.0.0.1\n", 1},
+      {"metrics_connections = 0\n", 1},
+      {"metrics_connections = 1\n", 0},
+      {"metrics_connections = 1024\n", 0},
+      {"metrics_connections = 1025\n", 1},
+  };
+  char dir[256], path[300];
+  ck_assert_int_eq(sp_test_mkdtemp(dir, sizeof(dir)), 0);
+  snprintf(path, sizeof(path), "%s/m.conf", dir);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ck_assert_int_eq(sp_test_write_file(path, cases[i].line), 0);
+    const char *args[] = {"-n", "--config", path, NULL};
+    ck_assert_msg(run_daemon(args, NULL, 0) == cases[i].status, "%s",
+                  cases[i].line);
+  }
+  ck_assert_int_eq(sp_test_write_file(path, ""), 0);
+  char out[4096];
+  const char *flag[] = {"--print-config", "--config", path,
+                        "--metrics-listen", "127.0.0.1:9464", NULL};
+  ck_assert_int_eq(run_daemon(flag, out, sizeof out), 0);
+  ck_assert_ptr_nonnull(strstr(out, "metrics_listen = 127.0.0.1:9464\n"));
+  const char *bad_flag[] = {"-n", "--config", path, "--metrics-listen",
+                            "127.0.0.1:70000", NULL};
+  ck_assert_int_eq(run_daemon(bad_flag, NULL, 0), 2);
+  sp_test_rmdir(dir);
+}
+END_TEST
+
 /* The bounds of drain_timeout and export_history, at their edges. */
 START_TEST(drain_and_history_bounds) {
   static const struct {
@@ -410,6 +449,7 @@ START_TEST(print_config_defaults) {
            "max_user_registration_bytes = 1G\n"
            "max_user_mappings = 32768\n"
            "max_client_mappings = 8192\n"
+           "max_user_mapped_bytes = 8T\n"
            "engine_threads = 0\n"
            "compare_replicas = yes\n"
            "drain_timeout = 1m\n"
@@ -417,7 +457,9 @@ START_TEST(print_config_defaults) {
            "peer_listen = none\n"
            "peer_advertise = none\n"
            "peer_timeout = 10s\n"
-           "peer_handshakes = 64\n",
+           "peer_handshakes = 64\n"
+           "metrics_listen = none\n"
+           "metrics_connections = 64\n",
            uids, (unsigned)getegid());
   ck_assert_str_eq(out, expect);
 
@@ -474,10 +516,17 @@ START_TEST(log_prefixes) {
   ck_assert_int_eq(sp_test_write_file(bad, "no_such_key = 1\n"), 0);
   const char *args[] = {"-n", "--config", bad, NULL};
   char err[1024];
-  /* Under systemd the journal takes the priority from "<N>". */
+  /* Under systemd a line is a journal entry (libsystemd's socket; the
+   * journal-fields test reads them); where that socket is missing, as on a
+   * build machine, it goes to the stream and the journal takes the
+   * priority from "<N>". */
   run_logged(args, true, err, sizeof(err));
-  ck_assert_msg(strncmp(err, "<3>", 3) == 0, "got: %s", err);
-  ck_assert_ptr_nonnull(strstr(err, "bad.conf:1: unknown key"));
+  if (SP_HAVE_SYSTEMD && access("/run/systemd/journal/socket", F_OK) == 0) {
+    ck_assert_msg(err[0] == '\0', "got: %s", err);
+  } else {
+    ck_assert_msg(strncmp(err, "<3>", 3) == 0, "got: %s", err);
+    ck_assert_ptr_nonnull(strstr(err, "bad.conf:1: unknown key"));
+  }
   /* On a terminal or in a file, plain words after the local time:
    * "2026-05-01T12:00:03.123 shardportd: error: ...". */
   run_logged(args, false, err, sizeof(err));
@@ -668,6 +717,7 @@ int main(int argc, char **argv) {
   tcase_set_timeout(cli, 30);
   tcase_add_test(cli, check_config);
   tcase_add_test(cli, drain_and_history_bounds);
+  tcase_add_test(cli, metrics_settings);
   tcase_add_test(cli, print_config_defaults);
   tcase_add_test(cli, command_line_errors);
   tcase_add_test(cli, log_prefixes);

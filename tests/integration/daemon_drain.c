@@ -307,7 +307,8 @@ END_TEST
  * keep their running value, the log says which; a configuration that does
  * not load changes nothing. */
 START_TEST(reload_applies_what_may_change_live) {
-  start_with("max_jobs = 1\npool_capacity = 64M\n", NULL);
+  start_with("max_jobs = 1\npool_capacity = 64M\nmetrics_connections = 8\n",
+             NULL);
   int sock = sp_test_connect_hello(daemon_.socket);
   ck_assert_int_ge(sock, 0);
   struct sp_test_reply r;
@@ -318,13 +319,15 @@ START_TEST(reload_applies_what_may_change_live) {
 
   ck_assert_int_eq(sp_test_write_file(conf_path, "max_jobs = 2\n"
                                                  "pool_capacity = 128M\n"
+                                                 "metrics_connections = 16\n"
                                                  "log_level = debug\n"),
                    0);
   ck_assert_int_eq(kill(daemon_.pid, SIGHUP), 0);
   ck_assert(log_has("applied: log_level (info -> debug), max_jobs (1 -> 2)",
                     SP_TEST_TIMEOUT_MS));
   ck_assert(log_has("need a restart (systemctl restart shardportd): "
-                    "pool_capacity (64M -> 128M)",
+                    "pool_capacity (64M -> 128M), metrics_connections (8 -> "
+                    "16)",
                     0));
   ck_assert_int_eq(job_create(sock, 3, &r), 0);
   sp_test_reply_free(&r);

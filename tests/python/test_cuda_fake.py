@@ -15,9 +15,14 @@ usage: test_cuda_fake.py               the test (meson runs it)
 
 import ctypes
 import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 import unittest
+import urllib.request
 
 import harness
 import shardport
@@ -88,23 +93,59 @@ def rank_main(rank, socket, ticket):
         client.leave()
 
 
+def export_two_ranks(test, d):
+    """Both ranks export the tensor through daemon d and check it."""
+    with shardport.Client(d.socket) as client:
+        test.assertEqual(client.status().backend_active, "cuda")
+        ticket = client.create_job(2)
+    procs = [subprocess.Popen(
+        [sys.executable, __file__, "rank", str(r), d.socket,
+         ticket.hex()], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        test.assertEqual(p.returncode, 0, "rank %d: %s" % (r, out))
+    # One rank owns the tensor; both checked what they own.
+    owned = sorted(int(o.split()[1]) for o in outs)
+    test.assertEqual(owned, [0, 1], outs)
+
+
 class CudaFakeTest(unittest.TestCase):
 
     def test_two_ranks_export_device_memory(self):
         with harness.daemon("--backend", "cuda") as d:
-            with shardport.Client(d.socket) as client:
-                self.assertEqual(client.status().backend_active, "cuda")
-                ticket = client.create_job(2)
-            procs = [subprocess.Popen(
-                [sys.executable, __file__, "rank", str(r), d.socket,
-                 ticket.hex()], stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, text=True) for r in range(2)]
-            outs = [p.communicate(timeout=60)[0] for p in procs]
-            for r, (p, out) in enumerate(zip(procs, outs)):
-                self.assertEqual(p.returncode, 0, "rank %d: %s" % (r, out))
-            # One rank owns the tensor; both checked what they own.
-            owned = sorted(int(o.split()[1]) for o in outs)
-            self.assertEqual(owned, [0, 1], outs)
+            export_two_ranks(self, d)
+
+    def test_metrics_name_each_gpu(self):
+        """The pool gauges have a series per GPU (docs/operations.md,
+        "Monitoring"), the capacity gpu_pool_capacity."""
+        workdir = tempfile.mkdtemp(prefix="sp-cuda-metrics-")
+        cfg = os.path.join(workdir, "shardportd.conf")
+        with open(cfg, "w") as f:
+            f.write("gpu_pool_capacity = 1G\nmetrics_listen = 127.0.0.1:0\n")
+        try:
+            with harness.daemon("--backend", "cuda", "--config", cfg) as d:
+                export_two_ranks(self, d)
+                m = re.search(r"metrics: serving (http://\S+/metrics)",
+                              d.log_text())
+                deadline = time.monotonic() + 10
+                while True:
+                    text = urllib.request.urlopen(m.group(1)).read().decode()
+                    if ('{result="published"} 1\n' in text
+                            or time.monotonic() > deadline):
+                        break
+                    time.sleep(0.05)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        self.assertIn('shardport_exports_total{result="published"} 1\n', text)
+        self.assertIn('shardport_backend_info{backend="cuda",', text)
+        gpus = int(os.environ["SHARDPORT_FAKE_GPUS"])
+        for g in range(gpus):
+            self.assertIn('shardport_pool_capacity_bytes{device="cuda:%d"} '
+                          '1073741824\n' % g, text)
+            self.assertRegex(text, r'shardport_pool_used_bytes\{device='
+                                   r'"cuda:%d"\} [0-9]+\n' % g)
+        self.assertNotIn('device="cuda:%d"' % gpus, text)
 
 
 if __name__ == "__main__":

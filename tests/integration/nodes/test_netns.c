@@ -10,10 +10,18 @@
  * both daemons must free the export's memory, and a job on each side alone
  * must still run.
  *
+ * A second case puts IPv6 addresses of two /64s on the pair: one machine
+ * cycling the addresses of its /64 must count as one host at
+ * peer_handshakes (daemon/peerhost.c), so that its flood drops its own
+ * links, not another daemon's handshake.
+ *
  * Needs root and `ip netns`; where either is missing it says so on stdout
  * and stderr and exits 77, which meson reports as a skipped test.
  */
+#include <arpa/inet.h>
 #include <check.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -88,22 +96,30 @@ static const char *setup_net(void) {
   return NULL;
 }
 
-/* $SHARDPORTD run inside namespace i: a wrapper the harness execs. */
-static void start_daemon(int i) {
-  char wrapper[300], script[600], listen[32];
+/* $SHARDPORTD run inside namespace i, listening on listen with these
+ * configuration lines: a wrapper the harness execs. */
+static void start_daemon_on(int i, const char *listen, const char *conf) {
+  char wrapper[300], script[600], path[300];
   snprintf(wrapper, sizeof wrapper, "%s/shardportd-%d", wrapper_dir, i);
   snprintf(script, sizeof script,
            "#!/bin/sh\nexec ip netns exec %s \"$SHARDPORTD_REAL\" \"$@\"\n",
            ns[i]);
   ck_assert_int_eq(sp_test_write_file(wrapper, script), 0);
   ck_assert_int_eq(chmod(wrapper, 0755), 0);
-  snprintf(listen, sizeof listen, "10.213.7.%d:0", i + 1);
-  const char *args[] = {"--peer-listen", listen, NULL};
+  snprintf(path, sizeof path, "%s/shardportd-%d.conf", wrapper_dir, i);
+  ck_assert_int_eq(sp_test_write_file(path, conf), 0);
+  const char *args[] = {"--config", path, "--peer-listen", listen, NULL};
   setenv("SHARDPORTD", wrapper, 1);
   setenv("SHARDPORTD_TEST_ROUND_DELAY_MS", "150", 1);
   ck_assert_int_eq(sp_test_daemon_start(&daemons[i], args), 0);
   unsetenv("SHARDPORTD_TEST_ROUND_DELAY_MS");
   setenv("SHARDPORTD", getenv("SHARDPORTD_REAL"), 1);
+}
+
+static void start_daemon(int i) {
+  char listen[32];
+  snprintf(listen, sizeof listen, "10.213.7.%d:0", i + 1);
+  start_daemon_on(i, listen, "");
 }
 
 static void start(void) {
@@ -193,12 +209,105 @@ START_TEST(link_cut_mid_round) {
 }
 END_TEST
 
+/* ---- hosts by IPv6 prefix ---- */
+
+/* A TCP connection from source to [fd53::1]:port, connected, then
+ * non-blocking. */
+static int dial6(const char *source, uint16_t port) {
+  int s = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in6 from = {.sin6_family = AF_INET6};
+  struct sockaddr_in6 to = {.sin6_family = AF_INET6, .sin6_port = htons(port)};
+  if (s < 0 || inet_pton(AF_INET6, source, &from.sin6_addr) != 1 ||
+      inet_pton(AF_INET6, "fd53::1", &to.sin6_addr) != 1 ||
+      bind(s, (struct sockaddr *)&from, sizeof from) != 0 ||
+      connect(s, (struct sockaddr *)&to, sizeof to) != 0) {
+    if (s >= 0)
+      close(s);
+    return -1;
+  }
+  /* The harness reads with deadlines from non-blocking sockets. */
+  fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_NONBLOCK);
+  return s;
+}
+
+/* Reads the listener's challenge, the first frame on every link. */
+static bool got_challenge(int sock) {
+  struct sp_test_reply r;
+  if (sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS) != 0)
+    return false;
+  bool ok = strcmp(r.head.op, "peer_challenge") == 0;
+  sp_test_reply_free(&r);
+  return ok;
+}
+
+/* In namespace 1: another daemon's link from fd53:0:0:3::1, then four
+ * from the attacker's /64, fd53:0:0:2::10 to ::13, at peer_handshakes = 4.
+ * The exit status says what happened: 0 when the attacker's oldest link
+ * was dropped and the other daemon's kept, 1 when the other daemon's was
+ * dropped, 2 when a link could not be made. */
+static int flood_from_one_prefix(uint16_t port) {
+  char path[128];
+  snprintf(path, sizeof path, "/run/netns/%s", ns[1]);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || setns(fd, CLONE_NEWNET) != 0)
+    return 2;
+  int other = dial6("fd53:0:0:3::1", port);
+  if (other < 0 || !got_challenge(other))
+    return 2;
+  int s[4];
+  for (int i = 0; i < 4; i++) {
+    char source[32];
+    snprintf(source, sizeof source, "fd53:0:0:2::%d", 10 + i);
+    if ((s[i] = dial6(source, port)) < 0 || !got_challenge(s[i]))
+      return 2;
+  }
+  if (sp_test_wait_closed(other, 300) != SP_ETIMEOUT)
+    return 1;
+  return sp_test_wait_closed(s[0], SP_TEST_TIMEOUT_MS) == 0 ? 0 : 2;
+}
+
+START_TEST(ipv6_prefix_is_one_host) {
+  /* The link-cut case leaves the pair down. */
+  ck_assert_int_eq(sh("ip -n %s link set %s up", ns[0], veth[0]), 0);
+  ck_assert_int_eq(sh("ip -n %s -6 addr add fd53::1/48 dev %s nodad", ns[0],
+                      veth[0]),
+                   0);
+  ck_assert_int_eq(sh("ip -n %s -6 addr add fd53:0:0:3::1/48 dev %s nodad",
+                      ns[1], veth[1]),
+                   0);
+  for (int i = 0; i < 4; i++)
+    ck_assert_int_eq(sh("ip -n %s -6 addr add fd53:0:0:2::%d/48 dev %s nodad",
+                        ns[1], 10 + i, veth[1]),
+                     0);
+  start_daemon_on(0, "[fd53::1]:0", "peer_handshakes = 4\n");
+  sp_client *c;
+  sp_status_info *st = NULL;
+  ck_assert_int_eq(sp_connect(daemons[0].socket, &c), 0);
+  ck_assert_int_eq(sp_status(c, &st), 0);
+  sp_close(c);
+  const char *colon = strrchr(st->peer_address, ':');
+  ck_assert_ptr_nonnull(colon);
+  uint16_t port = (uint16_t)atoi(colon + 1);
+  sp_status_free(st);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0)
+    _exit(flood_from_one_prefix(port));
+  int status;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert(WIFEXITED(status));
+  ck_assert_msg(WEXITSTATUS(status) != 1,
+                "four links from one /64 dropped another host's handshake");
+  ck_assert_msg(WEXITSTATUS(status) == 0, "a link could not be made");
+}
+END_TEST
+
 int main(void) {
   const char *why = setup_net();
   if (why != NULL) {
-    printf("nodes-netns: SKIPPED: the link-cut test needs network "
+    printf("nodes-netns: SKIPPED: these tests need network "
            "namespaces: %s\n", why);
-    fprintf(stderr, "nodes-netns: SKIPPED: the link-cut test needs network "
+    fprintf(stderr, "nodes-netns: SKIPPED: these tests need network "
             "namespaces: %s\n", why);
     teardown_net();
     return SKIP;
@@ -213,6 +322,11 @@ int main(void) {
   tcase_add_checked_fixture(tc, start, stop);
   tcase_set_timeout(tc, 90);
   tcase_add_test(tc, link_cut_mid_round);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("hosts");
+  tcase_add_checked_fixture(tc, NULL, stop);
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, ipv6_prefix_is_one_host);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -669,7 +669,8 @@ static void check_page(const struct registry *reg, uint32_t sid, size_t p) {
 
 /* A thousand one-page storages in one memfd, over frames that each bring
  * their own descriptors of it: one mapping.  The file grows, and a storage
- * in the new part maps it once more; the storages before it read on. */
+ * near the end of the new part gets a mapping that takes the old one in;
+ * the storages before it read on through the new one. */
 START_TEST(storages_share_mappings) {
   enum { PAGES = 1000 };
   struct registry reg;
@@ -706,7 +707,7 @@ START_TEST(storages_share_mappings) {
   struct req_storage grown[2] = {
       /* Inside the old mapping: shares it. */
       {.sid = PAGES, .fd = 0, .offset = 10, .length = 20, .base = 0x10},
-      /* Past it: maps the grown file. */
+      /* Past it, near enough to join it: replaces it. */
       {.sid = PAGES + 1, .fd = 0, .offset = (PAGES + 4) * 4096,
        .length = 4096, .base = 0x20}};
   struct sp_frame frame = {.nfds = 1};
@@ -718,7 +719,8 @@ START_TEST(storages_share_mappings) {
   ck_assert_int_eq(registry_add_storages(&reg, grown + 1, 1, &frame, err,
                                          sizeof err),
                    0);
-  ck_assert_int_eq(count_maps(), maps + 2);
+  ck_assert_int_eq(count_maps(), maps + 1);
+  ck_assert_uint_eq(reg.nmaps, 1);
   check_page(&reg, PAGES + 1, PAGES + 4);
   check_page(&reg, 7, 7);
   char perms[8];
@@ -732,12 +734,115 @@ START_TEST(storages_share_mappings) {
   frame.fds[0] = other;
   ck_assert_int_eq(
       registry_add_storages(&reg, &third, 1, &frame, err, sizeof err), 0);
-  ck_assert_int_eq(count_maps(), maps + 3);
+  ck_assert_int_eq(count_maps(), maps + 2);
   registry_free(&reg);
   ck_assert_int_eq(count_maps(), maps);
   free(s);
   close(fd);
   close(other);
+}
+END_TEST
+
+/* This process's address space, from /proc/self/status, in KiB. */
+static long vm_size_kb(void) {
+  FILE *f = fopen("/proc/self/status", "re");
+  char line[256];
+  long kb = -1;
+  ck_assert_ptr_nonnull(f);
+  while (fgets(line, sizeof line, f) != NULL)
+    if (strncmp(line, "VmSize:", 7) == 0)
+      kb = strtol(line + 7, NULL, 10);
+  fclose(f);
+  ck_assert_int_ge(kb, 0);
+  return kb;
+}
+
+/* Registers one-page storages at these pages of fd in one frame. */
+static int add_pages(struct registry *reg, int fd, uint32_t first_sid,
+                     const uint64_t *pages, size_t n) {
+  struct req_storage s[8];
+  char err[256];
+  ck_assert_uint_le(n, 8);
+  for (size_t i = 0; i < n; i++)
+    s[i] = (struct req_storage){.sid = first_sid + (uint32_t)i,
+                                .fd = 0,
+                                .offset = pages[i] * 4096,
+                                .length = 4096,
+                                .base = 0x100000 + pages[i] * 4096};
+  struct sp_frame frame = {.nfds = 1};
+  frame.fds[0] = fd;
+  return registry_add_storages(reg, s, n, &frame, err, sizeof err);
+}
+
+/* A sparse file of 16 TiB with a storage in its first page and one in its
+ * last: the daemon maps the pages around them, not the 16 TiB between
+ * them. */
+START_TEST(sparse_file_maps_storage_pages) {
+  const uint64_t last = (UINT64_C(16) << 40) / 4096 - 1;
+  struct registry reg;
+  registry_init(&reg, SP_DEVICE_CPU);
+  int fd = memfd_of(0);
+  ck_assert_int_eq(ftruncate(fd, (off_t)((last + 1) * 4096)), 0);
+  long before = vm_size_kb();
+  uint64_t pages[2] = {0, last};
+  ck_assert_int_eq(add_pages(&reg, fd, 0, pages, 2), 0);
+  long grown = vm_size_kb() - before;
+  ck_assert_uint_eq(reg.nmaps, 2);
+  /* The first page's run widened to two pages; the last ends the file. */
+  ck_assert_uint_eq(reg.used.mapped_bytes, 3 * 4096);
+  ck_assert_msg(grown < 1024, "VmSize grew by %ld KiB", grown);
+  registry_free(&reg);
+  close(fd);
+}
+END_TEST
+
+/* Two one-page storages share a mapping while the pages between them are
+ * no more than the pages they cover (two), and not past that. */
+START_TEST(runs_join_at_their_edge) {
+  int fd = memfd_of(64 * 4096);
+  int maps = count_maps();
+  struct registry reg;
+  registry_init(&reg, SP_DEVICE_CPU);
+  uint64_t joined[2] = {0, 3};
+  ck_assert_int_eq(add_pages(&reg, fd, 0, joined, 2), 0);
+  ck_assert_uint_eq(reg.nmaps, 1);
+  ck_assert_uint_eq(reg.used.mapped_bytes, 4 * 4096);
+  ck_assert_int_eq(count_maps(), maps + 1);
+  registry_free(&reg);
+  registry_init(&reg, SP_DEVICE_CPU);
+  uint64_t apart[2] = {0, 4};
+  ck_assert_int_eq(add_pages(&reg, fd, 0, apart, 2), 0);
+  ck_assert_uint_eq(reg.nmaps, 2);
+  ck_assert_uint_eq(reg.used.mapped_bytes, 4 * 4096);
+  ck_assert_int_eq(count_maps(), maps + 2);
+  registry_free(&reg);
+  ck_assert_int_eq(count_maps(), maps);
+  close(fd);
+}
+END_TEST
+
+/* One-page storages on every other page of a memfd, one frame each: a
+ * trainer's allocator with gaps.  Each frame's run takes the mapping
+ * before it in, so the file stays one mapping of at most twice the pages
+ * registered, and every storage reads its own page through it. */
+START_TEST(every_other_page_one_frame_each) {
+  enum { STORAGES = 2000 };
+  int fd = memfd_of(4 * STORAGES * 4096);
+  fill_pages(fd, 0, 2 * STORAGES);
+  int maps = count_maps();
+  struct registry reg;
+  registry_init(&reg, SP_DEVICE_CPU);
+  for (uint32_t i = 0; i < STORAGES; i++) {
+    uint64_t page = 2 * (uint64_t)i;
+    ck_assert_int_eq(add_pages(&reg, fd, i, &page, 1), 0);
+  }
+  ck_assert_uint_eq(reg.nmaps, 1);
+  ck_assert_int_eq(count_maps(), maps + 1);
+  ck_assert_uint_le(reg.used.mapped_bytes, 2 * STORAGES * 4096);
+  for (uint32_t i = 0; i < STORAGES; i += 7)
+    check_page(&reg, i, 2 * i);
+  registry_free(&reg);
+  close(fd);
 }
 END_TEST
 
@@ -842,11 +947,19 @@ static int probe_admit(void *arg, const struct registry *reg,
 static void probe_charge(void *arg, const struct reg_usage *more) {
   struct quota_probe *q = arg;
   q->charged.mappings += more->mappings;
+  q->charged.mapped_bytes += more->mapped_bytes;
   q->charged.registrations += more->registrations;
   q->charged.bytes += more->bytes;
 }
 
-static const struct reg_quota_ops probe_ops = {probe_admit, probe_charge};
+static void probe_release(void *arg, const struct reg_usage *less) {
+  struct quota_probe *q = arg;
+  q->charged.mappings -= less->mappings;
+  q->charged.mapped_bytes -= less->mapped_bytes;
+}
+
+static const struct reg_quota_ops probe_ops = {probe_admit, probe_charge,
+                                               probe_release};
 
 START_TEST(quota_sees_each_frame) {
   struct registry reg;
@@ -1023,6 +1136,9 @@ static Suite *suite(void) {
   tcase_add_test(tc, tensors_checked_against_storages);
   tcase_add_test(tc, storages_share_mappings);
   tcase_add_test(tc, frames_registered_in_steps);
+  tcase_add_test(tc, sparse_file_maps_storage_pages);
+  tcase_add_test(tc, runs_join_at_their_edge);
+  tcase_add_test(tc, every_other_page_one_frame_each);
   tcase_add_test(tc, storages_inside_mappings_while_resized);
   tcase_add_test(tc, quota_sees_each_frame);
   tcase_add_test(tc, idxset_grows_and_finds);

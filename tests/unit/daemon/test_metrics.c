@@ -1,0 +1,151 @@
+/*
+ * test_metrics.c - the exposition's bounds, without a daemon: peers past
+ * METRICS_MAX_PEERS summed under peer="other", label values escaped as
+ * the text format says, histogram buckets inclusive of their bounds, a
+ * code the table lacks counted as "unknown", and a scrape that the loop
+ * never answers served with the last gauges once its wait ends.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/metrics.h"
+#include "shardport.h"
+
+static int refreshes;
+
+static void count_refresh(void *arg) {
+  (void)arg;
+  refreshes++;
+}
+
+static char *render(struct metrics *m) {
+  char *text;
+  size_t len;
+  ck_assert_int_eq(metrics_render(m, 1, &text, &len), 0);
+  ck_assert_uint_eq(strlen(text), len);
+  return text;
+}
+
+static size_t count_lines(const char *text, const char *prefix) {
+  size_t n = 0;
+  for (const char *p = text; p != NULL && *p != '\0';) {
+    if (strncmp(p, prefix, strlen(prefix)) == 0)
+      n++;
+    p = strchr(p, '\n');
+    if (p != NULL)
+      p++;
+  }
+  return n;
+}
+
+START_TEST(peers_past_the_cap_are_summed_as_other) {
+  struct metrics *m = metrics_new("host", "why", count_refresh, NULL);
+  ck_assert_ptr_nonnull(m);
+  char addr[NODE_ADDR_MAX];
+  for (int i = 0; i < METRICS_MAX_PEERS; i++) {
+    snprintf(addr, sizeof addr, "10.0.0.%d:7070", i);
+    struct metrics_peer *p = metrics_peer(m, addr);
+    atomic_fetch_add(&p->sent, 1);
+    /* The same address again is the same entry. */
+    ck_assert_ptr_eq(metrics_peer(m, addr), p);
+  }
+  char *text = render(m);
+  ck_assert_uint_eq(count_lines(text, "shardport_peer_sent_bytes_total{"),
+                    METRICS_MAX_PEERS);
+  ck_assert_ptr_null(strstr(text, "peer=\"other\""));
+  free(text);
+  /* Two more addresses share one entry. */
+  struct metrics_peer *a = metrics_peer(m, "10.0.1.1:7070");
+  struct metrics_peer *b = metrics_peer(m, "10.0.1.2:7070");
+  ck_assert_ptr_eq(a, b);
+  atomic_fetch_add(&a->sent, 5);
+  atomic_fetch_add(&b->received, 7);
+  text = render(m);
+  ck_assert_uint_eq(count_lines(text, "shardport_peer_sent_bytes_total{"),
+                    METRICS_MAX_PEERS + 1);
+  ck_assert_ptr_nonnull(
+      strstr(text, "shardport_peer_sent_bytes_total{peer=\"other\"} 5\n"));
+  ck_assert_ptr_nonnull(strstr(
+      text, "shardport_peer_received_bytes_total{peer=\"other\"} 7\n"));
+  free(text);
+  metrics_free(m);
+}
+END_TEST
+
+START_TEST(label_values_are_escaped) {
+  struct metrics *m =
+      metrics_new("host", "a \"quoted\" C:\\path\nand a line", count_refresh,
+                  NULL);
+  ck_assert_ptr_nonnull(m);
+  char *text = render(m);
+  ck_assert_ptr_nonnull(strstr(
+      text, "reason=\"a \\\"quoted\\\" C:\\\\path\\nand a line\"} 1\n"));
+  free(text);
+  metrics_free(m);
+}
+END_TEST
+
+START_TEST(buckets_include_their_bound) {
+  struct metrics *m = metrics_new("host", "", count_refresh, NULL);
+  ck_assert_ptr_nonnull(m);
+  metrics_export_done(m, &(struct metrics_export){.duration_s = 1.0});
+  metrics_export_done(m, &(struct metrics_export){.duration_s = 1.0001});
+  metrics_export_done(m, &(struct metrics_export){.duration_s = 1e9});
+  metrics_export_done(m, &(struct metrics_export){.code = -9999,
+                                                  .duration_s = 0});
+  char *text = render(m);
+  ck_assert_ptr_nonnull(
+      strstr(text, "shardport_export_duration_seconds_bucket{le=\"0.5\"} 1\n"));
+  ck_assert_ptr_nonnull(
+      strstr(text, "shardport_export_duration_seconds_bucket{le=\"1\"} 2\n"));
+  ck_assert_ptr_nonnull(
+      strstr(text, "shardport_export_duration_seconds_bucket{le=\"2.5\"} 3\n"));
+  ck_assert_ptr_nonnull(strstr(
+      text, "shardport_export_duration_seconds_bucket{le=\"86400\"} 3\n"));
+  ck_assert_ptr_nonnull(
+      strstr(text, "shardport_export_duration_seconds_bucket{le=\"+Inf\"} 4\n"));
+  ck_assert_ptr_nonnull(
+      strstr(text, "shardport_exports_total{result=\"published\"} 3\n"));
+  ck_assert_ptr_nonnull(
+      strstr(text, "shardport_exports_total{result=\"unknown\"} 1\n"));
+  free(text);
+  metrics_free(m);
+}
+END_TEST
+
+START_TEST(an_unanswered_scrape_shows_the_last_gauges) {
+  struct metrics *m = metrics_new("host", "", count_refresh, NULL);
+  ck_assert_ptr_nonnull(m);
+  refreshes = 0;
+  metrics_set_gauges(m, &(struct metrics_gauges){.clients = 3, .ranks = 2});
+  char *text = render(m);
+  ck_assert_int_eq(refreshes, 1);
+  ck_assert_ptr_nonnull(strstr(text, "shardport_clients 3\n"));
+  ck_assert_ptr_nonnull(strstr(text, "shardport_ranks 2\n"));
+  free(text);
+  metrics_refused(m, SP_ETIMEOUT);
+  metrics_refused(m, SP_ETIMEOUT);
+  text = render(m);
+  ck_assert_ptr_nonnull(
+      strstr(text, "shardport_requests_refused_total{code=\"timeout\"} 2\n"));
+  free(text);
+  metrics_free(m);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("metrics");
+  TCase *tc = tcase_create("exposition");
+  tcase_add_test(tc, peers_past_the_cap_are_summed_as_other);
+  tcase_add_test(tc, label_values_are_escaped);
+  tcase_add_test(tc, buckets_include_their_bound);
+  tcase_add_test(tc, an_unanswered_scrape_shows_the_last_gauges);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? 0 : 1;
+}
