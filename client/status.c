@@ -215,6 +215,9 @@ static int decode_status(const msgpack_object *map, sp_status_info *info) {
   if (rc == 0 && (rc = sp_msg_get_bool(map, "draining", true, &draining)) == 1)
     rc = 0;
   info->draining = draining ? 1 : 0;
+  if (rc == 0 && (rc = sp_msg_get_u64(map, "loop_max_busy_us", true,
+                                      &info->loop_max_busy_us)) == 1)
+    rc = 0;
   return rc;
 }
 

@@ -20,6 +20,20 @@
  * Every frame is decoded exactly once here, with sp_wire_decode; handlers
  * see only checked msgpack objects.
  *
+ * Decoding costs a multiple of a frame's size, and a registration frame may
+ * hold hundreds of thousands of entries: served on the loop, one such frame
+ * held every other client for a tenth of a second and more.  So a frame of
+ * CONN_WORKER_MIN_FRAME bytes or more is decoded on a libuv worker thread,
+ * with the part of its op that needs nothing of the loop's state (the op's
+ * prepare: a registration's parsing and its checks against itself), and
+ * served on the loop when it comes back, in steps that each take a turn of
+ * the loop if the op asks for them (registration.c); it is freed on a
+ * worker too.  The connection reads nothing more meanwhile, so its frames
+ * are still served in order, and it stays allocated until the worker is
+ * done: a connection closed meanwhile (its job ended, the daemon stops)
+ * drops the frame when it comes back.  Reads are bounded per wakeup
+ * (CONN_READ_PER_WAKEUP), so receiving a large frame takes turns as well.
+ *
  * A connection that joined a job carries its member (job.c); closing the
  * connection tells the job, which fails and frees what the rank took part
  * in from its own wake-up.
@@ -49,6 +63,13 @@
 #define CONN_FRAME_TIMEOUT_MS 30000
 #define CONN_HELLO_TIMEOUT_MS 10000
 #define CONN_DRAIN_TIMEOUT_MS 5000
+/* Frames from this size on are decoded on a worker thread: decoding 64 KiB
+ * takes well under a millisecond, so smaller ones cost the loop less than
+ * the round trip to a worker. */
+#define CONN_WORKER_MIN_FRAME (64u << 10)
+/* Bytes read from one connection per wakeup: about what the socket buffers
+ * hold, so that receiving a large frame costs the loop no more per turn. */
+#define CONN_READ_PER_WAKEUP (256u << 10)
 
 struct conn {
   struct server *srv;
@@ -60,8 +81,12 @@ struct conn {
   struct quota_user *user;
   uv_poll_t poll;
   uv_timer_t timer;
-  /* Handles not yet closed; the conn is freed when this reaches 0. */
+  /* Handles not yet closed, and a frame on a worker; the conn is freed
+   * when this reaches 0. */
   int open_handles;
+  /* A large frame is on a worker, or between two steps of its op: nothing
+   * more is read until it has been served. */
+  bool on_worker;
   int events;
   struct sp_frame_rx rx;
   struct sp_frame_tx *out_head, *out_tail;
@@ -79,6 +104,10 @@ struct conn {
 
 typedef int (*op_handler)(struct conn *c, const struct sp_msg_head *head,
                           const msgpack_object *map, struct sp_frame *frame);
+typedef struct registration *(*op_prepare)(const msgpack_object *map,
+                                          const struct sp_frame *frame);
+typedef int (*op_serve)(struct conn *c, const struct sp_msg_head *head,
+                        struct sp_frame *frame, struct registration *r);
 
 static int op_hello(struct conn *c, const struct sp_msg_head *head,
                     const msgpack_object *map, struct sp_frame *frame);
@@ -92,12 +121,17 @@ static int op_status(struct conn *c, const struct sp_msg_head *head,
  * declare takes_fds have their fds closed before the handler runs.  Those
  * that declare new_work start something a stopping daemon would only have
  * to break: while it drains (drain.c) they are answered daemon_stopping
- * and never reach their handler. */
+ * and never reach their handler.  An op whose frames may be large splits
+ * its handler in two: prepare, which reads the request out of the decoded
+ * frame and may run on a worker thread, and serve, which does the rest on
+ * the loop; its handler does both. */
 static const struct op {
   const char *name;
   bool takes_fds;
   bool new_work;
   op_handler handle;
+  op_prepare prepare;
+  op_serve serve;
 } ops[] = {
     {"hello", false, false, op_hello},
     {"ping", false, false, op_ping},
@@ -105,8 +139,10 @@ static const struct op {
     {"job_create", false, true, job_op_create},
     {"join", false, true, job_op_join},
     {"leave", false, false, job_op_leave},
-    {"storage_add", true, true, job_op_storage_add},
-    {"tensor_add", false, true, job_op_tensor_add},
+    {"storage_add", true, true, job_op_storage_add,
+     registration_prepare_storages, registration_serve},
+    {"tensor_add", false, true, job_op_tensor_add,
+     registration_prepare_tensors, registration_serve},
     {"export", false, true, export_op_request},
     {"release", false, false, export_op_release},
     {"jobs", false, false, joblist_op_jobs},
@@ -150,8 +186,9 @@ void conn_on_drained(struct conn *c, void (*fn)(struct conn *c, void *arg),
   c->drained_arg = arg;
 }
 
-static void on_handle_closed(uv_handle_t *handle) {
-  struct conn *c = handle->data;
+/* Drops one of the conn's handles or its frame on a worker; the last one
+ * frees it. */
+static void conn_unref(struct conn *c) {
   if (--c->open_handles > 0)
     return;
   close(c->sock);
@@ -163,6 +200,8 @@ static void on_handle_closed(uv_handle_t *handle) {
   }
   free(c);
 }
+
+static void on_handle_closed(uv_handle_t *handle) { conn_unref(handle->data); }
 
 void conn_close(struct conn *c) {
   if (c->closed)
@@ -215,7 +254,7 @@ static void watch_partial_frame(struct conn *c) {
 
 /* Asks for exactly the events the connection can use now. */
 static int update_events(struct conn *c) {
-  int want = (c->draining ? 0 : UV_READABLE) |
+  int want = (c->draining || c->on_worker ? 0 : UV_READABLE) |
              (c->out_head != NULL ? UV_WRITABLE : 0);
   if (want == c->events)
     return 0;
@@ -409,57 +448,211 @@ static const struct op *find_op(const char *name) {
   return NULL;
 }
 
-/* Decodes and serves one complete frame.  Before hello, anything but a good
- * hello ends the connection once the error reply is written. */
-static void dispatch(struct conn *c, struct sp_frame *frame) {
+/* A frame decoded, and for an op with a prepare step, prepared. */
+struct decoded {
   msgpack_zone zone;
-  if (!msgpack_zone_init(&zone, MSGPACK_ZONE_CHUNK_SIZE)) {
-    conn_send_error(c, 0, SP_ENOMEM, "out of memory decoding the frame");
-    drain(c);
+  bool has_zone;
+  msgpack_object map;
+  struct sp_msg_head head;
+  int rc; /* a frame that does not decode, or 0 */
+  struct registration *prepared;
+};
+
+/* Decodes a frame and, when prepare is set and the frame names its op,
+ * prepares it.  Touches nothing but its arguments, so it may run on a
+ * worker thread. */
+static void decode(const struct sp_limits *limits, const struct sp_frame *frame,
+                   bool prepare, struct decoded *d) {
+  memset(d, 0, sizeof *d);
+  if (!msgpack_zone_init(&d->zone, MSGPACK_ZONE_CHUNK_SIZE)) {
+    d->rc = SP_ENOMEM;
     return;
   }
-  msgpack_object map;
-  struct sp_msg_head head = {.id = 0};
-  int rc = sp_wire_decode(frame->data, frame->len, &c->srv->cfg->limits, &zone,
-                          &map);
-  if (rc == 0 && (rc = sp_msg_head(&map, &head)) < 0) {
+  d->has_zone = true;
+  d->rc = sp_wire_decode(frame->data, frame->len, limits, &d->zone, &d->map);
+  if (d->rc == 0 && (d->rc = sp_msg_head(&d->map, &d->head)) < 0) {
     /* The envelope is broken, but an id that is there is still echoed. */
-    head.id = 0;
-    sp_msg_get_u64(&map, "id", false, &head.id);
+    d->head.id = 0;
+    sp_msg_get_u64(&d->map, "id", false, &d->head.id);
+  }
+  const struct op *op = d->rc == 0 && prepare ? find_op(d->head.op) : NULL;
+  if (op != NULL && op->prepare != NULL)
+    d->prepared = op->prepare(&d->map, frame);
+}
+
+static void decoded_free(struct decoded *d, struct sp_frame *frame) {
+  registration_free(d->prepared);
+  if (d->has_zone)
+    msgpack_zone_destroy(&d->zone);
+  sp_frame_release(frame);
+}
+
+/* What an op's handler or step returned: true when it wants another step;
+ * else a negative code is replied. */
+static bool op_returned(struct conn *c, const struct decoded *d, int rc) {
+  if (rc == 1)
+    return true;
+  if (rc < 0 && !c->closed)
+    conn_send_error(c, d->head.id, rc, "%s: %s", d->head.op, sp_strerror(rc));
+  return false;
+}
+
+/* Serves one decoded frame; true when its op wants another step
+ * (serve_step).  The caller frees the frame and the decoding once served.
+ * Before hello, anything but a good hello ends the connection once the
+ * error reply is written. */
+static bool serve(struct conn *c, struct sp_frame *frame, struct decoded *d) {
+  const struct sp_msg_head *head = &d->head;
+  int rc = d->rc;
+  if (rc == SP_ENOMEM && !d->has_zone) {
+    conn_send_error(c, 0, SP_ENOMEM, "out of memory decoding the frame");
+    drain(c);
+    return false;
   }
   if (rc < 0) {
     log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": bad frame: %s", c->id,
             sp_err_name(rc));
-    conn_send_error(c, head.id, rc, "%s", sp_strerror(rc));
+    conn_send_error(c, head->id, rc, "%s", sp_strerror(rc));
     if (!c->hello_done)
       drain(c);
-    goto out;
+    return false;
   }
-  if (!c->hello_done && strcmp(head.op, "hello") != 0) {
-    conn_send_error(c, head.id, SP_EHELLO,
-                    "the first frame must be hello, not \"%s\"", head.op);
+  if (!c->hello_done && strcmp(head->op, "hello") != 0) {
+    conn_send_error(c, head->id, SP_EHELLO,
+                    "the first frame must be hello, not \"%s\"", head->op);
     drain(c);
-    goto out;
+    return false;
   }
-  const struct op *op = find_op(head.op);
+  const struct op *op = find_op(head->op);
   if (op == NULL) {
-    conn_send_error(c, head.id, SP_EUNKNOWNOP, "unknown operation \"%s\"",
-                    head.op);
-    goto out;
+    conn_send_error(c, head->id, SP_EUNKNOWNOP, "unknown operation \"%s\"",
+                    head->op);
+    return false;
   }
-  if (op->new_work && drain_refuse(c->srv, c, head.id, head.op))
-    goto out;
+  if (op->new_work && drain_refuse(c->srv, c, head->id, head->op))
+    return false;
   if (!op->takes_fds && frame->nfds > 0) {
     size_t n = sp_frame_close_fds(frame);
     log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": closed %zu fd(s) sent with %s",
-            c->id, n, head.op);
+            c->id, n, head->op);
   }
-  rc = op->handle(c, &head, &map, frame);
-  if (rc < 0 && !c->closed)
-    conn_send_error(c, head.id, rc, "%s: %s", head.op, sp_strerror(rc));
-out:
-  msgpack_zone_destroy(&zone);
-  sp_frame_release(frame);
+  rc = d->prepared != NULL ? op->serve(c, head, frame, d->prepared)
+                            : op->handle(c, head, &d->map, frame);
+  return op_returned(c, d, rc);
+}
+
+/* The next step of a frame whose op asked for one. */
+static bool serve_step(struct conn *c, struct sp_frame *frame,
+                       struct decoded *d) {
+  const struct op *op = find_op(d->head.op);
+  return op_returned(c, d, op->serve(c, &d->head, frame, d->prepared));
+}
+
+/* Decodes and serves one complete frame on the loop. */
+static void dispatch(struct conn *c, struct sp_frame *frame) {
+  struct decoded d;
+  decode(&c->srv->cfg->limits, frame, false, &d);
+  /* Without a prepared registration the op's handler takes every step. */
+  serve(c, frame, &d);
+  decoded_free(&d, frame);
+}
+
+/* A large frame on its way through a worker thread, and then through the
+ * steps of its op, each in a later turn of the loop. */
+struct worker_frame {
+  uv_work_t work;
+  struct conn *c;
+  struct sp_limits limits; /* a copy: a reload may change the loop's */
+  struct sp_frame frame;
+  struct decoded d;
+  bool stepping; /* served once; its op wants more steps */
+};
+
+static void decode_on_worker(uv_work_t *work) {
+  struct worker_frame *w = work->data;
+  decode(&w->limits, &w->frame, true, &w->d);
+}
+
+/* Between two steps: the round trip through the thread pool lets the loop
+ * poll, and serve the others, before the next step. */
+static void next_turn(uv_work_t *work) { (void)work; }
+
+static void on_worker_done(uv_work_t *work, int status);
+
+/* A served frame and its decoding are freed on a worker: a large one is
+ * tens of megabytes in thousands of blocks.  Registrations hold no GPU
+ * handle once served (registry_batch_step). */
+static void free_on_worker(uv_work_t *work) {
+  struct worker_frame *w = work->data;
+  decoded_free(&w->d, &w->frame);
+}
+
+static void on_freed(uv_work_t *work, int status) {
+  struct worker_frame *w = work->data;
+  struct conn *c = w->c;
+  (void)status;
+  free(w);
+  conn_unref(c);
+}
+
+/* uv_queue_work fails only without a work callback. */
+static void queue_work(uv_loop_t *loop, struct worker_frame *w, uv_work_cb cb,
+                       uv_after_work_cb after) {
+  int rc = uv_queue_work(loop, &w->work, cb, after);
+  if (rc != 0) {
+    log_msg(LOG_LEVEL_ERROR, "uv_queue_work: %s", uv_strerror(rc));
+    abort();
+  }
+}
+
+static void to_worker(struct conn *c, struct worker_frame *w, uv_work_cb cb) {
+  queue_work(c->srv->loop, w, cb, on_worker_done);
+  c->on_worker = true;
+}
+
+static void on_worker_done(uv_work_t *work, int status) {
+  struct worker_frame *w = work->data;
+  struct conn *c = w->c;
+  (void)status; /* never cancelled: uv_cancel is not called */
+  c->on_worker = false;
+  if (c->closed || c->draining) {
+    log_msg(LOG_LEVEL_DEBUG,
+            "client %" PRIu64 ": a frame of %zu bytes came back from a worker "
+            "after the connection %s; dropped",
+            c->id, w->frame.len, c->closed ? "closed" : "began to close");
+    decoded_free(&w->d, &w->frame);
+    free(w);
+    conn_unref(c);
+    return;
+  }
+  if (w->stepping ? serve_step(c, &w->frame, &w->d)
+                  : serve(c, &w->frame, &w->d)) {
+    w->stepping = true;
+    to_worker(c, w, next_turn);
+    return;
+  }
+  if (!c->closed) {
+    /* Frames that arrived meanwhile are read from the next wakeup. */
+    watch_partial_frame(c);
+    flush(c);
+  }
+  /* Served: the connection reads again while the frame is freed. */
+  queue_work(c->srv->loop, w, free_on_worker, on_freed);
+}
+
+/* Hands a large frame to a worker thread; reading waits until it has been
+ * served.  Returns false (the frame untouched) when out of memory. */
+static bool serve_on_worker(struct conn *c, struct sp_frame *frame) {
+  struct worker_frame *w = calloc(1, sizeof *w);
+  if (w == NULL)
+    return false;
+  w->c = c;
+  w->limits = c->srv->cfg->limits;
+  w->frame = *frame;
+  w->work.data = w;
+  c->open_handles++;
+  to_worker(c, w, decode_on_worker);
+  return true;
 }
 
 /* Reads and serves frames.  Returns -1 when the conn was closed. */
@@ -473,6 +666,9 @@ static int read_frames(struct conn *c) {
       return 0;
     if (rc == 1) {
       bytes += frame.len;
+      if (c->hello_done && frame.len >= CONN_WORKER_MIN_FRAME &&
+          serve_on_worker(c, &frame))
+        return update_events(c);
       dispatch(c, &frame);
       if (c->closed)
         return -1;
@@ -522,7 +718,8 @@ static void on_poll(uv_poll_t *handle, int status, int events) {
     conn_close(c);
     return;
   }
-  if ((events & UV_READABLE) && !c->draining && read_frames(c) < 0)
+  if ((events & UV_READABLE) && !c->draining && !c->on_worker &&
+      read_frames(c) < 0)
     return;
   watch_partial_frame(c);
   flush(c);
@@ -547,6 +744,7 @@ int conn_open(struct server *srv, int sock, const struct peer *peer) {
   if (before_hello.max_frame > CONN_HELLO_MAX_FRAME)
     before_hello.max_frame = CONN_HELLO_MAX_FRAME;
   sp_frame_rx_init(&c->rx, &before_hello);
+  c->rx.max_read = CONN_READ_PER_WAKEUP;
   int rc = uv_poll_init(srv->loop, &c->poll, sock);
   if (rc != 0) {
     log_msg(LOG_LEVEL_ERROR, "uv_poll_init: %s", uv_strerror(rc));

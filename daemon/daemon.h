@@ -380,6 +380,11 @@ struct server {
   /* Room to choose a link to drop among peer_handshake_cap (nodelink.c). */
   struct peerhost_entry *peer_evict_scratch;
   struct log_limit peer_accept_log, peer_evict_log;
+  /* The loop's iterations (loopwatch.c): when the last one ended, the
+   * loop's idle time then, and the longest busy time since the last
+   * status. */
+  uv_check_t loop_check;
+  uint64_t loop_last_ns, loop_last_idle_ns, loop_max_busy_ns;
   /* What Prometheus scrapes (daemon/metrics.h): the counters, always; the
    * HTTP endpoint when metrics_listen is set, and the async handle its
    * thread asks the loop for fresh gauges with. */
@@ -424,6 +429,16 @@ bool drain_refuse(struct server *srv, struct conn *c, uint64_t id,
  * and which need a restart.  A configuration that does not load changes
  * nothing. */
 void reload_run(struct server *srv);
+
+/* ---- loopwatch.c ------------------------------------------------------ */
+
+/* Starts timing the loop's iterations; before the loop runs. */
+void loopwatch_start(struct server *srv);
+/* Closes the watch; with the server's other handles. */
+void loopwatch_stop(struct server *srv);
+/* The longest iteration's busy time, in microseconds, since the last call;
+ * starts a new window. */
+uint64_t loopwatch_take_max_us(struct server *srv);
 
 /* ---- conn.c ----------------------------------------------------------- */
 
@@ -754,6 +769,9 @@ struct registry {
 void registry_init(struct registry *reg, uint32_t device_type);
 /* Unmaps every storage and frees everything. */
 void registry_free(struct registry *reg);
+/* registry_free, on a worker thread for a large host registry: the
+ * registry is emptied at once, and no one may use what it held. */
+void registry_drop(uv_loop_t *loop, struct registry *reg);
 /* Maps and registers n storages whose fds are frame's (the frame keeps
  * them); all or none.  Only the pages the storages lie in are mapped,
  * and a mapping is shared by every storage in it (regmap.c).
@@ -761,6 +779,34 @@ void registry_free(struct registry *reg);
 int registry_add_storages(struct registry *reg, const struct req_storage *s,
                           size_t n, const struct sp_frame *frame, char *msg,
                           size_t msglen);
+/*
+ * A frame's storages or tensors registered in steps (registration.c), so
+ * that no step holds the loop long.  The batch is made from the request
+ * alone, on any thread: the entries checked against each other (a sid,
+ * base or key twice) and hashed for the registry's tables, the names
+ * copied.  Each step then runs on the loop, on at most budget entries:
+ * checked against the registry, then (in the step where the last is
+ * checked) admitted by the quotas with room made and files mapped, then
+ * indexed past the registry's count, and kept, all at once, by the step
+ * that indexes the last.  Until then the registry reads as before, and a
+ * refusal leaves it so.  While a batch is stepped, nothing else may add to
+ * its registry; a batch dropped before its end needs its registry no more.
+ */
+struct reg_batch;
+/* 0 and *out (free it with registry_batch_free), or a refusal.  The batch
+ * points into s or t, which must outlive it. */
+int registry_batch_storages(const struct req_storage *s, size_t n,
+                            struct reg_batch **out, char *msg, size_t msglen);
+int registry_batch_tensors(struct req_tensor *t, size_t n,
+                           struct reg_batch **out, char *msg, size_t msglen);
+/* One step: 1 while entries remain, 0 once kept (each tensor's pieces then
+ * belong to the registry), or a refusal.  frame: the storages' own. */
+int registry_batch_step(struct registry *reg, struct reg_batch *b,
+                        const struct sp_frame *frame, size_t budget, char *msg,
+                        size_t msglen);
+/* Frees a batch, and what it took that the registry did not keep; never
+ * touches a registry. */
+void registry_batch_free(struct reg_batch *b);
 /* Checks and registers n tensors; all or none.  On success each tensor's
  * pieces belong to the registry (t[i].pieces is NULL). */
 int registry_add_tensors(struct registry *reg, struct req_tensor *t, size_t n,
@@ -777,6 +823,32 @@ int registry_add_remote_storages(struct registry *reg,
                                  const struct req_storage *s,
                                  const struct sp_device *device, size_t n,
                                  char *msg, size_t msglen);
+
+/* ---- registration.c ---------------------------------------------------- */
+
+/* A storage_add or tensor_add read out of its frame and checked against
+ * itself; what registering it still needs is the loop's. */
+struct registration;
+
+/* Prepares a registration from the decoded frame alone, so on any thread;
+ * NULL when out of memory.  The registration points into the frame's
+ * decoded objects and lives no longer than they do. */
+struct registration *registration_prepare_storages(
+    const msgpack_object *map, const struct sp_frame *frame);
+struct registration *registration_prepare_tensors(
+    const msgpack_object *map, const struct sp_frame *frame);
+/* On the loop: one step of registering a prepared registration (NULL: out
+ * of memory) with the connection's rank.  Returns 1 when it wants another
+ * step, in a later turn of the loop; else it has replied (0, or a negative
+ * code to reply).  The caller still frees it. */
+int registration_serve(struct conn *c, const struct sp_msg_head *head,
+                       struct sp_frame *frame, struct registration *r);
+void registration_free(struct registration *r);
+/* Handlers of the dispatch table: both steps at once. */
+int job_op_storage_add(struct conn *c, const struct sp_msg_head *head,
+                       const msgpack_object *map, struct sp_frame *frame);
+int job_op_tensor_add(struct conn *c, const struct sp_msg_head *head,
+                      const msgpack_object *map, struct sp_frame *frame);
 
 /* ---- regmap.c --------------------------------------------------------- */
 
@@ -1115,10 +1187,6 @@ int job_op_join(struct conn *c, const struct sp_msg_head *head,
                 const msgpack_object *map, struct sp_frame *frame);
 int job_op_leave(struct conn *c, const struct sp_msg_head *head,
                  const msgpack_object *map, struct sp_frame *frame);
-int job_op_storage_add(struct conn *c, const struct sp_msg_head *head,
-                       const msgpack_object *map, struct sp_frame *frame);
-int job_op_tensor_add(struct conn *c, const struct sp_msg_head *head,
-                      const msgpack_object *map, struct sp_frame *frame);
 /* The connection of member closed: the job notices on its next wake-up. */
 void job_conn_closed(struct job_member *member);
 /* Ends every job at shutdown, after the connections closed. */
@@ -1624,7 +1692,8 @@ int abort_op_job_abort(struct conn *c, const struct sp_msg_head *head,
 
 /* ---- status.c --------------------------------------------------------- */
 
-/* Builds the status reply for request id into mb. */
-void status_pack(const struct server *srv, uint64_t id, struct sp_msgbuf *mb);
+/* Builds the status reply for request id into mb; starts a new window
+ * of loop_max_busy_us. */
+void status_pack(struct server *srv, uint64_t id, struct sp_msgbuf *mb);
 
 #endif /* SP_DAEMON_H */

@@ -121,7 +121,7 @@ static void member_free(struct job_member *m) {
   request_groups_free(&m->ask.groups);
   quota_unregister(m->user, &m->reg.used);
   quota_release(m->user, QUOTA_RANK);
-  registry_free(&m->reg);
+  registry_drop(m->job->srv->loop, &m->reg);
   if (m->conn != NULL)
     conn_set_member(m->conn, NULL);
   free(m->refused);
@@ -655,89 +655,6 @@ int job_op_leave(struct conn *c, const struct sp_msg_head *head,
   job_wake(m->job);
   struct sp_msgbuf mb;
   sp_msgbuf_begin(&mb, "leave", head->id, 0);
-  return conn_send_msgbuf(c, &mb);
-}
-
-/* A registration needs a member, and no export running on its storages. */
-static struct job_member *registering_member(struct conn *c, uint64_t id,
-                                             const char *op) {
-  struct job_member *m = conn_member(c);
-  if (m == NULL) {
-    conn_send_error(c, id, SP_ESTATE, "%s: join a job first", op);
-    return NULL;
-  }
-  /* Registrations sent after the rank asked would count on one node and be
-   * missed across nodes (its registrations already went to the root), so
-   * they are refused from the ask on, the same everywhere. */
-  if (m->job->running != NULL || m->asked) {
-    conn_send_error(c, id, SP_EEXPORTING,
-                    "%s: job %s is running an export or this rank asked for "
-                    "one; register before or after it",
-                    op, m->job->hex);
-    return NULL;
-  }
-  return m;
-}
-
-/* Keeps the rank's first refused registration: if the rank leaves, that is
- * most likely why, and its peers hear it. */
-static void note_refused(struct job_member *m, int code, const char *op,
-                         const char *msg) {
-  char text[SP_ERRMSG_MAX + 1];
-  if (m->refused != NULL)
-    return;
-  snprintf(text, sizeof text,
-           "rank %" PRIu32 "'s registration was refused: %s: %s: %s", m->rank,
-           sp_err_name(code), op, msg);
-  m->refused = strdup(text);
-}
-
-int job_op_storage_add(struct conn *c, const struct sp_msg_head *head,
-                       const msgpack_object *map, struct sp_frame *frame) {
-  struct job_member *m = registering_member(c, head->id, "storage_add");
-  if (m == NULL)
-    return 0;
-  struct req_storage *s;
-  size_t n;
-  char msg[512];
-  int rc = request_parse_storages(map, frame->nfds, &s, &n, msg, sizeof msg);
-  if (rc == 0) {
-    rc = registry_add_storages(&m->reg, s, n, frame, msg, sizeof msg);
-    free(s);
-  }
-  if (rc != 0) {
-    note_refused(m, rc, "storage_add", msg);
-    return conn_send_error(c, head->id, rc, "storage_add: %s", msg);
-  }
-  export_drop_cache(m->job);
-  struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "storage_add", head->id, 1);
-  sp_pack_kv_u64(&mb.pk, "count", n);
-  return conn_send_msgbuf(c, &mb);
-}
-
-int job_op_tensor_add(struct conn *c, const struct sp_msg_head *head,
-                      const msgpack_object *map, struct sp_frame *frame) {
-  (void)frame;
-  struct job_member *m = registering_member(c, head->id, "tensor_add");
-  if (m == NULL)
-    return 0;
-  struct req_tensor *t;
-  size_t n;
-  char msg[512];
-  int rc = request_parse_tensors(map, &t, &n, msg, sizeof msg);
-  if (rc == 0) {
-    rc = registry_add_tensors(&m->reg, t, n, msg, sizeof msg);
-    request_tensors_free(t, n);
-  }
-  if (rc != 0) {
-    note_refused(m, rc, "tensor_add", msg);
-    return conn_send_error(c, head->id, rc, "tensor_add: %s", msg);
-  }
-  export_drop_cache(m->job);
-  struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "tensor_add", head->id, 1);
-  sp_pack_kv_u64(&mb.pk, "count", n);
   return conn_send_msgbuf(c, &mb);
 }
 

@@ -81,6 +81,46 @@ void registry_free(struct registry *reg) {
   memset(reg, 0, sizeof *reg);
 }
 
+/* Registries with at least this many entries are freed on a worker: a
+ * hundred thousand take about ten milliseconds. */
+#define REGISTRY_FREE_ON_WORKER 4096u
+
+struct registry_drop {
+  uv_work_t work;
+  struct registry reg;
+};
+
+static void free_dropped(uv_work_t *work) {
+  struct registry_drop *d = work->data;
+  registry_free(&d->reg);
+}
+
+static void on_dropped(uv_work_t *work, int status) {
+  (void)status;
+  free(work->data);
+}
+
+void registry_drop(uv_loop_t *loop, struct registry *reg) {
+  /* A CUDA rank's storages are closed from the loop's thread, as they
+   * were opened. */
+  struct registry_drop *d =
+      reg->gpu == NULL &&
+              reg->nstorages + reg->nkeys >= REGISTRY_FREE_ON_WORKER
+          ? malloc(sizeof *d)
+          : NULL;
+  if (d == NULL) {
+    registry_free(reg);
+    return;
+  }
+  d->reg = *reg;
+  memset(reg, 0, sizeof *reg);
+  d->work.data = d;
+  if (uv_queue_work(loop, &d->work, free_dropped, on_dropped) != 0) {
+    registry_free(&d->reg);
+    free(d);
+  }
+}
+
 /* Room for more items in an array of *cap, doubling. */
 static int grow(void **array, size_t *cap, size_t need, size_t size) {
   if (need <= *cap)
@@ -182,53 +222,135 @@ static int base_cmp(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* A frame's entries on their way into a registry (daemon.h): prepared
+ * from the frame alone, then checked against the registry, admitted and
+ * indexed in steps. */
+struct reg_batch {
+  bool tensors;
+  const struct req_storage *s;
+  struct req_tensor *t;
+  size_t n;
+  /* Storages: n sid hashes, then n base hashes.  Tensors: n key hashes,
+   * then n sid hashes. */
+  uint64_t *hash;
+  enum { BATCH_CHECK, BATCH_INDEX, BATCH_DONE } stage;
+  size_t done; /* entries of the stage done */
+  struct reg_usage more;
+  /* Storages, from the admission on until they are kept: their mappings'
+   * plan, and what was opened for them (on the registry's GPU). */
+  struct regmap_frame *fm;
+  struct reg_storage *fresh;
+  struct gpu *opened_on; /* the GPU backend, while fresh holds opened ones */
+  /* Tensors: their planner form, checked, with names owned until kept. */
+  struct plan_key_in *keys;
+};
+
+static bool has_bytes(const struct req_storage *s) { return s->length > 0; }
+
+static struct reg_batch *batch_new(bool tensors, size_t n) {
+  struct reg_batch *b = calloc(1, sizeof *b);
+  if (b == NULL)
+    return NULL;
+  b->tensors = tensors;
+  b->n = n;
+  b->hash = malloc((n > 0 ? 2 * n : 1) * sizeof *b->hash);
+  if (b->hash == NULL) {
+    free(b);
+    return NULL;
+  }
+  return b;
+}
+
 /* Refuses a sid registered twice, and two storages with bytes at one base
  * address: the planner takes equal (device, base) for the same memory when
  * it looks for tied weights, so a trainer that sent one base for two
- * different regions would get one tensor's bytes under another's name. */
-static int check_unique(const struct registry *reg, const struct req_storage *s,
-                        size_t n, char *msg, size_t msglen) {
+ * different regions would get one tensor's bytes under another's name.
+ * This half checks the frame against itself and hashes each sid and base
+ * for the other (check_storages); it needs nothing of the registry. */
+int registry_batch_storages(const struct req_storage *s, size_t n,
+                            struct reg_batch **out, char *msg,
+                            size_t msglen) {
   const struct req_storage **by = malloc((n > 0 ? n : 1) * sizeof *by);
+  struct reg_batch *b = batch_new(false, n);
   int rc = 0;
-  if (by == NULL)
+  *out = NULL;
+  if (by == NULL || b == NULL) {
+    free(by);
+    registry_batch_free(b);
     return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
-  for (size_t i = 0; i < n; i++)
+  }
+  b->s = s;
+  b->more = (struct reg_usage){.registrations = n, .bytes = n * STORAGE_COST};
+  /* Zeroed here, so that the loop does not take its page faults. */
+  b->fresh = malloc((n > 0 ? n : 1) * sizeof *b->fresh);
+  if (b->fresh == NULL) {
+    free(by);
+    registry_batch_free(b);
+    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+  }
+  memset(b->fresh, 0, (n > 0 ? n : 1) * sizeof *b->fresh);
+  for (size_t i = 0; i < n; i++) {
     by[i] = &s[i];
+    b->hash[i] = idxset_hash_u64(s[i].sid);
+    b->hash[n + i] = idxset_hash_u64(s[i].base);
+  }
   qsort(by, n, sizeof *by, sid_cmp);
-  for (size_t i = 0; i < n && rc == 0; i++) {
-    if ((i > 0 && by[i]->sid == by[i - 1]->sid) ||
-        registry_find_sid(reg, by[i]->sid) != IDXSET_NONE)
+  for (size_t i = 1; i < n && rc == 0; i++)
+    if (by[i]->sid == by[i - 1]->sid)
       rc = sp_failf(msg, msglen, SP_EINVAL,
                     "storage sid %u is registered twice", by[i]->sid);
-  }
   size_t m = 0;
   for (size_t i = 0; i < n; i++)
-    if (s[i].length > 0)
+    if (has_bytes(&s[i]))
       by[m++] = &s[i];
   qsort(by, m, sizeof *by, base_cmp);
-  for (size_t i = 0; i < m && rc == 0; i++) {
-    struct base_probe p = {reg, by[i]->base};
-    if ((i > 0 && by[i]->base == by[i - 1]->base) ||
-        idxset_find(&reg->by_base, idxset_hash_u64(by[i]->base), match_base,
-                    &p) != IDXSET_NONE)
+  for (size_t i = 1; i < m && rc == 0; i++)
+    if (by[i]->base == by[i - 1]->base)
       rc = sp_failf(msg, msglen, SP_EINVAL,
                     "storage sid %u: another storage of this rank has base "
                     "address 0x%llx; register each storage once",
                     by[i]->sid, (unsigned long long)by[i]->base);
-  }
   free(by);
-  return rc;
+  if (rc != 0) {
+    registry_batch_free(b);
+    return rc;
+  }
+  *out = b;
+  return 0;
 }
 
-/* Checks n more storages against the limit and the ones registered. */
+/* Checks storages [from, to) of the batch against the ones registered. */
 static int check_storages(const struct registry *reg,
-                          const struct req_storage *s, size_t n, char *msg,
-                          size_t msglen) {
-  if (n > REQ_MAX_PER_RANK - reg->nstorages)
-    return sp_failf(msg, msglen, SP_ELIMIT,
-                    "a rank may register at most %u storages",
-                    REQ_MAX_PER_RANK);
-  return check_unique(reg, s, n, msg, msglen);
+                          const struct reg_batch *b, size_t from, size_t to,
+                          char *msg, size_t msglen) {
+  const struct req_storage *s = b->s;
+  for (size_t i = from; i < to; i++) {
+    struct sid_probe sp = {reg, s[i].sid};
+    if (idxset_find(&reg->by_sid, b->hash[i], match_sid, &sp) != IDXSET_NONE)
+      return sp_failf(msg, msglen, SP_EINVAL,
+                      "storage sid %u is registered twice", s[i].sid);
+    struct base_probe bp = {reg, s[i].base};
+    if (has_bytes(&s[i]) &&
+        idxset_find(&reg->by_base, b->hash[b->n + i], match_base, &bp) !=
+            IDXSET_NONE)
+      return sp_failf(msg, msglen, SP_EINVAL,
+                      "storage sid %u: another storage of this rank has base "
+                      "address 0x%llx; register each storage once",
+                      s[i].sid, (unsigned long long)s[i].base);
+  }
+  return 0;
+}
+
+/* Indexes storages [from, to) of the batch, at their places past the
+ * registry's count: invisible until the count takes them in. */
+static void index_storages(struct registry *reg, const struct reg_batch *b,
+                           size_t from, size_t to) {
+  for (size_t i = from; i < to; i++) {
+    uint32_t idx = (uint32_t)(reg->nstorages + i);
+    idxset_insert(&reg->by_sid, b->hash[i], idx);
+    if (has_bytes(&b->s[i]))
+      idxset_insert(&reg->by_base, b->hash[b->n + i], idx);
+  }
 }
 
 /* Asks the quotas for more, then makes room for n more storages, so that
@@ -261,8 +383,8 @@ static int reserve_storages(struct registry *reg, size_t n,
 /* A rank's storages are of its device's kind: memfd storages for a "cpu"
  * rank, CUDA storages for a CUDA rank. */
 static int check_kinds(const struct registry *reg, const struct req_storage *s,
-                       size_t n, char *msg, size_t msglen) {
-  for (size_t i = 0; i < n; i++) {
+                       size_t from, size_t to, char *msg, size_t msglen) {
+  for (size_t i = from; i < to; i++) {
     bool memfd = s[i].kind == REQ_STORAGE_MEMFD;
     if (memfd && reg->gpu != NULL)
       return sp_failf(msg, msglen, SP_EINVAL,
@@ -287,10 +409,11 @@ static int open_cuda_storages(const struct registry *reg,
                               struct reg_storage *fresh, char *msg,
                               size_t msglen) {
   for (size_t i = 0; i < n; i++) {
-    memset(&fresh[i], 0, sizeof fresh[i]);
-    fresh[i].sid = s[i].sid;
+    /* A memfd storage's entry is zero until placed (place_storages). */
     if (s[i].kind == REQ_STORAGE_MEMFD)
       continue;
+    memset(&fresh[i], 0, sizeof fresh[i]);
+    fresh[i].sid = s[i].sid;
     int rc = open_cuda_storage(reg, &s[i], frame, (uint32_t)i, &fresh[i], msg,
                                msglen);
     if (rc != 0) {
@@ -302,43 +425,74 @@ static int open_cuda_storages(const struct registry *reg,
   return 0;
 }
 
-/* Admits, maps and keeps a frame's storages, whose mappings fm plans. */
-static int add_storages(struct registry *reg, const struct req_storage *s,
-                        size_t n, const struct sp_frame *frame,
-                        struct regmap_frame *fm, char *msg, size_t msglen) {
-  struct reg_usage more, less;
-  regmap_usage(fm, &more, &less);
-  more.registrations = n;
-  more.bytes = n * STORAGE_COST;
-  int rc = reserve_storages(reg, n, &more, msg, msglen);
-  if (rc != 0)
+/* Closes the CUDA storages the batch opened and no registry kept. */
+static void close_opened(struct reg_batch *b) {
+  if (b->opened_on != NULL)
+    for (size_t i = 0; i < b->n; i++)
+      if (b->fresh[i].gpu.import != NULL)
+        gpu_storage_close(b->opened_on, &b->fresh[i].gpu);
+  b->opened_on = NULL;
+}
+
+/* Admits the checked storages: their mappings planned (regmap.c), the
+ * quotas, room in the registry, the mappings made and committed, and CUDA
+ * storages opened into the batch.  Nothing is indexed yet, so a refusal
+ * leaves the registry as it was. */
+static int admit_storages(struct registry *reg, struct reg_batch *b,
+                          const struct sp_frame *frame, char *msg,
+                          size_t msglen) {
+  const struct req_storage *s = b->s;
+  size_t n = b->n;
+  int rc;
+  if ((rc = regmap_plan(reg, s, n, frame, &b->fm, msg, msglen)) != 0)
     return rc;
-  /* Open into the spare room at the end; only the count commits them. */
-  struct reg_storage *fresh = reg->info + reg->nstorages;
-  if ((rc = open_cuda_storages(reg, s, n, frame, fresh, msg, msglen)) != 0)
+  struct reg_usage less;
+  regmap_usage(b->fm, &b->more, &less);
+  b->more.registrations = n;
+  b->more.bytes = n * STORAGE_COST;
+  if ((rc = reserve_storages(reg, n, &b->more, msg, msglen)) != 0)
     return rc;
-  if ((rc = regmap_map(fm, frame, msg, msglen)) != 0) {
-    for (size_t i = 0; i < n; i++)
-      close_cuda(reg, &fresh[i]);
+  if ((rc = open_cuda_storages(reg, s, n, frame, b->fresh, msg, msglen)) != 0)
+    return rc;
+  b->opened_on = reg->gpu;
+  if ((rc = regmap_map(b->fm, frame, msg, msglen)) != 0) {
+    close_opened(b);
     return rc;
   }
-  regmap_commit(reg, fm, s, n);
-  for (size_t i = 0; i < n; i++) {
+  /* The mappings are the registry's from now on (unmapped with it), and
+   * counted: the registry's usage is what its member gives back when it
+   * goes, whether or not the batch is kept. */
+  regmap_commit(reg, b->fm, s, n);
+  charge(reg, &b->more);
+  release(reg, &less);
+  return 0;
+}
+
+/* Indexes storages [from, to) of the batch and writes their entries, at
+ * their places past the registry's count: invisible until the count takes
+ * them in. */
+static void place_storages(struct registry *reg, const struct reg_batch *b,
+                           size_t from, size_t to) {
+  const struct req_storage *s = b->s;
+  for (size_t i = from; i < to; i++) {
     uint32_t idx = (uint32_t)(reg->nstorages + i);
+    struct reg_storage *info = &reg->info[idx];
     struct sp_storage *st = &reg->storages[idx];
+    *info = b->fresh[i];
+    info->sid = s[i].sid;
     memset(st, 0, sizeof *st);
     st->device.type = SP_DEVICE_CPU;
     if (s[i].kind == REQ_STORAGE_MEMFD) {
       if (s[i].length > 0) {
-        uint32_t map = regmap_map_of(fm, i);
+        uint32_t map = regmap_map_of(b->fm, i);
         const struct reg_map *m = &reg->maps[map];
-        fresh[i].data = (const uint8_t *)m->addr + (s[i].offset - m->offset);
-        fresh[i].map = map;
+        info->data = (const uint8_t *)m->addr + (s[i].offset - m->offset);
+        info->map = map;
       }
     } else {
       /* The planner tells storages apart by (device, base): the GPU's
        * UUID is what identifies it across processes. */
-      int device = fresh[i].gpu.device;
+      int device = info->gpu.device;
       st->device.type = SP_DEVICE_CUDA;
       st->device.index = device;
       memcpy(st->device.uuid, gpu_device_uuid(reg->gpu, device),
@@ -346,27 +500,54 @@ static int add_storages(struct registry *reg, const struct req_storage *s,
     }
     st->base = s[i].base;
     st->nbytes = s[i].length;
-    idxset_insert(&reg->by_sid, idxset_hash_u64(s[i].sid), idx);
-    if (s[i].length > 0)
-      idxset_insert(&reg->by_base, idxset_hash_u64(s[i].base), idx);
   }
-  reg->nstorages += n;
-  charge(reg, &more);
-  release(reg, &less);
+  index_storages(reg, b, from, to);
+}
+
+static int step_storages(struct registry *reg, struct reg_batch *b,
+                         const struct sp_frame *frame, size_t budget,
+                         char *msg, size_t msglen) {
+  int rc;
+  if (b->stage == BATCH_CHECK) {
+    if (b->done == 0 && b->n > REQ_MAX_PER_RANK - reg->nstorages)
+      return sp_failf(msg, msglen, SP_ELIMIT,
+                      "a rank may register at most %u storages",
+                      REQ_MAX_PER_RANK);
+    size_t to = b->n - b->done < budget ? b->n : b->done + budget;
+    if ((rc = check_storages(reg, b, b->done, to, msg, msglen)) != 0 ||
+        (rc = check_kinds(reg, b->s, b->done, to, msg, msglen)) != 0)
+      return rc;
+    budget -= to - b->done;
+    b->done = to;
+    if (b->done < b->n)
+      return 1;
+    if ((rc = admit_storages(reg, b, frame, msg, msglen)) != 0)
+      return rc;
+    b->stage = BATCH_INDEX;
+    b->done = 0;
+  }
+  if (budget == 0 && b->n > 0)
+    return 1;
+  size_t to = b->n - b->done < budget ? b->n : b->done + budget;
+  place_storages(reg, b, b->done, to);
+  b->done = to;
+  if (b->done < b->n)
+    return 1;
+  /* Kept: what was opened is the registry's now. */
+  b->opened_on = NULL;
+  reg->nstorages += b->n;
+  b->stage = BATCH_DONE;
   return 0;
 }
 
 int registry_add_storages(struct registry *reg, const struct req_storage *s,
                           size_t n, const struct sp_frame *frame, char *msg,
                           size_t msglen) {
-  struct regmap_frame *fm = NULL;
-  int rc = check_storages(reg, s, n, msg, msglen);
-  if (rc != 0 || (rc = check_kinds(reg, s, n, msg, msglen)) != 0)
-    return rc;
-  /* The plan is freed whether it, or what follows it, failed. */
-  if ((rc = regmap_plan(reg, s, n, frame, &fm, msg, msglen)) == 0)
-    rc = add_storages(reg, s, n, frame, fm, msg, msglen);
-  regmap_frame_free(fm);
+  struct reg_batch *b;
+  int rc = registry_batch_storages(s, n, &b, msg, msglen);
+  if (rc == 0)
+    rc = registry_batch_step(reg, b, frame, SIZE_MAX, msg, msglen);
+  registry_batch_free(b);
   return rc;
 }
 
@@ -392,37 +573,63 @@ static int tensor_key_cmp(const void *a, const void *b) {
   return x->key_len < y->key_len ? -1 : x->key_len > y->key_len;
 }
 
-/* Keys unique within the frame and against what is registered. */
-static int check_keys(const struct registry *reg, const struct req_tensor *t,
-                      size_t n, char *msg, size_t msglen) {
+/* Keys unique within the frame, each key and sid hashed, each name
+ * copied: all that needs nothing of the registry. */
+int registry_batch_tensors(struct req_tensor *t, size_t n,
+                           struct reg_batch **out, char *msg, size_t msglen) {
   const struct req_tensor **by = malloc((n > 0 ? n : 1) * sizeof *by);
+  struct reg_batch *b = batch_new(true, n);
   int rc = 0;
-  if (by == NULL)
+  *out = NULL;
+  if (b != NULL) {
+    b->t = t;
+    b->keys = calloc(n > 0 ? n : 1, sizeof *b->keys);
+  }
+  if (by == NULL || b == NULL || b->keys == NULL) {
+    free(by);
+    registry_batch_free(b);
     return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
-  for (size_t i = 0; i < n; i++)
+  }
+  b->more.registrations = n;
+  for (size_t i = 0; i < n; i++) {
     by[i] = &t[i];
+    b->hash[i] = idxset_hash_bytes(t[i].key, t[i].key_len);
+    b->hash[n + i] = idxset_hash_u64(t[i].sid);
+    b->more.bytes += tensor_cost(&t[i]);
+  }
   qsort(by, n, sizeof *by, tensor_key_cmp);
-  for (size_t i = 0; i < n && rc == 0; i++) {
-    struct name_probe p = {reg, by[i]->key, by[i]->key_len};
-    if ((i > 0 && tensor_key_cmp(&by[i], &by[i - 1]) == 0) ||
-        idxset_find(&reg->by_name,
-                    idxset_hash_bytes(by[i]->key, by[i]->key_len), match_name,
-                    &p) != IDXSET_NONE)
+  for (size_t i = 1; i < n && rc == 0; i++)
+    if (tensor_key_cmp(&by[i], &by[i - 1]) == 0)
       rc = sp_failf(msg, msglen, SP_EDUPKEY,
                     "key '%.*s' is registered twice by this rank",
                     (int)by[i]->key_len, by[i]->key);
-  }
   free(by);
-  return rc;
+  for (size_t i = 0; i < n && rc == 0; i++) {
+    char *name = malloc(t[i].key_len + 1);
+    if (name == NULL) {
+      rc = sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+      break;
+    }
+    memcpy(name, t[i].key, t[i].key_len);
+    name[t[i].key_len] = '\0';
+    b->keys[i].name = name;
+  }
+  if (rc != 0) {
+    registry_batch_free(b);
+    return rc;
+  }
+  *out = b;
+  return 0;
 }
 
 /* Checks one tensor against its storage and fills in its planner form;
  * nothing is allocated. */
 static int check_tensor(const struct registry *reg, const struct req_tensor *t,
-                        size_t i, struct plan_key_in *out, char *msg,
-                        size_t msglen) {
+                        size_t i, uint64_t sid_hash, struct plan_key_in *out,
+                        char *msg, size_t msglen) {
   int klen = (int)(t->key_len < 64 ? t->key_len : 64);
-  uint32_t idx = registry_find_sid(reg, t->sid);
+  struct sid_probe sp = {reg, t->sid};
+  uint32_t idx = idxset_find(&reg->by_sid, sid_hash, match_sid, &sp);
   if (idx == IDXSET_NONE)
     return sp_failf(msg, msglen, SP_ENOSTORAGE,
                     "tensors[%zu] ('%.*s'): storage sid %u is not registered",
@@ -446,52 +653,132 @@ static int check_tensor(const struct registry *reg, const struct req_tensor *t,
   return 0;
 }
 
-int registry_add_tensors(struct registry *reg, struct req_tensor *t, size_t n,
-                         char *msg, size_t msglen) {
-  if (n > REQ_MAX_PER_RANK - reg->nkeys)
+/* Checks tensors [from, to) of the batch against the registry: a key not
+ * registered yet, and a view inside its storage; fills in their planner
+ * form in the batch. */
+static int check_tensors(const struct registry *reg, struct reg_batch *b,
+                         size_t from, size_t to, char *msg, size_t msglen) {
+  const struct req_tensor *t = b->t;
+  for (size_t i = from; i < to; i++) {
+    struct name_probe np = {reg, t[i].key, t[i].key_len};
+    if (idxset_find(&reg->by_name, b->hash[i], match_name, &np) !=
+        IDXSET_NONE)
+      return sp_failf(msg, msglen, SP_EDUPKEY,
+                      "key '%.*s' is registered twice by this rank",
+                      (int)t[i].key_len, t[i].key);
+    const char *name = b->keys[i].name;
+    int rc = check_tensor(reg, &t[i], i, b->hash[b->n + i], &b->keys[i], msg,
+                          msglen);
+    b->keys[i].name = name;
+    if (rc != 0)
+      return rc;
+  }
+  return 0;
+}
+
+/* Admits the checked tensors: the limit, the quotas, room in the
+ * registry.  Nothing is indexed yet, so a refusal leaves the registry as it
+ * was. */
+static int admit_tensors(struct registry *reg, struct reg_batch *b, char *msg,
+                         size_t msglen) {
+  int rc;
+  if (b->n > REQ_MAX_PER_RANK - reg->nkeys)
     return sp_failf(msg, msglen, SP_ELIMIT,
                     "a rank may register at most %u tensors", REQ_MAX_PER_RANK);
-  int rc = check_keys(reg, t, n, msg, msglen);
-  if (rc != 0)
-    return rc;
-  struct reg_usage more = {.registrations = n};
-  for (size_t i = 0; i < n; i++)
-    more.bytes += tensor_cost(&t[i]);
   if (reg->quota != NULL &&
-      (rc = reg->quota->admit(reg->quota_arg, reg, &more, msg, msglen)) != 0)
+      (rc = reg->quota->admit(reg->quota_arg, reg, &b->more, msg, msglen)) !=
+          0)
     return rc;
-  size_t need = reg->nkeys + n;
-  if (grow((void **)&reg->keys, &reg->key_cap, need, sizeof *reg->keys) != 0 ||
-      idxset_reserve(&reg->by_name, n) != 0)
+  if (grow((void **)&reg->keys, &reg->key_cap, reg->nkeys + b->n,
+           sizeof *reg->keys) != 0 ||
+      idxset_reserve(&reg->by_name, b->n) != 0)
     return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
-  struct plan_key_in *fresh = reg->keys + reg->nkeys;
-  for (size_t i = 0; i < n; i++)
-    if ((rc = check_tensor(reg, &t[i], i, &fresh[i], msg, msglen)) != 0)
-      return rc;
-  size_t named = 0;
-  for (; named < n; named++) {
-    char *name = malloc(t[named].key_len + 1);
-    if (name == NULL)
-      break;
-    memcpy(name, t[named].key, t[named].key_len);
-    name[t[named].key_len] = '\0';
-    fresh[named].name = name;
-  }
-  if (named < n) {
-    for (size_t i = 0; i < named; i++)
-      free((char *)fresh[i].name);
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
-  }
-  /* Committed: the pieces move from the request into the registry. */
-  for (size_t i = 0; i < n; i++) {
-    fresh[i].pieces = t[i].pieces;
-    t[i].pieces = NULL;
-    idxset_insert(&reg->by_name, idxset_hash_bytes(t[i].key, t[i].key_len),
-                  (uint32_t)(reg->nkeys + i));
-  }
-  reg->nkeys = need;
-  charge(reg, &more);
+  /* Counted from now on, as admit_storages says. */
+  charge(reg, &b->more);
   return 0;
+}
+
+/* Indexes tensors [from, to) of the batch and writes their entries past
+ * the registry's count, as place_storages. */
+static void place_tensors(struct registry *reg, const struct reg_batch *b,
+                          size_t from, size_t to) {
+  for (size_t i = from; i < to; i++) {
+    struct plan_key_in *key = &reg->keys[reg->nkeys + i];
+    *key = b->keys[i];
+    key->pieces = b->t[i].pieces;
+    idxset_insert(&reg->by_name, b->hash[i], (uint32_t)(reg->nkeys + i));
+  }
+}
+
+/* Keeps the placed tensors: their names and pieces are the registry's
+ * from now on. */
+static void keep_tensors(struct registry *reg, struct reg_batch *b) {
+  for (size_t i = 0; i < b->n; i++) {
+    b->keys[i].name = NULL;
+    b->t[i].pieces = NULL;
+  }
+  reg->nkeys += b->n;
+}
+
+static int step_tensors(struct registry *reg, struct reg_batch *b,
+                        size_t budget, char *msg, size_t msglen) {
+  int rc;
+  if (b->stage == BATCH_CHECK) {
+    size_t to = b->n - b->done < budget ? b->n : b->done + budget;
+    if ((rc = check_tensors(reg, b, b->done, to, msg, msglen)) != 0)
+      return rc;
+    budget -= to - b->done;
+    b->done = to;
+    if (b->done < b->n)
+      return 1;
+    if ((rc = admit_tensors(reg, b, msg, msglen)) != 0)
+      return rc;
+    b->stage = BATCH_INDEX;
+    b->done = 0;
+  }
+  if (budget == 0 && b->n > 0)
+    return 1;
+  size_t to = b->n - b->done < budget ? b->n : b->done + budget;
+  place_tensors(reg, b, b->done, to);
+  b->done = to;
+  if (b->done < b->n)
+    return 1;
+  keep_tensors(reg, b);
+  b->stage = BATCH_DONE;
+  return 0;
+}
+
+int registry_add_tensors(struct registry *reg, struct req_tensor *t, size_t n,
+                         char *msg, size_t msglen) {
+  struct reg_batch *b;
+  int rc = registry_batch_tensors(t, n, &b, msg, msglen);
+  if (rc == 0)
+    rc = registry_batch_step(reg, b, NULL, SIZE_MAX, msg, msglen);
+  registry_batch_free(b);
+  return rc;
+}
+
+int registry_batch_step(struct registry *reg, struct reg_batch *b,
+                        const struct sp_frame *frame, size_t budget, char *msg,
+                        size_t msglen) {
+  if (b->stage == BATCH_DONE)
+    return 0;
+  return b->tensors ? step_tensors(reg, b, budget, msg, msglen)
+                    : step_storages(reg, b, frame, budget, msg, msglen);
+}
+
+void registry_batch_free(struct reg_batch *b) {
+  if (b == NULL)
+    return;
+  close_opened(b);
+  regmap_frame_free(b->fm);
+  if (b->keys != NULL)
+    for (size_t i = 0; i < b->n; i++)
+      free((char *)b->keys[i].name);
+  free(b->keys);
+  free(b->fresh);
+  free(b->hash);
+  free(b);
 }
 
 void registry_rank_in(const struct registry *reg, uint32_t rank,
@@ -508,10 +795,18 @@ int registry_add_remote_storages(struct registry *reg,
                                  const struct req_storage *s,
                                  const struct sp_device *device, size_t n,
                                  char *msg, size_t msglen) {
-  struct reg_usage more = {.registrations = n, .bytes = n * STORAGE_COST};
-  int rc = check_storages(reg, s, n, msg, msglen);
-  if (rc != 0 || (rc = reserve_storages(reg, n, &more, msg, msglen)) != 0)
+  struct reg_batch *b;
+  int rc = registry_batch_storages(s, n, &b, msg, msglen);
+  if (rc != 0)
     return rc;
+  if (n > REQ_MAX_PER_RANK - reg->nstorages)
+    rc = sp_failf(msg, msglen, SP_ELIMIT,
+                  "a rank may register at most %u storages", REQ_MAX_PER_RANK);
+  if (rc != 0 || (rc = check_storages(reg, b, 0, n, msg, msglen)) != 0 ||
+      (rc = reserve_storages(reg, n, &b->more, msg, msglen)) != 0) {
+    registry_batch_free(b);
+    return rc;
+  }
   /* The rank's memory is on its own node: nothing here maps it. */
   for (size_t i = 0; i < n; i++) {
     uint32_t idx = (uint32_t)(reg->nstorages + i);
@@ -522,11 +817,10 @@ int registry_add_remote_storages(struct registry *reg,
     st->device = device[i];
     st->base = s[i].base;
     st->nbytes = s[i].length;
-    idxset_insert(&reg->by_sid, idxset_hash_u64(s[i].sid), idx);
-    if (s[i].length > 0)
-      idxset_insert(&reg->by_base, idxset_hash_u64(s[i].base), idx);
   }
+  index_storages(reg, b, 0, n);
+  charge(reg, &b->more);
+  registry_batch_free(b);
   reg->nstorages += n;
-  charge(reg, &more);
   return 0;
 }

@@ -217,6 +217,7 @@ void server_stop(struct server *srv, bool at_once, int job_code, int code,
   uv_close((uv_handle_t *)&srv->sig_int, NULL);
   uv_close((uv_handle_t *)&srv->sig_hup, NULL);
   uv_close((uv_handle_t *)&srv->drain_timer, NULL);
+  loopwatch_stop(srv);
   if (srv->watchdog_on)
     uv_close((uv_handle_t *)&srv->watchdog, NULL);
   if (srv->pool_poll_on)
@@ -407,6 +408,7 @@ int server_run(const struct config_origin *origin, struct config *cfg,
   }
   srv.listen_poll.data = &srv;
   uv_poll_start(&srv.listen_poll, UV_READABLE, on_listen);
+  loopwatch_start(&srv);
   start_watchdog(&srv);
   start_pool_watch(&srv);
 

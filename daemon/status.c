@@ -8,10 +8,10 @@
 #include "daemon/daemon.h"
 #include "daemon/pool.h"
 
-void status_pack(const struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
+void status_pack(struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
   /* Segments whose ranks closed them are freed before they are counted. */
   pool_collect(srv->pool);
-  sp_msgbuf_begin(mb, "status", id, 14);
+  sp_msgbuf_begin(mb, "status", id, 15);
   msgpack_packer *pk = &mb->pk;
   sp_pack_kv_str(pk, "daemon_version", SP_VERSION);
   sp_pack_kv_u64(pk, "protocol_version", SP_PROTOCOL_VERSION);
@@ -32,6 +32,9 @@ void status_pack(const struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
   sp_pack_kv_str(pk, "peer_address", srv->peer_address);
   /* Stopping: new work is refused while running exports finish. */
   sp_pack_kv_bool(pk, "draining", srv->draining);
+  /* The longest the loop was busy in one iteration since the previous
+   * status: how long any client may have waited for an answer. */
+  sp_pack_kv_u64(pk, "loop_max_busy_us", loopwatch_take_max_us(srv));
   sp_pack_str(pk, "jobs");
   job_status_pack(srv, pk);
   /* What each user holds against its quotas (docs/operations.md). */

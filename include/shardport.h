@@ -231,6 +231,10 @@ typedef struct sp_status_info {
   /* 1: the daemon is stopping; it takes no new jobs or exports while the
    * running ones finish (docs/operations.md). */
   int draining;
+  /* The longest the daemon's event loop was busy in one iteration since
+   * the previous status request, in microseconds: how long any client may
+   * have waited for an answer (0 from a daemon that does not report it). */
+  uint64_t loop_max_busy_us;
 } sp_status_info;
 
 /* Fills *out with a newly allocated snapshot; free it with sp_status_free. */

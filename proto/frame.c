@@ -125,7 +125,7 @@ static bool frame_complete(const struct sp_frame_rx *rx) {
 }
 
 int sp_frame_rx_read(struct sp_frame_rx *rx, int sock, struct sp_frame *out) {
-  for (;;) {
+  for (size_t taken = 0;;) {
     if (rx->header_have == SP_FRAME_HEADER && !rx->buf) {
       int rc = start_payload(rx);
       if (rc < 0)
@@ -141,6 +141,8 @@ int sp_frame_rx_read(struct sp_frame_rx *rx, int sock, struct sp_frame *out) {
       sp_frame_rx_reset(rx);
       return 1;
     }
+    if (rx->max_read != 0 && taken >= rx->max_read)
+      return 0;
 
     struct iovec iov;
     if (rx->header_have < SP_FRAME_HEADER) {
@@ -170,6 +172,7 @@ int sp_frame_rx_read(struct sp_frame_rx *rx, int sock, struct sp_frame *out) {
       bool between_frames = rx->header_have == 0 && rx->nfds == 0;
       return between_frames ? SP_ECLOSED : SP_EIO;
     }
+    taken += (size_t)n;
     if (rx->header_have < SP_FRAME_HEADER)
       rx->header_have += (size_t)n;
     else

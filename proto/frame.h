@@ -45,6 +45,10 @@ struct sp_frame_rx {
   size_t have;
   int fds[SP_FDS_MAX];
   size_t nfds;
+  /* Bytes one sp_frame_rx_read takes at most before it returns 0 as if the
+   * socket were empty (0: no bound), so that a server does not spend the
+   * whole transfer of a large frame in one call. */
+  size_t max_read;
 };
 
 void sp_frame_rx_init(struct sp_frame_rx *rx, const struct sp_limits *limits);
@@ -56,9 +60,9 @@ void sp_frame_rx_reset(struct sp_frame_rx *rx);
  * The payload buffer grows with the bytes that actually arrive, so a peer
  * that announces a large frame and stalls holds little memory.
  * Returns 1 and moves a complete frame into *out; 0 when a non-blocking
- * socket has nothing more now or a signal interrupted the read (the caller
- * checks its deadline and calls again); or a negative code: SP_ECLOSED on an orderly
- * end of stream between frames, SP_EIO on a stream cut inside a frame or a
+ * socket has nothing more now, max_read bytes were taken, or a signal
+ * interrupted the read (the caller checks its deadline and calls again);
+ * or a negative code: SP_ECLOSED on an orderly end of stream between frames, SP_EIO on a stream cut inside a frame or a
  * socket error, SP_EFRAMETOOBIG when the header announces more than
  * limits.max_frame (checked before the payload is allocated),
  * SP_ETOOMANYFDS when more than limits.max_fds arrive (all of them closed),

@@ -150,6 +150,9 @@ static void print_table(FILE *out, const sp_status_info *st) {
   else
     snprintf(line, sizeof line, "%s used of %s", a, b);
   row(out, "pool", line);
+  snprintf(line, sizeof line, "%.1f ms at most per loop iteration since the "
+           "last status", (double)st->loop_max_busy_us / 1000.0);
+  row(out, "loop busy", line);
   if (st->peer_address) {
     sp_text_sanitize(st->peer_address, a, sizeof a);
     row(out, "peer address", a);
@@ -241,6 +244,7 @@ static void print_json(FILE *out, const sp_status_info *st,
   fputs("]", out);
   json_str_field(out, "peer_address", st->peer_address);
   fprintf(out, ",\"draining\":%s", st->draining ? "true" : "false");
+  json_u64(out, "loop_max_busy_us", st->loop_max_busy_us);
   fputs("}\n", out);
 }
 

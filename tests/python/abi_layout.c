@@ -77,6 +77,7 @@ int main(void) {
   FIELD(sp_status_info, jobs);
   FIELD(sp_status_info, peer_address);
   FIELD(sp_status_info, draining);
+  FIELD(sp_status_info, loop_max_busy_us);
   END();
 
   BEGIN(sp_ticket);

@@ -100,6 +100,7 @@ class sp_status_info(ctypes.Structure):
         ("jobs", ctypes.POINTER(sp_job_status)),
         ("peer_address", ctypes.c_char_p),
         ("draining", ctypes.c_int),
+        ("loop_max_busy_us", ctypes.c_uint64),
     ]
 
 

@@ -56,6 +56,9 @@ class Status:
     pool_capacity: int
     jobs: Tuple[JobStatus, ...]
     peer_address: Optional[str] = None
+    # The longest one iteration of the daemon's event loop was busy since
+    # the previous status request, in microseconds.
+    loop_max_busy_us: int = 0
 
 
 @dataclass(frozen=True)
@@ -290,7 +293,8 @@ class Client:
                 backend_reason=_text(s.backend_reason),
                 uptime_s=s.uptime_s, clients=s.clients,
                 pool_used=s.pool_used, pool_capacity=s.pool_capacity,
-                jobs=jobs, peer_address=_text(s.peer_address))
+                jobs=jobs, peer_address=_text(s.peer_address),
+                loop_max_busy_us=s.loop_max_busy_us)
         finally:
             _lib.fn.sp_status_free(info)
 

@@ -67,6 +67,7 @@ STATUS = {
     "jobs": lambda v: type(v) is list,
     "peer_address": is_str_or_null,
     "draining": lambda v: type(v) is bool,
+    "loop_max_busy_us": is_uint,
 }
 
 JOB = {
@@ -203,6 +204,8 @@ def check_fake(obj):
         "pool_capacity": 1 << 30,
         "peer_address": None,
         "draining": False,
+        # The fake daemon does not report it.
+        "loop_max_busy_us": 0,
     }
     for key, value in expect.items():
         if obj[key] != value:

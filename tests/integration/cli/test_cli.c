@@ -181,7 +181,8 @@ START_TEST(status_table) {
       "daemon version    " SP_VERSION "\n", "protocol version  2\n",
       "backends built    host", "backend active    host",
       "uptime            ", "clients           ",
-      "pool              ", "jobs              no jobs\n"};
+      "pool              ", "loop busy         ",
+      "jobs              no jobs\n"};
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
     ck_assert_msg(has_line_starting(r.out, rows[i]), "no row '%s' in:\n%s",
                   rows[i], r.out);

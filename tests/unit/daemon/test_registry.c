@@ -570,6 +570,85 @@ static struct req_tensor tensor(const char *key, uint32_t sid, int64_t rows,
   return t;
 }
 
+/* A frame registered in steps (registration.c): the registry reads as
+ * before until the last step; a refusal in a late step, or a batch dropped
+ * halfway, leaves it so; what a dropped batch took is freed (ASan and
+ * valgrind see a leak). */
+enum { BATCH_N = 64, BATCH_BUDGET = 5 };
+
+static int step_all(struct registry *reg, struct reg_batch *b,
+                    const struct sp_frame *frame, size_t before, char *err,
+                    size_t errlen, int *steps) {
+  int rc;
+  *steps = 0;
+  while ((rc = registry_batch_step(reg, b, frame, BATCH_BUDGET, err,
+                                   errlen)) == 1) {
+    ck_assert_uint_eq(reg->nstorages + reg->nkeys, before);
+    (*steps)++;
+  }
+  return rc;
+}
+
+START_TEST(frames_registered_in_steps) {
+  struct registry reg;
+  char err[256];
+  registry_init(&reg, SP_DEVICE_CPU);
+  int fd = memfd_of(BATCH_N * 64);
+  struct sp_frame frame = {.nfds = 1};
+  frame.fds[0] = fd;
+  struct req_storage s[BATCH_N];
+  for (uint32_t i = 0; i < BATCH_N; i++)
+    s[i] = (struct req_storage){.sid = i + 1, .fd = 0, .offset = i * 64,
+                                .length = 64, .base = 0x10000 + i * 64};
+  /* Dropped halfway through its indexing: nothing counted; the daemon
+   * adds nothing more to such a registry (its rank is gone), and what the
+   * batch took is freed with it or with the registry. */
+  struct reg_batch *b;
+  ck_assert_int_eq(registry_batch_storages(s, BATCH_N, &b, err, sizeof err),
+                   0);
+  for (int i = 0; i < (BATCH_N / BATCH_BUDGET) + 3; i++)
+    ck_assert_int_eq(
+        registry_batch_step(&reg, b, &frame, BATCH_BUDGET, err, sizeof err),
+        1);
+  registry_batch_free(b);
+  ck_assert_uint_eq(reg.nstorages, 0);
+  registry_free(&reg);
+  registry_init(&reg, SP_DEVICE_CPU);
+  /* Stepped to its end: checked in 13 steps, indexed in 13 more (the last
+   * check leaves budget for the first entries). */
+  int steps;
+  ck_assert_int_eq(registry_batch_storages(s, BATCH_N, &b, err, sizeof err),
+                   0);
+  ck_assert_int_eq(step_all(&reg, b, &frame, 0, err, sizeof err, &steps), 0);
+  registry_batch_free(b);
+  ck_assert_int_eq(steps, 2 * BATCH_N / BATCH_BUDGET);
+  ck_assert_uint_eq(reg.nstorages, BATCH_N);
+  for (uint32_t i = 0; i < BATCH_N; i++)
+    ck_assert_uint_eq(registry_find_sid(&reg, i + 1), i);
+  /* Tensors: the last one's view is past its storage, refused in the last
+   * check step; then the same keys, fixed, register. */
+  struct req_tensor t[BATCH_N];
+  char keys[BATCH_N][8];
+  for (uint32_t i = 0; i < BATCH_N; i++) {
+    snprintf(keys[i], sizeof keys[i], "k%u", i);
+    t[i] = tensor(keys[i], i + 1, 4, 4, 0);
+  }
+  t[BATCH_N - 1].view.shape[0] = 5;
+  ck_assert_int_eq(registry_batch_tensors(t, BATCH_N, &b, err, sizeof err), 0);
+  ck_assert_int_eq(step_all(&reg, b, NULL, BATCH_N, err, sizeof err, &steps),
+                   SP_EOUTOFBOUNDS);
+  ck_assert_ptr_nonnull(strstr(err, "tensors[63]"));
+  registry_batch_free(b);
+  ck_assert_int_eq(steps, BATCH_N / BATCH_BUDGET);
+  ck_assert_uint_eq(reg.nkeys, 0);
+  t[BATCH_N - 1].view.shape[0] = 4;
+  ck_assert_int_eq(registry_add_tensors(&reg, t, BATCH_N, err, sizeof err), 0);
+  ck_assert_uint_eq(reg.nkeys, BATCH_N);
+  registry_free(&reg);
+  close(fd);
+}
+END_TEST
+
 /* Writes byte pattern (page + index) into pages [from, to) of fd. */
 static void fill_pages(int fd, size_t from, size_t to) {
   uint8_t page[4096];
@@ -1056,6 +1135,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, storage_frames_whole_or_nothing);
   tcase_add_test(tc, tensors_checked_against_storages);
   tcase_add_test(tc, storages_share_mappings);
+  tcase_add_test(tc, frames_registered_in_steps);
   tcase_add_test(tc, sparse_file_maps_storage_pages);
   tcase_add_test(tc, runs_join_at_their_edge);
   tcase_add_test(tc, every_other_page_one_frame_each);
