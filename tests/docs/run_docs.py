@@ -108,17 +108,38 @@ def sh(*args, **kw):
     subprocess.run(args, check=True, **kw)
 
 
-def make_sandbox(build):
+def cover(directory, mode, keep):
+    """An empty tmpfs over directory; the paths in keep that lie under it
+    (the clone and its build, wherever they were made) are bound back from
+    the directory's old contents, reached through a descriptor opened
+    before it was covered (not canonicalized: the descriptor's path names
+    the covered directory)."""
+    old = os.open(directory, os.O_PATH | os.O_DIRECTORY)
+    sh("mount", "-t", "tmpfs", "-o", "mode=" + mode, "tmpfs", directory)
+    bound = []
+    for path in sorted(keep):
+        inside_it = path.startswith(directory + "/")
+        if not inside_it or any(path.startswith(b + "/") for b in bound):
+            continue
+        os.makedirs(path, exist_ok=True)
+        sh("mount", "--no-canonicalize", "--bind", "/proc/self/fd/%d/%s"
+           % (old, os.path.relpath(path, directory)), path, pass_fds=(old,))
+        bound.append(path)
+    os.close(old)
+
+
+def make_sandbox(source, build):
     """Overlays and empty directories, the build installed, alice."""
-    sh("mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp")
+    keep = {os.path.realpath(source), os.path.realpath(build)}
+    cover("/tmp", "1777", keep)
     for d in ("usr", "etc", "var"):
         upper, work = "/tmp/.overlay/%s/upper" % d, "/tmp/.overlay/%s/work" % d
         os.makedirs(upper)
         os.makedirs(work)
         sh("mount", "-t", "overlay", "overlay", "-o",
            "lowerdir=/%s,upperdir=%s,workdir=%s" % (d, upper, work), "/" + d)
-    sh("mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", "/run")
-    sh("mount", "-t", "tmpfs", "-o", "mode=0700", "tmpfs", "/root")
+    cover("/run", "0755", keep)
+    cover("/root", "0700", keep)
     sh("meson", "install", "-C", build, "--no-rebuild", "--quiet",
        stdout=subprocess.DEVNULL)
     sh("ldconfig")
@@ -245,7 +266,7 @@ def fmt(text):
 
 
 def inside(source, build, name):
-    make_sandbox(build)
+    make_sandbox(source, build)
     failures = run_file(source, build, name)
     for f in failures:
         print("FAIL: " + f, file=sys.stderr, flush=True)
