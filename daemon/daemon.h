@@ -364,6 +364,11 @@ struct server {
   /* Test seam: SHARDPORTD_TEST_DIGEST_XOR flips bits of the plan digests
    * this daemon reports to a job's root, to test the mismatch path. */
   uint64_t test_digest_xor;
+  /* Test seam: SHARDPORTD_TEST_WORKER_GATE names a FIFO that holds each
+   * large frame on a worker, before its decoding and each later step,
+   * until a test opens and closes it, so tests can end a connection or job
+   * while a frame is there; NULL when unset. */
+  const char *test_worker_gate;
   /* Other daemons (nodelink.c): the peer listener (-1 when peer_listen is
    * off), the address they dial, this daemon's random id among them, and
    * the links not yet closed. */

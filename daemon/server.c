@@ -331,6 +331,20 @@ static uint64_t test_digest_xor(void) {
   return x;
 }
 
+/* The test seam of docs/operations.md: SHARDPORTD_TEST_WORKER_GATE=PATH
+ * names a FIFO that holds every large frame on a worker thread (conn.c),
+ * before its decoding and before each of its later steps, until a test has
+ * opened PATH for writing and closed it again, so that tests can end the
+ * frame's connection or job while the frame is surely there. */
+static const char *test_worker_gate(void) {
+  const char *v = getenv("SHARDPORTD_TEST_WORKER_GATE");
+  if (v == NULL || v[0] == '\0')
+    return NULL;
+  log_msg(LOG_LEVEL_WARN, "test seam: large frames wait on their worker for "
+          "the FIFO %s", v);
+  return v;
+}
+
 /* Runs the loop until every handle is closed and checks that none leaked. */
 static int finish_loop(uv_loop_t *loop) {
   uv_run(loop, UV_RUN_DEFAULT);
@@ -371,6 +385,7 @@ int server_run(const struct config_origin *origin, struct config *cfg,
   srv.reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   srv.test_round_delay_ms = test_round_delay();
   srv.test_digest_xor = test_digest_xor();
+  srv.test_worker_gate = test_worker_gate();
   srv.engine_threads = server_engine_threads(cfg);
   srv.metrics = metrics_new(backend->active, backend->reason,
                             metrics_refresh, &srv.metrics_async);
