@@ -145,7 +145,10 @@ static void on_watchdog(uv_timer_t *timer) {
 /* On the loop, when a scrape asked: what the loop holds now. */
 static void on_metrics_refresh(uv_async_t *async) {
   struct server *srv = async->data;
-  struct metrics_gauges g = {.clients = srv->nclients, .jobs = srv->njobs};
+  struct metrics_gauges g = {
+      .clients = srv->nclients,
+      .jobs = srv->njobs,
+      .loop_max_busy_ns = loopwatch_take_max_ns(srv, LOOPWATCH_METRICS)};
   for (const struct job *job = srv->jobs; job != NULL; job = job->next) {
     uint32_t joined, asked;
     job_count_ranks(job, &joined, &asked);
