@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -343,6 +344,13 @@ static const char *test_worker_gate(void) {
   const char *v = getenv("SHARDPORTD_TEST_WORKER_GATE");
   if (v == NULL || v[0] == '\0')
     return NULL;
+  /* Checked here, on the loop, so that the workers need not log. */
+  struct stat st;
+  if (stat(v, &st) != 0 || !S_ISFIFO(st.st_mode)) {
+    log_msg(LOG_LEVEL_WARN, "SHARDPORTD_TEST_WORKER_GATE=%s ignored: not a "
+            "FIFO", v);
+    return NULL;
+  }
   log_msg(LOG_LEVEL_WARN, "test seam: large frames wait on their worker for "
           "the FIFO %s", v);
   return v;
