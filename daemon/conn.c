@@ -38,6 +38,8 @@
  * connection tells the job, which fails and frees what the rank took part
  * in from its own wake-up.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -566,16 +568,42 @@ struct worker_frame {
   struct sp_frame frame;
   struct decoded d;
   bool stepping; /* served once; its op wants more steps */
+  const char *test_gate; /* the server's test_worker_gate, or NULL */
 };
+
+/* The test seam SHARDPORTD_TEST_WORKER_GATE (docs/operations.md), before
+ * the decoding and before each later step: opening the FIFO for reading
+ * waits for a test to open it for writing, and reading it waits for the
+ * test to close it.  The server checked at start that it is a FIFO; should
+ * it be gone since, the frame goes on (the test holding it then fails). */
+static void wait_test_gate(const char *path) {
+  int fd;
+  while ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0 && errno == EINTR)
+    ;
+  if (fd < 0)
+    return;
+  char byte;
+  ssize_t n;
+  do
+    n = read(fd, &byte, 1);
+  while (n > 0 || (n < 0 && errno == EINTR));
+  close(fd);
+}
 
 static void decode_on_worker(uv_work_t *work) {
   struct worker_frame *w = work->data;
+  if (w->test_gate != NULL)
+    wait_test_gate(w->test_gate);
   decode(&w->limits, &w->frame, true, &w->d);
 }
 
 /* Between two steps: the round trip through the thread pool lets the loop
  * poll, and serve the others, before the next step. */
-static void next_turn(uv_work_t *work) { (void)work; }
+static void next_turn(uv_work_t *work) {
+  struct worker_frame *w = work->data;
+  if (w->test_gate != NULL)
+    wait_test_gate(w->test_gate);
+}
 
 static void on_worker_done(uv_work_t *work, int status);
 
@@ -649,6 +677,7 @@ static bool serve_on_worker(struct conn *c, struct sp_frame *frame) {
   w->c = c;
   w->limits = c->srv->cfg->limits;
   w->frame = *frame;
+  w->test_gate = c->srv->test_worker_gate;
   w->work.data = w;
   c->open_handles++;
   to_worker(c, w, decode_on_worker);

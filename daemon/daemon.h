@@ -319,6 +319,14 @@ struct pool;
 struct metrics;
 struct metrics_http;
 
+/* Who reads the loop's longest iteration (loopwatch.c): each reader's
+ * window runs from its own previous read. */
+enum loopwatch_window {
+  LOOPWATCH_STATUS,  /* status loop_max_busy_us */
+  LOOPWATCH_METRICS, /* shardport_loop_max_busy_seconds */
+  LOOPWATCH_WINDOWS
+};
+
 struct server {
   uv_loop_t *loop;
   /* The running configuration (a reload changes what may change live)
@@ -364,6 +372,11 @@ struct server {
   /* Test seam: SHARDPORTD_TEST_DIGEST_XOR flips bits of the plan digests
    * this daemon reports to a job's root, to test the mismatch path. */
   uint64_t test_digest_xor;
+  /* Test seam: SHARDPORTD_TEST_WORKER_GATE names a FIFO that holds each
+   * large frame on a worker, before its decoding and each later step,
+   * until a test opens and closes it, so tests can end a connection or job
+   * while a frame is there; NULL when unset. */
+  const char *test_worker_gate;
   /* Other daemons (nodelink.c): the peer listener (-1 when peer_listen is
    * off), the address they dial, this daemon's random id among them, and
    * the links not yet closed. */
@@ -381,10 +394,11 @@ struct server {
   struct peerhost_entry *peer_evict_scratch;
   struct log_limit peer_accept_log, peer_evict_log;
   /* The loop's iterations (loopwatch.c): when the last one ended, the
-   * loop's idle time then, and the longest busy time since the last
-   * status. */
+   * loop's idle time then, and the longest busy time in each window: since
+   * the last status, and since the last scrape. */
   uv_check_t loop_check;
-  uint64_t loop_last_ns, loop_last_idle_ns, loop_max_busy_ns;
+  uint64_t loop_last_ns, loop_last_idle_ns;
+  uint64_t loop_max_busy_ns[LOOPWATCH_WINDOWS];
   /* What Prometheus scrapes (daemon/metrics.h): the counters, always; the
    * HTTP endpoint when metrics_listen is set, and the async handle its
    * thread asks the loop for fresh gauges with. */
@@ -436,9 +450,10 @@ void reload_run(struct server *srv);
 void loopwatch_start(struct server *srv);
 /* Closes the watch; with the server's other handles. */
 void loopwatch_stop(struct server *srv);
-/* The longest iteration's busy time, in microseconds, since the last call;
- * starts a new window. */
-uint64_t loopwatch_take_max_us(struct server *srv);
+/* The longest iteration's busy time, in nanoseconds, since the last call
+ * for the same window; starts a new one.  The windows are independent: a
+ * status does not shorten a scrape's, nor a scrape a status's. */
+uint64_t loopwatch_take_max_ns(struct server *srv, enum loopwatch_window w);
 
 /* ---- conn.c ----------------------------------------------------------- */
 

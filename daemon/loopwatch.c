@@ -7,7 +7,8 @@
  * loop_max_busy_us, docs/protocol.md).  An iteration's busy time is its
  * whole time less what it spent waiting in the poll for events, which
  * libuv counts itself (UV_METRICS_IDLE_TIME); it is taken at the end of
- * each iteration, from a check handle.
+ * each iteration, from a check handle.  Status requests and metrics
+ * scrapes each see the longest since their own previous one.
  */
 #include "daemon/daemon.h"
 
@@ -19,8 +20,9 @@ static void on_check(uv_check_t *check) {
   /* The idle count can run ahead of hrtime by a clock tick. */
   if (busy > now - srv->loop_last_ns)
     busy = 0;
-  if (busy > srv->loop_max_busy_ns)
-    srv->loop_max_busy_ns = busy;
+  for (int w = 0; w < LOOPWATCH_WINDOWS; w++)
+    if (busy > srv->loop_max_busy_ns[w])
+      srv->loop_max_busy_ns[w] = busy;
   srv->loop_last_ns = now;
   srv->loop_last_idle_ns = idle;
 }
@@ -44,8 +46,8 @@ void loopwatch_stop(struct server *srv) {
   uv_close((uv_handle_t *)&srv->loop_check, NULL);
 }
 
-uint64_t loopwatch_take_max_us(struct server *srv) {
-  uint64_t us = srv->loop_max_busy_ns / 1000;
-  srv->loop_max_busy_ns = 0;
-  return us;
+uint64_t loopwatch_take_max_ns(struct server *srv, enum loopwatch_window w) {
+  uint64_t ns = srv->loop_max_busy_ns[w];
+  srv->loop_max_busy_ns[w] = 0;
+  return ns;
 }

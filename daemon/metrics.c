@@ -331,6 +331,11 @@ static void put_all(struct text *t, const struct metrics *m,
   put(t, "shardport_jobs %" PRIu64 "\n", g->jobs);
   head(t, "shardport_ranks", "gauge", "Ranks joined to this daemon's jobs.");
   put(t, "shardport_ranks %" PRIu64 "\n", g->ranks);
+  head(t, "shardport_loop_max_busy_seconds", "gauge",
+       "The longest time the event loop was busy in one iteration since "
+       "the previous scrape: the longest any client waited.");
+  put(t, "shardport_loop_max_busy_seconds %.6f\n",
+      (double)g->loop_max_busy_ns / 1e9);
   put_pool(t, "shardport_pool_used_bytes",
            "Pool bytes in use (published tensors, kept included).",
            g->pool_used, g, g->gpu_used, 0);

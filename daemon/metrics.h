@@ -45,6 +45,8 @@ struct metrics_gauges {
   uint32_t ngpus;
   uint64_t gpu_used[METRICS_MAX_GPUS];
   uint64_t gpu_capacity; /* each GPU's share of the pool, 0: unbounded */
+  /* The loop's longest iteration since the previous scrape (loopwatch.c). */
+  uint64_t loop_max_busy_ns;
 };
 
 /* One finished export on this daemon (code 0: published). */

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -145,7 +146,10 @@ static void on_watchdog(uv_timer_t *timer) {
 /* On the loop, when a scrape asked: what the loop holds now. */
 static void on_metrics_refresh(uv_async_t *async) {
   struct server *srv = async->data;
-  struct metrics_gauges g = {.clients = srv->nclients, .jobs = srv->njobs};
+  struct metrics_gauges g = {
+      .clients = srv->nclients,
+      .jobs = srv->njobs,
+      .loop_max_busy_ns = loopwatch_take_max_ns(srv, LOOPWATCH_METRICS)};
   for (const struct job *job = srv->jobs; job != NULL; job = job->next) {
     uint32_t joined, asked;
     job_count_ranks(job, &joined, &asked);
@@ -331,6 +335,27 @@ static uint64_t test_digest_xor(void) {
   return x;
 }
 
+/* The test seam of docs/operations.md: SHARDPORTD_TEST_WORKER_GATE=PATH
+ * names a FIFO that holds every large frame on a worker thread (conn.c),
+ * before its decoding and before each of its later steps, until a test has
+ * opened PATH for writing and closed it again, so that tests can end the
+ * frame's connection or job while the frame is surely there. */
+static const char *test_worker_gate(void) {
+  const char *v = getenv("SHARDPORTD_TEST_WORKER_GATE");
+  if (v == NULL || v[0] == '\0')
+    return NULL;
+  /* Checked here, on the loop, so that the workers need not log. */
+  struct stat st;
+  if (stat(v, &st) != 0 || !S_ISFIFO(st.st_mode)) {
+    log_msg(LOG_LEVEL_WARN, "SHARDPORTD_TEST_WORKER_GATE=%s ignored: not a "
+            "FIFO", v);
+    return NULL;
+  }
+  log_msg(LOG_LEVEL_WARN, "test seam: large frames wait on their worker for "
+          "the FIFO %s", v);
+  return v;
+}
+
 /* Runs the loop until every handle is closed and checks that none leaked. */
 static int finish_loop(uv_loop_t *loop) {
   uv_run(loop, UV_RUN_DEFAULT);
@@ -371,6 +396,7 @@ int server_run(const struct config_origin *origin, struct config *cfg,
   srv.reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   srv.test_round_delay_ms = test_round_delay();
   srv.test_digest_xor = test_digest_xor();
+  srv.test_worker_gate = test_worker_gate();
   srv.engine_threads = server_engine_threads(cfg);
   srv.metrics = metrics_new(backend->active, backend->reason,
                             metrics_refresh, &srv.metrics_async);

@@ -34,7 +34,8 @@ void status_pack(struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
   sp_pack_kv_bool(pk, "draining", srv->draining);
   /* The longest the loop was busy in one iteration since the previous
    * status: how long any client may have waited for an answer. */
-  sp_pack_kv_u64(pk, "loop_max_busy_us", loopwatch_take_max_us(srv));
+  sp_pack_kv_u64(pk, "loop_max_busy_us",
+                 loopwatch_take_max_ns(srv, LOOPWATCH_STATUS) / 1000);
   sp_pack_str(pk, "jobs");
   job_status_pack(srv, pk);
   /* What each user holds against its quotas (docs/operations.md). */

@@ -14,14 +14,19 @@
  * the daemon stops, or the rank's job is aborted, while the frame is
  * there.  The frame is then dropped when the worker is done, and nothing
  * is used after it was freed (the sanitizer and valgrind builds run these
- * tests too).
+ * tests too).  The test seam SHARDPORTD_TEST_WORKER_GATE holds the frame on
+ * a worker, before its decoding or between two of its steps, until the
+ * connection has ended, however fast the machine.
  */
 #include <check.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -39,6 +44,8 @@
 
 static struct sp_test_daemon daemon_;
 static uint64_t next_id = 1;
+/* The FIFO of SHARDPORTD_TEST_WORKER_GATE, in its own directory. */
+static char gate_dir[256], gate[300];
 
 static void start(void) {
   char dir[256], path[300];
@@ -48,6 +55,56 @@ static void start(void) {
   const char *args[] = {"--config", path, NULL};
   ck_assert_int_eq(sp_test_daemon_start(&daemon_, args), 0);
   sp_test_rmdir(dir);
+}
+
+/* A daemon whose large frames wait on a worker, before their decoding and
+ * before each later step, until hold_gate's descriptor is closed. */
+static void start_gated(void) {
+  ck_assert_int_eq(sp_test_mkdtemp(gate_dir, sizeof gate_dir), 0);
+  snprintf(gate, sizeof gate, "%s/gate", gate_dir);
+  ck_assert_int_eq(mkfifo(gate, 0600), 0);
+  setenv("SHARDPORTD_TEST_WORKER_GATE", gate, 1);
+  start();
+  unsetenv("SHARDPORTD_TEST_WORKER_GATE");
+}
+
+/* Without a reader (a worker at the gate) the open fails with ENXIO. */
+static int open_gate(void) {
+  int fd = open(gate, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0)
+    ck_assert_int_eq(errno, ENXIO);
+  return fd;
+}
+
+/* Returns once a large frame waits at the gate: before its decoding, the
+ * daemon has read all of it; before a later step, it served the previous
+ * one.  Closing the descriptor (release_gate) lets the worker go on. */
+static int hold_gate(void) {
+  uint64_t deadline = sp_now_ns() + (uint64_t)SP_TEST_TIMEOUT_MS * 1000000;
+  int fd;
+  while ((fd = open_gate()) < 0) {
+    ck_assert_msg(sp_now_ns() < deadline, "no frame came to the gate");
+    usleep(1000);
+  }
+  return fd;
+}
+
+/* Lets the held worker go on, and returns once it has left the gate: the
+ * next hold_gate then holds the frame's next step, not this one again. */
+static void release_gate(int held) {
+  close(held);
+  uint64_t deadline = sp_now_ns() + (uint64_t)SP_TEST_TIMEOUT_MS * 1000000;
+  int fd;
+  while ((fd = open_gate()) >= 0) {
+    close(fd);
+    ck_assert_msg(sp_now_ns() < deadline, "the worker stayed at the gate");
+    usleep(1000);
+  }
+}
+
+static void remove_gate(void) {
+  ck_assert_int_eq(unlink(gate), 0);
+  sp_test_rmdir(gate_dir);
 }
 
 static void stop(void) {
@@ -159,8 +216,9 @@ static void send_large_storage_add(int sock, uint64_t id) {
 }
 
 /* The rank's next reply is its connection's end (an error of id 0 with
- * code), not the frame's answer; then the daemon closes it. */
-static void expect_ended(int sock, int code) {
+ * code), not the frame's answer.  Then the frame held at the gate goes on,
+ * and the daemon closes the socket once the worker is done with it. */
+static void expect_ended(int sock, int code, int held) {
   struct sp_test_reply r;
   ck_assert_int_eq(sp_test_recv(sock, &r, 120000), 0);
   ck_assert_msg(r.head.id == 0 && r.code == code,
@@ -168,6 +226,7 @@ static void expect_ended(int sock, int code) {
                 "%s id %llu code %s",
                 r.head.op, (unsigned long long)r.head.id, sp_err_name(r.code));
   sp_test_reply_free(&r);
+  release_gate(held);
   ck_assert_int_eq(sp_test_wait_closed(sock, SP_TEST_TIMEOUT_MS), 0);
 }
 
@@ -175,29 +234,31 @@ static void expect_ended(int sock, int code) {
  * once, the frame is dropped when the worker is done, and the daemon exits
  * cleanly (stop checks its status). */
 START_TEST(closed_while_served) {
-  start();
+  start_gated();
   sp_client *creator = NULL;
   ck_assert_int_eq(sp_connect(daemon_.socket, &creator), 0);
   int sock = raw_rank(creator);
   send_large_storage_add(sock, next_id++);
-  usleep(10000);
+  int held = hold_gate();
   ck_assert_int_eq(kill(daemon_.pid, SIGTERM), 0);
-  expect_ended(sock, SP_EDAEMONRESTARTED);
+  expect_ended(sock, SP_EDAEMONRESTARTED, held);
   /* It exits once the worker is done, with no error (a sanitizer's or
    * valgrind's would change its status). */
   ck_assert_int_eq(sp_test_wait(daemon_.pid, 120000), 0);
   daemon_.pid = 0;
   sp_test_rmdir(daemon_.dir);
+  remove_gate();
   close(sock);
   sp_close(creator);
 }
 END_TEST
 
-/* The rank's job is aborted while the frame is on a worker: the rank's
- * connection ends with aborted, the frame is dropped with the job's
- * registry gone, and the daemon serves on. */
+/* The rank's job is aborted between two steps of the frame, its first
+ * 4096 storages added to the registry: the rank's connection ends with
+ * aborted, the frame is dropped with the job's registry gone, and the
+ * daemon serves on. */
 START_TEST(job_aborted_while_served) {
-  start();
+  start_gated();
   sp_client *creator = NULL;
   ck_assert_int_eq(sp_connect(daemon_.socket, &creator), 0);
   int sock = raw_rank(creator);
@@ -208,9 +269,10 @@ START_TEST(job_aborted_while_served) {
   snprintf(job, sizeof job, "%s", st->jobs[0].job_id);
   sp_status_free(st);
   send_large_storage_add(sock, next_id++);
-  usleep(10000);
+  release_gate(hold_gate()); /* decoded, and the first step served */
+  int held = hold_gate();
   ck_assert_int_eq(sp_job_abort(creator, job, NULL, 0), 0);
-  expect_ended(sock, SP_EABORTED);
+  expect_ended(sock, SP_EABORTED, held);
   close(sock);
   /* The daemon goes on: a new job registers as before. */
   sock = raw_rank(creator);
@@ -224,6 +286,7 @@ START_TEST(job_aborted_while_served) {
   close(sock);
   sp_close(creator);
   stop();
+  remove_gate();
 }
 END_TEST
 

@@ -222,6 +222,27 @@ class OneDaemon(unittest.TestCase):
             self.assertEqual(value(s, "shardport_jobs"), 0)
 
 
+    def test_loop_max_busy_has_its_own_window(self):
+        """The longest loop iteration since the previous scrape: a status
+        request between two scrapes does not start the scrape's window
+        again, nor a scrape the status's.  Every iteration the second
+        scrape counts (from the first scrape on, the demo's included) is
+        one the second status counts too (from the first status on)."""
+        with harness.daemon("--metrics-listen", "127.0.0.1:0") as d:
+            addr = endpoint(d)
+            with shardport.Client(d.socket) as c:
+                c.status()
+                scrape(addr)
+                demo([d.socket])
+                busy_s = value(scrape(addr), "shardport_loop_max_busy_seconds")
+                busy_us = c.status().loop_max_busy_us
+            self.assertGreater(busy_s, 0)
+            # The gauge is rounded to the microsecond, status truncates.
+            self.assertLessEqual(round(busy_s * 1e6), busy_us + 1,
+                                 "the status after the scrape saw a "
+                                 "shorter longest iteration than the "
+                                 "scrape: the scrape ended its window")
+
     def test_failed_export_is_counted_by_its_code(self):
         """Rank 0 asks for an export with a 300 ms timeout that rank 1 never
         joins in: the export fails with timeout, and rank 0's ask is

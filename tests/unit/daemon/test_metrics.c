@@ -119,11 +119,18 @@ START_TEST(an_unanswered_scrape_shows_the_last_gauges) {
   struct metrics *m = metrics_new("host", "", count_refresh, NULL);
   ck_assert_ptr_nonnull(m);
   refreshes = 0;
-  metrics_set_gauges(m, &(struct metrics_gauges){.clients = 3, .ranks = 2});
+  metrics_set_gauges(m, &(struct metrics_gauges){
+                            .clients = 3, .ranks = 2,
+                            .loop_max_busy_ns = 2500001});
   char *text = render(m);
   ck_assert_int_eq(refreshes, 1);
   ck_assert_ptr_nonnull(strstr(text, "shardport_clients 3\n"));
   ck_assert_ptr_nonnull(strstr(text, "shardport_ranks 2\n"));
+  /* Seconds, to the microsecond the status figure has too. */
+  ck_assert_ptr_nonnull(strstr(text, "# TYPE shardport_loop_max_busy_seconds "
+                                     "gauge\n"));
+  ck_assert_ptr_nonnull(strstr(text, "shardport_loop_max_busy_seconds "
+                                     "0.002500\n"));
   free(text);
   metrics_refused(m, SP_ETIMEOUT);
   metrics_refused(m, SP_ETIMEOUT);
