@@ -41,7 +41,7 @@ struct metrics_peer {
 /* What the loop holds at the moment a scrape asked. */
 struct metrics_gauges {
   uint64_t clients, jobs, ranks;
-  uint64_t pool_used, pool_kept, pool_capacity;
+  uint64_t pool_used, pool_kept, pool_capacity; /* the host's */
   uint32_t ngpus;
   uint64_t gpu_used[METRICS_MAX_GPUS];
   uint64_t gpu_capacity; /* each GPU's share of the pool, 0: unbounded */
