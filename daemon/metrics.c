@@ -14,6 +14,7 @@
 
 #include "config.h"
 #include "daemon/metrics.h"
+#include "proto/text.h"
 #include "shardport.h"
 
 /* Every code of the error table, in its order: the label values of the
@@ -208,17 +209,30 @@ static void put(struct text *t, const char *fmt, ...) {
   }
 }
 
-/* A label value as the format escapes it: backslash, quote, newline. */
+/* A label value as the format escapes it: backslash, quote, newline.  A
+ * byte that is not UTF-8 (a path in another encoding, a message cut
+ * mid-character) is shown as \xNN: Prometheus refuses a whole scrape over
+ * one label value that is not UTF-8. */
 static void put_label(struct text *t, const char *v) {
-  for (; *v != '\0'; v++) {
-    if (*v == '\\')
+  const unsigned char *s = (const unsigned char *)v;
+  size_t n = strlen(v);
+  while (n > 0) {
+    uint32_t cp;
+    size_t k = sp_utf8_len(s, n, &cp);
+    if (k == 0) {
+      put(t, "\\\\x%02x", *s);
+      k = 1;
+    } else if (*s == '\\') {
       put(t, "\\\\");
-    else if (*v == '"')
+    } else if (*s == '"') {
       put(t, "\\\"");
-    else if (*v == '\n')
+    } else if (*s == '\n') {
       put(t, "\\n");
-    else
-      put(t, "%c", *v);
+    } else {
+      put(t, "%.*s", (int)k, (const char *)s);
+    }
+    s += k;
+    n -= k;
   }
 }
 

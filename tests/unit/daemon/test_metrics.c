@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "daemon/metrics.h"
+#include "proto/text.h"
 #include "shardport.h"
 
 static int refreshes;
@@ -87,6 +88,32 @@ START_TEST(label_values_are_escaped) {
 }
 END_TEST
 
+/* A reason cut mid-character or naming a path in another encoding: the
+ * exposition stays UTF-8 (Prometheus refuses a whole scrape with one label
+ * value that is not), the bytes shown as \xNN. */
+START_TEST(label_values_stay_utf8) {
+  struct metrics *m = metrics_new(
+      "host", "libcudart at /opt/\xe9t\xe9 \xc3\xa9 cut \xe2\x82",
+      count_refresh, NULL);
+  ck_assert_ptr_nonnull(m);
+  char *text = render(m);
+  ck_assert_ptr_nonnull(
+      strstr(text, "reason=\"libcudart at /opt/\\\\xe9t\\\\xe9 \xc3\xa9 cut "
+                   "\\\\xe2\\\\x82\"} 1\n"));
+  const unsigned char *s = (const unsigned char *)text;
+  size_t n = strlen(text);
+  while (n > 0) {
+    uint32_t cp;
+    size_t k = sp_utf8_len(s, n, &cp);
+    ck_assert_msg(k > 0, "not UTF-8 at %.20s", (const char *)s);
+    s += k;
+    n -= k;
+  }
+  free(text);
+  metrics_free(m);
+}
+END_TEST
+
 START_TEST(buckets_include_their_bound) {
   struct metrics *m = metrics_new("host", "", count_refresh, NULL);
   ck_assert_ptr_nonnull(m);
@@ -140,6 +167,7 @@ int main(void) {
   TCase *tc = tcase_create("exposition");
   tcase_add_test(tc, peers_past_the_cap_are_summed_as_other);
   tcase_add_test(tc, label_values_are_escaped);
+  tcase_add_test(tc, label_values_stay_utf8);
   tcase_add_test(tc, buckets_include_their_bound);
   tcase_add_test(tc, an_unanswered_scrape_shows_the_last_gauges);
   suite_add_tcase(s, tc);
