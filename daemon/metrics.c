@@ -52,7 +52,8 @@ struct counters {
 
 struct metrics {
   pthread_mutex_t lock;
-  pthread_cond_t fresh; /* gauges_gen moved */
+  pthread_cond_t fresh; /* gauges_gen moved, or stop_waiting set */
+  bool stop_waiting;    /* guarded by lock */
   struct counters c;
   char backend[32];
   char reason[512];
@@ -144,6 +145,13 @@ void metrics_planning_done(struct metrics *m, double seconds) {
 void metrics_refused(struct metrics *m, int code) {
   pthread_mutex_lock(&m->lock);
   m->c.refused[code_slot(code)]++;
+  pthread_mutex_unlock(&m->lock);
+}
+
+void metrics_stop_waiting(struct metrics *m) {
+  pthread_mutex_lock(&m->lock);
+  m->stop_waiting = true;
+  pthread_cond_broadcast(&m->fresh);
   pthread_mutex_unlock(&m->lock);
 }
 
@@ -376,7 +384,7 @@ int metrics_render(struct metrics *m, uint32_t wait_ms, char **out,
     until.tv_nsec -= 1000000000L;
   }
   pthread_mutex_lock(&m->lock);
-  while (m->c.gauges_gen == gen &&
+  while (m->c.gauges_gen == gen && !m->stop_waiting &&
          pthread_cond_timedwait(&m->fresh, &m->lock, &until) != ETIMEDOUT)
     ;
   *c = m->c;

@@ -78,6 +78,11 @@ struct metrics_peer *metrics_peer(struct metrics *m, const char *addr);
 int metrics_render(struct metrics *m, uint32_t wait_ms, char **out,
                    size_t *len);
 
+/* Ends every wait of metrics_render, now and later, at once (the last
+ * gauges are shown): the endpoint stops, and the loop that would answer
+ * is the one joining its thread.  From any thread. */
+void metrics_stop_waiting(struct metrics *m);
+
 /* ---- metrics_http.c ---------------------------------------------------- */
 
 struct metrics_http;

@@ -29,6 +29,7 @@
 
 struct metrics_http {
   struct MHD_Daemon *daemon;
+  struct metrics *metrics;
   /* What libmicrohttpd said while starting: why it could not (the address
    * in use, not this host's). */
   char why[256];
@@ -155,6 +156,7 @@ int metrics_http_start(struct metrics *m, const struct sockaddr *addr,
   log_msg(LOG_LEVEL_INFO,
           "metrics: serving http://%s/metrics (at most %u connections)",
           where, (unsigned)max_connections);
+  h->metrics = m;
   *out = h;
   return 0;
 }
@@ -162,6 +164,9 @@ int metrics_http_start(struct metrics *m, const struct sockaddr *addr,
 void metrics_http_stop(struct metrics_http *h) {
   if (h == NULL)
     return;
+  /* The loop calls this and answers no scrape until it returns: a scrape
+   * waiting for it ends now rather than after its wait. */
+  metrics_stop_waiting(h->metrics);
   MHD_stop_daemon(h->daemon);
   free(h);
 }
