@@ -14,6 +14,7 @@
 
 #include "config.h"
 #include "daemon/metrics.h"
+#include "proto/text.h"
 #include "shardport.h"
 
 /* Every code of the error table, in its order: the label values of the
@@ -51,7 +52,8 @@ struct counters {
 
 struct metrics {
   pthread_mutex_t lock;
-  pthread_cond_t fresh; /* gauges_gen moved */
+  pthread_cond_t fresh; /* gauges_gen moved, or stop_waiting set */
+  bool stop_waiting;    /* guarded by lock */
   struct counters c;
   char backend[32];
   char reason[512];
@@ -146,6 +148,13 @@ void metrics_refused(struct metrics *m, int code) {
   pthread_mutex_unlock(&m->lock);
 }
 
+void metrics_stop_waiting(struct metrics *m) {
+  pthread_mutex_lock(&m->lock);
+  m->stop_waiting = true;
+  pthread_cond_broadcast(&m->fresh);
+  pthread_mutex_unlock(&m->lock);
+}
+
 void metrics_set_gauges(struct metrics *m, const struct metrics_gauges *g) {
   pthread_mutex_lock(&m->lock);
   m->c.gauges = *g;
@@ -208,17 +217,30 @@ static void put(struct text *t, const char *fmt, ...) {
   }
 }
 
-/* A label value as the format escapes it: backslash, quote, newline. */
+/* A label value as the format escapes it: backslash, quote, newline.  A
+ * byte that is not UTF-8 (a path in another encoding, a message cut
+ * mid-character) is shown as \xNN: Prometheus refuses a whole scrape over
+ * one label value that is not UTF-8. */
 static void put_label(struct text *t, const char *v) {
-  for (; *v != '\0'; v++) {
-    if (*v == '\\')
+  const unsigned char *s = (const unsigned char *)v;
+  size_t n = strlen(v);
+  while (n > 0) {
+    uint32_t cp;
+    size_t k = sp_utf8_len(s, n, &cp);
+    if (k == 0) {
+      put(t, "\\\\x%02x", *s);
+      k = 1;
+    } else if (*s == '\\') {
       put(t, "\\\\");
-    else if (*v == '"')
+    } else if (*s == '"') {
       put(t, "\\\"");
-    else if (*v == '\n')
+    } else if (*s == '\n') {
       put(t, "\\n");
-    else
-      put(t, "%c", *v);
+    } else {
+      put(t, "%.*s", (int)k, (const char *)s);
+    }
+    s += k;
+    n -= k;
   }
 }
 
@@ -367,7 +389,7 @@ int metrics_render(struct metrics *m, uint32_t wait_ms, char **out,
     until.tv_nsec -= 1000000000L;
   }
   pthread_mutex_lock(&m->lock);
-  while (m->c.gauges_gen == gen &&
+  while (m->c.gauges_gen == gen && !m->stop_waiting &&
          pthread_cond_timedwait(&m->fresh, &m->lock, &until) != ETIMEDOUT)
     ;
   *c = m->c;

@@ -41,7 +41,7 @@ struct metrics_peer {
 /* What the loop holds at the moment a scrape asked. */
 struct metrics_gauges {
   uint64_t clients, jobs, ranks;
-  uint64_t pool_used, pool_kept, pool_capacity;
+  uint64_t pool_used, pool_kept, pool_capacity; /* the host's */
   uint32_t ngpus;
   uint64_t gpu_used[METRICS_MAX_GPUS];
   uint64_t gpu_capacity; /* each GPU's share of the pool, 0: unbounded */
@@ -79,6 +79,11 @@ struct metrics_peer *metrics_peer(struct metrics *m, const char *addr);
  * into a malloc'ed *out.  0, or SP_ENOMEM. */
 int metrics_render(struct metrics *m, uint32_t wait_ms, char **out,
                    size_t *len);
+
+/* Ends every wait of metrics_render, now and later, at once (the last
+ * gauges are shown): the endpoint stops, and the loop that would answer
+ * is the one joining its thread.  From any thread. */
+void metrics_stop_waiting(struct metrics *m);
 
 /* ---- metrics_http.c ---------------------------------------------------- */
 

@@ -5,14 +5,17 @@
  * libmicrohttpd parses the requests and answers the malformed ones (400,
  * 413, 431) itself; this file answers the well-formed ones: GET or HEAD of
  * /metrics with the exposition (metrics.c), another path 404, another
- * method 405.  At most metrics_connections are open at once (more are
- * closed as they are accepted) and a connection idle for
+ * method 405.  At most metrics_connections are open at once (more wait in
+ * the listen backlog, unaccepted, until one closes) and a connection idle for
  * METRICS_HTTP_IDLE_S is closed, so scrapers cannot hold the thread.
  */
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,7 +29,26 @@
 
 struct metrics_http {
   struct MHD_Daemon *daemon;
+  struct metrics *metrics;
+  /* What libmicrohttpd said while starting: why it could not (the address
+   * in use, not this host's). */
+  char why[256];
+  _Atomic bool started;
 };
+
+/* libmicrohttpd's messages.  Once it serves, they are about clients (a
+ * connection reset, the limit reached) and are not logged, so that no
+ * client can flood the log. */
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
+  struct metrics_http *h = cls;
+  if (atomic_load_explicit(&h->started, memory_order_relaxed))
+    return;
+  vsnprintf(h->why, sizeof h->why, fmt, ap);
+  h->why[strcspn(h->why, "\n")] = '\0';
+}
 
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status,
                              const char *text, const char *allow) {
@@ -87,7 +109,8 @@ int metrics_http_start(struct metrics *m, const struct sockaddr *addr,
     log_msg(LOG_LEVEL_ERROR, "metrics: out of memory");
     return -1;
   }
-  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO;
+  unsigned flags =
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
   if (addr->sa_family == AF_INET6)
     flags |= MHD_USE_IPv6;
   /* The thread inherits this mask: the loop's signals (SIGTERM, SIGHUP)
@@ -95,17 +118,24 @@ int metrics_http_start(struct metrics *m, const struct sockaddr *addr,
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, &old);
+  /* The port is addr's: libmicrohttpd binds addr and names this port in
+   * its messages. */
+  uint16_t port = ntohs(addr->sa_family == AF_INET6
+                            ? ((const struct sockaddr_in6 *)addr)->sin6_port
+                            : ((const struct sockaddr_in *)addr)->sin_port);
   h->daemon = MHD_start_daemon(
-      flags, 0, NULL, NULL, on_request, m, MHD_OPTION_SOCK_ADDR, addr,
+      flags, port, NULL, NULL, on_request, m, MHD_OPTION_SOCK_ADDR, addr,
       MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_connections,
       MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)METRICS_HTTP_IDLE_S,
       MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)METRICS_HTTP_CONN_MEMORY,
-      MHD_OPTION_END);
+      MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_END);
+  atomic_store_explicit(&h->started, true, memory_order_relaxed);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (h->daemon == NULL) {
     char where[NODE_ADDR_MAX];
     nodelink_addr_format(addr, where, sizeof where);
-    log_msg(LOG_LEVEL_ERROR, "metrics: cannot serve HTTP on %s", where);
+    log_msg(LOG_LEVEL_ERROR, "metrics: cannot serve HTTP on %s: %s", where,
+            h->why[0] != '\0' ? h->why : "libmicrohttpd did not say why");
     free(h);
     return -1;
   }
@@ -126,6 +156,7 @@ int metrics_http_start(struct metrics *m, const struct sockaddr *addr,
   log_msg(LOG_LEVEL_INFO,
           "metrics: serving http://%s/metrics (at most %u connections)",
           where, (unsigned)max_connections);
+  h->metrics = m;
   *out = h;
   return 0;
 }
@@ -133,6 +164,9 @@ int metrics_http_start(struct metrics *m, const struct sockaddr *addr,
 void metrics_http_stop(struct metrics_http *h) {
   if (h == NULL)
     return;
+  /* The loop calls this and answers no scrape until it returns: a scrape
+   * waiting for it ends now rather than after its wait. */
+  metrics_stop_waiting(h->metrics);
   MHD_stop_daemon(h->daemon);
   free(h);
 }

@@ -374,4 +374,6 @@ uint64_t pool_used(const struct pool *pool) {
   return pool->used + pool->device_used;
 }
 
+uint64_t pool_host_used(const struct pool *pool) { return pool->used; }
+
 uint64_t pool_capacity(const struct pool *pool) { return pool->capacity; }

@@ -104,7 +104,10 @@ size_t pool_kept_count(const struct pool *pool);
 uint64_t pool_device_used(const struct pool *pool, int device);
 uint64_t pool_gpu_capacity(const struct pool *pool);
 
+/* Bytes in use on the host and every GPU together; on the host alone (the
+ * bytes pool_capacity bounds). */
 uint64_t pool_used(const struct pool *pool);
+uint64_t pool_host_used(const struct pool *pool);
 uint64_t pool_capacity(const struct pool *pool);
 
 #endif /* SP_DAEMON_POOL_H */

@@ -158,7 +158,9 @@ static void on_metrics_refresh(uv_async_t *async) {
   /* Segments whose ranks closed them are freed before they are counted,
    * as status counts them. */
   pool_collect(srv->pool);
-  g.pool_used = pool_used(srv->pool);
+  /* The host series is the host's own bytes: the GPUs' are theirs, and
+   * pool_capacity bounds the host's alone. */
+  g.pool_used = pool_host_used(srv->pool);
   g.pool_kept = pool_held(srv->pool);
   g.pool_capacity = pool_capacity(srv->pool);
   if (srv->backend->gpu != NULL) {

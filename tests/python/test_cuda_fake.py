@@ -10,10 +10,12 @@ owned tensors over device memory) needs a GPU and a CUDA build of PyTorch;
 tests/gpu/run.sh is where that can run.
 
 usage: test_cuda_fake.py               the test (meson runs it)
-       test_cuda_fake.py rank R SOCKET TICKET_HEX   one rank (internal)
+       test_cuda_fake.py rank R SOCKET TICKET_HEX [METRICS_URL]
+                                      one rank (internal)
 """
 
 import ctypes
+import json
 import os
 import re
 import shutil
@@ -36,9 +38,19 @@ def original():
     return bytes((i * 7 + 3) % 251 for i in range(ROWS * COLS * 4))
 
 
-def rank_main(rank, socket, ticket):
+def pool_used(metrics_url):
+    """shardport_pool_used_bytes of one scrape: {device: bytes}."""
+    text = urllib.request.urlopen(metrics_url).read().decode()
+    return {dev: int(v) for dev, v in re.findall(
+        r'^shardport_pool_used_bytes\{device="([^"]+)"\} ([0-9]+)$',
+        text, re.M)}
+
+
+def rank_main(rank, socket, ticket, metrics_url=None):
     """One rank: its shard in fake device memory, registered, exported,
-    what it owns read back; prints "owned N ok" or raises."""
+    what it owns read back; prints "owned N ok" or raises.  With
+    metrics_url, also the pool's used bytes while it holds what it owns
+    ("used {device: bytes}")."""
     rt = ctypes.CDLL(os.environ["SHARDPORT_CUDART_LIB"])
     vp = ctypes.c_void_p
     rt.cudaMalloc.argtypes = [ctypes.POINTER(vp), ctypes.c_size_t]
@@ -88,19 +100,23 @@ def rank_main(rank, socket, ticket):
                 copy(ctypes.cast(back, vp), t.data, len(back), kind_d2h)
                 assert bytes(back) == original(), "the tensor differs"
             print("owned %d ok" % len(owned.tensors), flush=True)
+            if metrics_url is not None:
+                print("used %s" % json.dumps(pool_used(metrics_url)),
+                      flush=True)
         finally:
             client.release(owned)
         client.leave()
 
 
-def export_two_ranks(test, d):
-    """Both ranks export the tensor through daemon d and check it."""
+def export_two_ranks(test, d, metrics_url=None):
+    """Both ranks export the tensor through daemon d and check it; their
+    outputs."""
     with shardport.Client(d.socket) as client:
         test.assertEqual(client.status().backend_active, "cuda")
         ticket = client.create_job(2)
     procs = [subprocess.Popen(
         [sys.executable, __file__, "rank", str(r), d.socket,
-         ticket.hex()], stdout=subprocess.PIPE,
+         ticket.hex(), *([metrics_url] if metrics_url else [])], stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True) for r in range(2)]
     outs = [p.communicate(timeout=60)[0] for p in procs]
     for r, (p, out) in enumerate(zip(procs, outs)):
@@ -108,6 +124,7 @@ def export_two_ranks(test, d):
     # One rank owns the tensor; both checked what they own.
     owned = sorted(int(o.split()[1]) for o in outs)
     test.assertEqual(owned, [0, 1], outs)
+    return outs
 
 
 class CudaFakeTest(unittest.TestCase):
@@ -125,9 +142,9 @@ class CudaFakeTest(unittest.TestCase):
             f.write("gpu_pool_capacity = 1G\nmetrics_listen = 127.0.0.1:0\n")
         try:
             with harness.daemon("--backend", "cuda", "--config", cfg) as d:
-                export_two_ranks(self, d)
                 m = re.search(r"metrics: serving (http://\S+/metrics)",
                               d.log_text())
+                outs = export_two_ranks(self, d, m.group(1))
                 deadline = time.monotonic() + 10
                 while True:
                     text = urllib.request.urlopen(m.group(1)).read().decode()
@@ -146,10 +163,17 @@ class CudaFakeTest(unittest.TestCase):
             self.assertRegex(text, r'shardport_pool_used_bytes\{device='
                                    r'"cuda:%d"\} [0-9]+\n' % g)
         self.assertNotIn('device="cuda:%d"' % gpus, text)
+        # While a rank holds what it owns, its bytes are in its GPU's
+        # series and not the host's: every tensor lay in device memory.
+        for out in outs:
+            used = json.loads(re.search(r"^used (.*)$", out, re.M).group(1))
+            self.assertEqual(used["host"], 0, out)
+            self.assertGreater(sum(used.values()), 0, out)
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "rank":
-        rank_main(int(sys.argv[2]), sys.argv[3], bytes.fromhex(sys.argv[4]))
+        rank_main(int(sys.argv[2]), sys.argv[3], bytes.fromhex(sys.argv[4]),
+                  *sys.argv[5:6])
     else:
         unittest.main()

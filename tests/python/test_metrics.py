@@ -303,6 +303,26 @@ class OneDaemon(unittest.TestCase):
                 c.ping()
             scrape(addr)
 
+    def test_address_in_use_is_said(self):
+        """An address another socket holds: the daemon does not start
+        (exit status 3) and says which address and why."""
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            where = "127.0.0.1:%d" % taken.getsockname()[1]
+            workdir = tempfile.mkdtemp(prefix="sp-metrics-")
+            try:
+                p = subprocess.run(
+                    [os.environ["SHARDPORTD"], "--config", "/dev/null",
+                     "--socket", os.path.join(workdir, "s.sock"),
+                     "--metrics-listen", where],
+                    capture_output=True, text=True, timeout=30)
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertRegex(p.stderr, "metrics: cannot serve HTTP on %s: .*"
+                                   "Address already in use" % where)
+
     def test_connections_are_bounded(self):
         """metrics_connections = 2: with one connection open a scrape is
         served; with two, a third waits, unserved, until one goes."""

@@ -6,11 +6,16 @@
  * never answers served with the last gauges once its wait ends.
  */
 #include <check.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "daemon/metrics.h"
+#include "proto/text.h"
 #include "shardport.h"
 
 static int refreshes;
@@ -18,6 +23,21 @@ static int refreshes;
 static void count_refresh(void *arg) {
   (void)arg;
   refreshes++;
+}
+
+static atomic_bool asked;
+
+static void note_ask(void *arg) {
+  (void)arg;
+  atomic_store(&asked, true);
+}
+
+static void *render_waiting_an_hour(void *arg) {
+  char *text;
+  size_t len;
+  if (metrics_render(arg, 3600u * 1000u, &text, &len) != 0)
+    return NULL;
+  return text;
 }
 
 static char *render(struct metrics *m) {
@@ -87,6 +107,59 @@ START_TEST(label_values_are_escaped) {
 }
 END_TEST
 
+/* A reason cut mid-character or naming a path in another encoding: the
+ * exposition stays UTF-8 (Prometheus refuses a whole scrape with one label
+ * value that is not), the bytes shown as \xNN. */
+START_TEST(label_values_stay_utf8) {
+  struct metrics *m = metrics_new(
+      "host", "libcudart at /opt/\xe9t\xe9 \xc3\xa9 cut \xe2\x82",
+      count_refresh, NULL);
+  ck_assert_ptr_nonnull(m);
+  char *text = render(m);
+  ck_assert_ptr_nonnull(
+      strstr(text, "reason=\"libcudart at /opt/\\\\xe9t\\\\xe9 \xc3\xa9 cut "
+                   "\\\\xe2\\\\x82\"} 1\n"));
+  const unsigned char *s = (const unsigned char *)text;
+  size_t n = strlen(text);
+  while (n > 0) {
+    uint32_t cp;
+    size_t k = sp_utf8_len(s, n, &cp);
+    ck_assert_msg(k > 0, "not UTF-8 at %.20s", (const char *)s);
+    s += k;
+    n -= k;
+  }
+  free(text);
+  metrics_free(m);
+}
+END_TEST
+
+/* The daemon stopping joins the HTTP thread while the loop answers no
+ * more: a scrape waiting for the loop's gauges ends at once with the last
+ * ones, rather than holding the stop for its whole wait. */
+START_TEST(a_waiting_scrape_ends_when_the_endpoint_stops) {
+  struct metrics *m = metrics_new("host", "", note_ask, NULL);
+  ck_assert_ptr_nonnull(m);
+  atomic_store(&asked, false);
+  metrics_set_gauges(m, &(struct metrics_gauges){.clients = 5});
+  pthread_t scrape;
+  ck_assert_int_eq(pthread_create(&scrape, NULL, render_waiting_an_hour, m),
+                   0);
+  while (!atomic_load(&asked))
+    sched_yield();
+  metrics_stop_waiting(m);
+  /* Bounds a hang, measures nothing: the scrape would wait an hour. */
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 2;
+  void *text = NULL;
+  ck_assert_int_eq(pthread_timedjoin_np(scrape, &text, &until), 0);
+  ck_assert_ptr_nonnull(text);
+  ck_assert_ptr_nonnull(strstr(text, "shardport_clients 5\n"));
+  free(text);
+  metrics_free(m);
+}
+END_TEST
+
 START_TEST(buckets_include_their_bound) {
   struct metrics *m = metrics_new("host", "", count_refresh, NULL);
   ck_assert_ptr_nonnull(m);
@@ -147,6 +220,8 @@ int main(void) {
   TCase *tc = tcase_create("exposition");
   tcase_add_test(tc, peers_past_the_cap_are_summed_as_other);
   tcase_add_test(tc, label_values_are_escaped);
+  tcase_add_test(tc, label_values_stay_utf8);
+  tcase_add_test(tc, a_waiting_scrape_ends_when_the_endpoint_stops);
   tcase_add_test(tc, buckets_include_their_bound);
   tcase_add_test(tc, an_unanswered_scrape_shows_the_last_gauges);
   suite_add_tcase(s, tc);
