@@ -30,7 +30,58 @@ struct pool {
   int watch_fd;
   struct pool_segment *watched;
   uint64_t held;
+  /* Where large segments' memory is given back; NULL: on the caller. */
+  uv_loop_t *loop;
 };
+
+/* The smallest segment whose memory a worker gives back. */
+#define POOL_FREE_ON_WORKER_BYTES (16u << 20)
+
+struct pool_give_back {
+  uv_work_t work;
+  void *base;
+  size_t size;
+  int fd;
+};
+
+static void unmap_and_close(void *base, size_t size, int fd) {
+  if (base != NULL)
+    munmap(base, size);
+  if (fd >= 0)
+    close(fd);
+}
+
+static void give_back_work(uv_work_t *work) {
+  struct pool_give_back *g = work->data;
+  unmap_and_close(g->base, g->size, g->fd);
+}
+
+static void give_back_done(uv_work_t *work, int status) {
+  (void)status;
+  free(work->data);
+}
+
+/* The daemon's mapping and descriptor of a host segment, let go: on a
+ * worker when the segment is large and a loop has been given. */
+static void give_back(struct pool *pool, void *base, size_t size, int fd) {
+  struct pool_give_back *g =
+      pool->loop != NULL && size >= POOL_FREE_ON_WORKER_BYTES
+          ? malloc(sizeof *g)
+          : NULL;
+  if (g != NULL) {
+    *g = (struct pool_give_back){.base = base, .size = size, .fd = fd};
+    g->work.data = g;
+    if (uv_queue_work(pool->loop, &g->work, give_back_work, give_back_done) ==
+        0)
+      return;
+    free(g);
+  }
+  unmap_and_close(base, size, fd);
+}
+
+void pool_free_on_workers(struct pool *pool, uv_loop_t *loop) {
+  pool->loop = loop;
+}
 
 int pool_create(uint64_t capacity, uint64_t gpu_capacity, struct pool **out) {
   struct pool *pool = calloc(1, sizeof *pool);
@@ -57,6 +108,8 @@ int pool_create(uint64_t capacity, uint64_t gpu_capacity, struct pool **out) {
 void pool_destroy(struct pool *pool) {
   if (pool == NULL)
     return;
+  /* The loop has stopped: what is left is given back here. */
+  pool->loop = NULL;
   while (pool->kept != NULL) {
     struct pool_segment *seg = pool->kept;
     pool->kept = seg->next;
@@ -219,10 +272,8 @@ void pool_segment_put(struct pool *pool, struct pool_segment *segment) {
      * is gone.  The daemon's own mapping and descriptor go now, so that
      * the file ends with the last descriptor or mapping of it anywhere,
      * and if the rank closed it already, with these (pool_collect). */
-    if (segment->base)
-      munmap(segment->base, segment->size);
+    give_back(pool, segment->base, segment->size, segment->fd);
     segment->base = NULL;
-    close(segment->fd);
     segment->fd = -1;
     segment->released = true;
     pool->held += segment->size;
@@ -278,10 +329,7 @@ void pool_segment_free(struct pool *pool, struct pool_segment *segment) {
   }
   if (segment->released)
     pool->held -= segment->size;
-  if (segment->base)
-    munmap(segment->base, segment->size);
-  if (segment->fd >= 0)
-    close(segment->fd);
+  give_back(pool, segment->base, segment->size, segment->fd);
   pool->used -= segment->size;
   free(segment);
 }

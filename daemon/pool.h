@@ -36,6 +36,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <uv.h>
+
 struct gpu;
 struct gpu_segment;
 struct pool;
@@ -64,6 +66,11 @@ struct pool_segment {
 int pool_create(uint64_t capacity, uint64_t gpu_capacity, struct pool **out);
 /* Every segment must have been freed. */
 void pool_destroy(struct pool *pool);
+/* From now until pool_destroy, a large host segment's memory is given
+ * back on loop's workers: the last unmap or close of a memfd frees its
+ * pages there and then, a quarter of a second or more per GiB, which must
+ * not hold the loop. */
+void pool_free_on_workers(struct pool *pool, uv_loop_t *loop);
 
 /* A zero-filled segment of size bytes; SP_EPOOL beyond the capacity. */
 int pool_segment_new(struct pool *pool, uint64_t size,

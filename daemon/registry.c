@@ -81,10 +81,6 @@ void registry_free(struct registry *reg) {
   memset(reg, 0, sizeof *reg);
 }
 
-/* Registries with at least this many entries are freed on a worker: a
- * hundred thousand take about ten milliseconds. */
-#define REGISTRY_FREE_ON_WORKER 4096u
-
 struct registry_drop {
   uv_work_t work;
   struct registry reg;
@@ -101,13 +97,12 @@ static void on_dropped(uv_work_t *work, int status) {
 }
 
 void registry_drop(uv_loop_t *loop, struct registry *reg) {
-  /* A CUDA rank's storages are closed from the loop's thread, as they
-   * were opened. */
-  struct registry_drop *d =
-      reg->gpu == NULL &&
-              reg->nstorages + reg->nkeys >= REGISTRY_FREE_ON_WORKER
-          ? malloc(sizeof *d)
-          : NULL;
+  /* A host registry is freed on a worker: a hundred thousand entries take
+   * about ten milliseconds, and its mappings may be the last references to
+   * a trainer's memfds, whose pages their unmapping then frees (a quarter
+   * of a second or more per GiB).  A CUDA rank's storages are closed from
+   * the loop's thread, as they were opened. */
+  struct registry_drop *d = reg->gpu == NULL ? malloc(sizeof *d) : NULL;
   if (d == NULL) {
     registry_free(reg);
     return;

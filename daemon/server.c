@@ -436,6 +436,7 @@ int server_run(const struct config_origin *origin, struct config *cfg,
   }
   srv.listen_poll.data = &srv;
   uv_poll_start(&srv.listen_poll, UV_READABLE, on_listen);
+  pool_free_on_workers(srv.pool, &loop);
   loopwatch_start(&srv);
   start_watchdog(&srv);
   start_pool_watch(&srv);
