@@ -42,6 +42,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +74,8 @@
  * hold, so that receiving a large frame costs the loop no more per turn. */
 #define CONN_READ_PER_WAKEUP (256u << 10)
 
+struct worker_frame;
+
 struct conn {
   struct server *srv;
   struct conn *prev, *next;
@@ -86,9 +89,9 @@ struct conn {
   /* Handles not yet closed, and a frame on a worker; the conn is freed
    * when this reaches 0. */
   int open_handles;
-  /* A large frame is on a worker, or between two steps of its op: nothing
-   * more is read until it has been served. */
-  bool on_worker;
+  /* A large frame in the stage (waiting, on a worker, or between two
+   * steps of its op): nothing more is read until it has been served. */
+  struct worker_frame *staged;
   int events;
   struct sp_frame_rx rx;
   struct sp_frame_tx *out_head, *out_tail;
@@ -153,6 +156,7 @@ static const struct op {
 };
 
 static void on_poll(uv_poll_t *handle, int status, int events);
+static void unstage(struct conn *c);
 
 struct server *conn_server(const struct conn *c) { return c->srv; }
 
@@ -226,6 +230,7 @@ void conn_close(struct conn *c) {
     c->member = NULL;
   }
   c->drained = NULL;
+  unstage(c);
   /* uv_close stops the poll at once, so the socket can be closed in the
    * close callback without libuv ever seeing a reused descriptor. */
   uv_close((uv_handle_t *)&c->poll, on_handle_closed);
@@ -256,7 +261,7 @@ static void watch_partial_frame(struct conn *c) {
 
 /* Asks for exactly the events the connection can use now. */
 static int update_events(struct conn *c) {
-  int want = (c->draining || c->on_worker ? 0 : UV_READABLE) |
+  int want = (c->draining || c->staged != NULL ? 0 : UV_READABLE) |
              (c->out_head != NULL ? UV_WRITABLE : 0);
   if (want == c->events)
     return 0;
@@ -559,14 +564,17 @@ static void dispatch(struct conn *c, struct sp_frame *frame) {
   decoded_free(&d, frame);
 }
 
-/* A large frame on its way through a worker thread, and then through the
- * steps of its op, each in a later turn of the loop. */
+/* A large frame on its way through the stage (stage.c): taken in, decoded
+ * on a worker thread, then served in turns of the loop, one step of its op
+ * each, and freed on a worker. */
 struct worker_frame {
   uv_work_t work;
+  struct stage_item item;
   struct conn *c;
   struct sp_limits limits; /* a copy: a reload may change the loop's */
   struct sp_frame frame;
   struct decoded d;
+  bool decoded;  /* back from its worker */
   bool stepping; /* served once; its op wants more steps */
   const char *test_gate; /* the server's test_worker_gate, or NULL */
 };
@@ -592,33 +600,35 @@ static void wait_test_gate(const char *path) {
 
 static void decode_on_worker(uv_work_t *work) {
   struct worker_frame *w = work->data;
+  worker_background();
   if (w->test_gate != NULL)
     wait_test_gate(w->test_gate);
   decode(&w->limits, &w->frame, true, &w->d);
 }
 
-/* Between two steps: the round trip through the thread pool lets the loop
- * poll, and serve the others, before the next step. */
-static void next_turn(uv_work_t *work) {
+/* Under the test seam, a step's turn first waits at the gate on a
+ * worker. */
+static void wait_on_worker(uv_work_t *work) {
   struct worker_frame *w = work->data;
-  if (w->test_gate != NULL)
-    wait_test_gate(w->test_gate);
+  worker_background();
+  wait_test_gate(w->test_gate);
 }
 
-static void on_worker_done(uv_work_t *work, int status);
-
 /* A served frame and its decoding are freed on a worker: a large one is
- * tens of megabytes in thousands of blocks.  Registrations hold no GPU
- * handle once served (registry_batch_step). */
+ * tens of megabytes in thousands of blocks.  What a registration opened on
+ * a GPU is closed on the loop first (drop_frame). */
 static void free_on_worker(uv_work_t *work) {
   struct worker_frame *w = work->data;
+  worker_background();
   decoded_free(&w->d, &w->frame);
 }
 
+/* Freed: its bytes go back to the stage, which may take in another. */
 static void on_freed(uv_work_t *work, int status) {
   struct worker_frame *w = work->data;
   struct conn *c = w->c;
   (void)status;
+  stage_give_back(c->srv, &w->item);
   free(w);
   conn_unref(c);
 }
@@ -633,42 +643,74 @@ static void queue_work(uv_loop_t *loop, struct worker_frame *w, uv_work_cb cb,
   }
 }
 
-static void to_worker(struct conn *c, struct worker_frame *w, uv_work_cb cb) {
-  queue_work(c->srv->loop, w, cb, on_worker_done);
-  c->on_worker = true;
+/* The frame is done with, served or not: it is freed on a worker, and
+ * its connection reads again. */
+static void release_frame(struct worker_frame *w) {
+  w->c->staged = NULL;
+  registration_close_opened(w->d.prepared);
+  queue_work(w->c->srv->loop, w, free_on_worker, on_freed);
 }
 
-static void on_worker_done(uv_work_t *work, int status) {
-  struct worker_frame *w = work->data;
+/* A frame whose connection ended, or began to end, is not served. */
+static void drop_frame(struct worker_frame *w) {
+  log_msg(LOG_LEVEL_DEBUG,
+          "client %" PRIu64 ": a frame of %zu bytes was dropped: its "
+          "connection %s",
+          w->c->id, w->frame.len, w->c->closed ? "closed" : "began to close");
+  release_frame(w);
+}
+
+static void on_worker_done(uv_work_t *work, int status);
+
+/* The frame's next turn: its first serving, or a later step. */
+static void take_turn(struct worker_frame *w) {
   struct conn *c = w->c;
-  (void)status; /* never cancelled: uv_cancel is not called */
-  c->on_worker = false;
   if (c->closed || c->draining) {
-    log_msg(LOG_LEVEL_DEBUG,
-            "client %" PRIu64 ": a frame of %zu bytes came back from a worker "
-            "after the connection %s; dropped",
-            c->id, w->frame.len, c->closed ? "closed" : "began to close");
-    decoded_free(&w->d, &w->frame);
-    free(w);
-    conn_unref(c);
+    drop_frame(w);
     return;
   }
   if (w->stepping ? serve_step(c, &w->frame, &w->d)
                   : serve(c, &w->frame, &w->d)) {
     w->stepping = true;
-    to_worker(c, w, next_turn);
+    if (w->test_gate != NULL)
+      queue_work(c->srv->loop, w, wait_on_worker, on_worker_done);
+    else
+      stage_queue(c->srv, &w->item);
     return;
   }
+  release_frame(w);
   if (!c->closed) {
     /* Frames that arrived meanwhile are read from the next wakeup. */
     watch_partial_frame(c);
     flush(c);
   }
-  /* Served: the connection reads again while the frame is freed. */
-  queue_work(c->srv->loop, w, free_on_worker, on_freed);
 }
 
-/* Hands a large frame to a worker thread; reading waits until it has been
+/* Back from a worker: the frame's turn waits for the stage's. */
+static void on_worker_done(uv_work_t *work, int status) {
+  struct worker_frame *w = work->data;
+  (void)status; /* never cancelled: uv_cancel is not called */
+  w->decoded = true;
+  if (w->c->closed || w->c->draining)
+    drop_frame(w);
+  else
+    stage_queue(w->c->srv, &w->item);
+}
+
+/* From the stage: taken in at last (to the worker that decodes it), or
+ * its turn of the loop. */
+static void on_stage(struct stage_item *it) {
+  struct worker_frame *w = (struct worker_frame *)((char *)it -
+                                                   offsetof(struct worker_frame,
+                                                            item));
+  if (!w->decoded)
+    queue_work(w->c->srv->loop, w, decode_on_worker, on_worker_done);
+  else
+    take_turn(w);
+}
+
+/* Hands a large frame to the stage, which has it decoded on a worker now
+ * or once others have been served; reading waits until it has been
  * served.  Returns false (the frame untouched) when out of memory. */
 static bool serve_on_worker(struct conn *c, struct sp_frame *frame) {
   struct worker_frame *w = calloc(1, sizeof *w);
@@ -679,9 +721,32 @@ static bool serve_on_worker(struct conn *c, struct sp_frame *frame) {
   w->frame = *frame;
   w->test_gate = c->srv->test_worker_gate;
   w->work.data = w;
+  w->item.go = on_stage;
   c->open_handles++;
-  to_worker(c, w, decode_on_worker);
+  c->staged = w;
+  if (stage_take(c->srv, &w->item, frame->len))
+    on_stage(&w->item);
   return true;
+}
+
+/* A closing connection's frame that waits in the stage goes now: one not
+ * taken in holds only its bytes, one queued for its turn its decoding
+ * too.  A frame on a worker, or being served, is dropped when it comes
+ * back (take_turn). */
+static void unstage(struct conn *c) {
+  struct worker_frame *w = c->staged;
+  if (w == NULL)
+    return;
+  if (w->item.where == STAGE_WAITING) {
+    stage_remove(c->srv, &w->item);
+    c->staged = NULL;
+    sp_frame_release(&w->frame);
+    free(w);
+    conn_unref(c);
+  } else if (w->item.where == STAGE_QUEUED) {
+    stage_remove(c->srv, &w->item);
+    drop_frame(w);
+  }
 }
 
 /* Reads and serves frames.  Returns -1 when the conn was closed. */
@@ -747,7 +812,7 @@ static void on_poll(uv_poll_t *handle, int status, int events) {
     conn_close(c);
     return;
   }
-  if ((events & UV_READABLE) && !c->draining && !c->on_worker &&
+  if ((events & UV_READABLE) && !c->draining && c->staged == NULL &&
       read_frames(c) < 0)
     return;
   watch_partial_frame(c);

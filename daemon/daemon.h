@@ -105,6 +105,7 @@ void backend_release(struct backend_choice *choice);
 #define CONFIG_MAX_UIDS 64
 #define CONFIG_DEFAULT_MAX_CLIENTS 1024u
 #define CONFIG_DEFAULT_MAX_OUTPUT (32u << 20)
+#define CONFIG_DEFAULT_MAX_STAGED_BYTES (64u << 20)
 #define CONFIG_DEFAULT_MAX_BYTES (UINT64_C(1) << 30)
 #define CONFIG_DEFAULT_EXPORT_TIMEOUT_MS 60000u
 #define CONFIG_DEFAULT_JOB_TIMEOUT_MS 300000u
@@ -146,6 +147,9 @@ struct config {
   struct sp_limits limits;
   uint32_t max_clients;
   uint64_t max_output;
+  /* Bytes of large frames decoded or being registered at once, daemon-wide
+   * (stage.c). */
+  uint64_t max_staged_bytes;
   enum backend_kind backend;
   bool watchdog;
   /* Bytes the memory pool may hold; 0 means half the physical memory. */
@@ -356,6 +360,8 @@ struct server {
   uint64_t next_conn_id;
   struct conn *conns;
   uint32_t nclients;
+  /* The connections' large frames, daemon-wide (stage.c). */
+  struct stage *stage;
   struct job *jobs;
   uint32_t njobs;
   /* What each user holds (quota.c). */
@@ -454,6 +460,47 @@ void loopwatch_stop(struct server *srv);
  * for the same window; starts a new one.  The windows are independent: a
  * status does not shorten a scrape's, nor a scrape a status's. */
 uint64_t loopwatch_take_max_ns(struct server *srv, enum loopwatch_window w);
+
+/* ---- stage.c ---------------------------------------------------------- */
+
+/* A large frame of one connection as the stage sees it (conn.c embeds
+ * it): waiting to be taken in, taken in (on a worker or being served),
+ * or taken in and queued for its next turn of the loop. */
+enum stage_where { STAGE_NONE, STAGE_WAITING, STAGE_TAKEN, STAGE_QUEUED };
+struct stage_item {
+  struct stage_item *prev, *next;
+  uint64_t bytes;
+  enum stage_where where;
+  /* Called on the loop when the item is taken in after it waited, and at
+   * each turn it was queued for. */
+  void (*go)(struct stage_item *it);
+};
+
+/* Before the loop runs: 0, or a negative code (logged). */
+int stage_init(struct server *srv);
+/* Takes a frame of bytes in now (true) if no frame waits and it fits under
+ * max_staged_bytes (or nothing is taken in); else it waits, and its go is
+ * called once it has been taken in. */
+bool stage_take(struct server *srv, struct stage_item *it, uint64_t bytes);
+/* Queues a taken item's next turn: go is called from a later iteration of
+ * the loop, one item per iteration. */
+void stage_queue(struct server *srv, struct stage_item *it);
+/* Takes a waiting or queued item out of its queue (a waiting one was never
+ * taken in; a queued one still is). */
+void stage_remove(struct server *srv, struct stage_item *it);
+/* A taken item's bytes are free again: waiting items are taken in. */
+void stage_give_back(struct server *srv, struct stage_item *it);
+/* With the server's other handles, once every connection is ending: every
+ * item waiting or queued has its go called now, and later ones at once. */
+void stage_close(struct server *srv);
+/* After the loop ended. */
+void stage_free(struct server *srv);
+
+/* ---- worker.c --------------------------------------------------------- */
+
+/* Called first by every job the daemon gives libuv's worker threads: the
+ * thread runs below the loop's priority from then on (once per thread). */
+void worker_background(void);
 
 /* ---- conn.c ----------------------------------------------------------- */
 
@@ -821,6 +868,10 @@ int registry_batch_step(struct registry *reg, struct reg_batch *b,
                         size_t msglen);
 /* Frees a batch, and what it took that the registry did not keep; never
  * touches a registry. */
+/* Closes the CUDA storages the batch opened and no registry kept: on the
+ * loop's thread, where they were opened, before the batch may be freed on
+ * another. */
+void registry_batch_close_opened(struct reg_batch *b);
 void registry_batch_free(struct reg_batch *b);
 /* Checks and registers n tensors; all or none.  On success each tensor's
  * pieces belong to the registry (t[i].pieces is NULL). */
@@ -858,6 +909,9 @@ struct registration *registration_prepare_tensors(
  * code to reply).  The caller still frees it. */
 int registration_serve(struct conn *c, const struct sp_msg_head *head,
                        struct sp_frame *frame, struct registration *r);
+/* Closes what the registration opened on a GPU and no registry kept (on
+ * the loop), so that it may be freed on any thread. */
+void registration_close_opened(struct registration *r);
 void registration_free(struct registration *r);
 /* Handlers of the dispatch table: both steps at once. */
 int job_op_storage_add(struct conn *c, const struct sp_msg_head *head,

@@ -53,6 +53,7 @@ static void unmap_and_close(void *base, size_t size, int fd) {
 
 static void give_back_work(uv_work_t *work) {
   struct pool_give_back *g = work->data;
+  worker_background();
   unmap_and_close(g->base, g->size, g->fd);
 }
 

@@ -72,6 +72,11 @@ struct registration *registration_prepare_tensors(
   return prepare(true, map, frame);
 }
 
+void registration_close_opened(struct registration *r) {
+  if (r != NULL)
+    registry_batch_close_opened(r->batch);
+}
+
 void registration_free(struct registration *r) {
   if (r == NULL)
     return;

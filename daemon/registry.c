@@ -88,6 +88,7 @@ struct registry_drop {
 
 static void free_dropped(uv_work_t *work) {
   struct registry_drop *d = work->data;
+  worker_background();
   registry_free(&d->reg);
 }
 
@@ -420,9 +421,8 @@ static int open_cuda_storages(const struct registry *reg,
   return 0;
 }
 
-/* Closes the CUDA storages the batch opened and no registry kept. */
-static void close_opened(struct reg_batch *b) {
-  if (b->opened_on != NULL)
+void registry_batch_close_opened(struct reg_batch *b) {
+  if (b != NULL && b->opened_on != NULL)
     for (size_t i = 0; i < b->n; i++)
       if (b->fresh[i].gpu.import != NULL)
         gpu_storage_close(b->opened_on, &b->fresh[i].gpu);
@@ -451,7 +451,7 @@ static int admit_storages(struct registry *reg, struct reg_batch *b,
     return rc;
   b->opened_on = reg->gpu;
   if ((rc = regmap_map(b->fm, frame, msg, msglen)) != 0) {
-    close_opened(b);
+    registry_batch_close_opened(b);
     return rc;
   }
   /* The mappings are the registry's from now on (unmapped with it), and
@@ -765,7 +765,7 @@ int registry_batch_step(struct registry *reg, struct reg_batch *b,
 void registry_batch_free(struct reg_batch *b) {
   if (b == NULL)
     return;
-  close_opened(b);
+  registry_batch_close_opened(b);
   regmap_frame_free(b->fm);
   if (b->keys != NULL)
     for (size_t i = 0; i < b->n; i++)
