@@ -697,16 +697,16 @@ static void on_worker_done(uv_work_t *work, int status) {
     stage_queue(w->c->srv, &w->item);
 }
 
-/* From the stage: taken in at last (to the worker that decodes it), or
- * its turn of the loop. */
+/* From the stage: taken in at last (to the worker that decodes it, unless
+ * its connection is ending), or its turn of the loop. */
 static void on_stage(struct stage_item *it) {
   struct worker_frame *w = (struct worker_frame *)((char *)it -
                                                    offsetof(struct worker_frame,
                                                             item));
-  if (!w->decoded)
-    queue_work(w->c->srv->loop, w, decode_on_worker, on_worker_done);
-  else
+  if (w->decoded || w->c->closed || w->c->draining)
     take_turn(w);
+  else
+    queue_work(w->c->srv->loop, w, decode_on_worker, on_worker_done);
 }
 
 /* Hands a large frame to the stage, which has it decoded on a worker now
