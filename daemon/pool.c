@@ -11,10 +11,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "daemon/log.h"
 #include "shardport.h"
 #include "daemon/cuda/gpu.h"
-#include "daemon/daemon.h"
 #include "daemon/pool.h"
+#include "daemon/worker.h"
 
 struct pool {
   uint64_t capacity;

@@ -1,6 +1,6 @@
 /*
  * stage.c - the large frames of every connection, staged daemon-wide; see
- * daemon.h and docs/operations.md, "Large frames".
+ * stage.h and docs/operations.md, "Large frames".
  *
  * A large frame is decoded on a worker and registered in steps on the loop
  * (conn.c).  Per connection that is one frame at a time, but the daemon
@@ -22,8 +22,12 @@
  * served between two turns).
  */
 #include <stdlib.h>
+#include <uv.h>
 
-#include "daemon/daemon.h"
+#include "daemon/config.h"
+#include "daemon/log.h"
+#include "daemon/server.h"
+#include "daemon/stage.h"
 #include "shardport.h"
 
 struct stage {

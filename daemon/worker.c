@@ -1,6 +1,6 @@
 /*
  * worker.c - libuv's worker threads run below the event loop; see
- * daemon.h.
+ * worker.h.
  *
  * The workers decode large frames and give memory back (conn.c,
  * registry.c, pool.c) so that the loop stays free to answer every client.
@@ -19,7 +19,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "daemon/daemon.h"
+#include "daemon/worker.h"
 
 #define WORKER_NICE 10
 

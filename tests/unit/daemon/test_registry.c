@@ -13,10 +13,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "daemon/daemon.h"
-#include "tests/unit/daemon/tmodel.h"
+#include "daemon/idxset.h"
+#include "daemon/registry.h"
+#include "daemon/request.h"
+#include "proto/msg.h"
 #include "proto/wire.h"
 #include "shardport.h"
+#include "tests/unit/daemon/tmodel.h"
 
 /* A message built with the proto packers, decoded as the daemon would. */
 struct msg {

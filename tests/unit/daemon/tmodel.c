@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "daemon/request.h"
 #include "tests/unit/daemon/tmodel.h"
 
 int tmodel_memfd(const char *name, size_t bytes) {

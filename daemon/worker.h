@@ -1,0 +1,11 @@
+/*
+ * worker.h - libuv's worker threads run below the event loop (worker.c).
+ */
+#ifndef SP_DAEMON_WORKER_H
+#define SP_DAEMON_WORKER_H
+
+/* Called first by every job the daemon gives libuv's worker threads: the
+ * thread runs below the loop's priority from then on (once per thread). */
+void worker_background(void);
+
+#endif /* SP_DAEMON_WORKER_H */
