@@ -498,6 +498,39 @@ START_TEST(frames_wait_their_turn) {
 }
 END_TEST
 
+/* The daemon stops while one frame is held at the gate and another
+ * waits behind it, undecoded: both connections end at once, both frames
+ * are dropped (the waiting one without being decoded) and the daemon
+ * exits cleanly. */
+START_TEST(stopped_while_waiting) {
+  start_gated_with(REG_CONF "max_staged_bytes = 64K\n");
+  sp_client *creator = NULL;
+  ck_assert_int_eq(sp_connect(daemon_.socket, &creator), 0);
+  int first = raw_rank(creator), second = raw_rank(creator);
+  send_large_storage_add(first, next_id++);
+  int held = hold_gate();
+  send_large_storage_add(second, next_id++);
+  for (int i = 0; i < 100; i++)
+    ck_assert_int_eq(sp_ping(creator, NULL), 0);
+  ck_assert_int_eq(kill(daemon_.pid, SIGTERM), 0);
+  struct sp_test_reply r;
+  ck_assert_int_eq(sp_test_recv(second, &r, 120000), 0);
+  ck_assert_msg(r.head.id == 0 && r.code == SP_EDAEMONRESTARTED,
+                "the waiting frame was served: reply %s id %llu code %s",
+                r.head.op, (unsigned long long)r.head.id, sp_err_name(r.code));
+  sp_test_reply_free(&r);
+  expect_ended(first, SP_EDAEMONRESTARTED, held);
+  ck_assert_int_eq(sp_test_wait_closed(second, SP_TEST_TIMEOUT_MS), 0);
+  ck_assert_int_eq(sp_test_wait(daemon_.pid, 120000), 0);
+  daemon_.pid = 0;
+  sp_test_rmdir(daemon_.dir);
+  remove_gate();
+  close(first);
+  close(second);
+  sp_close(creator);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("daemon-loop");
   TCase *tc = tcase_create("loop");
@@ -508,6 +541,7 @@ int main(void) {
   tcase_add_test(tc, staged_frames_are_bounded_daemon_wide);
   tcase_add_test(tc, workers_run_below_the_loop);
   tcase_add_test(tc, frames_wait_their_turn);
+  tcase_add_test(tc, stopped_while_waiting);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
