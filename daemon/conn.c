@@ -122,10 +122,6 @@ struct conn {
 
 typedef int (*op_handler)(struct conn *c, const struct sp_msg_head *head,
                           const msgpack_object *map, struct sp_frame *frame);
-typedef struct registration *(*op_prepare)(const msgpack_object *map,
-                                          const struct sp_frame *frame);
-typedef int (*op_serve)(struct conn *c, const struct sp_msg_head *head,
-                        struct sp_frame *frame, struct registration *r);
 
 static int op_hello(struct conn *c, const struct sp_msg_head *head,
                     const msgpack_object *map, struct sp_frame *frame);
@@ -140,16 +136,15 @@ static int op_status(struct conn *c, const struct sp_msg_head *head,
  * that declare new_work start something a stopping daemon would only have
  * to break: while it drains (drain.c) they are answered daemon_stopping
  * and never reach their handler.  An op whose frames may be large splits
- * its handler in two: prepare, which reads the request out of the decoded
- * frame and may run on a worker thread, and serve, which does the rest on
- * the loop; its handler does both. */
+ * its handler in two (struct conn_prepared_op): prepare, which reads the
+ * request out of the decoded frame and may run on a worker thread, and
+ * serve, which does the rest on the loop; its handler does both. */
 static const struct op {
   const char *name;
   bool takes_fds;
   bool new_work;
   op_handler handle;
-  op_prepare prepare;
-  op_serve serve;
+  const struct conn_prepared_op *prepared;
 } ops[] = {
     {"hello", false, false, op_hello},
     {"ping", false, false, op_ping},
@@ -158,10 +153,9 @@ static const struct op {
     {"join", false, true, job_op_join},
     {"leave", false, false, job_op_leave},
     {"storage_add", true, true, job_op_storage_add,
-     registration_prepare_storages, registration_serve},
-    {"tensor_add", false, true, job_op_tensor_add,
-     registration_prepare_tensors, registration_serve},
-    {"export", false, true, export_op_request},
+     &registration_storages_op},
+    {"tensor_add", false, true, job_op_tensor_add, &registration_tensors_op},
+    {"export", false, true, export_op_request, &export_ask_op},
     {"release", false, false, export_op_release},
     {"jobs", false, false, joblist_op_jobs},
     {"job_status", false, false, joblist_op_job_status},
@@ -475,7 +469,8 @@ struct decoded {
   msgpack_object map;
   struct sp_msg_head head;
   int rc; /* a frame that does not decode, or 0 */
-  struct registration *prepared;
+  const struct op *op; /* prepared's, when set */
+  void *prepared;
 };
 
 /* Decodes a frame and, when prepare is set and the frame names its op,
@@ -496,12 +491,15 @@ static void decode(const struct sp_limits *limits, const struct sp_frame *frame,
     sp_msg_get_u64(&d->map, "id", false, &d->head.id);
   }
   const struct op *op = d->rc == 0 && prepare ? find_op(d->head.op) : NULL;
-  if (op != NULL && op->prepare != NULL)
-    d->prepared = op->prepare(&d->map, frame);
+  if (op != NULL && op->prepared != NULL) {
+    d->op = op;
+    d->prepared = op->prepared->prepare(&d->map, frame);
+  }
 }
 
 static void decoded_free(struct decoded *d, struct sp_frame *frame) {
-  registration_free(d->prepared);
+  if (d->prepared != NULL)
+    d->op->prepared->free(d->prepared);
   if (d->has_zone)
     msgpack_zone_destroy(&d->zone);
   sp_frame_release(frame);
@@ -556,7 +554,7 @@ static bool serve(struct conn *c, struct sp_frame *frame, struct decoded *d) {
     log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": closed %zu fd(s) sent with %s",
             c->id, n, head->op);
   }
-  rc = d->prepared != NULL ? op->serve(c, head, frame, d->prepared)
+  rc = d->prepared != NULL ? op->prepared->serve(c, head, frame, d->prepared)
                             : op->handle(c, head, &d->map, frame);
   return op_returned(c, d, rc);
 }
@@ -565,14 +563,15 @@ static bool serve(struct conn *c, struct sp_frame *frame, struct decoded *d) {
 static bool serve_step(struct conn *c, struct sp_frame *frame,
                        struct decoded *d) {
   const struct op *op = find_op(d->head.op);
-  return op_returned(c, d, op->serve(c, &d->head, frame, d->prepared));
+  return op_returned(c, d,
+                     op->prepared->serve(c, &d->head, frame, d->prepared));
 }
 
 /* Decodes and serves one complete frame on the loop. */
 static void dispatch(struct conn *c, struct sp_frame *frame) {
   struct decoded d;
   decode(&c->srv->cfg->limits, frame, false, &d);
-  /* Without a prepared registration the op's handler takes every step. */
+  /* Without a prepared request the op's handler takes every step. */
   serve(c, frame, &d);
   decoded_free(&d, frame);
 }
@@ -660,7 +659,9 @@ static void queue_work(uv_loop_t *loop, struct worker_frame *w, uv_work_cb cb,
  * its connection reads again. */
 static void release_frame(struct worker_frame *w) {
   w->c->staged = NULL;
-  registration_close_opened(w->d.prepared);
+  const struct decoded *d = &w->d;
+  if (d->prepared != NULL && d->op->prepared->close != NULL)
+    d->op->prepared->close(d->prepared);
   queue_work(w->c->srv->loop, w, free_on_worker, on_freed);
 }
 
