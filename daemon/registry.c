@@ -103,12 +103,17 @@ static void on_dropped(uv_work_t *work, int status) {
 }
 
 void registry_drop(uv_loop_t *loop, struct registry *reg) {
-  /* A host registry is freed on a worker: a hundred thousand entries take
-   * about ten milliseconds, and its mappings may be the last references to
-   * a trainer's memfds, whose pages their unmapping then frees (a quarter
-   * of a second or more per GiB).  A CUDA rank's storages are closed from
-   * the loop's thread, as they were opened. */
-  struct registry_drop *d = reg->gpu == NULL ? malloc(sizeof *d) : NULL;
+  /* A registry is freed on a worker: a hundred thousand entries take about
+   * ten milliseconds, and a host registry's mappings may be the last
+   * references to a trainer's memfds, whose pages their unmapping then
+   * frees (a quarter of a second or more per GiB).  A CUDA rank's storages
+   * are closed here first, from the loop's thread, as they were opened:
+   * the worker frees only memory. */
+  for (size_t i = 0; i < reg->nstorages; i++) {
+    close_cuda(reg, &reg->info[i]);
+    reg->info[i].gpu.import = NULL;
+  }
+  struct registry_drop *d = malloc(sizeof *d);
   if (d == NULL) {
     registry_free(reg);
     return;
