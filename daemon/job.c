@@ -33,8 +33,6 @@
  * progress this often. */
 #define JOB_TICK_MS 50
 
-uint64_t job_now_ms(void) { return uv_hrtime() / 1000000u; }
-
 static int random_bytes(uint8_t *buf, size_t len) {
   size_t got = 0;
   while (got < len) {
@@ -391,7 +389,7 @@ struct job *job_new(struct server *srv, const uint8_t *id,
   job->departed = departed;
   job->world = world;
   job->next_export_id = 1;
-  job->created_ms = job_now_ms();
+  job->created_ms = monotonic_ms();
   history_init(&job->history, srv->cfg->export_history);
   for (size_t i = 0; i < JOB_ID_BYTES; i++)
     snprintf(job->hex + 2 * i, 3, "%02x", job->id[i]);

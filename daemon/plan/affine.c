@@ -52,25 +52,6 @@ static uint64_t piece_numel(const struct affine_piece *p) {
   return numel;
 }
 
-/* "[1, 2]": the multi-index of element flat in the full tensor. */
-static void format_index(const struct affine_map *map, uint64_t flat, char *buf,
-                         size_t len) {
-  uint64_t idx[SP_MAX_DIMS];
-  size_t used = 0;
-
-  for (uint32_t d = map->ndim; d-- > 0;) {
-    uint64_t dim = (uint64_t)map->shape[d];
-    idx[d] = dim == 0 ? 0 : flat % dim;
-    flat = dim == 0 ? 0 : flat / dim;
-  }
-  used += (size_t)snprintf(buf, len, "[");
-  for (uint32_t d = 0; d < map->ndim && used < len; d++)
-    used += (size_t)snprintf(buf + used, len - used, "%s%llu",
-                             d > 0 ? ", " : "", (unsigned long long)idx[d]);
-  if (used < len)
-    snprintf(buf + used, len - used, "]");
-}
-
 static const char *piece_role(const struct affine_piece *p) {
   return p->nholders > 1 ? "replica" : "single holder";
 }
@@ -282,7 +263,7 @@ static int refuse_destination(const struct affine_map *map, int rc,
 
   if (rc != SP_EDOUBLEWRITE && rc != SP_EUNCOVERED)
     return refuse_sweep(map, rc, msg, msglen);
-  format_index(map, d->element, where, sizeof where);
+  plan_refuse_index(map->ndim, map->shape, d->element, where, sizeof where);
   if (rc == SP_EUNCOVERED)
     return sp_failf(msg, msglen, rc,
                     "key '%s': element %s is held by no "
@@ -366,7 +347,7 @@ static int refuse_different(const struct affine_map *map, uint32_t rank,
   size_t wp;
 
   first_writer(map, rank, pi, d, &wr, &wp);
-  format_index(map, d, where, sizeof where);
+  plan_refuse_index(map->ndim, map->shape, d, where, sizeof where);
   return sp_failf(msg, msglen, SP_EDIFFERENT,
                   "key '%s': replicas hold different data at element %s: "
                   "rank %u (piece %zu) and rank %u (piece %zu)",
