@@ -1,5 +1,5 @@
 /*
- * test_gpu_export.c - the CUDA backend end to end on the fake CUDA runtime
+ * rank.c - the CUDA backend end to end on the fake CUDA runtime
  * and fake NCCL (docs/fakes.md): a real shardportd serving the CUDA
  * backend on four fake GPUs, and one forked trainer process per rank that
  * holds its shards in fake device memory.
