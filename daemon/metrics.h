@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/daemon.h"
+#include "daemon/config.h"
 #include "daemon/layer.h"
 
 #define METRICS_MAX_PEERS 64

@@ -35,6 +35,7 @@
 
 #include "proto/fail.h"
 #include "daemon/cuda/internal.h"
+#include "proto/monotonic.h"
 #include "shardport.h"
 
 struct comm_rank {

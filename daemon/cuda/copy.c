@@ -28,6 +28,7 @@
 
 #include "daemon/cuda/internal.h"
 #include "daemon/xfer/replicas.h"
+#include "proto/monotonic.h"
 #include "shardport.h"
 
 /* The widest pitch a 2-D copy is given: the real limit is the device's

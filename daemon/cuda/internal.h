@@ -14,7 +14,6 @@
 #include "daemon/cuda/layer.h"
 #include "daemon/xfer/copy.h"
 #include "daemon/xfer/engine.h"
-#include "proto/monotonic.h"
 
 /* Devices one daemon serves: a node with more is refused at start. */
 #define GPU_MAX_DEVICES 64
