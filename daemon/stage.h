@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "daemon/layer.h"
+
 struct server;
 
 /* A large frame of one connection as the stage sees it (conn.c embeds
