@@ -63,7 +63,6 @@
 #include "daemon/server.h"
 #include "daemon/stage.h"
 #include "daemon/status.h"
-#include "daemon/worker.h"
 #include "proto/wire.h"
 #include "shardport.h"
 
@@ -612,7 +611,6 @@ static void wait_test_gate(const char *path) {
 
 static void decode_on_worker(uv_work_t *work) {
   struct worker_frame *w = work->data;
-  worker_background();
   if (w->test_gate != NULL)
     wait_test_gate(w->test_gate);
   decode(&w->limits, &w->frame, true, &w->d);
@@ -622,7 +620,6 @@ static void decode_on_worker(uv_work_t *work) {
  * worker. */
 static void wait_on_worker(uv_work_t *work) {
   struct worker_frame *w = work->data;
-  worker_background();
   wait_test_gate(w->test_gate);
 }
 
@@ -631,7 +628,6 @@ static void wait_on_worker(uv_work_t *work) {
  * a GPU is closed on the loop first (drop_frame). */
 static void free_on_worker(uv_work_t *work) {
   struct worker_frame *w = work->data;
-  worker_background();
   decoded_free(&w->d, &w->frame);
 }
 

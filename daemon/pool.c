@@ -15,7 +15,6 @@
 #include "shardport.h"
 #include "daemon/cuda/gpu.h"
 #include "daemon/pool.h"
-#include "daemon/worker.h"
 
 struct pool {
   uint64_t capacity;
@@ -54,7 +53,6 @@ static void unmap_and_close(void *base, size_t size, int fd) {
 
 static void give_back_work(uv_work_t *work) {
   struct pool_give_back *g = work->data;
-  worker_background();
   unmap_and_close(g->base, g->size, g->fd);
 }
 

@@ -28,7 +28,6 @@
 #include "daemon/registry.h"
 #include "daemon/regmap.h"
 #include "daemon/request.h"
-#include "daemon/worker.h"
 #include "proto/fail.h"
 #include "proto/msg.h"
 #include "shardport.h"
@@ -93,7 +92,6 @@ struct registry_drop {
 
 static void free_dropped(uv_work_t *work) {
   struct registry_drop *d = work->data;
-  worker_background();
   registry_free(&d->reg);
 }
 

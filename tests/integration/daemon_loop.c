@@ -19,8 +19,6 @@
  * connection has ended, however fast the machine.
  */
 #include <check.h>
-#include <dirent.h>
-#include <limits.h>
 #include <poll.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -362,82 +360,6 @@ START_TEST(staged_frames_are_bounded_daemon_wide) {
 END_TEST
 
 
-/* The nice value of each of pid's threads: the main thread's (the loop)
- * in *loop, the lowest and the highest of the others' in *lo and *hi;
- * the number of others. */
-static int thread_nices(pid_t pid, int *loop, int *lo, int *hi) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
-  DIR *dir = opendir(path);
-  ck_assert_ptr_nonnull(dir);
-  int others = 0;
-  *lo = INT_MAX;
-  *hi = INT_MIN;
-  for (struct dirent *e; (e = readdir(dir)) != NULL;) {
-    if (e->d_name[0] == '.')
-      continue;
-    char stat[400], text[1024];
-    snprintf(stat, sizeof stat, "%s/%s/stat", path, e->d_name);
-    FILE *f = fopen(stat, "r");
-    ck_assert_ptr_nonnull(f);
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    text[n] = '\0';
-    /* After the command's ")": state, then fields 4 to 19, nice the
-     * last (proc(5)). */
-    const char *p = strrchr(text, ')');
-    ck_assert_ptr_nonnull(p);
-    int nice = 0;
-    ck_assert_int_eq(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u "
-                                   "%*u %*u %*u %*d %*d %*d %d",
-                            &nice),
-                     1);
-    if (atoi(e->d_name) == (int)pid) {
-      *loop = nice;
-      continue;
-    }
-    others++;
-    if (nice < *lo)
-      *lo = nice;
-    if (nice > *hi)
-      *hi = nice;
-  }
-  closedir(dir);
-  return others;
-}
-
-/* A worker thread that decoded a frame runs below the loop: where cores
- * are fewer than busy workers and the loop, the loop no longer waits its
- * turn behind them (worker.c). */
-START_TEST(workers_run_below_the_loop) {
-  start();
-  sp_client *creator = NULL;
-  ck_assert_int_eq(sp_connect(daemon_.socket, &creator), 0);
-  int sock = raw_rank(creator);
-  int fd = memfd_of((size_t)REG_N * REG_LENGTH);
-  struct sp_msgbuf mb;
-  uint64_t id = next_id++;
-  sp_pack_many_storages(&mb, id, 1, REG_N, REG_LENGTH);
-  uint64_t from;
-  served_in_ns(sock, &mb, id, &fd, 1, &from);
-  int loop, lo, hi;
-  int others = thread_nices(daemon_.pid, &loop, &lo, &hi);
-  printf("the loop runs at nice %d; %d other threads at %d to %d\n", loop,
-         others, lo, hi);
-  fflush(stdout);
-  ck_assert_int_gt(others, 0);
-  /* Nice values stop at 19: under a niced test run, fewer than 10 above. */
-  ck_assert_msg(hi > loop,
-                "no thread of the daemon runs below the loop (nice %d), "
-                "though one decoded a frame",
-                loop);
-  close(fd);
-  close(sock);
-  sp_close(creator);
-  stop();
-}
-END_TEST
-
 /* Reads the reply to frame id: accepted. */
 static void expect_served(int sock, uint64_t id) {
   struct sp_test_reply r;
@@ -588,7 +510,6 @@ int main(void) {
   tcase_add_test(tc, closed_while_served);
   tcase_add_test(tc, job_aborted_while_served);
   tcase_add_test(tc, staged_frames_are_bounded_daemon_wide);
-  tcase_add_test(tc, workers_run_below_the_loop);
   tcase_add_test(tc, frames_wait_their_turn);
   tcase_add_test(tc, stopped_while_waiting);
   tcase_add_test(tc, large_export_leaves_the_loop_free);
