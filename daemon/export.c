@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
+#include "daemon/mesh/mesh.h"
 #include "daemon/metrics.h"
 #include "daemon/pool.h"
 #include "proto/fail.h"

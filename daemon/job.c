@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include "daemon/daemon.h"
+#include "daemon/mesh/mesh.h"
 #include "daemon/pool.h"
 #include "shardport.h"
 

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "daemon/daemon.h"
+#include "daemon/mesh/mesh.h"
 #include "proto/fail.h"
 #include "shardport.h"
 

@@ -133,7 +133,7 @@ int metrics_http_start(struct metrics *m, const struct sockaddr *addr,
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (h->daemon == NULL) {
     char where[NODE_ADDR_MAX];
-    nodelink_addr_format(addr, where, sizeof where);
+    netaddr_format(addr, where, sizeof where);
     log_msg(LOG_LEVEL_ERROR, "metrics: cannot serve HTTP on %s: %s", where,
             h->why[0] != '\0' ? h->why : "libmicrohttpd did not say why");
     free(h);
@@ -152,7 +152,7 @@ int metrics_http_start(struct metrics *m, const struct sockaddr *addr,
       ((struct sockaddr_in *)&bound)->sin_port = htons(info->port);
   }
   char where[NODE_ADDR_MAX];
-  nodelink_addr_format((const struct sockaddr *)&bound, where, sizeof where);
+  netaddr_format((const struct sockaddr *)&bound, where, sizeof where);
   log_msg(LOG_LEVEL_INFO,
           "metrics: serving http://%s/metrics (at most %u connections)",
           where, (unsigned)max_connections);

@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "daemon/daemon.h"
+#include "daemon/mesh/mesh.h"
 #include "daemon/metrics.h"
 #include "daemon/xfer/stream.h"
 #include "shardport.h"

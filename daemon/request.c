@@ -162,7 +162,7 @@ static bool parse_ticket_v2(const msgpack_object *map, struct req_ticket *out) {
   struct sockaddr_storage sa;
   socklen_t salen;
   if (sp_msg_get_str(map, "root", false, &root, &root_len) != 0 ||
-      nodelink_addr_parse(root, root_len, false, &sa, &salen) != 0)
+      netaddr_parse(root, root_len, false, &sa, &salen) != 0)
     return false;
   memcpy(out->root, root, root_len);
   out->root[root_len] = '\0';

@@ -23,6 +23,7 @@
 
 #include "config.h"
 #include "daemon/daemon.h"
+#include "daemon/mesh/mesh.h"
 #include "daemon/metrics.h"
 #include "daemon/pool.h"
 #include "shardport.h"

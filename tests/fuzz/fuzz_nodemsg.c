@@ -9,6 +9,8 @@
 #include <stdint.h>
 
 #include "daemon/daemon.h"
+#include "daemon/mesh/nodelink.h"
+#include "daemon/mesh/nodemsg.h"
 #include "proto/msg.h"
 #include "proto/wire.h"
 

@@ -17,6 +17,8 @@
 
 #include "config.h"
 #include "daemon/daemon.h"
+#include "daemon/mesh/nodelink.h"
+#include "daemon/mesh/nodemsg.h"
 #include "proto/msg.h"
 #include "shardport.h"
 

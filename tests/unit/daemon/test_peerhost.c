@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "daemon/daemon.h"
+#include "daemon/mesh/peerhost.h"
 
 /* The host of a numeric address, IPv4 or IPv6. */
 static struct peer_host host_of(const char *addr) {

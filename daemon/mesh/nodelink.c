@@ -40,7 +40,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "daemon/daemon.h"
+#include "daemon/mesh/mesh.h"
+#include "daemon/mesh/nodelink.h"
+#include "daemon/mesh/peerhost.h"
 #include "proto/wire.h"
 #include "shardport.h"
 
@@ -115,94 +117,6 @@ void nodelink_meta_limits(struct sp_limits *l) {
   l->max_depth = 8;
   l->max_items = NODE_MAX_ITEMS;
   l->max_fds = 0;
-}
-
-/* ---- addresses ---- */
-
-int nodelink_addr_parse(const char *s, size_t len, bool port_optional,
-                        struct sockaddr_storage *out, socklen_t *outlen) {
-  char host[NODE_ADDR_MAX];
-  const char *port = NULL;
-  size_t hlen;
-  if (len == 0 || len >= NODE_ADDR_MAX || memchr(s, '\0', len) != NULL)
-    return SP_EINVAL;
-  if (s[0] == '[') {
-    const char *end = memchr(s, ']', len);
-    if (end == NULL)
-      return SP_EINVAL;
-    hlen = (size_t)(end - s - 1);
-    memcpy(host, s + 1, hlen);
-    size_t rest = len - (size_t)(end - s) - 1;
-    if (rest > 0) {
-      if (end[1] != ':')
-        return SP_EINVAL;
-      port = end + 2;
-    }
-  } else {
-    const char *colon = memchr(s, ':', len);
-    hlen = colon != NULL ? (size_t)(colon - s) : len;
-    memcpy(host, s, hlen);
-    if (colon != NULL)
-      port = colon + 1;
-  }
-  host[hlen] = '\0';
-  unsigned long p = 0;
-  if (port != NULL) {
-    size_t plen = len - (size_t)(port - s);
-    if (plen == 0 || plen > 5)
-      return SP_EINVAL;
-    for (size_t i = 0; i < plen; i++) {
-      if (port[i] < '0' || port[i] > '9')
-        return SP_EINVAL;
-      p = p * 10 + (unsigned long)(port[i] - '0');
-    }
-    if (p > 65535)
-      return SP_EINVAL;
-  } else if (!port_optional) {
-    return SP_EINVAL;
-  }
-  memset(out, 0, sizeof *out);
-  struct sockaddr_in *v4 = (struct sockaddr_in *)out;
-  struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)out;
-  if (s[0] != '[' && inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
-    v4->sin_family = AF_INET;
-    v4->sin_port = htons((uint16_t)p);
-    *outlen = sizeof *v4;
-    return 0;
-  }
-  if (s[0] == '[' && inet_pton(AF_INET6, host, &v6->sin6_addr) == 1) {
-    v6->sin6_family = AF_INET6;
-    v6->sin6_port = htons((uint16_t)p);
-    *outlen = sizeof *v6;
-    return 0;
-  }
-  return SP_EINVAL;
-}
-
-void nodelink_addr_format(const struct sockaddr *sa, char *buf, size_t len) {
-  char host[INET6_ADDRSTRLEN] = "?";
-  unsigned port = 0;
-  if (sa->sa_family == AF_INET) {
-    const struct sockaddr_in *v4 = (const struct sockaddr_in *)sa;
-    inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
-    port = ntohs(v4->sin_port);
-    snprintf(buf, len, "%s:%u", host, port);
-  } else if (sa->sa_family == AF_INET6) {
-    const struct sockaddr_in6 *v6 = (const struct sockaddr_in6 *)sa;
-    inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
-    port = ntohs(v6->sin6_port);
-    snprintf(buf, len, "[%s]:%u", host, port);
-  } else {
-    snprintf(buf, len, "?");
-  }
-}
-
-bool nodelink_addr_wildcard(const struct sockaddr_storage *sa) {
-  if (sa->ss_family == AF_INET)
-    return ((const struct sockaddr_in *)sa)->sin_addr.s_addr ==
-           htonl(INADDR_ANY);
-  const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
-  return IN6_IS_ADDR_UNSPECIFIED(a);
 }
 
 /* Keepalive and a bound on unacknowledged data, so that a dead peer ends
@@ -623,7 +537,7 @@ int nodelink_connect(struct server *srv, const char *addr,
                      struct nodelink **out) {
   struct sockaddr_storage sa;
   socklen_t salen;
-  if (nodelink_addr_parse(addr, strlen(addr), false, &sa, &salen) != 0)
+  if (netaddr_parse(addr, strlen(addr), false, &sa, &salen) != 0)
     return SP_EINVAL;
   int sock =
       socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -728,7 +642,7 @@ static void on_accept(uv_poll_t *handle, int status, int events) {
     l->accepted = true;
     peerhost_of(&sa, &l->host);
     srv->peer_unidentified++;
-    nodelink_addr_format((struct sockaddr *)&sa, l->peer, sizeof l->peer);
+    netaddr_format((struct sockaddr *)&sa, l->peer, sizeof l->peer);
     log_msg(LOG_LEVEL_DEBUG, "peer %s: connected", l->peer);
     uv_timer_start(&l->timer, on_timeout, srv->cfg->peer_timeout_ms, 0);
     if (update_events(l) == 0)
@@ -776,7 +690,7 @@ int nodelink_listen_open(struct server *srv) {
   socklen_t blen = sizeof bound;
   getsockname(sock, (struct sockaddr *)&bound, &blen);
   char where[NODE_ADDR_MAX];
-  nodelink_addr_format((struct sockaddr *)&bound, where, sizeof where);
+  netaddr_format((struct sockaddr *)&bound, where, sizeof where);
   /* What other daemons dial: peer_advertise, or the listen address; a port
    * of 0 in either means the port the kernel gave. */
   struct sockaddr_storage adv =
@@ -789,7 +703,7 @@ int nodelink_listen_open(struct server *srv) {
   if (adv.ss_family == AF_INET6 &&
       ((struct sockaddr_in6 *)&adv)->sin6_port == 0)
     ((struct sockaddr_in6 *)&adv)->sin6_port = port;
-  nodelink_addr_format((struct sockaddr *)&adv, srv->peer_address,
+  netaddr_format((struct sockaddr *)&adv, srv->peer_address,
                        sizeof srv->peer_address);
   srv->peer_handshake_cap = handshake_cap(cfg);
   srv->peer_evict_scratch =

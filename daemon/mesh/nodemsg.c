@@ -18,8 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/mesh/nodelink.h"
+#include "daemon/mesh/nodemsg.h"
 #include "proto/fail.h"
-#include "daemon/daemon.h"
 #include "proto/wire.h"
 #include "shardport.h"
 
@@ -97,7 +98,7 @@ static int get_addr(const msgpack_object *map, const char *key, char *out,
   socklen_t salen;
   if (sp_msg_get_str(map, key, false, &p, &n) != 0)
     return sp_failf(msg, msglen, SP_EBADMSG, "\"%s\" must be a string", key);
-  if (nodelink_addr_parse(p, n, false, &sa, &salen) != 0)
+  if (netaddr_parse(p, n, false, &sa, &salen) != 0)
     return sp_failf(msg, msglen, SP_EINVAL, "\"%s\" is not a numeric "
                     "address and port", key);
   memcpy(out, p, n);

@@ -50,7 +50,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "daemon/daemon.h"
+#include "daemon/mesh/mesh.h"
+#include "daemon/mesh/nodelink.h"
+#include "daemon/mesh/nodemsg.h"
+#include "daemon/mesh/peerauth.h"
 #include "daemon/metrics.h"
 #include "shardport.h"
 

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/daemon.h"
+#include "daemon/mesh/peerhost.h"
 
 void peerhost_of(const struct sockaddr_storage *sa, struct peer_host *out) {
   static const uint8_t v4_mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff,

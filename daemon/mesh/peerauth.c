@@ -20,7 +20,7 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "daemon/daemon.h"
+#include "daemon/mesh/peerauth.h"
 #include "shardport.h"
 
 /* The first bytes of every MAC'd message: names the protocol and its

@@ -1,0 +1,105 @@
+/*
+ * mesh.h - the across-nodes wing's one face: a job that spans daemons
+ * (daemon/mesh/, docs/protocol.md "Between daemons").  The rest of the
+ * daemon includes this header only; the wing's own files share the
+ * headers beside it.
+ */
+#ifndef SP_DAEMON_MESH_MESH_H
+#define SP_DAEMON_MESH_MESH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <msgpack.h>
+
+#include "daemon/daemon.h"
+
+struct nodelink;
+
+/* ---- the peer listener (nodelink.c) ---- */
+
+/* Listens on peer_listen (when set): 0 or -1 (logged). */
+int nodelink_listen_open(struct server *srv);
+void nodelink_listen_close(struct server *srv);
+/* Closes every link at shutdown. */
+void nodelink_shutdown(struct server *srv);
+
+/* ---- jobs across nodes (mesh.c) ---- */
+
+struct mesh;
+
+/* job_create on a daemon that listens for peers: the job's root. */
+int mesh_create_root(struct job *job);
+void mesh_free(struct mesh *ms);
+bool mesh_is_root(const struct mesh *ms);
+uint32_t mesh_self(const struct job *job);
+/* A ticket of a job rooted on another daemon: makes the job's shadow here
+ * (*out), or replies with the error (*out NULL). */
+int mesh_shadow_job(struct conn *c, const struct sp_msg_head *head,
+                    const struct req_ticket *t, struct job **out);
+/* A join that passed the local checks: 1 when the mesh took it (queued for
+ * the root's word, or refused), 0 to admit it here now, or a code. */
+int mesh_join(struct job *job, struct conn *c, const struct sp_msg_head *head,
+              const struct req_join *req, int device);
+void mesh_rank_joined(struct job *job, uint32_t rank);
+/* Rank left this node (reason: why, when known, or NULL): the root hears. */
+void mesh_rank_left(struct job *job, uint32_t rank, bool disconnected,
+                    const char *reason);
+/* Sends the root the asks of local ranks it has not heard. */
+void mesh_asks(struct job *job);
+/* Starts an export the root announced, once none runs. */
+void mesh_try_start(struct job *job);
+/* Messages the root's own node queued for itself; beats and silences. */
+void mesh_advance(struct job *job);
+void mesh_tick(struct job *job);
+/* Something to watch (asks out, an export under way); may the job end. */
+bool mesh_active(const struct job *job);
+bool mesh_may_end(const struct job *job);
+/* On the root: tells every node that the job ended for good, with the code
+ * and message its ranks there are to hear. */
+void mesh_job_ended(struct job *job, int code, const char *message);
+/* A link another daemon opened: its challenge, then its first frame. */
+void mesh_link_accepted(struct server *srv, struct nodelink *l);
+void mesh_link_hello(struct server *srv, struct nodelink *l,
+                     const struct sp_msg_head *head,
+                     const msgpack_object *map);
+/* The export's part (export.c): its plan input from the gathered bytes
+ * (on the planning thread), the plan's digest, the rounds done, a failure
+ * found here, the data plane, and the end. */
+int mesh_plan_input(struct mesh_export *mx, struct plan_input *in, char *msg,
+                    size_t msglen);
+void mesh_planned(struct job *job, uint64_t digest,
+                  const struct replica_digests *replicas);
+void mesh_moved(struct job *job);
+void mesh_failed(struct job *job, int code, const char *message);
+/* The data plane lost node: on the root, the node leaves the job as if its
+ * control link had closed, so that its ranks no longer keep the job alive
+ * while a cut link waits for TCP to give up. */
+void mesh_data_lost(struct job *job, uint32_t node, const char *why);
+int mesh_remote(struct job *job, struct mesh_export *mx,
+                const struct plan *plan, const struct reg_storage *const *src,
+                uint8_t *const *dst, const uint64_t *key_offset,
+                struct remote **out);
+void mesh_export_free(struct mesh_export *mx);
+/* The NCCL id and communicator generation an export's plan names: the
+ * ticket's id at generation 0, else the fresh one the root sent.  false
+ * when the job has none. */
+bool mesh_nccl_id(const struct mesh_export *mx, uint8_t id[NODE_NCCL_ID_BYTES],
+                  uint64_t *gen);
+/* "node N (ADDR) was lost during export E of job J" (export_id 0: while
+ * the ranks waited): the one text every node shows for a lost node. */
+void mesh_lost_message(const char *job_hex, uint32_t node, const char *addr,
+                       uint64_t export_id, char *buf, size_t len);
+/* The job's nodes for status: "nodes" and its array. */
+void mesh_status_pack(const struct job *job, msgpack_packer *pk);
+/* How many daemons the job spans (0 for a job on one daemon). */
+uint32_t mesh_node_count(const struct job *job);
+/* On the job's root, for a rank joined on any node: that node, and whether
+ * the rank asked for the next export.  false elsewhere, or when the rank
+ * is not in the job. */
+bool mesh_rank_where(const struct job *job, uint32_t rank, uint32_t *node,
+                     bool *asked);
+
+
+#endif /* SP_DAEMON_MESH_MESH_H */
