@@ -1355,10 +1355,11 @@ int export_op_release(struct conn *c, const struct sp_msg_head *head,
                          export_id, m->rank, m->job->hex);
 }
 
-int export_start_gathered(struct job *job, struct mesh_export *mx,
-                          uint64_t export_id, uint32_t max_keys,
-                          uint64_t max_bytes, uint32_t timeout_ms, char *msg,
-                          size_t msglen) {
+/* The wing's callbacks (daemon/mesh/mesh.h, struct mesh_ops). */
+static int mesh_start(struct job *job, struct mesh_export *mx,
+                      uint64_t export_id, uint32_t max_keys,
+                      uint64_t max_bytes, uint32_t timeout_ms, char *msg,
+                      size_t msglen) {
   if (job->running != NULL) {
     snprintf(msg, msglen, "job %s is still running export %" PRIu64,
              job->hex, job->running->id);
@@ -1419,7 +1420,7 @@ int export_start_gathered(struct job *job, struct mesh_export *mx,
   return 0;
 }
 
-void export_go(struct job *job, const struct replica_differ *differ) {
+static void mesh_go(struct job *job, const struct replica_differ *differ) {
   struct export *ex = job->running;
   if (ex == NULL || ex->await != AWAIT_GO || ex->failed)
     return;
@@ -1446,7 +1447,7 @@ void export_go(struct job *job, const struct replica_differ *differ) {
     finish(ex);
 }
 
-void export_publish(struct job *job) {
+static void mesh_publish(struct job *job) {
   struct export *ex = job->running;
   if (ex == NULL || ex->await != AWAIT_PUBLISH || ex->failed)
     return;
@@ -1456,7 +1457,7 @@ void export_publish(struct job *job) {
   job_wake(job);
 }
 
-void export_fail(struct job *job, int code, const char *message) {
+static void mesh_fail(struct job *job, int code, const char *message) {
   if (job->running == NULL)
     return;
   fail_export_as(job->running, code, message, false);
@@ -1474,3 +1475,26 @@ void export_fail_asks(struct job *job, int code, const char *message) {
   if (export_any_asked(job))
     fail_gather(job, code, message);
 }
+
+const struct mesh_ops export_mesh_ops = {
+    .now_ms = job_now_ms,
+    .wake = job_wake,
+    .schedule = job_schedule,
+    .end = job_end,
+    .terminate = job_terminate,
+    .find = job_find,
+    .shadow = job_new,
+    .admit = job_admit,
+    .note_joined = job_note_joined,
+    .rank_departed = job_rank_departed,
+    .rank_returned = job_rank_returned,
+    .departed = job_departed,
+    .departure_text = job_departure_text,
+    .answer_ask = job_answer_ask,
+    .start = mesh_start,
+    .go = mesh_go,
+    .publish = mesh_publish,
+    .fail = mesh_fail,
+    .fail_asks = export_fail_asks,
+    .any_asked = export_any_asked,
+};

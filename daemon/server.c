@@ -392,6 +392,7 @@ int server_run(const struct config_origin *origin, struct config *cfg,
       .started_ns = uv_hrtime(),
       .listener = {.fd = -1},
       .peer_fd = -1,
+      .mesh_ops = &export_mesh_ops,
   };
   /* Tells this daemon apart from others of a job (and from itself). */
   if (getrandom(&srv.node_id, sizeof srv.node_id, 0) != sizeof srv.node_id)

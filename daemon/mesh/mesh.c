@@ -146,6 +146,8 @@ struct mesh_export {
 struct mesh {
   struct job *job;
   struct server *srv;
+  /* The way back into the job and its export (srv->mesh_ops). */
+  const struct mesh_ops *ops;
   bool root;
   uint32_t self;
   struct mesh_node **nodes; /* by node number; NULL where none */
@@ -318,7 +320,7 @@ static void inbox_push(struct mesh *ms, bool to_root, uint32_t from,
   else
     ms->inbox_head = it;
   ms->inbox_tail = it;
-  job_wake(ms->job);
+  ms->ops->wake(ms->job);
 }
 
 static void inbox_free(struct inbox_item *it) {
@@ -333,7 +335,7 @@ void mesh_advance(struct job *job) {
   struct mesh *ms = job->mesh;
   /* A shadow nobody joins, or is joining, has nothing to wait for. */
   if (!ms->root && !job->ever_joined && ms->joins == NULL) {
-    job_end(job);
+    ms->ops->end(job);
     return;
   }
   while (ms->inbox_head != NULL) {
@@ -392,6 +394,7 @@ static struct mesh *mesh_alloc(struct job *job, bool root) {
     return NULL;
   ms->job = job;
   ms->srv = job->srv;
+  ms->ops = job->srv->mesh_ops;
   ms->root = root;
   ms->gather = 1;
   ms->cgather = 1;
@@ -430,7 +433,7 @@ int mesh_create_root(struct job *job) {
   return 0;
 }
 
-static void export_free_inputs(struct mesh_export *mx) {
+static void mx_free_inputs(struct mesh_export *mx) {
   for (uint32_t r = 0; r < mx->world; r++) {
     if (mx->shadow != NULL)
       registry_free(&mx->shadow[r]);
@@ -459,7 +462,7 @@ void mesh_export_free(struct mesh_export *mx) {
   if (ms != NULL && ms->current == mx)
     ms->current = NULL;
   remote_free(mx->remote);
-  export_free_inputs(mx);
+  mx_free_inputs(mx);
   for (uint32_t r = 0; r < mx->nmetas; r++)
     nodeblob_unref(mx->metas[r]);
   free(mx->metas);
@@ -658,7 +661,7 @@ int mesh_shadow_job(struct conn *c, const struct sp_msg_head *head,
     quota_release(owner, QUOTA_JOB);
     return conn_send_error(c, head->id, rc, "join: %s", msg);
   }
-  struct job *job = job_new(srv, t->job, t->secret, t->world);
+  struct job *job = srv->mesh_ops->shadow(srv, t->job, t->secret, t->world);
   if (job == NULL) {
     quota_release(owner, QUOTA_JOB);
     return conn_send_error(c, head->id, SP_ENOMEM, "join: out of memory");
@@ -666,7 +669,7 @@ int mesh_shadow_job(struct conn *c, const struct sp_msg_head *head,
   job->owner = owner;
   struct mesh *ms = mesh_alloc(job, false);
   if (ms == NULL) {
-    job_end(job);
+    srv->mesh_ops->end(job);
     return conn_send_error(c, head->id, SP_ENOMEM, "join: out of memory");
   }
   job->mesh = ms;
@@ -677,7 +680,7 @@ int mesh_shadow_job(struct conn *c, const struct sp_msg_head *head,
     memcpy(job->nccl_id, t->nccl_id, GPU_NCCL_ID_BYTES);
   /* A shadow whose join is refused before the root hears of it ends at
    * its next wake-up (mesh_advance). */
-  job_wake(job);
+  ms->ops->wake(job);
   *out = job;
   return 0;
 }
@@ -759,13 +762,13 @@ static void member_join_verdict(struct mesh *ms, const struct nodemsg *m) {
     if (c != NULL)
       conn_send_error(c, pj->request_id, SP_ESTATE,
                       "join: this connection or rank joined meanwhile");
-  } else if (job_admit(job, c, pj->request_id, &pj->req, pj->device) ==
+  } else if (ms->ops->admit(job, c, pj->request_id, &pj->req, pj->device) ==
              NULL) {
     to_root(ms, &left, NULL);
     conn_send_error(c, pj->request_id, SP_ENOMEM, "join: out of memory");
   }
   free(pj);
-  job_wake(job);
+  ms->ops->wake(job);
 }
 
 void mesh_rank_left(struct job *job, uint32_t rank, bool disconnected,
@@ -785,13 +788,13 @@ void mesh_asks(struct job *job) {
   struct mesh *ms = job->mesh;
   /* The root's silence counts from the first ask of a quiet job. */
   if (!mesh_active(job))
-    ms->heard_ms = job_now_ms();
+    ms->heard_ms = ms->ops->now_ms();
   for (uint32_t r = 0; r < job->world; r++) {
     struct job_member *m = job->members[r];
     if (m == NULL || m->lost || !m->asked || ms->ask_sent[r] == m->ask_id + 1)
       continue;
     if (ms->broken) {
-      job_answer_ask(m, ms->broken_code, ms->broken_msg);
+      ms->ops->answer_ask(m, ms->broken_code, ms->broken_msg);
       continue;
     }
     struct sp_msgbuf mb;
@@ -805,7 +808,7 @@ void mesh_asks(struct job *job) {
         free(tx.buf);
     }
     if (meta == NULL) {
-      job_answer_ask(m, SP_ENOMEM, "out of memory sending the rank's "
+      ms->ops->answer_ask(m, SP_ENOMEM, "out of memory sending the rank's "
                                    "registrations to the job's root");
       continue;
     }
@@ -995,7 +998,7 @@ static void member_fail(struct mesh *ms, int code, const char *message) {
   struct job *job = ms->job;
   if (ms->current != NULL) {
     uint64_t gather = ms->current->gather;
-    export_fail(job, code, message);
+    ms->ops->fail(job, code, message);
     struct nodemsg f = {.op = NODEMSG_FAIL, .gather = gather, .code = code};
     snprintf(f.message, sizeof f.message, "%s", message);
     to_root(ms, &f, NULL);
@@ -1074,7 +1077,7 @@ static void refuse_start(struct mesh *ms, struct mesh_export *mx, int code,
   struct nodemsg f = {.op = NODEMSG_FAIL, .gather = mx->gather, .code = code};
   snprintf(f.message, sizeof f.message, "%s", message);
   to_root(ms, &f, NULL);
-  export_fail_asks(ms->job, code, message);
+  ms->ops->fail_asks(ms->job, code, message);
   forget_asks(ms);
   mesh_export_free(mx);
 }
@@ -1087,7 +1090,7 @@ void mesh_try_start(struct job *job) {
     return;
   ms->ready = NULL;
   ms->timeout_ms = mx->timeout_ms;
-  ms->heard_ms = job_now_ms();
+  ms->heard_ms = ms->ops->now_ms();
   ms->awaiting_links = false;
   if (apply_roster(ms, mx) != 0) {
     refuse_start(ms, mx, SP_ENOMEM, "out of memory starting the export");
@@ -1100,7 +1103,7 @@ void mesh_try_start(struct job *job) {
    * date as ranks come and go, later than this announcement.) */
   for (uint32_t r = 0; r < job->world && !ms->root; r++)
     if (mx->rank_nodes[r] != ms->self && mx->rank_nodes[r] != PLAN_NONE)
-      job_rank_returned(job, r);
+      ms->ops->rank_returned(job, r);
   /* This node must still hold every rank the root placed here. */
   for (uint32_t r = 0; r < job->world; r++) {
     const struct job_member *m = job->members[r];
@@ -1108,8 +1111,8 @@ void mesh_try_start(struct job *job) {
         (m != NULL && !m->lost && m->asked))
       continue;
     char msg[SP_ERRMSG_MAX + 1];
-    if (!job_departed(job, msg, sizeof msg))
-      job_departure_text(job, r, m == NULL || m->disconnected, "", NULL, msg,
+    if (!ms->ops->departed(job, msg, sizeof msg))
+      ms->ops->departure_text(job, r, m == NULL || m->disconnected, "", NULL, msg,
                          sizeof msg);
     refuse_start(ms, mx, SP_ERANKLOST, msg);
     return;
@@ -1131,7 +1134,7 @@ void mesh_try_start(struct job *job) {
   char msg[SP_ERRMSG_MAX + 1];
   /* Current first: a failure while starting reports this export. */
   ms->current = mx;
-  int rc = export_start_gathered(job, mx, mx->export_id, mx->max_keys,
+  int rc = ms->ops->start(job, mx, mx->export_id, mx->max_keys,
                                  mx->max_bytes, mx->timeout_ms, msg,
                                  sizeof msg);
   if (rc != 0) {
@@ -1218,7 +1221,7 @@ static void member_plan(struct mesh *ms, const struct nodemsg *m,
 static void member_fail_msg(struct mesh *ms, const struct nodemsg *m) {
   struct job *job = ms->job;
   if (ms->current != NULL && ms->current->gather == m->gather) {
-    export_fail(job, m->code, m->message);
+    ms->ops->fail(job, m->code, m->message);
     return;
   }
   if (ms->ready != NULL && ms->ready->gather == m->gather) {
@@ -1230,7 +1233,7 @@ static void member_fail_msg(struct mesh *ms, const struct nodemsg *m) {
     ms->incoming = NULL;
   }
   if (m->gather >= ms->gather) {
-    export_fail_asks(job, m->code, m->message);
+    ms->ops->fail_asks(job, m->code, m->message);
     forget_asks(ms);
     new_gather(ms, m->gather + 1);
   }
@@ -1239,7 +1242,7 @@ static void member_fail_msg(struct mesh *ms, const struct nodemsg *m) {
 static void member_handle(struct mesh *ms, const struct nodemsg *m,
                           struct nodeblob **blobs, size_t nblobs) {
   struct job *job = ms->job;
-  ms->heard_ms = job_now_ms();
+  ms->heard_ms = ms->ops->now_ms();
   switch (m->op) {
   case NODEMSG_JOIN:
   case NODEMSG_ERROR:
@@ -1256,13 +1259,13 @@ static void member_handle(struct mesh *ms, const struct nodemsg *m,
                                       .digests = {m->differ_digests[0],
                                                   m->differ_digests[1]}};
       ms->current->moving = !m->differ;
-      export_go(job, m->differ ? &differ : NULL);
+      ms->ops->go(job, m->differ ? &differ : NULL);
     }
     break;
   case NODEMSG_PUBLISH:
     if (ms->current != NULL && ms->current->gather == m->gather) {
       ms->current->published = true;
-      export_publish(job);
+      ms->ops->publish(job);
     }
     break;
   case NODEMSG_FAIL:
@@ -1302,15 +1305,15 @@ static void root_lost(struct mesh *ms, const char *why) {
     joins_refuse(ms, SP_ENODELOST, msg);
   }
   if (ms->current != NULL)
-    export_fail(job, SP_ENODELOST, ms->broken_msg);
+    ms->ops->fail(job, SP_ENODELOST, ms->broken_msg);
   mesh_export_free(ms->ready);
   mesh_export_free(ms->incoming);
   ms->ready = ms->incoming = NULL;
-  export_fail_asks(job, SP_ENODELOST, ms->broken_msg);
+  ms->ops->fail_asks(job, SP_ENODELOST, ms->broken_msg);
   forget_asks(ms);
   if (!job->ever_joined)
-    job_end(job);
-  job_wake(job);
+    ms->ops->end(job);
+  ms->ops->wake(job);
 }
 
 /* The root ended the job for good: this node ends its part with the
@@ -1327,7 +1330,7 @@ static void root_ended(struct mesh *ms, const struct nodemsg *m) {
   ms->broken_code = m->code;
   snprintf(ms->broken_msg, sizeof ms->broken_msg, "%s", m->message);
   joins_refuse(ms, m->code, m->message);
-  job_terminate(job, m->code, m->message);
+  ms->ops->terminate(job, m->code, m->message);
 }
 
 /* The root refused this daemon, or did not prove it knows the job's secret,
@@ -1346,7 +1349,7 @@ static void root_refused(struct mesh *ms, int code, const char *why) {
   ms->broken_code = code;
   snprintf(ms->broken_msg, sizeof ms->broken_msg, "%s", msg);
   joins_refuse(ms, code, msg);
-  job_end(ms->job);
+  ms->ops->end(ms->job);
 }
 
 /* The root's handshake: its challenge, answered with peer_hello; then its
@@ -1422,7 +1425,7 @@ static void on_root_frame(struct nodelink *l, void *arg,
 static void on_root_blob(struct nodelink *l, void *arg, struct nodeblob *b) {
   (void)l;
   struct mesh *ms = arg;
-  ms->heard_ms = job_now_ms();
+  ms->heard_ms = ms->ops->now_ms();
   member_meta(ms, b);
 }
 
@@ -1444,7 +1447,7 @@ static void on_root_closed(struct nodelink *l, void *arg, int code) {
     ms->broken_code = SP_ENODELOST;
     snprintf(ms->broken_msg, sizeof ms->broken_msg, "%s", msg);
     joins_refuse(ms, SP_ENODELOST, msg);
-    job_end(ms->job);
+    ms->ops->end(ms->job);
     return;
   }
   root_lost(ms, why);
@@ -1565,7 +1568,7 @@ static void gather_fail(struct mesh *ms, int code, const char *message) {
    * it answers them (export_fail_asks, through the inbox); the root logs
    * it here only when none do, so that it is logged once, at warn, as
    * every failed export is. */
-  if (!export_any_asked(ms->job))
+  if (!ms->ops->any_asked(ms->job))
     log_with(LOG_LEVEL_WARN, LOG_JOB(ms->job->hex),
              "job %s: export failed before it started: %s: %s", ms->job->hex,
              sp_err_name(code), message);
@@ -1574,7 +1577,7 @@ static void gather_fail(struct mesh *ms, int code, const char *message) {
   ms->cgather++;
 }
 
-static void export_over(struct mesh *ms) {
+static void coord_export_over(struct mesh *ms) {
   ms->cstate = COORD_IDLE;
   for (uint32_t i = 0; i < ms->nnodes; i++)
     if (ms->nodes[i] != NULL)
@@ -1654,7 +1657,7 @@ static void gather_complete(struct mesh *ms) {
     snprintf(p.nodes[p.nnodes - 1].addr, NODE_ADDR_MAX, "%s", n->addr);
     n->in_export = true;
     n->planned = n->moved = false;
-    n->heard_ms = job_now_ms();
+    n->heard_ms = ms->ops->now_ms();
   }
   /* The communicators across nodes: a failure since they were last used
    * may have aborted them, and a real NCCL id names the bootstrap listener
@@ -1717,7 +1720,7 @@ static void coord_ask(struct mesh *ms, struct mesh_node *n,
   /* A rank left and has not joined again: the export cannot complete,
    * and every node's asking ranks hear why at once. */
   char gone[SP_ERRMSG_MAX + 1];
-  if (job_departed(job, gone, sizeof gone)) {
+  if (ms->ops->departed(job, gone, sizeof gone)) {
     gather_fail(ms, SP_ERANKLOST, gone);
     return;
   }
@@ -1728,10 +1731,10 @@ static void coord_ask(struct mesh *ms, struct mesh_node *n,
                          .max_keys = m->max_keys,
                          .max_bytes = m->max_bytes,
                          .timeout_ms = m->timeout_ms,
-                         .deadline_ms = job_now_ms() + t,
+                         .deadline_ms = ms->ops->now_ms() + t,
                          .meta = nodeblob_ref(blob)};
   ms->nasked++;
-  job_schedule(job);
+  ms->ops->schedule(job);
   if (ms->nasked == job->world && ms->cstate == COORD_IDLE)
     gather_complete(ms);
 }
@@ -1759,7 +1762,7 @@ static int compare_node_replicas(struct mesh *ms, struct nodemsg *go) {
                base->node, base->nreplicas, x->node, x->nreplicas,
                ms->cexport_id, ms->job->hex);
       coord_fail(ms, ms->cexport_gather, SP_EBADMSG, msg, true);
-      export_over(ms);
+      coord_export_over(ms);
       return -1;
     }
   }
@@ -1822,7 +1825,7 @@ static void coord_planned(struct mesh *ms, struct mesh_node *n,
     log_with(LOG_LEVEL_WARN, LOG_JOB(ms->job->hex), "job %s: %s", ms->job->hex,
              msg);
     coord_fail(ms, ms->cexport_gather, SP_EDIGEST, msg, true);
-    export_over(ms);
+    coord_export_over(ms);
     return;
   }
   ms->cstate = COORD_MOVING;
@@ -1849,7 +1852,7 @@ static void coord_moved(struct mesh *ms, struct mesh_node *n,
   for (uint32_t i = 0; i < ms->nnodes; i++)
     if (ms->nodes[i] != NULL && ms->nodes[i]->in_export)
       to_node(ms, i, &pub, NULL, 0);
-  export_over(ms);
+  coord_export_over(ms);
   if (ms->nasked == ms->job->world)
     gather_complete(ms);
 }
@@ -1857,7 +1860,7 @@ static void coord_moved(struct mesh *ms, struct mesh_node *n,
 static void coord_fail_msg(struct mesh *ms, const struct nodemsg *m) {
   if (ms->cstate != COORD_IDLE && m->gather == ms->cexport_gather) {
     coord_fail(ms, m->gather, m->code, m->message, true);
-    export_over(ms);
+    coord_export_over(ms);
     if (ms->nasked == ms->job->world)
       gather_complete(ms);
   } else if (m->gather == ms->cgather) {
@@ -1881,12 +1884,12 @@ static void coord_left(struct mesh *ms, struct mesh_node *n,
   }
   /* Every export asked for from now on fails at once (coord_ask), with
    * the reason the rank's own daemon knew. */
-  job_rank_departed(job, m->rank, m->disconnected,
+  ms->ops->rank_departed(job, m->rank, m->disconnected,
                     m->message[0] != '\0' ? m->message : NULL);
   char gone[SP_ERRMSG_MAX + 1];
-  if (ms->nasked > 0 && job_departed(job, gone, sizeof gone))
+  if (ms->nasked > 0 && ms->ops->departed(job, gone, sizeof gone))
     gather_fail(ms, SP_ERANKLOST, gone);
-  job_wake(job);
+  ms->ops->wake(job);
 }
 
 static void coord_join(struct mesh *ms, struct mesh_node *n,
@@ -1910,8 +1913,8 @@ static void coord_join(struct mesh *ms, struct mesh_node *n,
   } else {
     ms->rank_node[m->rank] = n->node;
     n->nranks++;
-    job_rank_returned(job, m->rank);
-    job_note_joined(job);
+    ms->ops->rank_returned(job, m->rank);
+    ms->ops->note_joined(job);
     log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
              "job %s: rank %" PRIu32 " joined on node %u (%s)", job->hex,
              m->rank, n->node, n->addr);
@@ -1924,7 +1927,7 @@ static void coord_handle(struct mesh *ms, uint32_t from, const struct nodemsg *m
   struct mesh_node *n = node_get(ms, from);
   if (n == NULL || !n->present)
     return;
-  n->heard_ms = job_now_ms();
+  n->heard_ms = ms->ops->now_ms();
   switch (m->op) {
   case NODEMSG_JOIN:
     coord_join(ms, n, m);
@@ -1984,7 +1987,7 @@ static void node_lost(struct mesh *ms, struct mesh_node *n, const char *why) {
     ms->rank_node[r] = PLAN_NONE;
     /* Its ranks are gone with it (a node that said goodbye had none). */
     if (why != NULL)
-      job_rank_departed(job, r, true, reason);
+      ms->ops->rank_departed(job, r, true, reason);
     if (ms->asks[r].asked) {
       nodeblob_unref(ms->asks[r].meta);
       memset(&ms->asks[r], 0, sizeof ms->asks[r]);
@@ -2002,14 +2005,14 @@ static void node_lost(struct mesh *ms, struct mesh_node *n, const char *why) {
                         sizeof msg);
       n->in_export = false;
       coord_fail(ms, ms->cexport_gather, SP_ENODELOST, msg, true);
-      export_over(ms);
+      coord_export_over(ms);
     } else if (had_asks || ms->nasked > 0) {
       mesh_lost_message(job->hex, n->node, n->addr, 0, msg, sizeof msg);
       gather_fail(ms, SP_ENODELOST, msg);
     }
   }
   n->in_export = false;
-  job_wake(job);
+  ms->ops->wake(job);
 }
 
 static void on_ctl_frame(struct nodelink *l, void *arg,
@@ -2030,7 +2033,7 @@ static void on_ctl_frame(struct nodelink *l, void *arg,
     n->ask = m;
     n->ask_pending = true;
     nodelink_expect_blobs(n->ctl, 1);
-    n->heard_ms = job_now_ms();
+    n->heard_ms = ms->ops->now_ms();
     return;
   }
   coord_handle(ms, n->node, &m, NULL);
@@ -2128,7 +2131,7 @@ static void hello_root(struct server *srv, struct nodelink *l,
   n->node_id = m->node_id;
   n->present = true;
   n->ctl = l;
-  n->heard_ms = job_now_ms();
+  n->heard_ms = ms->ops->now_ms();
   snprintf(n->addr, sizeof n->addr, "%s", m->addr);
   nodelink_set_ops(l, &ctl_ops, n);
   nodelink_hello_done(l);
@@ -2189,8 +2192,8 @@ static struct job *proven_job(struct server *srv, struct nodelink *l,
   uint8_t want[PEERAUTH_PROOF_BYTES];
   struct job *found = NULL;
   bool tried = false;
-  for (struct job *j = job_find(srv, NULL, m->job); j != NULL;
-       j = job_find(srv, j, m->job)) {
+  for (struct job *j = srv->mesh_ops->find(srv, NULL, m->job); j != NULL;
+       j = srv->mesh_ops->find(srv, j, m->job)) {
     if (j->dying || j->mesh == NULL || j->mesh->broken)
       continue;
     tried = true;
@@ -2262,7 +2265,7 @@ static uint32_t member_timeout(const struct mesh *ms) {
 
 void mesh_tick(struct job *job) {
   struct mesh *ms = job->mesh;
-  uint64_t now = job_now_ms();
+  uint64_t now = ms->ops->now_ms();
   if (!mesh_active(job))
     return;
   /* Member: beats to the root, and the root's silence. */

@@ -25,6 +25,82 @@ void nodelink_listen_close(struct server *srv);
 /* Closes every link at shutdown. */
 void nodelink_shutdown(struct server *srv);
 
+/* ---- the way back: what the wing asks of jobs and exports ---- */
+
+struct mesh_export;
+
+/* Two nodes' copies of the key-th replicated or plain key (in key order)
+ * that differ, as the root found them (the root's go). */
+struct replica_differ {
+  uint32_t key;
+  uint32_t ranks[2];
+  uint64_t digests[2];
+};
+
+/*
+ * The wing never calls into job.c or export.c: it calls back through this
+ * table, which the daemon hands it in srv->mesh_ops (export.c fills it;
+ * the wing's unit tests hand it a fake).  Every entry runs on the loop,
+ * from the job's wake-up or a link's callback, and may not free the mesh
+ * it was called from, except end and terminate, after which the caller
+ * touches the job no more.
+ */
+struct mesh_ops {
+  /* The job's clock, in milliseconds. */
+  uint64_t (*now_ms)(void);
+  /* Runs the job's state machine soon (never re-entered), and keeps its
+   * tick timer running while it has something to watch. */
+  void (*wake)(struct job *job);
+  void (*schedule)(struct job *job);
+  /* The job's end, as soon as no export runs; and its end for good, its
+   * ranks told code and message (job_terminate). */
+  void (*end)(struct job *job);
+  void (*terminate)(struct job *job, int code, const char *message);
+  /* The next job of an id after prev (NULL: the first), or NULL; a new
+   * job of that id and secret, a shadow of one rooted elsewhere. */
+  struct job *(*find)(const struct server *srv, const struct job *prev,
+                      const uint8_t *id);
+  struct job *(*shadow)(struct server *srv, const uint8_t *id,
+                        const uint8_t *secret, uint32_t world);
+  /* A rank the root admitted (the join is answered; NULL when out of
+   * memory, nothing answered); a rank joined elsewhere. */
+  struct job_member *(*admit)(struct job *job, struct conn *c,
+                              uint64_t request_id, const struct req_join *req,
+                              int device);
+  void (*note_joined)(struct job *job);
+  /* Rank left the job (reason: why, when known, or NULL), or joined again;
+   * whether a rank left and has not come back (buf names it); how every
+   * daemon names a rank that left (job_departure_text). */
+  void (*rank_departed)(struct job *job, uint32_t rank, bool disconnected,
+                        const char *reason);
+  void (*rank_returned)(struct job *job, uint32_t rank);
+  bool (*departed)(const struct job *job, char *buf, size_t len);
+  void (*departure_text)(const struct job *job, uint32_t rank,
+                         bool disconnected, const char *when,
+                         const char *reason, char *buf, size_t len);
+  /* Answers a member's pending ask with an error. */
+  void (*answer_ask)(struct job_member *m, int code, const char *message);
+  /* Starts the export the root announced from the local ranks that asked
+   * and the gathered metadata of every rank, with the options the root
+   * resolved: 0 (the export owns mx), or a code and a message to fail it
+   * everywhere with (mx stays the caller's). */
+  int (*start)(struct job *job, struct mesh_export *mx, uint64_t export_id,
+               uint32_t max_keys, uint64_t max_bytes, uint32_t timeout_ms,
+               char *msg, size_t msglen);
+  /* The root's go (every node planned alike; differ: but two nodes'
+   * copies of a replicated key differ, and the export is refused) and
+   * publish (every node moved its data). */
+  void (*go)(struct job *job, const struct replica_differ *differ);
+  void (*publish)(struct job *job);
+  /* Fails the running export with the root's code and message (nothing
+   * is reported back to the root). */
+  void (*fail)(struct job *job, int code, const char *message);
+  /* Fails the ranks of this node waiting for an export, logged once at
+   * warn when there are any; whether any waits. */
+  void (*fail_asks)(struct job *job, int code, const char *message);
+  bool (*any_asked)(const struct job *job);
+};
+
 /* ---- jobs across nodes (mesh.c) ---- */
 
 struct mesh;
