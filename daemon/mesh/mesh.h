@@ -135,11 +135,6 @@ bool mesh_may_end(const struct job *job);
 /* On the root: tells every node that the job ended for good, with the code
  * and message its ranks there are to hear. */
 void mesh_job_ended(struct job *job, int code, const char *message);
-/* A link another daemon opened: its challenge, then its first frame. */
-void mesh_link_accepted(struct server *srv, struct nodelink *l);
-void mesh_link_hello(struct server *srv, struct nodelink *l,
-                     const struct sp_msg_head *head,
-                     const msgpack_object *map);
 /* The export's part (export.c): its plan input from the gathered bytes
  * (on the planning thread), the plan's digest, the rounds done, a failure
  * found here, the data plane, and the end. */

@@ -40,8 +40,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "daemon/mesh/mesh.h"
-#include "daemon/mesh/nodelink.h"
+#include "daemon/mesh/internal.h"
 #include "daemon/mesh/peerhost.h"
 #include "proto/wire.h"
 #include "shardport.h"
