@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/gather.h"
 #include "daemon/mesh/internal.h"
 #include "shardport.h"
 
@@ -55,127 +56,134 @@ static void coord_export_over(struct mesh *ms) {
       ms->nodes[i]->in_export = false;
 }
 
-/* "2, 5 (not joined) and 3 more": the ranks a timed-out gather waited for,
- * as export.c names them on one node. */
-void coord_missing_ranks(const struct mesh *ms, char *buf, size_t len) {
-  size_t used = 0, named = 0, count = 0;
-  buf[0] = '\0';
-  for (uint32_t r = 0; r < ms->job->world; r++) {
-    if (ms->asks[r].asked)
-      continue;
-    count++;
-    if (named < 8 && used < len) {
-      used += (size_t)snprintf(buf + used, len - used, "%s%" PRIu32 "%s",
-                               named > 0 ? ", " : "", r,
-                               ms->rank_node[r] == PLAN_NONE ? " (not joined)"
-                                                             : "");
-      named++;
-    }
-  }
-  if (count > named && used < len)
-    snprintf(buf + used, len - used, " and %zu more", count - named);
+/* A rank's part in the gather as the root knows it (gather.h). */
+static void coord_rank_ask(const void *ctx, uint32_t r,
+                           struct gather_ask *out) {
+  const struct mesh *ms = ctx;
+  const struct mesh_ask *a = &ms->asks[r];
+  *out = (struct gather_ask){.joined = ms->rank_node[r] != PLAN_NONE,
+                             .asked = a->asked,
+                             .max_keys = a->max_keys,
+                             .max_bytes = a->max_bytes,
+                             .timeout_ms = a->timeout_ms,
+                             .deadline_ms = a->deadline_ms};
 }
 
-static void coord_gather_complete(struct mesh *ms) {
-  struct job *job = ms->job;
-  const struct config *cfg = ms->srv->cfg;
-  uint32_t world = job->world;
-  uint32_t keys0 = 0, timeout = UINT32_MAX;
-  uint64_t bytes0 = 0;
-  for (uint32_t r = 0; r < world; r++) {
-    const struct mesh_ask *a = &ms->asks[r];
-    uint32_t keys = a->max_keys > 0 ? a->max_keys : PLAN_DEFAULT_MAX_KEYS;
-    uint64_t bytes = a->max_bytes > 0 ? a->max_bytes : cfg->max_bytes;
-    uint32_t t = a->timeout_ms > 0 ? a->timeout_ms : cfg->export_timeout_ms;
-    if (t < timeout)
-      timeout = t;
-    if (r == 0) {
-      keys0 = keys;
-      bytes0 = bytes;
-    } else if (keys != keys0 || bytes != bytes0) {
-      char msg[256];
-      snprintf(msg, sizeof msg,
-               "ranks disagree on the export options: rank 0 asked max_keys "
-               "%" PRIu32 " and max_bytes %" PRIu64 ", rank %" PRIu32
-               " asked %" PRIu32 " and %" PRIu64,
-               keys0, bytes0, r, keys, bytes);
-      coord_gather_fail(ms, SP_EINVAL, msg);
-      return;
-    }
-  }
-  struct nodemsg p = {.op = NODEMSG_PLAN,
-                      .gather = ms->cgather,
-                      .export_id = ms->next_export_id++,
-                      .max_keys = keys0,
-                      .max_bytes = bytes0,
-                      .timeout_ms = timeout,
-                      .world = world};
-  struct nodeblob **metas = malloc(world * sizeof *metas);
-  p.rank_nodes = ms->rank_node;
-  p.nodes = calloc(ms->nnodes, sizeof *p.nodes);
-  if (metas == NULL || p.nodes == NULL) {
-    free(metas);
-    free(p.nodes);
-    coord_gather_fail(ms, SP_ENOMEM, "out of memory planning the export");
-    return;
-  }
+struct gather_ranks coord_gather_ranks(const struct mesh *ms) {
+  return (struct gather_ranks){
+      .world = ms->job->world, .ask = coord_rank_ask, .ctx = ms};
+}
+
+/* The roster of the export: every node that holds ranks, each now in the
+ * export, its planned and moved reset and its silence counted from now.
+ * 0 or SP_ENOMEM (no node changed). */
+static int coord_roster(struct mesh *ms, struct nodemsg *p) {
+  p->nodes = calloc(ms->nnodes, sizeof *p->nodes);
+  if (p->nodes == NULL)
+    return SP_ENOMEM;
   for (uint32_t i = 0; i < ms->nnodes; i++) {
     struct mesh_node *n = ms->nodes[i];
     if (n == NULL || !n->present || n->nranks == 0)
       continue;
-    p.nodes[p.nnodes++] = (struct nodemsg_node){.node = n->node,
-                                                .node_id = n->node_id};
-    snprintf(p.nodes[p.nnodes - 1].addr, NODE_ADDR_MAX, "%s", n->addr);
+    p->nodes[p->nnodes++] =
+        (struct nodemsg_node){.node = n->node, .node_id = n->node_id};
+    snprintf(p->nodes[p->nnodes - 1].addr, NODE_ADDR_MAX, "%s", n->addr);
     n->in_export = true;
     n->planned = n->moved = false;
     n->heard_ms = ms->ops->now_ms();
   }
-  /* The communicators across nodes: a failure since they were last used
-   * may have aborted them, and a real NCCL id names the bootstrap listener
-   * of the process that made it, so it cannot be used twice; the nodes
-   * make a new generation from a fresh id (docs/gpu.md). */
+  return 0;
+}
+
+/* The communicators across nodes: a failure since they were last used may
+ * have aborted them, and a real NCCL id names the bootstrap listener of
+ * the process that made it, so it cannot be used twice; the nodes make a
+ * new generation from a fresh id (docs/gpu.md), which the plan carries.
+ * 0, or SP_EBACKEND with a sentence when no id can be made. */
+static int coord_comm_generation(struct mesh *ms, struct nodemsg *p,
+                                 char *msg, size_t msglen) {
+  struct job *job = ms->job;
   if (ms->comm_pending)
     ms->comm_stale = true;
   ms->comm_pending = false;
-  if (p.nnodes > 1 && job->has_nccl_id) {
-    if (ms->comm_stale) {
-      char why[256];
-      if (gpu_comms_unique_id(ms->srv->backend->gpu, ms->comm_id, why,
-                              sizeof why) != 0) {
-        for (uint32_t i = 0; i < ms->nnodes; i++)
-          if (ms->nodes[i] != NULL)
-            ms->nodes[i]->in_export = false;
-        ms->cstate = COORD_IDLE;
-        free(metas);
-        free(p.nodes);
-        char msg[384];
-        snprintf(msg, sizeof msg, "cannot make a new NCCL id: %s", why);
-        coord_gather_fail(ms, SP_EBACKEND, msg);
-        return;
-      }
-      ms->comm_gen++;
-      ms->comm_stale = false;
-      log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
-               "job %s: NCCL communicators of generation %" PRIu64
-               " from a new id",
-               job->hex, ms->comm_gen);
+  if (p->nnodes <= 1 || !job->has_nccl_id)
+    return 0;
+  if (ms->comm_stale) {
+    char why[256];
+    if (gpu_comms_unique_id(ms->srv->backend->gpu, ms->comm_id, why,
+                            sizeof why) != 0) {
+      snprintf(msg, msglen, "cannot make a new NCCL id: %s", why);
+      return SP_EBACKEND;
     }
-    ms->comm_pending = true;
-    p.comm_gen = ms->comm_gen;
-    memcpy(p.nccl_id, ms->comm_id, NODE_NCCL_ID_BYTES);
+    ms->comm_gen++;
+    ms->comm_stale = false;
+    log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+             "job %s: NCCL communicators of generation %" PRIu64
+             " from a new id",
+             job->hex, ms->comm_gen);
   }
-  for (uint32_t r = 0; r < world; r++)
+  ms->comm_pending = true;
+  p->comm_gen = ms->comm_gen;
+  memcpy(p->nccl_id, ms->comm_id, NODE_NCCL_ID_BYTES);
+  return 0;
+}
+
+/* The plan goes to every node of its roster with every rank's meta, the
+ * same bytes to all, and the root awaits their planned. */
+static void coord_announce(struct mesh *ms, const struct nodemsg *p,
+                           struct nodeblob **metas) {
+  struct job *job = ms->job;
+  for (uint32_t r = 0; r < job->world; r++)
     metas[r] = ms->asks[r].meta;
   log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
            "job %s: export %" PRIu64 ": every rank asked; "
            "planning on %zu node(s)",
-           job->hex, p.export_id, p.nnodes);
+           job->hex, p->export_id, p->nnodes);
   ms->cstate = COORD_PLANNING;
   ms->cexport_gather = ms->cgather;
-  ms->cexport_id = p.export_id;
-  ms->ctimeout = timeout;
-  for (size_t i = 0; i < p.nnodes; i++)
-    inbox_to_node(ms, p.nodes[i].node, &p, metas, world);
+  ms->cexport_id = p->export_id;
+  ms->ctimeout = p->timeout_ms;
+  for (size_t i = 0; i < p->nnodes; i++)
+    inbox_to_node(ms, p->nodes[i].node, p, metas, job->world);
+}
+
+/* Every rank asked: the options they agree on, the roster, the
+ * communicators' generation, then the plan announced to every node; a
+ * step that fails fails the gather everywhere.  The next asks belong to
+ * the next gather. */
+static void coord_gather_complete(struct mesh *ms) {
+  struct job *job = ms->job;
+  struct gather_ranks g = coord_gather_ranks(ms);
+  struct gather_options o;
+  char msg[384];
+  int rc = gather_agree(&g, ms->srv->cfg, &o, msg, sizeof msg);
+  if (rc != 0) {
+    coord_gather_fail(ms, rc, msg);
+    return;
+  }
+  struct nodemsg p = {.op = NODEMSG_PLAN,
+                      .gather = ms->cgather,
+                      .export_id = ms->next_export_id++,
+                      .max_keys = o.max_keys,
+                      .max_bytes = o.max_bytes,
+                      .timeout_ms = o.timeout_ms,
+                      .world = job->world,
+                      .rank_nodes = ms->rank_node};
+  struct nodeblob **metas = malloc(job->world * sizeof *metas);
+  if (metas == NULL || coord_roster(ms, &p) != 0) {
+    free(metas);
+    coord_gather_fail(ms, SP_ENOMEM, "out of memory planning the export");
+    return;
+  }
+  rc = coord_comm_generation(ms, &p, msg, sizeof msg);
+  if (rc != 0) {
+    coord_export_over(ms);
+    free(metas);
+    free(p.nodes);
+    coord_gather_fail(ms, rc, msg);
+    return;
+  }
+  coord_announce(ms, &p, metas);
   free(metas);
   free(p.nodes);
   coord_clear_asks(ms);

@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "daemon/daemon.h"
+#include "daemon/gather.h"
 #include "daemon/mesh/mesh.h"
 #include "daemon/mesh/nodelink.h"
 #include "daemon/mesh/nodemsg.h"
@@ -239,8 +240,8 @@ void coord_handle(struct mesh *ms, uint32_t from, const struct nodemsg *m,
                   struct nodeblob *blob);
 /* A gather that cannot complete: every node's waiting ranks hear why. */
 void coord_gather_fail(struct mesh *ms, int code, const char *message);
-/* "2, 5 (not joined) and 3 more": the ranks a gather waits for. */
-void coord_missing_ranks(const struct mesh *ms, char *buf, size_t len);
+/* The ranks of the gather under way, as gather.h reads them. */
+struct gather_ranks coord_gather_ranks(const struct mesh *ms);
 /* A node is gone (why NULL: it said goodbye). */
 void coord_node_lost(struct mesh *ms, struct mesh_node *n, const char *why);
 /* What a node's control link tells the root. */

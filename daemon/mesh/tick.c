@@ -20,8 +20,8 @@ static uint32_t member_timeout(const struct mesh *ms) {
     const struct job_member *m = job->members[r];
     if (m == NULL || !m->asked || ms->ask_sent[r] == 0)
       continue;
-    uint32_t mt =
-        m->ask.timeout_ms > 0 ? m->ask.timeout_ms : job->srv->cfg->export_timeout_ms;
+    uint32_t mt = m->ask.timeout_ms > 0 ? m->ask.timeout_ms
+                                        : job->srv->cfg->export_timeout_ms;
     if (mt < t)
       t = mt;
   }
@@ -59,14 +59,12 @@ void mesh_tick(struct job *job) {
         inbox_to_node(ms, i, &b, NULL, 0);
     ms->cbeat_ms = now;
   }
-  uint64_t deadline = UINT64_MAX;
   uint32_t gather_timeout = UINT32_MAX;
   for (uint32_t r = 0; r < job->world; r++)
     if (ms->asks[r].asked) {
-      if (ms->asks[r].deadline_ms < deadline)
-        deadline = ms->asks[r].deadline_ms;
-      uint32_t t = ms->asks[r].timeout_ms > 0 ? ms->asks[r].timeout_ms
-                                              : job->srv->cfg->export_timeout_ms;
+      uint32_t t = ms->asks[r].timeout_ms > 0
+                       ? ms->asks[r].timeout_ms
+                       : job->srv->cfg->export_timeout_ms;
       if (t < gather_timeout)
         gather_timeout = t;
     }
@@ -88,13 +86,9 @@ void mesh_tick(struct job *job) {
       coord_node_lost(ms, n, why);
     }
   }
-  if (ms->nasked > 0 && ms->nasked < job->world && now >= deadline) {
-    char who[200], msg[300];
-    coord_missing_ranks(ms, who, sizeof who);
-    snprintf(msg, sizeof msg,
-             "the export of job %s timed out waiting for rank(s) %s to ask "
-             "for it",
-             job->hex, who);
-    coord_gather_fail(ms, SP_ETIMEOUT, msg);
-  }
+  struct gather_ranks g = coord_gather_ranks(ms);
+  char msg[300];
+  int rc = gather_overdue(&g, now, job->hex, msg, sizeof msg);
+  if (rc != 0)
+    coord_gather_fail(ms, rc, msg);
 }
