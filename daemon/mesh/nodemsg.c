@@ -21,6 +21,7 @@
 #include "daemon/mesh/nodelink.h"
 #include "daemon/mesh/nodemsg.h"
 #include "proto/fail.h"
+#include "proto/tensor.h"
 #include "proto/wire.h"
 #include "shardport.h"
 
@@ -592,46 +593,38 @@ void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
 
 /* ---- a rank's registrations ---- */
 
-static void pack_dims(msgpack_packer *pk, const char *name, uint32_t ndim,
-                      const int64_t *dims) {
-  sp_pack_str(pk, name);
-  msgpack_pack_array(pk, ndim);
-  for (uint32_t d = 0; d < ndim; d++)
-    msgpack_pack_uint64(pk, (uint64_t)dims[d]);
+static void piece_wire(const void *pieces, size_t i,
+                       struct sp_piece_wire *out) {
+  const struct affine_piece *p = &((const struct affine_piece *)pieces)[i];
+  *out = (struct sp_piece_wire){.ndim = p->ndim,
+                                .shape = p->shape,
+                                .src_stride = p->src_stride,
+                                .dst_stride = p->dst_stride,
+                                .src_offset = p->src_offset,
+                                .dst_offset = p->dst_offset,
+                                .nholders = p->nholders,
+                                .holders = p->holders};
 }
 
-static void pack_piece(msgpack_packer *pk, const struct affine_piece *p) {
-  msgpack_pack_map(pk, 6);
-  pack_dims(pk, "shape", p->ndim, p->shape);
-  pack_dims(pk, "src_stride", p->ndim, p->src_stride);
-  pack_dims(pk, "dst_stride", p->ndim, p->dst_stride);
-  sp_pack_kv_u64(pk, "src_offset", (uint64_t)p->src_offset);
-  sp_pack_kv_u64(pk, "dst_offset", (uint64_t)p->dst_offset);
-  sp_pack_str(pk, "holders");
-  msgpack_pack_array(pk, p->nholders);
-  for (uint32_t h = 0; h < p->nholders; h++)
-    msgpack_pack_uint32(pk, p->holders[h]);
-}
-
-/* A tensor as tensor_add spells it (docs/protocol.md). */
+/* A tensor as the rank's own tensor_add spelled it (docs/protocol.md). */
 static void pack_tensor(msgpack_packer *pk, const struct registry *reg,
                         const struct plan_key_in *k) {
-  bool affine = k->placement == PLAN_AFFINE;
-  msgpack_pack_map(pk, affine ? 9 : 8);
-  sp_pack_kv_str(pk, "key", k->name);
-  sp_pack_kv_u64(pk, "sid", reg->info[k->storage].sid);
-  sp_pack_kv_str(pk, "dtype", sp_dtype_name(k->view.dtype));
-  pack_dims(pk, "shape", k->view.ndim, k->view.shape);
-  pack_dims(pk, "stride", k->view.ndim, k->view.stride);
-  sp_pack_kv_u64(pk, "offset", (uint64_t)k->view.offset);
-  sp_pack_kv_str(pk, "placement", plan_layout_placement_name(k->placement));
-  pack_dims(pk, "global_shape", k->ndim, k->shape);
-  if (affine) {
-    sp_pack_str(pk, "pieces");
-    msgpack_pack_array(pk, (uint32_t)k->npieces);
-    for (size_t i = 0; i < k->npieces; i++)
-      pack_piece(pk, &k->pieces[i]);
-  }
+  sp_tensor_pack(
+      pk, &(struct sp_tensor_wire){
+              .key = k->name,
+              .sid = reg->info[k->storage].sid,
+              .dtype = sp_dtype_name(k->view.dtype),
+              .ndim = k->view.ndim,
+              .shape = k->view.shape,
+              .stride = k->view.stride,
+              .offset = k->view.offset,
+              .placement = plan_layout_placement_name(k->placement),
+              .global_ndim = k->ndim,
+              .global_shape = k->shape,
+              .affine = k->placement == PLAN_AFFINE,
+              .npieces = k->npieces,
+              .piece = piece_wire,
+              .pieces = k->pieces});
 }
 
 void nodemsg_pack_meta(uint32_t rank, const struct registry *reg,
