@@ -1,10 +1,11 @@
 /*
  * nodelink.c - connections between daemons: the peer listener, and one
- * framed connection over TCP per link; see daemon.h.
+ * framed connection over TCP per link; see nodelink.h.
  *
  * A link carries the same frames as a client connection (a 4-byte length,
- * one msgpack map) and is driven the same way, by a uv_poll_t and the
- * framing layer, so that nothing here blocks the loop.  Two kinds exist:
+ * one msgpack map) and runs on the same framed socket (framesock.c), so
+ * that nothing here blocks the loop; a frame it relays to several links
+ * shares its payload with them (struct sp_frame_tx).  Two kinds exist:
  * a control link from a daemon to its job's root, which stays a link, and
  * a data link between two daemons of a job, which is a link only for its
  * handshake and is then handed over as a bare socket to the job's
@@ -37,9 +38,9 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
+#include "daemon/framesock.h"
 #include "daemon/mesh/internal.h"
 #include "daemon/mesh/peerhost.h"
 #include "proto/wire.h"
@@ -61,21 +62,14 @@
 #define NODELINK_KEEPCNT 3
 #define NODELINK_USER_TIMEOUT_MS 15000
 
-struct nodelink_tx {
-  struct nodelink_tx *next;
-  struct nodeblob *blob;
-  size_t off; /* of header and payload together */
-};
-
 struct nodelink {
   struct server *srv;
   struct nodelink *prev, *next;
   uint64_t id;
-  int sock;
-  uv_poll_t poll;
+  /* The socket, its poll, the frames in and out (framesock.h). */
+  struct framesock fs;
   uv_timer_t timer;
   int open_handles;
-  int events;
   bool connecting;
   bool closed;
   /* Reading has stopped; the link closes (or is handed over) once its
@@ -95,9 +89,6 @@ struct nodelink {
   uint8_t handshake[PEERAUTH_NONCE_BYTES];
   void (*detach_fn)(void *arg, int sock);
   void *detach_arg;
-  struct sp_frame_rx rx;
-  struct nodelink_tx *out_head, *out_tail;
-  uint64_t out_bytes;
   uint32_t expect_blobs;
   const struct nodelink_ops *ops;
   void *arg;
@@ -194,19 +185,13 @@ static void on_handle_closed(uv_handle_t *handle) {
   if (--l->open_handles > 0)
     return;
   if (l->detach_fn != NULL && !l->failed) {
-    l->detach_fn(l->detach_arg, l->sock);
+    l->detach_fn(l->detach_arg, l->fs.sock);
   } else {
-    close(l->sock);
+    close(l->fs.sock);
     if (l->detach_fn != NULL)
       l->detach_fn(l->detach_arg, -1);
   }
-  sp_frame_rx_reset(&l->rx);
-  while (l->out_head != NULL) {
-    struct nodelink_tx *tx = l->out_head;
-    l->out_head = tx->next;
-    nodeblob_unref(tx->blob);
-    free(tx);
-  }
+  framesock_release(&l->fs);
   free(l);
 }
 
@@ -224,7 +209,7 @@ static void link_end(struct nodelink *l) {
     l->srv->links = l->next;
   if (l->next != NULL)
     l->next->prev = l->prev;
-  uv_close((uv_handle_t *)&l->poll, on_handle_closed);
+  framesock_close(&l->fs, on_handle_closed);
   uv_close((uv_handle_t *)&l->timer, on_handle_closed);
 }
 
@@ -264,14 +249,7 @@ static void on_timeout(uv_timer_t *timer) {
 }
 
 static int update_events(struct nodelink *l) {
-  int want = l->connecting ? UV_WRITABLE
-             : (l->draining ? 0 : UV_READABLE) |
-                   (l->out_head != NULL ? UV_WRITABLE : 0);
-  if (want == l->events)
-    return 0;
-  l->events = want;
-  int rc = want != 0 ? uv_poll_start(&l->poll, want, on_poll)
-                     : uv_poll_stop(&l->poll);
+  int rc = framesock_want(&l->fs, on_poll, !l->draining, l->connecting);
   if (rc != 0) {
     log_msg(LOG_LEVEL_ERROR, "peer %s: uv_poll: %s", l->peer, uv_strerror(rc));
     link_fail(l, SP_EIO);
@@ -282,89 +260,74 @@ static int update_events(struct nodelink *l) {
 
 /* Writes what the socket takes.  -1 when the link ended. */
 static int flush(struct nodelink *l) {
-  while (l->out_head != NULL) {
-    struct nodelink_tx *tx = l->out_head;
-    struct nodeblob *b = tx->blob;
-    struct iovec iov[2];
-    int n = 0;
-    if (tx->off < sizeof b->hdr)
-      iov[n++] = (struct iovec){b->hdr + tx->off, sizeof b->hdr - tx->off};
-    size_t poff = tx->off > sizeof b->hdr ? tx->off - sizeof b->hdr : 0;
-    if (b->len > poff)
-      iov[n++] = (struct iovec){(void *)(b->payload + poff), b->len - poff};
-    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-    ssize_t w = n > 0 ? sendmsg(l->sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT)
-                      : 0;
-    if (w < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
-        break;
-      log_msg(LOG_LEVEL_DEBUG, "peer %s: write: %s", l->peer, strerror(errno));
-      link_fail(l, errno == EPIPE || errno == ECONNRESET ? SP_ECLOSED : SP_EIO);
-      return -1;
-    }
-    tx->off += (size_t)w;
-    if (tx->off < sizeof b->hdr + b->len)
-      continue;
-    l->out_head = tx->next;
-    if (l->out_head == NULL)
-      l->out_tail = NULL;
-    l->out_bytes -= sizeof b->hdr + b->len;
-    nodeblob_unref(b);
-    free(tx);
+  int rc = framesock_flush(&l->fs);
+  if (rc < 0) {
+    log_msg(LOG_LEVEL_DEBUG, "peer %s: write: %s", l->peer, sp_strerror(rc));
+    link_fail(l, rc);
+    return -1;
   }
-  if (l->draining && l->out_head == NULL) {
+  if (l->draining && l->fs.out_head == NULL) {
     link_end(l);
     return -1;
   }
   return update_events(l);
 }
 
-int nodelink_send_blob(struct nodelink *l, struct nodeblob *b) {
-  if (l->closed || l->draining)
+static int queue(struct nodelink *l, struct sp_frame_tx *tx) {
+  if (l->closed || l->draining) {
+    sp_frame_tx_free(tx);
     return SP_ECLOSED;
-  struct nodelink_tx *tx = calloc(1, sizeof *tx);
-  if (tx == NULL)
-    return SP_ENOMEM;
-  tx->blob = nodeblob_ref(b);
-  if (l->out_tail != NULL)
-    l->out_tail->next = tx;
-  else
-    l->out_head = tx;
-  l->out_tail = tx;
-  l->out_bytes += sizeof b->hdr + b->len;
+  }
+  framesock_queue(&l->fs, tx);
   return update_events(l) == 0 ? 0 : SP_ECLOSED;
 }
 
-int nodelink_send(struct nodelink *l, struct sp_msgbuf *mb) {
-  struct sp_frame_tx tx;
-  int rc = sp_msgbuf_finish(mb, &tx);
-  if (rc != 0)
-    return rc;
-  struct nodeblob *b =
-      nodeblob_wrap(tx.buf, tx.buf + SP_FRAME_HEADER, tx.len - SP_FRAME_HEADER);
-  if (b == NULL) {
-    free(tx.buf);
+static void release_blob(void *arg) { nodeblob_unref(arg); }
+
+int nodelink_send_blob(struct nodelink *l, struct nodeblob *b) {
+  /* The header is the link's own; the payload is shared with every link
+   * that sends the blob. */
+  struct sp_frame_tx *tx = calloc(1, sizeof *tx);
+  uint8_t *hdr = malloc(sizeof b->hdr);
+  if (tx == NULL || hdr == NULL) {
+    free(tx);
+    free(hdr);
     return SP_ENOMEM;
   }
-  rc = nodelink_send_blob(l, b);
-  nodeblob_unref(b);
-  return rc;
+  memcpy(hdr, b->hdr, sizeof b->hdr);
+  tx->buf = hdr;
+  tx->len = sizeof b->hdr;
+  tx->shared = b->payload;
+  tx->shared_len = b->len;
+  tx->release = release_blob;
+  tx->release_arg = nodeblob_ref(b);
+  return queue(l, tx);
+}
+
+int nodelink_send(struct nodelink *l, struct sp_msgbuf *mb) {
+  struct sp_frame_tx *tx = calloc(1, sizeof *tx);
+  if (tx == NULL) {
+    sp_msgbuf_discard(mb);
+    return SP_ENOMEM;
+  }
+  int rc = sp_msgbuf_finish(mb, tx);
+  if (rc != 0) {
+    free(tx);
+    return rc;
+  }
+  return queue(l, tx);
 }
 
 int nodelink_send_error(struct nodelink *l, int code, const char *message) {
-  struct sp_frame_tx tx;
-  int rc = sp_msg_error(&tx, 0, code, "%s", message);
-  if (rc != 0)
-    return rc;
-  struct nodeblob *b =
-      nodeblob_wrap(tx.buf, tx.buf + SP_FRAME_HEADER, tx.len - SP_FRAME_HEADER);
-  if (b == NULL) {
-    free(tx.buf);
+  struct sp_frame_tx *tx = calloc(1, sizeof *tx);
+  if (tx == NULL)
     return SP_ENOMEM;
+  int rc = sp_msg_error(tx, 0, code, "%s", message);
+  if (rc != 0) {
+    free(tx);
+    return rc;
   }
-  rc = nodelink_send_blob(l, b);
-  nodeblob_unref(b);
-  return rc;
+  return queue(l, tx);
 }
 
 /* Stops reading and ends the link once its queue is written. */
@@ -394,7 +357,7 @@ void nodelink_hello_done(struct nodelink *l) {
   if (l->accepted)
     l->srv->peer_unidentified--;
   /* Known now: the blobs it may relay can be as large as registrations. */
-  l->rx.limits.max_frame = NODE_MAX_FRAME;
+  l->fs.rx.limits.max_frame = NODE_MAX_FRAME;
 }
 
 void nodelink_await(struct nodelink *l, bool waiting) {
@@ -454,7 +417,7 @@ static void dispatch(struct nodelink *l, struct sp_frame *frame) {
 static int read_frames(struct nodelink *l) {
   for (int i = 0; i < NODELINK_FRAMES_PER_WAKEUP; i++) {
     struct sp_frame frame = {.data = NULL};
-    int rc = sp_frame_rx_read(&l->rx, l->sock, &frame);
+    int rc = framesock_read(&l->fs, &frame);
     if (rc == 0)
       return 0;
     if (rc < 0) {
@@ -474,7 +437,7 @@ static int read_frames(struct nodelink *l) {
 static void finish_connect(struct nodelink *l) {
   int err = 0;
   socklen_t len = sizeof err;
-  if (getsockopt(l->sock, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+  if (getsockopt(l->fs.sock, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
     err = errno;
   if (err != 0) {
     log_msg(LOG_LEVEL_INFO, "peer %s: connect: %s", l->peer, strerror(err));
@@ -484,7 +447,7 @@ static void finish_connect(struct nodelink *l) {
   /* The timer runs on: the handshake must finish within peer_timeout of
    * the dial, however quickly the connect was taken. */
   l->connecting = false;
-  nodelink_tune(l->sock);
+  nodelink_tune(l->fs.sock);
   update_events(l);
 }
 
@@ -509,18 +472,15 @@ static struct nodelink *link_new(struct server *srv, int sock) {
   if (l == NULL)
     return NULL;
   l->srv = srv;
-  l->sock = sock;
   l->id = ++srv->next_link_id;
   /* Until the peer has proved who it is, only handshake frames. */
   struct sp_limits limits;
   control_limits(&limits);
   limits.max_frame = NODELINK_HANDSHAKE_MAX_FRAME;
-  sp_frame_rx_init(&l->rx, &limits);
-  if (uv_poll_init(srv->loop, &l->poll, sock) != 0) {
+  if (framesock_init(&l->fs, srv->loop, sock, &limits, l) != 0) {
     free(l);
     return NULL;
   }
-  l->poll.data = l;
   uv_timer_init(srv->loop, &l->timer);
   l->timer.data = l;
   l->open_handles = 2;

@@ -1,6 +1,6 @@
 /*
  * nodemsg.c - the messages between daemons (docs/protocol.md, "Between
- * daemons"), packed and parsed in one place; see daemon.h.
+ * daemons"), packed and parsed in one place; see nodemsg.h.
  *
  * Every field is read with the bounds the protocol states, and a message
  * that breaks one is refused with a sentence naming the field, exactly as

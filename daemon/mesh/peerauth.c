@@ -1,5 +1,5 @@
 /*
- * peerauth.c - the proofs of the handshake between daemons; see daemon.h
+ * peerauth.c - the proofs of the handshake between daemons; see peerauth.h
  * and docs/protocol.md ("Handshakes").
  *
  * Two daemons of a job prove to each other that they know the job's secret
