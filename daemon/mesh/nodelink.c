@@ -127,36 +127,6 @@ void nodelink_tune(int sock) {
     log_msg(LOG_LEVEL_WARN, "peer socket options: %s", strerror(errno));
 }
 
-/* ---- blobs ---- */
-
-struct nodeblob *nodeblob_wrap(uint8_t *mem, const uint8_t *payload,
-                               size_t len) {
-  struct nodeblob *b = calloc(1, sizeof *b);
-  if (b == NULL)
-    return NULL;
-  b->refs = 1;
-  b->mem = mem;
-  b->payload = payload;
-  b->len = len;
-  b->hdr[0] = (uint8_t)(len >> 24);
-  b->hdr[1] = (uint8_t)(len >> 16);
-  b->hdr[2] = (uint8_t)(len >> 8);
-  b->hdr[3] = (uint8_t)len;
-  return b;
-}
-
-struct nodeblob *nodeblob_ref(struct nodeblob *b) {
-  b->refs++;
-  return b;
-}
-
-void nodeblob_unref(struct nodeblob *b) {
-  if (b == NULL || --b->refs > 0)
-    return;
-  free(b->mem);
-  free(b);
-}
-
 /* ---- links ---- */
 
 static void on_poll(uv_poll_t *handle, int status, int events);
