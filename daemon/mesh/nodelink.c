@@ -101,14 +101,6 @@ static void control_limits(struct sp_limits *l) {
   l->max_fds = 0;
 }
 
-void nodelink_meta_limits(struct sp_limits *l) {
-  sp_limits_default(l);
-  l->max_frame = NODE_MAX_FRAME;
-  l->max_depth = 8;
-  l->max_items = NODE_MAX_ITEMS;
-  l->max_fds = 0;
-}
-
 /* Keepalive and a bound on unacknowledged data, so that a dead peer ends
  * the connection; TCP_NODELAY for the small control messages.  Failures
  * are only logged: the export's own timeouts still apply. */

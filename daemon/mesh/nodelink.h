@@ -50,8 +50,6 @@ struct nodelink_ops {
 
 /* Keepalive, TCP_USER_TIMEOUT and TCP_NODELAY on a socket to a daemon. */
 void nodelink_tune(int sock);
-/* The limits a rank's registrations are decoded with. */
-void nodelink_meta_limits(struct sp_limits *l);
 /* Dials addr; the listener speaks first (its challenge comes to
  * ops->frame), or ops->closed follows. */
 int nodelink_connect(struct server *srv, const char *addr,

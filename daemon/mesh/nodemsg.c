@@ -705,6 +705,14 @@ static int parse_storages(const msgpack_object *map, struct registry *reg,
   return rc;
 }
 
+void nodemsg_meta_limits(struct sp_limits *l) {
+  sp_limits_default(l);
+  l->max_frame = NODE_MAX_FRAME;
+  l->max_depth = 8;
+  l->max_items = NODE_MAX_ITEMS;
+  l->max_fds = 0;
+}
+
 int nodemsg_parse_meta(const uint8_t *data, size_t len, uint32_t rank,
                        struct registry *reg, struct req_groups *groups,
                        char *msg, size_t msglen) {
@@ -714,7 +722,7 @@ int nodemsg_parse_meta(const uint8_t *data, size_t len, uint32_t rank,
   struct sp_msg_head head;
   memset(groups, 0, sizeof *groups);
   registry_init(reg, SP_DEVICE_CPU);
-  nodelink_meta_limits(&limits);
+  nodemsg_meta_limits(&limits);
   if (!msgpack_zone_init(&zone, MSGPACK_ZONE_CHUNK_SIZE))
     return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
   int rc = sp_wire_decode(data, len, &limits, &zone, &map);

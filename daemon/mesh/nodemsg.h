@@ -88,6 +88,8 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
                   struct nodemsg *m, char *msg, size_t msglen);
 void nodemsg_free(struct nodemsg *m);
 void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb);
+/* The limits a rank's registrations are decoded with. */
+void nodemsg_meta_limits(struct sp_limits *l);
 /* A rank's registrations and groups as one `meta` map, and back into a
  * registry of that rank without memory (on a planning thread). */
 void nodemsg_pack_meta(uint32_t rank, const struct registry *reg,
