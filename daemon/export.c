@@ -110,7 +110,7 @@ struct export {
    * GPU part (daemon/cuda/gpu.h). */
   struct gpu_segment **gpu_segments;
   struct gpu_run gpu_run;
-  /* A job across nodes (mesh.c): the gathered metadata and data plane,
+  /* A job across nodes (daemon/mesh/): the gathered metadata and data plane,
    * and which word of the root the export waits for. */
   struct mesh_export *mx;
   enum { AWAIT_NONE, AWAIT_GO, AWAIT_PUBLISH } await;

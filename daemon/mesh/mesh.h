@@ -101,7 +101,7 @@ struct mesh_ops {
   bool (*any_asked)(const struct job *job);
 };
 
-/* ---- jobs across nodes (mesh.c) ---- */
+/* ---- jobs across nodes (the wing's files, internal.h says which) ---- */
 
 struct mesh;
 
@@ -171,6 +171,5 @@ uint32_t mesh_node_count(const struct job *job);
  * is not in the job. */
 bool mesh_rank_where(const struct job *job, uint32_t rank, uint32_t *node,
                      bool *asked);
-
 
 #endif /* SP_DAEMON_MESH_MESH_H */
