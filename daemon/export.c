@@ -1365,10 +1365,10 @@ int export_op_release(struct conn *c, const struct sp_msg_head *head,
 }
 
 /* The wing's callbacks (daemon/mesh/mesh.h, struct mesh_ops). */
-static int mesh_start(struct job *job, struct mesh_export *mx,
-                      uint64_t export_id, uint32_t max_keys,
-                      uint64_t max_bytes, uint32_t timeout_ms, char *msg,
-                      size_t msglen) {
+static int on_mesh_start(struct job *job, struct mesh_export *mx,
+                         uint64_t export_id, uint32_t max_keys,
+                         uint64_t max_bytes, uint32_t timeout_ms, char *msg,
+                         size_t msglen) {
   if (job->running != NULL) {
     snprintf(msg, msglen, "job %s is still running export %" PRIu64,
              job->hex, job->running->id);
@@ -1385,7 +1385,8 @@ static int mesh_start(struct job *job, struct mesh_export *mx,
   return 0;
 }
 
-static void mesh_go(struct job *job, const struct replica_differ *differ) {
+static void on_mesh_go(struct job *job,
+                       const struct replica_differ *differ) {
   struct export *ex = job->running;
   if (ex == NULL || ex->await != AWAIT_GO || ex->failed)
     return;
@@ -1412,7 +1413,7 @@ static void mesh_go(struct job *job, const struct replica_differ *differ) {
     finish(ex);
 }
 
-static void mesh_publish(struct job *job) {
+static void on_mesh_publish(struct job *job) {
   struct export *ex = job->running;
   if (ex == NULL || ex->await != AWAIT_PUBLISH || ex->failed)
     return;
@@ -1422,7 +1423,7 @@ static void mesh_publish(struct job *job) {
   job_wake(job);
 }
 
-static void mesh_fail(struct job *job, int code, const char *message) {
+static void on_mesh_fail(struct job *job, int code, const char *message) {
   if (job->running == NULL)
     return;
   fail_export_as(job->running, code, message, false);
@@ -1441,6 +1442,8 @@ void export_fail_asks(struct job *job, int code, const char *message) {
     fail_gather(job, code, message);
 }
 
+/* What the wing calls back: the job's own functions, and the export's
+ * above (one table, handed to the wing in srv->mesh_ops). */
 const struct mesh_ops export_mesh_ops = {
     .now_ms = job_now_ms,
     .wake = job_wake,
@@ -1456,10 +1459,10 @@ const struct mesh_ops export_mesh_ops = {
     .departed = job_departed,
     .departure_text = job_departure_text,
     .answer_ask = job_answer_ask,
-    .start = mesh_start,
-    .go = mesh_go,
-    .publish = mesh_publish,
-    .fail = mesh_fail,
+    .start = on_mesh_start,
+    .go = on_mesh_go,
+    .publish = on_mesh_publish,
+    .fail = on_mesh_fail,
     .fail_asks = export_fail_asks,
     .any_asked = export_any_asked,
 };
