@@ -108,7 +108,7 @@ static void hello_data(struct nodelink *l, const struct nodemsg *m,
   nodelink_detach(l, datalink_accepted, n);
 }
 
-void mesh_link_accepted(struct server *srv, struct nodelink *l) {
+void hello_accepted(struct server *srv, struct nodelink *l) {
   (void)srv;
   struct nodemsg c = {.op = NODEMSG_CHALLENGE,
                       .version = NODE_PROTOCOL_VERSION};
@@ -152,9 +152,9 @@ static struct job *proven_job(struct server *srv, struct nodelink *l,
   return found;
 }
 
-void mesh_link_hello(struct server *srv, struct nodelink *l,
-                     const struct sp_msg_head *head,
-                     const msgpack_object *map) {
+void hello_first_frame(struct server *srv, struct nodelink *l,
+                       const struct sp_msg_head *head,
+                       const msgpack_object *map) {
   if (strcmp(head->op, "peer_hello") != 0 &&
       strcmp(head->op, "peer_data") != 0)
     return refuse_link(l, SP_EHELLO, "the first frame must be peer_hello or "

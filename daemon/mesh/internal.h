@@ -276,9 +276,9 @@ void hello_answer_challenge(struct nodelink *l, const struct job *job,
                             struct nodemsg *m);
 /* A link another daemon opened: its challenge, then its first frame
  * (nodelink.c). */
-void mesh_link_accepted(struct server *srv, struct nodelink *l);
-void mesh_link_hello(struct server *srv, struct nodelink *l,
-                     const struct sp_msg_head *head,
-                     const msgpack_object *map);
+void hello_accepted(struct server *srv, struct nodelink *l);
+void hello_first_frame(struct server *srv, struct nodelink *l,
+                       const struct sp_msg_head *head,
+                       const msgpack_object *map);
 
 #endif /* SP_DAEMON_MESH_INTERNAL_H */

@@ -370,7 +370,7 @@ static void dispatch(struct nodelink *l, struct sp_frame *frame) {
     l->ops->frame(l, l->arg, &head, &map);
   } else {
     /* The first frame of an accepted link says who it is. */
-    mesh_link_hello(l->srv, l, &head, &map);
+    hello_first_frame(l->srv, l, &head, &map);
   }
   msgpack_zone_destroy(&zone);
   sp_frame_release(frame);
@@ -567,7 +567,7 @@ static void on_accept(uv_poll_t *handle, int status, int events) {
     log_msg(LOG_LEVEL_DEBUG, "peer %s: connected", l->peer);
     uv_timer_start(&l->timer, on_timeout, srv->cfg->peer_timeout_ms, 0);
     if (update_events(l) == 0)
-      mesh_link_accepted(srv, l);
+      hello_accepted(srv, l);
   }
 }
 

@@ -2,7 +2,7 @@
  * fakewing.c - the fakes the wing's unit tests run it on; see fakewing.h.
  *
  * The links follow what daemon/mesh/nodelink.h promises its owner: a frame
- * goes to ops->frame, or to mesh_link_hello while an accepted link has no
+ * goes to ops->frame, or to hello_first_frame while an accepted link has no
  * owner; a frame announced with nodelink_expect_blobs goes to ops->blob; a
  * link the wing closed or handed over calls it no more.  What the wing
  * sends is decoded with nodemsg_parse, as the daemon at the other end
@@ -159,7 +159,7 @@ static void dispatch(void *arg, const struct sp_msg_head *head,
   if (l->ops != NULL && l->ops->frame != NULL)
     l->ops->frame(l, l->arg, head, map);
   else
-    mesh_link_hello(&F.srv, l, head, map);
+    hello_first_frame(&F.srv, l, head, map);
 }
 
 void fake_deliver(struct nodelink *l, const struct nodemsg *m) {

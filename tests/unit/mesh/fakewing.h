@@ -89,7 +89,7 @@ struct nodelink *fake_accept(void);
 /* The last link this daemon dialled to addr, or NULL. */
 struct nodelink *fake_dialled(const char *addr);
 /* What the peer sends on l, handled as nodelink.c would: a control frame
- * (the first frame of an accepted link goes to mesh_link_hello), a blob. */
+ * (the first frame of an accepted link goes to hello_first_frame), a blob. */
 void fake_deliver(struct nodelink *l, const struct nodemsg *m);
 void fake_deliver_blob(struct nodelink *l, const uint8_t *bytes, size_t len);
 /* The link's handshake ends and its socket is handed over (sock, or -1). */

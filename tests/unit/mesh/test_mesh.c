@@ -56,7 +56,7 @@ static struct nodemsg msg_of(enum nodemsg_op op, uint64_t gather) {
 static struct nodelink *node_says_hello(struct job *job,
                                         const uint8_t *secret) {
   struct nodelink *l = fake_accept();
-  mesh_link_accepted(&F.srv, l);
+  hello_accepted(&F.srv, l);
   const struct nodemsg *c = fake_last(l, NODEMSG_CHALLENGE);
   ck_assert_ptr_nonnull(c);
   ck_assert_uint_eq(c->version, NODE_PROTOCOL_VERSION);
@@ -131,7 +131,7 @@ static struct job *root_export_started(struct nodelink **ctl) {
 /* Node 1's data link to the root: its handshake, then the socket. */
 static void node_data_link_up(struct job *job) {
   struct nodelink *d = fake_accept();
-  mesh_link_accepted(&F.srv, d);
+  hello_accepted(&F.srv, d);
   const struct nodemsg *c = fake_last(d, NODEMSG_CHALLENGE);
   ck_assert_ptr_nonnull(c);
   struct nodemsg h = {.op = NODEMSG_DATA,
