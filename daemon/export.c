@@ -1,6 +1,6 @@
 /*
  * export.c - one export of a job, from the ranks' requests to their
- * replies; see daemon.h and docs/protocol.md ("export").
+ * replies; see export.h and docs/protocol.md ("export").
  *
  *   waiting     ranks ask; the export starts when every rank of the job has
  *               asked (each ask has a deadline; the first to pass fails
@@ -32,12 +32,26 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "daemon/daemon.h"
+#include "daemon/config.h"
+#include "daemon/conn.h"
+#include "daemon/export.h"
 #include "daemon/gather.h"
+#include "daemon/history.h"
+#include "daemon/job.h"
+#include "daemon/log.h"
 #include "daemon/mesh/mesh.h"
 #include "daemon/metrics.h"
 #include "daemon/pool.h"
+#include "daemon/publish.h"
+#include "daemon/registry.h"
+#include "daemon/request.h"
+#include "daemon/server.h"
+#include "daemon/xfer/engine.h"
+#include "daemon/xfer/remote.h"
+#include "daemon/xfer/replicas.h"
+#include "daemon/xfer/thread.h"
 #include "proto/fail.h"
+#include "proto/monotonic.h"
 #include "proto/text.h"
 #include "shardport.h"
 
@@ -103,7 +117,7 @@ struct export {
   uint64_t part_limit; /* the most bytes of one reply frame */
   /* Moving. */
   struct engine engine;
-  const struct reg_storage **src;
+  const struct xfer_storage **src;
   uint8_t **dst;
   uint64_t *dst_size;
   /* On the CUDA backend: the owners' device segments and the engine's
@@ -293,7 +307,7 @@ static struct log_fields export_fields(const struct export *ex, int code) {
 /* The export is over and no thread runs: record the outcome, free it. */
 static void finish(struct export *ex) {
   struct job *job = ex->job;
-  uint64_t now = job_now_ms();
+  uint64_t now = monotonic_ms();
   job->last_round = plan_rounds(ex);
   job->last_rounds = plan_rounds(ex);
   job->last_bytes_total = ex->bytes_total;
@@ -414,7 +428,7 @@ static void fail_gather(struct job *job, int code, const char *message) {
                                 .error = code},
            "job %s: export failed before it started: %s",
           job->hex, job->error);
-  uint64_t now = job_now_ms(), first_ask = now;
+  uint64_t now = monotonic_ms(), first_ask = now;
   for (uint32_t r = 0; r < job->world; r++)
     if (job->members[r] != NULL && job->members[r]->asked &&
         job->members[r]->asked_ms < first_ask)
@@ -617,7 +631,7 @@ static int compare_replicas(struct export *ex, const struct plan *plan) {
   struct job *job = ex->job;
   if (!ex->compare)
     return 0;
-  const struct reg_storage **src = calloc(job->world, sizeof *src);
+  const struct xfer_storage **src = calloc(job->world, sizeof *src);
   if (src == NULL)
     return sp_failf(ex->plan_msg, sizeof ex->plan_msg, SP_ENOMEM,
                     "out of memory comparing replicated keys");
@@ -771,9 +785,10 @@ static void start_moving(struct export *ex) {
                                    .comms = job->gpu_comms,
                                    .timeout_ms = ex->timeout_ms};
     e->gpu_run = &ex->gpu_run;
+    e->run = gpu_engine_run;
   }
   ex->phase = JOB_MOVING;
-  ex->moving_ms = ex->sample_ms = ex->progress_ms = job_now_ms();
+  ex->moving_ms = ex->sample_ms = ex->progress_ms = monotonic_ms();
   if (engine_start(e) != 0) {
     fail_export(ex, SP_ENOMEM, "cannot start the engine thread");
     return;
@@ -836,7 +851,7 @@ static void pump(struct export *ex) {
         er->segment_fd = -1;
       }
       er->next_part++;
-      ex->progress_ms = job_now_ms();
+      ex->progress_ms = monotonic_ms();
       if (conn_send(c, tx) != 0)
         break;
     }
@@ -924,7 +939,7 @@ static void step(struct export *ex) {
     pthread_join(ex->planner, NULL);
     ex->thread_alive = false;
     metrics_planning_done(ex->job->srv->metrics,
-                          (double)(job_now_ms() - ex->planning_ms) / 1000.0);
+                          (double)(monotonic_ms() - ex->planning_ms) / 1000.0);
     if (ex->failed)
       break;
     if (ex->plan_rc != 0) {
@@ -1039,7 +1054,7 @@ static struct export *begin_export(struct job *job, struct mesh_export *mx,
   ex->max_keys = o->max_keys;
   ex->max_bytes = o->max_bytes;
   ex->timeout_ms = o->timeout_ms;
-  ex->started_ms = job_now_ms();
+  ex->started_ms = monotonic_ms();
   for (uint32_t r = 0; r < job->world; r++) {
     struct job_member *m = job->members[r];
     struct export_rank *er = &ex->ranks[r];
@@ -1087,8 +1102,8 @@ static struct export *begin_export(struct job *job, struct mesh_export *mx,
 static void start_planning(struct export *ex) {
   ex->phase = JOB_PLANNING;
   progress_all(ex);
-  ex->planning_ms = job_now_ms();
-  if (engine_spawn(&ex->planner, plan_main, ex) != 0) {
+  ex->planning_ms = monotonic_ms();
+  if (xfer_spawn(&ex->planner, plan_main, ex) != 0) {
     fail_export(ex, SP_ENOMEM, "cannot start the planning thread");
     finish(ex);
     return;
@@ -1184,7 +1199,7 @@ void export_member_lost(struct job *job, struct job_member *m) {
 }
 
 void export_tick(struct job *job) {
-  uint64_t now = job_now_ms();
+  uint64_t now = monotonic_ms();
   struct export *ex = job->running;
   if (ex == NULL) {
     /* Across nodes the root watches the asks' deadlines (mesh/coord.c). */
@@ -1314,9 +1329,9 @@ int export_op_request(struct conn *c, const struct sp_msg_head *head,
   m->ask = req;
   m->asked = true;
   m->ask_id = head->id;
-  m->asked_ms = job_now_ms();
+  m->asked_ms = monotonic_ms();
   m->ask_deadline_ms =
-      job_now_ms() +
+      monotonic_ms() +
       (req.timeout_ms > 0 ? req.timeout_ms : job->srv->cfg->export_timeout_ms);
   if (req.progress) {
     struct sp_msgbuf mb;
@@ -1445,7 +1460,7 @@ void export_fail_asks(struct job *job, int code, const char *message) {
 /* What the wing calls back: the job's own functions, and the export's
  * above (one table, handed to the wing in srv->mesh_ops). */
 const struct mesh_ops export_mesh_ops = {
-    .now_ms = job_now_ms,
+    .now_ms = monotonic_ms,
     .wake = job_wake,
     .schedule = job_schedule,
     .end = job_end,

@@ -7,8 +7,9 @@
 #include <inttypes.h>
 #include <stdio.h>
 
-#include "daemon/daemon.h"
+#include "daemon/config.h"
 #include "daemon/gather.h"
+#include "daemon/plan/plan.h"
 #include "shardport.h"
 
 /* At most this many ranks are named when a gather times out; the rest are

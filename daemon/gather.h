@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/layer.h"
+
 struct config;
 
 /* One rank's part in a gather, as the daemon that decides it knows it. */

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "daemon/metrics.h"
+#include "daemon/netaddr.h"
 
 /* How long a scrape waits for the loop's fresh gauges. */
 #define METRICS_HTTP_GAUGE_WAIT_MS 250

@@ -2,7 +2,7 @@
  * netaddr.c - the numeric addresses daemons listen on and dial
  * ("a.b.c.d:port", "[v6]:port"), parsed and written in one place for the
  * configuration, tickets, the metrics endpoint and the links between
- * daemons; see daemon.h.
+ * daemons; see netaddr.h.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -10,7 +10,8 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "daemon/daemon.h"
+#include "daemon/config.h"
+#include "daemon/netaddr.h"
 #include "shardport.h"
 
 int netaddr_parse(const char *s, size_t len, bool port_optional,

@@ -1,5 +1,5 @@
 /*
- * registry.c - one rank's registered storages and tensors; see daemon.h.
+ * registry.c - one rank's registered storages and tensors; see registry.h.
  *
  * Storages are kept in the planner's form (struct sp_storage) beside what
  * only the daemon needs (the sid, the read-only mapping), and tensors in the
@@ -24,8 +24,12 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "daemon/idxset.h"
+#include "daemon/registry.h"
+#include "daemon/regmap.h"
+#include "daemon/request.h"
 #include "proto/fail.h"
-#include "daemon/daemon.h"
+#include "proto/msg.h"
 #include "shardport.h"
 
 /* What a registration costs, counted against max_user_registration_bytes:
@@ -34,7 +38,7 @@
  * from a quarter to a half), and what it owns.  The arrays' spare room,
  * from doubling, may hold as much again (docs/operations.md, "Quotas"). */
 #define STORAGE_COST                                                           \
-  (sizeof(struct sp_storage) + sizeof(struct reg_storage) +                    \
+  (sizeof(struct sp_storage) + sizeof(struct xfer_storage) +                    \
    2 * 4 * sizeof(uint64_t))
 
 static uint64_t tensor_cost(const struct req_tensor *t) {
@@ -54,7 +58,7 @@ void registry_init(struct registry *reg, uint32_t device_type) {
   idxset_init(&reg->by_file);
 }
 
-static void close_cuda(const struct registry *reg, struct reg_storage *s) {
+static void close_cuda(const struct registry *reg, struct xfer_storage *s) {
   if (s->gpu.import != NULL)
     gpu_storage_close(reg->gpu, &s->gpu);
 }
@@ -179,7 +183,7 @@ uint32_t registry_find_sid(const struct registry *reg, uint32_t sid) {
 static int open_cuda_storage(const struct registry *reg,
                              const struct req_storage *rs,
                              const struct sp_frame *frame, uint32_t index,
-                             struct reg_storage *out, char *msg,
+                             struct xfer_storage *out, char *msg,
                              size_t msglen) {
   memset(out, 0, sizeof *out);
   out->sid = rs->sid;
@@ -217,7 +221,7 @@ static int base_cmp(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* A frame's entries on their way into a registry (daemon.h): prepared
+/* A frame's entries on their way into a registry (registry.h): prepared
  * from the frame alone, then checked against the registry, admitted and
  * indexed in steps. */
 struct reg_batch {
@@ -234,7 +238,7 @@ struct reg_batch {
   /* Storages, from the admission on until they are kept: their mappings'
    * plan, and what was opened for them (on the registry's GPU). */
   struct regmap_frame *fm;
-  struct reg_storage *fresh;
+  struct xfer_storage *fresh;
   struct gpu *opened_on; /* the GPU backend, while fresh holds opened ones */
   /* Tensors: their planner form, checked, with names owned until kept. */
   struct plan_key_in *keys;
@@ -401,7 +405,7 @@ static int check_kinds(const struct registry *reg, const struct req_storage *s,
 static int open_cuda_storages(const struct registry *reg,
                               const struct req_storage *s, size_t n,
                               const struct sp_frame *frame,
-                              struct reg_storage *fresh, char *msg,
+                              struct xfer_storage *fresh, char *msg,
                               size_t msglen) {
   for (size_t i = 0; i < n; i++) {
     /* A memfd storage's entry is zero until placed (place_storages). */
@@ -471,7 +475,7 @@ static void place_storages(struct registry *reg, const struct reg_batch *b,
   const struct req_storage *s = b->s;
   for (size_t i = from; i < to; i++) {
     uint32_t idx = (uint32_t)(reg->nstorages + i);
-    struct reg_storage *info = &reg->info[idx];
+    struct xfer_storage *info = &reg->info[idx];
     struct sp_storage *st = &reg->storages[idx];
     *info = b->fresh[i];
     info->sid = s[i].sid;

@@ -1,6 +1,6 @@
 /*
  * regmap.c - which pages of a rank's registered files the daemon maps,
- * and how storages share those mappings; see daemon.h.
+ * and how storages share those mappings; see regmap.h.
  *
  * Host storages share mappings.  A trainer that registers one storage per
  * parameter, all in one memfd, would otherwise cost one mapping each, and
@@ -35,7 +35,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "daemon/daemon.h"
+#include "daemon/idxset.h"
+#include "daemon/registry.h"
+#include "daemon/regmap.h"
+#include "daemon/request.h"
 #include "proto/fail.h"
 #include "shardport.h"
 
@@ -422,7 +425,7 @@ static void append_runs(struct registry *reg, struct regmap_frame *fm) {
 static void drop_absorbed(struct registry *reg, struct regmap_frame *fm,
                           size_t old) {
   for (size_t i = 0; i < reg->nstorages; i++) {
-    struct reg_storage *st = &reg->info[i];
+    struct xfer_storage *st = &reg->info[i];
     if (st->data == NULL || fm->absorbed[st->map] == IDXSET_NONE)
       continue;
     const struct reg_map *from = &reg->maps[st->map];

@@ -94,8 +94,23 @@ int mesh_plan_input(struct mesh_export *mx, struct plan_input *in, char *msg,
   return 0;
 }
 
+/* The exchange's lost peer (remote.h), on the engine's thread: arg is the
+ * job's id in hex, which lives as long as the job. */
+static void remote_node_lost(void *arg, uint32_t node, const char *addr,
+                             uint64_t export_id, int why, char *msg,
+                             size_t msglen) {
+  const char *job_hex = arg;
+  if (why != 0)
+    log_with(LOG_LEVEL_INFO, LOG_JOB(job_hex),
+             "job %s: export %" PRIu64 ": node %" PRIu32 " (%s): %s", job_hex,
+             export_id, node, addr,
+             why == SP_ETIMEOUT ? "moved nothing within the export's timeout"
+                                : sp_strerror(why));
+  mesh_lost_message(job_hex, node, addr, export_id, msg, msglen);
+}
+
 int mesh_remote(struct job *job, struct mesh_export *mx,
-                const struct plan *plan, const struct reg_storage *const *src,
+                const struct plan *plan, const struct xfer_storage *const *src,
                 uint8_t *const *dst, const uint64_t *key_offset,
                 struct remote **out) {
   struct mesh *ms = job->mesh;
@@ -111,24 +126,31 @@ int mesh_remote(struct job *job, struct mesh_export *mx,
     struct mesh_node *node = mesh_node_get(ms, n);
     if (node == NULL)
       continue;
+    _Static_assert(sizeof peers[n].addr >= NODE_ADDR_MAX,
+                   "a node's address fits the exchange's copy");
     snprintf(peers[n].addr, sizeof peers[n].addr, "%s", node->addr);
-    peers[n].sent = &node->sent;
-    peers[n].received = &node->received;
-    if (n != ms->self)
-      peers[n].metrics = metrics_peer(job->srv->metrics, node->addr);
+    peers[n].sent[0] = &node->sent;
+    peers[n].received[0] = &node->received;
+    struct metrics_peer *mp =
+        n != ms->self ? metrics_peer(job->srv->metrics, node->addr) : NULL;
+    if (mp != NULL) {
+      peers[n].sent[1] = &mp->sent;
+      peers[n].received[1] = &mp->received;
+    }
     if (n != ms->self && gathered_in_roster(mx, n))
       peers[n].sock = node->data;
   }
-  struct remote_setup s = {.plan = plan,
-                           .self = ms->self,
-                           .nnodes = nnodes,
-                           .peers = peers,
-                           .src = src,
-                           .dst = dst,
-                           .key_offset = key_offset,
-                           .job_hex = job->hex,
-                           .export_id = mx->export_id,
-                           .timeout_ms = mx->timeout_ms};
+  struct remote_setup s = {
+      .plan = plan,
+      .self = ms->self,
+      .nnodes = nnodes,
+      .peers = peers,
+      .src = src,
+      .dst = dst,
+      .key_offset = key_offset,
+      .export_id = mx->export_id,
+      .timeout_ms = mx->timeout_ms,
+      .ops = {.node_lost = remote_node_lost, .arg = job->hex}};
   int rc = remote_new(&s, &mx->remote);
   free(peers);
   if (rc == 0)

@@ -26,8 +26,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/daemon.h"
+#include "daemon/config.h"
+#include "daemon/conn.h"
+#include "daemon/cuda/gpu.h"
 #include "daemon/gather.h"
+#include "daemon/job.h"
+#include "daemon/log.h"
+#include "daemon/netaddr.h"
+#include "daemon/quota.h"
+#include "daemon/registry.h"
+#include "daemon/request.h"
+#include "daemon/server.h"
+#include "daemon/xfer/remote.h"
+#include "daemon/xfer/replicas.h"
 #include "daemon/mesh/mesh.h"
 #include "daemon/mesh/nodelink.h"
 #include "daemon/mesh/nodemsg.h"

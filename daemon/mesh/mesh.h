@@ -13,9 +13,20 @@
 
 #include <msgpack.h>
 
-#include "daemon/daemon.h"
+#include "daemon/layer.h"
+#include "daemon/request.h"
+#include "proto/msg.h"
 
+struct conn;
+struct job;
+struct job_member;
 struct nodelink;
+struct plan;
+struct plan_input;
+struct remote;
+struct replica_digests;
+struct server;
+struct xfer_storage;
 
 /* ---- the peer listener (nodelink.c) ---- */
 
@@ -149,7 +160,7 @@ void mesh_failed(struct job *job, int code, const char *message);
  * while a cut link waits for TCP to give up. */
 void mesh_data_lost(struct job *job, uint32_t node, const char *why);
 int mesh_remote(struct job *job, struct mesh_export *mx,
-                const struct plan *plan, const struct reg_storage *const *src,
+                const struct plan *plan, const struct xfer_storage *const *src,
                 uint8_t *const *dst, const uint64_t *key_offset,
                 struct remote **out);
 void mesh_export_free(struct mesh_export *mx);

@@ -9,8 +9,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/daemon.h"
+#include <msgpack.h>
+
+#include "daemon/layer.h"
 #include "daemon/mesh/peerauth.h"
+#include "proto/frame.h"
+#include "proto/msg.h"
+
+struct server;
 
 /* The most bytes of one frame between daemons: a rank's registrations
  * travel in one, and the most items it may hold. */

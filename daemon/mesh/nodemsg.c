@@ -20,6 +20,7 @@
 
 #include "daemon/mesh/nodelink.h"
 #include "daemon/mesh/nodemsg.h"
+#include "daemon/netaddr.h"
 #include "proto/fail.h"
 #include "proto/tensor.h"
 #include "proto/wire.h"

@@ -10,8 +10,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/daemon.h"
+#include <msgpack.h>
+
+#include "daemon/config.h"
+#include "daemon/layer.h"
 #include "daemon/mesh/peerauth.h"
+#include "daemon/registry.h"
+#include "daemon/request.h"
+#include "proto/msg.h"
 
 enum nodemsg_op {
   NODEMSG_HELLO = 1, /* peer_hello: a node to the root, and its reply */

@@ -8,7 +8,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "daemon/daemon.h"
+#include "daemon/layer.h"
+#include "daemon/request.h"
 
 /* The handshake between daemons proves the job's secret without sending
  * it (docs/protocol.md, "Handshakes"). */

@@ -8,9 +8,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/daemon.h"
 #include "daemon/mesh/nodelink.h"
 #include "daemon/mesh/nodemsg.h"
+#include "daemon/registry.h"
+#include "daemon/request.h"
 #include "proto/msg.h"
 #include "proto/wire.h"
 

@@ -15,10 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "daemon/daemon.h"
+#include "build_config.h"
+#include "daemon/config.h"
 #include "daemon/mesh/nodelink.h"
 #include "daemon/mesh/nodemsg.h"
+#include "daemon/registry.h"
+#include "daemon/request.h"
 #include "proto/msg.h"
 #include "shardport.h"
 

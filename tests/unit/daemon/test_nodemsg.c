@@ -10,9 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/daemon.h"
+#include "daemon/config.h"
 #include "daemon/mesh/nodelink.h"
 #include "daemon/mesh/nodemsg.h"
+#include "daemon/netaddr.h"
+#include "daemon/registry.h"
+#include "daemon/request.h"
 #include "proto/wire.h"
 #include "shardport.h"
 

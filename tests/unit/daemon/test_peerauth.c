@@ -14,8 +14,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "daemon/daemon.h"
 #include "daemon/mesh/peerauth.h"
+#include "daemon/request.h"
 
 static uint8_t secret[JOB_SECRET_BYTES], job[JOB_ID_BYTES];
 static uint8_t listener_nonce[PEERAUTH_NONCE_BYTES];
