@@ -27,6 +27,7 @@
 #include "daemon/notify.h"
 #include "daemon/reload.h"
 #include "daemon/server.h"
+#include "daemon/stage.h"
 
 /* The keys that take a restart. */
 static const char *const restart_keys[] = {
@@ -139,6 +140,7 @@ void reload_run(struct server *srv) {
             "nothing changed", err);
   } else {
     *srv->cfg = next;
+    stage_bound_changed(srv);
     log_set_level(next.log_level);
     srv->engine_threads = server_engine_threads(&next);
     /* What was read, as the start line says it: a default file that does

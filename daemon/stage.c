@@ -192,6 +192,8 @@ void stage_give_back(struct server *srv, struct stage_item *it) {
   take_waiting(srv);
 }
 
+void stage_bound_changed(struct server *srv) { take_waiting(srv); }
+
 void stage_close(struct server *srv) {
   struct stage *st = srv->stage;
   if (st == NULL || st->closed)

@@ -45,6 +45,9 @@ void stage_decoded(struct server *srv, struct stage_item *it);
 /* A taken item's bytes, and its decoding slot if it still holds one, are
  * free again: waiting items are taken in. */
 void stage_give_back(struct server *srv, struct stage_item *it);
+/* After a reload: a raised max_staged_bytes takes in the waiting items
+ * that fit now. */
+void stage_bound_changed(struct server *srv);
 /* With the server's other handles, once every connection is ending: every
  * item waiting or queued has its go called now, and later ones at once. */
 void stage_close(struct server *srv);
