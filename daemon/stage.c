@@ -25,9 +25,9 @@
  * than the CPUs the daemon may run on (at least one), so that the loop
  * keeps a CPU of its own.  Decoding a frame takes a worker's whole CPU;
  * with as many decoding as the thread pool has threads, 32 clients sending
- * one 6 MiB frame each on two CPUs left the loop waiting for a CPU six
- * seconds of seven, and a status answer took up to 430 ms
- * (docs/benchmarks.md, "Many large frames at once").
+ * one 6 MiB frame each on two CPUs left the loop waiting for a CPU
+ * nearly nine seconds of ten, and a status answer took up to 372 ms
+ * (docs/benchmarks.md, "Many clients' large frames at once").
  */
 #include <stdlib.h>
 #include <uv.h>
