@@ -49,6 +49,7 @@
 
 #include "config.h"
 #include "daemon/daemon.h"
+#include "daemon/save.h"
 #include "daemon/metrics.h"
 #include "proto/wire.h"
 #include "shardport.h"
@@ -147,6 +148,8 @@ static const struct op {
      registration_prepare_tensors, registration_serve},
     {"export", false, true, export_op_request},
     {"release", false, false, export_op_release},
+    {"save_step", false, false, save_op_step},
+    {"save_progress", false, false, save_op_progress},
     {"jobs", false, false, joblist_op_jobs},
     {"job_status", false, false, joblist_op_job_status},
     {"job_abort", false, false, abort_op_job_abort},

@@ -646,6 +646,9 @@ struct req_export {
   uint32_t timeout_ms; /* 0: the daemon's default */
   bool progress;
   struct req_groups groups;
+  /* 0: an export; else a save (daemon/save.h) whose files hold at most
+   * this many bytes of tensors. */
+  uint64_t save_limit;
 };
 
 /* Each returns 0, or a negative code with a sentence in msg naming the
@@ -1034,11 +1037,14 @@ struct publish_device {
 /* Packs one part of rank's export reply; owner is rank's registry (for
  * identity tensors' sids); dev is the rank's segment when it is on a GPU
  * (part 0 lists it in cuda_segments and carries no descriptor), else NULL. */
+/* files: a save's numbering (daemon/save.h), or NULL for an export. */
+struct save_files;
 void publish_pack(const struct plan *plan, const struct publish_layout *l,
                   const struct registry *owner, uint32_t rank,
                   uint64_t request_id, uint64_t export_id, size_t part,
                   size_t nparts, size_t first, size_t end,
-                  const struct publish_device *dev, struct sp_msgbuf *mb);
+                  const struct publish_device *dev,
+                  const struct save_files *files, struct sp_msgbuf *mb);
 
 /* ---- history.c -------------------------------------------------------- */
 
@@ -1077,6 +1083,7 @@ enum job_phase {
   JOB_ALLOCATING,
   JOB_MOVING,     /* the engine runs the rounds */
   JOB_PUBLISHING, /* replies streaming to the owners */
+  JOB_WRITING,    /* a save: the owners write their files (save.c) */
   JOB_PUBLISHED,  /* the last export succeeded */
   JOB_FAILED,     /* the last export failed (job->error) */
 };
@@ -1295,6 +1302,8 @@ struct export_view {
   /* The owners' segments on this node, and how much of them the engine
    * has prepared (phase allocating). */
   uint64_t bytes_prepared, bytes_to_prepare;
+  /* A save: the bytes this daemon's ranks wrote, and will. */
+  uint64_t bytes_written, bytes_to_write;
   double rate_bps;
   uint64_t pool_used;
 };
@@ -1307,8 +1316,15 @@ const char *export_phase_name(enum job_phase phase);
 struct mesh_export;
 int export_start_gathered(struct job *job, struct mesh_export *mx,
                           uint64_t export_id, uint32_t max_keys,
-                          uint64_t max_bytes, uint32_t timeout_ms, char *msg,
-                          size_t msglen);
+                          uint64_t max_bytes, uint64_t save_limit,
+                          uint32_t timeout_ms, char *msg, size_t msglen);
+/* The running export's save (daemon/save.h), or NULL. */
+struct save *export_save(const struct job *job);
+/* Fails the running export on every rank, and across nodes on every node. */
+void export_fail_running(struct job *job, int code, const char *message);
+/* The sentence for two ranks that disagree on whether, or how, to save. */
+void export_save_disagree(uint32_t rank0, uint64_t limit0, uint32_t rank,
+                          uint64_t limit, char *msg, size_t msglen);
 /* Two nodes' copies of the key-th replicated or plain key (in key order)
  * that differ, as the root found them (mesh.c, go). */
 struct replica_differ {
@@ -1342,7 +1358,7 @@ void export_abort(struct job *job, int code, const char *message);
 #define NODE_MAX_ITEMS (1u << 26)
 #define NODE_MAX_NODES 4096u
 /* Bump when a message between daemons changes (docs/protocol.md). */
-#define NODE_PROTOCOL_VERSION 3
+#define NODE_PROTOCOL_VERSION 4
 
 /* Frame bytes shared by the links that send them (the root relays one
  * rank's registrations to every node): refcounted, loop thread only. */
@@ -1487,6 +1503,8 @@ enum nodemsg_op {
   NODEMSG_GO,
   NODEMSG_MOVED,
   NODEMSG_PUBLISH,
+  NODEMSG_SAVED,     /* a save: a node's ranks all reported a step */
+  NODEMSG_COMMIT,    /* a save: every node's did; the root's answer */
   NODEMSG_FAIL,
   NODEMSG_BEAT,
   NODEMSG_BYE,
@@ -1519,6 +1537,10 @@ struct nodemsg {
   uint64_t gather, export_id;
   uint32_t max_keys, timeout_ms;
   uint64_t max_bytes;
+  /* ask, plan: a save's file limit (0: an export); saved, commit: the step
+   * of the save's commit (daemon/save.h). */
+  uint64_t save_limit;
+  uint32_t step;
   size_t nnodes;
   struct nodemsg_node *nodes; /* plan: owned */
   uint32_t *rank_nodes;       /* plan: [world], owned */
@@ -1605,6 +1627,8 @@ int mesh_plan_input(struct mesh_export *mx, struct plan_input *in, char *msg,
 void mesh_planned(struct job *job, uint64_t digest,
                   const struct replica_digests *replicas);
 void mesh_moved(struct job *job);
+/* A save: every rank of this node reported step of its commit. */
+void mesh_saved(struct job *job, uint32_t step);
 void mesh_failed(struct job *job, int code, const char *message);
 /* The data plane lost node: on the root, the node leaves the job as if its
  * control link had closed, so that its ranks no longer keep the job alive

@@ -51,6 +51,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
+#include "daemon/save.h"
 #include "daemon/metrics.h"
 #include "shardport.h"
 
@@ -76,6 +77,8 @@ struct mesh_node {
    * rank's digests of the replicated and plain keys (none when it
    * compares none). */
   bool in_export, planned, moved;
+  /* A save: the last step of its commit the node's ranks all reported. */
+  uint32_t saved;
   uint64_t digest;
   uint32_t replica_rank;
   size_t nreplicas;
@@ -108,6 +111,7 @@ struct mesh_ask {
   bool asked;
   uint32_t max_keys;
   uint64_t max_bytes;
+  uint64_t save_limit;
   uint32_t timeout_ms;
   uint64_t deadline_ms;
   struct nodeblob *meta;
@@ -120,6 +124,7 @@ struct mesh_export {
   uint32_t world;
   uint32_t max_keys, timeout_ms;
   uint64_t max_bytes;
+  uint64_t save_limit; /* a save (daemon/save.h), or 0 */
   uint32_t *rank_nodes;
   struct nodemsg_node *nodes;
   size_t nnodes;
@@ -179,7 +184,9 @@ struct mesh {
   struct mesh_ask *asks;
   uint32_t nasked;
   uint64_t cgather;
-  enum { COORD_IDLE, COORD_PLANNING, COORD_MOVING } cstate;
+  /* SAVING: a save's owners write and pass its commit (daemon/save.h). */
+  enum { COORD_IDLE, COORD_PLANNING, COORD_MOVING, COORD_SAVING } cstate;
+  uint64_t csave_limit;
   uint64_t cexport_gather, cexport_id;
   uint32_t ctimeout;
   uint64_t next_export_id;
@@ -811,6 +818,7 @@ void mesh_asks(struct job *job) {
                         .rank = r,
                         .max_keys = m->ask.max_keys,
                         .max_bytes = m->ask.max_bytes,
+                        .save_limit = m->ask.save_limit,
                         .timeout_ms = m->ask.timeout_ms};
     nodeblob_unref(ms->sent_meta[r]);
     ms->sent_meta[r] = nodeblob_ref(meta);
@@ -1055,6 +1063,15 @@ void mesh_moved(struct job *job) {
   to_root(ms, &m, NULL);
 }
 
+void mesh_saved(struct job *job, uint32_t step) {
+  struct mesh *ms = job->mesh;
+  if (ms->current == NULL)
+    return;
+  struct nodemsg m = {.op = NODEMSG_SAVED, .gather = ms->current->gather,
+                      .step = step};
+  to_root(ms, &m, NULL);
+}
+
 void mesh_failed(struct job *job, int code, const char *message) {
   struct mesh *ms = job->mesh;
   if (ms->current == NULL)
@@ -1129,8 +1146,8 @@ void mesh_try_start(struct job *job) {
   /* Current first: a failure while starting reports this export. */
   ms->current = mx;
   int rc = export_start_gathered(job, mx, mx->export_id, mx->max_keys,
-                                 mx->max_bytes, mx->timeout_ms, msg,
-                                 sizeof msg);
+                                 mx->max_bytes, mx->save_limit,
+                                 mx->timeout_ms, msg, sizeof msg);
   if (rc != 0) {
     ms->current = NULL;
     refuse_start(ms, mx, rc, msg);
@@ -1193,6 +1210,7 @@ static void member_plan(struct mesh *ms, const struct nodemsg *m,
   mx->world = m->world;
   mx->max_keys = m->max_keys;
   mx->max_bytes = m->max_bytes;
+  mx->save_limit = m->save_limit;
   mx->timeout_ms = m->timeout_ms;
   mx->comm_gen = m->comm_gen;
   memcpy(mx->nccl_id, m->comm_gen > 0 ? m->nccl_id : job->nccl_id,
@@ -1258,8 +1276,17 @@ static void member_handle(struct mesh *ms, const struct nodemsg *m,
     break;
   case NODEMSG_PUBLISH:
     if (ms->current != NULL && ms->current->gather == m->gather) {
-      ms->current->published = true;
+      /* A save is not over until the last step of its commit. */
+      ms->current->published = ms->current->save_limit == 0;
       export_publish(job);
+    }
+    break;
+  case NODEMSG_COMMIT:
+    if (ms->current != NULL && ms->current->gather == m->gather &&
+        ms->current->save_limit != 0) {
+      if (m->step == SAVE_STEPS)
+        ms->current->published = true;
+      save_commit(job, m->step);
     }
     break;
   case NODEMSG_FAIL:
@@ -1604,7 +1631,7 @@ static void gather_complete(struct mesh *ms) {
   const struct config *cfg = ms->srv->cfg;
   uint32_t world = job->world;
   uint32_t keys0 = 0, timeout = UINT32_MAX;
-  uint64_t bytes0 = 0;
+  uint64_t bytes0 = 0, save0 = 0;
   for (uint32_t r = 0; r < world; r++) {
     const struct mesh_ask *a = &ms->asks[r];
     uint32_t keys = a->max_keys > 0 ? a->max_keys : PLAN_DEFAULT_MAX_KEYS;
@@ -1615,6 +1642,12 @@ static void gather_complete(struct mesh *ms) {
     if (r == 0) {
       keys0 = keys;
       bytes0 = bytes;
+      save0 = a->save_limit;
+    } else if (a->save_limit != save0) {
+      char msg[256];
+      export_save_disagree(0, save0, r, a->save_limit, msg, sizeof msg);
+      gather_fail(ms, SP_EINVAL, msg);
+      return;
     } else if (keys != keys0 || bytes != bytes0) {
       char msg[256];
       snprintf(msg, sizeof msg,
@@ -1631,6 +1664,7 @@ static void gather_complete(struct mesh *ms) {
                       .export_id = ms->next_export_id++,
                       .max_keys = keys0,
                       .max_bytes = bytes0,
+                      .save_limit = save0,
                       .timeout_ms = timeout,
                       .world = world};
   struct nodeblob **metas = malloc(world * sizeof *metas);
@@ -1651,6 +1685,7 @@ static void gather_complete(struct mesh *ms) {
     snprintf(p.nodes[p.nnodes - 1].addr, NODE_ADDR_MAX, "%s", n->addr);
     n->in_export = true;
     n->planned = n->moved = false;
+    n->saved = 0;
     n->heard_ms = job_now_ms();
   }
   /* The communicators across nodes: a failure since they were last used
@@ -1697,6 +1732,7 @@ static void gather_complete(struct mesh *ms) {
   ms->cexport_gather = ms->cgather;
   ms->cexport_id = p.export_id;
   ms->ctimeout = timeout;
+  ms->csave_limit = save0;
   for (size_t i = 0; i < p.nnodes; i++)
     to_node(ms, p.nodes[i].node, &p, metas, world);
   free(metas);
@@ -1724,6 +1760,7 @@ static void coord_ask(struct mesh *ms, struct mesh_node *n,
   *a = (struct mesh_ask){.asked = true,
                          .max_keys = m->max_keys,
                          .max_bytes = m->max_bytes,
+                         .save_limit = m->save_limit,
                          .timeout_ms = m->timeout_ms,
                          .deadline_ms = job_now_ms() + t,
                          .meta = nodeblob_ref(blob)};
@@ -1846,6 +1883,36 @@ static void coord_moved(struct mesh *ms, struct mesh_node *n,
   for (uint32_t i = 0; i < ms->nnodes; i++)
     if (ms->nodes[i] != NULL && ms->nodes[i]->in_export)
       to_node(ms, i, &pub, NULL, 0);
+  if (ms->csave_limit != 0) {
+    /* A save goes on: its owners write, and the root holds the commit. */
+    ms->cstate = COORD_SAVING;
+    return;
+  }
+  export_over(ms);
+  if (ms->nasked == ms->job->world)
+    gather_complete(ms);
+}
+
+/* A save's commit: step s is passed once every node of the export has
+ * reported it, and the root tells them all (daemon/save.h). */
+static void coord_saved(struct mesh *ms, struct mesh_node *n,
+                        const struct nodemsg *m) {
+  if (ms->cstate != COORD_SAVING || m->gather != ms->cexport_gather ||
+      !n->in_export || m->step != n->saved + 1)
+    return;
+  n->saved = m->step;
+  for (uint32_t i = 0; i < ms->nnodes; i++)
+    if (ms->nodes[i] != NULL && ms->nodes[i]->in_export &&
+        ms->nodes[i]->saved < m->step)
+      return;
+  struct nodemsg commit = {.op = NODEMSG_COMMIT,
+                           .gather = ms->cexport_gather,
+                           .step = m->step};
+  for (uint32_t i = 0; i < ms->nnodes; i++)
+    if (ms->nodes[i] != NULL && ms->nodes[i]->in_export)
+      to_node(ms, i, &commit, NULL, 0);
+  if (m->step < SAVE_STEPS)
+    return;
   export_over(ms);
   if (ms->nasked == ms->job->world)
     gather_complete(ms);
@@ -1937,6 +2004,9 @@ static void coord_handle(struct mesh *ms, uint32_t from, const struct nodemsg *m
     break;
   case NODEMSG_MOVED:
     coord_moved(ms, n, m);
+    break;
+  case NODEMSG_SAVED:
+    coord_saved(ms, n, m);
     break;
   case NODEMSG_FAIL:
     coord_fail_msg(ms, m);
