@@ -69,7 +69,8 @@ struct saver {
   int dirfd;
   const char *dir;
   uint64_t export_request;
-  sp_owned_set *set;
+  uint64_t export_id;
+  sp_owned_set *set; /* until released, once the files are written */
   const uint32_t *file;
   uint32_t nfiles;
   uint64_t total_size;
@@ -195,7 +196,7 @@ static int heard_failure(struct saver *sv) {
 static void tell_progress(struct saver *sv) {
   struct sp_msgbuf mb;
   uint64_t id = client_begin(sv->c, &mb, "save_progress", 2);
-  sp_pack_kv_u64(&mb.pk, "export_id", sv->set->export_id);
+  sp_pack_kv_u64(&mb.pk, "export_id", sv->export_id);
   sp_pack_kv_u64(&mb.pk, "bytes_written", sv->written);
   /* A notification: nothing comes back. */
   client_start(sv->c, &mb, id);
@@ -464,7 +465,7 @@ static int group_files(struct saver *sv) {
       f->first = i;
       st_file_name(f->index, sv->nfiles, f->final, sizeof f->final);
       snprintf(f->tmp, sizeof f->tmp, ".%s.%ld-%" PRIu64 ".tmp", f->final,
-               (long)getpid(), sv->set->export_id);
+               (long)getpid(), sv->export_id);
     }
     sv->files[sv->nmine - 1].n++;
     sv->to_write += tensor_bytes(&sv->set->tensors[i]);
@@ -571,7 +572,7 @@ static int report(struct saver *sv, uint32_t step, int code,
                   struct st_buf *index) {
   struct sp_msgbuf mb;
   uint64_t id = client_begin(sv->c, &mb, "save_step", code < 0 ? 5 : 3);
-  sp_pack_kv_u64(&mb.pk, "export_id", sv->set->export_id);
+  sp_pack_kv_u64(&mb.pk, "export_id", sv->export_id);
   sp_pack_kv_u64(&mb.pk, "step", step);
   sp_pack_kv_u64(&mb.pk, "bytes_written", sv->written);
   if (code < 0) {
@@ -619,7 +620,7 @@ static int write_index(struct saver *sv, struct st_buf *index) {
   struct save_file f = {.created = false};
   snprintf(f.final, sizeof f.final, INDEX_NAME);
   snprintf(f.tmp, sizeof f.tmp, "." INDEX_NAME ".%ld-%" PRIu64 ".tmp",
-           (long)getpid(), sv->set->export_id);
+           (long)getpid(), sv->export_id);
   int fd = openat(sv->dirfd, f.tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
                   0666);
   if (fd < 0)
@@ -651,9 +652,14 @@ static int run(struct saver *sv, sp_save_result *res) {
     tell_progress(sv);
     callback(sv);
   }
-  /* The published tensors are on disk: their memory goes back now. */
+  /* The published tensors are on disk: their memory goes back now.  The
+   * release's answer must not hide why writing failed. */
+  char why[sizeof sv->c->message];
+  memcpy(why, sv->c->message, sizeof why);
   int rel = sp_release(sv->c, sv->set);
   sv->set = NULL;
+  if (rc < 0)
+    memcpy(sv->c->message, why, sizeof why);
   if (rc == 0 && rel < 0) {
     rc = rel;
     sv->daemon_said = true;
@@ -722,6 +728,7 @@ SP_EXPORT int sp_save(sp_client *client, const char *dir,
   rc = client_export_run(client, &opts->export_opts, limit, &sv.set,
                          &sv.export_request);
   if (rc == 0) {
+    sv.export_id = sv.set->export_id;
     sv.nfiles = client_export_files(sv.set, &sv.file, &sv.total_size);
     sp_save_result res = {0};
     rc = run(&sv, &res);
