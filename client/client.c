@@ -18,8 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "build_config.h"
 #include "client/client.h"
-#include "config.h"
 #include "proto/wire.h"
 
 /* How long a request whose write failed keeps reading: the daemon may have

@@ -17,7 +17,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "config.h"
+#include "build_config.h"
 
 __attribute__((format(printf, 3, 4))) static int say(sp_client *c, int code,
                                                      const char *fmt, ...) {

@@ -15,7 +15,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "daemon/daemon.h"
+#include "daemon/abort.h"
+#include "daemon/conn.h"
+#include "daemon/job.h"
+#include "daemon/joblist.h"
+#include "daemon/log.h"
+#include "daemon/peer.h"
+#include "daemon/request.h"
+#include "daemon/server.h"
 #include "shardport.h"
 
 /* Whether who may abort job: its owner and root may. */

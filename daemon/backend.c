@@ -12,8 +12,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "config.h"
-#include "daemon/daemon.h"
+#include "build_config.h"
+#include "daemon/backend.h"
+#include "daemon/cuda/gpu.h"
 #include "shardport.h"
 
 static const char *const backend_names[] = {

@@ -15,7 +15,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "daemon/backend.h"
+#include "daemon/config.h"
 #include "daemon/daemon.h"
+#include "daemon/log.h"
+#include "daemon/request.h"
 #include "proto/socket_path.h"
 
 static int fail(char *err, size_t errsize, const char *fmt, ...)

@@ -47,10 +47,21 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "daemon/daemon.h"
+#include "build_config.h"
+#include "daemon/abort.h"
+#include "daemon/conn.h"
+#include "daemon/drain.h"
+#include "daemon/export.h"
+#include "daemon/job.h"
+#include "daemon/joblist.h"
+#include "daemon/log.h"
 #include "daemon/save.h"
 #include "daemon/metrics.h"
+#include "daemon/peer.h"
+#include "daemon/quota.h"
+#include "daemon/registration.h"
+#include "daemon/server.h"
+#include "daemon/status.h"
 #include "proto/wire.h"
 #include "shardport.h"
 

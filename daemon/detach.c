@@ -17,7 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "daemon/daemon.h"
+#include "daemon/detach.h"
 
 /* The child's end of the pipe until it is ready; -1 otherwise. */
 static int ready_fd = -1;

@@ -20,7 +20,13 @@
 #include <inttypes.h>
 #include <stdio.h>
 
-#include "daemon/daemon.h"
+#include "daemon/conn.h"
+#include "daemon/drain.h"
+#include "daemon/export.h"
+#include "daemon/job.h"
+#include "daemon/log.h"
+#include "daemon/notify.h"
+#include "daemon/server.h"
 #include "shardport.h"
 
 /* How often a drain looks whether the running exports have finished. */

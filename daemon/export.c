@@ -1,6 +1,6 @@
 /*
  * export.c - one export of a job, from the ranks' requests to their
- * replies; see daemon.h and docs/protocol.md ("export").
+ * replies; see export.h and docs/protocol.md ("export").
  *
  *   waiting     ranks ask; the export starts when every rank of the job has
  *               asked (each ask has a deadline; the first to pass fails
@@ -35,9 +35,19 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "daemon/config.h"
+#include "daemon/conn.h"
 #include "daemon/daemon.h"
+#include "daemon/export.h"
+#include "daemon/history.h"
+#include "daemon/job.h"
+#include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/pool.h"
+#include "daemon/publish.h"
+#include "daemon/registry.h"
+#include "daemon/request.h"
+#include "daemon/server.h"
 #include "daemon/save.h"
 #include "proto/fail.h"
 #include "proto/text.h"

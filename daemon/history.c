@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/daemon.h"
+#include "daemon/history.h"
 
 void history_init(struct history *h, uint32_t cap) {
   memset(h, 0, sizeof *h);

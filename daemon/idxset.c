@@ -1,6 +1,6 @@
 /*
  * idxset.c - an open-addressing set of indices into a caller's array, found
- * by hash and a caller's match function; see daemon.h.
+ * by hash and a caller's match function; see idxset.h.
  *
  * A slot holds the hash's high 32 bits and index + 1, so a free slot is 0,
  * growing never calls back into the caller, and most mismatches are
@@ -24,7 +24,8 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "daemon/daemon.h"
+#include "daemon/idxset.h"
+#include "daemon/log.h"
 #include "shardport.h"
 
 #define IDXSET_MIN 16u

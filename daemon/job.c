@@ -25,8 +25,18 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "daemon/conn.h"
 #include "daemon/daemon.h"
+#include "daemon/export.h"
+#include "daemon/history.h"
+#include "daemon/job.h"
+#include "daemon/log.h"
+#include "daemon/peer.h"
 #include "daemon/pool.h"
+#include "daemon/quota.h"
+#include "daemon/registry.h"
+#include "daemon/request.h"
+#include "daemon/server.h"
 #include "shardport.h"
 
 /* While an export is gathered or runs, the tick watches deadlines and sends

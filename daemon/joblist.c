@@ -13,7 +13,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/conn.h"
 #include "daemon/daemon.h"
+#include "daemon/export.h"
+#include "daemon/history.h"
+#include "daemon/job.h"
+#include "daemon/joblist.h"
+#include "daemon/peer.h"
+#include "daemon/request.h"
+#include "daemon/server.h"
 #include "proto/fail.h"
 #include "shardport.h"
 

@@ -20,8 +20,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "daemon/daemon.h"
+#include "build_config.h"
+#include "daemon/config.h"
+#include "daemon/listen.h"
+#include "daemon/log.h"
 
 #if SP_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>

@@ -21,8 +21,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "daemon/daemon.h"
+#include "build_config.h"
+#include "daemon/log.h"
 #include "proto/text.h"
 #include "shardport.h"
 

@@ -10,7 +10,9 @@
  * each iteration, from a check handle.  Status requests and metrics
  * scrapes each see the longest since their own previous one.
  */
-#include "daemon/daemon.h"
+#include "daemon/log.h"
+#include "daemon/loopwatch.h"
+#include "daemon/server.h"
 
 static void on_check(uv_check_t *check) {
   struct server *srv = check->data;

@@ -14,8 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "daemon/daemon.h"
+#include "build_config.h"
+#include "daemon/backend.h"
+#include "daemon/config.h"
+#include "daemon/detach.h"
+#include "daemon/listen.h"
+#include "daemon/log.h"
+#include "daemon/server.h"
 
 #define EXIT_CONFIG 1
 #define EXIT_USAGE 2

@@ -50,9 +50,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "daemon/config.h"
+#include "daemon/conn.h"
 #include "daemon/daemon.h"
+#include "daemon/export.h"
+#include "daemon/job.h"
+#include "daemon/log.h"
 #include "daemon/save.h"
 #include "daemon/metrics.h"
+#include "daemon/quota.h"
+#include "daemon/registry.h"
+#include "daemon/request.h"
+#include "daemon/server.h"
 #include "shardport.h"
 
 /* While an export is under way, each side says it is alive this often. */

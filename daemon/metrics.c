@@ -12,7 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "config.h"
+#include "build_config.h"
 #include "daemon/metrics.h"
 #include "proto/text.h"
 #include "shardport.h"

@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/daemon.h"
+#include "daemon/config.h"
 
 #define METRICS_MAX_PEERS 64
 /* Devices the pool gauges name: the host and this many GPUs. */

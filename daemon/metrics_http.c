@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/daemon.h"
 #include "daemon/metrics.h"
 
 /* How long a scrape waits for the loop's fresh gauges. */

@@ -40,7 +40,10 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "daemon/config.h"
 #include "daemon/daemon.h"
+#include "daemon/log.h"
+#include "daemon/server.h"
 #include "proto/wire.h"
 #include "shardport.h"
 

@@ -18,8 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proto/fail.h"
 #include "daemon/daemon.h"
+#include "daemon/registry.h"
+#include "daemon/request.h"
+#include "proto/fail.h"
 #include "daemon/save.h"
 #include "proto/wire.h"
 #include "shardport.h"

@@ -8,8 +8,8 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "config.h"
-#include "daemon/daemon.h"
+#include "build_config.h"
+#include "daemon/notify.h"
 
 #if SP_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>

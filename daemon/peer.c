@@ -11,7 +11,8 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "daemon/daemon.h"
+#include "daemon/config.h"
+#include "daemon/peer.h"
 #include "shardport.h"
 
 /* Enough for almost every user; the kernel tells the size when a peer has

@@ -21,6 +21,7 @@
 #include <sys/random.h>
 
 #include "daemon/daemon.h"
+#include "daemon/request.h"
 #include "shardport.h"
 
 /* The first bytes of every MAC'd message: names the protocol and its

@@ -11,9 +11,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "daemon/log.h"
 #include "shardport.h"
 #include "daemon/cuda/gpu.h"
-#include "daemon/daemon.h"
 #include "daemon/pool.h"
 
 struct pool {

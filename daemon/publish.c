@@ -1,6 +1,6 @@
 /*
  * publish.c - where each owned tensor lives after an export, and the export
- * reply that tells its owner; see daemon.h.
+ * reply that tells its owner; see publish.h.
  *
  * Layout: each owner rank gets one pool segment per export holding all of
  * its assembled tensors, each at an offset aligned to PUBLISH_ALIGN (so any
@@ -21,7 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/daemon.h"
+#include "daemon/publish.h"
+#include "daemon/registry.h"
 #include "daemon/save.h"
 #include "shardport.h"
 

@@ -1,6 +1,6 @@
 /*
  * quota.c - what each user holds on this daemon, and the bounds on it;
- * see daemon.h and docs/operations.md, "Quotas".
+ * see quota.h and docs/operations.md, "Quotas".
  *
  * max_jobs and max_clients bound the daemon as a whole, so without more one
  * user could take all of it: create max_jobs jobs and leave, and every
@@ -21,8 +21,12 @@
 #include <inttypes.h>
 #include <stdlib.h>
 
-#include "daemon/daemon.h"
+#include "daemon/config.h"
+#include "daemon/quota.h"
+#include "daemon/registry.h"
+#include "daemon/server.h"
 #include "proto/fail.h"
+#include "proto/msg.h"
 #include "shardport.h"
 
 struct quota_user {

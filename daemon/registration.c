@@ -21,7 +21,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/daemon.h"
+#include "daemon/conn.h"
+#include "daemon/export.h"
+#include "daemon/job.h"
+#include "daemon/registration.h"
+#include "daemon/registry.h"
+#include "daemon/request.h"
 #include "shardport.h"
 
 /* Entries checked or indexed per step: about a millisecond of the loop. */

@@ -1,5 +1,5 @@
 /*
- * registry.c - one rank's registered storages and tensors; see daemon.h.
+ * registry.c - one rank's registered storages and tensors; see registry.h.
  *
  * Storages are kept in the planner's form (struct sp_storage) beside what
  * only the daemon needs (the sid, the read-only mapping), and tensors in the
@@ -24,8 +24,12 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "daemon/idxset.h"
+#include "daemon/registry.h"
+#include "daemon/regmap.h"
+#include "daemon/request.h"
 #include "proto/fail.h"
-#include "daemon/daemon.h"
+#include "proto/msg.h"
 #include "shardport.h"
 
 /* What a registration costs, counted against max_user_registration_bytes:
@@ -217,7 +221,7 @@ static int base_cmp(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* A frame's entries on their way into a registry (daemon.h): prepared
+/* A frame's entries on their way into a registry (registry.h): prepared
  * from the frame alone, then checked against the registry, admitted and
  * indexed in steps. */
 struct reg_batch {

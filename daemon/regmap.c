@@ -1,6 +1,6 @@
 /*
  * regmap.c - which pages of a rank's registered files the daemon maps,
- * and how storages share those mappings; see daemon.h.
+ * and how storages share those mappings; see regmap.h.
  *
  * Host storages share mappings.  A trainer that registers one storage per
  * parameter, all in one memfd, would otherwise cost one mapping each, and
@@ -35,7 +35,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "daemon/daemon.h"
+#include "daemon/idxset.h"
+#include "daemon/registry.h"
+#include "daemon/regmap.h"
+#include "daemon/request.h"
 #include "proto/fail.h"
 #include "shardport.h"
 

@@ -22,7 +22,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/daemon.h"
+#include "daemon/config.h"
+#include "daemon/log.h"
+#include "daemon/notify.h"
+#include "daemon/reload.h"
+#include "daemon/server.h"
 
 /* The keys that take a restart. */
 static const char *const restart_keys[] = {

@@ -38,7 +38,10 @@
 #include <string.h>
 
 #include "daemon/daemon.h"
+#include "daemon/log.h"
 #include "daemon/metrics.h"
+#include "daemon/registry.h"
+#include "daemon/request.h"
 #include "daemon/xfer/stream.h"
 #include "shardport.h"
 

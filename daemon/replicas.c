@@ -28,6 +28,7 @@
 #include <xxhash.h>
 
 #include "daemon/daemon.h"
+#include "daemon/registry.h"
 #include "proto/fail.h"
 #include "shardport.h"
 

@@ -13,9 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/daemon.h"
+#include "daemon/request.h"
 #include "proto/fail.h"
 #include "proto/text.h"
-#include "daemon/daemon.h"
 #include "proto/wire.h"
 #include "shardport.h"
 

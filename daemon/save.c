@@ -15,7 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/conn.h"
 #include "daemon/daemon.h"
+#include "daemon/export.h"
+#include "daemon/job.h"
 #include "daemon/plan/files.h"
 #include "daemon/save.h"
 #include "proto/dtype.h"

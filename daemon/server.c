@@ -21,10 +21,23 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "build_config.h"
+#include "daemon/backend.h"
+#include "daemon/config.h"
+#include "daemon/conn.h"
 #include "daemon/daemon.h"
+#include "daemon/detach.h"
+#include "daemon/drain.h"
+#include "daemon/job.h"
+#include "daemon/listen.h"
+#include "daemon/log.h"
+#include "daemon/loopwatch.h"
 #include "daemon/metrics.h"
+#include "daemon/notify.h"
+#include "daemon/peer.h"
 #include "daemon/pool.h"
+#include "daemon/reload.h"
+#include "daemon/server.h"
 #include "shardport.h"
 
 /* Connections accepted per wakeup, so that a burst of connects cannot keep

@@ -4,9 +4,14 @@
  * the memory pool, the jobs, and what each user holds.  Everything is read from the loop's own
  * state and the engines' atomics, so it answers at once during an export.
  */
-#include "config.h"
-#include "daemon/daemon.h"
+#include "build_config.h"
+#include "daemon/backend.h"
+#include "daemon/job.h"
+#include "daemon/loopwatch.h"
 #include "daemon/pool.h"
+#include "daemon/quota.h"
+#include "daemon/server.h"
+#include "daemon/status.h"
 
 void status_pack(struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
   /* Segments whose ranks closed them are freed before they are counted. */

@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "build_config.h"
 #include "client/cli/cli.h"
-#include "config.h"
 
 static const struct cli_command *const commands[] = {
     &cli_status_command,

@@ -14,7 +14,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "build_config.h"
 #include "shardport.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/loadprobe.h"

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "daemon/daemon.h"
 #include "shardport.h"
 #include "tests/unit/daemon/tmodel.h"
 

@@ -10,7 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "daemon/daemon.h"
+#include "daemon/config.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

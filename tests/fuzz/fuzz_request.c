@@ -11,7 +11,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "daemon/daemon.h"
+#include "daemon/registry.h"
+#include "daemon/request.h"
 #include "proto/msg.h"
 #include "proto/wire.h"
 

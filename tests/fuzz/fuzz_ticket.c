@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/daemon.h"
+#include "daemon/request.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -15,8 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
+#include "build_config.h"
+#include "daemon/config.h"
 #include "daemon/daemon.h"
+#include "daemon/registry.h"
+#include "daemon/request.h"
 #include "proto/msg.h"
 #include "shardport.h"
 

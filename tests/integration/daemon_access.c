@@ -22,7 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "build_config.h"
 #include "tests/integration/harness.h"
 
 #define OTHER_ID 12345

@@ -27,7 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "build_config.h"
 #include "shardport.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/trainer.h"

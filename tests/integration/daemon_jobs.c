@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "build_config.h"
 #include "tests/integration/harness.h"
 
 static struct sp_test_daemon daemon_;

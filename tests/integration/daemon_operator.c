@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "build_config.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/ranks.h"
 

@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "build_config.h"
 #include "tests/integration/harness.h"
 
 static int64_t now_ms(void) {

@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "build_config.h"
 #include "shardport.h"
 #include "tests/integration/harness.h"
 #include "tests/unit/client/fake_daemon.h"

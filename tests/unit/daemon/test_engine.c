@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "daemon/daemon.h"
 #include "shardport.h"
 #include "tests/unit/daemon/tmodel.h"
 

@@ -15,7 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "daemon/daemon.h"
+#include "daemon/idxset.h"
 #include "tests/unkeyed_hash.h"
 
 /* Members per table: the crafted ones cost about n * n / 2 probes under the

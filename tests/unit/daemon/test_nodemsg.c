@@ -10,7 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/config.h"
 #include "daemon/daemon.h"
+#include "daemon/registry.h"
+#include "daemon/request.h"
 #include "proto/wire.h"
 #include "shardport.h"
 

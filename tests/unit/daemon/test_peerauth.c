@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "daemon/daemon.h"
+#include "daemon/request.h"
 
 static uint8_t secret[JOB_SECRET_BYTES], job[JOB_ID_BYTES];
 static uint8_t listener_nonce[PEERAUTH_NONCE_BYTES];

@@ -13,7 +13,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "daemon/daemon.h"
+#include "daemon/idxset.h"
+#include "daemon/registry.h"
+#include "daemon/request.h"
+#include "proto/msg.h"
 #include "proto/wire.h"
 #include "shardport.h"
 

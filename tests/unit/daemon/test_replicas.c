@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "daemon/daemon.h"
 #include "shardport.h"
 #include "tests/unit/daemon/tmodel.h"
 

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "daemon/request.h"
 #include "tests/unit/daemon/tmodel.h"
 
 void tmodel_init(struct tmodel *m, uint32_t world, size_t bytes) {

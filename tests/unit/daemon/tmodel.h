@@ -10,7 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/daemon.h"
+#include "daemon/publish.h"
+#include "daemon/registry.h"
 
 #define TMODEL_MAX_RANKS 4
 #define TMODEL_MAX_KEYS 1024

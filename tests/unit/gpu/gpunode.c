@@ -32,6 +32,8 @@
 
 #include "daemon/cuda/internal.h"
 #include "daemon/daemon.h"
+#include "daemon/publish.h"
+#include "daemon/registry.h"
 #include "shardport.h"
 #include "tests/unit/plan/tjob.h"
 

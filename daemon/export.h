@@ -1,0 +1,98 @@
+/*
+ * export.h - one export of a job, from the ranks' requests to their replies
+ * (export.c).
+ */
+#ifndef SP_DAEMON_EXPORT_H
+#define SP_DAEMON_EXPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/job.h"
+#include "proto/frame.h"
+#include "proto/msg.h"
+
+struct conn;
+
+int export_op_request(struct conn *c, const struct sp_msg_head *head,
+                      const msgpack_object *map, struct sp_frame *frame);
+int export_op_release(struct conn *c, const struct sp_msg_head *head,
+                      const msgpack_object *map, struct sp_frame *frame);
+/* Advances the job's exports: starts one when every rank asked, moves a
+ * running one on when its thread finished, fails them for lost ranks. */
+void export_advance(struct job *job);
+/* Periodic work: gather deadlines, stalls, progress frames, the rate. */
+void export_tick(struct job *job);
+/* Starts generation 0's NCCL communicators of the local ranks that joined
+ * since the last call (all in one group), and notes when every one is set
+ * up; before the job's first export only (docs/gpu.md).  On the loop. */
+void export_comms_join(struct job *job);
+/* Rank r is leaving before the first export: the join-time communicators
+ * are aborted (the world cannot complete without it). */
+void export_comms_rank_left(struct job *job, uint32_t r);
+/* A member is lost (left or disconnected): fails what it takes part in. */
+void export_member_lost(struct job *job, struct job_member *m);
+/* Whether an export runs: its thread may read the members' storages and
+ * its plan borrows their registrations, so members are freed only after. */
+bool export_busy(const struct job *job);
+/* Frees the cached plan (registrations or members changed). */
+void export_drop_cache(struct job *job);
+/* Progress and phase of the job for status. */
+struct export_view {
+  enum job_phase phase;
+  uint64_t export_id;
+  uint32_t round, rounds;
+  uint64_t bytes_moved, bytes_total;
+  /* The owners' segments on this node, and how much of them the engine
+   * has prepared (phase allocating). */
+  uint64_t bytes_prepared, bytes_to_prepare;
+  /* A save: the bytes this daemon's ranks wrote, and will. */
+  uint64_t bytes_written, bytes_to_write;
+  double rate_bps;
+  uint64_t pool_used;
+};
+void export_view(const struct job *job, struct export_view *out);
+const char *export_phase_name(enum job_phase phase);
+/* Jobs across nodes (mesh.c).  Starts the export the root announced, from
+ * the local ranks that asked and the gathered metadata of every rank, with
+ * the options the root resolved: 0 (the export owns mx), or a code and a
+ * message to fail it everywhere with (mx stays the caller's). */
+struct mesh_export;
+int export_start_gathered(struct job *job, struct mesh_export *mx,
+                          uint64_t export_id, uint32_t max_keys,
+                          uint64_t max_bytes, uint64_t save_limit,
+                          uint32_t timeout_ms, char *msg, size_t msglen);
+/* The running export's save (daemon/save.h), or NULL. */
+struct save *export_save(const struct job *job);
+/* Fails the running export on every rank, and across nodes on every node. */
+void export_fail_running(struct job *job, int code, const char *message);
+/* The sentence for two ranks that disagree on whether, or how, to save. */
+void export_save_disagree(uint32_t rank0, uint64_t limit0, uint32_t rank,
+                          uint64_t limit, char *msg, size_t msglen);
+/* Two nodes' copies of the key-th replicated or plain key (in key order)
+ * that differ, as the root found them (mesh.c, go). */
+struct replica_differ {
+  uint32_t key;
+  uint32_t ranks[2];
+  uint64_t digests[2];
+};
+/* The root's go (every node planned alike; differ: but two nodes' copies
+ * of a replicated key differ, and the export is refused) and publish
+ * (every node moved its data). */
+void export_go(struct job *job, const struct replica_differ *differ);
+void export_publish(struct job *job);
+/* Fails the running export, or the ranks waiting for one, with the root's
+ * code and message (nothing is reported back to the root). */
+void export_fail(struct job *job, int code, const char *message);
+/* Fails the ranks of this node waiting for an export, and logs the failure
+ * (once, at warn) when there are any. */
+void export_fail_asks(struct job *job, int code, const char *message);
+/* Whether a rank of this node waits for an export. */
+bool export_any_asked(const struct job *job);
+/* Fails the running export (across nodes, the root hears it and fails it
+ * on every node) and the ranks waiting for one, with code and message:
+ * an abort, a drain that ran out of time. */
+void export_abort(struct job *job, int code, const char *message);
+
+#endif /* SP_DAEMON_EXPORT_H */
