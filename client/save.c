@@ -22,6 +22,7 @@
  * or two of them (pinned) for one on a GPU, whose bytes come off the
  * device into one while the other is written (client/cudart.c).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -637,6 +638,28 @@ static int write_index(struct saver *sv, struct st_buf *index) {
   return rc == 0 ? sync_dir(sv) : rc;
 }
 
+/* Once the index is durable, every file of this save has its final name:
+ * a temporary file of the checkpoint still in the directory is what a
+ * process killed in an earlier save left, and goes now. */
+static void remove_stale(struct saver *sv) {
+  int fd = dup(sv->dirfd);
+  DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+  if (!d) {
+    if (fd >= 0)
+      close(fd);
+    return;
+  }
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    size_t n = strlen(e->d_name);
+    if (n > 4 && strcmp(e->d_name + n - 4, ".tmp") == 0 &&
+        (strncmp(e->d_name, ".model-", 7) == 0 ||
+         strncmp(e->d_name, ".model.safetensors", 18) == 0))
+      unlinkat(sv->dirfd, e->d_name, 0);
+  }
+  closedir(d);
+}
+
 /* The rank's part, from its published tensors to the last step.  A local
  * failure is reported at the step being gathered, so that every rank
  * hears it; the daemon's answer is then the save's error. */
@@ -684,6 +707,8 @@ static int run(struct saver *sv, sp_save_result *res) {
         sv->index_aside = false;
     } else if (step == 2 && rank0) {
       rc = write_index(sv, &index);
+    } else if (step == SAVE_STEPS && rank0) {
+      remove_stale(sv);
     }
   }
   st_buf_free(&index);

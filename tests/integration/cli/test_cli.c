@@ -498,7 +498,7 @@ START_TEST(help_and_version) {
   ck_assert_ptr_nonnull(strstr(r.out, "  ping "));
   run_cli((const char *[]){"--version", NULL}, &r);
   ck_assert_int_eq(r.status, 0);
-  ck_assert_str_eq(r.out, "shardport " SP_VERSION " (protocol 2)\n");
+  ck_assert_str_eq(r.out, "shardport " SP_VERSION " (protocol 3)\n");
 }
 END_TEST
 
