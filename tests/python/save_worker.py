@@ -5,7 +5,8 @@ happened to OUTDIR/RANK.json.
     save_worker.py HOW RANK WORLD INIT_FILE SOCKET OUTDIR CHECKPOINT
 
 HOW: "function" (shardport.save_state_dict), "job" (a Job's save, with a
-progress callback), "overwrite" (a Job's save with overwrite=True).
+progress callback), "overwrite" (a Job's save with overwrite=True),
+"complex" (the model and a complex64 key, which safetensors cannot name).
 """
 
 import json
@@ -25,6 +26,10 @@ def main():
     dist.init_process_group("gloo", init_method="file://" + init_file,
                             rank=rank, world_size=world)
     state, placements = save_model.shards(rank, world)
+    if how == "complex":
+        state["z.complex"] = torch.zeros(world, dtype=torch.complex64)[
+            rank:rank + 1].clone()
+        placements["z.complex"] = shardport.Placement("shard0", (world,))
     out = {"rank": rank}
     phases = []
 
@@ -32,7 +37,7 @@ def main():
         phases.append((p.phase, p.bytes_written, p.bytes_to_write))
 
     try:
-        if how == "function":
+        if how in ("function", "complex"):
             result = shardport.save_state_dict(
                 state, ckpt, placements, save_model.LIMIT, save_model.METADATA,
                 socket=sock, timeout=60, progress=False)

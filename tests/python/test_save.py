@@ -6,8 +6,11 @@ byte for byte with the unsharded model (save_model.py).
     test_save.py SCENARIO
 
   one-daemon   3 ranks save; a second save into the directory is refused
-               on every rank; with overwrite it replaces the first
-  two-daemons  4 ranks over 2 daemons (2 each) save one checkpoint
+               on every rank; with overwrite it replaces the first; a key
+               whose dtype safetensors cannot name is refused on every rank
+  two-daemons  4 ranks over 2 daemons (2 each) save one checkpoint; the
+               second daemon killed while its ranks write fails the save
+               on the first one's too
   killed       a rank killed while it writes, then the daemon killed while
                its ranks write: every rank fails, no index and no
                incomplete file under a final name; a new save succeeds
@@ -154,6 +157,13 @@ def one_daemon(workdir):
         for r in res.values():
             writing = [p for p in r["phases"] if p[0] == "writing"]
             assert writing and writing[-1][1] == writing[-1][2] == r["bytes"]
+        other = os.path.join(workdir, "complex")
+        refused = run("complex", 3, socks, workdir, other)
+        assert all(r["error"] == "unknown_dtype" for r in refused.values()), \
+            refused
+        assert len({r["message"] for r in refused.values()}) == 1, refused
+        assert "z.complex" in refused[0]["message"], refused
+        no_checkpoint(other)
 
 
 def two_daemons(workdir):
@@ -162,6 +172,33 @@ def two_daemons(workdir):
         ckpt = os.path.join(workdir, "ckpt")
         verify(ckpt, 4, run("function", 4, [a.socket, a.socket, b.socket,
                                             b.socket], workdir, ckpt))
+        # The second node dies while every rank writes: the first node's
+        # ranks fail with node_lost, and nothing is committed.
+        lost = os.path.join(workdir, "lost")
+        procs = start_ranks("function", 4, [a.socket, a.socket, b.socket,
+                                            b.socket], workdir, lost,
+                            env={"SHARDPORT_TEST_SAVE_DELAY_MS": "20"})
+        wait_writing(a.socket)
+        b.proc.send_signal(signal.SIGKILL)
+        logs = wait_ranks(procs)
+        out = results(workdir, 4, logs)
+        assert [out[r]["error"] for r in (0, 1)] == ["node_lost"] * 2, out
+        assert out[0]["message"] == out[1]["message"], out
+        assert not any(r["ok"] for r in out.values()), out
+        no_checkpoint(lost)
+
+
+def wait_writing(sock):
+    """Returns once the daemon at sock shows its job's ranks writing, some
+    bytes written and not all (status, docs/checkpoints.md)."""
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        job = status_of(sock)
+        if job is not None and job.phase == "writing" and job.bytes_written:
+            assert job.bytes_written < job.bytes_to_write, job
+            return
+        assert time.monotonic() < deadline, "the save never started writing"
+        time.sleep(0.01)
 
 
 def kill_mid_save(workdir, d, victim, ckpt):
@@ -169,14 +206,7 @@ def kill_mid_save(workdir, d, victim, ckpt):
     once the ranks write; returns the surviving ranks' results."""
     procs = start_ranks("function", 3, [d.socket] * 3, workdir, ckpt,
                         env={"SHARDPORT_TEST_SAVE_DELAY_MS": "20"})
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        job = status_of(d.socket)
-        if job is not None and job.phase == "writing" and job.bytes_written:
-            assert job.bytes_written < job.bytes_to_write, job
-            break
-        assert time.monotonic() < deadline, "the save never started writing"
-        time.sleep(0.01)
+    wait_writing(d.socket)
     if victim == "rank":
         procs[1][0].send_signal(signal.SIGKILL)
     else:
