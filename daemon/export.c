@@ -1212,10 +1212,12 @@ void export_member_lost(struct job *job, struct job_member *m) {
   struct export *ex = job->running;
   if (ex != NULL)
     save_rank_gone(ex->save, m->rank);
-  /* A save needs every rank until its commit: one lost while it writes
-   * fails it everywhere. */
-  if (ex != NULL && (!ex->ranks[m->rank].answered || ex->save_limit != 0)) {
-    if (ex->phase < JOB_PUBLISHING || ex->save_limit != 0) {
+  /* A save needs every rank until its commit is passed: one lost while
+   * it writes fails it everywhere; one that leaves once it has its last
+   * reply fails nothing. */
+  bool saving = ex != NULL && ex->save_limit != 0 && !save_committed(ex->save);
+  if (ex != NULL && (!ex->ranks[m->rank].answered || saving)) {
+    if (ex->phase < JOB_PUBLISHING || saving) {
       char during[64], msg[SP_ERRMSG_MAX + 1];
       snprintf(during, sizeof during, " during export %" PRIu64, ex->id);
       job_departure_text(job, m->rank, m->disconnected, during, m->refused,

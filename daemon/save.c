@@ -152,7 +152,16 @@ void save_rank_gone(struct save *s, uint32_t r) {
     s->ranks[r].gone = true;
 }
 
-uint64_t save_progress_ms(const struct save *s) { return s->progress_ms; }
+bool save_committed(const struct save *s) {
+  return s != NULL && s->step > SAVE_STEPS;
+}
+
+uint64_t save_progress_ms(const struct save *s) {
+  /* A node whose ranks all reported the step waits for the other nodes'
+   * ranks, which their own daemons watch (and the root hears from every
+   * node while it waits): waiting is not a stall here. */
+  return s->reached ? job_now_ms() : s->progress_ms;
+}
 
 void save_bytes(const struct save *s, uint64_t *written, uint64_t *to_write) {
   *written = *to_write = 0;

@@ -74,6 +74,8 @@ void save_rank_gone(struct save *s, uint32_t r);
 /* Streams what waits for room (rank 0's weight map); true once the last
  * step is answered on every local rank. */
 bool save_pump(struct save *s);
+/* Its last step is passed on this node: the save is done. */
+bool save_committed(const struct save *s);
 /* When the save last advanced (a rank wrote or reported), for the
  * export's timeout. */
 uint64_t save_progress_ms(const struct save *s);

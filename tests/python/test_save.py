@@ -20,6 +20,7 @@ Exits 77 (skipped), loudly, when PyTorch cannot be imported.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -148,6 +149,9 @@ def one_daemon(workdir):
         ckpt = os.path.join(workdir, "ckpt")
         socks = [d.socket] * 3
         verify(ckpt, 3, run("function", 3, socks, workdir, ckpt))
+        # Ranks that leave once the save returned fail nothing.
+        assert not re.search(r"export \d+ failed", d.log_text()), \
+            d.log_text()
         refused = run("job", 3, socks, workdir, ckpt)
         assert all(r["error"] == "checkpoint_exists" for r in
                    refused.values()), refused
