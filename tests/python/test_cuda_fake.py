@@ -134,15 +134,32 @@ def rank_main(rank, socket, ticket, metrics_url=None):
         client.leave()
 
 
+def cuda_runtime():
+    """The fake runtime (SHARDPORT_CUDART_LIB), or on a GPU machine
+    (tests/gpu/run.sh) the real one."""
+    if os.environ.get("SHARDPORT_CUDART_LIB"):
+        return ctypes.CDLL(os.environ["SHARDPORT_CUDART_LIB"])
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            pass
+    raise RuntimeError("no CUDA runtime to load")
+
+
 def save_rank_main(rank, socket, ticket, directory):
     """One rank of a save: its shards of "w" and "big" (and on rank 1 the
-    expert "t", a transposed view) in fake device memory, saved."""
-    rt = ctypes.CDLL(os.environ["SHARDPORT_CUDART_LIB"])
+    expert "t", a transposed view) in device memory, saved.  The ranks
+    share the GPUs there are."""
+    rt = cuda_runtime()
     vp = ctypes.c_void_p
     rt.cudaMalloc.argtypes = [ctypes.POINTER(vp), ctypes.c_size_t]
     rt.cudaMemcpyAsync.argtypes = [vp, vp, ctypes.c_size_t, ctypes.c_int, vp]
     rt.cudaStreamSynchronize.argtypes = [vp]
-    assert rt.cudaSetDevice(rank) == 0
+    count = ctypes.c_int()
+    assert rt.cudaGetDeviceCount(ctypes.byref(count)) == 0
+    ordinal = rank % count.value
+    assert rt.cudaSetDevice(ordinal) == 0
     rows, big_rows = SPLIT[rank], BIG_SPLIT[rank]
     w = original()[sum(SPLIT[:rank]) * COLS * 4:][:rows * COLS * 4]
     big = original_big()[sum(BIG_SPLIT[:rank]) * BIG[1] * 4:][
@@ -155,7 +172,7 @@ def save_rank_main(rank, socket, ticket, directory):
                               None) == 0
     assert rt.cudaStreamSynchronize(None) == 0
     with shardport.Client(socket) as client:
-        client.join(ticket, rank, 2, client.cuda_device_name(rank))
+        client.join(ticket, rank, 2, client.cuda_device_name(ordinal))
         client.register_storages([shardport.StorageDesc(
             id=1, fd=-1, offset=0, length=len(mem), addr=base.value,
             kind="cuda")])
@@ -226,6 +243,20 @@ class CudaFakeTest(unittest.TestCase):
             self.assertEqual(tensors["t"],
                              ("F32", (T_MEM[1], T_MEM[0]), t_expected()))
             self.assertEqual(total, sum(len(v[2]) for v in tensors.values()))
+            try:
+                from safetensors.numpy import load_file
+            except ImportError:
+                return
+            # Where the format's own library is installed (a GPU machine,
+            # tests/gpu/run.sh), it reads the same bytes.
+            index = os.path.join(ckpt, safetensors_reader.INDEX)
+            with open(index) as f:
+                files = set(json.load(f)["weight_map"].values())
+            loaded = {}
+            for name in files:
+                loaded.update(load_file(os.path.join(ckpt, name)))
+            self.assertEqual({k: v.tobytes() for k, v in loaded.items()},
+                             {k: v[2] for k, v in tensors.items()})
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
