@@ -131,7 +131,8 @@ static int op_status(struct conn *c, const struct sp_msg_head *head,
                      const msgpack_object *map, struct sp_frame *frame);
 
 /* The dispatch table.  A handler replies itself and returns 0, or returns a
- * negative code that is sent back as an error reply.  Messages that do not
+ * negative code that is sent back as an error reply; save_progress, a
+ * notification, is never answered (docs/protocol.md).  Messages that do not
  * declare takes_fds have their fds closed before the handler runs.  Those
  * that declare new_work start something a stopping daemon would only have
  * to break: while it drains (drain.c) they are answered daemon_stopping
