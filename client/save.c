@@ -578,7 +578,8 @@ static int report(struct saver *sv, uint32_t step, int code,
   sp_pack_kv_u64(&mb.pk, "bytes_written", sv->written);
   if (code < 0) {
     sp_pack_kv_str(&mb.pk, "error", sp_err_name(code));
-    sp_pack_kv_str(&mb.pk, "message", sv->c->message);
+    sp_pack_kv_str(&mb.pk, "message",
+                   sv->c->message[0] ? sv->c->message : sp_strerror(code));
   }
   int rc = client_start(sv->c, &mb, id);
   /* The others may write for long: the daemon bounds the wait (the
