@@ -50,6 +50,7 @@
 #include "daemon/server.h"
 #include "daemon/save.h"
 #include "proto/fail.h"
+#include "proto/monotonic.h"
 #include "proto/text.h"
 #include "shardport.h"
 
@@ -120,7 +121,7 @@ struct export {
   uint64_t part_limit; /* the most bytes of one reply frame */
   /* Moving. */
   struct engine engine;
-  const struct reg_storage **src;
+  const struct xfer_storage **src;
   uint8_t **dst;
   uint64_t *dst_size;
   /* On the CUDA backend: the owners' device segments and the engine's
@@ -313,7 +314,7 @@ static struct log_fields export_fields(const struct export *ex, int code) {
 /* The export is over and no thread runs: record the outcome, free it. */
 static void finish(struct export *ex) {
   struct job *job = ex->job;
-  uint64_t now = job_now_ms();
+  uint64_t now = monotonic_ms();
   job->last_round = plan_rounds(ex);
   job->last_rounds = plan_rounds(ex);
   job->last_bytes_total = ex->bytes_total;
@@ -436,7 +437,7 @@ static void fail_gather(struct job *job, int code, const char *message) {
                                 .error = code},
            "job %s: export failed before it started: %s",
           job->hex, job->error);
-  uint64_t now = job_now_ms(), first_ask = now;
+  uint64_t now = monotonic_ms(), first_ask = now;
   for (uint32_t r = 0; r < job->world; r++)
     if (job->members[r] != NULL && job->members[r]->asked &&
         job->members[r]->asked_ms < first_ask)
@@ -639,7 +640,7 @@ static int compare_replicas(struct export *ex, const struct plan *plan) {
   struct job *job = ex->job;
   if (!ex->compare)
     return 0;
-  const struct reg_storage **src = calloc(job->world, sizeof *src);
+  const struct xfer_storage **src = calloc(job->world, sizeof *src);
   if (src == NULL)
     return sp_failf(ex->plan_msg, sizeof ex->plan_msg, SP_ENOMEM,
                     "out of memory comparing replicated keys");
@@ -793,9 +794,10 @@ static void start_moving(struct export *ex) {
                                    .comms = job->gpu_comms,
                                    .timeout_ms = ex->timeout_ms};
     e->gpu_run = &ex->gpu_run;
+    e->run = gpu_engine_run;
   }
   ex->phase = JOB_MOVING;
-  ex->moving_ms = ex->sample_ms = ex->progress_ms = job_now_ms();
+  ex->moving_ms = ex->sample_ms = ex->progress_ms = monotonic_ms();
   if (engine_start(e) != 0) {
     fail_export(ex, SP_ENOMEM, "cannot start the engine thread");
     return;
@@ -871,7 +873,7 @@ static void pump(struct export *ex) {
         er->segment_fd = -1;
       }
       er->next_part++;
-      ex->progress_ms = job_now_ms();
+      ex->progress_ms = monotonic_ms();
       if (conn_send(c, tx) != 0)
         break;
     }
@@ -978,7 +980,7 @@ static void step(struct export *ex) {
     pthread_join(ex->planner, NULL);
     ex->thread_alive = false;
     metrics_planning_done(ex->job->srv->metrics,
-                          (double)(job_now_ms() - ex->planning_ms) / 1000.0);
+                          (double)(monotonic_ms() - ex->planning_ms) / 1000.0);
     if (ex->failed)
       break;
     if (ex->plan_rc != 0) {
@@ -1143,7 +1145,7 @@ static void maybe_start(struct job *job) {
   ex->max_bytes = max_bytes0;
   ex->save_limit = job->members[0]->ask.save_limit;
   ex->timeout_ms = UINT32_MAX;
-  ex->started_ms = job_now_ms();
+  ex->started_ms = monotonic_ms();
   for (uint32_t r = 0; r < job->world; r++) {
     struct job_member *m = job->members[r];
     struct export_rank *er = &ex->ranks[r];
@@ -1186,8 +1188,8 @@ static void maybe_start(struct job *job) {
   }
   ex->phase = JOB_PLANNING;
   progress_all(ex);
-  ex->planning_ms = job_now_ms();
-  if (engine_spawn(&ex->planner, plan_main, ex) != 0) {
+  ex->planning_ms = monotonic_ms();
+  if (xfer_spawn(&ex->planner, plan_main, ex) != 0) {
     fail_export(ex, SP_ENOMEM, "cannot start the planning thread");
     finish(ex);
     return;
@@ -1265,7 +1267,7 @@ static void missing_ranks(const struct job *job, char *buf, size_t len) {
 }
 
 void export_tick(struct job *job) {
-  uint64_t now = job_now_ms();
+  uint64_t now = monotonic_ms();
   struct export *ex = job->running;
   if (ex == NULL) {
     /* Across nodes the root watches the asks' deadlines (mesh.c). */
@@ -1413,9 +1415,9 @@ int export_op_request(struct conn *c, const struct sp_msg_head *head,
   m->ask = req;
   m->asked = true;
   m->ask_id = head->id;
-  m->asked_ms = job_now_ms();
+  m->asked_ms = monotonic_ms();
   m->ask_deadline_ms =
-      job_now_ms() +
+      monotonic_ms() +
       (req.timeout_ms > 0 ? req.timeout_ms : job->srv->cfg->export_timeout_ms);
   if (req.progress) {
     struct sp_msgbuf mb;
@@ -1488,7 +1490,7 @@ int export_start_gathered(struct job *job, struct mesh_export *mx,
   ex->max_bytes = max_bytes;
   ex->save_limit = save_limit;
   ex->timeout_ms = timeout_ms;
-  ex->started_ms = job_now_ms();
+  ex->started_ms = monotonic_ms();
   for (uint32_t r = 0; r < job->world; r++) {
     struct job_member *m = job->members[r];
     struct export_rank *er = &ex->ranks[r];
@@ -1518,8 +1520,8 @@ int export_start_gathered(struct job *job, struct mesh_export *mx,
   ex->compare_threads = job->srv->engine_threads;
   ex->phase = JOB_PLANNING;
   progress_all(ex);
-  ex->planning_ms = job_now_ms();
-  if (engine_spawn(&ex->planner, plan_main, ex) != 0) {
+  ex->planning_ms = monotonic_ms();
+  if (xfer_spawn(&ex->planner, plan_main, ex) != 0) {
     fail_export(ex, SP_ENOMEM, "cannot start the planning thread");
     finish(ex);
     return 0;

@@ -23,6 +23,7 @@
 #include "daemon/save.h"
 #include "proto/dtype.h"
 #include "proto/fail.h"
+#include "proto/monotonic.h"
 #include "proto/text.h"
 #include "shardport.h"
 
@@ -95,7 +96,7 @@ int save_new(struct job *job, uint64_t export_id, const struct plan *plan,
   s->export_id = export_id;
   s->plan = plan;
   s->step = 1;
-  s->progress_ms = job_now_ms();
+  s->progress_ms = monotonic_ms();
   for (uint32_t r = 0; r < job->world; r++)
     s->ranks[r].local = job->members[r] != NULL && job->members[r]->in_export;
   s->map_parts = (plan->nkeys + SAVE_MAP_PART_KEYS - 1) / SAVE_MAP_PART_KEYS;
@@ -129,7 +130,7 @@ void save_rank_published(struct save *s, uint32_t r, uint64_t request_id,
   sr->in = true;
   sr->request_id = request_id;
   sr->bytes_to_write = bytes_to_write;
-  s->progress_ms = job_now_ms();
+  s->progress_ms = monotonic_ms();
 }
 
 void save_fail(struct save *s, int code, const char *message) {
@@ -160,7 +161,7 @@ uint64_t save_progress_ms(const struct save *s) {
   /* A node whose ranks all reported the step waits for the other nodes'
    * ranks, which their own daemons watch (and the root hears from every
    * node while it waits): waiting is not a stall here. */
-  return s->reached ? job_now_ms() : s->progress_ms;
+  return s->reached ? monotonic_ms() : s->progress_ms;
 }
 
 void save_bytes(const struct save *s, uint64_t *written, uint64_t *to_write) {
@@ -247,7 +248,7 @@ static void commit(struct save *s, uint32_t step) {
   }
   s->step++;
   s->reached = false;
-  s->progress_ms = job_now_ms();
+  s->progress_ms = monotonic_ms();
   job_wake(s->job);
 }
 
@@ -336,7 +337,7 @@ int save_op_step(struct conn *c, const struct sp_msg_head *head,
                            " and it reported %" PRIu32 " last",
                            r, step, s->step, sr->reported);
   sr->request_id = head->id;
-  s->progress_ms = job_now_ms();
+  s->progress_ms = monotonic_ms();
   if (written <= sr->bytes_to_write)
     sr->bytes_written = written;
   if (has_error == 0) {
@@ -376,7 +377,7 @@ int save_op_progress(struct conn *c, const struct sp_msg_head *head,
   struct save_rank *sr = &s->ranks[r];
   if (written <= sr->bytes_to_write && written != sr->bytes_written) {
     sr->bytes_written = written;
-    s->progress_ms = job_now_ms();
+    s->progress_ms = monotonic_ms();
   }
   return 0;
 }

@@ -32,6 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/layer.h"
 #include "daemon/plan/plan.h"
 #include "proto/frame.h"
 #include "proto/msg.h"
