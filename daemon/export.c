@@ -1356,14 +1356,16 @@ void export_view(const struct job *job, struct export_view *out) {
     out->phase = ex->failed ? JOB_FAILED : ex->phase;
     out->export_id = ex->id;
     out->rounds = plan_rounds(ex);
-    out->round = ex->phase == JOB_MOVING       ? atomic_load(&ex->engine.round)
-                 : ex->phase == JOB_PUBLISHING ? out->rounds
-                                               : 0;
+    /* A save's writing comes after every round. */
+    bool moved = ex->phase == JOB_PUBLISHING || ex->phase == JOB_WRITING;
+    out->round = ex->phase == JOB_MOVING ? atomic_load(&ex->engine.round)
+                 : moved                 ? out->rounds
+                                         : 0;
     /* Before round 1 the engine prepares the owners' segments; on a big
      * first export that is most of the time, and must not read as a
      * stall. */
     out->bytes_to_prepare = ex->bytes_to_prepare;
-    out->bytes_prepared = out->round > 0 || ex->phase == JOB_PUBLISHING
+    out->bytes_prepared = out->round > 0 || moved
                               ? ex->bytes_to_prepare
                               : atomic_load(&ex->engine.bytes_prepared);
     if (out->phase == JOB_MOVING && out->round == 0)
