@@ -7,7 +7,7 @@
  * and the save itself gathers one step at a time: step s is reached on
  * this node when every local rank of the export has reported it; on one
  * daemon that commits it at once, across nodes the root commits it once
- * every node reached it (mesh.c).  A rank is answered no more after its
+ * every node reached it (daemon/mesh/coord.c).  A rank is answered no more after its
  * step 3 reply or its error.
  */
 #include <inttypes.h>
@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "daemon/conn.h"
-#include "daemon/daemon.h"
+#include "daemon/mesh/mesh.h"
 #include "daemon/export.h"
 #include "daemon/job.h"
 #include "daemon/plan/files.h"

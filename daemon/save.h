@@ -17,7 +17,7 @@
  *   step 3  rank 0's index is durable: the save is done.
  *
  * A rank reports each step with save_step and is answered once every rank
- * of the job (on every node: the root gathers them, mesh.c) has reported
+ * of the job (on every node: the root gathers them, daemon/mesh/coord.c) has reported
  * it.  A failure anywhere fails the export as any failure does, and every
  * rank still in the save hears it: with the reply it waits for, or, while
  * it writes, as an error carrying its export request's id.
@@ -83,7 +83,7 @@ uint64_t save_progress_ms(const struct save *s);
 /* The bytes this daemon's ranks wrote and will write, for status. */
 void save_bytes(const struct save *s, uint64_t *written, uint64_t *to_write);
 
-/* Across nodes (mesh.c): the root says every node's ranks reached step
+/* Across nodes (daemon/mesh/member.c): the root says every node's ranks reached step
  * (their reports gathered). */
 void save_commit(struct job *job, uint32_t step);
 
