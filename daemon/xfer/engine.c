@@ -22,7 +22,8 @@
  * same threads (MADV_POPULATE_WRITE, or touching each page on kernels
  * without it): round 1's tensors before it starts, and each next round's
  * tensors as items after the current round's copies, so that threads done
- * with their copies prepare the next round while the others finish.  A
+ * with their copies prepare the next round while the others finish (across
+ * nodes, before the exchange: it may receive into them ahead).  A
  * segment kept from its owner's earlier export (dst_warm) needs none of
  * that: its pages are present, every tensor is overwritten, and only the
  * bytes between and after the tensors are zeroed.
@@ -593,9 +594,10 @@ static void run_remote_round(struct engine *e, size_t round,
   const struct plan_move *lists[3] = {rr.pack, rr.early, rr.late};
   size_t counts[3] = {rr.npack, rr.nearly, rr.nlate};
   for (int step = 0; step < 3 && !stopped(e); step++) {
-    /* The next round's tensors are made present alongside the exchange. */
+    /* The next round's tensors are made present before the exchange,
+     * which may receive into them ahead (remote.c). */
     if (cut(e, (long)round, step == 0 ? CUT_PACK : CUT_ASSEMBLE, lists[step],
-            counts[step], NULL, 0, step == 1) != 0)
+            counts[step], NULL, 0, step == 0) != 0)
       return;
     run_items(e, workers, step == 1 ? exchange : NULL);
     free(e->items);
