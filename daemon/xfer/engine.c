@@ -546,10 +546,13 @@ static uint64_t chunk_for(const struct engine *e, uint64_t bytes) {
 static int cut(struct engine *e, long round, enum cut_kind kind,
                const struct plan_move *a, size_t na, const struct plan_move *b,
                size_t nb, bool ahead) {
-  e->chunk = chunk_for(e, round >= 0 ? e->plan->rounds[round].nbytes
-                                     : (uint64_t)ENGINE_CHUNK *
-                                           e->threads *
-                                           ENGINE_ITEMS_PER_THREAD);
+  uint64_t bytes = 0;
+  if (round >= 0)
+    bytes = e->plan->rounds[round].nbytes;
+  else
+    for (uint32_t r = 0; r < e->plan->world; r++)
+      bytes += e->dst_size[r];
+  e->chunk = chunk_for(e, bytes);
   for (int pass = 0; pass < 2; pass++) {
     e->nitems = 0;
     if (round < 0) {
