@@ -61,16 +61,29 @@ static double now_s(void) {
 /* Single-thread memcpy bandwidth over bytes, in bytes per second, between
  * two buffers of that size.  warm: both buffers touched before (the limit:
  * the best of three); fresh: into pages never touched, so that the page
- * faults and zeroing a fresh pool costs are in it too. */
-static void memcpy_bps(uint64_t bytes, double *warm, double *fresh) {
-  *warm = *fresh = 0;
+ * faults and zeroing a fresh pool costs are in it too; fresh_huge: the
+ * same into memory that asked for transparent huge pages (anonymous
+ * memory: what huge pages would spare the pool's first touch where the
+ * kernel grants them to shared memory too; 0 when the mapping failed). */
+static void memcpy_bps(uint64_t bytes, double *warm, double *fresh,
+                       double *fresh_huge) {
+  *warm = *fresh = *fresh_huge = 0;
   char *src = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   char *dst = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  char *huge = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (src == MAP_FAILED || dst == MAP_FAILED)
     goto out;
   memset(src, 1, bytes);
+  if (huge != MAP_FAILED) {
+    madvise(huge, bytes, MADV_HUGEPAGE);
+    double th = now_s();
+    memcpy(huge, src, bytes);
+    __asm__ volatile("" : : "r"(huge) : "memory");
+    *fresh_huge = (double)bytes / (now_s() - th);
+  }
   double t0 = now_s();
   memcpy(dst, src, bytes);
   __asm__ volatile("" : : "r"(dst) : "memory");
@@ -89,6 +102,19 @@ out:
     munmap(src, bytes);
   if (dst != MAP_FAILED)
     munmap(dst, bytes);
+  if (huge != MAP_FAILED)
+    munmap(huge, bytes);
+}
+
+/* A sysfs setting's line, or "unknown". */
+static void read_setting(const char *path, char *buf, size_t len) {
+  snprintf(buf, len, "unknown");
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return;
+  if (fgets(buf, (int)len, f) != NULL)
+    buf[strcspn(buf, "\n")] = '\0';
+  fclose(f);
 }
 
 /* What the demo printed with --machine. */
@@ -272,17 +298,25 @@ int main(int argc, char **argv) {
     runs = 3;
   static const unsigned rank_counts[] = {2, 4};
 
+  char shmem[128], anon_thp[128];
+  read_setting("/sys/kernel/mm/transparent_hugepage/shmem_enabled", shmem,
+               sizeof shmem);
+  read_setting("/sys/kernel/mm/transparent_hugepage/enabled", anon_thp,
+               sizeof anon_thp);
   printf("export on one node: shardport-demo, %d runs per rank count of "
          "%s exports in a row each (median by time; memory and status "
-         "latency the largest of the runs)\n\n",
-         runs, EXPORTS);
+         "latency the largest of the runs)\n"
+         "transparent huge pages: shared memory %s, anonymous %s (the pool "
+         "asks for them: pool_huge_pages)\n\n",
+         runs, EXPORTS, shmem, anon_thp);
   printf("| ranks | assembled | memcpy, 1 thread | memcpy into fresh pages "
+         "| into fresh huge pages "
          "| first export | ratio to memcpy | ratio to fresh pages "
          "| fifth export | ratio to memcpy | owned in pool | pool peak "
          "| RSS peak above base | of it anon | status, idle median "
          "| status, idle worst | status, worst during and after |\n");
   printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:"
-         "|---:|---:|---:|\n");
+         "|---:|---:|---:|---:|\n");
   for (size_t i = 0; i < sizeof rank_counts / sizeof rank_counts[0]; i++) {
     struct run r[MAX_RUNS];
     for (int k = 0; k < runs; k++)
@@ -308,16 +342,17 @@ int main(int argc, char **argv) {
     qsort(last, (size_t)runs, sizeof last[0], cmp_double);
     const struct demo_figures *f = &r[0].f;
     double t_first = first[runs / 2], t_last = last[runs / 2];
-    double mbps, fresh;
-    memcpy_bps(f->pool_bytes, &mbps, &fresh);
+    double mbps, fresh, fresh_huge;
+    memcpy_bps(f->pool_bytes, &mbps, &fresh, &fresh_huge);
     double bps_first = (double)f->pool_bytes / t_first;
     double bps_last = (double)f->pool_bytes / t_last;
     double owned = (double)f->pool_bytes / MIB;
     printf("| %u | %.1f MiB | %.2f GiB/s | %.2f GiB/s | %.2f GiB/s "
+           "| %.2f GiB/s "
            "| %.2f | %.2f | %.2f GiB/s | %.2f | %.1f MiB | %.1f MiB (%.2fx) "
            "| %.1f MiB (%.2fx) | %.1f MiB | %.2f ms | %.2f ms | %.2f ms |\n",
            f->ranks, (double)f->pool_bytes / MIB, mbps / GIB, fresh / GIB,
-           bps_first / GIB, mbps > 0 ? bps_first / mbps : 0.0,
+           fresh_huge / GIB, bps_first / GIB, mbps > 0 ? bps_first / mbps : 0.0,
            fresh > 0 ? bps_first / fresh : 0.0, bps_last / GIB,
            mbps > 0 ? bps_last / mbps : 0.0, owned, pool,
            owned > 0 ? pool / owned : 0.0, hwm, owned > 0 ? hwm / owned : 0.0,
