@@ -149,6 +149,7 @@ struct sampler {
   uint64_t pool_used;             /* peak */
   double idle_status_s, idle_worst_s; /* median and worst, before */
   double worst_status_s;          /* while and after it runs */
+  uint64_t loop_busy_us;          /* the daemon's longest loop iteration */
 };
 
 static int cmp_double(const void *a, const void *b) {
@@ -157,14 +158,17 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* One status call's latency in seconds (0 when it failed), its pool use
- * in *pool_used. */
-static double timed_status(sp_client *c, uint64_t *pool_used) {
+ * in *pool_used and the daemon's longest loop iteration since the previous
+ * status in *busy_us. */
+static double timed_status(sp_client *c, uint64_t *pool_used,
+                           uint64_t *busy_us) {
   sp_status_info *st = NULL;
   double t0 = now_s();
   if (c == NULL || sp_status(c, &st) != 0)
     return 0;
   double t = now_s() - t0;
   *pool_used = st->pool_used;
+  *busy_us = st->loop_max_busy_us;
   sp_status_free(st);
   return t;
 }
@@ -183,10 +187,12 @@ static void *sample(void *p) {
       s->anon_kb = v;
     if ((v = sp_test_vm_kb(s->daemon, "RssShmem")) > s->shmem_kb)
       s->shmem_kb = v;
-    uint64_t used = 0;
-    double t = timed_status(c, &used);
+    uint64_t used = 0, busy = 0;
+    double t = timed_status(c, &used, &busy);
     if (used > s->pool_used)
       s->pool_used = used;
+    if (busy > s->loop_busy_us)
+      s->loop_busy_us = busy;
     if (t > s->worst_status_s)
       s->worst_status_s = t;
     struct timespec ts = {0, 2 * 1000 * 1000};
@@ -237,6 +243,7 @@ struct run {
   struct demo_figures f;
   double hwm_mib, rss_mib, anon_mib, shmem_mib, pool_mib;
   double idle_status_s, idle_worst_s, worst_status_s;
+  uint64_t loop_busy_us;
 };
 
 /* The idle daemon's median status latency, and its worst in *worst. */
@@ -244,9 +251,9 @@ static double idle_status(const char *socket, double *worst) {
   double t[IDLE_SAMPLES];
   sp_client *c = NULL;
   sp_connect(socket, &c);
-  uint64_t used;
+  uint64_t used, busy;
   for (int i = 0; i < IDLE_SAMPLES; i++)
-    t[i] = timed_status(c, &used);
+    t[i] = timed_status(c, &used, &busy);
   sp_close(c);
   qsort(t, IDLE_SAMPLES, sizeof t[0], cmp_double);
   *worst = t[IDLE_SAMPLES - 1];
@@ -275,6 +282,7 @@ static int one_run(const char *demo, unsigned ranks, struct run *r) {
     pthread_join(th, NULL);
   }
   r->worst_status_s = s.worst_status_s;
+  r->loop_busy_us = s.loop_busy_us;
   long hwm = sp_test_vm_kb(d.pid, "VmHWM");
   sp_test_daemon_stop(&d);
   if (rc != 0)
@@ -314,9 +322,10 @@ int main(int argc, char **argv) {
          "| first export | ratio to memcpy | ratio to fresh pages "
          "| fifth export | ratio to memcpy | owned in pool | pool peak "
          "| RSS peak above base | of it anon | status, idle median "
-         "| status, idle worst | status, worst during and after |\n");
+         "| status, idle worst | status, worst during and after "
+         "| loop busy at most |\n");
   printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:"
-         "|---:|---:|---:|---:|\n");
+         "|---:|---:|---:|---:|---:|\n");
   for (size_t i = 0; i < sizeof rank_counts / sizeof rank_counts[0]; i++) {
     struct run r[MAX_RUNS];
     for (int k = 0; k < runs; k++)
@@ -326,6 +335,7 @@ int main(int argc, char **argv) {
         return 1;
       }
     double hwm = 0, anon = 0, pool = 0, idle = 0, idle_worst = 0, worst = 0;
+    uint64_t busy = 0;
     double first[MAX_RUNS], last[MAX_RUNS];
     for (int k = 0; k < runs; k++) {
       hwm = r[k].hwm_mib > hwm ? r[k].hwm_mib : hwm;
@@ -335,6 +345,7 @@ int main(int argc, char **argv) {
       idle_worst =
           r[k].idle_worst_s > idle_worst ? r[k].idle_worst_s : idle_worst;
       worst = r[k].worst_status_s > worst ? r[k].worst_status_s : worst;
+      busy = r[k].loop_busy_us > busy ? r[k].loop_busy_us : busy;
       first[k] = r[k].f.seconds;
       last[k] = r[k].f.seconds_last;
     }
@@ -350,13 +361,15 @@ int main(int argc, char **argv) {
     printf("| %u | %.1f MiB | %.2f GiB/s | %.2f GiB/s | %.2f GiB/s "
            "| %.2f GiB/s "
            "| %.2f | %.2f | %.2f GiB/s | %.2f | %.1f MiB | %.1f MiB (%.2fx) "
-           "| %.1f MiB (%.2fx) | %.1f MiB | %.2f ms | %.2f ms | %.2f ms |\n",
+           "| %.1f MiB (%.2fx) | %.1f MiB | %.2f ms | %.2f ms | %.2f ms "
+           "| %.2f ms |\n",
            f->ranks, (double)f->pool_bytes / MIB, mbps / GIB, fresh / GIB,
            fresh_huge / GIB, bps_first / GIB, mbps > 0 ? bps_first / mbps : 0.0,
            fresh > 0 ? bps_first / fresh : 0.0, bps_last / GIB,
            mbps > 0 ? bps_last / mbps : 0.0, owned, pool,
            owned > 0 ? pool / owned : 0.0, hwm, owned > 0 ? hwm / owned : 0.0,
-           anon, idle * 1e3, idle_worst * 1e3, worst * 1e3);
+           anon, idle * 1e3, idle_worst * 1e3, worst * 1e3,
+           (double)busy / 1e3);
     fflush(stdout);
   }
   return 0;
