@@ -278,7 +278,9 @@ START_TEST(warm_segments_rewritten_and_gaps_zeroed) {
     if (size[r] == 0)
       continue;
     free(run.seg[r]);
-    run.seg[r] = aligned_alloc(PUBLISH_ALIGN, size[r]);
+    run.seg[r] = aligned_alloc(PUBLISH_ALIGN,
+                               (size[r] + PUBLISH_ALIGN - 1) &
+                                   ~(uint64_t)(PUBLISH_ALIGN - 1));
     memset(run.seg[r], 0xAB, size[r]);
   }
   run.e.dst_size = size;
