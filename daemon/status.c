@@ -35,7 +35,7 @@ void status_pack(struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
   sp_pack_kv_u64(pk, "pool_held", pool_held(srv->pool));
   /* Released segments kept for their owners' next exports (part of
    * pool_used). */
-  sp_pack_kv_u64(pk, "pool_kept", pool_kept(srv->pool));
+  sp_pack_kv_u64(pk, "pool_warm", pool_kept(srv->pool));
   /* Where other daemons reach this one ("" when peer_listen is off). */
   sp_pack_kv_str(pk, "peer_address", srv->peer_address);
   /* Stopping: new work is refused while running exports finish. */

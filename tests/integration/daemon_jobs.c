@@ -641,7 +641,7 @@ static void two_ranks(struct rank *rk, size_t skip1) {
   }
 }
 
-/* Waits until the daemon's pool_used, pool_held and pool_kept are want,
+/* Waits until the daemon's pool_used, pool_held and pool_warm are want,
  * want_held and want_kept. */
 static void wait_pool(int sock, uint64_t want, uint64_t want_held,
                       uint64_t want_kept) {
@@ -658,7 +658,7 @@ static void wait_pool(int sock, uint64_t want, uint64_t want_held,
     ck_assert_int_eq(call(sock, &mb, id, NULL, 0, &r), 0);
     ck_assert_int_eq(sp_msg_get_u64(&r.map, "pool_used", false, &used), 0);
     ck_assert_int_eq(sp_msg_get_u64(&r.map, "pool_held", false, &held), 0);
-    ck_assert_int_eq(sp_msg_get_u64(&r.map, "pool_kept", false, &kept), 0);
+    ck_assert_int_eq(sp_msg_get_u64(&r.map, "pool_warm", false, &kept), 0);
     sp_test_reply_free(&r);
   }
   ck_assert_uint_eq(used, want);
