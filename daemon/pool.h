@@ -17,9 +17,9 @@
  * (engine.h, dst_warm).  A trainer that kept a mapping of it past its
  * release sees its own next tensors appear in it, never another rank's or
  * job's: segments are never handed to another owner.  Kept segments are
- * counted in pool_used (and pool_kept, status: pool_warm), and freed when the owner leaves or
- * its job ends (pool_owner_gone), or earlier when another allocation needs
- * the room.
+ * counted in pool_used (and pool_kept, which status calls pool_warm), and
+ * freed when the owner leaves or its job ends (pool_owner_gone), or
+ * earlier when another allocation needs the room.
  *
  * On the CUDA backend a segment is device memory on the owner's GPU
  * instead (daemon/cuda/gpu.h, gpu_segment_new): its own allocation,
