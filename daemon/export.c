@@ -752,10 +752,12 @@ static void start_moving(struct export *ex) {
       continue;
     if (new_segment(ex, r, need) != 0)
       return;
-    /* A segment kept from the owner's earlier export may be larger than
-     * this one needs: the engine prepares all of it. */
+    /* A host segment kept from the owner's earlier export may be larger
+     * than this one needs: the engine prepares all of it (the CUDA
+     * backend zeroes the layout's part of a device segment). */
     ex->dst[r] = ex->ranks[r].segment->base;
-    ex->dst_size[r] = ex->ranks[r].segment->size;
+    if (ex->ranks[r].segment->dev == NULL)
+      ex->dst_size[r] = ex->ranks[r].segment->size;
     ex->dst_warm[r] = ex->ranks[r].segment->warm;
     ex->gpu_segments[r] = ex->ranks[r].segment->dev;
   }
