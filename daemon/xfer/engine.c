@@ -570,6 +570,15 @@ static int cut(struct engine *e, long round, enum cut_kind kind,
                            round + 1);
     }
   }
+  if (round < 0) {
+    /* Progress counts the segments whole: what no item of this step
+     * prepares (later rounds' tensors, padding) counts as prepared now. */
+    uint64_t later = bytes;
+    for (size_t i = 0; i < e->nitems; i++)
+      later -= e->items[i].kind == ITEM_GAPS ? e->dst_size[e->items[i].rank]
+                                              : e->items[i].len;
+    atomic_fetch_add_explicit(&e->bytes_prepared, later, memory_order_relaxed);
+  }
   return 0;
 }
 
