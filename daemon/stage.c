@@ -83,7 +83,7 @@ int stage_init(struct server *srv) {
     return SP_EINTERNAL;
   }
   st->idle.data = srv;
-  unsigned cpus = uv_available_parallelism();
+  uint32_t cpus = server_cpus();
   st->max_decoding = cpus > 2 ? cpus - 1 : 1;
   srv->stage = st;
   return 0;
