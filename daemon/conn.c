@@ -48,19 +48,16 @@
 #include <unistd.h>
 
 #include "build_config.h"
-#include "daemon/abort.h"
 #include "daemon/conn.h"
 #include "daemon/drain.h"
-#include "daemon/export.h"
 #include "daemon/job.h"
-#include "daemon/joblist.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
+#include "daemon/ops.h"
 #include "daemon/peer.h"
 #include "daemon/quota.h"
 #include "daemon/registration.h"
 #include "daemon/server.h"
-#include "daemon/status.h"
 #include "proto/wire.h"
 #include "shardport.h"
 
@@ -113,54 +110,6 @@ struct conn {
   /* Called when a write leaves the queue at most half full. */
   void (*drained)(struct conn *c, void *arg);
   void *drained_arg;
-};
-
-typedef int (*op_handler)(struct conn *c, const struct sp_msg_head *head,
-                          const msgpack_object *map, struct sp_frame *frame);
-typedef struct registration *(*op_prepare)(const msgpack_object *map,
-                                          const struct sp_frame *frame);
-typedef int (*op_serve)(struct conn *c, const struct sp_msg_head *head,
-                        struct sp_frame *frame, struct registration *r);
-
-static int op_hello(struct conn *c, const struct sp_msg_head *head,
-                    const msgpack_object *map, struct sp_frame *frame);
-static int op_ping(struct conn *c, const struct sp_msg_head *head,
-                   const msgpack_object *map, struct sp_frame *frame);
-static int op_status(struct conn *c, const struct sp_msg_head *head,
-                     const msgpack_object *map, struct sp_frame *frame);
-
-/* The dispatch table.  A handler replies itself and returns 0, or returns a
- * negative code that is sent back as an error reply.  Messages that do not
- * declare takes_fds have their fds closed before the handler runs.  Those
- * that declare new_work start something a stopping daemon would only have
- * to break: while it drains (drain.c) they are answered daemon_stopping
- * and never reach their handler.  An op whose frames may be large splits
- * its handler in two: prepare, which reads the request out of the decoded
- * frame and may run on a worker thread, and serve, which does the rest on
- * the loop; its handler does both. */
-static const struct op {
-  const char *name;
-  bool takes_fds;
-  bool new_work;
-  op_handler handle;
-  op_prepare prepare;
-  op_serve serve;
-} ops[] = {
-    {"hello", false, false, op_hello},
-    {"ping", false, false, op_ping},
-    {"status", false, false, op_status},
-    {"job_create", false, true, job_op_create},
-    {"join", false, true, job_op_join},
-    {"leave", false, false, job_op_leave},
-    {"storage_add", true, true, job_op_storage_add,
-     registration_prepare_storages, registration_serve},
-    {"tensor_add", false, true, job_op_tensor_add,
-     registration_prepare_tensors, registration_serve},
-    {"export", false, true, export_op_request},
-    {"release", false, false, export_op_release},
-    {"jobs", false, false, joblist_op_jobs},
-    {"job_status", false, false, joblist_op_job_status},
-    {"job_abort", false, false, abort_op_job_abort},
 };
 
 static void on_poll(uv_poll_t *handle, int status, int events);
@@ -398,8 +347,8 @@ int conn_send_error(struct conn *c, uint64_t id, int code, const char *fmt,
   return conn_send(c, tx);
 }
 
-static int op_hello(struct conn *c, const struct sp_msg_head *head,
-                    const msgpack_object *map, struct sp_frame *frame) {
+int conn_op_hello(struct conn *c, const struct sp_msg_head *head,
+                  const msgpack_object *map, struct sp_frame *frame) {
   (void)frame;
   if (c->hello_done)
     return conn_send_error(c, head->id, SP_ESTATE,
@@ -436,31 +385,6 @@ static int op_hello(struct conn *c, const struct sp_msg_head *head,
   return conn_send_msgbuf(c, &mb);
 }
 
-static int op_ping(struct conn *c, const struct sp_msg_head *head,
-                   const msgpack_object *map, struct sp_frame *frame) {
-  (void)map;
-  (void)frame;
-  struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "ping", head->id, 0);
-  return conn_send_msgbuf(c, &mb);
-}
-
-static int op_status(struct conn *c, const struct sp_msg_head *head,
-                     const msgpack_object *map, struct sp_frame *frame) {
-  (void)map;
-  (void)frame;
-  struct sp_msgbuf mb;
-  status_pack(c->srv, head->id, &mb);
-  return conn_send_msgbuf(c, &mb);
-}
-
-static const struct op *find_op(const char *name) {
-  for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
-    if (strcmp(ops[i].name, name) == 0)
-      return &ops[i];
-  return NULL;
-}
-
 /* A frame decoded, and for an op with a prepare step, prepared. */
 struct decoded {
   msgpack_zone zone;
@@ -488,7 +412,7 @@ static void decode(const struct sp_limits *limits, const struct sp_frame *frame,
     d->head.id = 0;
     sp_msg_get_u64(&d->map, "id", false, &d->head.id);
   }
-  const struct op *op = d->rc == 0 && prepare ? find_op(d->head.op) : NULL;
+  const struct op *op = d->rc == 0 && prepare ? ops_find(d->head.op) : NULL;
   if (op != NULL && op->prepare != NULL)
     d->prepared = op->prepare(&d->map, frame);
 }
@@ -536,7 +460,7 @@ static bool serve(struct conn *c, struct sp_frame *frame, struct decoded *d) {
     drain(c);
     return false;
   }
-  const struct op *op = find_op(head->op);
+  const struct op *op = ops_find(head->op);
   if (op == NULL) {
     conn_send_error(c, head->id, SP_EUNKNOWNOP, "unknown operation \"%s\"",
                     head->op);
@@ -557,7 +481,7 @@ static bool serve(struct conn *c, struct sp_frame *frame, struct decoded *d) {
 /* The next step of a frame whose op asked for one. */
 static bool serve_step(struct conn *c, struct sp_frame *frame,
                        struct decoded *d) {
-  const struct op *op = find_op(d->head.op);
+  const struct op *op = ops_find(d->head.op);
   return op_returned(c, d, op->serve(c, &d->head, frame, d->prepared));
 }
 

@@ -152,7 +152,7 @@ struct job {
   bool dying;
 };
 
-/* Handlers of the dispatch table (conn.c): they reply themselves. */
+/* Handlers of the dispatch table (ops.c): they reply themselves. */
 int job_op_create(struct conn *c, const struct sp_msg_head *head,
                   const msgpack_object *map, struct sp_frame *frame);
 int job_op_join(struct conn *c, const struct sp_msg_head *head,
