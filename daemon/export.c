@@ -1,22 +1,25 @@
 /*
  * export.c - one export of a job, from the ranks' requests to their
- * replies; see export.h and docs/protocol.md ("export").
+ * replies: its state machine; see export.h and docs/protocol.md ("export").
  *
  *   waiting     ranks ask; the export starts when every rank of the job has
  *               asked (each ask has a deadline; the first to pass fails
  *               every asking rank with `timeout`).
  *   planning    plan_build and the publication layout run on a worker
  *               thread (a big job's plan takes long enough to stall the
- *               loop); skipped when the job's cached plan still applies.
+ *               loop); skipped when the job's cached plan still applies
+ *               (plancache.c).  A job on GPUs across nodes gets its NCCL
+ *               communicators there too (comms.c).
  *               The same thread then compares the copies of replicated
  *               and plain keys (replicas.c), cached plan or not: the data
  *               may have changed since the last export.
  *               Bounded by the export's timeout: past it the export fails
  *               with `timeout` and the planner is told to stop.
- *   moving      the owners' pool segments are allocated, then the engine
- *               thread runs the rounds (engine.c).
+ *   moving      the owners' pool segments are allocated (moving.c), then
+ *               the engine thread runs the rounds (engine.c); status calls
+ *               the time before round 1 allocating.
  *   publishing  each rank's owned tensors are streamed to it in parts, no
- *               faster than its connection takes them.
+ *               faster than its connection takes them (pump.c).
  *   published / failed   the outcome, kept for status.
  *
  * Fail closed and together: a refusal or failure sends every rank of the
@@ -24,7 +27,7 @@
  * winds down; the export's memory is freed when that thread has stopped.
  * A rank lost before publishing fails the export for all (`rank_lost`
  * naming it); a rank lost while publishing only stops its own stream.
- * Everything here runs on the loop.
+ * Everything here runs on the loop, but for the planning thread's part.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -32,102 +35,27 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "daemon/comms.h"
 #include "daemon/config.h"
 #include "daemon/conn.h"
 #include "daemon/daemon.h"
 #include "daemon/export.h"
+#include "daemon/export_run.h"
 #include "daemon/history.h"
 #include "daemon/job.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
+#include "daemon/moving.h"
+#include "daemon/plancache.h"
 #include "daemon/pool.h"
 #include "daemon/publish.h"
+#include "daemon/pump.h"
 #include "daemon/registry.h"
 #include "daemon/request.h"
 #include "daemon/server.h"
 #include "proto/fail.h"
 #include "proto/text.h"
 #include "shardport.h"
-
-struct export_rank {
-  struct job_member *m;
-  uint64_t request_id;
-  bool progress;
-  uint32_t timeout_ms;
-  /* Got its error or every part of its reply. */
-  bool answered;
-  struct req_groups groups;
-  struct pool_segment *segment; /* until handed to a job_published */
-  int segment_fd;               /* a duplicate for part 0 of the reply, or -1 */
-  /* A device segment's handles for part 0 of the reply (copied: the rank
-   * may release the export before part 0 is written). */
-  bool device_segment;
-  struct gpu_segment_info device_info;
-  size_t *part_first;
-  size_t nparts;
-  size_t next_part;
-  /* What the last progress frame said. */
-  uint32_t sent_round;
-  uint64_t sent_bytes;
-  enum job_phase sent_phase;
-};
-
-struct export {
-  struct job *job;
-  uint64_t id;
-  enum job_phase phase;
-  uint32_t max_keys;
-  uint64_t max_bytes;
-  uint32_t timeout_ms; /* the smallest the ranks asked for */
-  struct export_rank *ranks;
-  bool failed;
-  int fail_code; /* the code it failed with, once failed */
-  /* Planning: the worker's input and output. */
-  struct plan_rank_in *rin;
-  struct plan_input in;
-  struct plan *new_plan;
-  struct publish_layout new_layout;
-  int plan_rc;
-  char plan_msg[SP_ERRMSG_MAX + 1];
-  uint64_t planning_ms;    /* when the planning thread started */
-  _Atomic bool plan_stop;  /* read by plan_build (plan_input.stop) */
-  _Atomic bool plan_built; /* plan_build and the layout are done */
-  _Atomic bool planned;
-  pthread_t planner;
-  bool thread_alive;
-  /* The job's cached plan applies: the planning thread only compares. */
-  bool reuse_plan;
-  /* The digests of the local ranks' replicated and plain keys. */
-  struct replica_digests replicas;
-  /* compare_replicas and engine_threads as the export started: a reload
-   * (reload.c) rewrites the configuration on the loop while the planning
-   * thread runs. */
-  bool compare;
-  uint32_t compare_threads;
-  /* The plan used, owned by the job's cache. */
-  const struct plan *plan;
-  const struct publish_layout *layout;
-  uint64_t bytes_total;
-  uint64_t bytes_to_prepare; /* the owners' segments on this node */
-  uint64_t part_limit; /* the most bytes of one reply frame */
-  /* Moving. */
-  struct engine engine;
-  const struct reg_storage **src;
-  uint8_t **dst;
-  uint64_t *dst_size;
-  /* On the CUDA backend: the owners' device segments and the engine's
-   * GPU part (daemon/cuda/gpu.h). */
-  struct gpu_segment **gpu_segments;
-  struct gpu_run gpu_run;
-  /* A job across nodes (mesh.c): the gathered metadata and data plane,
-   * and which word of the root the export waits for. */
-  struct mesh_export *mx;
-  enum { AWAIT_NONE, AWAIT_GO, AWAIT_PUBLISH } await;
-  /* Watching. */
-  uint64_t started_ms, moving_ms, sample_ms, progress_ms;
-  uint64_t sample_bytes;
-  double rate_bps;
-};
 
 const char *export_phase_name(enum job_phase phase) {
   switch (phase) {
@@ -150,76 +78,6 @@ const char *export_phase_name(enum job_phase phase) {
 }
 
 bool export_busy(const struct job *job) { return job->running != NULL; }
-
-static void drop_cache_now(struct job *job) {
-  plan_free(job->cached_plan);
-  job->cached_plan = NULL;
-  publish_layout_free(&job->cached_layout);
-  if (job->cached_groups != NULL)
-    for (uint32_t r = 0; r < job->world; r++)
-      free(job->cached_groups[r]);
-  free(job->cached_groups);
-  free(job->cached_groups_len);
-  job->cached_groups = NULL;
-  job->cached_groups_len = NULL;
-  job->cache_stale = false;
-}
-
-void export_drop_cache(struct job *job) {
-  /* The running export reads the cached plan until it finishes. */
-  if (job->running != NULL)
-    job->cache_stale = true;
-  else
-    drop_cache_now(job);
-}
-
-static bool cache_applies(const struct export *ex) {
-  const struct job *job = ex->job;
-  if (job->cached_plan == NULL || job->cached_max_keys != ex->max_keys ||
-      job->cached_max_bytes != ex->max_bytes)
-    return false;
-  for (uint32_t r = 0; r < job->world; r++) {
-    const struct req_groups *g = &ex->ranks[r].groups;
-    if (job->cached_groups_len[r] != g->blob_len ||
-        (g->blob_len > 0 &&
-         memcmp(job->cached_groups[r], g->blob, g->blob_len) != 0))
-      return false;
-  }
-  return true;
-}
-
-/* The new plan becomes the job's cache; the export reads it from there. */
-static int cache_install(struct export *ex) {
-  struct job *job = ex->job;
-  char **groups = calloc(job->world, sizeof *groups);
-  size_t *lens = calloc(job->world, sizeof *lens);
-  bool ok = groups != NULL && lens != NULL;
-  for (uint32_t r = 0; ok && r < job->world; r++) {
-    const struct req_groups *g = &ex->ranks[r].groups;
-    lens[r] = g->blob_len;
-    groups[r] = malloc(g->blob_len > 0 ? g->blob_len : 1);
-    ok = groups[r] != NULL;
-    if (ok && g->blob_len > 0)
-      memcpy(groups[r], g->blob, g->blob_len);
-  }
-  if (!ok) {
-    for (uint32_t r = 0; groups != NULL && r < job->world; r++)
-      free(groups[r]);
-    free(groups);
-    free(lens);
-    return SP_ENOMEM;
-  }
-  drop_cache_now(job);
-  job->cached_plan = ex->new_plan;
-  job->cached_layout = ex->new_layout;
-  job->cached_max_keys = ex->max_keys;
-  job->cached_max_bytes = ex->max_bytes;
-  job->cached_groups = groups;
-  job->cached_groups_len = lens;
-  ex->new_plan = NULL;
-  memset(&ex->new_layout, 0, sizeof ex->new_layout);
-  return 0;
-}
 
 static void send_progress(struct export *ex, struct export_rank *er,
                           uint32_t round, uint32_t rounds, uint64_t moved) {
@@ -348,8 +206,7 @@ static void finish(struct export *ex) {
                   .rate_bps = rate_bps});
   job->running = NULL;
   free_export(ex);
-  if (job->cache_stale)
-    drop_cache_now(job);
+  plancache_export_ended(job);
 }
 
 /* Fails the export on every rank still waiting for it, with one code and
@@ -443,178 +300,18 @@ static void fail_gather(struct job *job, int code, const char *message) {
       job_answer_ask(job->members[r], code, message);
 }
 
-/* A job on GPUs across nodes: this node's communicators, one per local
- * rank, made by the first export once every node has the roster (all
- * nodes' planning threads meet in NCCL's set-up) and warmed before the
- * pool is carved; kept for the job's next exports.  Runs on the planning
- * thread: the set-up blocks until every node's ranks joined, or the
- * export's timeout. */
+/* The export's communicators, for a job on GPUs across nodes (comms.c):
+ * made once every node has the roster (all nodes' planning threads meet
+ * in NCCL's set-up) and warmed before the pool is carved.  On the planning
+ * thread. */
 static int make_comms(struct export *ex) {
-  struct job *job = ex->job;
-  struct gpu *gpu = NULL;
-  struct gpu_comm_rank ranks[64];
-  size_t n = 0;
-  for (uint32_t r = 0; r < job->world; r++) {
-    const struct job_member *m = ex->ranks[r].m;
-    if (m == NULL)
-      continue;
-    gpu = m->reg.gpu;
-    if (n == sizeof ranks / sizeof ranks[0])
-      break;
-    ranks[n++] = (struct gpu_comm_rank){.rank = r, .device = m->reg.device};
-  }
-  uint8_t id[GPU_NCCL_ID_BYTES];
-  uint64_t gen = 0;
-  bool has_id = ex->mx != NULL && mesh_nccl_id(ex->mx, id, &gen);
-  /* No more communicators are started as ranks join (the loop does not
-   * touch them while this export runs). */
-  job->comms_join_over = true;
-  if (job->comms_early) {
-    /* Generation 0's, started as the ranks joined: waited for (bounded by
-     * the export's timeout) and warmed when they are this export's local
-     * ranks, else dropped and made as below. */
-    job->comms_early = false;
-    if (ex->mx != NULL && gpu != NULL && has_id && gen == 0 &&
-        gpu_comms_match(job->gpu_comms, ranks, n)) {
-      int rc = gpu_comms_warm(job->gpu_comms, ex->timeout_ms, ex->plan_msg,
-                              sizeof ex->plan_msg);
-      if (rc != 0) {
-        gpu_comms_free(job->gpu_comms);
-        job->gpu_comms = NULL;
-        return rc;
-      }
-      job->gpu_comms_gen = 0;
-      log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
-               "job %s: %zu NCCL communicator(s) of %" PRIu32 " ranks, made "
-               "as the ranks joined, warmed on this node (generation 0)",
-               job->hex, n, job->world);
-      return 0;
-    }
-    gpu_comms_abort(job->gpu_comms);
-    gpu_comms_free(job->gpu_comms);
-    job->gpu_comms = NULL;
-  }
-  if (ex->mx == NULL || gpu == NULL)
-    return 0;
-  if (job->gpu_comms != NULL) {
-    if (job->gpu_comms_gen == gen) {
-      if (!gpu_comms_failed(job->gpu_comms))
-        return 0;
-      snprintf(ex->plan_msg, sizeof ex->plan_msg,
-               "job %s's NCCL communicators were aborted by an earlier "
-               "failure and its root daemon sent no new NCCL id",
-               job->hex);
-      return SP_EBACKEND;
-    }
-    /* A new generation: an export since these were made failed (and may
-     * have aborted them), so every node drops its own and makes new ones
-     * from the fresh id the root sent.  Aborted, not finalized: a peer's
-     * may be gone. */
-    log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
-             "job %s: NCCL communicators of generation %" PRIu64
-             " replaced by generation %" PRIu64 "%s",
-             job->hex, job->gpu_comms_gen, gen,
-             gpu_comms_failed(job->gpu_comms) ? " (they were aborted)" : "");
-    gpu_comms_abort(job->gpu_comms);
-    gpu_comms_free(job->gpu_comms);
-    job->gpu_comms = NULL;
-  }
-  if (!has_id) {
-    snprintf(ex->plan_msg, sizeof ex->plan_msg,
-             "job %s spans nodes on GPUs, but its root daemon made no NCCL "
-             "id (it does not serve the CUDA backend)",
-             job->hex);
-    return SP_EBACKEND;
-  }
-  int rc = gpu_comms_create(gpu, id, job->world, ranks, n, ex->timeout_ms,
-                            &job->gpu_comms, ex->plan_msg,
-                            sizeof ex->plan_msg);
-  if (rc == 0) {
-    job->gpu_comms_gen = gen;
-    log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
-             "job %s: %zu NCCL communicator(s) of %" PRIu32 " ranks made and "
-             "warmed on this node (generation %" PRIu64 ")",
-             job->hex, n, job->world, gen);
-  }
-  return rc;
-}
-
-/* Drops the join-time communicators; the first export makes them. */
-static void drop_early_comms(struct job *job) {
-  gpu_comms_abort(job->gpu_comms);
-  gpu_comms_free(job->gpu_comms);
-  job->gpu_comms = NULL;
-  job->comms_early = false;
-  job->comms_join_over = true;
-}
-
-void export_comms_join(struct job *job) {
-  if (job->running != NULL || job->comms_join_over || job->dying ||
-      job->mesh == NULL || !job->has_nccl_id ||
-      (job->gpu_comms != NULL && !job->comms_early))
-    return;
-  struct gpu *gpu = NULL;
-  struct gpu_comm_rank ranks[64];
-  size_t n = 0;
-  for (uint32_t r = 0; r < job->world && n < 64; r++) {
-    const struct job_member *m = job->members[r];
-    if (m == NULL || m->lost || m->reg.gpu == NULL ||
-        (job->gpu_comms != NULL && gpu_comms_holds(job->gpu_comms, r)))
-      continue;
-    gpu = m->reg.gpu;
-    ranks[n++] = (struct gpu_comm_rank){.rank = r, .device = m->reg.device};
-  }
-  char msg[SP_ERRMSG_MAX + 1] = "";
-  int rc = 0;
-  if (n > 0) {
-    if (job->gpu_comms == NULL) {
-      rc = gpu_comms_begin(gpu, job->nccl_id, job->world, &job->gpu_comms,
-                           msg, sizeof msg);
-      if (rc != 0) {
-        job->gpu_comms = NULL;
-        job->comms_join_over = true;
-        return;
-      }
-      job->comms_early = true;
-      job->gpu_comms_gen = 0;
-    }
-    rc = gpu_comms_add(job->gpu_comms, ranks, n, msg, sizeof msg);
-    if (rc == 0)
-      log_with(
-          LOG_LEVEL_INFO, LOG_JOB(job->hex),
-          "job %s: NCCL communicator(s) of %zu rank(s) starting, generation "
-          "0, as the rank(s) joined",
-          job->hex, n);
-    job->comms_ready = false;
-  }
-  if (rc == 0 && job->comms_early && !job->comms_ready) {
-    rc = gpu_comms_poll(job->gpu_comms, msg, sizeof msg);
-    if (rc == 0) {
-      job->comms_ready = true;
-      log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
-               "job %s: communicators ready on this node (made as the ranks "
-               "joined; the first export warms them)",
-               job->hex);
-    }
-  }
-  if (rc < 0) {
-    log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
-             "job %s: the NCCL communicators started as ranks joined failed "
-             "(%s); the first export makes them",
-             job->hex, msg);
-    drop_early_comms(job);
-  }
-}
-
-void export_comms_rank_left(struct job *job, uint32_t r) {
-  if (!job->comms_early || !gpu_comms_holds(job->gpu_comms, r))
-    return;
-  log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
-           "job %s: rank %" PRIu32 " left before the first export: its NCCL "
-           "communicator and this node's others are aborted; the first "
-           "export makes them",
-           job->hex, r);
-  drop_early_comms(job);
+  struct comms_want w = {.spans_nodes = ex->mx != NULL,
+                         .timeout_ms = ex->timeout_ms};
+  for (uint32_t r = 0; r < ex->job->world; r++)
+    if (ex->ranks[r].m != NULL)
+      comms_want_rank(&w, r, ex->ranks[r].m);
+  w.has_id = ex->mx != NULL && mesh_nccl_id(ex->mx, w.id, &w.gen);
+  return comms_for_export(ex->job, &w, ex->plan_msg, sizeof ex->plan_msg);
 }
 
 /* Reads and compares every local copy of the replicated and plain keys
@@ -667,120 +364,29 @@ static void *plan_main(void *arg) {
   atomic_store(&ex->plan_built, true);
   if (ex->plan_rc == 0)
     ex->plan_rc = compare_replicas(
-        ex, ex->reuse_plan ? ex->job->cached_plan : ex->new_plan);
+        ex, ex->reuse_plan ? ex->job->cache.plan : ex->new_plan);
   atomic_store(&ex->planned, true);
   job_wake(ex->job);
   return NULL;
 }
 
-static void engine_notify(void *arg) { job_wake(arg); }
-
-/* The job's ranks are on GPUs (job.c admits no mix): the owners' tensors
- * go to device segments, and the engine runs on the GPUs. */
-static struct gpu *job_gpu(const struct export *ex) {
+/* The owners' tensors go to device segments when the ranks are on GPUs,
+ * and the engine runs on the GPUs. */
+struct gpu *export_gpu(const struct export *ex) {
   for (uint32_t r = 0; r < ex->job->world; r++)
     if (ex->ranks[r].m != NULL)
       return ex->ranks[r].m->reg.gpu;
   return NULL;
 }
 
-/* An owner's segment: device memory on its GPU for a CUDA job, else a
- * memfd.  0, or fails the export. */
-static int new_segment(struct export *ex, uint32_t r, uint64_t need) {
-  struct job *job = ex->job;
-  struct server *srv = job->srv;
-  struct gpu *gpu = job_gpu(ex);
-  char why[256] = "";
-  int rc = gpu != NULL
-               ? pool_segment_new_device(srv->pool, gpu,
-                                         ex->ranks[r].m->reg.device,
-                                         ex->layout->seg_size[r],
-                                         ex->ranks[r].m, &ex->ranks[r].segment,
-                                         why,
-                                         sizeof why)
-               : pool_segment_new(srv->pool, ex->layout->seg_size[r],
-                                  &ex->ranks[r].segment);
-  if (rc == 0)
-    return 0;
-  char msg[512];
-  snprintf(msg, sizeof msg,
-           "export %" PRIu64 " of job %s needs %" PRIu64
-           " bytes of pool (rank %" PRIu32 ": %" PRIu64 "); %" PRIu64
-           " of %" PRIu64 " bytes are in use%s%s",
-           ex->id, job->hex, need, r, ex->layout->seg_size[r],
-           pool_used(srv->pool), pool_capacity(srv->pool),
-           why[0] != '\0' ? ": " : "", why);
-  fail_export(ex, rc, msg);
-  return rc;
-}
-
 static void start_moving(struct export *ex) {
-  struct job *job = ex->job;
-  struct server *srv = job->srv;
-  uint32_t world = job->world;
-  if (ex->mx == NULL) {
-    ex->plan = job->cached_plan;
-    ex->layout = &job->cached_layout;
-  }
-  ex->bytes_total = 0;
-  for (size_t r = 0; r < ex->plan->nrounds; r++)
-    ex->bytes_total += ex->plan->rounds[r].nbytes;
-  ex->src = calloc(world, sizeof *ex->src);
-  ex->dst = calloc(world, sizeof *ex->dst);
-  ex->dst_size = calloc(world, sizeof *ex->dst_size);
-  ex->gpu_segments = calloc(world, sizeof *ex->gpu_segments);
-  if (ex->src == NULL || ex->dst == NULL || ex->dst_size == NULL ||
-      ex->gpu_segments == NULL) {
-    fail_export(ex, SP_ENOMEM, "out of memory starting the export");
+  char msg[512];
+  int rc = moving_prepare(ex, msg, sizeof msg);
+  if (rc != 0) {
+    fail_export(ex, rc, msg);
     return;
   }
-  uint64_t need = 0;
-  for (uint32_t r = 0; r < world; r++)
-    if (ex->ranks[r].m != NULL)
-      need += ex->layout->seg_size[r];
-  ex->bytes_to_prepare = need;
-  for (uint32_t r = 0; r < world; r++) {
-    /* Ranks on other nodes: their storages and segments are theirs. */
-    if (ex->ranks[r].m == NULL)
-      continue;
-    ex->src[r] = ex->ranks[r].m->reg.info;
-    ex->dst_size[r] = ex->layout->seg_size[r];
-    if (ex->layout->seg_size[r] == 0)
-      continue;
-    if (new_segment(ex, r, need) != 0)
-      return;
-    ex->dst[r] = ex->ranks[r].segment->base;
-    ex->gpu_segments[r] = ex->ranks[r].segment->dev;
-  }
   struct engine *e = &ex->engine;
-  e->plan = ex->plan;
-  e->src = ex->src;
-  e->dst = ex->dst;
-  e->dst_size = ex->dst_size;
-  e->key_offset = ex->layout->offset;
-  e->threads = srv->engine_threads;
-  e->round_delay_ms = srv->test_round_delay_ms;
-  e->notify = engine_notify;
-  e->notify_arg = job;
-  if (ex->mx != NULL) {
-    if (mesh_remote(job, ex->mx, ex->plan, ex->src, ex->dst,
-                    ex->layout->offset, &e->remote) != 0) {
-      fail_export(ex, SP_ENOMEM, "out of memory starting the export");
-      return;
-    }
-    /* What this node copies, sends and receives. */
-    ex->bytes_total = remote_bytes_total(e->remote);
-  }
-  if (job_gpu(ex) != NULL) {
-    /* The moves between this node's ranks are device copies, the moves
-     * between nodes go through the job's communicators (docs/gpu.md). */
-    ex->gpu_run = (struct gpu_run){.gpu = job_gpu(ex),
-                                   .segments = ex->gpu_segments,
-                                   .node = ex->mx != NULL ? mesh_self(job) : 0,
-                                   .comms = job->gpu_comms,
-                                   .timeout_ms = ex->timeout_ms};
-    e->gpu_run = &ex->gpu_run;
-  }
   ex->phase = JOB_MOVING;
   ex->moving_ms = ex->sample_ms = ex->progress_ms = job_now_ms();
   if (engine_start(e) != 0) {
@@ -791,130 +397,17 @@ static void start_moving(struct export *ex) {
   progress_all(ex);
 }
 
-static void on_conn_drained(struct conn *c, void *arg) {
-  (void)c;
-  job_wake(arg);
-}
-
-/* Queues the next parts of each rank's reply while its connection has room
- * for a whole part; the rest goes when it has drained. */
-static void pump(struct export *ex) {
-  struct job *job = ex->job;
-  for (uint32_t r = 0; r < job->world; r++) {
-    struct export_rank *er = &ex->ranks[r];
-    if (er->answered)
-      continue;
-    struct conn *c = er->m->conn;
-    if (c == NULL) {
-      er->answered = true;
-      continue;
-    }
-    while (er->next_part < er->nparts &&
-           conn_output_room(c) >= ex->part_limit) {
-      size_t p = er->next_part;
-      size_t end = p + 1 < er->nparts ? er->part_first[p + 1]
-                                      : ex->layout->owned_first[r + 1];
-      struct sp_msgbuf mb;
-      struct publish_device dev = {
-          .device = er->device_segment
-                        ? gpu_device_name(job_gpu(ex), er->device_info.device)
-                        : NULL,
-          .handle = er->device_info.handle,
-          .event = er->device_info.event,
-          .size = er->device_info.size};
-      publish_pack(ex->plan, ex->layout, &er->m->reg, r, er->request_id, ex->id,
-                   p, er->nparts, er->part_first[p], end,
-                   er->device_segment ? &dev : NULL, &mb);
-      /* A reply that cannot be built would leave the rank waiting: its
-       * connection closes instead, which it sees at once. */
-      struct sp_frame_tx *tx = calloc(1, sizeof *tx);
-      if (tx == NULL) {
-        sp_msgbuf_discard(&mb);
-        conn_close(c);
-        break;
-      }
-      if (sp_msgbuf_finish(&mb, tx) != 0) {
-        free(tx);
-        conn_close(c);
-        break;
-      }
-      if (p == 0 && er->segment_fd >= 0) {
-        /* The frame takes the duplicate and closes it once written. */
-        tx->fds[0] = er->segment_fd;
-        tx->nfds = 1;
-        er->segment_fd = -1;
-      }
-      er->next_part++;
-      ex->progress_ms = job_now_ms();
-      if (conn_send(c, tx) != 0)
-        break;
-    }
-    if (er->m->conn == NULL || er->next_part == er->nparts) {
-      er->answered = true;
-      er->m->in_export = false;
-      if (er->m->conn != NULL)
-        conn_on_drained(er->m->conn, NULL, NULL);
-    } else {
-      conn_on_drained(c, on_conn_drained, job);
-    }
-  }
-}
-
+/* Every owner's reply streams in parts from here (pump.c). */
 static void start_publishing(struct export *ex) {
-  struct job *job = ex->job;
-  const struct config *cfg = job->srv->cfg;
-  /* A part must fit the client's frame limit (the protocol's default), the
-   * daemon's own, and half the reply queue, so that a queue at most half
-   * full always has room for one. */
-  uint64_t limit = SP_LIMITS_DEFAULT_MAX_FRAME;
-  if (cfg->limits.max_frame < limit)
-    limit = cfg->limits.max_frame;
-  if (cfg->max_output / 2 < limit)
-    limit = cfg->max_output / 2;
-  uint32_t items = cfg->limits.max_items < SP_LIMITS_DEFAULT_MAX_ITEMS
-                       ? cfg->limits.max_items
-                       : SP_LIMITS_DEFAULT_MAX_ITEMS;
-  ex->part_limit = limit;
   ex->phase = JOB_PUBLISHING;
   progress_all(ex);
-  for (uint32_t r = 0; r < job->world; r++) {
-    struct export_rank *er = &ex->ranks[r];
-    if (er->answered)
-      continue;
-    struct job_published *pub = calloc(1, sizeof *pub);
-    if (er->segment != NULL && er->segment->dev != NULL) {
-      er->device_segment = true;
-      er->device_info = *gpu_segment_info(er->segment->dev);
-    }
-    if (pub == NULL ||
-        publish_parts(ex->plan, ex->layout, r, limit, items, &er->part_first,
-                      &er->nparts) != 0) {
-      free(pub);
-      fail_export(ex, SP_ENOMEM, "out of memory publishing");
-      return;
-    }
-    /* The rank's own description of its segment, so that the pool can
-     * tell when the rank has closed it everywhere (pool.h). */
-    char why[256];
-    if (er->segment != NULL && !er->device_segment &&
-        (er->segment_fd = pool_segment_share(job->srv->pool, er->segment,
-                                             why, sizeof why)) < 0) {
-      int code = er->segment_fd;
-      er->segment_fd = -1;
-      free(pub);
-      char msg[320];
-      snprintf(msg, sizeof msg, "publishing: %s", why);
-      fail_export(ex, code, msg);
-      return;
-    }
-    /* From here the rank holds the export until it releases it. */
-    pub->export_id = ex->id;
-    pub->segment = er->segment;
-    er->segment = NULL;
-    pub->next = er->m->published;
-    er->m->published = pub;
+  char msg[320];
+  int rc = pump_start(ex, msg, sizeof msg);
+  if (rc != 0) {
+    fail_export(ex, rc, msg);
+    return;
   }
-  pump(ex);
+  pump_run(ex);
 }
 
 /* Moves a running export on after its thread finished or its connections
@@ -952,7 +445,7 @@ static void step(struct export *ex) {
       mesh_planned(ex->job, ex->new_plan->digest, &ex->replicas);
       return;
     }
-    if (!ex->reuse_plan && cache_install(ex) != 0) {
+    if (!ex->reuse_plan && plancache_install(ex) != 0) {
       fail_export(ex, SP_ENOMEM, "out of memory keeping the plan");
       break;
     }
@@ -987,7 +480,7 @@ static void step(struct export *ex) {
     /* Every reply may already be queued. */
     __attribute__((fallthrough));
   case JOB_PUBLISHING:
-    pump(ex);
+    pump_run(ex);
     for (uint32_t r = 0; r < ex->job->world; r++)
       if (!ex->ranks[r].answered)
         return;
@@ -1093,7 +586,7 @@ static void maybe_start(struct job *job) {
   struct log_fields fields = export_fields(ex, 0);
   log_with(LOG_LEVEL_INFO, &fields,
            "job %s: export %" PRIu64 " started", job->hex, ex->id);
-  ex->reuse_plan = cache_applies(ex);
+  ex->reuse_plan = plancache_applies(ex);
   ex->compare = job->srv->cfg->compare_replicas;
   ex->compare_threads = job->srv->engine_threads;
   if (ex->reuse_plan && !ex->compare) {
@@ -1331,37 +824,6 @@ int export_op_request(struct conn *c, const struct sp_msg_head *head,
   job_wake(job);
   job_schedule(job);
   return 0;
-}
-
-int export_op_release(struct conn *c, const struct sp_msg_head *head,
-                      const msgpack_object *map, struct sp_frame *frame) {
-  (void)frame;
-  struct job_member *m = conn_member(c);
-  if (m == NULL)
-    return conn_send_error(c, head->id, SP_ESTATE, "release: join a job first");
-  uint64_t export_id;
-  char msg[128];
-  int rc = request_parse_release(map, &export_id, msg, sizeof msg);
-  if (rc != 0)
-    return conn_send_error(c, head->id, rc, "release: %s", msg);
-  for (struct job_published **p = &m->published; *p != NULL; p = &(*p)->next) {
-    if ((*p)->export_id != export_id)
-      continue;
-    struct job_published *pub = *p;
-    /* A reply still streaming keeps its part 0 until it is written; the
-     * segment's descriptor in it is a duplicate. */
-    *p = pub->next;
-    /* A device segment is kept for this rank's next export. */
-    pool_segment_put(m->job->srv->pool, pub->segment);
-    free(pub);
-    struct sp_msgbuf mb;
-    sp_msgbuf_begin(&mb, "release", head->id, 0);
-    return conn_send_msgbuf(c, &mb);
-  }
-  return conn_send_error(c, head->id, SP_ENOEXPORT,
-                         "release: export %" PRIu64 " is not published to "
-                         "rank %" PRIu32 " of job %s",
-                         export_id, m->rank, m->job->hex);
 }
 
 int export_start_gathered(struct job *job, struct mesh_export *mx,

@@ -3,7 +3,7 @@
  * leaving with their connections, their registrations, and the job's end.
  *
  * A job is `world` ranks that export together, again and again: its members
- * and their registrations (and the last plan, export.c) stay until the
+ * and their registrations (and the last plan, plancache.c) stay until the
  * ranks leave, and the job ends when its last rank has left, or when no
  * rank joins it within job_timeout.
  *
@@ -25,6 +25,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "daemon/comms.h"
 #include "daemon/conn.h"
 #include "daemon/daemon.h"
 #include "daemon/export.h"
@@ -32,6 +33,7 @@
 #include "daemon/job.h"
 #include "daemon/log.h"
 #include "daemon/peer.h"
+#include "daemon/plancache.h"
 #include "daemon/pool.h"
 #include "daemon/quota.h"
 #include "daemon/registry.h"
@@ -155,7 +157,7 @@ static void job_destroy(struct job *job) {
       member_free(job->members[r]);
       job->members[r] = NULL;
     }
-  export_drop_cache(job);
+  plancache_drop(job);
   history_free(&job->history);
   mesh_free(job->mesh);
   job->mesh = NULL;
@@ -254,11 +256,11 @@ static void free_lost(struct job *job) {
              m->disconnected ? "disconnected" : "left");
     if (job->mesh != NULL)
       mesh_rank_left(job, r, m->disconnected, m->refused);
-    export_comms_rank_left(job, r);
+    comms_rank_left(job, r);
     member_free(m);
     job->members[r] = NULL;
     job->joined--;
-    export_drop_cache(job);
+    plancache_drop(job);
   }
 }
 
@@ -269,7 +271,7 @@ static void on_wake(uv_async_t *handle) {
   process_lost(job);
   export_advance(job);
   free_lost(job);
-  export_comms_join(job);
+  comms_join(job);
   /* A job across nodes ends on its root once no node holds a rank. */
   if ((job->dying || (job->ever_joined && job->joined == 0 &&
                       (job->mesh == NULL || mesh_may_end(job)))) &&
@@ -294,7 +296,7 @@ static void on_tick(uv_timer_t *timer) {
   export_tick(job);
   if (job->mesh != NULL)
     mesh_tick(job);
-  export_comms_join(job);
+  comms_join(job);
   job_schedule(job);
 }
 
@@ -303,7 +305,7 @@ void job_schedule(struct job *job) {
     return;
   bool active = job->running != NULL ||
                 (job->mesh != NULL && mesh_active(job)) ||
-                (job->comms_early && !job->comms_ready);
+                comms_joining(job);
   for (uint32_t r = 0; r < job->world && !active; r++)
     active = job->members[r] != NULL && job->members[r]->asked;
   if (active && !job->ticking) {
@@ -634,7 +636,7 @@ struct job_member *job_admit(struct job *job, struct conn *c,
   job_note_joined(job);
   if (job->mesh != NULL)
     mesh_rank_joined(job, req->rank);
-  export_drop_cache(job);
+  plancache_drop(job);
   log_with(LOG_LEVEL_INFO,
           &(struct log_fields){
               .job = job->hex, .rank = req->rank, .node = LOG_NONE},

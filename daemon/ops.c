@@ -14,6 +14,7 @@
 #include "daemon/joblist.h"
 #include "daemon/ops.h"
 #include "daemon/registration.h"
+#include "daemon/release.h"
 #include "daemon/status.h"
 
 static int op_ping(struct conn *c, const struct sp_msg_head *head,
@@ -55,7 +56,7 @@ static const struct op ops[] = {
     {"tensor_add", false, true, job_op_tensor_add,
      registration_prepare_tensors, registration_serve},
     {"export", false, true, export_op_request},
-    {"release", false, false, export_op_release},
+    {"release", false, false, release_op_release},
     {"jobs", false, false, joblist_op_jobs},
     {"job_status", false, false, joblist_op_job_status},
     {"job_abort", false, false, abort_op_job_abort},

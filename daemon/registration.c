@@ -22,8 +22,8 @@
 #include <string.h>
 
 #include "daemon/conn.h"
-#include "daemon/export.h"
 #include "daemon/job.h"
+#include "daemon/plancache.h"
 #include "daemon/registration.h"
 #include "daemon/registry.h"
 #include "daemon/request.h"
@@ -145,7 +145,7 @@ int registration_serve(struct conn *c, const struct sp_msg_head *head,
     note_refused(m, rc, op, r->msg);
     return conn_send_error(c, head->id, rc, "%s: %s", op, r->msg);
   }
-  export_drop_cache(m->job);
+  plancache_drop(m->job);
   struct sp_msgbuf mb;
   sp_msgbuf_begin(&mb, op, head->id, 1);
   sp_pack_kv_u64(&mb.pk, "count", r->n);
