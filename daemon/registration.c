@@ -163,12 +163,16 @@ static int serve_now(struct conn *c, const struct sp_msg_head *head,
   return rc;
 }
 
-int job_op_storage_add(struct conn *c, const struct sp_msg_head *head,
-                       const msgpack_object *map, struct sp_frame *frame) {
+int registration_op_storage_add(struct conn *c,
+                                const struct sp_msg_head *head,
+                                const msgpack_object *map,
+                                struct sp_frame *frame) {
   return serve_now(c, head, frame, registration_prepare_storages(map, frame));
 }
 
-int job_op_tensor_add(struct conn *c, const struct sp_msg_head *head,
-                      const msgpack_object *map, struct sp_frame *frame) {
+int registration_op_tensor_add(struct conn *c,
+                               const struct sp_msg_head *head,
+                               const msgpack_object *map,
+                               struct sp_frame *frame) {
   return serve_now(c, head, frame, registration_prepare_tensors(map, frame));
 }

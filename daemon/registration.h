@@ -31,9 +31,13 @@ int registration_serve(struct conn *c, const struct sp_msg_head *head,
                        struct sp_frame *frame, struct registration *r);
 void registration_free(struct registration *r);
 /* Handlers of the dispatch table: both steps at once. */
-int job_op_storage_add(struct conn *c, const struct sp_msg_head *head,
-                       const msgpack_object *map, struct sp_frame *frame);
-int job_op_tensor_add(struct conn *c, const struct sp_msg_head *head,
-                      const msgpack_object *map, struct sp_frame *frame);
+int registration_op_storage_add(struct conn *c,
+                                const struct sp_msg_head *head,
+                                const msgpack_object *map,
+                                struct sp_frame *frame);
+int registration_op_tensor_add(struct conn *c,
+                               const struct sp_msg_head *head,
+                               const msgpack_object *map,
+                               struct sp_frame *frame);
 
 #endif /* SP_DAEMON_REGISTRATION_H */
