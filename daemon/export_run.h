@@ -1,8 +1,9 @@
 /*
  * export_run.h - a running export, as the files that run it see it: its
- * state machine (export.c), its plan cache (plancache.c) and the stream of
- * its replies (pump.c).  Nothing else may look inside; the rest of the
- * daemon knows an export through export.h.
+ * state machine (export.c), its plan cache (plancache.c), its engine's
+ * inputs (moving.c) and the stream of its replies (pump.c).  Nothing else
+ * may look inside; the rest of the daemon knows an export through
+ * export.h.
  */
 #ifndef SP_DAEMON_EXPORT_RUN_H
 #define SP_DAEMON_EXPORT_RUN_H
