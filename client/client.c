@@ -20,6 +20,7 @@
 
 #include "build_config.h"
 #include "client/client.h"
+#include "proto/monotonic.h"
 #include "proto/wire.h"
 
 /* How long a request whose write failed keeps reading: the daemon may have
@@ -27,11 +28,8 @@
  * that reply says more than "closed". */
 #define CLIENT_GRACE_MS 100
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+/* The one clock (proto/monotonic.h), signed for deadline arithmetic. */
+static int64_t now_ms(void) { return (int64_t)monotonic_ms(); }
 
 /* INT64_MAX stands for "no deadline". */
 static int64_t deadline_after(uint32_t ms) {

@@ -6,6 +6,8 @@
 
 #include <stddef.h>
 
+#include "daemon/layer.h"
+
 struct gpu;
 
 enum backend_kind { BACKEND_AUTO, BACKEND_HOST, BACKEND_CUDA };

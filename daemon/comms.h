@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "daemon/cuda/gpu.h"
+#include "daemon/layer.h"
 
 struct job;
 struct job_member;

@@ -12,6 +12,7 @@
 #include <sys/un.h>
 
 #include "daemon/backend.h"
+#include "daemon/layer.h"
 #include "daemon/log.h"
 #include "proto/limits.h"
 

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "daemon/layer.h"
 #include "proto/frame.h"
 #include "proto/msg.h"
 

@@ -1,12 +1,12 @@
 /*
- * daemon.h - the interfaces of the data movers (engine.c, replicas.c,
- * remote.c) and of the links between daemons (nodelink.c, peerhost.c,
- * peerauth.c, nodemsg.c, mesh.c), one section per file; every other file
- * of the daemon has a header of its own (log.h for log.c, and so on).
+ * daemon.h - the interfaces of the links between daemons (nodelink.c,
+ * peerhost.c, peerauth.c, nodemsg.c, mesh.c), one section per file; every
+ * other file of the daemon has a header of its own (log.h for log.c, and so
+ * on), and the movers theirs under daemon/xfer/.
  *
  * Nothing here is public; the daemon's only interface to the world is the
  * socket protocol in docs/protocol.md.  Functions carry their file's name as
- * prefix (engine_run is in engine.c); everything else is static there.
+ * prefix (mesh_remote is in mesh.c); everything else is static there.
  */
 #ifndef SP_DAEMON_H
 #define SP_DAEMON_H
@@ -23,9 +23,14 @@
 
 #include "daemon/config.h"
 #include "daemon/cuda/gpu.h"
+#include "daemon/layer.h"
 #include "daemon/plan/plan.h"
 #include "daemon/registry.h"
 #include "daemon/request.h"
+#include "daemon/xfer/engine.h"
+#include "daemon/xfer/remote.h"
+#include "daemon/xfer/replicas.h"
+#include "daemon/xfer/thread.h"
 #include "proto/frame.h"
 #include "proto/limits.h"
 #include "proto/msg.h"
@@ -35,108 +40,6 @@ struct job;
 struct mesh_export;
 struct metrics_peer;
 struct server;
-
-/* ---- engine.c --------------------------------------------------------- */
-
-struct engine_item;
-
-/* One run of a plan's rounds.  The caller fills the inputs; the engine's
- * threads write only the segments, the progress atomics and the result. */
-struct engine {
-  const struct plan *plan;
-  const struct reg_storage *const *src; /* [world]: each rank's storages */
-  uint8_t *const *dst;                  /* [world]: owner's segment */
-  const uint64_t *dst_size;             /* [world] */
-  const uint64_t *key_offset;           /* [nkeys]: publish_layout offsets */
-  uint32_t threads;                     /* copying threads, at least 1 */
-  uint32_t round_delay_ms;              /* test seam */
-  /* The CUDA backend's part of the run (gpu.h): set, the rounds run on the
-   * GPUs (gpu_engine_run) and src[r][i].gpu and dst are device memory. */
-  const struct gpu_run *gpu_run;
-  /* A job across nodes (remote.c): this node's part of each round, moves
-   * to and from other nodes included; NULL on one node. */
-  struct remote *remote;
-  /* Called from the engine thread when a round starts and when it ends. */
-  void (*notify)(void *arg);
-  void *notify_arg;
-  _Atomic uint32_t round; /* 1-based; 0 before the first */
-  _Atomic uint64_t bytes_moved;
-  /* Bytes of the owners' segments populated before round 1. */
-  _Atomic uint64_t bytes_prepared;
-  _Atomic bool cancel;
-  _Atomic bool done;
-  /* Valid once done: 0, or a code and a sentence naming key and ranks. */
-  int rc;
-  char msg[SP_ERRMSG_MAX + 1];
-  /* With rc SP_ENODELOST from the data plane: the node it lost, else
-   * PLAN_NONE. */
-  uint32_t lost_node;
-  pthread_t thread;
-  /* The current round's work, shared by its copying threads. */
-  struct engine_item *items;
-  size_t nitems;
-  _Atomic size_t next_item;
-  _Atomic bool failed;
-  pthread_mutex_t fail_lock;
-};
-
-/* Runs every round from the calling thread (with e->threads - 1 helpers);
- * returns e->rc. */
-int engine_run(struct engine *e);
-/* Runs engine_run on a new thread, which sets done and notifies at the
- * end; 0 or SP_ENOMEM. */
-int engine_start(struct engine *e);
-/* For the device engine's replica comparison (daemon/cuda/copy.c), as the
- * host engine names a difference: "[2, 5]", the multi-index of element
- * flat of key's row-major tensor; and whether region r reaches element
- * elem (its strides passed the planner's overlap check). */
-void engine_format_index(const struct plan_key *key, uint64_t flat, char *buf,
-                         size_t len);
-bool engine_region_contains(const struct plan_region *r, int64_t elem);
-void engine_join(struct engine *e);
-/* pthread_create with the asynchronous signals blocked in the thread. */
-int engine_spawn(pthread_t *thread, void *(*fn)(void *), void *arg);
-/* Runs fn(arg) on this thread with the engine's SIGBUS guard: a read of a
- * trainer's mapping that faults (a file truncated after registering) ends
- * fn early and returns -1 with the address in *fault, instead of killing
- * the daemon.  For readers of the mappings outside the rounds
- * (replicas.c).  0 when fn returned. */
-int engine_guarded(void (*fn)(void *arg), void *arg, const void **fault);
-
-/* ---- replicas.c ------------------------------------------------------- */
-
-/* The digests of the replicated and plain keys this node's ranks hold, for
- * one export: digest[j * nkeys + i] is the XXH3-64 of rank ranks[j]'s copy
- * of plan key keys[i], its elements in row-major order.  Keys on GPUs are
- * not read (their device memory is not mapped here). */
-struct replica_digests {
-  size_t nkeys;
-  uint32_t *keys;  /* plan key indices, in key order */
-  uint32_t nranks;
-  uint32_t *ranks; /* the local ranks, ascending */
-  uint64_t *digest;
-};
-
-/* Reads every local rank's copy (src[r] its storages, NULL for a rank on
- * another node) on threads threads, this one included, under the engine's
- * SIGBUS guard: 0, or SP_ENOMEM or SP_EBADFD (an unreadable copy, named)
- * with a sentence.  *out is empty when nothing is to compare. */
-int replicas_hash(const struct plan *plan, const struct plan_input *in,
-                  const struct reg_storage *const *src, uint32_t threads,
-                  struct replica_digests *out, char *msg, size_t msglen);
-/* SP_EDIFFERENT naming the first key (in key order) whose local copies
- * differ, the lowest rank and the first rank that differs from it; or 0. */
-int replicas_compare(const struct plan *plan, const struct replica_digests *d,
-                     char *msg, size_t msglen);
-/* The one refusal text: rank_b's copy of key differs from rank_a's, and
- * more further ranks' too.  Returns SP_EDIFFERENT. */
-int replicas_refuse(const struct plan *plan, uint32_t key, uint32_t rank_a,
-                    uint64_t digest_a, uint32_t rank_b, uint64_t digest_b,
-                    size_t more, char *msg, size_t msglen);
-void replicas_free(struct replica_digests *d);
-/* The plan index of the n-th replicated or plain key on the CPU (the
- * order of replica_digests.keys), or PLAN_NONE. */
-uint32_t replicas_key_at(const struct plan *plan, size_t n);
 
 /* ---- nodelink.c ------------------------------------------------------- */
 
@@ -415,7 +318,7 @@ void mesh_failed(struct job *job, int code, const char *message);
  * while a cut link waits for TCP to give up. */
 void mesh_data_lost(struct job *job, uint32_t node, const char *why);
 int mesh_remote(struct job *job, struct mesh_export *mx,
-                const struct plan *plan, const struct reg_storage *const *src,
+                const struct plan *plan, const struct xfer_storage *const *src,
                 uint8_t *const *dst, const uint64_t *key_offset,
                 struct remote **out);
 void mesh_export_free(struct mesh_export *mx);
@@ -437,56 +340,5 @@ uint32_t mesh_node_count(const struct job *job);
  * is not in the job. */
 bool mesh_rank_where(const struct job *job, uint32_t rank, uint32_t *node,
                      bool *asked);
-
-/* ---- remote.c --------------------------------------------------------- */
-
-struct remote;
-
-struct remote_peer_setup {
-  int sock; /* the data link, or -1 (this node, or none) */
-  char addr[NODE_ADDR_MAX];
-  _Atomic uint64_t *sent, *received; /* the node's counters, or NULL */
-  /* The daemon's counters of that peer address (metrics.h), or NULL. */
-  struct metrics_peer *metrics;
-};
-
-struct remote_setup {
-  const struct plan *plan;
-  uint32_t self;
-  uint32_t nnodes;
-  const struct remote_peer_setup *peers; /* [nnodes], copied */
-  const struct reg_storage *const *src;  /* [world]: local ranks' storages */
-  uint8_t *const *dst;                   /* [world]: local owners' segments */
-  const uint64_t *key_offset;
-  const char *job_hex;
-  uint64_t export_id;
-  uint32_t timeout_ms; /* a peer that moves nothing this long is lost */
-};
-
-/* One round as the engine runs it: pack (copy into staging) before the
- * exchange, early (local copies) during it, late (from staging, and keys
- * whose replicas crossed nodes) after it. */
-struct remote_round {
-  const struct plan_move *pack, *early, *late;
-  size_t npack, nearly, nlate;
-};
-
-int remote_new(const struct remote_setup *s, struct remote **out);
-void remote_free(struct remote *r);
-/* The bytes this node copies, sends and receives over all rounds. */
-uint64_t remote_bytes_total(const struct remote *r);
-int remote_round(struct remote *r, size_t round, struct remote_round *out,
-                 char *msg, size_t msglen);
-/* Sends and receives the round's buckets; 0, 1 when cancelled, or a code
- * and a sentence (SP_ENODELOST names the node, also set in *lost_node). */
-int remote_exchange(struct remote *r, const atomic_bool *cancel,
-                    _Atomic uint64_t *bytes_moved, uint32_t *lost_node,
-                    char *msg, size_t msglen);
-/* For a move of the round's lists that goes through staging: its bytes
- * there, and the view rewritten as the contiguous box; NULL otherwise. */
-const uint8_t *remote_source(const struct remote *r, const struct plan_move *m,
-                             struct sp_view *sv);
-uint8_t *remote_dest(const struct remote *r, const struct plan_move *m,
-                     struct plan_region *dr);
 
 #endif /* SP_DAEMON_H */

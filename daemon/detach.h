@@ -5,6 +5,8 @@
 #ifndef SP_DAEMON_DETACH_H
 #define SP_DAEMON_DETACH_H
 
+#include "daemon/layer.h"
+
 /* `--detach`: forks; the parent exits once the child is ready (printing
  * its pid) or with the child's status when it exits first.  Returns 0 in
  * the child (in a session of its own, stdin and stdout on /dev/null), or

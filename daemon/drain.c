@@ -27,6 +27,7 @@
 #include "daemon/log.h"
 #include "daemon/notify.h"
 #include "daemon/server.h"
+#include "proto/monotonic.h"
 #include "shardport.h"
 
 /* How often a drain looks whether the running exports have finished. */
@@ -72,7 +73,7 @@ static void on_drain_tick(uv_timer_t *timer) {
                 srv->stop_reason);
     return;
   }
-  if (!srv->drain_expired && job_now_ms() >= srv->drain_deadline_ms)
+  if (!srv->drain_expired && monotonic_ms() >= srv->drain_deadline_ms)
     expire(srv);
 }
 
@@ -105,7 +106,7 @@ void drain_begin(struct server *srv, const char *why) {
              why, job->hex);
     export_fail_asks(job, SP_EDAEMONSTOPPING, msg);
   }
-  srv->drain_deadline_ms = job_now_ms() + srv->cfg->drain_timeout_ms;
+  srv->drain_deadline_ms = monotonic_ms() + srv->cfg->drain_timeout_ms;
   uv_timer_start(&srv->drain_timer, on_drain_tick, 0, DRAIN_TICK_MS);
 }
 

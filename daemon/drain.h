@@ -8,6 +8,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "daemon/layer.h"
+
 struct conn;
 struct server;
 

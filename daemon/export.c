@@ -54,6 +54,7 @@
 #include "daemon/request.h"
 #include "daemon/server.h"
 #include "proto/fail.h"
+#include "proto/monotonic.h"
 #include "proto/text.h"
 #include "shardport.h"
 
@@ -160,7 +161,7 @@ static struct log_fields export_fields(const struct export *ex, int code) {
 /* The export is over and no thread runs: record the outcome, free it. */
 static void finish(struct export *ex) {
   struct job *job = ex->job;
-  uint64_t now = job_now_ms();
+  uint64_t now = monotonic_ms();
   job->last_round = plan_rounds(ex);
   job->last_rounds = plan_rounds(ex);
   job->last_bytes_total = ex->bytes_total;
@@ -280,7 +281,7 @@ static void fail_gather(struct job *job, int code, const char *message) {
                                 .error = code},
            "job %s: export failed before it started: %s",
           job->hex, job->error);
-  uint64_t now = job_now_ms(), first_ask = now;
+  uint64_t now = monotonic_ms(), first_ask = now;
   for (uint32_t r = 0; r < job->world; r++)
     if (job->members[r] != NULL && job->members[r]->asked &&
         job->members[r]->asked_ms < first_ask)
@@ -323,7 +324,7 @@ static int compare_replicas(struct export *ex, const struct plan *plan) {
   struct job *job = ex->job;
   if (!ex->compare)
     return 0;
-  const struct reg_storage **src = calloc(job->world, sizeof *src);
+  const struct xfer_storage **src = calloc(job->world, sizeof *src);
   if (src == NULL)
     return sp_failf(ex->plan_msg, sizeof ex->plan_msg, SP_ENOMEM,
                     "out of memory comparing replicated keys");
@@ -388,7 +389,7 @@ static void start_moving(struct export *ex) {
   }
   struct engine *e = &ex->engine;
   ex->phase = JOB_MOVING;
-  ex->moving_ms = ex->sample_ms = ex->progress_ms = job_now_ms();
+  ex->moving_ms = ex->sample_ms = ex->progress_ms = monotonic_ms();
   if (engine_start(e) != 0) {
     fail_export(ex, SP_ENOMEM, "cannot start the engine thread");
     return;
@@ -426,7 +427,7 @@ static void step(struct export *ex) {
     pthread_join(ex->planner, NULL);
     ex->thread_alive = false;
     metrics_planning_done(ex->job->srv->metrics,
-                          (double)(job_now_ms() - ex->planning_ms) / 1000.0);
+                          (double)(monotonic_ms() - ex->planning_ms) / 1000.0);
     if (ex->failed)
       break;
     if (ex->plan_rc != 0) {
@@ -555,7 +556,7 @@ static void maybe_start(struct job *job) {
   ex->max_keys = max_keys0;
   ex->max_bytes = max_bytes0;
   ex->timeout_ms = UINT32_MAX;
-  ex->started_ms = job_now_ms();
+  ex->started_ms = monotonic_ms();
   for (uint32_t r = 0; r < job->world; r++) {
     struct job_member *m = job->members[r];
     struct export_rank *er = &ex->ranks[r];
@@ -597,8 +598,8 @@ static void maybe_start(struct job *job) {
   }
   ex->phase = JOB_PLANNING;
   progress_all(ex);
-  ex->planning_ms = job_now_ms();
-  if (engine_spawn(&ex->planner, plan_main, ex) != 0) {
+  ex->planning_ms = monotonic_ms();
+  if (xfer_spawn(&ex->planner, plan_main, ex) != 0) {
     fail_export(ex, SP_ENOMEM, "cannot start the planning thread");
     finish(ex);
     return;
@@ -670,7 +671,7 @@ static void missing_ranks(const struct job *job, char *buf, size_t len) {
 }
 
 void export_tick(struct job *job) {
-  uint64_t now = job_now_ms();
+  uint64_t now = monotonic_ms();
   struct export *ex = job->running;
   if (ex == NULL) {
     /* Across nodes the root watches the asks' deadlines (mesh.c). */
@@ -807,9 +808,9 @@ int export_op_request(struct conn *c, const struct sp_msg_head *head,
   m->ask = req;
   m->asked = true;
   m->ask_id = head->id;
-  m->asked_ms = job_now_ms();
+  m->asked_ms = monotonic_ms();
   m->ask_deadline_ms =
-      job_now_ms() +
+      monotonic_ms() +
       (req.timeout_ms > 0 ? req.timeout_ms : job->srv->cfg->export_timeout_ms);
   if (req.progress) {
     struct sp_msgbuf mb;
@@ -850,7 +851,7 @@ int export_start_gathered(struct job *job, struct mesh_export *mx,
   ex->max_keys = max_keys;
   ex->max_bytes = max_bytes;
   ex->timeout_ms = timeout_ms;
-  ex->started_ms = job_now_ms();
+  ex->started_ms = monotonic_ms();
   for (uint32_t r = 0; r < job->world; r++) {
     struct job_member *m = job->members[r];
     struct export_rank *er = &ex->ranks[r];
@@ -880,8 +881,8 @@ int export_start_gathered(struct job *job, struct mesh_export *mx,
   ex->compare_threads = job->srv->engine_threads;
   ex->phase = JOB_PLANNING;
   progress_all(ex);
-  ex->planning_ms = job_now_ms();
-  if (engine_spawn(&ex->planner, plan_main, ex) != 0) {
+  ex->planning_ms = monotonic_ms();
+  if (xfer_spawn(&ex->planner, plan_main, ex) != 0) {
     fail_export(ex, SP_ENOMEM, "cannot start the planning thread");
     finish(ex);
     return 0;

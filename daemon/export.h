@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "daemon/job.h"
+#include "daemon/layer.h"
 #include "proto/frame.h"
 #include "proto/msg.h"
 

@@ -15,11 +15,13 @@
 #include <stdint.h>
 
 #include "daemon/cuda/gpu.h"
-#include "daemon/daemon.h"
 #include "daemon/job.h"
+#include "daemon/layer.h"
 #include "daemon/plan/plan.h"
 #include "daemon/publish.h"
 #include "daemon/request.h"
+#include "daemon/xfer/engine.h"
+#include "daemon/xfer/replicas.h"
 #include "proto/msg.h"
 
 struct mesh_export;
@@ -88,7 +90,7 @@ struct export {
   uint64_t part_limit; /* the most bytes of one reply frame */
   /* Moving. */
   struct engine engine;
-  const struct reg_storage **src;
+  const struct xfer_storage **src;
   uint8_t **dst;
   uint64_t *dst_size;
   /* On the CUDA backend: the owners' device segments and the engine's

@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "daemon/layer.h"
+
 /* One finished export, as job_status shows it. */
 struct history_entry {
   uint64_t export_id; /* 0: it failed while its ranks asked, unstarted */

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/layer.h"
+
 /* A set of indices into the caller's array, looked up by a 64-bit hash and
  * a match function over the caller's items (sids, base addresses, keys). */
 struct idxset {

@@ -39,13 +39,12 @@
 #include "daemon/registry.h"
 #include "daemon/request.h"
 #include "daemon/server.h"
+#include "proto/monotonic.h"
 #include "shardport.h"
 
 /* While an export is gathered or runs, the tick watches deadlines and sends
  * progress this often. */
 #define JOB_TICK_MS 50
-
-uint64_t job_now_ms(void) { return uv_hrtime() / 1000000u; }
 
 static int random_bytes(uint8_t *buf, size_t len) {
   size_t got = 0;
@@ -403,7 +402,7 @@ struct job *job_new(struct server *srv, const uint8_t *id,
   job->departed = departed;
   job->world = world;
   job->next_export_id = 1;
-  job->created_ms = job_now_ms();
+  job->created_ms = monotonic_ms();
   history_init(&job->history, srv->cfg->export_history);
   for (size_t i = 0; i < JOB_ID_BYTES; i++)
     snprintf(job->hex + 2 * i, 3, "%02x", job->id[i]);

@@ -13,6 +13,7 @@
 #include "daemon/comms.h"
 #include "daemon/cuda/gpu.h"
 #include "daemon/history.h"
+#include "daemon/layer.h"
 #include "daemon/plancache.h"
 #include "daemon/publish.h"
 #include "daemon/registry.h"
@@ -175,7 +176,6 @@ void job_rank_returned(struct job *job, uint32_t rank);
  * the first of them to leave (the cause; ranks that left after hearing of
  * it are not) and why; the one sentence the exports asked for fail with. */
 bool job_departed(const struct job *job, char *buf, size_t len);
-uint64_t job_now_ms(void);
 /* The jobs array of the status reply. */
 void job_status_pack(const struct server *srv, msgpack_packer *pk);
 /* One job map of the status reply (docs/protocol.md), its header counting

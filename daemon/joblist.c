@@ -23,6 +23,7 @@
 #include "daemon/request.h"
 #include "daemon/server.h"
 #include "proto/fail.h"
+#include "proto/monotonic.h"
 #include "shardport.h"
 
 /* Jobs in one reply to jobs: far below every frame limit however many
@@ -125,7 +126,7 @@ int joblist_op_jobs(struct conn *c, const struct sp_msg_head *head,
   while (first + count < n &&
          strcmp(all[first + count]->hex, all[first + count - 1]->hex) == 0)
     count++;
-  uint64_t now = job_now_ms();
+  uint64_t now = monotonic_ms();
   struct sp_msgbuf mb;
   sp_msgbuf_begin(&mb, "jobs", head->id, 2);
   sp_pack_str(&mb.pk, "jobs");
@@ -204,7 +205,7 @@ int joblist_op_job_status(struct conn *c, const struct sp_msg_head *head,
                   job->hex, named);
   if (rc != 0)
     return conn_send_error(c, head->id, rc, "job_status: %s", msg);
-  uint64_t now = job_now_ms();
+  uint64_t now = monotonic_ms();
   struct sp_msgbuf mb;
   sp_msgbuf_begin(&mb, "job_status", head->id, 1);
   sp_pack_str(&mb.pk, "job");

@@ -7,6 +7,7 @@
 #include <msgpack.h>
 #include <stdint.h>
 
+#include "daemon/layer.h"
 #include "daemon/request.h"
 #include "proto/frame.h"
 #include "proto/msg.h"

@@ -9,6 +9,8 @@
 #include <sys/types.h>
 #include <sys/un.h>
 
+#include "daemon/layer.h"
+
 struct config;
 
 struct listener {

@@ -23,6 +23,7 @@
 
 #include "build_config.h"
 #include "daemon/log.h"
+#include "proto/monotonic.h"
 #include "proto/text.h"
 #include "shardport.h"
 
@@ -187,9 +188,7 @@ void log_limited(struct log_limit *lim, enum log_level level,
                  const char *fmt, ...) {
   if (level > log_level)
     return;
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  uint64_t now = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+  uint64_t now = monotonic_ms();
   if (lim->logged && now - lim->last_ms < LOG_LIMIT_MS) {
     lim->suppressed++;
     return;

@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "daemon/layer.h"
+
 /* The values are syslog priorities, so they double as the journal prefix. */
 enum log_level {
   LOG_LEVEL_ERROR = 3,

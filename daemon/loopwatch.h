@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include "daemon/layer.h"
+
 struct server;
 
 /* Who reads the loop's longest iteration (loopwatch.c): each reader's

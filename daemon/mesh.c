@@ -61,6 +61,7 @@
 #include "daemon/registry.h"
 #include "daemon/request.h"
 #include "daemon/server.h"
+#include "proto/monotonic.h"
 #include "shardport.h"
 
 /* While an export is under way, each side says it is alive this often. */
@@ -791,7 +792,7 @@ void mesh_asks(struct job *job) {
   struct mesh *ms = job->mesh;
   /* The root's silence counts from the first ask of a quiet job. */
   if (!mesh_active(job))
-    ms->heard_ms = job_now_ms();
+    ms->heard_ms = monotonic_ms();
   for (uint32_t r = 0; r < job->world; r++) {
     struct job_member *m = job->members[r];
     if (m == NULL || m->lost || !m->asked || ms->ask_sent[r] == m->ask_id + 1)
@@ -1093,7 +1094,7 @@ void mesh_try_start(struct job *job) {
     return;
   ms->ready = NULL;
   ms->timeout_ms = mx->timeout_ms;
-  ms->heard_ms = job_now_ms();
+  ms->heard_ms = monotonic_ms();
   ms->awaiting_links = false;
   if (apply_roster(ms, mx) != 0) {
     refuse_start(ms, mx, SP_ENOMEM, "out of memory starting the export");
@@ -1245,7 +1246,7 @@ static void member_fail_msg(struct mesh *ms, const struct nodemsg *m) {
 static void member_handle(struct mesh *ms, const struct nodemsg *m,
                           struct nodeblob **blobs, size_t nblobs) {
   struct job *job = ms->job;
-  ms->heard_ms = job_now_ms();
+  ms->heard_ms = monotonic_ms();
   switch (m->op) {
   case NODEMSG_JOIN:
   case NODEMSG_ERROR:
@@ -1428,7 +1429,7 @@ static void on_root_frame(struct nodelink *l, void *arg,
 static void on_root_blob(struct nodelink *l, void *arg, struct nodeblob *b) {
   (void)l;
   struct mesh *ms = arg;
-  ms->heard_ms = job_now_ms();
+  ms->heard_ms = monotonic_ms();
   member_meta(ms, b);
 }
 
@@ -1501,8 +1502,23 @@ int mesh_plan_input(struct mesh_export *mx, struct plan_input *in, char *msg,
   return 0;
 }
 
+/* The exchange's lost peer (remote.h), on the engine's thread: arg is the
+ * job's id in hex, which lives as long as the job. */
+static void remote_node_lost(void *arg, uint32_t node, const char *addr,
+                             uint64_t export_id, int why, char *msg,
+                             size_t msglen) {
+  const char *job_hex = arg;
+  if (why != 0)
+    log_with(LOG_LEVEL_INFO, LOG_JOB(job_hex),
+             "job %s: export %" PRIu64 ": node %" PRIu32 " (%s): %s", job_hex,
+             export_id, node, addr,
+             why == SP_ETIMEOUT ? "moved nothing within the export's timeout"
+                                : sp_strerror(why));
+  mesh_lost_message(job_hex, node, addr, export_id, msg, msglen);
+}
+
 int mesh_remote(struct job *job, struct mesh_export *mx,
-                const struct plan *plan, const struct reg_storage *const *src,
+                const struct plan *plan, const struct xfer_storage *const *src,
                 uint8_t *const *dst, const uint64_t *key_offset,
                 struct remote **out) {
   struct mesh *ms = job->mesh;
@@ -1518,24 +1534,31 @@ int mesh_remote(struct job *job, struct mesh_export *mx,
     struct mesh_node *node = node_get(ms, n);
     if (node == NULL)
       continue;
+    _Static_assert(sizeof peers[n].addr >= NODE_ADDR_MAX,
+                   "a node's address fits the exchange's copy");
     snprintf(peers[n].addr, sizeof peers[n].addr, "%s", node->addr);
-    peers[n].sent = &node->sent;
-    peers[n].received = &node->received;
-    if (n != ms->self)
-      peers[n].metrics = metrics_peer(job->srv->metrics, node->addr);
+    peers[n].sent[0] = &node->sent;
+    peers[n].received[0] = &node->received;
+    struct metrics_peer *mp =
+        n != ms->self ? metrics_peer(job->srv->metrics, node->addr) : NULL;
+    if (mp != NULL) {
+      peers[n].sent[1] = &mp->sent;
+      peers[n].received[1] = &mp->received;
+    }
     if (n != ms->self && in_roster(mx, n))
       peers[n].sock = node->data;
   }
-  struct remote_setup s = {.plan = plan,
-                           .self = ms->self,
-                           .nnodes = nnodes,
-                           .peers = peers,
-                           .src = src,
-                           .dst = dst,
-                           .key_offset = key_offset,
-                           .job_hex = job->hex,
-                           .export_id = mx->export_id,
-                           .timeout_ms = mx->timeout_ms};
+  struct remote_setup s = {
+      .plan = plan,
+      .self = ms->self,
+      .nnodes = nnodes,
+      .peers = peers,
+      .src = src,
+      .dst = dst,
+      .key_offset = key_offset,
+      .export_id = mx->export_id,
+      .timeout_ms = mx->timeout_ms,
+      .ops = {.node_lost = remote_node_lost, .arg = job->hex}};
   int rc = remote_new(&s, &mx->remote);
   free(peers);
   if (rc == 0)
@@ -1660,7 +1683,7 @@ static void gather_complete(struct mesh *ms) {
     snprintf(p.nodes[p.nnodes - 1].addr, NODE_ADDR_MAX, "%s", n->addr);
     n->in_export = true;
     n->planned = n->moved = false;
-    n->heard_ms = job_now_ms();
+    n->heard_ms = monotonic_ms();
   }
   /* The communicators across nodes: a failure since they were last used
    * may have aborted them, and a real NCCL id names the bootstrap listener
@@ -1734,7 +1757,7 @@ static void coord_ask(struct mesh *ms, struct mesh_node *n,
                          .max_keys = m->max_keys,
                          .max_bytes = m->max_bytes,
                          .timeout_ms = m->timeout_ms,
-                         .deadline_ms = job_now_ms() + t,
+                         .deadline_ms = monotonic_ms() + t,
                          .meta = nodeblob_ref(blob)};
   ms->nasked++;
   job_schedule(job);
@@ -1930,7 +1953,7 @@ static void coord_handle(struct mesh *ms, uint32_t from, const struct nodemsg *m
   struct mesh_node *n = node_get(ms, from);
   if (n == NULL || !n->present)
     return;
-  n->heard_ms = job_now_ms();
+  n->heard_ms = monotonic_ms();
   switch (m->op) {
   case NODEMSG_JOIN:
     coord_join(ms, n, m);
@@ -2036,7 +2059,7 @@ static void on_ctl_frame(struct nodelink *l, void *arg,
     n->ask = m;
     n->ask_pending = true;
     nodelink_expect_blobs(n->ctl, 1);
-    n->heard_ms = job_now_ms();
+    n->heard_ms = monotonic_ms();
     return;
   }
   coord_handle(ms, n->node, &m, NULL);
@@ -2134,7 +2157,7 @@ static void hello_root(struct server *srv, struct nodelink *l,
   n->node_id = m->node_id;
   n->present = true;
   n->ctl = l;
-  n->heard_ms = job_now_ms();
+  n->heard_ms = monotonic_ms();
   snprintf(n->addr, sizeof n->addr, "%s", m->addr);
   nodelink_set_ops(l, &ctl_ops, n);
   nodelink_hello_done(l);
@@ -2268,7 +2291,7 @@ static uint32_t member_timeout(const struct mesh *ms) {
 
 void mesh_tick(struct job *job) {
   struct mesh *ms = job->mesh;
-  uint64_t now = job_now_ms();
+  uint64_t now = monotonic_ms();
   if (!mesh_active(job))
     return;
   /* Member: beats to the root, and the root's silence. */

@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "daemon/config.h"
+#include "daemon/layer.h"
 
 #define METRICS_MAX_PEERS 64
 /* Devices the pool gauges name: the host and this many GPUs. */

@@ -17,6 +17,8 @@
 #include "daemon/moving.h"
 #include "daemon/pool.h"
 #include "daemon/server.h"
+#include "daemon/xfer/engine.h"
+#include "daemon/xfer/remote.h"
 #include "shardport.h"
 
 static void engine_notify(void *arg) { job_wake(arg); }
@@ -117,6 +119,7 @@ int moving_prepare(struct export *ex, char *msg, size_t msglen) {
                                    .comms = job->gpu_comms,
                                    .timeout_ms = ex->timeout_ms};
     e->gpu_run = &ex->gpu_run;
+    e->run = gpu_engine_run;
   }
   return 0;
 }

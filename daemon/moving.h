@@ -6,6 +6,8 @@
 
 #include <stddef.h>
 
+#include "daemon/layer.h"
+
 struct export;
 
 /* Fills in the export's engine from its plan: the local ranks' storages,

@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include "daemon/layer.h"
+
 /* Thin sd_notify glue; every call is a no-op without systemd or when the
  * daemon was not started by a service manager. */
 void notify_ready(const char *status);

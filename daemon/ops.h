@@ -8,6 +8,7 @@
 #include <msgpack.h>
 #include <stdbool.h>
 
+#include "daemon/layer.h"
 #include "proto/frame.h"
 #include "proto/msg.h"
 

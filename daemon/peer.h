@@ -6,6 +6,8 @@
 
 #include <sys/types.h>
 
+#include "daemon/layer.h"
+
 struct config;
 
 struct peer {

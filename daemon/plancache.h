@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/layer.h"
 #include "daemon/publish.h"
 
 struct export;

@@ -38,6 +38,8 @@
 
 #include <uv.h>
 
+#include "daemon/layer.h"
+
 struct gpu;
 struct gpu_segment;
 struct pool;

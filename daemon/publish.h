@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/layer.h"
 #include "daemon/plan/plan.h"
 #include "proto/msg.h"
 

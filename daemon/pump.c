@@ -22,6 +22,7 @@
 #include "daemon/pump.h"
 #include "daemon/server.h"
 #include "proto/limits.h"
+#include "proto/monotonic.h"
 #include "shardport.h"
 
 static void on_conn_drained(struct conn *c, void *arg) {
@@ -77,7 +78,7 @@ void pump_run(struct export *ex) {
         er->segment_fd = -1;
       }
       er->next_part++;
-      ex->progress_ms = job_now_ms();
+      ex->progress_ms = monotonic_ms();
       if (conn_send(c, tx) != 0)
         break;
     }

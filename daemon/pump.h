@@ -7,6 +7,8 @@
 
 #include <stddef.h>
 
+#include "daemon/layer.h"
+
 struct export;
 
 /* Cuts each owner's reply into parts and hands it the export (its segment

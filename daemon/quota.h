@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "daemon/layer.h"
+
 struct registry;
 struct server;
 

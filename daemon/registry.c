@@ -38,7 +38,7 @@
  * from a quarter to a half), and what it owns.  The arrays' spare room,
  * from doubling, may hold as much again (docs/operations.md, "Quotas"). */
 #define STORAGE_COST                                                           \
-  (sizeof(struct sp_storage) + sizeof(struct reg_storage) +                    \
+  (sizeof(struct sp_storage) + sizeof(struct xfer_storage) +                    \
    2 * 4 * sizeof(uint64_t))
 
 static uint64_t tensor_cost(const struct req_tensor *t) {
@@ -58,7 +58,7 @@ void registry_init(struct registry *reg, uint32_t device_type) {
   idxset_init(&reg->by_file);
 }
 
-static void close_cuda(const struct registry *reg, struct reg_storage *s) {
+static void close_cuda(const struct registry *reg, struct xfer_storage *s) {
   if (s->gpu.import != NULL)
     gpu_storage_close(reg->gpu, &s->gpu);
 }
@@ -183,7 +183,7 @@ uint32_t registry_find_sid(const struct registry *reg, uint32_t sid) {
 static int open_cuda_storage(const struct registry *reg,
                              const struct req_storage *rs,
                              const struct sp_frame *frame, uint32_t index,
-                             struct reg_storage *out, char *msg,
+                             struct xfer_storage *out, char *msg,
                              size_t msglen) {
   memset(out, 0, sizeof *out);
   out->sid = rs->sid;
@@ -238,7 +238,7 @@ struct reg_batch {
   /* Storages, from the admission on until they are kept: their mappings'
    * plan, and what was opened for them (on the registry's GPU). */
   struct regmap_frame *fm;
-  struct reg_storage *fresh;
+  struct xfer_storage *fresh;
   struct gpu *opened_on; /* the GPU backend, while fresh holds opened ones */
   /* Tensors: their planner form, checked, with names owned until kept. */
   struct plan_key_in *keys;
@@ -405,7 +405,7 @@ static int check_kinds(const struct registry *reg, const struct req_storage *s,
 static int open_cuda_storages(const struct registry *reg,
                               const struct req_storage *s, size_t n,
                               const struct sp_frame *frame,
-                              struct reg_storage *fresh, char *msg,
+                              struct xfer_storage *fresh, char *msg,
                               size_t msglen) {
   for (size_t i = 0; i < n; i++) {
     /* A memfd storage's entry is zero until placed (place_storages). */
@@ -475,7 +475,7 @@ static void place_storages(struct registry *reg, const struct reg_batch *b,
   const struct req_storage *s = b->s;
   for (size_t i = from; i < to; i++) {
     uint32_t idx = (uint32_t)(reg->nstorages + i);
-    struct reg_storage *info = &reg->info[idx];
+    struct xfer_storage *info = &reg->info[idx];
     struct sp_storage *st = &reg->storages[idx];
     *info = b->fresh[i];
     info->sid = s[i].sid;

@@ -11,25 +11,19 @@
 
 #include "daemon/cuda/gpu.h"
 #include "daemon/idxset.h"
+#include "daemon/layer.h"
 #include "daemon/plan/plan.h"
 #include "daemon/request.h"
+#include "daemon/xfer/engine.h"
 #include "proto/frame.h"
 
 struct sp_device;
 
 struct registry;
 
-/* What the daemon keeps of a storage besides the planner's sp_storage. */
-struct reg_storage {
-  uint32_t sid;
-  /* The storage's first byte, in a read-only mapping of its file that the
-   * registry holds (reg_map, maps[map]); NULL when empty. */
-  const uint8_t *data;
-  uint32_t map;
-  /* A CUDA storage: its opened allocation and device address (gpu.data;
-   * data is then NULL: it is not host memory). */
-  struct gpu_mapping gpu;
-};
+/* What the daemon keeps of a storage besides the planner's sp_storage is
+ * a struct xfer_storage (daemon/xfer/engine.h), the form the movers read.
+ */
 
 /* A read-only mapping of pages of a file, shared by every storage of the
  * registry that lies in it (regmap.c says which pages and why). */
@@ -90,7 +84,7 @@ struct registry {
   size_t nstorages;
   size_t storage_cap_s, storage_cap_i;
   struct sp_storage *storages;
-  struct reg_storage *info;
+  struct xfer_storage *info;
   struct idxset by_sid;
   struct idxset by_base;
   size_t nkeys, key_cap;

@@ -425,7 +425,7 @@ static void append_runs(struct registry *reg, struct regmap_frame *fm) {
 static void drop_absorbed(struct registry *reg, struct regmap_frame *fm,
                           size_t old) {
   for (size_t i = 0; i < reg->nstorages; i++) {
-    struct reg_storage *st = &reg->info[i];
+    struct xfer_storage *st = &reg->info[i];
     if (st->data == NULL || fm->absorbed[st->map] == IDXSET_NONE)
       continue;
     const struct reg_map *from = &reg->maps[st->map];

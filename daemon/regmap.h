@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/layer.h"
 #include "daemon/registry.h"
 #include "daemon/request.h"
 #include "proto/frame.h"

@@ -7,6 +7,7 @@
 
 #include <msgpack.h>
 
+#include "daemon/layer.h"
 #include "proto/frame.h"
 #include "proto/msg.h"
 

@@ -5,6 +5,8 @@
 #ifndef SP_DAEMON_RELOAD_H
 #define SP_DAEMON_RELOAD_H
 
+#include "daemon/layer.h"
+
 struct server;
 
 /* SIGHUP: reads the configuration again from srv->origin and applies the

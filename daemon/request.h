@@ -12,6 +12,7 @@
 
 #include "daemon/config.h"
 #include "daemon/cuda/gpu.h"
+#include "daemon/layer.h"
 #include "daemon/plan/plan.h"
 #include "proto/limits.h"
 

@@ -10,6 +10,7 @@
 #include <uv.h>
 
 #include "daemon/config.h"
+#include "daemon/layer.h"
 #include "daemon/listen.h"
 #include "daemon/log.h"
 #include "daemon/loopwatch.h"

@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include "daemon/layer.h"
 #include "proto/msg.h"
 
 struct server;

@@ -10,11 +10,11 @@
 
 #include <dlfcn.h>
 #include <link.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/fail.h"
 #include "shardport.h"
 
 #ifndef SP_CUDA_LIBDIR
@@ -34,19 +34,6 @@ static const char *const nccl_candidates[] = {
     "libnccl.so.2",
     SP_CUDA_LIBDIR "/libnccl.so.2",
 };
-
-static int fail(char *why, size_t whylen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int fail(char *why, size_t whylen, const char *fmt, ...) {
-  if (why != NULL && whylen > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, whylen, fmt, ap);
-    va_end(ap);
-  }
-  return SP_EBACKEND;
-}
 
 /* The file the dynamic linker actually mapped, for status and logs. */
 static void loaded_path(void *handle, const char *asked, char *out,
@@ -70,8 +57,8 @@ static void *open_library(const char *env, const char *what,
   if (override != NULL && override[0] != '\0') {
     void *handle = dlopen(override, flags);
     if (handle == NULL) {
-      fail(why, whylen, "%s=%s cannot be loaded: %s", env, override,
-           dlerror());
+      sp_failf(why, whylen, SP_EBACKEND, "%s=%s cannot be loaded: %s", env,
+               override, dlerror());
       return NULL;
     }
     loaded_path(handle, override, path, pathlen);
@@ -86,9 +73,9 @@ static void *open_library(const char *env, const char *what,
     }
     snprintf(last, sizeof(last), "%s", dlerror());
   }
-  fail(why, whylen,
-       "no %s library found (tried %s ... %s, or set %s): %s", what,
-       candidates[0], candidates[ncandidates - 1], env, last);
+  sp_failf(why, whylen, SP_EBACKEND,
+           "no %s library found (tried %s ... %s, or set %s): %s", what,
+           candidates[0], candidates[ncandidates - 1], env, last);
   return NULL;
 }
 
@@ -98,10 +85,10 @@ static int resolve(void *handle, const char *path, const char *name,
   dlerror();
   *slot = dlsym(handle, name);
   if (*slot == NULL)
-    return fail(why, whylen, "%s lacks %s%s", path, name,
-                strcmp(name, "cudaGetDriverEntryPointByVersion") == 0
-                    ? " (the CUDA backend needs CUDA 12.5 or newer)"
-                    : "");
+    return sp_failf(why, whylen, SP_EBACKEND, "%s lacks %s%s", path, name,
+                    strcmp(name, "cudaGetDriverEntryPointByVersion") == 0
+                        ? " (the CUDA backend needs CUDA 12.5 or newer)"
+                        : "");
   return 0;
 }
 
@@ -138,17 +125,18 @@ static int count_devices(struct cuda_api *api, char *why, size_t whylen) {
                      : err == cudaErrorNoDevice ? "no CUDA device is visible"
                                                 : "the CUDA runtime failed";
   if (err != cudaSuccess)
-    return fail(why, whylen,
-                "%s: cudaGetDeviceCount failed with error %d (%s); CUDA "
-                "runtime %d.%d from %s, driver supports CUDA %d.%d",
-                what, (int)err, api->cudaGetErrorString(err),
-                api->runtime_version / 1000, api->runtime_version % 1000 / 10,
-                api->cudart_path, api->driver_version / 1000,
-                api->driver_version % 1000 / 10);
+    return sp_failf(why, whylen, SP_EBACKEND,
+                    "%s: cudaGetDeviceCount failed with error %d (%s); CUDA "
+                    "runtime %d.%d from %s, driver supports CUDA %d.%d",
+                    what, (int)err, api->cudaGetErrorString(err),
+                    api->runtime_version / 1000,
+                    api->runtime_version % 1000 / 10, api->cudart_path,
+                    api->driver_version / 1000,
+                    api->driver_version % 1000 / 10);
   if (count <= 0)
-    return fail(why, whylen,
-                "no CUDA device is visible (cudaGetDeviceCount returned %d)",
-                count);
+    return sp_failf(
+        why, whylen, SP_EBACKEND,
+        "no CUDA device is visible (cudaGetDeviceCount returned %d)", count);
   api->device_count = count;
   return 0;
 }
@@ -159,16 +147,17 @@ static int load_driver(struct cuda_api *api, char *why, size_t whylen) {
 #define CUDA_API_ENTRY(name)                                                   \
   sym = NULL;                                                                  \
   status = cudaDriverEntryPointSymbolNotFound;                                 \
-  if (api->cudaGetDriverEntryPointByVersion(#name, &sym, CUDA_API_DRIVER_ABI, \
+  if (api->cudaGetDriverEntryPointByVersion(#name, &sym, CUDA_API_DRIVER_ABI,  \
                                             cudaEnableDefault,                 \
                                             &status) != cudaSuccess ||         \
       sym == NULL || status != cudaDriverEntryPointSuccess)                    \
-    return fail(why, whylen,                                                   \
-                "the NVIDIA driver (CUDA %d.%d) does not provide %s for the "  \
-                "CUDA %d.%d ABI (entry point status %d)",                      \
-                api->driver_version / 1000, api->driver_version % 1000 / 10,  \
-                #name, CUDA_API_DRIVER_ABI / 1000,                             \
-                CUDA_API_DRIVER_ABI % 1000 / 10, (int)status);                 \
+    return sp_failf(                                                           \
+        why, whylen, SP_EBACKEND,                                              \
+        "the NVIDIA driver (CUDA %d.%d) does not provide %s for the "          \
+        "CUDA %d.%d ABI (entry point status %d)",                              \
+        api->driver_version / 1000, api->driver_version % 1000 / 10, #name,    \
+        CUDA_API_DRIVER_ABI / 1000, CUDA_API_DRIVER_ABI % 1000 / 10,           \
+        (int)status);                                                          \
   api->name = (__typeof__(api->name))sym;
   CUDA_API_DRIVER(CUDA_API_ENTRY)
 #undef CUDA_API_ENTRY
@@ -192,8 +181,9 @@ static int load_nccl(struct cuda_api *api, char *why, size_t whylen) {
 #undef CUDA_API_RESOLVE
   ncclResult_t res = api->ncclGetVersion(&api->nccl_version);
   if (res != ncclSuccess)
-    return fail(why, whylen, "ncclGetVersion from %s failed with error %d (%s)",
-                api->nccl_path, (int)res, api->ncclGetErrorString(res));
+    return sp_failf(why, whylen, SP_EBACKEND,
+                    "ncclGetVersion from %s failed with error %d (%s)",
+                    api->nccl_path, (int)res, api->ncclGetErrorString(res));
   return 0;
 }
 
@@ -282,19 +272,22 @@ int cuda_api_probe(const struct cuda_api *api, struct cuda_device_info *devs,
 
 int cuda_api_cuda_error(const struct cuda_api *api, cudaError_t err,
                         const char *what, char *why, size_t whylen) {
-  return fail(why, whylen, "%s: CUDA error %d (%s)", what, (int)err,
-              api->cudaGetErrorString != NULL ? api->cudaGetErrorString(err)
-                                              : "no CUDA runtime loaded");
+  return sp_failf(why, whylen, SP_EBACKEND, "%s: CUDA error %d (%s)", what,
+                  (int)err,
+                  api->cudaGetErrorString != NULL ? api->cudaGetErrorString(err)
+                                                  : "no CUDA runtime loaded");
 }
 
 int cuda_api_driver_error(CUresult err, const char *what, char *why,
                           size_t whylen) {
-  return fail(why, whylen, "%s: CUDA driver error %d", what, (int)err);
+  return sp_failf(why, whylen, SP_EBACKEND, "%s: CUDA driver error %d", what,
+                  (int)err);
 }
 
 int cuda_api_nccl_error(const struct cuda_api *api, ncclResult_t err,
                         const char *what, char *why, size_t whylen) {
-  return fail(why, whylen, "%s: NCCL error %d (%s)", what, (int)err,
-              api->ncclGetErrorString != NULL ? api->ncclGetErrorString(err)
-                                              : "NCCL is not loaded");
+  return sp_failf(why, whylen, SP_EBACKEND, "%s: NCCL error %d (%s)", what,
+                  (int)err,
+                  api->ncclGetErrorString != NULL ? api->ncclGetErrorString(err)
+                                                  : "NCCL is not loaded");
 }

@@ -39,6 +39,8 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "daemon/cuda/layer.h"
+
 /* The names in the table are the legacy-default-stream entry points; the
  * per-thread-default-stream build would make the header rename them to
  * *_ptsz symbols that the table does not resolve. */

@@ -35,6 +35,7 @@
 
 #include "proto/fail.h"
 #include "daemon/cuda/internal.h"
+#include "proto/monotonic.h"
 #include "shardport.h"
 
 struct comm_rank {
@@ -131,7 +132,7 @@ static int settle(struct gpu_comms *c, uint64_t deadline,
       return p;
     if (cancel != NULL && atomic_load(cancel))
       return sp_failf(msg, msglen, SP_EBUSY, "%s was canceled", what);
-    if (gpu_now_ms() > deadline)
+    if (monotonic_ms() > deadline)
       return sp_failf(msg, msglen, SP_ETIMEOUT,
                   "%s did not complete in time (a peer did not join or "
                   "stopped)",
@@ -172,7 +173,7 @@ static int wait_all(struct gpu_comms *c, uint64_t deadline, const char *what,
     int q = gpu_comms_query(c, msg, msglen);
     if (q <= 0)
       return q;
-    if (gpu_now_ms() > deadline)
+    if (monotonic_ms() > deadline)
       return sp_failf(msg, msglen, SP_ETIMEOUT, "%s did not complete in time",
                   what);
     gpu_backoff(&spins);
@@ -330,7 +331,7 @@ int gpu_comms_warm(struct gpu_comms *c, uint32_t timeout_ms, char *msg,
   if (c->aborted)
     return sp_failf(msg, msglen, SP_EBACKEND,
                     "the job's NCCL communicators were aborted");
-  uint64_t deadline = gpu_now_ms() + timeout_ms;
+  uint64_t deadline = monotonic_ms() + timeout_ms;
   int rc = settle(c, deadline, NULL, "creating the communicators", msg,
                   msglen);
   if (rc == 0)
@@ -379,7 +380,7 @@ void gpu_comms_free(struct gpu_comms *c) {
       res = a->ncclCommFinalize(c->ranks[i].comm);
     }
     if ((res != ncclSuccess && res != ncclInProgress) ||
-        settle(c, gpu_now_ms() + 5000, NULL, "ncclCommFinalize", msg,
+        settle(c, monotonic_ms() + 5000, NULL, "ncclCommFinalize", msg,
                sizeof msg) != 0) {
       gpu_comms_abort(c);
     } else {

@@ -27,17 +27,13 @@
 #include <time.h>
 
 #include "daemon/cuda/internal.h"
+#include "daemon/xfer/replicas.h"
+#include "proto/monotonic.h"
 #include "shardport.h"
 
 /* The widest pitch a 2-D copy is given: the real limit is the device's
  * cudaDevAttrMaxPitch (2^31 - 1 or more); wider strides copy row by row. */
 #define GPU_MAX_PITCH ((size_t)INT32_MAX)
-
-uint64_t gpu_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 void gpu_backoff(unsigned *spins) {
   /* 20 us at first, up to 1 ms: a round of small copies is done in tens of
@@ -191,7 +187,7 @@ static int wait_step(struct runner *r, uint32_t round) {
       r->used[d] = false;
     }
   }
-  uint64_t deadline = gpu_now_ms() + r->run->timeout_ms;
+  uint64_t deadline = monotonic_ms() + r->run->timeout_ms;
   bool stopping = e->rc != 0;
   unsigned spins = 0;
   for (;;) {
@@ -224,7 +220,7 @@ static int wait_step(struct runner *r, uint32_t round) {
     }
     if (!pending)
       return e->rc;
-    if (!stopping && (e->rc != 0 || canceled(e) || gpu_now_ms() > deadline)) {
+    if (!stopping && (e->rc != 0 || canceled(e) || monotonic_ms() > deadline)) {
       if (e->rc == 0 && !canceled(e))
         run_fail(e, SP_ETIMEOUT,
                  "round %" PRIu32 " made no progress in %" PRIu32
@@ -233,8 +229,8 @@ static int wait_step(struct runner *r, uint32_t round) {
       if (r->run->comms != NULL)
         gpu_comms_abort(r->run->comms);
       stopping = true;
-      deadline = gpu_now_ms() + r->run->timeout_ms;
-    } else if (stopping && gpu_now_ms() > deadline) {
+      deadline = monotonic_ms() + r->run->timeout_ms;
+    } else if (stopping && monotonic_ms() > deadline) {
       /* A GPU that never finishes: give up waiting; freeing the segments
        * synchronizes with the device. */
       return run_fail(e, SP_ETIMEOUT, "the GPUs did not finish round %" PRIu32,
@@ -430,40 +426,21 @@ static int compare_key(struct runner *r, const struct plan_round *rd,
     }
     if ((rc = sync_device(r, d, round)) != 0 || canceled(e))
       break;
-    int nd = box.ndim;
-    bool empty = false;
-    for (int dd = 0; dd < nd; dd++)
-      empty = empty || box.shape[dd] == 0;
-    int64_t idx[XFER_MAX_DIMS] = {0};
-    for (int64_t s = 0; !empty; s++) {
-      int64_t t = p->dr.offset;
-      for (int dd = 0; dd < nd; dd++)
-        t += idx[dd] * p->dr.stride[dd];
-      uint8_t bit = (uint8_t)(1u << (t & 7));
-      if (!(seen[t >> 3] & bit)) {
-        memcpy(image + (size_t)t * esz, staged + (size_t)s * esz, esz);
-        seen[t >> 3] |= bit;
-      } else if (memcmp(image + (size_t)t * esz, staged + (size_t)s * esz,
-                        esz) != 0) {
-        uint32_t earlier = p->m->src;
-        for (size_t q = 0; q < i; q++)
-          if (engine_region_contains(&list[q].dr, t)) {
-            earlier = list[q].m->src;
-            break;
-          }
-        char where[160];
-        engine_format_index(key, (uint64_t)t, where, sizeof where);
-        rc = run_fail(e, SP_EDIFFERENT,
-                      "key '%s': replicas hold different data at element "
-                      "%s: rank %" PRIu32 " and rank %" PRIu32 " disagree",
-                      key->name, where, earlier, p->m->src);
-        break;
-      }
-      int dd = nd;
-      while (dd > 0 && ++idx[dd - 1] == box.shape[dd - 1])
-        idx[--dd] = 0;
-      if (dd == 0)
-        break;
+    /* Staging holds the replica contiguous: box.dst_stride. */
+    int64_t t;
+    if (!replicas_merge(image, seen, esz, staged, (uint32_t)box.ndim, box.shape,
+                        box.dst_stride, &p->dr, &t)) {
+      uint32_t earlier = p->m->src;
+      for (size_t q = 0; q < i; q++)
+        if (replicas_region_contains(&list[q].dr, t)) {
+          earlier = list[q].m->src;
+          break;
+        }
+      char msg[SP_ERRMSG_MAX + 1];
+      rc = run_fail(
+          e, replicas_disagree(key, t, earlier, p->m->src, msg, sizeof msg),
+          "%s", msg);
+      break;
     }
   }
   /* The agreed bytes into the owner's tensor. */
@@ -562,9 +539,9 @@ static int run_rounds(struct runner *r) {
     if (issue_moves(r, rd->local, rd->nlocal, round) == 0 &&
         rd->nmoves > 0) {
       char why[SP_ERRMSG_MAX + 1];
-      int rc = gpu_comms_round(r->run->comms, e, rd,
-                               gpu_now_ms() + r->run->timeout_ms, why,
-                               sizeof why);
+      int rc =
+          gpu_comms_round(r->run->comms, e, rd,
+                          monotonic_ms() + r->run->timeout_ms, why, sizeof why);
       if (rc != 0)
         run_fail(e, rc, "round %" PRIu32 ": %s", round, why);
       else

@@ -27,6 +27,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/cuda/layer.h"
+#include "daemon/cuda/mapping.h"
+
 /* Bytes of a cudaIpcMemHandle_t and of a cudaIpcEventHandle_t. */
 #define GPU_IPC_HANDLE_BYTES 64
 /* Bytes of an ncclUniqueId. */
@@ -82,12 +85,8 @@ enum gpu_storage_kind {
   GPU_STORAGE_FD,      /* a cuMem POSIX descriptor of the allocation */
 };
 
-/* One registered CUDA storage as the engine reads it. */
-struct gpu_mapping {
-  struct gpu_import *import; /* the opened allocation, shared and counted */
-  const uint8_t *data;       /* the storage's first byte (device address) */
-  int device;                /* the local ordinal it lives on */
-};
+/* One registered CUDA storage as the engine reads it: struct gpu_mapping
+ * (daemon/cuda/mapping.h). */
 
 /* Opens bytes [offset, offset + length) of an allocation on local GPU
  * device: by its IPC handle (kind GPU_STORAGE_IPC, handle) or its cuMem
@@ -134,7 +133,7 @@ const struct gpu_segment_info *gpu_segment_info(const struct gpu_segment *seg);
 /* ---- copy.c: the device engine ------------------------------------------ */
 
 /* What the device engine needs besides struct engine's plan, sources
- * (reg_storage.gpu mappings), owners' segment addresses (engine.dst) and
+ * (xfer_storage.gpu mappings), owners' segment addresses (engine.dst) and
  * publication offsets. */
 struct gpu_run {
   struct gpu *gpu;

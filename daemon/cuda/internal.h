@@ -11,8 +11,9 @@
 
 #include "daemon/cuda/api.h"
 #include "daemon/cuda/gpu.h"
-#include "daemon/daemon.h"
+#include "daemon/cuda/layer.h"
 #include "daemon/xfer/copy.h"
+#include "daemon/xfer/engine.h"
 
 /* Devices one daemon serves: a node with more is refused at start. */
 #define GPU_MAX_DEVICES 64
@@ -91,8 +92,6 @@ int gpu_comms_query(struct gpu_comms *c, char *msg, size_t msglen);
 ncclComm_t gpu_comms_comm(const struct gpu_comms *c, size_t i);
 cudaStream_t gpu_comms_stream(const struct gpu_comms *c, size_t i);
 
-/* Milliseconds of CLOCK_MONOTONIC. */
-uint64_t gpu_now_ms(void);
 /* Sleeps a little, longer the longer a wait has lasted (polls). */
 void gpu_backoff(unsigned *spins);
 

@@ -1,5 +1,5 @@
 /*
- * affine.c - validation, rebuild and extract of affine layouts.
+ * affine.c - validation of affine layouts; see affine.h.
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -9,67 +9,6 @@
 #include "shardport.h"
 #include "daemon/plan/affine.h"
 #include "daemon/plan/internal.h"
-
-/* Walks a piece's elements in row-major order of its shape, keeping the
- * source and destination element indices; no callback per element. */
-struct piece_iter {
-  const struct affine_piece *piece;
-  int64_t idx[SP_MAX_DIMS];
-  uint64_t src;
-  uint64_t dst;
-  bool done;
-};
-
-static void piece_iter_start(struct piece_iter *it,
-                             const struct affine_piece *piece, uint64_t numel) {
-  memset(it->idx, 0, sizeof it->idx);
-  it->piece = piece;
-  it->src = (uint64_t)piece->src_offset;
-  it->dst = (uint64_t)piece->dst_offset;
-  it->done = numel == 0;
-}
-
-static void piece_iter_next(struct piece_iter *it) {
-  const struct affine_piece *p = it->piece;
-
-  for (uint32_t d = p->ndim; d-- > 0;) {
-    if (++it->idx[d] < p->shape[d]) {
-      it->src += (uint64_t)p->src_stride[d];
-      it->dst += (uint64_t)p->dst_stride[d];
-      return;
-    }
-    it->src -= (uint64_t)p->src_stride[d] * (uint64_t)(p->shape[d] - 1);
-    it->dst -= (uint64_t)p->dst_stride[d] * (uint64_t)(p->shape[d] - 1);
-    it->idx[d] = 0;
-  }
-  it->done = true;
-}
-
-/* Elements of a piece that affine's checks accepted. */
-static uint64_t piece_numel(const struct affine_piece *p) {
-  uint64_t numel = 0;
-  sp_view_numel(p->ndim, p->shape, &numel);
-  return numel;
-}
-
-/* "[1, 2]": the multi-index of element flat in the full tensor. */
-static void format_index(const struct affine_map *map, uint64_t flat, char *buf,
-                         size_t len) {
-  uint64_t idx[SP_MAX_DIMS];
-  size_t used = 0;
-
-  for (uint32_t d = map->ndim; d-- > 0;) {
-    uint64_t dim = (uint64_t)map->shape[d];
-    idx[d] = dim == 0 ? 0 : flat % dim;
-    flat = dim == 0 ? 0 : flat / dim;
-  }
-  used += (size_t)snprintf(buf, len, "[");
-  for (uint32_t d = 0; d < map->ndim && used < len; d++)
-    used += (size_t)snprintf(buf + used, len - used, "%s%llu",
-                             d > 0 ? ", " : "", (unsigned long long)idx[d]);
-  if (used < len)
-    snprintf(buf + used, len - used, "]");
-}
 
 static const char *piece_role(const struct affine_piece *p) {
   return p->nholders > 1 ? "replica" : "single holder";
@@ -85,38 +24,37 @@ static int check_side(const struct affine_map *map, uint32_t rank, size_t pi,
 
   for (uint32_t k = 0; k < p->ndim; k++)
     if (stride[k] < 0)
-      return plan_refuse(msg, msglen, SP_EUNSUPPORTED,
-                         "key '%s': piece %zu of rank %u has %s stride %lld "
-                         "in dim %u; negative strides are not supported",
-                         map->key, pi, rank, side, (long long)stride[k], k);
+      return sp_failf(msg, msglen, SP_EUNSUPPORTED,
+                      "key '%s': piece %zu of rank %u has %s stride %lld "
+                      "in dim %u; negative strides are not supported",
+                      map->key, pi, rank, side, (long long)stride[k], k);
   if (offset < 0)
-    return plan_refuse(msg, msglen, bounds_code,
-                       "key '%s': piece %zu of rank %u has %s offset %lld",
-                       map->key, pi, rank, side, (long long)offset);
+    return sp_failf(msg, msglen, bounds_code,
+                    "key '%s': piece %zu of rank %u has %s offset %lld",
+                    map->key, pi, rank, side, (long long)offset);
   rc = sp_view_check_overlap(p->ndim, p->shape, stride);
   if (rc == SP_EZEROSTRIDE)
-    return plan_refuse(msg, msglen, rc,
-                       "key '%s': piece %zu of rank %u has a zero %s stride",
-                       map->key, pi, rank, side);
+    return sp_failf(msg, msglen, rc,
+                    "key '%s': piece %zu of rank %u has a zero %s stride",
+                    map->key, pi, rank, side);
   if (rc == SP_ESELFOVERLAP)
-    return plan_refuse(msg, msglen, rc,
-                       "key '%s': piece %zu of rank %u reaches one %s element "
-                       "twice within itself",
-                       map->key, pi, rank, side);
+    return sp_failf(msg, msglen, rc,
+                    "key '%s': piece %zu of rank %u reaches one %s element "
+                    "twice within itself",
+                    map->key, pi, rank, side);
   if (rc == 0 && numel > 0)
     rc = sp_view_extent(p->ndim, p->shape, stride, offset, &extent);
   if (rc != 0)
-    return plan_refuse(msg, msglen, SP_EOVERFLOW,
-                       "key '%s': piece %zu of rank %u: its %s reach "
-                       "overflows",
-                       map->key, pi, rank, side);
+    return sp_failf(msg, msglen, SP_EOVERFLOW,
+                    "key '%s': piece %zu of rank %u: its %s reach "
+                    "overflows",
+                    map->key, pi, rank, side);
   if (numel > 0 && extent > limit)
-    return plan_refuse(msg, msglen, bounds_code,
-                       "key '%s': piece %zu of rank %u reaches %s element "
-                       "%llu of %llu",
-                       map->key, pi, rank, side,
-                       (unsigned long long)(extent - 1),
-                       (unsigned long long)limit);
+    return sp_failf(msg, msglen, bounds_code,
+                    "key '%s': piece %zu of rank %u reaches %s element "
+                    "%llu of %llu",
+                    map->key, pi, rank, side, (unsigned long long)(extent - 1),
+                    (unsigned long long)limit);
   return 0;
 }
 
@@ -128,31 +66,31 @@ static int check_piece(const struct affine_map *map, uint32_t rank, size_t pi,
   int rc;
 
   if (p->ndim > SP_MAX_DIMS)
-    return plan_refuse(msg, msglen, SP_EINVAL,
-                       "key '%s': piece %zu of rank %u has %u dims, more "
-                       "than %d",
-                       map->key, pi, rank, p->ndim, SP_MAX_DIMS);
+    return sp_failf(msg, msglen, SP_EINVAL,
+                    "key '%s': piece %zu of rank %u has %u dims, more "
+                    "than %d",
+                    map->key, pi, rank, p->ndim, SP_MAX_DIMS);
   rc = sp_view_numel(p->ndim, p->shape, &numel);
   if (rc != 0)
-    return plan_refuse(msg, msglen, rc,
-                       "key '%s': piece %zu of rank %u has a negative or "
-                       "overflowing shape",
-                       map->key, pi, rank);
+    return sp_failf(msg, msglen, rc,
+                    "key '%s': piece %zu of rank %u has a negative or "
+                    "overflowing shape",
+                    map->key, pi, rank);
   /* Holders in ascending order make a duplicate visible in one pass. */
   for (uint32_t h = 0; h < p->nholders; h++) {
     if (p->holders[h] >= map->nranks ||
         (h > 0 && p->holders[h] <= p->holders[h - 1]))
-      return plan_refuse(msg, msglen, SP_EINVAL,
-                         "key '%s': piece %zu of rank %u lists holders that "
-                         "are not distinct ranks in ascending order below %u",
-                         map->key, pi, rank, map->nranks);
+      return sp_failf(msg, msglen, SP_EINVAL,
+                      "key '%s': piece %zu of rank %u lists holders that "
+                      "are not distinct ranks in ascending order below %u",
+                      map->key, pi, rank, map->nranks);
     own = own || p->holders[h] == rank;
   }
   if (!own)
-    return plan_refuse(msg, msglen, SP_EINVAL,
-                       "key '%s': piece %zu of rank %u does not list rank %u "
-                       "among its holders",
-                       map->key, pi, rank, rank);
+    return sp_failf(msg, msglen, SP_EINVAL,
+                    "key '%s': piece %zu of rank %u does not list rank %u "
+                    "among its holders",
+                    map->key, pi, rank, rank);
   rc = check_side(map, rank, pi, "source", SP_ESOURCEBOUNDS, p->src_offset,
                   p->src_stride, numel, map->shards[rank].numel, msg, msglen);
   if (rc != 0)
@@ -165,13 +103,12 @@ static int check_piece(const struct affine_map *map, uint32_t rank, size_t pi,
 static int refuse_sweep(const struct affine_map *map, int rc, char *msg,
                         size_t msglen) {
   if (rc == SP_ETIMEOUT)
-    return plan_refuse(msg, msglen, rc,
-                       "key '%s': planning was stopped while checking its "
-                       "affine pieces",
-                       map->key);
-  return plan_refuse(msg, msglen, rc,
-                     "key '%s': no memory to check its affine pieces",
-                     map->key);
+    return sp_failf(msg, msglen, rc,
+                    "key '%s': planning was stopped while checking its "
+                    "affine pieces",
+                    map->key);
+  return sp_failf(msg, msglen, rc,
+                  "key '%s': no memory to check its affine pieces", map->key);
 }
 
 /* Refuses what a sweep over one rank's sources found. */
@@ -179,11 +116,11 @@ static int refuse_source(const struct affine_map *map, uint32_t rank, int rc,
                          const struct cover_defect *d, char *msg,
                          size_t msglen) {
   if (rc == SP_EDOUBLEWRITE)
-    return plan_refuse(msg, msglen, rc,
-                       "key '%s': rank %u reads element %llu of its shard "
-                       "in pieces %u and %u",
-                       map->key, rank, (unsigned long long)d->element, d->box,
-                       d->other);
+    return sp_failf(msg, msglen, rc,
+                    "key '%s': rank %u reads element %llu of its shard "
+                    "in pieces %u and %u",
+                    map->key, rank, (unsigned long long)d->element, d->box,
+                    d->other);
   return refuse_sweep(map, rc, msg, msglen);
 }
 
@@ -212,10 +149,10 @@ static int full_numel_of(const struct affine_map *map, uint64_t *numel,
                          char *msg, size_t msglen) {
   int rc = sp_view_numel(map->ndim, map->shape, numel);
   if (rc != 0)
-    return plan_refuse(msg, msglen, rc,
-                       "key '%s': the full shape is too deep, negative or "
-                       "overflowing",
-                       map->key);
+    return sp_failf(msg, msglen, rc,
+                    "key '%s': the full shape is too deep, negative or "
+                    "overflowing",
+                    map->key);
   return 0;
 }
 
@@ -227,8 +164,8 @@ static int count_pieces(const struct affine_map *map, size_t *total, char *msg,
   for (uint32_t r = 0; r < map->nranks; r++)
     if (__builtin_add_overflow(*total, map->shards[r].npieces, total) ||
         *total >= UINT32_MAX)
-      return plan_refuse(msg, msglen, SP_EOVERFLOW,
-                         "key '%s' has 2^32 or more affine pieces", map->key);
+      return sp_failf(msg, msglen, SP_EOVERFLOW,
+                      "key '%s' has 2^32 or more affine pieces", map->key);
   return 0;
 }
 
@@ -236,9 +173,9 @@ static struct cover_box *boxes_new(const struct affine_map *map, size_t n,
                                    int *rc, char *msg, size_t msglen) {
   struct cover_box *boxes = malloc((n > 0 ? n : 1) * sizeof *boxes);
   if (boxes == NULL)
-    *rc = plan_refuse(msg, msglen, SP_ENOMEM,
-                      "key '%s': no memory to check %zu affine pieces",
-                      map->key, n);
+    *rc =
+        sp_failf(msg, msglen, SP_ENOMEM,
+                 "key '%s': no memory to check %zu affine pieces", map->key, n);
   return boxes;
 }
 
@@ -249,8 +186,8 @@ int affine_check_rank(const struct affine_map *map, uint32_t rank, char *msg,
   int rc;
 
   if (rank >= map->nranks)
-    return plan_refuse(msg, msglen, SP_ERANK, "key '%s': rank %u of %u",
-                       map->key, rank, map->nranks);
+    return sp_failf(msg, msglen, SP_ERANK, "key '%s': rank %u of %u", map->key,
+                    rank, map->nranks);
   rc = full_numel_of(map, &full_numel, msg, msglen);
   if (rc != 0)
     return rc;
@@ -284,21 +221,21 @@ static int refuse_destination(const struct affine_map *map, int rc,
 
   if (rc != SP_EDOUBLEWRITE && rc != SP_EUNCOVERED)
     return refuse_sweep(map, rc, msg, msglen);
-  format_index(map, d->element, where, sizeof where);
+  plan_refuse_index(map->ndim, map->shape, d->element, where, sizeof where);
   if (rc == SP_EUNCOVERED)
-    return plan_refuse(msg, msglen, rc,
-                       "key '%s': element %s is held by no "
-                       "rank",
-                       map->key, where);
+    return sp_failf(msg, msglen, rc,
+                    "key '%s': element %s is held by no "
+                    "rank",
+                    map->key, where);
   box_piece(map, d->box, &r0, &p0);
   box_piece(map, d->other, &r1, &p1);
-  return plan_refuse(msg, msglen, rc,
-                     "key '%s': element %s is written by rank %u (piece %zu, "
-                     "%s) and rank %u (piece %zu, %s); only replicas may "
-                     "share an element",
-                     map->key, where, r0, p0,
-                     piece_role(&map->shards[r0].pieces[p0]), r1, p1,
-                     piece_role(&map->shards[r1].pieces[p1]));
+  return sp_failf(msg, msglen, rc,
+                  "key '%s': element %s is written by rank %u (piece %zu, "
+                  "%s) and rank %u (piece %zu, %s); only replicas may "
+                  "share an element",
+                  map->key, where, r0, p0,
+                  piece_role(&map->shards[r0].pieces[p0]), r1, p1,
+                  piece_role(&map->shards[r1].pieces[p1]));
 }
 
 /* Every rank's pieces on their own, then every piece's destination
@@ -335,112 +272,4 @@ int affine_validate(const struct affine_map *map, char *msg, size_t msglen) {
   }
   free(boxes);
   return rc;
-}
-
-/* The first piece, in visiting order before (rank, pi), that writes full
- * element d; walked only to name both sides of a refusal. */
-static void first_writer(const struct affine_map *map, uint32_t rank, size_t pi,
-                         uint64_t d, uint32_t *wr, size_t *wp) {
-  for (uint32_t r = 0; r <= rank; r++) {
-    const struct affine_shard *shard = &map->shards[r];
-    size_t end = r == rank ? pi : shard->npieces;
-    for (size_t p = 0; p < end; p++) {
-      struct piece_iter it;
-      for (piece_iter_start(&it, &shard->pieces[p],
-                            piece_numel(&shard->pieces[p]));
-           !it.done; piece_iter_next(&it)) {
-        if (it.dst == d) {
-          *wr = r;
-          *wp = p;
-          return;
-        }
-      }
-    }
-  }
-  *wr = rank;
-  *wp = pi;
-}
-
-static int refuse_different(const struct affine_map *map, uint32_t rank,
-                            size_t pi, uint64_t d, char *msg, size_t msglen) {
-  char where[96];
-  uint32_t wr;
-  size_t wp;
-
-  first_writer(map, rank, pi, d, &wr, &wp);
-  format_index(map, d, where, sizeof where);
-  return plan_refuse(msg, msglen, SP_EDIFFERENT,
-                     "key '%s': replicas hold different data at element %s: "
-                     "rank %u (piece %zu) and rank %u (piece %zu)",
-                     map->key, where, wr, wp, rank, pi);
-}
-
-/* After affine_validate, one byte per element of the full tensor (which
- * rebuild fills anyway) says whether its bytes are stored yet, so that a
- * later replica compares instead of overwriting. */
-int affine_rebuild(const struct affine_map *map, size_t elsize,
-                   const void *const *shards, void *full, char *msg,
-                   size_t msglen) {
-  uint64_t full_numel, bytes;
-  uint8_t *written;
-  int rc = affine_validate(map, msg, msglen);
-
-  if (rc == 0)
-    rc = full_numel_of(map, &full_numel, msg, msglen);
-  if (rc != 0)
-    return rc;
-  if (__builtin_mul_overflow(full_numel, (uint64_t)elsize, &bytes))
-    return plan_refuse(msg, msglen, SP_EOVERFLOW,
-                       "key '%s': the full tensor's size overflows", map->key);
-  written = calloc(full_numel > 0 ? full_numel : 1, 1);
-  if (written == NULL)
-    return plan_refuse(msg, msglen, SP_ENOMEM,
-                       "key '%s': no memory to assemble %llu elements",
-                       map->key, (unsigned long long)full_numel);
-  for (uint32_t r = 0; r < map->nranks && rc == 0; r++) {
-    const struct affine_shard *shard = &map->shards[r];
-    const uint8_t *src = shards[r];
-    for (size_t pi = 0; pi < shard->npieces && rc == 0; pi++) {
-      const struct affine_piece *p = &shard->pieces[pi];
-      struct piece_iter it;
-      for (piece_iter_start(&it, p, piece_numel(p)); !it.done && rc == 0;
-           piece_iter_next(&it)) {
-        uint8_t *to = (uint8_t *)full + it.dst * elsize;
-        const uint8_t *from = src + it.src * elsize;
-        if (!written[it.dst]) {
-          memcpy(to, from, elsize);
-          written[it.dst] = 1;
-        } else if (memcmp(to, from, elsize) != 0) {
-          rc = refuse_different(map, r, pi, it.dst, msg, msglen);
-        }
-      }
-    }
-  }
-  free(written);
-  return rc;
-}
-
-int affine_extract(const struct affine_map *map, uint32_t rank, size_t elsize,
-                   const void *full, void *shard, char *msg, size_t msglen) {
-  const struct affine_shard *own;
-  uint64_t bytes;
-  int rc = affine_check_rank(map, rank, msg, msglen);
-
-  if (rc != 0)
-    return rc;
-  own = &map->shards[rank];
-  if (__builtin_mul_overflow(own->numel, (uint64_t)elsize, &bytes))
-    return plan_refuse(msg, msglen, SP_EOVERFLOW,
-                       "key '%s': rank %u's shard size overflows", map->key,
-                       rank);
-  memset(shard, 0, bytes);
-  for (size_t pi = 0; pi < own->npieces; pi++) {
-    const struct affine_piece *p = &own->pieces[pi];
-    struct piece_iter it;
-    for (piece_iter_start(&it, p, piece_numel(p)); !it.done;
-         piece_iter_next(&it))
-      memcpy((uint8_t *)shard + it.src * elsize,
-             (const uint8_t *)full + it.dst * elsize, elsize);
-  }
-  return 0;
 }

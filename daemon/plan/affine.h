@@ -1,7 +1,8 @@
 /*
  * affine.h - general layouts: a rank's holding of a key as affine pieces,
- * their complete validation, and the rebuild/extract that the tests use as
- * the oracle (and an engine may use for assembly on the host).
+ * and their complete validation.  The tests' oracle, which rebuilds a full
+ * tensor from the pieces and cuts them from it, is theirs
+ * (tests/unit/plan/oracle.h).
  *
  * A piece is a box of elements: `shape`, read from the rank's shard at
  * src_offset + sum(i_k * src_stride[k]) and written to the full tensor at
@@ -20,7 +21,7 @@
  * decided by a sweep over the pieces' runs of elements (cover.c), in memory
  * proportional to the pieces, never to the tensor: a layout of terabytes
  * costs what its pieces do.  Replicas are compared byte for byte at
- * assembly (affine_rebuild).
+ * assembly (replicas_merge, daemon/xfer/replicas.h).
  *
  * One limit, from the same seed: a corruption that turns the map into a
  * different valid layout (two equal pieces swapping destinations, a piece
@@ -74,19 +75,5 @@ int affine_check_rank(const struct affine_map *map, uint32_t rank, char *msg,
  * only, in memory proportional to the pieces (about 360 bytes each), freed
  * before returning. */
 int affine_validate(const struct affine_map *map, char *msg, size_t msglen);
-
-/* Builds the full tensor (elsize bytes per element, row-major) from every
- * rank's shard after affine_validate's checks, comparing replicas with the
- * help of one byte per element of the full tensor:
- * SP_EDIFFERENT when two holders of an element hold different bytes.
- * shards[r] holds map->shards[r].numel elements. */
-int affine_rebuild(const struct affine_map *map, size_t elsize,
-                   const void *const *shards, void *full, char *msg,
-                   size_t msglen);
-
-/* Fills rank's shard from the full tensor after affine_check_rank; shard
- * elements no piece reads (padding) are zeroed, never left uninitialised. */
-int affine_extract(const struct affine_map *map, uint32_t rank, size_t elsize,
-                   const void *full, void *shard, char *msg, size_t msglen);
 
 #endif /* SP_DAEMON_PLAN_AFFINE_H */

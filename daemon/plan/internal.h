@@ -12,12 +12,10 @@
 
 #include "daemon/plan/layout.h"
 #include "daemon/plan/plan.h"
+#include "proto/fail.h"
 
 /* refuse.c */
 
-/* Formats a refusal into msg (NULL allowed) and returns code. */
-int plan_refuse(char *msg, size_t msglen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
 /* "rank 3" or "ranks 1, 2 and 5", naming at most eight and counting the
  * rest, so a refusal in a world of thousands stays one line. */
 void plan_refuse_ranks(char *buf, size_t len, const uint32_t *ranks, size_t n);

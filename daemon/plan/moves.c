@@ -59,9 +59,8 @@ int plan_moves_classify(const struct plan_index *ix, struct plan *plan,
         for (size_t pi = 0; pi < e->npieces; pi++) {
           uint64_t bytes = piece_numel(&e->pieces[pi]) * size;
           if (__builtin_add_overflow(key->traffic, bytes, &key->traffic))
-            return plan_refuse(msg, msglen, SP_EOVERFLOW,
-                               "key '%s': its pieces' bytes overflow",
-                               key->name);
+            return sp_failf(msg, msglen, SP_EOVERFLOW,
+                            "key '%s': its pieces' bytes overflow", key->name);
         }
       }
       break;

@@ -169,4 +169,10 @@ uint32_t plan_find_key(const struct plan *plan, const char *name);
 void plan_moves_regions(const struct plan *plan, const struct plan_move *move,
                         struct sp_view *src, struct plan_region *dst);
 
+/* "[2, 5]": the multi-index of element flat of a row-major tensor of
+ * shape[0..ndim), as every refusal that names an element writes it (the
+ * planner's and the engines'; refuse.c). */
+void plan_refuse_index(uint32_t ndim, const int64_t *shape, uint64_t flat,
+                       char *buf, size_t len);
+
 #endif /* SP_DAEMON_PLAN_PLAN_H */

@@ -1,7 +1,8 @@
 /*
- * refuse.c - the planner's refusal messages.
+ * refuse.c - the planner's refusal messages: the ranks and the element a
+ * refusal names, and the refusal of a stopped plan (each sentence is written
+ * with sp_failf, proto/fail.h, as everywhere in the daemon).
  */
-#include <stdarg.h>
 #include <stdio.h>
 
 #include "shardport.h"
@@ -9,20 +10,10 @@
 
 #define NAMED_RANKS 8
 
-int plan_refuse(char *msg, size_t msglen, int code, const char *fmt, ...) {
-  if (msg != NULL && msglen > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, msglen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 int plan_check_stop(const _Atomic bool *stop, char *msg, size_t msglen) {
   if (stop == NULL || !atomic_load(stop))
     return 0;
-  return plan_refuse(msg, msglen, SP_ETIMEOUT, "planning was stopped");
+  return sp_failf(msg, msglen, SP_ETIMEOUT, "planning was stopped");
 }
 
 void plan_refuse_ranks(char *buf, size_t len, const uint32_t *ranks, size_t n) {
@@ -39,4 +30,22 @@ void plan_refuse_ranks(char *buf, size_t len, const uint32_t *ranks, size_t n) {
   }
   if (n > named && used < len)
     snprintf(buf + used, len - used, " and %zu more", n - named);
+}
+
+void plan_refuse_index(uint32_t ndim, const int64_t *shape, uint64_t flat,
+                       char *buf, size_t len) {
+  uint64_t idx[SP_MAX_DIMS];
+  size_t used = 0;
+
+  for (uint32_t d = ndim; d-- > 0;) {
+    uint64_t dim = (uint64_t)shape[d];
+    idx[d] = dim == 0 ? 0 : flat % dim;
+    flat = dim == 0 ? 0 : flat / dim;
+  }
+  used += (size_t)snprintf(buf, len, "[");
+  for (uint32_t d = 0; d < ndim && used < len; d++)
+    used += (size_t)snprintf(buf + used, len - used, "%s%llu",
+                             d > 0 ? ", " : "", (unsigned long long)idx[d]);
+  if (used < len)
+    snprintf(buf + used, len - used, "]");
 }

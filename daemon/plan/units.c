@@ -116,7 +116,7 @@ static int find_ties(const struct plan_index *ix, struct plan *plan,
   if (slots == NULL || reps == NULL) {
     free(slots);
     free(reps);
-    return plan_refuse(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
   }
   for (uint32_t k = 0; k < plan->nkeys; k++)
     if (tie_candidate(&plan->keys[k]))
@@ -158,7 +158,7 @@ int plan_units_build(const struct plan_index *ix,
   int rc;
 
   if (parent == NULL || unit_of == NULL) {
-    rc = plan_refuse(msg, msglen, SP_ENOMEM, "out of memory");
+    rc = sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
     goto out;
   }
   for (uint32_t k = 0; k < plan->nkeys; k++)
@@ -184,7 +184,7 @@ int plan_units_build(const struct plan_index *ix,
   plan->units = calloc(nunits > 0 ? nunits : 1, sizeof *plan->units);
   plan->unit_keys = malloc(n * sizeof *plan->unit_keys);
   if (plan->units == NULL || plan->unit_keys == NULL) {
-    rc = plan_refuse(msg, msglen, SP_ENOMEM, "out of memory");
+    rc = sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
     goto out;
   }
   plan->nunits = nunits;
@@ -198,8 +198,8 @@ int plan_units_build(const struct plan_index *ix,
     /* An alias shares its buffer: its bytes land on the owner once. */
     if (key->alias_of == PLAN_NONE &&
         __builtin_add_overflow(u->nbytes, key->nbytes, &u->nbytes)) {
-      rc = plan_refuse(msg, msglen, SP_EOVERFLOW,
-                       "the unit of key '%s' overflows", key->name);
+      rc = sp_failf(msg, msglen, SP_EOVERFLOW, "the unit of key '%s' overflows",
+                    key->name);
       goto out;
     }
   }

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/xfer/layer.h"
+
 #define XFER_MAX_DIMS 8
 
 /* An n-dimensional box of elements: shape, and the strides (in elements) of

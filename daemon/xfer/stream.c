@@ -7,16 +7,10 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <sys/socket.h>
-#include <time.h>
 
-#include "shardport.h"
 #include "daemon/xfer/stream.h"
-
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
+#include "proto/monotonic.h"
+#include "shardport.h"
 
 static bool iovs_finished(const struct xfer_iovs *v) { return v->next >= v->n; }
 
@@ -90,7 +84,7 @@ static int step(struct xfer_peer *p, bool sending, const struct xfer_watch *watc
   *(sending ? &p->sent : &p->received) += (uint64_t)r;
   if (watch->progress)
     watch->progress(watch->arg, (uint64_t)r);
-  *last_progress = now_ms();
+  *last_progress = monotonic_ms();
   return 0;
 }
 
@@ -104,7 +98,7 @@ int xfer_exchange(struct xfer_peer *peers, size_t npeers,
     iovs_skip_empty(&peers[i].recv);
   }
 
-  uint64_t last_progress = now_ms();
+  uint64_t last_progress = monotonic_ms();
   int rc = 0;
   for (;;) {
     size_t busy = 0;
@@ -127,7 +121,7 @@ int xfer_exchange(struct xfer_peer *peers, size_t npeers,
       rc = 1;
       break;
     }
-    uint64_t idle = now_ms() - last_progress;
+    uint64_t idle = monotonic_ms() - last_progress;
     if (idle >= watch->idle_timeout_ms) {
       rc = SP_ETIMEOUT;
       break;

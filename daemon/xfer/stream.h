@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
+#include "daemon/xfer/layer.h"
+
 /* A list of regions and how far it has been moved. */
 struct xfer_iovs {
   struct iovec *iov;

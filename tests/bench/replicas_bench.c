@@ -1,6 +1,6 @@
 /*
  * replicas_bench.c - what comparing replicated and plain copies costs
- * (daemon/replicas.c, docs/operations.md "Replicated and plain keys").
+ * (daemon/xfer/replicas.c, docs/operations.md "Replicated and plain keys").
  *
  * Four ranks each hold the same plain key of 64 MiB (float32) in a memfd,
  * mapped read-only as the daemon maps it; replicas_hash() reads all four
@@ -45,7 +45,7 @@ START_TEST(compare_copies) {
   ck_assert_msg(plan_build(tmodel_input(&m, 0, 0), &plan, msg, sizeof msg) ==
                     0,
                 "%s", msg);
-  const struct reg_storage *src[RANKS];
+  const struct xfer_storage *src[RANKS];
   for (uint32_t r = 0; r < RANKS; r++)
     src[r] = m.reg[r].info;
   double bytes = (double)RANKS * ELEMS * 4;

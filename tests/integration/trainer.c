@@ -6,7 +6,6 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -19,6 +18,7 @@
 
 #include "tests/integration/harness.h"
 #include "tests/integration/model.h"
+#include "tests/integration/rankpipe.h"
 
 #define SID 1
 
@@ -340,43 +340,6 @@ static void verify(struct rank *r, const sp_owned_set *set) {
   }
 }
 
-static int write_msg(int fd, char type, const void *buf, size_t len) {
-  if (write(fd, &type, 1) != 1)
-    return -1;
-  const uint8_t *p = buf;
-  while (len > 0) {
-    ssize_t n = write(fd, p, len);
-    if (n <= 0)
-      return -1;
-    p += n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
-
-static int read_full(int fd, void *buf, size_t len, int timeout_ms) {
-  uint8_t *p = buf;
-  struct timespec t0;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  while (len > 0) {
-    struct timespec t1;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    int left = timeout_ms - (int)((t1.tv_sec - t0.tv_sec) * 1000 +
-                                  (t1.tv_nsec - t0.tv_nsec) / 1000000);
-    struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    if (left <= 0 || poll(&pfd, 1, left) != 1)
-      return SP_ETIMEOUT;
-    ssize_t n = read(fd, p, len);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      return SP_ECLOSED;
-    p += n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
-
 /* Changes the first byte of this rank's copy of sc->corrupt_key when the
  * scenario says so, in the registered memory (the daemon sees it at the
  * next export) and in the copy the rank checks it against. */
@@ -406,11 +369,11 @@ static void on_progress(const sp_progress *p, void *arg) {
    * and when data moves. */
   if (!ctx->told) {
     ctx->told = true;
-    write_msg(r->out_fd, 'P', NULL, 0);
+    rankpipe_write(r->out_fd, 'P', NULL, 0);
   }
   if (!ctx->told_moving && strcmp(p->phase, "moving") == 0) {
     ctx->told_moving = true;
-    write_msg(r->out_fd, 'M', NULL, 0);
+    rankpipe_write(r->out_fd, 'M', NULL, 0);
   }
   if (r->sc->fault == KILL_MOVING && r->rank == r->sc->victim &&
       strcmp(p->phase, "moving") == 0)
@@ -484,14 +447,14 @@ static void rank_main(const struct scenario *sc, const char *socket,
   sp_ticket ticket;
   if (rank == 0 && sc->ticket != NULL) {
     ticket = *sc->ticket;
-    write_msg(out_fd, 'T', &ticket, sizeof ticket);
+    rankpipe_write(out_fd, 'T', &ticket, sizeof ticket);
   } else if (rank == 0) {
     if ((rc = sp_job_create(c, sc->world, &ticket)) < 0) {
       failf(&r, "job_create: %s", sp_strerror(rc));
       goto report;
     }
-    write_msg(out_fd, 'T', &ticket, sizeof ticket);
-  } else if (read_full(in_fd, &ticket, sizeof ticket, TRAINER_WAIT_MS) < 0) {
+    rankpipe_write(out_fd, 'T', &ticket, sizeof ticket);
+  } else if (rankpipe_read(in_fd, &ticket, sizeof ticket, TRAINER_WAIT_MS) < 0) {
     failf(&r, "no ticket");
     goto report;
   }
@@ -506,8 +469,8 @@ static void rank_main(const struct scenario *sc, const char *socket,
   if (sc->fault == KILL_WAITING && rank == sc->victim) {
     /* Registered; now waits to be killed. */
     char go;
-    write_msg(out_fd, 'P', NULL, 0);
-    read_full(in_fd, &go, 1, TRAINER_WAIT_MS);
+    rankpipe_write(out_fd, 'P', NULL, 0);
+    rankpipe_read(in_fd, &go, 1, TRAINER_WAIT_MS);
     failf(&r, "the victim was not killed");
     goto report;
   }
@@ -531,8 +494,8 @@ static void rank_main(const struct scenario *sc, const char *socket,
     sp_owned_set *set = NULL;
     if (sc->gate && e + 1 == nexports) {
       char go;
-      write_msg(out_fd, 'G', NULL, 0);
-      read_full(in_fd, &go, 1, TRAINER_WAIT_MS);
+      rankpipe_write(out_fd, 'G', NULL, 0);
+      rankpipe_read(in_fd, &go, 1, TRAINER_WAIT_MS);
     }
     memset(r.owned, 0, sc->nkeys);
     r.rep.export_rc = sp_export(c, &eo, &set);
@@ -554,8 +517,8 @@ static void rank_main(const struct scenario *sc, const char *socket,
   }
   if (sc->hold) {
     char go;
-    write_msg(out_fd, 'H', NULL, 0);
-    read_full(in_fd, &go, 1, TRAINER_WAIT_MS);
+    rankpipe_write(out_fd, 'H', NULL, 0);
+    rankpipe_read(in_fd, &go, 1, TRAINER_WAIT_MS);
   }
   if ((rc = sp_job_leave(c)) < 0)
     failf(&r, "leave: %s", sp_strerror(rc));
@@ -563,8 +526,8 @@ report:
   /* The test process reads nkeys bytes of ownership after the report. */
   if (!r.owned)
     r.owned = calloc(sc->nkeys ? sc->nkeys : 1, 1);
-  write_msg(out_fd, 'R', &r.rep, sizeof r.rep);
-  write_msg(out_fd, 'O', r.owned, r.owned ? sc->nkeys : 0);
+  rankpipe_write(out_fd, 'R', &r.rep, sizeof r.rep);
+  rankpipe_write(out_fd, 'O', r.owned, r.owned ? sc->nkeys : 0);
   sp_close(c);
   _exit(0);
 }
@@ -598,9 +561,9 @@ void trainer_start(struct world *w, const struct scenario *sc,
   }
   char type;
   sp_ticket ticket;
-  ck_assert_int_eq(read_full(w->out[0], &type, 1, TRAINER_WAIT_MS), 0);
+  ck_assert_int_eq(rankpipe_read(w->out[0], &type, 1, TRAINER_WAIT_MS), 0);
   ck_assert_msg(type == 'T', "rank 0 sent '%c' before a ticket", type);
-  ck_assert_int_eq(read_full(w->out[0], &ticket, sizeof ticket,
+  ck_assert_int_eq(rankpipe_read(w->out[0], &ticket, sizeof ticket,
                              TRAINER_WAIT_MS),
                    0);
   for (uint32_t i = 1; i < sc->world; i++)
@@ -613,7 +576,7 @@ void trainer_start(struct world *w, const struct scenario *sc,
 static char next_msg(struct world *w, uint32_t i, char want) {
   char type;
   for (;;) {
-    int rc = read_full(w->out[i], &type, 1, TRAINER_WAIT_MS);
+    int rc = rankpipe_read(w->out[i], &type, 1, TRAINER_WAIT_MS);
     ck_assert_msg(rc == 0, "rank %u sent nothing: %s", i, sp_strerror(rc));
     if (type == 'M')
       w->moving[i] = true;
@@ -624,7 +587,7 @@ static char next_msg(struct world *w, uint32_t i, char want) {
 
 void trainer_expect_progress(struct world *w, uint32_t i) {
   char type;
-  ck_assert_int_eq(read_full(w->out[i], &type, 1, TRAINER_WAIT_MS), 0);
+  ck_assert_int_eq(rankpipe_read(w->out[i], &type, 1, TRAINER_WAIT_MS), 0);
   ck_assert_msg(type == 'P', "rank %u sent '%c', not progress", i, type);
 }
 
@@ -689,13 +652,13 @@ void trainer_read_report(struct world *w, const struct scenario *sc,
                          uint32_t i) {
   char type = next_msg(w, i, 'R');
   ck_assert_int_eq(type, 'R');
-  ck_assert_int_eq(read_full(w->out[i], &w->rep[i], sizeof w->rep[i],
+  ck_assert_int_eq(rankpipe_read(w->out[i], &w->rep[i], sizeof w->rep[i],
                              TRAINER_WAIT_MS),
                    0);
   w->owned[i] = calloc(sc->nkeys ? sc->nkeys : 1, 1);
-  ck_assert_int_eq(read_full(w->out[i], &type, 1, TRAINER_WAIT_MS), 0);
+  ck_assert_int_eq(rankpipe_read(w->out[i], &type, 1, TRAINER_WAIT_MS), 0);
   ck_assert_int_eq(type, 'O');
-  ck_assert_int_eq(read_full(w->out[i], w->owned[i], sc->nkeys,
+  ck_assert_int_eq(rankpipe_read(w->out[i], w->owned[i], sc->nkeys,
                              TRAINER_WAIT_MS),
                    0);
   w->reported[i] = true;

@@ -3,7 +3,7 @@
  * (docs/planner.md, "Affine layouts") through two real daemons.
  *
  * The planner's property suite (tests/unit/plan/test_property.c) checks it
- * on affine_rebuild; here the same random layouts (tgen.h: replicas cut at
+ * on oracle_rebuild; here the same random layouts (tgen.h: replicas cut at
  * other boundaries, strided sources, interleaved columns, ...) go through
  * two shardportd daemons on loopback, with each layout's ranks spread over
  * both at random (each daemon holding at least one).  For each layout a
@@ -39,6 +39,7 @@
 #include "shardport.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/model.h"
+#include "tests/unit/plan/oracle.h"
 #include "tests/unit/plan/tgen.h"
 #include "tests/unit/plan/tjob.h"
 
@@ -167,8 +168,8 @@ static void rank_main(const struct trial *t, uint32_t rank,
   for (uint64_t i = 0; full != NULL && i < l->numel; i++)
     model_element("p", i, t->es, full + i * t->es);
   char why[256];
-  if (full == NULL || affine_extract(&l->map, rank, t->es, full, shard, why,
-                                     sizeof why) != 0) {
+  if (full == NULL ||
+      oracle_extract(&l->map, rank, t->es, full, shard, why, sizeof why) != 0) {
     snprintf(o->failure, sizeof o->failure, "no shard: %s", why);
     free(full);
     goto out;

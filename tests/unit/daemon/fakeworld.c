@@ -17,6 +17,8 @@
 #include "daemon/conn.h"
 #include "daemon/ops.h"
 #include "daemon/pool.h"
+#include "daemon/xfer/engine.h"
+#include "daemon/xfer/thread.h"
 #include "daemon/metrics.h"
 #include "proto/wire.h"
 #include "shardport.h"
@@ -386,7 +388,7 @@ static void *spawned_main(void *p) {
   return s.fn(s.arg);
 }
 
-int engine_spawn(pthread_t *thread, void *(*fn)(void *), void *arg) {
+int xfer_spawn(pthread_t *thread, void *(*fn)(void *), void *arg) {
   struct spawned *s = malloc(sizeof *s);
   if (s == NULL)
     return SP_ENOMEM;
@@ -405,7 +407,7 @@ int engine_spawn(pthread_t *thread, void *(*fn)(void *), void *arg) {
 
 /* The planner's replica comparison reads the ranks' memfds, which no test
  * truncates: nothing to guard. */
-int engine_guarded(void (*fn)(void *arg), void *arg, const void **fault) {
+int xfer_guarded(void (*fn)(void *arg), void *arg, const void **fault) {
   (void)fault;
   fn(arg);
   return 0;
@@ -584,22 +586,4 @@ enum job_phase fake_phase(const struct fake_job *fj) {
   struct export_view v;
   export_view(fj->job, &v);
   return v.phase;
-}
-
-/* The device engine's replica comparison (daemon/cuda/copy.c) names a
- * difference with these; the fake world serves the host backend only. */
-void engine_format_index(const struct plan_key *key, uint64_t flat, char *buf,
-                         size_t len) {
-  (void)key;
-  (void)flat;
-  (void)buf;
-  (void)len;
-  ck_abort_msg("the device engine ran in the fake world");
-}
-
-bool engine_region_contains(const struct plan_region *r, int64_t elem) {
-  (void)r;
-  (void)elem;
-  ck_abort_msg("the device engine ran in the fake world");
-  return false;
 }

@@ -7,10 +7,11 @@
  *   - connections (conn.h): a client is a struct conn that records every
  *     reply it was sent, and reads them at once or not at all, as the test
  *     says; closing it tells its job as conn.c does;
- *   - the engine (engine_start, engine_join, engine_spawn): an export's
- *     engine runs no thread and moves nothing; the test sets its round and
- *     bytes and ends it with a code.  Threads spawned for planning are real,
- *     and the test may hold the next one at a gate before it runs.
+ *   - the engine (engine_start, engine_join) and the movers' threads
+ *     (xfer_spawn, xfer_guarded): an export's engine runs no thread and
+ *     moves nothing; the test sets its round and bytes and ends it with a
+ *     code.  Threads spawned for planning are real, and the test may hold
+ *     the next one at a gate before it runs.
  *
  * Requests go through the daemon's dispatch table (ops.c), as conn.c
  * serves them.
@@ -115,7 +116,7 @@ unsigned fake_engine_starts(void);
 void fake_engine_end(int rc, const char *msg);
 /* engine_start fails from now on (SP_ENOMEM, no thread). */
 void fake_engine_refuse_start(void);
-/* The next thread engine_spawn starts waits at a gate until released. */
+/* The next thread xfer_spawn starts waits at a gate until released. */
 void fake_spawn_hold(void);
 void fake_spawn_release(void);
 

@@ -22,7 +22,7 @@ struct run {
   struct plan *plan;
   struct publish_layout layout;
   uint8_t *seg[TMODEL_MAX_RANKS];
-  const struct reg_storage *src[TMODEL_MAX_RANKS];
+  const struct xfer_storage *src[TMODEL_MAX_RANKS];
   struct engine e;
 };
 
@@ -113,7 +113,7 @@ START_TEST(rounds_assemble_every_tensor) {
   tmodel_check(&m, run.plan, &run.layout, run.seg);
   /* The trainers' memory is as it was: the engine only read it. */
   for (uint32_t r = 0; r < m.world; r++) {
-    const struct reg_storage *s = &m.reg[r].info[0];
+    const struct xfer_storage *s = &m.reg[r].info[0];
     ck_assert_mem_eq(s->data, m.map[r], m.size[r]);
   }
   run_free(&run, m.world);

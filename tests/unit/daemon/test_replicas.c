@@ -46,7 +46,7 @@ static int compare(struct tmodel *m, uint32_t local, struct replica_digests *d,
                    char *msg, size_t msglen) {
   struct plan *plan;
   ck_assert_int_eq(plan_build(tmodel_input(m, 0, 0), &plan, msg, msglen), 0);
-  const struct reg_storage *src[TMODEL_MAX_RANKS] = {0};
+  const struct xfer_storage *src[TMODEL_MAX_RANKS] = {0};
   for (uint32_t r = 0; r < m->world; r++)
     if (local & (1u << r))
       src[r] = m->reg[r].info;

@@ -236,7 +236,7 @@ struct node_state {
   struct plan *plan;
   struct publish_layout layout;
   bool have_layout;
-  struct reg_storage *src[MAX_WORLD];
+  struct xfer_storage *src[MAX_WORLD];
   size_t nsrc[MAX_WORLD];
   uint8_t *dst[MAX_WORLD];
   uint64_t dst_size[MAX_WORLD];
@@ -433,7 +433,7 @@ int main(int argc, char **argv) {
                         .comms = ns.comms, .timeout_ms = timeout_ms};
   for (int x = 1; x <= exports; x++) {
     struct engine e = {.plan = ns.plan,
-                       .src = (const struct reg_storage *const *)ns.src,
+                       .src = (const struct xfer_storage *const *)ns.src,
                        .dst = ns.dst, .dst_size = ns.dst_size,
                        .key_offset = ns.layout.offset, .threads = 1,
                        .gpu_run = &run};

@@ -8,8 +8,9 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "shardport.h"
 #include "daemon/plan/affine.h"
+#include "shardport.h"
+#include "tests/unit/plan/oracle.h"
 
 static const uint32_t R0[] = {0}, R1[] = {1}, R01[] = {0, 1};
 
@@ -74,11 +75,11 @@ static void round_trip(const struct affine_map *map, uint64_t full_numel) {
     full[i] = 0x1000u + (uint32_t)i;
   for (uint32_t r = 0; r < 2; r++) {
     shard[r] = malloc((map->shards[r].numel + 1) * sizeof *shard[r]);
-    ck_assert_msg(affine_extract(map, r, 4, full, shard[r], msg, sizeof msg) ==
+    ck_assert_msg(oracle_extract(map, r, 4, full, shard[r], msg, sizeof msg) ==
                       0,
                   "%s", msg);
   }
-  ck_assert_msg(affine_rebuild(map, 4, (const void *const *)shard, back, msg,
+  ck_assert_msg(oracle_rebuild(map, 4, (const void *const *)shard, back, msg,
                                sizeof msg) == 0,
                 "%s", msg);
   ck_assert_mem_eq(full, back, full_numel * sizeof *full);
@@ -102,10 +103,10 @@ START_TEST(two_ranks_claiming_one_block_refused) {
   ck_assert_ptr_nonnull(strstr(msg, "key 'w'"));
   ck_assert_ptr_nonnull(strstr(msg, "rank 0"));
   ck_assert_ptr_nonnull(strstr(msg, "rank 1"));
-  ck_assert_int_eq(affine_rebuild(&t.map, 4, shards, full, msg, sizeof msg),
+  ck_assert_int_eq(oracle_rebuild(&t.map, 4, shards, full, msg, sizeof msg),
                    SP_EDOUBLEWRITE);
   b.dst_offset = 4;
-  ck_assert_int_eq(affine_rebuild(&t.map, 4, shards, full, msg, sizeof msg), 0);
+  ck_assert_int_eq(oracle_rebuild(&t.map, 4, shards, full, msg, sizeof msg), 0);
   ck_assert_uint_eq(full[5], 6);
 }
 END_TEST
@@ -139,10 +140,10 @@ START_TEST(replicas_cut_at_different_boundaries_compared_in_full) {
   round_trip(&t.map, 8);
   for (int i = 0; i < 8; i++)
     full[i] = 100u + (uint32_t)i;
-  ck_assert_int_eq(affine_extract(&t.map, 0, 4, full, s0, msg, sizeof msg), 0);
-  ck_assert_int_eq(affine_extract(&t.map, 1, 4, full, s1, msg, sizeof msg), 0);
+  ck_assert_int_eq(oracle_extract(&t.map, 0, 4, full, s0, msg, sizeof msg), 0);
+  ck_assert_int_eq(oracle_extract(&t.map, 1, 4, full, s1, msg, sizeof msg), 0);
   s1[6] ^= 1; /* the second half drifts */
-  ck_assert_int_eq(affine_rebuild(&t.map, 4, shards, back, msg, sizeof msg),
+  ck_assert_int_eq(oracle_rebuild(&t.map, 4, shards, back, msg, sizeof msg),
                    SP_EDIFFERENT);
   ck_assert_ptr_nonnull(strstr(msg, "element [6]"));
   ck_assert_ptr_nonnull(strstr(msg, "rank 0"));
@@ -194,9 +195,9 @@ START_TEST(view_overlapping_itself_refused) {
   two_init(&t, 1, 6, 0, 4, &a, 1, 2, &b, 1);
   ck_assert_int_eq(affine_validate(&t.map, msg, sizeof msg), SP_ESELFOVERLAP);
   ck_assert_ptr_nonnull(strstr(msg, "source"));
-  ck_assert_int_eq(affine_rebuild(&t.map, 4, shards, full, msg, sizeof msg),
+  ck_assert_int_eq(oracle_rebuild(&t.map, 4, shards, full, msg, sizeof msg),
                    SP_ESELFOVERLAP);
-  ck_assert_int_eq(affine_extract(&t.map, 0, 4, full, s0, msg, sizeof msg),
+  ck_assert_int_eq(oracle_extract(&t.map, 0, 4, full, s0, msg, sizeof msg),
                    SP_ESELFOVERLAP);
   a = p2(2, 2, 0, 0, 1, 0, 2, 1, R0, 1);
   ck_assert_int_eq(affine_validate(&t.map, msg, sizeof msg), SP_EZEROSTRIDE);
@@ -261,7 +262,7 @@ START_TEST(extract_zeroes_padding) {
 
   memset(shard, 0xee, sizeof shard);
   two_init(&t, 1, 8, 0, 6, &a, 1, 4, &b, 1);
-  ck_assert_int_eq(affine_extract(&t.map, 0, 4, full, shard, msg, sizeof msg),
+  ck_assert_int_eq(oracle_extract(&t.map, 0, 4, full, shard, msg, sizeof msg),
                    0);
   ck_assert_uint_eq(shard[3], 4);
   ck_assert_uint_eq(shard[4], 0);

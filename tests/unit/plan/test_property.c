@@ -23,8 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "shardport.h"
 #include "daemon/plan/affine.h"
+#include "shardport.h"
+#include "tests/unit/plan/oracle.h"
 #include "tests/unit/plan/tgen.h"
 #include "tests/unit/plan/tjob.h"
 
@@ -633,18 +634,18 @@ START_TEST(corrupted_maps_are_refused_or_exact) {
       full[i] = (uint8_t)tjob_rand(&seed);
     for (uint32_t r = 0; r < truth.nranks; r++) {
       shards[r] = malloc(truth.shard_numel[r] * elsize + 1);
-      ck_assert_int_eq(affine_extract(&truth.map, r, elsize, full, shards[r],
+      ck_assert_int_eq(oracle_extract(&truth.map, r, elsize, full, shards[r],
                                       msg, sizeof msg),
                        0);
     }
-    rc = affine_rebuild(&truth.map, elsize, (const void *const *)shards, back,
+    rc = oracle_rebuild(&truth.map, elsize, (const void *const *)shards, back,
                         msg, sizeof msg);
     roundtrip_failed += rc != 0 || memcmp(full, back, truth.numel * elsize);
 
     tgen_copy(&bad, &truth);
     tgen_corrupt(&bad, &seed);
     memset(back, 0, truth.numel * elsize);
-    rc = affine_rebuild(&bad.map, elsize, (const void *const *)shards, back,
+    rc = oracle_rebuild(&bad.map, elsize, (const void *const *)shards, back,
                         msg, sizeof msg);
     if (rc != 0)
       refused++;

@@ -7,8 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "shardport.h"
 #include "daemon/plan/plan.h"
+#include "shardport.h"
+#include "tests/unit/plan/oracle.h"
 #include "tests/unit/plan/tjob.h"
 
 static struct plan *build(struct tjob *job) {
@@ -449,7 +450,7 @@ static void sim_affine(struct sim *sim, uint32_t k, uint64_t *state) {
   for (uint32_t r = 0; r < 6; r++) {
     const struct plan_key_in *e = find_entry(sim, r, key->name);
     ck_assert_msg(
-        affine_extract(&map, r, es, sim->expected[k],
+        oracle_extract(&map, r, es, sim->expected[k],
                        sim->mem[r][e->storage] + (size_t)e->view.offset * es,
                        msg, sizeof msg) == 0,
         "%s", msg);

@@ -1,7 +1,7 @@
 /*
  * tgen.h - random affine layouts and their corruptions, for the property
  * of seed 003 (docs/planner.md, "Affine layouts"): the planner's suite
- * checks it on affine_rebuild, the across-nodes suite through two real
+ * checks it on oracle_rebuild, the across-nodes suite through two real
  * daemons.
  *
  * With a seed, tgen_generate draws a layout of a 2-D or 3-D tensor over 2

@@ -1,6 +1,6 @@
 /*
  * engine.c - runs a plan's rounds: every move copied from its source rank's
- * read-only mapping into its owner's pool segment; see daemon.h.
+ * read-only mapping into its owner's pool segment; see engine.h.
  *
  * The engine runs on its own thread so that the loop never waits on data
  * movement: it publishes the round and the bytes moved through atomics and
@@ -17,14 +17,11 @@
  * fault on first write, which populating in bulk avoids.
  *
  * Reading a trainer's mapping can fault: a trainer that truncates its memfd
- * after registering it turns the daemon's next read into SIGBUS.  A SIGBUS
- * handler with a thread-local sigjmp_buf, armed only while a copying thread
- * works, turns that fault into a failed export naming the rank and key
- * instead of a dead daemon.  A SIGBUS anywhere else keeps its old effect.
+ * after registering it turns the daemon's next read into SIGBUS.  Copying
+ * threads work under the SIGBUS guard (thread.h), which turns that fault
+ * into a failed export naming the rank and key instead of a dead daemon.
  */
 #include <pthread.h>
-#include <setjmp.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,8 +29,11 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#include "daemon/daemon.h"
 #include "daemon/xfer/copy.h"
+#include "daemon/xfer/engine.h"
+#include "daemon/xfer/remote.h"
+#include "daemon/xfer/replicas.h"
+#include "daemon/xfer/thread.h"
 #include "shardport.h"
 
 /* The most bytes one item copies (or populates). */
@@ -63,56 +63,6 @@ struct worker {
   pthread_t thread;
 };
 
-static _Thread_local sigjmp_buf *fault_jump;
-static _Thread_local void *volatile fault_addr;
-static struct sigaction previous_sigbus;
-static pthread_once_t sigbus_once = PTHREAD_ONCE_INIT;
-
-static void on_sigbus(int sig, siginfo_t *info, void *uc) {
-  if (fault_jump != NULL) {
-    fault_addr = info->si_addr;
-    siglongjmp(*fault_jump, 1);
-  }
-  /* Not an engine copy: behave as if this handler were not there. */
-  if (previous_sigbus.sa_flags & SA_SIGINFO) {
-    previous_sigbus.sa_sigaction(sig, info, uc);
-  } else if (previous_sigbus.sa_handler != SIG_IGN &&
-             previous_sigbus.sa_handler != SIG_DFL) {
-    previous_sigbus.sa_handler(sig);
-  } else {
-    /* Returning re-runs the faulting access, which now kills. */
-    sigaction(SIGBUS, &previous_sigbus, NULL);
-  }
-}
-
-static void install_sigbus(void) {
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_sigaction = on_sigbus;
-  sa.sa_flags = SA_SIGINFO;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGBUS, &sa, &previous_sigbus);
-}
-
-int engine_guarded(void (*fn)(void *arg), void *arg, const void **fault) {
-  pthread_once(&sigbus_once, install_sigbus);
-  sigjmp_buf jump;
-  if (sigsetjmp(jump, 0) != 0) {
-    /* Back from the handler, which ran with SIGBUS blocked. */
-    sigset_t set;
-    fault_jump = NULL;
-    sigemptyset(&set);
-    sigaddset(&set, SIGBUS);
-    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
-    *fault = (const void *)fault_addr;
-    return -1;
-  }
-  fault_jump = &jump;
-  fn(arg);
-  fault_jump = NULL;
-  return 0;
-}
-
 /* The first failure of a run is its result; the others stop. */
 static int engine_fail(struct engine *e, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -138,62 +88,12 @@ static bool stopped(struct engine *e) {
          atomic_load_explicit(&e->cancel, memory_order_relaxed);
 }
 
-/* "[2, 5]": the multi-index of element flat of a row-major tensor. */
-void engine_format_index(const struct plan_key *key, uint64_t flat, char *buf,
-                         size_t len) {
-  uint64_t idx[SP_MAX_DIMS];
-  for (uint32_t d = key->ndim; d-- > 0;) {
-    uint64_t dim = (uint64_t)key->shape[d];
-    idx[d] = dim == 0 ? 0 : flat % dim;
-    flat = dim == 0 ? 0 : flat / dim;
-  }
-  size_t used = (size_t)snprintf(buf, len, "[");
-  for (uint32_t d = 0; d < key->ndim && used < len; d++)
-    used += (size_t)snprintf(buf + used, len - used, "%s%llu", d ? ", " : "",
-                             (unsigned long long)idx[d]);
-  if (used < len)
-    snprintf(buf + used, len - used, "]");
-}
-
-/* Whether a region reaches element elem.  Its strides passed the overlap
- * check (each clears the span of the smaller ones), so dividing greedily
- * by strides from the largest down finds the one index that can match.
- * Used only to name the rank in a different_data refusal. */
-bool engine_region_contains(const struct plan_region *r, int64_t elem) {
-  uint32_t order[SP_MAX_DIMS];
-  int64_t rest = elem - r->offset;
-  if (rest < 0)
-    return false;
-  for (uint32_t d = 0; d < r->ndim; d++) {
-    if (r->shape[d] == 0)
-      return false;
-    order[d] = d;
-  }
-  for (uint32_t i = 1; i < r->ndim; i++)
-    for (uint32_t j = i; j > 0 && r->stride[order[j]] > r->stride[order[j - 1]];
-         j--) {
-      uint32_t t = order[j];
-      order[j] = order[j - 1];
-      order[j - 1] = t;
-    }
-  for (uint32_t i = 0; i < r->ndim; i++) {
-    uint32_t d = order[i];
-    if (r->shape[d] == 1 || r->stride[d] == 0)
-      continue;
-    int64_t at = rest / r->stride[d];
-    if (at >= r->shape[d])
-      at = r->shape[d] - 1;
-    rest -= at * r->stride[d];
-  }
-  return rest == 0;
-}
-
 /* Where a move's elements are read: the source rank's storage, or for a
  * move that arrived from another node, staging (remote.c: sv is then the
  * contiguous box). */
 static const uint8_t *move_source(const struct engine *e,
-                                  const struct plan_move *m,
-                                  struct sp_view *sv, size_t esz) {
+                                  const struct plan_move *m, struct sp_view *sv,
+                                  size_t esz) {
   if (e->remote != NULL) {
     const uint8_t *staged = remote_source(e->remote, m, sv);
     if (staged != NULL)
@@ -238,47 +138,25 @@ static int copy_replica(struct worker *w, const struct plan_move *m,
   struct plan_region dr;
   plan_moves_regions(e->plan, m, &sv, &dr);
   const uint8_t *src = move_source(e, m, &sv, esz);
-  uint8_t *dst = key_base(e, m);
-  int64_t idx[SP_MAX_DIMS] = {0};
-  uint32_t nd = sv.ndim;
-  for (uint32_t d = 0; d < nd; d++)
-    if (sv.shape[d] == 0)
-      return 0;
-  for (;;) {
-    int64_t s = 0, t = dr.offset;
-    for (uint32_t d = 0; d < nd; d++) {
-      s += idx[d] * sv.stride[d];
-      t += idx[d] * dr.stride[d];
-    }
-    uint8_t bit = (uint8_t)(1u << (t & 7));
-    if (!(w->seen[t >> 3] & bit)) {
-      memcpy(dst + (size_t)t * esz, src + (size_t)s * esz, esz);
-      w->seen[t >> 3] |= bit;
-    } else if (memcmp(dst + (size_t)t * esz, src + (size_t)s * esz, esz) != 0) {
-      uint32_t earlier = m->src;
-      for (const struct plan_move *p = first; p < m; p++) {
-        struct sp_view pv;
-        struct plan_region pr;
-        if (!(p->flags & PLAN_MOVE_REPLICA))
-          continue;
-        plan_moves_regions(e->plan, p, &pv, &pr);
-        if (engine_region_contains(&pr, t)) {
-          earlier = p->src;
-          break;
-        }
+  int64_t t;
+  if (!replicas_merge(key_base(e, m), w->seen, esz, src, sv.ndim, sv.shape,
+                      sv.stride, &dr, &t)) {
+    uint32_t earlier = m->src;
+    for (const struct plan_move *p = first; p < m; p++) {
+      struct sp_view pv;
+      struct plan_region pr;
+      if (!(p->flags & PLAN_MOVE_REPLICA))
+        continue;
+      plan_moves_regions(e->plan, p, &pv, &pr);
+      if (replicas_region_contains(&pr, t)) {
+        earlier = p->src;
+        break;
       }
-      char where[160];
-      engine_format_index(key, (uint64_t)t, where, sizeof where);
-      return engine_fail(e, SP_EDIFFERENT,
-                         "key '%s': replicas hold different data at element "
-                         "%s: rank %u and rank %u disagree",
-                         key->name, where, earlier, m->src);
     }
-    uint32_t d = nd;
-    while (d > 0 && ++idx[d - 1] == sv.shape[d - 1])
-      idx[--d] = 0;
-    if (d == 0)
-      break;
+    char msg[SP_ERRMSG_MAX + 1];
+    return engine_fail(
+        e, replicas_disagree(key, t, earlier, m->src, msg, sizeof msg), "%s",
+        msg);
   }
   count_bytes(e, m, m->nbytes);
   return 0;
@@ -343,10 +221,10 @@ static int run_replicas(struct worker *w, const struct engine_item *it) {
 
 /* Says what a SIGBUS during the current move hit: the owner's segment (the
  * pool's memory ran out) or the source rank's storage. */
-static void report_fault(struct worker *w) {
+static void report_fault(struct worker *w, const void *fault) {
   struct engine *e = w->e;
   const struct plan_move *m = w->current;
-  const uint8_t *addr = (const uint8_t *)fault_addr;
+  const uint8_t *addr = fault;
   if (m == NULL) {
     engine_fail(e, SP_EPOOL, "the pool's memory ran out while populating it");
     return;
@@ -375,24 +253,9 @@ static void report_fault(struct worker *w) {
 }
 
 /* Takes the round's items until none is left or the run stops. */
-static void work(struct worker *w) {
+static void take_items(void *arg) {
+  struct worker *w = arg;
   struct engine *e = w->e;
-  sigjmp_buf jump;
-  w->current = NULL;
-  w->seen = NULL;
-  if (sigsetjmp(jump, 0) != 0) {
-    /* Back from the handler, which ran with SIGBUS blocked. */
-    sigset_t set;
-    fault_jump = NULL;
-    sigemptyset(&set);
-    sigaddset(&set, SIGBUS);
-    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
-    free(w->seen);
-    w->seen = NULL;
-    report_fault(w);
-    return;
-  }
-  fault_jump = &jump;
   while (!stopped(e)) {
     size_t i = atomic_fetch_add(&e->next_item, 1);
     if (i >= e->nitems)
@@ -415,7 +278,19 @@ static void work(struct worker *w) {
       break;
     }
   }
-  fault_jump = NULL;
+}
+
+/* The items under the SIGBUS guard: a fault ends this thread's part of the
+ * round with the run failed. */
+static void work(struct worker *w) {
+  const void *fault = NULL;
+  w->current = NULL;
+  w->seen = NULL;
+  if (xfer_guarded(take_items, w, &fault) == 0)
+    return;
+  free(w->seen);
+  w->seen = NULL;
+  report_fault(w, fault);
 }
 
 static void *worker_main(void *arg) {
@@ -436,7 +311,7 @@ static void run_items(struct engine *e, struct worker *workers,
   atomic_store(&e->next_item, 0);
   for (uint32_t t = 1; t <= want && e->nitems > enough; t++) {
     workers[t] = (struct worker){.e = e};
-    if (engine_spawn(&workers[t].thread, worker_main, &workers[t]) != 0)
+    if (xfer_spawn(&workers[t].thread, worker_main, &workers[t]) != 0)
       break;
     helpers++;
   }
@@ -512,8 +387,8 @@ static void cut_populate(struct engine *e) {
 /* Builds the items of one step: populating the segments (round < 0), or
  * copying the moves a[0..na) and b[0..nb) of a round. */
 static int cut(struct engine *e, long round, enum cut_kind kind,
-               const struct plan_move *a, size_t na,
-               const struct plan_move *b, size_t nb) {
+               const struct plan_move *a, size_t na, const struct plan_move *b,
+               size_t nb) {
   for (int pass = 0; pass < 2; pass++) {
     e->nitems = 0;
     if (round < 0) {
@@ -556,8 +431,8 @@ static void run_remote_round(struct engine *e, size_t round,
   const struct plan_move *lists[3] = {rr.pack, rr.early, rr.late};
   size_t counts[3] = {rr.npack, rr.nearly, rr.nlate};
   for (int step = 0; step < 3 && !stopped(e); step++) {
-    if (cut(e, (long)round, step == 0 ? CUT_PACK : CUT_ASSEMBLE,
-            lists[step], counts[step], NULL, 0) != 0)
+    if (cut(e, (long)round, step == 0 ? CUT_PACK : CUT_ASSEMBLE, lists[step],
+            counts[step], NULL, 0) != 0)
       return;
     run_items(e, workers, step == 1 ? exchange : NULL);
     free(e->items);
@@ -574,7 +449,6 @@ static void pause_ms(struct engine *e, uint32_t ms) {
 
 int engine_run(struct engine *e) {
   struct worker workers[ENGINE_MAX_THREADS];
-  pthread_once(&sigbus_once, install_sigbus);
   if (e->threads == 0)
     e->threads = 1;
   if (e->threads > ENGINE_MAX_THREADS)
@@ -618,8 +492,8 @@ int engine_run(struct engine *e) {
 
 static void *engine_main(void *arg) {
   struct engine *e = arg;
-  if (e->gpu_run != NULL)
-    gpu_engine_run(e);
+  if (e->run != NULL)
+    e->run(e);
   else
     engine_run(e);
   atomic_store(&e->done, true);
@@ -628,27 +502,12 @@ static void *engine_main(void *arg) {
   return NULL;
 }
 
-int engine_spawn(pthread_t *thread, void *(*fn)(void *), void *arg) {
-  /* Workers take no asynchronous signals: those are the loop's.  Faults
-   * stay deliverable (a blocked SIGBUS from a fault would kill). */
-  sigset_t all, old;
-  sigfillset(&all);
-  sigdelset(&all, SIGBUS);
-  sigdelset(&all, SIGSEGV);
-  sigdelset(&all, SIGFPE);
-  sigdelset(&all, SIGILL);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  int rc = pthread_create(thread, NULL, fn, arg);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  return rc == 0 ? 0 : SP_ENOMEM;
-}
-
 int engine_start(struct engine *e) {
   atomic_store(&e->done, false);
   atomic_store(&e->round, 0);
   atomic_store(&e->bytes_moved, 0);
   atomic_store(&e->bytes_prepared, 0);
-  return engine_spawn(&e->thread, engine_main, e);
+  return xfer_spawn(&e->thread, engine_main, e);
 }
 
 void engine_join(struct engine *e) { pthread_join(e->thread, NULL); }

@@ -1,6 +1,8 @@
 /*
- * replicas.c - replicated and plain keys compared across ranks by digest
- * before anything moves (docs/planner.md, "Replicas").
+ * replicas.c - copies that must agree: replicated and plain keys compared
+ * across ranks by digest before anything moves (docs/planner.md,
+ * "Replicas"), and the replicas of affine pieces merged element by element
+ * where their key is assembled; see replicas.h.
  *
  * Every rank holds such a key whole and only its owner's copy is
  * published: a rank whose copy differs (a sharded tensor registered as
@@ -16,8 +18,8 @@
  * different_data naming the key and two ranks.
  *
  * The reading runs on the export's planning thread and up to
- * engine_threads - 1 helpers, never on the loop, under the engine's SIGBUS
- * guard.  Storages of the CUDA backend are device memory, which this does
+ * engine_threads - 1 helpers, never on the loop, under the SIGBUS guard
+ * (thread.h).  Storages of the CUDA backend are device memory, which this does
  * not read: their keys are not compared.
  */
 #include <inttypes.h>
@@ -27,8 +29,8 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "daemon/daemon.h"
-#include "daemon/registry.h"
+#include "daemon/xfer/replicas.h"
+#include "daemon/xfer/thread.h"
 #include "proto/fail.h"
 #include "shardport.h"
 
@@ -38,10 +40,10 @@
 
 /* One copy to hash. */
 struct copy {
-  const uint8_t *data;         /* its storage's first byte */
+  const uint8_t *data;          /* its storage's first byte */
   const struct plan_key_in *in; /* its view */
-  uint32_t key;                /* index into d->keys */
-  uint32_t slot;               /* index into d->ranks */
+  uint32_t key;                 /* index into d->keys */
+  uint32_t slot;                /* index into d->ranks */
 };
 
 struct hashing {
@@ -69,8 +71,7 @@ static bool is_replica(const struct plan_key *k) {
 }
 
 /* Feeds len bytes at p through the gather buffer. */
-static void feed(struct hasher *w, size_t *used, const uint8_t *p,
-                 size_t len) {
+static void feed(struct hasher *w, size_t *used, const uint8_t *p, size_t len) {
   if (*used + len > GATHER_BYTES) {
     XXH3_64bits_update(w->state, w->buf, *used);
     *used = 0;
@@ -151,7 +152,7 @@ static void hash_copies(void *arg) {
 
 static void hasher_run(struct hasher *w) {
   const void *fault = NULL;
-  if (engine_guarded(hash_copies, w, &fault) == 0)
+  if (xfer_guarded(hash_copies, w, &fault) == 0)
     return;
   struct hashing *h = w->h;
   pthread_mutex_lock(&h->lock);
@@ -190,7 +191,7 @@ void replicas_free(struct replica_digests *d) {
 /* Lists the copies: every replicated or plain key's view on every local
  * rank, found by name in that rank's registrations. */
 static int list_copies(const struct plan *plan, const struct plan_input *in,
-                       const struct reg_storage *const *src,
+                       const struct xfer_storage *const *src,
                        struct replica_digests *d, struct hashing *h) {
   h->copies = calloc(d->nkeys * d->nranks + 1, sizeof *h->copies);
   uint32_t *slot_of = calloc(plan->nkeys + 1, sizeof *slot_of);
@@ -233,7 +234,7 @@ static int hash_all(struct hashing *h, uint32_t threads, uint32_t *fault_rank,
     rc = hasher_init(&workers[made], h);
   pthread_t tids[64];
   for (uint32_t t = 1; rc == 0 && t < made; t++) {
-    if (engine_spawn(&tids[t], hasher_main, &workers[t]) != 0)
+    if (xfer_spawn(&tids[t], hasher_main, &workers[t]) != 0)
       break;
     spawned++;
   }
@@ -265,7 +266,7 @@ uint32_t replicas_key_at(const struct plan *plan, size_t n) {
 }
 
 int replicas_hash(const struct plan *plan, const struct plan_input *in,
-                  const struct reg_storage *const *src, uint32_t threads,
+                  const struct xfer_storage *const *src, uint32_t threads,
                   struct replica_digests *out, char *msg, size_t msglen) {
   struct replica_digests *d = out;
   memset(d, 0, sizeof *d);
@@ -346,9 +347,85 @@ int replicas_compare(const struct plan *plan, const struct replica_digests *d,
       if (d->digest[(size_t)j * d->nkeys + i] != first && differ++ == 0)
         at = j;
     if (differ > 0)
-      return replicas_refuse(plan, d->keys[i], d->ranks[0], first,
-                             d->ranks[at], d->digest[at * d->nkeys + i],
-                             differ - 1, msg, msglen);
+      return replicas_refuse(plan, d->keys[i], d->ranks[0], first, d->ranks[at],
+                             d->digest[at * d->nkeys + i], differ - 1, msg,
+                             msglen);
   }
   return 0;
+}
+
+/* ---- replicas of affine pieces ---- */
+
+bool replicas_merge(uint8_t *image, uint8_t *seen, size_t esz,
+                    const uint8_t *src, uint32_t ndim, const int64_t *shape,
+                    const int64_t *src_stride, const struct plan_region *dr,
+                    int64_t *at) {
+  int64_t idx[SP_MAX_DIMS] = {0};
+  for (uint32_t d = 0; d < ndim; d++)
+    if (shape[d] == 0)
+      return true;
+  for (;;) {
+    int64_t s = 0, t = dr->offset;
+    for (uint32_t d = 0; d < ndim; d++) {
+      s += idx[d] * src_stride[d];
+      t += idx[d] * dr->stride[d];
+    }
+    uint8_t bit = (uint8_t)(1u << (t & 7));
+    if (!(seen[t >> 3] & bit)) {
+      memcpy(image + (size_t)t * esz, src + (size_t)s * esz, esz);
+      seen[t >> 3] |= bit;
+    } else if (memcmp(image + (size_t)t * esz, src + (size_t)s * esz, esz) !=
+               0) {
+      *at = t;
+      return false;
+    }
+    uint32_t d = ndim;
+    while (d > 0 && ++idx[d - 1] == shape[d - 1])
+      idx[--d] = 0;
+    if (d == 0)
+      return true;
+  }
+}
+
+/* Its strides passed the overlap check (each clears the span of the
+ * smaller ones), so dividing greedily by strides from the largest down
+ * finds the one index that can match.  Used only to name the rank in a
+ * different_data refusal. */
+bool replicas_region_contains(const struct plan_region *r, int64_t elem) {
+  uint32_t order[SP_MAX_DIMS];
+  int64_t rest = elem - r->offset;
+  if (rest < 0)
+    return false;
+  for (uint32_t d = 0; d < r->ndim; d++) {
+    if (r->shape[d] == 0)
+      return false;
+    order[d] = d;
+  }
+  for (uint32_t i = 1; i < r->ndim; i++)
+    for (uint32_t j = i; j > 0 && r->stride[order[j]] > r->stride[order[j - 1]];
+         j--) {
+      uint32_t t = order[j];
+      order[j] = order[j - 1];
+      order[j - 1] = t;
+    }
+  for (uint32_t i = 0; i < r->ndim; i++) {
+    uint32_t d = order[i];
+    if (r->shape[d] == 1 || r->stride[d] == 0)
+      continue;
+    int64_t at = rest / r->stride[d];
+    if (at >= r->shape[d])
+      at = r->shape[d] - 1;
+    rest -= at * r->stride[d];
+  }
+  return rest == 0;
+}
+
+int replicas_disagree(const struct plan_key *key, int64_t at, uint32_t earlier,
+                      uint32_t later, char *msg, size_t msglen) {
+  char where[160];
+  plan_refuse_index(key->ndim, key->shape, (uint64_t)at, where, sizeof where);
+  return sp_failf(msg, msglen, SP_EDIFFERENT,
+                  "key '%s': replicas hold different data at element %s: "
+                  "rank %" PRIu32 " and rank %" PRIu32 " disagree",
+                  key->name, where, earlier, later);
 }

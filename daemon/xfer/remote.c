@@ -1,6 +1,6 @@
 /*
  * remote.c - the part of each round that crosses nodes, for the engine;
- * see daemon.h.
+ * see remote.h.
  *
  * Per round, this daemon sends every peer daemon the buckets its local
  * ranks owe that peer's ranks and receives the buckets owed to its own.
@@ -37,11 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/daemon.h"
-#include "daemon/log.h"
-#include "daemon/metrics.h"
-#include "daemon/registry.h"
-#include "daemon/request.h"
+#include "daemon/xfer/remote.h"
 #include "daemon/xfer/stream.h"
 #include "shardport.h"
 
@@ -63,12 +59,12 @@ struct remote {
   uint32_t self;
   uint32_t nnodes;
   struct remote_peer_setup *peers; /* [nnodes] */
-  const struct reg_storage *const *src;
+  const struct xfer_storage *const *src;
   uint8_t *const *dst;
   const uint64_t *key_offset;
-  char job_hex[2 * JOB_ID_BYTES + 1];
   uint64_t export_id;
   uint32_t timeout_ms;
+  struct remote_ops ops;
   uint64_t bytes_total;
   /* The current round. */
   struct iovvec *send, *recv; /* [nnodes] */
@@ -206,7 +202,7 @@ int remote_new(const struct remote_setup *s, struct remote **out) {
   r->key_offset = s->key_offset;
   r->export_id = s->export_id;
   r->timeout_ms = s->timeout_ms;
-  snprintf(r->job_hex, sizeof r->job_hex, "%s", s->job_hex);
+  r->ops = s->ops;
   r->peers = calloc(s->nnodes, sizeof *r->peers);
   r->send = calloc(s->nnodes, sizeof *r->send);
   r->recv = calloc(s->nnodes, sizeof *r->recv);
@@ -214,9 +210,8 @@ int remote_new(const struct remote_setup *s, struct remote **out) {
   r->seen_sent = calloc(s->nnodes, sizeof *r->seen_sent);
   r->seen_recv = calloc(s->nnodes, sizeof *r->seen_recv);
   r->deferred = calloc(s->plan->nkeys > 0 ? s->plan->nkeys : 1, 1);
-  if (r->peers == NULL || r->send == NULL || r->recv == NULL ||
-      r->xp == NULL || r->seen_sent == NULL || r->seen_recv == NULL ||
-      r->deferred == NULL) {
+  if (r->peers == NULL || r->send == NULL || r->recv == NULL || r->xp == NULL ||
+      r->seen_sent == NULL || r->seen_recv == NULL || r->deferred == NULL) {
     remote_free(r);
     return SP_ENOMEM;
   }
@@ -451,9 +446,10 @@ int remote_round(struct remote *r, size_t round, struct remote_round *out,
   if (rc == 0)
     rc = build_iovs(r, rd);
   if (rc != 0) {
-    snprintf(msg, msglen, "out of memory preparing round %zu of export %" PRIu64
-             " (%" PRIu64 " bytes of staging)", round + 1, r->export_id,
-             staging);
+    snprintf(msg, msglen,
+             "out of memory preparing round %zu of export %" PRIu64 " (%" PRIu64
+             " bytes of staging)",
+             round + 1, r->export_id, staging);
     return rc;
   }
   *out = (struct remote_round){.pack = r->pack,
@@ -510,11 +506,9 @@ static void on_progress(void *arg, uint64_t bytes) {
     uint64_t received = p->received - r->seen_recv[n];
     r->seen_sent[n] = p->sent;
     r->seen_recv[n] = p->received;
-    add_bytes(ps->sent, sent);
-    add_bytes(ps->received, received);
-    if (ps->metrics != NULL) {
-      add_bytes(&ps->metrics->sent, sent);
-      add_bytes(&ps->metrics->received, received);
+    for (int c = 0; c < REMOTE_PEER_COUNTERS; c++) {
+      add_bytes(ps->sent[c], sent);
+      add_bytes(ps->received[c], received);
     }
   }
 }
@@ -532,8 +526,8 @@ int remote_exchange(struct remote *r, const atomic_bool *cancel,
     };
     r->seen_sent[n] = r->seen_recv[n] = 0;
     if ((p->send.n > 0 || p->recv.n > 0) && p->sock < 0) {
-      mesh_lost_message(r->job_hex, n, r->peers[n].addr, r->export_id, msg,
-                        msglen);
+      r->ops.node_lost(r->ops.arg, n, r->peers[n].addr, r->export_id, 0, msg,
+                       msglen);
       *lost_node = n;
       return SP_ENODELOST;
     }
@@ -561,13 +555,8 @@ int remote_exchange(struct remote *r, const atomic_bool *cancel,
              r->plan->keys[m->key].name);
     return rc;
   }
-  log_with(LOG_LEVEL_INFO, LOG_JOB(r->job_hex),
-           "job %s: export %" PRIu64 ": node %zu (%s): %s", r->job_hex,
-           r->export_id, failed, r->peers[failed].addr,
-           rc == SP_ETIMEOUT ? "moved nothing within the export's timeout"
-                             : sp_strerror(rc));
   *lost_node = (uint32_t)failed;
-  mesh_lost_message(r->job_hex, (uint32_t)failed, r->peers[failed].addr,
-                    r->export_id, msg, msglen);
+  r->ops.node_lost(r->ops.arg, (uint32_t)failed, r->peers[failed].addr,
+                   r->export_id, rc, msg, msglen);
   return SP_ENODELOST;
 }

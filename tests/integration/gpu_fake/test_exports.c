@@ -1,0 +1,215 @@
+/*
+ * test_exports.c - exports on one node of fake GPUs: every registration
+ * kind, large strided tensors, segments reused by their owner, the device
+ * pool's capacity, and a rank killed mid-round.
+ */
+#include <check.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "shardport.h"
+#include "tests/integration/gpu_fake/cases.h"
+#include "tests/integration/gpu_fake/world.h"
+
+START_TEST(device_pointers_one_gpu_each) {
+  struct scenario sc = {.world = 4,
+                        .nkeys = world_nmixed,
+                        .keys = world_mixed_keys,
+                        .gpus = 4,
+                        .modes = {MODE_PTR, MODE_PTR, MODE_PTR, MODE_PTR}};
+  struct world w;
+  world_run(&sc, &w);
+  world_assert_exported(&w, &sc);
+  world_free(&w, &sc);
+  /* Every segment freed and every opened allocation closed once the ranks
+   * released and left. */
+  for (int i = 0; i < 100 && world_device_mappings() != 0; i++)
+    usleep(20000);
+  ck_assert_int_eq(world_device_mappings(), 0);
+}
+END_TEST
+
+START_TEST(every_registration_kind_across_shared_gpus) {
+  /* Ranks 0 and 2 share GPU 0, ranks 1 and 3 GPU 1: copies within a GPU
+   * and peer copies between them; three exports of one job (the plan is
+   * reused, and so are each owner's segments). */
+  struct scenario sc = {.world = 4,
+                        .nkeys = world_nmixed,
+                        .keys = world_mixed_keys,
+                        .gpus = 2,
+                        .exports = 3,
+                        .max_keys = 3,
+                        .modes = {MODE_TORCH, MODE_RAW, MODE_FD, MODE_PTR}};
+  struct world w;
+  world_run(&sc, &w);
+  world_assert_exported(&w, &sc);
+  world_free(&w, &sc);
+  for (int i = 0; i < 100 && world_device_mappings() != 0; i++)
+    usleep(20000);
+  ck_assert_int_eq(world_device_mappings(), 0);
+}
+END_TEST
+
+START_TEST(large_strided_tensors) {
+  /* Big enough that copies are many 2-D slabs, uneven shards. */
+  static const struct tkey keys[] = {
+      K(.name = "big.rows", .kind = SHARD0, .dtype = "float32", .es = 4,
+        .ndim = 2, .shape = {1000, 257}, .parts = {300, 1, 499, 200}),
+      K(.name = "big.cols", .kind = AFFINE_COLS, .dtype = "bfloat16", .es = 2,
+        .ndim = 2, .shape = {333, 1024}, .parts = {1, 511, 256, 256}),
+  };
+  struct scenario sc = {.world = 4,
+                        .nkeys = 2,
+                        .keys = keys,
+                        .gpus = 3,
+                        .modes = {MODE_PTR, MODE_TORCH, MODE_FD, MODE_RAW}};
+  struct world w;
+  world_run(&sc, &w);
+  world_assert_exported(&w, &sc);
+  world_free(&w, &sc);
+}
+END_TEST
+
+START_TEST(segments_reused_by_their_owner) {
+  /* Two exports of one job: each owner's second export is assembled in the
+   * segment its first one was (the same device allocation, so the same IPC
+   * handle and no new cudaMalloc); once the ranks left, every segment is
+   * freed. */
+  struct scenario sc = {.world = 4,
+                        .nkeys = world_nmixed,
+                        .keys = world_mixed_keys,
+                        .gpus = 2,
+                        .exports = 2,
+                        .modes = {MODE_PTR, MODE_TORCH, MODE_RAW, MODE_FD}};
+  struct world w;
+  world_run(&sc, &w);
+  world_assert_exported(&w, &sc);
+  int owners = 0;
+  for (uint32_t i = 0; i < sc.world; i++) {
+    if (w.rep[i].device_tensors == 0)
+      continue;
+    owners++;
+    ck_assert_msg(w.rep[i].seg_inode[0] != 0 && w.rep[i].seg_inode[1] != 0,
+                  "rank %u: segment not found in its maps", i);
+    ck_assert_msg(w.rep[i].seg_inode[0] == w.rep[i].seg_inode[1],
+                  "rank %u: export 2 got a new segment (%llu, then %llu)", i,
+                  (unsigned long long)w.rep[i].seg_inode[0],
+                  (unsigned long long)w.rep[i].seg_inode[1]);
+    /* Never another rank's segment. */
+    for (uint32_t j = 0; j < i; j++)
+      ck_assert_msg(w.rep[j].seg_inode[0] == 0 ||
+                        w.rep[j].seg_inode[0] != w.rep[i].seg_inode[1],
+                    "ranks %u and %u share a segment", j, i);
+  }
+  ck_assert_int_gt(owners, 1);
+  world_free(&w, &sc);
+  for (int i = 0; i < 100 && world_device_mappings() != 0; i++)
+    usleep(20000);
+  ck_assert_int_eq(world_device_mappings(), 0);
+}
+END_TEST
+
+START_TEST(device_pool_capacity_refused_on_every_rank) {
+  /* Rank 0's segment needs 1000 x 257 floats: more than the 64 KiB its
+   * GPU lends the pool.  Every rank's export fails with pool_exhausted. */
+  static const struct tkey keys[] = {
+      K(.name = "big.rows", .kind = SHARD0, .dtype = "float32", .es = 4,
+        .ndim = 2, .shape = {1000, 257}, .parts = {300, 700}),
+  };
+  struct scenario sc = {.world = 2,
+                        .nkeys = 1,
+                        .keys = keys,
+                        .gpus = 2,
+                        .modes = {MODE_PTR, MODE_TORCH}};
+  struct world w;
+  world_run(&sc, &w);
+  for (uint32_t i = 0; i < sc.world; i++) {
+    ck_assert_msg(w.rep[i].export_rc == SP_EPOOL, "rank %u: %s: %s", i,
+                  sp_strerror(w.rep[i].export_rc), w.rep[i].message);
+    ck_assert_msg(strstr(w.rep[i].message, "gpu_pool_capacity") != NULL,
+                  "rank %u: %s", i, w.rep[i].message);
+  }
+  world_free(&w, &sc);
+  /* What fits still exports on the same daemon. */
+  static const struct tkey small[] = {
+      K(.name = "a", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
+        .shape = {64, 16}, .parts = {20, 44}),
+  };
+  struct scenario ok = {.world = 2,
+                        .nkeys = 1,
+                        .keys = small,
+                        .gpus = 2,
+                        .exports = 2,
+                        .modes = {MODE_PTR, MODE_RAW}};
+  world_run(&ok, &w);
+  world_assert_exported(&w, &ok);
+  world_free(&w, &ok);
+  for (int i = 0; i < 100 && world_device_mappings() != 0; i++)
+    usleep(20000);
+  ck_assert_int_eq(world_device_mappings(), 0);
+}
+END_TEST
+
+/* A new job on the same daemon exports after a failed one. */
+static void next_job_is_served(void) {
+  static const struct tkey two[] = {
+      K(.name = "a", .kind = SHARD0, .dtype = "float32", .es = 4, .ndim = 2,
+        .shape = {6, 3}, .parts = {2, 4}),
+      K(.name = "b", .kind = REPLICATED, .dtype = "int16", .es = 2, .ndim = 1,
+        .shape = {7}),
+  };
+  struct scenario sc = {.world = 2,
+                        .nkeys = 2,
+                        .keys = two,
+                        .gpus = 2,
+                        .modes = {MODE_PTR, MODE_TORCH}};
+  struct world w;
+  world_run(&sc, &w);
+  world_assert_exported(&w, &sc);
+  world_free(&w, &sc);
+}
+
+START_TEST(rank_killed_mid_round) {
+  enum { N = 48 };
+  static struct tkey keys[N];
+  static char names[N][8];
+  for (int i = 0; i < N; i++) {
+    snprintf(names[i], sizeof names[i], "m.%02d", i);
+    keys[i] = K(.name = names[i], .kind = SHARD0, .dtype = "float32", .es = 4,
+                .ndim = 2, .shape = {4, 8}, .parts = {1, 1, 1, 1});
+  }
+  struct scenario sc = {.world = 4,
+                        .nkeys = N,
+                        .keys = keys,
+                        .gpus = 4,
+                        .max_keys = 4,
+                        .fault = KILL_MOVING,
+                        .victim = 2,
+                        .modes = {MODE_PTR, MODE_TORCH, MODE_RAW, MODE_PTR}};
+  struct world w;
+  world_run(&sc, &w);
+  for (uint32_t i = 0; i < sc.world; i++) {
+    if (i == sc.victim)
+      continue;
+    ck_assert_msg(w.rep[i].export_rc == SP_ERANKLOST, "rank %u: %s: %s (%s)", i,
+                  sp_strerror(w.rep[i].export_rc), w.rep[i].message,
+                  w.rep[i].failure);
+    ck_assert_msg(strstr(w.rep[i].message, "rank 2") != NULL, "rank %u: %s", i,
+                  w.rep[i].message);
+  }
+  world_free(&w, &sc);
+  next_job_is_served();
+}
+END_TEST
+
+void test_exports_add(const struct gpu_cases *c) {
+  tcase_add_test(c->export, device_pointers_one_gpu_each);
+  tcase_add_test(c->export, every_registration_kind_across_shared_gpus);
+  tcase_add_test(c->export, large_strided_tensors);
+  tcase_add_test(c->pool, segments_reused_by_their_owner);
+  tcase_add_test(c->small_pool, device_pool_capacity_refused_on_every_rank);
+  tcase_add_test(c->faults, rank_killed_mid_round);
+}
