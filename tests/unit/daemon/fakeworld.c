@@ -37,30 +37,16 @@ void fake_world_init(struct fake_world *w, uint64_t pool_bytes) {
   last_engine = NULL;
   engine_starts = 0;
   refuse_start = false;
-  ck_assert_int_eq(uv_loop_init(&w->loop), 0);
-  config_default(&w->cfg);
-  /* The tests read what the daemon decides, not its words. */
-  w->cfg.log_level = LOG_LEVEL_ERROR;
-  log_init(LOG_LEVEL_ERROR);
-  w->backend.active = "host";
-  struct server *srv = &w->srv;
-  srv->loop = &w->loop;
-  srv->cfg = &w->cfg;
-  srv->backend = &w->backend;
-  srv->peer_fd = -1;
-  srv->engine_threads = 1;
-  ck_assert_int_eq(pool_create(pool_bytes, 0, &srv->pool), 0);
-  srv->metrics = metrics_new("host", "", NULL, NULL);
-  ck_assert_ptr_nonnull(srv->metrics);
+  tserver_init(&w->t, pool_bytes);
 }
 
 static bool all_gone(void *arg) {
   const struct fake_world *w = arg;
-  return w->srv.njobs == 0 && pool_used(w->srv.pool) == 0;
+  return w->t.srv.njobs == 0 && pool_used(w->t.srv.pool) == 0;
 }
 
 void fake_world_free(struct fake_world *w) {
-  for (struct job *job = w->srv.jobs; job != NULL; job = job->next)
+  for (struct job *job = w->t.srv.jobs; job != NULL; job = job->next)
     job_end(job);
   for (size_t i = 0; i < w->nconns; i++)
     if (!w->conns[i]->closed)
@@ -68,13 +54,7 @@ void fake_world_free(struct fake_world *w) {
   fake_spawn_release();
   /* Every segment goes back to the pool with the jobs. */
   fake_run_until(w, all_gone, w);
-  pool_destroy(w->srv.pool);
-  metrics_free(w->srv.metrics);
-  /* The handles the jobs made close with them, and the work they queued
-   * (registries freed on workers) ends: then the loop closes cleanly. */
-  for (int i = 0; i < 10000 && uv_run(&w->loop, UV_RUN_NOWAIT) != 0; i++)
-    nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
-  ck_assert_int_eq(uv_loop_close(&w->loop), 0);
+  tserver_free(&w->t);
   for (size_t i = 0; i < w->nconns; i++)
     free(w->conns[i]);
 }
@@ -82,8 +62,8 @@ void fake_world_free(struct fake_world *w) {
 /* A turn of the loop, and the pool's inotify events as the server polls
  * them (server.c). */
 void fake_turn(struct fake_world *w) {
-  uv_run(&w->loop, UV_RUN_NOWAIT);
-  pool_collect(w->srv.pool);
+  uv_run(&w->t.loop, UV_RUN_NOWAIT);
+  pool_collect(w->t.srv.pool);
 }
 
 void fake_run_until(struct fake_world *w, bool (*done)(void *arg),
@@ -104,13 +84,13 @@ struct conn *fake_conn(struct fake_world *w) {
   ck_assert_uint_lt(w->nconns, sizeof w->conns / sizeof w->conns[0]);
   struct conn *c = calloc(1, sizeof *c);
   ck_assert_ptr_nonnull(c);
-  c->srv = &w->srv;
-  c->id = ++w->srv.next_conn_id;
+  c->srv = &w->t.srv;
+  c->id = ++w->t.srv.next_conn_id;
   c->peer = (struct peer){.pid = getpid(), .uid = getuid(), .gid = getgid()};
   c->reading = true;
-  c->next = w->srv.conns;
-  w->srv.conns = c;
-  w->srv.nclients++;
+  c->next = w->t.srv.conns;
+  w->t.srv.conns = c;
+  w->t.srv.nclients++;
   w->conns[w->nconns++] = c;
   return c;
 }
@@ -561,7 +541,7 @@ void fake_job_up(struct fake_job *fj, struct fake_world *w, uint32_t world,
   ck_assert_int_eq(fake_create(fj->rank[0], world, fj->ticket,
                                &fj->ticket_len),
                    0);
-  fj->job = w->srv.jobs;
+  fj->job = w->t.srv.jobs;
   for (uint32_t r = 0; r < world; r++) {
     ck_assert_int_eq(
         fake_join(fj->rank[r], fj->ticket, fj->ticket_len, r, world), 0);

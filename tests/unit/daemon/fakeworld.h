@@ -32,6 +32,7 @@
 #include "daemon/peer.h"
 #include "daemon/server.h"
 #include "proto/msg.h"
+#include "tests/unit/daemon/tserver.h"
 
 /* One reply a fake connection was sent. */
 struct fake_reply {
@@ -66,13 +67,10 @@ struct conn {
   struct fake_reply replies[FAKE_MAX_REPLIES];
 };
 
-/* A daemon's state with no socket: its loop, configuration, pool and
- * metrics, the host backend. */
+/* A daemon's state with no socket (tserver.h), and the fake connections
+ * made on it. */
 struct fake_world {
-  uv_loop_t loop;
-  struct config cfg;
-  struct backend_choice backend;
-  struct server srv;
+  struct tserver t;
   size_t nconns;
   struct conn *conns[64];
 };

@@ -131,7 +131,7 @@ START_TEST(export_walks_every_phase_to_published) {
   ck_assert(!history_at(&fj.job->history, 0)->failed);
   /* The owner holds its segment until it releases it; an export is
    * released once. */
-  ck_assert_uint_gt(pool_used(world.srv.pool), 0);
+  ck_assert_uint_gt(pool_used(world.t.srv.pool), 0);
   for (uint32_t r = 0; r < 2; r++) {
     ck_assert_int_eq(fake_release(fj.rank[r], 1), 0);
     ck_assert_int_eq(fake_release(fj.rank[r], 1), SP_ENOEXPORT);
@@ -184,7 +184,7 @@ START_TEST(a_plan_refused_fails_every_rank) {
   ck_assert_str_eq(e->op, "error");
   all_failed_with(e->code, "alone");
   ck_assert_int_eq(fake_phase(&fj), JOB_FAILED);
-  ck_assert_uint_eq(pool_used(world.srv.pool), 0);
+  ck_assert_uint_eq(pool_used(world.t.srv.pool), 0);
   down();
 }
 END_TEST
@@ -197,7 +197,7 @@ START_TEST(a_pool_too_small_fails_allocating_and_keeps_nothing) {
     ck_assert_int_eq(fake_ask(fj.rank[r], 0, 0), 0);
   fake_run_until(&world, export_over, NULL);
   all_failed_with(SP_EPOOL, "bytes of pool");
-  ck_assert_uint_eq(pool_used(world.srv.pool), 0);
+  ck_assert_uint_eq(pool_used(world.t.srv.pool), 0);
   down();
 }
 END_TEST
@@ -205,12 +205,12 @@ END_TEST
 START_TEST(an_engine_failure_fails_every_rank_and_frees_the_segments) {
   up(2, 1024);
   ask_all_and_plan(0);
-  ck_assert_uint_gt(pool_used(world.srv.pool), 0);
+  ck_assert_uint_gt(pool_used(world.t.srv.pool), 0);
   fake_engine_end(SP_EBADFD, "rank 1's storage 1 shrank");
   fake_run_until(&world, export_over, NULL);
   all_failed_with(SP_EBADFD, "shrank");
   ck_assert_int_eq(fake_phase(&fj), JOB_FAILED);
-  ck_assert_uint_eq(pool_used(world.srv.pool), 0);
+  ck_assert_uint_eq(pool_used(world.t.srv.pool), 0);
   down();
 }
 END_TEST
@@ -222,7 +222,7 @@ START_TEST(an_engine_that_cannot_start_fails_the_export) {
     ck_assert_int_eq(fake_ask(fj.rank[r], 0, 0), 0);
   fake_run_until(&world, export_over, NULL);
   all_failed_with(SP_ENOMEM, "cannot start the engine thread");
-  ck_assert_uint_eq(pool_used(world.srv.pool), 0);
+  ck_assert_uint_eq(pool_used(world.t.srv.pool), 0);
   down();
 }
 END_TEST
@@ -278,7 +278,7 @@ START_TEST(a_rank_lost_while_moving_cancels_the_engine) {
   ck_assert(export_busy(fj.job));
   fake_engine_end(0, NULL);
   fake_run_until(&world, export_over, NULL);
-  ck_assert_uint_eq(pool_used(world.srv.pool), 0);
+  ck_assert_uint_eq(pool_used(world.t.srv.pool), 0);
   ck_assert(history_at(&fj.job->history, 0)->failed);
   down();
 }
@@ -297,7 +297,7 @@ START_TEST(a_rank_lost_while_publishing_stops_only_its_stream) {
   uint32_t owner = owner_of_w(), other = 1 - owner;
   /* The owner's queue is full: its reply waits for room. */
   fj.rank[owner]->reading = false;
-  fj.rank[owner]->out_bytes = world.cfg.max_output;
+  fj.rank[owner]->out_bytes = world.t.cfg.max_output;
   fake_engine_end(0, NULL);
   run_to(JOB_PUBLISHING);
   ck_assert_ptr_nonnull(fake_last_op(fj.rank[other], "export"));
@@ -316,7 +316,7 @@ START_TEST(a_reply_waits_for_room_and_goes_when_the_rank_reads) {
   ask_all_and_plan(0);
   uint32_t owner = owner_of_w();
   fj.rank[owner]->reading = false;
-  fj.rank[owner]->out_bytes = world.cfg.max_output;
+  fj.rank[owner]->out_bytes = world.t.cfg.max_output;
   fake_engine_end(0, NULL);
   run_to(JOB_PUBLISHING);
   ck_assert_ptr_null(fake_last_op(fj.rank[owner], "export"));
@@ -372,7 +372,7 @@ START_TEST(moving_nothing_past_the_timeout_fails) {
   ck_assert(atomic_load(&fake_engine()->cancel));
   fake_engine_end(0, NULL);
   fake_run_until(&world, export_over, NULL);
-  ck_assert_uint_eq(pool_used(world.srv.pool), 0);
+  ck_assert_uint_eq(pool_used(world.t.srv.pool), 0);
   down();
 }
 END_TEST
@@ -400,7 +400,7 @@ START_TEST(an_owner_that_does_not_read_is_disconnected) {
   ask_all_and_plan(20);
   uint32_t owner = owner_of_w();
   fj.rank[owner]->reading = false;
-  fj.rank[owner]->out_bytes = world.cfg.max_output;
+  fj.rank[owner]->out_bytes = world.t.cfg.max_output;
   fake_engine_end(0, NULL);
   run_to(JOB_PUBLISHING);
   nap_ms(40);
@@ -417,7 +417,7 @@ END_TEST
 START_TEST(an_unchanged_job_reuses_its_plan) {
   up(2, 1024);
   /* Without the replica comparison, a reused plan needs no thread. */
-  world.cfg.compare_replicas = false;
+  world.t.cfg.compare_replicas = false;
   ask_all_and_plan(0);
   const struct plan *first = fake_engine()->plan;
   fake_engine_end(0, NULL);

@@ -18,8 +18,8 @@ START_TEST(a_ticket_joins_every_rank) {
   uint8_t ticket[SP_TICKET_MAX];
   size_t len;
   ck_assert_int_eq(fake_create(c[0], 2, ticket, &len), 0);
-  ck_assert_uint_eq(w.srv.njobs, 1);
-  struct job *job = w.srv.jobs;
+  ck_assert_uint_eq(w.t.srv.njobs, 1);
+  struct job *job = w.t.srv.jobs;
   ck_assert_uint_eq(job->world, 2);
   for (uint32_t r = 0; r < 2; r++) {
     ck_assert_int_eq(fake_join(c[r], ticket, len, r, 2), 0);
@@ -53,7 +53,7 @@ START_TEST(joins_are_refused_as_the_protocol_says) {
   ck_assert_int_eq(fake_join(c1, other, len, 1, 2), SP_ETICKET);
   ck_assert_int_eq(fake_join(c1, (const uint8_t *)"junk", 4, 1, 2),
                    SP_ETICKET);
-  ck_assert_uint_eq(w.srv.jobs->joined, 1);
+  ck_assert_uint_eq(w.t.srv.jobs->joined, 1);
   ck_assert_int_eq(fake_join(c1, ticket, len, 1, 2), 0);
   fake_world_free(&w);
 }
@@ -61,7 +61,7 @@ END_TEST
 
 static bool no_jobs(void *arg) {
   const struct fake_world *w = arg;
-  return w->srv.njobs == 0;
+  return w->t.srv.njobs == 0;
 }
 
 START_TEST(the_job_ends_with_its_last_rank) {
@@ -77,8 +77,8 @@ START_TEST(the_job_ends_with_its_last_rank) {
   ck_assert_str_eq(fake_last(c[0])->op, "leave");
   ck_assert_ptr_null(conn_member(c[0]));
   fake_turn(&w);
-  ck_assert_uint_eq(w.srv.njobs, 1);
-  ck_assert_uint_eq(w.srv.jobs->joined, 1);
+  ck_assert_uint_eq(w.t.srv.njobs, 1);
+  ck_assert_uint_eq(w.t.srv.jobs->joined, 1);
   /* Leaving twice: the connection is in no job. */
   ck_assert_int_eq(fake_request(c[0], "leave", 0, NULL, NULL, NULL, 0), 0);
   ck_assert_int_eq(fake_last(c[0])->code, SP_ESTATE);
