@@ -80,41 +80,8 @@ const char *export_phase_name(enum job_phase phase) {
 
 bool export_busy(const struct job *job) { return job->running != NULL; }
 
-static void send_progress(struct export *ex, struct export_rank *er,
-                          uint32_t round, uint32_t rounds, uint64_t moved) {
-  if (!er->progress || er->answered || er->m->conn == NULL)
-    return;
-  struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "progress", er->request_id, 5);
-  sp_pack_kv_str(&mb.pk, "phase", export_phase_name(ex->phase));
-  sp_pack_kv_u64(&mb.pk, "round", round);
-  sp_pack_kv_u64(&mb.pk, "rounds", rounds);
-  sp_pack_kv_u64(&mb.pk, "bytes_moved", moved);
-  sp_pack_kv_u64(&mb.pk, "bytes_total", ex->bytes_total);
-  conn_send_msgbuf(er->m->conn, &mb);
-  er->sent_round = round;
-  er->sent_bytes = moved;
-  er->sent_phase = ex->phase;
-}
-
-static uint32_t plan_rounds(const struct export *ex) {
+uint32_t export_rounds(const struct export *ex) {
   return ex->plan != NULL ? (uint32_t)ex->plan->nrounds : 0;
-}
-
-/* Tells every rank that asked for progress what changed since it last
- * heard; a phase change always goes out. */
-static void progress_all(struct export *ex) {
-  uint32_t round = ex->phase == JOB_MOVING ? atomic_load(&ex->engine.round)
-                   : ex->phase == JOB_PUBLISHING ? plan_rounds(ex)
-                                                 : 0;
-  uint64_t moved =
-      ex->phase >= JOB_MOVING ? atomic_load(&ex->engine.bytes_moved) : 0;
-  for (uint32_t r = 0; r < ex->job->world; r++) {
-    struct export_rank *er = &ex->ranks[r];
-    if (er->sent_phase != ex->phase || er->sent_round != round ||
-        er->sent_bytes != moved)
-      send_progress(ex, er, round, plan_rounds(ex), moved);
-  }
 }
 
 static void free_export(struct export *ex) {
@@ -162,8 +129,8 @@ static struct log_fields export_fields(const struct export *ex, int code) {
 static void finish(struct export *ex) {
   struct job *job = ex->job;
   uint64_t now = monotonic_ms();
-  job->last_round = plan_rounds(ex);
-  job->last_rounds = plan_rounds(ex);
+  job->last_round = export_rounds(ex);
+  job->last_rounds = export_rounds(ex);
   job->last_bytes_total = ex->bytes_total;
   job->last_bytes_moved = atomic_load(&ex->engine.bytes_moved);
   /* A failed export's history keeps the last rate it moved at. */
@@ -183,7 +150,7 @@ static void finish(struct export *ex) {
     log_with(LOG_LEVEL_INFO, &fields,
             "job %s: export %" PRIu64 " published: moved %s in %" PRIu32
             " round(s), %" PRIu64 " ms (%s/s)",
-            job->hex, ex->id, moved, plan_rounds(ex), now - ex->started_ms,
+            job->hex, ex->id, moved, export_rounds(ex), now - ex->started_ms,
             rate);
   }
   metrics_export_done(
@@ -192,7 +159,7 @@ static void finish(struct export *ex) {
           .code = ex->failed ? ex->fail_code : 0,
           .duration_s = (double)(now - ex->started_ms) / 1000.0,
           .bytes_moved = job->last_bytes_moved,
-          .rounds = plan_rounds(ex),
+          .rounds = export_rounds(ex),
           .keys = ex->plan != NULL ? ex->plan->nkeys : 0});
   history_add(&job->history,
               &(struct history_entry){
@@ -201,7 +168,7 @@ static void finish(struct export *ex) {
                   .error = ex->failed ? job->error : NULL,
                   .started_ms = ex->started_ms,
                   .ended_ms = now,
-                  .rounds = plan_rounds(ex),
+                  .rounds = export_rounds(ex),
                   .bytes_moved = job->last_bytes_moved,
                   .bytes_total = ex->bytes_total,
                   .rate_bps = rate_bps});
@@ -395,13 +362,13 @@ static void start_moving(struct export *ex) {
     return;
   }
   ex->thread_alive = true;
-  progress_all(ex);
+  pump_progress(ex);
 }
 
 /* Every owner's reply streams in parts from here (pump.c). */
 static void start_publishing(struct export *ex) {
   ex->phase = JOB_PUBLISHING;
-  progress_all(ex);
+  pump_progress(ex);
   char msg[320];
   int rc = pump_start(ex, msg, sizeof msg);
   if (rc != 0) {
@@ -456,7 +423,7 @@ static void step(struct export *ex) {
     return;
   case JOB_MOVING:
     if (!atomic_load(&ex->engine.done)) {
-      progress_all(ex);
+      pump_progress(ex);
       return;
     }
     engine_join(&ex->engine);
@@ -597,7 +564,7 @@ static void maybe_start(struct job *job) {
     return;
   }
   ex->phase = JOB_PLANNING;
-  progress_all(ex);
+  pump_progress(ex);
   ex->planning_ms = monotonic_ms();
   if (xfer_spawn(&ex->planner, plan_main, ex) != 0) {
     fail_export(ex, SP_ENOMEM, "cannot start the planning thread");
@@ -721,7 +688,7 @@ void export_tick(struct job *job) {
                ex->id, job->hex, ex->timeout_ms);
       fail_export(ex, SP_ETIMEOUT, msg);
     }
-    progress_all(ex);
+    pump_progress(ex);
   }
   if (ex->phase == JOB_PUBLISHING && now - ex->progress_ms > ex->timeout_ms) {
     /* A rank that does not read its reply would hold the job forever. */
@@ -750,7 +717,7 @@ void export_view(const struct job *job, struct export_view *out) {
   if (ex != NULL) {
     out->phase = ex->failed ? JOB_FAILED : ex->phase;
     out->export_id = ex->id;
-    out->rounds = plan_rounds(ex);
+    out->rounds = export_rounds(ex);
     out->round = ex->phase == JOB_MOVING       ? atomic_load(&ex->engine.round)
                  : ex->phase == JOB_PUBLISHING ? out->rounds
                                                : 0;
@@ -812,16 +779,8 @@ int export_op_request(struct conn *c, const struct sp_msg_head *head,
   m->ask_deadline_ms =
       monotonic_ms() +
       (req.timeout_ms > 0 ? req.timeout_ms : job->srv->cfg->export_timeout_ms);
-  if (req.progress) {
-    struct sp_msgbuf mb;
-    sp_msgbuf_begin(&mb, "progress", head->id, 5);
-    sp_pack_kv_str(&mb.pk, "phase", "waiting");
-    sp_pack_kv_u64(&mb.pk, "round", 0);
-    sp_pack_kv_u64(&mb.pk, "rounds", 0);
-    sp_pack_kv_u64(&mb.pk, "bytes_moved", 0);
-    sp_pack_kv_u64(&mb.pk, "bytes_total", 0);
-    conn_send_msgbuf(c, &mb);
-  }
+  if (req.progress)
+    pump_progress_frame(c, head->id, JOB_WAITING, 0, 0, 0, 0);
   job_wake(job);
   job_schedule(job);
   return 0;
@@ -880,7 +839,7 @@ int export_start_gathered(struct job *job, struct mesh_export *mx,
   ex->compare = job->srv->cfg->compare_replicas;
   ex->compare_threads = job->srv->engine_threads;
   ex->phase = JOB_PLANNING;
-  progress_all(ex);
+  pump_progress(ex);
   ex->planning_ms = monotonic_ms();
   if (xfer_spawn(&ex->planner, plan_main, ex) != 0) {
     fail_export(ex, SP_ENOMEM, "cannot start the planning thread");

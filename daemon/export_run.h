@@ -107,6 +107,8 @@ struct export {
   double rate_bps;
 };
 
+/* The rounds of the export's plan (0 before it has one). */
+uint32_t export_rounds(const struct export *ex);
 /* The backend of the export's ranks when they are on GPUs (job.c admits
  * no mix), else NULL. */
 struct gpu *export_gpu(const struct export *ex);

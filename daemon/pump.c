@@ -1,6 +1,7 @@
 /*
- * pump.c - an export's replies, streamed to their owners; see pump.h and
- * docs/protocol.md ("export").
+ * pump.c - what the ranks of an export hear: progress frames while it
+ * runs, then their replies, streamed; see pump.h and docs/protocol.md
+ * ("export").
  *
  * A rank's reply lists every tensor it owns, which may need more than one
  * frame: it is cut into parts that each fit the client's frame limit, the
@@ -10,11 +11,13 @@
  * than max_output of replies per connection.  Part 0 carries the rank's
  * segment: a duplicate of its memfd, or a GPU segment's handles.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "daemon/config.h"
 #include "daemon/conn.h"
+#include "daemon/export.h"
 #include "daemon/export_run.h"
 #include "daemon/job.h"
 #include "daemon/pool.h"
@@ -24,6 +27,44 @@
 #include "proto/limits.h"
 #include "proto/monotonic.h"
 #include "shardport.h"
+
+void pump_progress_frame(struct conn *c, uint64_t request_id,
+                         enum job_phase phase, uint32_t round,
+                         uint32_t rounds, uint64_t moved, uint64_t total) {
+  struct sp_msgbuf mb;
+  sp_msgbuf_begin(&mb, "progress", request_id, 5);
+  sp_pack_kv_str(&mb.pk, "phase", export_phase_name(phase));
+  sp_pack_kv_u64(&mb.pk, "round", round);
+  sp_pack_kv_u64(&mb.pk, "rounds", rounds);
+  sp_pack_kv_u64(&mb.pk, "bytes_moved", moved);
+  sp_pack_kv_u64(&mb.pk, "bytes_total", total);
+  conn_send_msgbuf(c, &mb);
+}
+
+static void send_progress(struct export *ex, struct export_rank *er,
+                          uint32_t round, uint64_t moved) {
+  if (!er->progress || er->answered || er->m->conn == NULL)
+    return;
+  pump_progress_frame(er->m->conn, er->request_id, ex->phase, round,
+                      export_rounds(ex), moved, ex->bytes_total);
+  er->sent_round = round;
+  er->sent_bytes = moved;
+  er->sent_phase = ex->phase;
+}
+
+void pump_progress(struct export *ex) {
+  uint32_t round = ex->phase == JOB_MOVING ? atomic_load(&ex->engine.round)
+                   : ex->phase == JOB_PUBLISHING ? export_rounds(ex)
+                                                 : 0;
+  uint64_t moved =
+      ex->phase >= JOB_MOVING ? atomic_load(&ex->engine.bytes_moved) : 0;
+  for (uint32_t r = 0; r < ex->job->world; r++) {
+    struct export_rank *er = &ex->ranks[r];
+    if (er->sent_phase != ex->phase || er->sent_round != round ||
+        er->sent_bytes != moved)
+      send_progress(ex, er, round, moved);
+  }
+}
 
 static void on_conn_drained(struct conn *c, void *arg) {
   (void)c;
