@@ -13,6 +13,7 @@
 
 #include "client/client.h"
 #include "client/cudart.h"
+#include "proto/tensor.h"
 
 /* Payload bytes one tensor_add frame may take: far under the 16 MiB frame
  * limit, so that a frame is never refused for its size, yet large enough
@@ -323,44 +324,35 @@ static uint64_t tensor_items(const sp_tensor_desc *t) {
   return n;
 }
 
-static void pack_dims(msgpack_packer *pk, const char *key, const int64_t *v,
-                      uint32_t n) {
-  sp_pack_str(pk, key);
-  msgpack_pack_array(pk, n);
-  for (uint32_t i = 0; i < n; i++)
-    msgpack_pack_uint64(pk, (uint64_t)v[i]);
-}
-
-static void pack_piece(msgpack_packer *pk, const sp_piece *p) {
-  msgpack_pack_map(pk, 6);
-  pack_dims(pk, "shape", p->shape, p->ndim);
-  pack_dims(pk, "src_stride", p->src_stride, p->ndim);
-  pack_dims(pk, "dst_stride", p->dst_stride, p->ndim);
-  sp_pack_kv_u64(pk, "src_offset", (uint64_t)p->src_offset);
-  sp_pack_kv_u64(pk, "dst_offset", (uint64_t)p->dst_offset);
-  sp_pack_str(pk, "holders");
-  msgpack_pack_array(pk, p->nholders);
-  for (uint32_t i = 0; i < p->nholders; i++)
-    msgpack_pack_uint32(pk, p->holders[i]);
+static void piece_wire(const void *pieces, size_t i,
+                       struct sp_piece_wire *out) {
+  const sp_piece *p = &((const sp_piece *)pieces)[i];
+  *out = (struct sp_piece_wire){.ndim = p->ndim,
+                                .shape = p->shape,
+                                .src_stride = p->src_stride,
+                                .dst_stride = p->dst_stride,
+                                .src_offset = p->src_offset,
+                                .dst_offset = p->dst_offset,
+                                .nholders = p->nholders,
+                                .holders = p->holders};
 }
 
 static void pack_tensor(msgpack_packer *pk, const sp_tensor_desc *t) {
-  bool affine = t->placement == SP_PLACEMENT_AFFINE;
-  msgpack_pack_map(pk, affine ? 9 : 8);
-  sp_pack_kv_str(pk, "key", t->key);
-  sp_pack_kv_u64(pk, "sid", t->storage);
-  sp_pack_kv_str(pk, "dtype", t->dtype);
-  pack_dims(pk, "shape", t->shape, t->ndim);
-  pack_dims(pk, "stride", t->stride, t->ndim);
-  sp_pack_kv_u64(pk, "offset", (uint64_t)t->offset);
-  sp_pack_kv_str(pk, "placement", placement_name(t->placement));
-  pack_dims(pk, "global_shape", t->global_shape, t->global_ndim);
-  if (affine) {
-    sp_pack_str(pk, "pieces");
-    msgpack_pack_array(pk, t->npieces);
-    for (size_t i = 0; i < t->npieces; i++)
-      pack_piece(pk, &t->pieces[i]);
-  }
+  sp_tensor_pack(pk, &(struct sp_tensor_wire){
+                         .key = t->key,
+                         .sid = t->storage,
+                         .dtype = t->dtype,
+                         .ndim = t->ndim,
+                         .shape = t->shape,
+                         .stride = t->stride,
+                         .offset = t->offset,
+                         .placement = placement_name(t->placement),
+                         .global_ndim = t->global_ndim,
+                         .global_shape = t->global_shape,
+                         .affine = t->placement == SP_PLACEMENT_AFFINE,
+                         .npieces = t->npieces,
+                         .piece = piece_wire,
+                         .pieces = t->pieces});
 }
 
 /* A buffer that remembers a failed allocation: msgpack's packer drops the

@@ -17,8 +17,8 @@
 
 #include "daemon/backend.h"
 #include "daemon/config.h"
-#include "daemon/daemon.h"
 #include "daemon/log.h"
+#include "daemon/netaddr.h"
 #include "daemon/request.h"
 #include "proto/socket_path.h"
 
@@ -336,12 +336,12 @@ static int set_peer(struct config *cfg, const char *key, const char *value,
   text[0] = '\0';
   if (value[0] == '\0' || strcmp(value, "none") == 0)
     return 0;
-  if (nodelink_addr_parse(value, strlen(value), !listen, sa, &len) != 0)
+  if (netaddr_parse(value, strlen(value), !listen, sa, &len) != 0)
     return fail(err, errsize,
                 "%s: \"%s\" is not a numeric address%s (\"10.0.0.1:7070\", "
                 "\"[fd00::1]:7070\") or none",
                 key, value, listen ? " and port" : ", with or without a port");
-  if (!listen && nodelink_addr_wildcard(sa))
+  if (!listen && netaddr_wildcard(sa))
     return fail(err, errsize, "%s: \"%s\" is a wildcard; other daemons need "
                 "an address they can dial", key, value);
   if (listen)
@@ -359,8 +359,8 @@ static int set_metrics_listen(struct config *cfg, const char *value,
   cfg->metrics_listen[0] = '\0';
   if (value[0] == '\0' || strcmp(value, "none") == 0)
     return 0;
-  if (nodelink_addr_parse(value, strlen(value), false,
-                          &cfg->metrics_listen_addr, &len) != 0)
+  if (netaddr_parse(value, strlen(value), false,
+                    &cfg->metrics_listen_addr, &len) != 0)
     return fail(err, errsize,
                 "metrics_listen: \"%s\" is not a numeric address and port "
                 "(\"127.0.0.1:9464\", \"[::1]:9464\") or none",
@@ -372,7 +372,7 @@ static int set_metrics_listen(struct config *cfg, const char *value,
 
 int config_check(const struct config *cfg, char *err, size_t errsize) {
   if (cfg->peer_listen_set && !cfg->peer_advertise_set &&
-      nodelink_addr_wildcard(&cfg->peer_listen_addr))
+      netaddr_wildcard(&cfg->peer_listen_addr))
     return fail(err, errsize,
                 "peer_listen %s is a wildcard address: set peer_advertise to "
                 "the address other daemons dial",

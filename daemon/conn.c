@@ -3,7 +3,8 @@
  *
  * libuv cannot pass a memfd or a cuMem fd through its streams, so the socket
  * is driven by a uv_poll_t and read and written by the framing layer
- * (sp_frame_rx_read / sp_frame_tx_write), which carries SCM_RIGHTS fds.
+ * (framesock.c over sp_frame_rx_read / sp_frame_tx_write), which carries
+ * SCM_RIGHTS fds.
  *
  * One misbehaving client must never affect another, so all state here is
  * per connection and every operation is non-blocking and bounded:
@@ -50,6 +51,7 @@
 #include "build_config.h"
 #include "daemon/conn.h"
 #include "daemon/drain.h"
+#include "daemon/framesock.h"
 #include "daemon/job.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
@@ -85,11 +87,11 @@ struct conn {
   struct server *srv;
   struct conn *prev, *next;
   uint64_t id;
-  int sock;
   struct peer peer;
   /* The peer's user, whose quotas its jobs and ranks count in. */
   struct quota_user *user;
-  uv_poll_t poll;
+  /* The socket, its poll, the frames in and out (framesock.h). */
+  struct framesock fs;
   uv_timer_t timer;
   /* Handles not yet closed, and a frame on a worker; the conn is freed
    * when this reaches 0. */
@@ -97,10 +99,6 @@ struct conn {
   /* A large frame is on a worker, or between two steps of its op: nothing
    * more is read until it has been served. */
   bool on_worker;
-  int events;
-  struct sp_frame_rx rx;
-  struct sp_frame_tx *out_head, *out_tail;
-  uint64_t out_bytes;
   bool hello_done;
   /* Reading has stopped; the conn closes once its queue is written. */
   bool draining;
@@ -139,7 +137,7 @@ void conn_set_member(struct conn *c, struct job_member *member) {
 
 uint64_t conn_output_room(const struct conn *c) {
   uint64_t max = c->srv->cfg->max_output;
-  return c->closed || c->out_bytes >= max ? 0 : max - c->out_bytes;
+  return c->closed || c->fs.out_bytes >= max ? 0 : max - c->fs.out_bytes;
 }
 
 void conn_on_drained(struct conn *c, void (*fn)(struct conn *c, void *arg),
@@ -153,13 +151,8 @@ void conn_on_drained(struct conn *c, void (*fn)(struct conn *c, void *arg),
 static void conn_unref(struct conn *c) {
   if (--c->open_handles > 0)
     return;
-  close(c->sock);
-  sp_frame_rx_reset(&c->rx);
-  while (c->out_head != NULL) {
-    struct sp_frame_tx *tx = c->out_head;
-    c->out_head = tx->next;
-    sp_frame_tx_free(tx);
-  }
+  close(c->fs.sock);
+  framesock_release(&c->fs);
   free(c);
 }
 
@@ -188,7 +181,7 @@ void conn_close(struct conn *c) {
   c->drained = NULL;
   /* uv_close stops the poll at once, so the socket can be closed in the
    * close callback without libuv ever seeing a reused descriptor. */
-  uv_close((uv_handle_t *)&c->poll, on_handle_closed);
+  framesock_close(&c->fs, on_handle_closed);
   uv_close((uv_handle_t *)&c->timer, on_handle_closed);
 }
 
@@ -207,7 +200,7 @@ static void on_timeout(uv_timer_t *timer) {
 static void watch_partial_frame(struct conn *c) {
   if (!c->hello_done || c->draining || c->closed)
     return;
-  bool partial = c->rx.header_have > 0;
+  bool partial = c->fs.rx.header_have > 0;
   if (partial && !uv_is_active((uv_handle_t *)&c->timer))
     uv_timer_start(&c->timer, on_timeout, CONN_FRAME_TIMEOUT_MS, 0);
   else if (!partial)
@@ -216,13 +209,8 @@ static void watch_partial_frame(struct conn *c) {
 
 /* Asks for exactly the events the connection can use now. */
 static int update_events(struct conn *c) {
-  int want = (c->draining || c->on_worker ? 0 : UV_READABLE) |
-             (c->out_head != NULL ? UV_WRITABLE : 0);
-  if (want == c->events)
-    return 0;
-  c->events = want;
-  int rc = want != 0 ? uv_poll_start(&c->poll, want, on_poll)
-                     : uv_poll_stop(&c->poll);
+  int rc = framesock_want(&c->fs, on_poll, !c->draining && !c->on_worker,
+                          false);
   if (rc != 0) {
     log_msg(LOG_LEVEL_ERROR, "client %" PRIu64 ": uv_poll: %s", c->id,
             uv_strerror(rc));
@@ -235,28 +223,18 @@ static int update_events(struct conn *c) {
 /* Writes what the socket takes.  Returns 0 while the conn stays open, -1
  * when it was closed (by an error or because draining finished). */
 static int flush(struct conn *c) {
-  while (c->out_head != NULL) {
-    struct sp_frame_tx *tx = c->out_head;
-    int rc = sp_frame_tx_write(tx, c->sock);
-    if (rc == 1)
-      break;
-    if (rc < 0) {
-      log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": write: %s", c->id,
-              sp_strerror(rc));
-      conn_close(c);
-      return -1;
-    }
-    c->out_head = tx->next;
-    if (c->out_head == NULL)
-      c->out_tail = NULL;
-    c->out_bytes -= tx->len;
-    sp_frame_tx_free(tx);
-  }
-  if (c->draining && c->out_head == NULL) {
+  int rc = framesock_flush(&c->fs);
+  if (rc < 0) {
+    log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": write: %s", c->id,
+            sp_strerror(rc));
     conn_close(c);
     return -1;
   }
-  if (c->drained != NULL && c->out_bytes <= c->srv->cfg->max_output / 2)
+  if (c->draining && c->fs.out_head == NULL) {
+    conn_close(c);
+    return -1;
+  }
+  if (c->drained != NULL && c->fs.out_bytes <= c->srv->cfg->max_output / 2)
     c->drained(c, c->drained_arg);
   return update_events(c);
 }
@@ -295,7 +273,7 @@ int conn_send(struct conn *c, struct sp_frame_tx *tx) {
     sp_frame_tx_free(tx);
     return SP_ECLOSED;
   }
-  if (c->out_bytes + tx->len > c->srv->cfg->max_output) {
+  if (c->fs.out_bytes + sp_frame_tx_size(tx) > c->srv->cfg->max_output) {
     log_msg(LOG_LEVEL_WARN,
             "client %" PRIu64 " (pid %d): more than max_output (%" PRIu64
             " bytes) of replies unread; disconnecting",
@@ -304,12 +282,7 @@ int conn_send(struct conn *c, struct sp_frame_tx *tx) {
     conn_close(c);
     return SP_ELIMIT;
   }
-  if (c->out_tail != NULL)
-    c->out_tail->next = tx;
-  else
-    c->out_head = tx;
-  c->out_tail = tx;
-  c->out_bytes += tx->len;
+  framesock_queue(&c->fs, tx);
   /* Whoever queued it, the reply goes out as soon as the socket takes it. */
   return update_events(c) == 0 ? 0 : SP_ECLOSED;
 }
@@ -376,7 +349,7 @@ int conn_op_hello(struct conn *c, const struct sp_msg_head *head,
   log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": hello from %s", c->id,
           client[0] != '\0' ? client : "(unnamed)");
   c->hello_done = true;
-  c->rx.limits.max_frame = c->srv->cfg->limits.max_frame;
+  c->fs.rx.limits.max_frame = c->srv->cfg->limits.max_frame;
   uv_timer_stop(&c->timer);
   struct sp_msgbuf mb;
   sp_msgbuf_begin(&mb, "hello", head->id, 2);
@@ -625,7 +598,7 @@ static int read_frames(struct conn *c) {
   for (int i = 0; i < CONN_FRAMES_PER_WAKEUP && bytes < CONN_BYTES_PER_WAKEUP;
        i++) {
     struct sp_frame frame = {.data = NULL};
-    int rc = sp_frame_rx_read(&c->rx, c->sock, &frame);
+    int rc = framesock_read(&c->fs, &frame);
     if (rc == 0)
       return 0;
     if (rc == 1) {
@@ -650,7 +623,7 @@ static int read_frames(struct conn *c) {
     case SP_ETOOMANYFDS:
       log_msg(LOG_LEVEL_INFO, "client %" PRIu64 " (pid %d): %s; closing",
               c->id, (int)c->peer.pid, sp_strerror(rc));
-      sp_frame_rx_reset(&c->rx);
+      sp_frame_rx_reset(&c->fs.rx);
       if (rc == SP_EFRAMETOOBIG)
         conn_send_error(c, 0, rc, "frame is larger than max_frame (%" PRIu32
                                   " bytes)",
@@ -701,15 +674,12 @@ int conn_open(struct server *srv, int sock, const struct peer *peer) {
   }
   c->user = user;
   c->srv = srv;
-  c->sock = sock;
   c->peer = *peer;
   c->id = ++srv->next_conn_id;
   struct sp_limits before_hello = srv->cfg->limits;
   if (before_hello.max_frame > CONN_HELLO_MAX_FRAME)
     before_hello.max_frame = CONN_HELLO_MAX_FRAME;
-  sp_frame_rx_init(&c->rx, &before_hello);
-  c->rx.max_read = CONN_READ_PER_WAKEUP;
-  int rc = uv_poll_init(srv->loop, &c->poll, sock);
+  int rc = framesock_init(&c->fs, srv->loop, sock, &before_hello, c);
   if (rc != 0) {
     log_msg(LOG_LEVEL_ERROR, "uv_poll_init: %s", uv_strerror(rc));
     quota_release(c->user, QUOTA_CLIENT);
@@ -717,7 +687,7 @@ int conn_open(struct server *srv, int sock, const struct peer *peer) {
     free(c);
     return SP_EINTERNAL;
   }
-  c->poll.data = c;
+  c->fs.rx.max_read = CONN_READ_PER_WAKEUP;
   uv_timer_init(srv->loop, &c->timer);
   c->timer.data = c;
   c->open_handles = 2;

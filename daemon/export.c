@@ -38,12 +38,13 @@
 #include "daemon/comms.h"
 #include "daemon/config.h"
 #include "daemon/conn.h"
-#include "daemon/daemon.h"
 #include "daemon/export.h"
 #include "daemon/export_run.h"
+#include "daemon/gather.h"
 #include "daemon/history.h"
 #include "daemon/job.h"
 #include "daemon/log.h"
+#include "daemon/mesh/mesh.h"
 #include "daemon/metrics.h"
 #include "daemon/moving.h"
 #include "daemon/plancache.h"
@@ -53,6 +54,10 @@
 #include "daemon/registry.h"
 #include "daemon/request.h"
 #include "daemon/server.h"
+#include "daemon/xfer/engine.h"
+#include "daemon/xfer/remote.h"
+#include "daemon/xfer/replicas.h"
+#include "daemon/xfer/thread.h"
 #include "proto/fail.h"
 #include "proto/monotonic.h"
 #include "proto/text.h"
@@ -460,11 +465,110 @@ static void step(struct export *ex) {
     finish(ex);
 }
 
-/* The options every rank must agree on, resolved against the defaults. */
-static void resolved(const struct job *job, const struct req_export *a,
-                     uint32_t *max_keys, uint64_t *max_bytes) {
-  *max_keys = a->max_keys > 0 ? a->max_keys : PLAN_DEFAULT_MAX_KEYS;
-  *max_bytes = a->max_bytes > 0 ? a->max_bytes : job->srv->cfg->max_bytes;
+/* A member's part in the gather (gather.h). */
+static void member_ask(const void *ctx, uint32_t r, struct gather_ask *out) {
+  const struct job *job = ctx;
+  const struct job_member *m = job->members[r];
+  *out = (struct gather_ask){.joined = m != NULL};
+  if (m == NULL || !m->asked)
+    return;
+  out->asked = true;
+  out->max_keys = m->ask.max_keys;
+  out->max_bytes = m->ask.max_bytes;
+  out->timeout_ms = m->ask.timeout_ms;
+  out->deadline_ms = m->ask_deadline_ms;
+}
+
+static struct gather_ranks gather_of(const struct job *job) {
+  return (struct gather_ranks){.world = job->world, .ask = member_ask,
+                               .ctx = job};
+}
+
+/* The export a gather made, on one node or across nodes (mx): the asks of
+ * this node's ranks become its own (a rank of another node is answered by
+ * its daemon), with the options every rank agreed on.  NULL when out of
+ * memory. */
+static struct export *begin_export(struct job *job, struct mesh_export *mx,
+                                   uint64_t id,
+                                   const struct gather_options *o) {
+  struct export *ex = calloc(1, sizeof *ex);
+  if (ex != NULL) {
+    ex->ranks = calloc(job->world, sizeof *ex->ranks);
+    /* On one node the planner reads the registries as they are; across
+     * nodes, the gathered bytes (mesh_plan_input). */
+    if (mx == NULL)
+      ex->rin = calloc(job->world, sizeof *ex->rin);
+  }
+  if (ex == NULL || ex->ranks == NULL || (mx == NULL && ex->rin == NULL)) {
+    if (ex != NULL) {
+      free(ex->ranks);
+      free(ex->rin);
+    }
+    free(ex);
+    return NULL;
+  }
+  ex->job = job;
+  ex->mx = mx;
+  ex->id = id;
+  job->next_export_id = id + 1;
+  ex->max_keys = o->max_keys;
+  ex->max_bytes = o->max_bytes;
+  ex->timeout_ms = o->timeout_ms;
+  ex->started_ms = monotonic_ms();
+  for (uint32_t r = 0; r < job->world; r++) {
+    struct job_member *m = job->members[r];
+    struct export_rank *er = &ex->ranks[r];
+    er->segment_fd = -1;
+    er->sent_phase = JOB_WAITING;
+    if (m == NULL || m->lost || !m->asked) {
+      er->answered = true;
+      continue;
+    }
+    er->m = m;
+    er->request_id = m->ask_id;
+    er->progress = m->ask.progress;
+    er->groups = m->ask.groups;
+    memset(&m->ask.groups, 0, sizeof m->ask.groups);
+    m->asked = false;
+    m->in_export = true;
+    if (mx != NULL)
+      continue;
+    registry_rank_in(&m->reg, r, &ex->rin[r]);
+    ex->rin[r].ngroups = er->groups.ngroups;
+    ex->rin[r].groups = er->groups.groups;
+  }
+  if (mx == NULL)
+    ex->in = (struct plan_input){.world = job->world,
+                                 .nranks = job->world,
+                                 .ranks = ex->rin,
+                                 .max_keys = ex->max_keys,
+                                 .max_bytes = ex->max_bytes};
+  job->running = ex;
+  job->error[0] = '\0';
+  struct log_fields fields = export_fields(ex, 0);
+  if (mx != NULL)
+    log_with(LOG_LEVEL_INFO, &fields,
+             "job %s: export %" PRIu64 " started (node %" PRIu32 ")",
+             job->hex, ex->id, mesh_self(job));
+  else
+    log_with(LOG_LEVEL_INFO, &fields, "job %s: export %" PRIu64 " started",
+             job->hex, ex->id);
+  ex->compare = job->srv->cfg->compare_replicas;
+  ex->compare_threads = job->srv->engine_threads;
+  return ex;
+}
+
+/* The planning thread starts (plan_main), one node or many. */
+static void start_planning(struct export *ex) {
+  ex->phase = JOB_PLANNING;
+  pump_progress(ex);
+  ex->planning_ms = monotonic_ms();
+  if (xfer_spawn(&ex->planner, plan_main, ex) != 0) {
+    fail_export(ex, SP_ENOMEM, "cannot start the planning thread");
+    finish(ex);
+    return;
+  }
+  ex->thread_alive = true;
 }
 
 static void maybe_start(struct job *job) {
@@ -488,90 +592,27 @@ static void maybe_start(struct job *job) {
     if (m == NULL || m->lost || !m->asked)
       return;
   }
-  uint32_t max_keys0, max_keys;
-  uint64_t max_bytes0, max_bytes;
-  resolved(job, &job->members[0]->ask, &max_keys0, &max_bytes0);
-  for (uint32_t r = 1; r < job->world; r++) {
-    resolved(job, &job->members[r]->ask, &max_keys, &max_bytes);
-    if (max_keys != max_keys0 || max_bytes != max_bytes0) {
-      char msg[256];
-      snprintf(msg, sizeof msg,
-               "ranks disagree on the export options: rank 0 asked max_keys "
-               "%" PRIu32 " and max_bytes %" PRIu64 ", rank %" PRIu32
-               " asked %" PRIu32 " and %" PRIu64,
-               max_keys0, max_bytes0, r, max_keys, max_bytes);
-      fail_gather(job, SP_EINVAL, msg);
-      return;
-    }
+  struct gather_ranks g = gather_of(job);
+  struct gather_options o;
+  char msg[256];
+  int rc = gather_agree(&g, job->srv->cfg, &o, msg, sizeof msg);
+  if (rc != 0) {
+    fail_gather(job, rc, msg);
+    return;
   }
-  struct export *ex = calloc(1, sizeof *ex);
-  if (ex != NULL) {
-    ex->ranks = calloc(job->world, sizeof *ex->ranks);
-    ex->rin = calloc(job->world, sizeof *ex->rin);
-  }
-  if (ex == NULL || ex->ranks == NULL || ex->rin == NULL) {
-    if (ex != NULL) {
-      free(ex->ranks);
-      free(ex->rin);
-    }
-    free(ex);
+  struct export *ex = begin_export(job, NULL, job->next_export_id, &o);
+  if (ex == NULL) {
     fail_gather(job, SP_ENOMEM, "out of memory starting the export");
     return;
   }
-  ex->job = job;
-  ex->id = job->next_export_id++;
-  ex->max_keys = max_keys0;
-  ex->max_bytes = max_bytes0;
-  ex->timeout_ms = UINT32_MAX;
-  ex->started_ms = monotonic_ms();
-  for (uint32_t r = 0; r < job->world; r++) {
-    struct job_member *m = job->members[r];
-    struct export_rank *er = &ex->ranks[r];
-    er->m = m;
-    er->request_id = m->ask_id;
-    er->progress = m->ask.progress;
-    er->timeout_ms = m->ask.timeout_ms > 0 ? m->ask.timeout_ms
-                                           : job->srv->cfg->export_timeout_ms;
-    er->groups = m->ask.groups;
-    er->sent_phase = JOB_WAITING;
-    er->segment_fd = -1;
-    memset(&m->ask.groups, 0, sizeof m->ask.groups);
-    if (er->timeout_ms < ex->timeout_ms)
-      ex->timeout_ms = er->timeout_ms;
-    m->asked = false;
-    m->in_export = true;
-    registry_rank_in(&m->reg, r, &ex->rin[r]);
-    ex->rin[r].ngroups = er->groups.ngroups;
-    ex->rin[r].groups = er->groups.groups;
-  }
-  ex->in = (struct plan_input){.world = job->world,
-                               .nranks = job->world,
-                               .ranks = ex->rin,
-                               .max_keys = ex->max_keys,
-                               .max_bytes = ex->max_bytes};
-  job->running = ex;
-  job->error[0] = '\0';
-  struct log_fields fields = export_fields(ex, 0);
-  log_with(LOG_LEVEL_INFO, &fields,
-           "job %s: export %" PRIu64 " started", job->hex, ex->id);
   ex->reuse_plan = plancache_applies(ex);
-  ex->compare = job->srv->cfg->compare_replicas;
-  ex->compare_threads = job->srv->engine_threads;
   if (ex->reuse_plan && !ex->compare) {
     start_moving(ex);
     if (ex->failed && !ex->thread_alive)
       finish(ex);
     return;
   }
-  ex->phase = JOB_PLANNING;
-  pump_progress(ex);
-  ex->planning_ms = monotonic_ms();
-  if (xfer_spawn(&ex->planner, plan_main, ex) != 0) {
-    fail_export(ex, SP_ENOMEM, "cannot start the planning thread");
-    finish(ex);
-    return;
-  }
-  ex->thread_alive = true;
+  start_planning(ex);
 }
 
 void export_advance(struct job *job) {
@@ -617,44 +658,17 @@ void export_member_lost(struct job *job, struct job_member *m) {
   job_wake(job);
 }
 
-/* "ranks 2 and 5 (rank 5 has not joined)": who a timed-out export waited
- * for. */
-static void missing_ranks(const struct job *job, char *buf, size_t len) {
-  size_t used = 0, named = 0, count = 0;
-  for (uint32_t r = 0; r < job->world; r++) {
-    const struct job_member *m = job->members[r];
-    if (m != NULL && m->asked)
-      continue;
-    count++;
-    if (named < 8 && used < len) {
-      used += (size_t)snprintf(buf + used, len - used, "%s%" PRIu32 "%s",
-                               named > 0 ? ", " : "", r,
-                               m == NULL ? " (not joined)" : "");
-      named++;
-    }
-  }
-  if (count > named && used < len)
-    snprintf(buf + used, len - used, " and %zu more", count - named);
-}
-
 void export_tick(struct job *job) {
   uint64_t now = monotonic_ms();
   struct export *ex = job->running;
   if (ex == NULL) {
-    /* Across nodes the root watches the asks' deadlines (mesh.c). */
-    for (uint32_t r = 0; r < job->world && job->mesh == NULL; r++) {
-      struct job_member *m = job->members[r];
-      if (m == NULL || !m->asked || now < m->ask_deadline_ms)
-        continue;
-      char who[200], msg[300];
-      missing_ranks(job, who, sizeof who);
-      snprintf(msg, sizeof msg,
-               "the export of job %s timed out waiting for rank(s) %s to ask "
-               "for it",
-               job->hex, who);
-      fail_gather(job, SP_ETIMEOUT, msg);
-      return;
-    }
+    /* Across nodes the root watches the asks' deadlines (mesh/coord.c). */
+    struct gather_ranks g = gather_of(job);
+    char msg[300];
+    int rc;
+    if (job->mesh == NULL &&
+        (rc = gather_overdue(&g, now, job->hex, msg, sizeof msg)) != 0)
+      fail_gather(job, rc, msg);
     return;
   }
   if (ex->phase == JOB_PLANNING && !ex->failed &&
@@ -786,71 +800,29 @@ int export_op_request(struct conn *c, const struct sp_msg_head *head,
   return 0;
 }
 
-int export_start_gathered(struct job *job, struct mesh_export *mx,
-                          uint64_t export_id, uint32_t max_keys,
-                          uint64_t max_bytes, uint32_t timeout_ms, char *msg,
-                          size_t msglen) {
+/* The wing's callbacks (daemon/mesh/mesh.h, struct mesh_ops). */
+static int on_mesh_start(struct job *job, struct mesh_export *mx,
+                         uint64_t export_id, uint32_t max_keys,
+                         uint64_t max_bytes, uint32_t timeout_ms, char *msg,
+                         size_t msglen) {
   if (job->running != NULL) {
     snprintf(msg, msglen, "job %s is still running export %" PRIu64,
              job->hex, job->running->id);
     return SP_ESTATE;
   }
-  struct export *ex = calloc(1, sizeof *ex);
-  if (ex != NULL)
-    ex->ranks = calloc(job->world, sizeof *ex->ranks);
-  if (ex == NULL || ex->ranks == NULL) {
-    free(ex);
+  struct gather_options o = {
+      .max_keys = max_keys, .max_bytes = max_bytes, .timeout_ms = timeout_ms};
+  struct export *ex = begin_export(job, mx, export_id, &o);
+  if (ex == NULL) {
     snprintf(msg, msglen, "out of memory starting the export");
     return SP_ENOMEM;
   }
-  ex->job = job;
-  ex->mx = mx;
-  ex->id = export_id;
-  job->next_export_id = export_id + 1;
-  ex->max_keys = max_keys;
-  ex->max_bytes = max_bytes;
-  ex->timeout_ms = timeout_ms;
-  ex->started_ms = monotonic_ms();
-  for (uint32_t r = 0; r < job->world; r++) {
-    struct job_member *m = job->members[r];
-    struct export_rank *er = &ex->ranks[r];
-    er->segment_fd = -1;
-    er->sent_phase = JOB_WAITING;
-    if (m == NULL || m->lost || !m->asked) {
-      /* A rank of another node: its daemon answers it. */
-      er->answered = true;
-      continue;
-    }
-    er->m = m;
-    er->request_id = m->ask_id;
-    er->progress = m->ask.progress;
-    er->timeout_ms = timeout_ms;
-    er->groups = m->ask.groups;
-    memset(&m->ask.groups, 0, sizeof m->ask.groups);
-    m->asked = false;
-    m->in_export = true;
-  }
-  job->running = ex;
-  job->error[0] = '\0';
-  struct log_fields fields = export_fields(ex, 0);
-  log_with(LOG_LEVEL_INFO, &fields,
-           "job %s: export %" PRIu64 " started (node %" PRIu32 ")", job->hex,
-           ex->id, mesh_self(job));
-  ex->compare = job->srv->cfg->compare_replicas;
-  ex->compare_threads = job->srv->engine_threads;
-  ex->phase = JOB_PLANNING;
-  pump_progress(ex);
-  ex->planning_ms = monotonic_ms();
-  if (xfer_spawn(&ex->planner, plan_main, ex) != 0) {
-    fail_export(ex, SP_ENOMEM, "cannot start the planning thread");
-    finish(ex);
-    return 0;
-  }
-  ex->thread_alive = true;
+  start_planning(ex);
   return 0;
 }
 
-void export_go(struct job *job, const struct replica_differ *differ) {
+static void on_mesh_go(struct job *job,
+                       const struct replica_differ *differ) {
   struct export *ex = job->running;
   if (ex == NULL || ex->await != AWAIT_GO || ex->failed)
     return;
@@ -877,7 +849,7 @@ void export_go(struct job *job, const struct replica_differ *differ) {
     finish(ex);
 }
 
-void export_publish(struct job *job) {
+static void on_mesh_publish(struct job *job) {
   struct export *ex = job->running;
   if (ex == NULL || ex->await != AWAIT_PUBLISH || ex->failed)
     return;
@@ -887,7 +859,7 @@ void export_publish(struct job *job) {
   job_wake(job);
 }
 
-void export_fail(struct job *job, int code, const char *message) {
+static void on_mesh_fail(struct job *job, int code, const char *message) {
   if (job->running == NULL)
     return;
   fail_export_as(job->running, code, message, false);
@@ -905,3 +877,28 @@ void export_fail_asks(struct job *job, int code, const char *message) {
   if (export_any_asked(job))
     fail_gather(job, code, message);
 }
+
+/* What the wing calls back: the job's own functions, and the export's
+ * above (one table, handed to the wing in srv->mesh_ops). */
+const struct mesh_ops export_mesh_ops = {
+    .now_ms = monotonic_ms,
+    .wake = job_wake,
+    .schedule = job_schedule,
+    .end = job_end,
+    .terminate = job_terminate,
+    .find = job_find,
+    .shadow = job_new,
+    .admit = job_admit,
+    .note_joined = job_note_joined,
+    .rank_departed = job_rank_departed,
+    .rank_returned = job_rank_returned,
+    .departed = job_departed,
+    .departure_text = job_departure_text,
+    .answer_ask = job_answer_ask,
+    .start = on_mesh_start,
+    .go = on_mesh_go,
+    .publish = on_mesh_publish,
+    .fail = on_mesh_fail,
+    .fail_asks = export_fail_asks,
+    .any_asked = export_any_asked,
+};

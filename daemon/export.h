@@ -42,30 +42,6 @@ struct export_view {
 };
 void export_view(const struct job *job, struct export_view *out);
 const char *export_phase_name(enum job_phase phase);
-/* Jobs across nodes (mesh.c).  Starts the export the root announced, from
- * the local ranks that asked and the gathered metadata of every rank, with
- * the options the root resolved: 0 (the export owns mx), or a code and a
- * message to fail it everywhere with (mx stays the caller's). */
-struct mesh_export;
-int export_start_gathered(struct job *job, struct mesh_export *mx,
-                          uint64_t export_id, uint32_t max_keys,
-                          uint64_t max_bytes, uint32_t timeout_ms, char *msg,
-                          size_t msglen);
-/* Two nodes' copies of the key-th replicated or plain key (in key order)
- * that differ, as the root found them (mesh.c, go). */
-struct replica_differ {
-  uint32_t key;
-  uint32_t ranks[2];
-  uint64_t digests[2];
-};
-/* The root's go (every node planned alike; differ: but two nodes' copies
- * of a replicated key differ, and the export is refused) and publish
- * (every node moved its data). */
-void export_go(struct job *job, const struct replica_differ *differ);
-void export_publish(struct job *job);
-/* Fails the running export, or the ranks waiting for one, with the root's
- * code and message (nothing is reported back to the root). */
-void export_fail(struct job *job, int code, const char *message);
 /* Fails the ranks of this node waiting for an export, and logs the failure
  * (once, at warn) when there are any. */
 void export_fail_asks(struct job *job, int code, const char *message);
@@ -75,5 +51,9 @@ bool export_any_asked(const struct job *job);
  * on every node) and the ranks waiting for one, with code and message:
  * an abort, a drain that ran out of time. */
 void export_abort(struct job *job, int code, const char *message);
+/* The wing's way back into jobs and exports (daemon/mesh/mesh.h), which
+ * the server hands it. */
+struct mesh_ops;
+extern const struct mesh_ops export_mesh_ops;
 
 #endif /* SP_DAEMON_EXPORT_H */

@@ -31,7 +31,6 @@ struct export_rank {
   struct job_member *m;
   uint64_t request_id;
   bool progress;
-  uint32_t timeout_ms;
   /* Got its error or every part of its reply. */
   bool answered;
   struct req_groups groups;
@@ -97,8 +96,8 @@ struct export {
    * GPU part (daemon/cuda/gpu.h). */
   struct gpu_segment **gpu_segments;
   struct gpu_run gpu_run;
-  /* A job across nodes (mesh.c): the gathered metadata and data plane,
-   * and which word of the root the export waits for. */
+  /* A job across nodes (daemon/mesh/): the gathered metadata and data
+   * plane, and which word of the root the export waits for. */
   struct mesh_export *mx;
   enum { AWAIT_NONE, AWAIT_GO, AWAIT_PUBLISH } await;
   /* Watching. */

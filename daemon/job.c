@@ -27,11 +27,11 @@
 
 #include "daemon/comms.h"
 #include "daemon/conn.h"
-#include "daemon/daemon.h"
 #include "daemon/export.h"
 #include "daemon/history.h"
 #include "daemon/job.h"
 #include "daemon/log.h"
+#include "daemon/mesh/mesh.h"
 #include "daemon/peer.h"
 #include "daemon/plancache.h"
 #include "daemon/pool.h"

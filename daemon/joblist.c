@@ -14,11 +14,11 @@
 #include <string.h>
 
 #include "daemon/conn.h"
-#include "daemon/daemon.h"
 #include "daemon/export.h"
 #include "daemon/history.h"
 #include "daemon/job.h"
 #include "daemon/joblist.h"
+#include "daemon/mesh/mesh.h"
 #include "daemon/peer.h"
 #include "daemon/request.h"
 #include "daemon/server.h"

@@ -19,8 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/daemon.h"
 #include "daemon/metrics.h"
+#include "daemon/netaddr.h"
 
 /* How long a scrape waits for the loop's fresh gauges. */
 #define METRICS_HTTP_GAUGE_WAIT_MS 250
@@ -134,7 +134,7 @@ int metrics_http_start(struct metrics *m, const struct sockaddr *addr,
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (h->daemon == NULL) {
     char where[NODE_ADDR_MAX];
-    nodelink_addr_format(addr, where, sizeof where);
+    netaddr_format(addr, where, sizeof where);
     log_msg(LOG_LEVEL_ERROR, "metrics: cannot serve HTTP on %s: %s", where,
             h->why[0] != '\0' ? h->why : "libmicrohttpd did not say why");
     free(h);
@@ -153,7 +153,7 @@ int metrics_http_start(struct metrics *m, const struct sockaddr *addr,
       ((struct sockaddr_in *)&bound)->sin_port = htons(info->port);
   }
   char where[NODE_ADDR_MAX];
-  nodelink_addr_format((const struct sockaddr *)&bound, where, sizeof where);
+  netaddr_format((const struct sockaddr *)&bound, where, sizeof where);
   log_msg(LOG_LEVEL_INFO,
           "metrics: serving http://%s/metrics (at most %u connections)",
           where, (unsigned)max_connections);

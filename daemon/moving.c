@@ -11,9 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "daemon/daemon.h"
 #include "daemon/export_run.h"
 #include "daemon/job.h"
+#include "daemon/mesh/mesh.h"
 #include "daemon/moving.h"
 #include "daemon/pool.h"
 #include "daemon/server.h"

@@ -22,6 +22,7 @@
 
 #include "daemon/publish.h"
 #include "daemon/registry.h"
+#include "proto/tensor.h"
 #include "shardport.h"
 
 void publish_layout_free(struct publish_layout *l) {
@@ -149,14 +150,6 @@ int publish_parts(const struct plan *plan, const struct publish_layout *l,
   return 0;
 }
 
-static void pack_dims(msgpack_packer *pk, const char *name, uint32_t ndim,
-                      const int64_t *dims) {
-  sp_pack_str(pk, name);
-  msgpack_pack_array(pk, ndim);
-  for (uint32_t d = 0; d < ndim; d++)
-    msgpack_pack_uint64(pk, (uint64_t)dims[d]);
-}
-
 static void pack_tensor(msgpack_packer *pk, const struct plan *plan,
                         const struct publish_layout *l,
                         const struct registry *owner, uint32_t k) {
@@ -165,11 +158,11 @@ static void pack_tensor(msgpack_packer *pk, const struct plan *plan,
   msgpack_pack_map(pk, 6);
   sp_pack_kv_str(pk, "key", key->name);
   sp_pack_kv_str(pk, "dtype", sp_dtype_name(key->dtype));
-  pack_dims(pk, "shape", key->ndim, key->shape);
+  sp_pack_kv_dims(pk, "shape", key->shape, key->ndim);
   if (as->kind == PLAN_KEY_IDENTITY) {
     /* The owner's own view, strides and all, in its own storage. */
     const struct plan_key_in *held = as->held;
-    pack_dims(pk, "stride", held->view.ndim, held->view.stride);
+    sp_pack_kv_dims(pk, "stride", held->view.stride, held->view.ndim);
     sp_pack_kv_u64(pk, "sid", owner->info[held->storage].sid);
     sp_pack_kv_u64(pk, "byte_offset",
                    (uint64_t)held->view.offset * sp_dtype_size(key->dtype));
@@ -181,7 +174,7 @@ static void pack_tensor(msgpack_packer *pk, const struct plan *plan,
     stride[d] = s;
     s *= key->shape[d] > 0 ? key->shape[d] : 1;
   }
-  pack_dims(pk, "stride", key->ndim, stride);
+  sp_pack_kv_dims(pk, "stride", stride, key->ndim);
   sp_pack_kv_u64(pk, "segment", 0);
   sp_pack_kv_u64(pk, "byte_offset", l->offset[k]);
 }

@@ -13,9 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/daemon.h"
+#include "daemon/netaddr.h"
 #include "daemon/request.h"
 #include "proto/fail.h"
+#include "proto/msg.h"
 #include "proto/text.h"
 #include "proto/wire.h"
 #include "shardport.h"
@@ -163,7 +164,7 @@ static bool parse_ticket_v2(const msgpack_object *map, struct req_ticket *out) {
   struct sockaddr_storage sa;
   socklen_t salen;
   if (sp_msg_get_str(map, "root", false, &root, &root_len) != 0 ||
-      nodelink_addr_parse(root, root_len, false, &sa, &salen) != 0)
+      netaddr_parse(root, root_len, false, &sa, &salen) != 0)
     return false;
   memcpy(out->root, root, root_len);
   out->root[root_len] = '\0';

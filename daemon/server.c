@@ -25,13 +25,14 @@
 #include "daemon/backend.h"
 #include "daemon/config.h"
 #include "daemon/conn.h"
-#include "daemon/daemon.h"
 #include "daemon/detach.h"
 #include "daemon/drain.h"
+#include "daemon/export.h"
 #include "daemon/job.h"
 #include "daemon/listen.h"
 #include "daemon/log.h"
 #include "daemon/loopwatch.h"
+#include "daemon/mesh/mesh.h"
 #include "daemon/metrics.h"
 #include "daemon/notify.h"
 #include "daemon/peer.h"
@@ -404,6 +405,7 @@ int server_run(const struct config_origin *origin, struct config *cfg,
       .started_ns = uv_hrtime(),
       .listener = {.fd = -1},
       .peer_fd = -1,
+      .mesh_ops = &export_mesh_ops,
   };
   /* Tells this daemon apart from others of a job (and from itself). */
   if (getrandom(&srv.node_id, sizeof srv.node_id, 0) != sizeof srv.node_id)

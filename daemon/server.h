@@ -20,6 +20,7 @@ struct conn;
 struct job;
 struct metrics;
 struct metrics_http;
+struct mesh_ops;
 struct nodelink;
 struct peerhost_entry;
 struct pool;
@@ -91,6 +92,8 @@ struct server {
   /* Room to choose a link to drop among peer_handshake_cap (nodelink.c). */
   struct peerhost_entry *peer_evict_scratch;
   struct log_limit peer_accept_log, peer_evict_log;
+  /* What the across-nodes wing calls back (daemon/mesh/mesh.h). */
+  const struct mesh_ops *mesh_ops;
   /* The loop's iterations (loopwatch.c): when the last one ended, the
    * loop's idle time then, and the longest busy time in each window: since
    * the last status, and since the last scrape. */

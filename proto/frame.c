@@ -180,13 +180,25 @@ int sp_frame_rx_read(struct sp_frame_rx *rx, int sock, struct sp_frame *out) {
   }
 }
 
+size_t sp_frame_tx_size(const struct sp_frame_tx *tx) {
+  return tx->len + tx->shared_len;
+}
+
 int sp_frame_tx_write(struct sp_frame_tx *tx, int sock) {
-  while (tx->off < tx->len) {
-    struct iovec iov = {.iov_base = tx->buf + tx->off,
-                        .iov_len = tx->len - tx->off};
+  size_t size = sp_frame_tx_size(tx);
+  while (tx->off < size) {
+    struct iovec iov[2];
+    size_t n = 0;
+    if (tx->off < tx->len)
+      iov[n++] = (struct iovec){.iov_base = tx->buf + tx->off,
+                                .iov_len = tx->len - tx->off};
+    size_t soff = tx->off > tx->len ? tx->off - tx->len : 0;
+    if (tx->shared_len > soff)
+      iov[n++] = (struct iovec){.iov_base = (void *)(tx->shared + soff),
+                                .iov_len = tx->shared_len - soff};
     /* Zeroed: the kernel reads the padding around the descriptors too. */
     union fd_control control = {0};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = n};
     if (tx->off == 0 && tx->nfds > 0) {
       msg.msg_control = control.buf;
       msg.msg_controllen = CMSG_SPACE(sizeof(int) * tx->nfds);
@@ -196,13 +208,13 @@ int sp_frame_tx_write(struct sp_frame_tx *tx, int sock) {
       c->cmsg_len = CMSG_LEN(sizeof(int) * tx->nfds);
       memcpy(CMSG_DATA(c), tx->fds, sizeof(int) * tx->nfds);
     }
-    ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
-    if (n < 0) {
+    ssize_t w = sendmsg(sock, &msg, MSG_NOSIGNAL);
+    if (w < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
         return 1;
       return errno == EPIPE || errno == ECONNRESET ? SP_ECLOSED : SP_EIO;
     }
-    tx->off += (size_t)n;
+    tx->off += (size_t)w;
   }
   return 0;
 }
@@ -212,6 +224,8 @@ void sp_frame_tx_free(struct sp_frame_tx *tx) {
     return;
   close_fds(tx->fds, &tx->nfds);
   free(tx->buf);
+  if (tx->release != NULL)
+    tx->release(tx->release_arg);
   free(tx);
 }
 

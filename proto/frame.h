@@ -70,15 +70,26 @@ void sp_frame_rx_reset(struct sp_frame_rx *rx);
  */
 int sp_frame_rx_read(struct sp_frame_rx *rx, int sock, struct sp_frame *out);
 
-/* A frame on its way out.  buf holds header and payload (see msg.h). */
+/* A frame on its way out.  buf holds header and payload (see msg.h), or
+ * the header only when the payload is shared: bytes tx does not own,
+ * written after buf, which several frames may send (the daemon relays one
+ * rank's registrations to every other daemon of its job); release(arg)
+ * runs when tx is freed. */
 struct sp_frame_tx {
   uint8_t *buf;
   size_t len;
-  size_t off;
+  size_t off; /* bytes written, of buf and shared together */
   int fds[SP_FDS_MAX];
   size_t nfds;
+  const uint8_t *shared;
+  size_t shared_len;
+  void (*release)(void *arg);
+  void *release_arg;
   struct sp_frame_tx *next;
 };
+
+/* The bytes tx puts on the socket: buf's and the shared payload's. */
+size_t sp_frame_tx_size(const struct sp_frame_tx *tx);
 
 /*
  * Writes as much of tx as the socket takes, attaching the fds to the first
@@ -89,7 +100,8 @@ struct sp_frame_tx {
  */
 int sp_frame_tx_write(struct sp_frame_tx *tx, int sock);
 
-/* Frees a heap-allocated tx with its buffer, closing the fds it owns. */
+/* Frees a heap-allocated tx with its buffer, closing the fds it owns and
+ * releasing a shared payload. */
 void sp_frame_tx_free(struct sp_frame_tx *tx);
 
 /* Writes a whole frame to a blocking socket. */

@@ -8,7 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/daemon.h"
+#include "daemon/mesh/nodelink.h"
+#include "daemon/mesh/nodemsg.h"
 #include "daemon/registry.h"
 #include "daemon/request.h"
 #include "proto/msg.h"
@@ -26,7 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   struct req_groups groups;
   char msg[SP_ERRMSG_MAX + 1];
 
-  nodelink_meta_limits(&limits);
+  nodemsg_meta_limits(&limits);
   if (!msgpack_zone_init(&zone, 4096))
     return 0;
   if (sp_wire_decode(data, size, &limits, &zone, &map) == 0 &&

@@ -17,7 +17,8 @@
 
 #include "build_config.h"
 #include "daemon/config.h"
-#include "daemon/daemon.h"
+#include "daemon/mesh/nodelink.h"
+#include "daemon/mesh/nodemsg.h"
 #include "daemon/registry.h"
 #include "daemon/request.h"
 #include "proto/msg.h"

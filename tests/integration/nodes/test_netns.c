@@ -12,7 +12,7 @@
  *
  * A second case puts IPv6 addresses of two /64s on the pair: one machine
  * cycling the addresses of its /64 must count as one host at
- * peer_handshakes (daemon/peerhost.c), so that its flood drops its own
+ * peer_handshakes (daemon/mesh/peerhost.c), so that its flood drops its own
  * links, not another daemon's handshake.
  *
  * Needs root and `ip netns`; where either is missing it says so on stdout

@@ -26,7 +26,6 @@
 
 #include "daemon/backend.h"
 #include "daemon/config.h"
-#include "daemon/daemon.h"
 #include "daemon/export.h"
 #include "daemon/job.h"
 #include "daemon/peer.h"

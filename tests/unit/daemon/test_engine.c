@@ -13,7 +13,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "daemon/daemon.h"
+#include "daemon/registry.h"
+#include "daemon/xfer/engine.h"
 #include "shardport.h"
 #include "tests/unit/daemon/tmodel.h"
 

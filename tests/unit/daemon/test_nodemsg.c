@@ -11,7 +11,9 @@
 #include <string.h>
 
 #include "daemon/config.h"
-#include "daemon/daemon.h"
+#include "daemon/mesh/nodelink.h"
+#include "daemon/mesh/nodemsg.h"
+#include "daemon/netaddr.h"
 #include "daemon/registry.h"
 #include "daemon/request.h"
 #include "proto/wire.h"
@@ -22,7 +24,7 @@
 static int addr(const char *s, bool port_optional) {
   struct sockaddr_storage sa;
   socklen_t len;
-  return nodelink_addr_parse(s, strlen(s), port_optional, &sa, &len);
+  return netaddr_parse(s, strlen(s), port_optional, &sa, &len);
 }
 
 START_TEST(peer_addresses) {
@@ -45,12 +47,12 @@ START_TEST(peer_addresses) {
   /* A NUL inside is not a shorter address. */
   struct sockaddr_storage sa;
   socklen_t len;
-  ck_assert_int_eq(nodelink_addr_parse("1.2.3.4:5\0x", 11, false, &sa, &len),
+  ck_assert_int_eq(netaddr_parse("1.2.3.4:5\0x", 11, false, &sa, &len),
                    SP_EINVAL);
   char text[NODE_ADDR_MAX];
   ck_assert_int_eq(addr("[::1]:80", false), 0);
-  nodelink_addr_parse("[::1]:80", 8, false, &sa, &len);
-  nodelink_addr_format((struct sockaddr *)&sa, text, sizeof text);
+  netaddr_parse("[::1]:80", 8, false, &sa, &len);
+  netaddr_format((struct sockaddr *)&sa, text, sizeof text);
   ck_assert_str_eq(text, "[::1]:80");
 }
 END_TEST

@@ -1,6 +1,6 @@
 /*
  * test_peerauth.c - the proofs of the handshake between daemons
- * (daemon/peerauth.c): the exact bytes docs/protocol.md names are MAC'd,
+ * (daemon/mesh/peerauth.c): the exact bytes docs/protocol.md names are MAC'd,
  * every one of them matters, and proofs compare equal only when equal.
  *
  * The expected proofs were computed from the documented layout with
@@ -14,7 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "daemon/daemon.h"
+#include "daemon/mesh/peerauth.h"
 #include "daemon/request.h"
 
 static uint8_t secret[JOB_SECRET_BYTES], job[JOB_ID_BYTES];

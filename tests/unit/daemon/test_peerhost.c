@@ -5,10 +5,11 @@
  */
 #include <arpa/inet.h>
 #include <check.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/daemon.h"
+#include "daemon/mesh/peerhost.h"
 
 /* The host of a numeric address, IPv4 or IPv6. */
 static struct peer_host host_of(const char *addr) {

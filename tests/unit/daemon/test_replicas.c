@@ -10,7 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "daemon/daemon.h"
+#include "daemon/registry.h"
+#include "daemon/xfer/replicas.h"
 #include "shardport.h"
 #include "tests/unit/daemon/tmodel.h"
 

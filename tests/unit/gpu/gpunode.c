@@ -31,7 +31,7 @@
 #include <string.h>
 
 #include "daemon/cuda/internal.h"
-#include "daemon/daemon.h"
+#include "daemon/plan/plan.h"
 #include "daemon/publish.h"
 #include "daemon/registry.h"
 #include "shardport.h"

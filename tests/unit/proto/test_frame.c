@@ -214,6 +214,57 @@ START_TEST(writer_resumes_on_a_full_socket) {
 }
 END_TEST
 
+static int released;
+static void count_release(void *arg) { released += *(int *)arg; }
+
+START_TEST(shared_payload_follows_the_header_and_is_released) {
+  /* A frame whose payload is shared: the header is the frame's own, the
+   * payload another's bytes, written after it across several writes, and
+   * released (never freed) when the frame is. */
+  size_t plen = 3u << 20;
+  uint8_t *payload = malloc(plen);
+  for (size_t i = 0; i < plen; i++)
+    payload[i] = (uint8_t)(i * 7 + 1);
+  struct sp_frame_tx *tx = calloc(1, sizeof *tx);
+  tx->buf = malloc(4);
+  tx->buf[0] = (uint8_t)(plen >> 24);
+  tx->buf[1] = (uint8_t)(plen >> 16);
+  tx->buf[2] = (uint8_t)(plen >> 8);
+  tx->buf[3] = (uint8_t)plen;
+  tx->len = 4;
+  tx->shared = payload;
+  tx->shared_len = plen;
+  int weight = 5;
+  tx->release = count_release;
+  tx->release_arg = &weight;
+  ck_assert_uint_eq(sp_frame_tx_size(tx), plen + 4);
+  set_nonblocking(sv[0]);
+  set_nonblocking(sv[1]);
+  struct sp_limits l;
+  sp_limits_default(&l);
+  l.max_frame = 4u << 20;
+  sp_frame_rx_reset(&rx);
+  sp_frame_rx_init(&rx, &l);
+  struct sp_frame f;
+  int got = 0, writes = 0;
+  while (!got) {
+    int rc = sp_frame_tx_write(tx, sv[0]);
+    ck_assert_int_ge(rc, 0);
+    writes++;
+    got = sp_frame_rx_read(&rx, sv[1], &f);
+    ck_assert_int_ge(got, 0);
+  }
+  ck_assert_int_gt(writes, 1);
+  ck_assert_uint_eq(f.len, plen);
+  ck_assert_mem_eq(f.data, payload, plen);
+  sp_frame_release(&f);
+  released = 0;
+  sp_frame_tx_free(tx);
+  ck_assert_int_eq(released, 5);
+  free(payload);
+}
+END_TEST
+
 static Suite *frame_suite(void) {
   Suite *s = suite_create("frame");
   TCase *tc = tcase_create("socketpair");
@@ -228,6 +279,7 @@ static Suite *frame_suite(void) {
   tcase_add_test(tc, end_of_stream_is_reported);
   tcase_add_test(tc, stream_cut_inside_a_frame_is_an_error);
   tcase_add_test(tc, writer_resumes_on_a_full_socket);
+  tcase_add_test(tc, shared_payload_follows_the_header_and_is_released);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -1,7 +1,7 @@
 /*
  * peerhost.c - which host a link to the peer port comes from, and which
  * link goes when links in their handshake are at peer_handshakes; see
- * daemon.h and docs/operations.md, "Limits on peers and ranks".
+ * peerhost.h and docs/operations.md, "Limits on peers and ranks".
  *
  * A host is what one machine cannot change by cycling addresses: an IPv4
  * address, or the /64 prefix of an IPv6 one (a host is given a /64 and
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/daemon.h"
+#include "daemon/mesh/peerhost.h"
 
 void peerhost_of(const struct sockaddr_storage *sa, struct peer_host *out) {
   static const uint8_t v4_mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff,

@@ -1,10 +1,11 @@
 /*
  * nodelink.c - connections between daemons: the peer listener, and one
- * framed connection over TCP per link; see daemon.h.
+ * framed connection over TCP per link; see nodelink.h.
  *
  * A link carries the same frames as a client connection (a 4-byte length,
- * one msgpack map) and is driven the same way, by a uv_poll_t and the
- * framing layer, so that nothing here blocks the loop.  Two kinds exist:
+ * one msgpack map) and runs on the same framed socket (framesock.c), so
+ * that nothing here blocks the loop; a frame it relays to several links
+ * shares its payload with them (struct sp_frame_tx).  Two kinds exist:
  * a control link from a daemon to its job's root, which stays a link, and
  * a data link between two daemons of a job, which is a link only for its
  * handshake and is then handed over as a bare socket to the job's
@@ -37,13 +38,11 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
-#include "daemon/config.h"
-#include "daemon/daemon.h"
-#include "daemon/log.h"
-#include "daemon/server.h"
+#include "daemon/framesock.h"
+#include "daemon/mesh/internal.h"
+#include "daemon/mesh/peerhost.h"
 #include "proto/wire.h"
 #include "shardport.h"
 
@@ -63,21 +62,14 @@
 #define NODELINK_KEEPCNT 3
 #define NODELINK_USER_TIMEOUT_MS 15000
 
-struct nodelink_tx {
-  struct nodelink_tx *next;
-  struct nodeblob *blob;
-  size_t off; /* of header and payload together */
-};
-
 struct nodelink {
   struct server *srv;
   struct nodelink *prev, *next;
   uint64_t id;
-  int sock;
-  uv_poll_t poll;
+  /* The socket, its poll, the frames in and out (framesock.h). */
+  struct framesock fs;
   uv_timer_t timer;
   int open_handles;
-  int events;
   bool connecting;
   bool closed;
   /* Reading has stopped; the link closes (or is handed over) once its
@@ -97,9 +89,6 @@ struct nodelink {
   uint8_t handshake[PEERAUTH_NONCE_BYTES];
   void (*detach_fn)(void *arg, int sock);
   void *detach_arg;
-  struct sp_frame_rx rx;
-  struct nodelink_tx *out_head, *out_tail;
-  uint64_t out_bytes;
   uint32_t expect_blobs;
   const struct nodelink_ops *ops;
   void *arg;
@@ -110,102 +99,6 @@ struct nodelink {
 static void control_limits(struct sp_limits *l) {
   sp_limits_default(l);
   l->max_fds = 0;
-}
-
-void nodelink_meta_limits(struct sp_limits *l) {
-  sp_limits_default(l);
-  l->max_frame = NODE_MAX_FRAME;
-  l->max_depth = 8;
-  l->max_items = NODE_MAX_ITEMS;
-  l->max_fds = 0;
-}
-
-/* ---- addresses ---- */
-
-int nodelink_addr_parse(const char *s, size_t len, bool port_optional,
-                        struct sockaddr_storage *out, socklen_t *outlen) {
-  char host[NODE_ADDR_MAX];
-  const char *port = NULL;
-  size_t hlen;
-  if (len == 0 || len >= NODE_ADDR_MAX || memchr(s, '\0', len) != NULL)
-    return SP_EINVAL;
-  if (s[0] == '[') {
-    const char *end = memchr(s, ']', len);
-    if (end == NULL)
-      return SP_EINVAL;
-    hlen = (size_t)(end - s - 1);
-    memcpy(host, s + 1, hlen);
-    size_t rest = len - (size_t)(end - s) - 1;
-    if (rest > 0) {
-      if (end[1] != ':')
-        return SP_EINVAL;
-      port = end + 2;
-    }
-  } else {
-    const char *colon = memchr(s, ':', len);
-    hlen = colon != NULL ? (size_t)(colon - s) : len;
-    memcpy(host, s, hlen);
-    if (colon != NULL)
-      port = colon + 1;
-  }
-  host[hlen] = '\0';
-  unsigned long p = 0;
-  if (port != NULL) {
-    size_t plen = len - (size_t)(port - s);
-    if (plen == 0 || plen > 5)
-      return SP_EINVAL;
-    for (size_t i = 0; i < plen; i++) {
-      if (port[i] < '0' || port[i] > '9')
-        return SP_EINVAL;
-      p = p * 10 + (unsigned long)(port[i] - '0');
-    }
-    if (p > 65535)
-      return SP_EINVAL;
-  } else if (!port_optional) {
-    return SP_EINVAL;
-  }
-  memset(out, 0, sizeof *out);
-  struct sockaddr_in *v4 = (struct sockaddr_in *)out;
-  struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)out;
-  if (s[0] != '[' && inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
-    v4->sin_family = AF_INET;
-    v4->sin_port = htons((uint16_t)p);
-    *outlen = sizeof *v4;
-    return 0;
-  }
-  if (s[0] == '[' && inet_pton(AF_INET6, host, &v6->sin6_addr) == 1) {
-    v6->sin6_family = AF_INET6;
-    v6->sin6_port = htons((uint16_t)p);
-    *outlen = sizeof *v6;
-    return 0;
-  }
-  return SP_EINVAL;
-}
-
-void nodelink_addr_format(const struct sockaddr *sa, char *buf, size_t len) {
-  char host[INET6_ADDRSTRLEN] = "?";
-  unsigned port = 0;
-  if (sa->sa_family == AF_INET) {
-    const struct sockaddr_in *v4 = (const struct sockaddr_in *)sa;
-    inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
-    port = ntohs(v4->sin_port);
-    snprintf(buf, len, "%s:%u", host, port);
-  } else if (sa->sa_family == AF_INET6) {
-    const struct sockaddr_in6 *v6 = (const struct sockaddr_in6 *)sa;
-    inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
-    port = ntohs(v6->sin6_port);
-    snprintf(buf, len, "[%s]:%u", host, port);
-  } else {
-    snprintf(buf, len, "?");
-  }
-}
-
-bool nodelink_addr_wildcard(const struct sockaddr_storage *sa) {
-  if (sa->ss_family == AF_INET)
-    return ((const struct sockaddr_in *)sa)->sin_addr.s_addr ==
-           htonl(INADDR_ANY);
-  const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
-  return IN6_IS_ADDR_UNSPECIFIED(a);
 }
 
 /* Keepalive and a bound on unacknowledged data, so that a dead peer ends
@@ -224,36 +117,6 @@ void nodelink_tune(int sock) {
                  sizeof timeout) != 0 ||
       setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on) != 0)
     log_msg(LOG_LEVEL_WARN, "peer socket options: %s", strerror(errno));
-}
-
-/* ---- blobs ---- */
-
-struct nodeblob *nodeblob_wrap(uint8_t *mem, const uint8_t *payload,
-                               size_t len) {
-  struct nodeblob *b = calloc(1, sizeof *b);
-  if (b == NULL)
-    return NULL;
-  b->refs = 1;
-  b->mem = mem;
-  b->payload = payload;
-  b->len = len;
-  b->hdr[0] = (uint8_t)(len >> 24);
-  b->hdr[1] = (uint8_t)(len >> 16);
-  b->hdr[2] = (uint8_t)(len >> 8);
-  b->hdr[3] = (uint8_t)len;
-  return b;
-}
-
-struct nodeblob *nodeblob_ref(struct nodeblob *b) {
-  b->refs++;
-  return b;
-}
-
-void nodeblob_unref(struct nodeblob *b) {
-  if (b == NULL || --b->refs > 0)
-    return;
-  free(b->mem);
-  free(b);
 }
 
 /* ---- links ---- */
@@ -284,19 +147,13 @@ static void on_handle_closed(uv_handle_t *handle) {
   if (--l->open_handles > 0)
     return;
   if (l->detach_fn != NULL && !l->failed) {
-    l->detach_fn(l->detach_arg, l->sock);
+    l->detach_fn(l->detach_arg, l->fs.sock);
   } else {
-    close(l->sock);
+    close(l->fs.sock);
     if (l->detach_fn != NULL)
       l->detach_fn(l->detach_arg, -1);
   }
-  sp_frame_rx_reset(&l->rx);
-  while (l->out_head != NULL) {
-    struct nodelink_tx *tx = l->out_head;
-    l->out_head = tx->next;
-    nodeblob_unref(tx->blob);
-    free(tx);
-  }
+  framesock_release(&l->fs);
   free(l);
 }
 
@@ -314,7 +171,7 @@ static void link_end(struct nodelink *l) {
     l->srv->links = l->next;
   if (l->next != NULL)
     l->next->prev = l->prev;
-  uv_close((uv_handle_t *)&l->poll, on_handle_closed);
+  framesock_close(&l->fs, on_handle_closed);
   uv_close((uv_handle_t *)&l->timer, on_handle_closed);
 }
 
@@ -354,14 +211,7 @@ static void on_timeout(uv_timer_t *timer) {
 }
 
 static int update_events(struct nodelink *l) {
-  int want = l->connecting ? UV_WRITABLE
-             : (l->draining ? 0 : UV_READABLE) |
-                   (l->out_head != NULL ? UV_WRITABLE : 0);
-  if (want == l->events)
-    return 0;
-  l->events = want;
-  int rc = want != 0 ? uv_poll_start(&l->poll, want, on_poll)
-                     : uv_poll_stop(&l->poll);
+  int rc = framesock_want(&l->fs, on_poll, !l->draining, l->connecting);
   if (rc != 0) {
     log_msg(LOG_LEVEL_ERROR, "peer %s: uv_poll: %s", l->peer, uv_strerror(rc));
     link_fail(l, SP_EIO);
@@ -372,89 +222,74 @@ static int update_events(struct nodelink *l) {
 
 /* Writes what the socket takes.  -1 when the link ended. */
 static int flush(struct nodelink *l) {
-  while (l->out_head != NULL) {
-    struct nodelink_tx *tx = l->out_head;
-    struct nodeblob *b = tx->blob;
-    struct iovec iov[2];
-    int n = 0;
-    if (tx->off < sizeof b->hdr)
-      iov[n++] = (struct iovec){b->hdr + tx->off, sizeof b->hdr - tx->off};
-    size_t poff = tx->off > sizeof b->hdr ? tx->off - sizeof b->hdr : 0;
-    if (b->len > poff)
-      iov[n++] = (struct iovec){(void *)(b->payload + poff), b->len - poff};
-    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-    ssize_t w = n > 0 ? sendmsg(l->sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT)
-                      : 0;
-    if (w < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
-        break;
-      log_msg(LOG_LEVEL_DEBUG, "peer %s: write: %s", l->peer, strerror(errno));
-      link_fail(l, errno == EPIPE || errno == ECONNRESET ? SP_ECLOSED : SP_EIO);
-      return -1;
-    }
-    tx->off += (size_t)w;
-    if (tx->off < sizeof b->hdr + b->len)
-      continue;
-    l->out_head = tx->next;
-    if (l->out_head == NULL)
-      l->out_tail = NULL;
-    l->out_bytes -= sizeof b->hdr + b->len;
-    nodeblob_unref(b);
-    free(tx);
+  int rc = framesock_flush(&l->fs);
+  if (rc < 0) {
+    log_msg(LOG_LEVEL_DEBUG, "peer %s: write: %s", l->peer, sp_strerror(rc));
+    link_fail(l, rc);
+    return -1;
   }
-  if (l->draining && l->out_head == NULL) {
+  if (l->draining && l->fs.out_head == NULL) {
     link_end(l);
     return -1;
   }
   return update_events(l);
 }
 
-int nodelink_send_blob(struct nodelink *l, struct nodeblob *b) {
-  if (l->closed || l->draining)
+static int queue(struct nodelink *l, struct sp_frame_tx *tx) {
+  if (l->closed || l->draining) {
+    sp_frame_tx_free(tx);
     return SP_ECLOSED;
-  struct nodelink_tx *tx = calloc(1, sizeof *tx);
-  if (tx == NULL)
-    return SP_ENOMEM;
-  tx->blob = nodeblob_ref(b);
-  if (l->out_tail != NULL)
-    l->out_tail->next = tx;
-  else
-    l->out_head = tx;
-  l->out_tail = tx;
-  l->out_bytes += sizeof b->hdr + b->len;
+  }
+  framesock_queue(&l->fs, tx);
   return update_events(l) == 0 ? 0 : SP_ECLOSED;
 }
 
-int nodelink_send(struct nodelink *l, struct sp_msgbuf *mb) {
-  struct sp_frame_tx tx;
-  int rc = sp_msgbuf_finish(mb, &tx);
-  if (rc != 0)
-    return rc;
-  struct nodeblob *b =
-      nodeblob_wrap(tx.buf, tx.buf + SP_FRAME_HEADER, tx.len - SP_FRAME_HEADER);
-  if (b == NULL) {
-    free(tx.buf);
+static void release_blob(void *arg) { nodeblob_unref(arg); }
+
+int nodelink_send_blob(struct nodelink *l, struct nodeblob *b) {
+  /* The header is the link's own; the payload is shared with every link
+   * that sends the blob. */
+  struct sp_frame_tx *tx = calloc(1, sizeof *tx);
+  uint8_t *hdr = malloc(sizeof b->hdr);
+  if (tx == NULL || hdr == NULL) {
+    free(tx);
+    free(hdr);
     return SP_ENOMEM;
   }
-  rc = nodelink_send_blob(l, b);
-  nodeblob_unref(b);
-  return rc;
+  memcpy(hdr, b->hdr, sizeof b->hdr);
+  tx->buf = hdr;
+  tx->len = sizeof b->hdr;
+  tx->shared = b->payload;
+  tx->shared_len = b->len;
+  tx->release = release_blob;
+  tx->release_arg = nodeblob_ref(b);
+  return queue(l, tx);
+}
+
+int nodelink_send(struct nodelink *l, struct sp_msgbuf *mb) {
+  struct sp_frame_tx *tx = calloc(1, sizeof *tx);
+  if (tx == NULL) {
+    sp_msgbuf_discard(mb);
+    return SP_ENOMEM;
+  }
+  int rc = sp_msgbuf_finish(mb, tx);
+  if (rc != 0) {
+    free(tx);
+    return rc;
+  }
+  return queue(l, tx);
 }
 
 int nodelink_send_error(struct nodelink *l, int code, const char *message) {
-  struct sp_frame_tx tx;
-  int rc = sp_msg_error(&tx, 0, code, "%s", message);
-  if (rc != 0)
-    return rc;
-  struct nodeblob *b =
-      nodeblob_wrap(tx.buf, tx.buf + SP_FRAME_HEADER, tx.len - SP_FRAME_HEADER);
-  if (b == NULL) {
-    free(tx.buf);
+  struct sp_frame_tx *tx = calloc(1, sizeof *tx);
+  if (tx == NULL)
     return SP_ENOMEM;
+  int rc = sp_msg_error(tx, 0, code, "%s", message);
+  if (rc != 0) {
+    free(tx);
+    return rc;
   }
-  rc = nodelink_send_blob(l, b);
-  nodeblob_unref(b);
-  return rc;
+  return queue(l, tx);
 }
 
 /* Stops reading and ends the link once its queue is written. */
@@ -484,7 +319,7 @@ void nodelink_hello_done(struct nodelink *l) {
   if (l->accepted)
     l->srv->peer_unidentified--;
   /* Known now: the blobs it may relay can be as large as registrations. */
-  l->rx.limits.max_frame = NODE_MAX_FRAME;
+  l->fs.rx.limits.max_frame = NODE_MAX_FRAME;
 }
 
 void nodelink_await(struct nodelink *l, bool waiting) {
@@ -535,7 +370,7 @@ static void dispatch(struct nodelink *l, struct sp_frame *frame) {
     l->ops->frame(l, l->arg, &head, &map);
   } else {
     /* The first frame of an accepted link says who it is. */
-    mesh_link_hello(l->srv, l, &head, &map);
+    hello_first_frame(l->srv, l, &head, &map);
   }
   msgpack_zone_destroy(&zone);
   sp_frame_release(frame);
@@ -544,7 +379,7 @@ static void dispatch(struct nodelink *l, struct sp_frame *frame) {
 static int read_frames(struct nodelink *l) {
   for (int i = 0; i < NODELINK_FRAMES_PER_WAKEUP; i++) {
     struct sp_frame frame = {.data = NULL};
-    int rc = sp_frame_rx_read(&l->rx, l->sock, &frame);
+    int rc = framesock_read(&l->fs, &frame);
     if (rc == 0)
       return 0;
     if (rc < 0) {
@@ -564,7 +399,7 @@ static int read_frames(struct nodelink *l) {
 static void finish_connect(struct nodelink *l) {
   int err = 0;
   socklen_t len = sizeof err;
-  if (getsockopt(l->sock, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+  if (getsockopt(l->fs.sock, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
     err = errno;
   if (err != 0) {
     log_msg(LOG_LEVEL_INFO, "peer %s: connect: %s", l->peer, strerror(err));
@@ -574,7 +409,7 @@ static void finish_connect(struct nodelink *l) {
   /* The timer runs on: the handshake must finish within peer_timeout of
    * the dial, however quickly the connect was taken. */
   l->connecting = false;
-  nodelink_tune(l->sock);
+  nodelink_tune(l->fs.sock);
   update_events(l);
 }
 
@@ -599,18 +434,15 @@ static struct nodelink *link_new(struct server *srv, int sock) {
   if (l == NULL)
     return NULL;
   l->srv = srv;
-  l->sock = sock;
   l->id = ++srv->next_link_id;
   /* Until the peer has proved who it is, only handshake frames. */
   struct sp_limits limits;
   control_limits(&limits);
   limits.max_frame = NODELINK_HANDSHAKE_MAX_FRAME;
-  sp_frame_rx_init(&l->rx, &limits);
-  if (uv_poll_init(srv->loop, &l->poll, sock) != 0) {
+  if (framesock_init(&l->fs, srv->loop, sock, &limits, l) != 0) {
     free(l);
     return NULL;
   }
-  l->poll.data = l;
   uv_timer_init(srv->loop, &l->timer);
   l->timer.data = l;
   l->open_handles = 2;
@@ -626,7 +458,7 @@ int nodelink_connect(struct server *srv, const char *addr,
                      struct nodelink **out) {
   struct sockaddr_storage sa;
   socklen_t salen;
-  if (nodelink_addr_parse(addr, strlen(addr), false, &sa, &salen) != 0)
+  if (netaddr_parse(addr, strlen(addr), false, &sa, &salen) != 0)
     return SP_EINVAL;
   int sock =
       socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -731,11 +563,11 @@ static void on_accept(uv_poll_t *handle, int status, int events) {
     l->accepted = true;
     peerhost_of(&sa, &l->host);
     srv->peer_unidentified++;
-    nodelink_addr_format((struct sockaddr *)&sa, l->peer, sizeof l->peer);
+    netaddr_format((struct sockaddr *)&sa, l->peer, sizeof l->peer);
     log_msg(LOG_LEVEL_DEBUG, "peer %s: connected", l->peer);
     uv_timer_start(&l->timer, on_timeout, srv->cfg->peer_timeout_ms, 0);
     if (update_events(l) == 0)
-      mesh_link_accepted(srv, l);
+      hello_accepted(srv, l);
   }
 }
 
@@ -779,7 +611,7 @@ int nodelink_listen_open(struct server *srv) {
   socklen_t blen = sizeof bound;
   getsockname(sock, (struct sockaddr *)&bound, &blen);
   char where[NODE_ADDR_MAX];
-  nodelink_addr_format((struct sockaddr *)&bound, where, sizeof where);
+  netaddr_format((struct sockaddr *)&bound, where, sizeof where);
   /* What other daemons dial: peer_advertise, or the listen address; a port
    * of 0 in either means the port the kernel gave. */
   struct sockaddr_storage adv =
@@ -792,7 +624,7 @@ int nodelink_listen_open(struct server *srv) {
   if (adv.ss_family == AF_INET6 &&
       ((struct sockaddr_in6 *)&adv)->sin6_port == 0)
     ((struct sockaddr_in6 *)&adv)->sin6_port = port;
-  nodelink_addr_format((struct sockaddr *)&adv, srv->peer_address,
+  netaddr_format((struct sockaddr *)&adv, srv->peer_address,
                        sizeof srv->peer_address);
   srv->peer_handshake_cap = handshake_cap(cfg);
   srv->peer_evict_scratch =

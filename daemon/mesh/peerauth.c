@@ -1,5 +1,5 @@
 /*
- * peerauth.c - the proofs of the handshake between daemons; see daemon.h
+ * peerauth.c - the proofs of the handshake between daemons; see peerauth.h
  * and docs/protocol.md ("Handshakes").
  *
  * Two daemons of a job prove to each other that they know the job's secret
@@ -20,8 +20,7 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "daemon/daemon.h"
-#include "daemon/request.h"
+#include "daemon/mesh/peerauth.h"
 #include "shardport.h"
 
 /* The first bytes of every MAC'd message: names the protocol and its

@@ -1,6 +1,6 @@
 /*
  * nodemsg.c - the messages between daemons (docs/protocol.md, "Between
- * daemons"), packed and parsed in one place; see daemon.h.
+ * daemons"), packed and parsed in one place; see nodemsg.h.
  *
  * Every field is read with the bounds the protocol states, and a message
  * that breaks one is refused with a sentence naming the field, exactly as
@@ -18,10 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/daemon.h"
-#include "daemon/registry.h"
-#include "daemon/request.h"
+#include "daemon/mesh/nodelink.h"
+#include "daemon/mesh/nodemsg.h"
+#include "daemon/netaddr.h"
 #include "proto/fail.h"
+#include "proto/tensor.h"
 #include "proto/wire.h"
 #include "shardport.h"
 
@@ -99,7 +100,7 @@ static int get_addr(const msgpack_object *map, const char *key, char *out,
   socklen_t salen;
   if (sp_msg_get_str(map, key, false, &p, &n) != 0)
     return sp_failf(msg, msglen, SP_EBADMSG, "\"%s\" must be a string", key);
-  if (nodelink_addr_parse(p, n, false, &sa, &salen) != 0)
+  if (netaddr_parse(p, n, false, &sa, &salen) != 0)
     return sp_failf(msg, msglen, SP_EINVAL, "\"%s\" is not a numeric "
                     "address and port", key);
   memcpy(out, p, n);
@@ -593,46 +594,38 @@ void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
 
 /* ---- a rank's registrations ---- */
 
-static void pack_dims(msgpack_packer *pk, const char *name, uint32_t ndim,
-                      const int64_t *dims) {
-  sp_pack_str(pk, name);
-  msgpack_pack_array(pk, ndim);
-  for (uint32_t d = 0; d < ndim; d++)
-    msgpack_pack_uint64(pk, (uint64_t)dims[d]);
+static void piece_wire(const void *pieces, size_t i,
+                       struct sp_piece_wire *out) {
+  const struct affine_piece *p = &((const struct affine_piece *)pieces)[i];
+  *out = (struct sp_piece_wire){.ndim = p->ndim,
+                                .shape = p->shape,
+                                .src_stride = p->src_stride,
+                                .dst_stride = p->dst_stride,
+                                .src_offset = p->src_offset,
+                                .dst_offset = p->dst_offset,
+                                .nholders = p->nholders,
+                                .holders = p->holders};
 }
 
-static void pack_piece(msgpack_packer *pk, const struct affine_piece *p) {
-  msgpack_pack_map(pk, 6);
-  pack_dims(pk, "shape", p->ndim, p->shape);
-  pack_dims(pk, "src_stride", p->ndim, p->src_stride);
-  pack_dims(pk, "dst_stride", p->ndim, p->dst_stride);
-  sp_pack_kv_u64(pk, "src_offset", (uint64_t)p->src_offset);
-  sp_pack_kv_u64(pk, "dst_offset", (uint64_t)p->dst_offset);
-  sp_pack_str(pk, "holders");
-  msgpack_pack_array(pk, p->nholders);
-  for (uint32_t h = 0; h < p->nholders; h++)
-    msgpack_pack_uint32(pk, p->holders[h]);
-}
-
-/* A tensor as tensor_add spells it (docs/protocol.md). */
+/* A tensor as the rank's own tensor_add spelled it (docs/protocol.md). */
 static void pack_tensor(msgpack_packer *pk, const struct registry *reg,
                         const struct plan_key_in *k) {
-  bool affine = k->placement == PLAN_AFFINE;
-  msgpack_pack_map(pk, affine ? 9 : 8);
-  sp_pack_kv_str(pk, "key", k->name);
-  sp_pack_kv_u64(pk, "sid", reg->info[k->storage].sid);
-  sp_pack_kv_str(pk, "dtype", sp_dtype_name(k->view.dtype));
-  pack_dims(pk, "shape", k->view.ndim, k->view.shape);
-  pack_dims(pk, "stride", k->view.ndim, k->view.stride);
-  sp_pack_kv_u64(pk, "offset", (uint64_t)k->view.offset);
-  sp_pack_kv_str(pk, "placement", plan_layout_placement_name(k->placement));
-  pack_dims(pk, "global_shape", k->ndim, k->shape);
-  if (affine) {
-    sp_pack_str(pk, "pieces");
-    msgpack_pack_array(pk, (uint32_t)k->npieces);
-    for (size_t i = 0; i < k->npieces; i++)
-      pack_piece(pk, &k->pieces[i]);
-  }
+  sp_tensor_pack(
+      pk, &(struct sp_tensor_wire){
+              .key = k->name,
+              .sid = reg->info[k->storage].sid,
+              .dtype = sp_dtype_name(k->view.dtype),
+              .ndim = k->view.ndim,
+              .shape = k->view.shape,
+              .stride = k->view.stride,
+              .offset = k->view.offset,
+              .placement = plan_layout_placement_name(k->placement),
+              .global_ndim = k->ndim,
+              .global_shape = k->shape,
+              .affine = k->placement == PLAN_AFFINE,
+              .npieces = k->npieces,
+              .piece = piece_wire,
+              .pieces = k->pieces});
 }
 
 void nodemsg_pack_meta(uint32_t rank, const struct registry *reg,
@@ -713,6 +706,14 @@ static int parse_storages(const msgpack_object *map, struct registry *reg,
   return rc;
 }
 
+void nodemsg_meta_limits(struct sp_limits *l) {
+  sp_limits_default(l);
+  l->max_frame = NODE_MAX_FRAME;
+  l->max_depth = 8;
+  l->max_items = NODE_MAX_ITEMS;
+  l->max_fds = 0;
+}
+
 int nodemsg_parse_meta(const uint8_t *data, size_t len, uint32_t rank,
                        struct registry *reg, struct req_groups *groups,
                        char *msg, size_t msglen) {
@@ -722,7 +723,7 @@ int nodemsg_parse_meta(const uint8_t *data, size_t len, uint32_t rank,
   struct sp_msg_head head;
   memset(groups, 0, sizeof *groups);
   registry_init(reg, SP_DEVICE_CPU);
-  nodelink_meta_limits(&limits);
+  nodemsg_meta_limits(&limits);
   if (!msgpack_zone_init(&zone, MSGPACK_ZONE_CHUNK_SIZE))
     return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
   int rc = sp_wire_decode(data, len, &limits, &zone, &map);

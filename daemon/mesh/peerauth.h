@@ -1,0 +1,40 @@
+/*
+ * peerauth.h - the proofs daemons exchange to show they know a job's secret
+ * (peerauth.c).  Internal to daemon/mesh/.
+ */
+#ifndef SP_DAEMON_MESH_PEERAUTH_H
+#define SP_DAEMON_MESH_PEERAUTH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "daemon/layer.h"
+#include "daemon/request.h"
+
+/* The handshake between daemons proves the job's secret without sending
+ * it (docs/protocol.md, "Handshakes"). */
+#define PEERAUTH_NONCE_BYTES 32
+#define PEERAUTH_PROOF_BYTES 32
+
+/* Who proves: the daemon that dialled the link, or the one that listened. */
+enum peerauth_side { PEERAUTH_DIALER = 1, PEERAUTH_LISTENER = 2 };
+/* Which link the proof opens: a control link (peer_hello) or a data link
+ * (peer_data). */
+enum peerauth_link { PEERAUTH_CONTROL = 1, PEERAUTH_DATA = 2 };
+
+/* A fresh random nonce from getrandom: 0 or SP_EINTERNAL. */
+int peerauth_nonce(uint8_t nonce[PEERAUTH_NONCE_BYTES]);
+/* HMAC-SHA-256 keyed by the job's secret over "shardport-peer-2", side,
+ * link, the job id, the listener's nonce and the dialer's nonce. */
+void peerauth_proof(const uint8_t secret[JOB_SECRET_BYTES],
+                    enum peerauth_side side, enum peerauth_link link,
+                    const uint8_t job[JOB_ID_BYTES],
+                    const uint8_t listener_nonce[PEERAUTH_NONCE_BYTES],
+                    const uint8_t dialer_nonce[PEERAUTH_NONCE_BYTES],
+                    uint8_t proof[PEERAUTH_PROOF_BYTES]);
+/* Compares two proofs in time independent of where they differ. */
+bool peerauth_equal(const uint8_t a[PEERAUTH_PROOF_BYTES],
+                    const uint8_t b[PEERAUTH_PROOF_BYTES]);
+
+
+#endif /* SP_DAEMON_MESH_PEERAUTH_H */
