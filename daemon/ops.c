@@ -41,9 +41,9 @@ static int op_status(struct conn *c, const struct sp_msg_head *head,
  * that declare new_work start something a stopping daemon would only have
  * to break: while it drains (drain.c) they are answered daemon_stopping
  * and never reach their handler.  An op whose frames may be large splits
- * its handler in two: prepare, which reads the request out of the decoded
- * frame and may run on a worker thread, and serve, which does the rest on
- * the loop; its handler does both. */
+ * its handler in two (struct conn_prepared_op): prepare, which reads the
+ * request out of the decoded frame and may run on a worker thread, and
+ * serve, which does the rest on the loop; its handler does both. */
 static const struct op ops[] = {
     {"hello", false, false, conn_op_hello},
     {"ping", false, false, op_ping},
@@ -52,10 +52,10 @@ static const struct op ops[] = {
     {"join", false, true, job_op_join},
     {"leave", false, false, job_op_leave},
     {"storage_add", true, true, registration_op_storage_add,
-     registration_prepare_storages, registration_serve},
+     &registration_storages_op},
     {"tensor_add", false, true, registration_op_tensor_add,
-     registration_prepare_tensors, registration_serve},
-    {"export", false, true, export_op_request},
+     &registration_tensors_op},
+    {"export", false, true, export_op_request, &export_ask_op},
     {"release", false, false, release_op_release},
     {"jobs", false, false, joblist_op_jobs},
     {"job_status", false, false, joblist_op_job_status},

@@ -13,14 +13,10 @@
 #include "proto/msg.h"
 
 struct conn;
-struct registration;
+struct conn_prepared_op;
 
 typedef int (*op_handler)(struct conn *c, const struct sp_msg_head *head,
                           const msgpack_object *map, struct sp_frame *frame);
-typedef struct registration *(*op_prepare)(const msgpack_object *map,
-                                          const struct sp_frame *frame);
-typedef int (*op_serve)(struct conn *c, const struct sp_msg_head *head,
-                        struct sp_frame *frame, struct registration *r);
 
 /* One entry of the dispatch table (ops.c says what each field promises). */
 struct op {
@@ -28,8 +24,8 @@ struct op {
   bool takes_fds;
   bool new_work;
   op_handler handle;
-  op_prepare prepare;
-  op_serve serve;
+  /* An op whose frames may be large: its two parts (conn.h). */
+  const struct conn_prepared_op *prepared;
 };
 
 /* The entry of the op called name, or NULL when there is none. */
