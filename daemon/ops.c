@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "daemon/abort.h"
+#include "daemon/ask.h"
 #include "daemon/conn.h"
-#include "daemon/export.h"
 #include "daemon/job.h"
 #include "daemon/joblist.h"
 #include "daemon/ops.h"
@@ -55,7 +55,7 @@ static const struct op ops[] = {
      &registration_storages_op},
     {"tensor_add", false, true, registration_op_tensor_add,
      &registration_tensors_op},
-    {"export", false, true, export_op_request, &export_ask_op},
+    {"export", false, true, ask_op_export, &ask_export_op},
     {"release", false, false, release_op_release},
     {"jobs", false, false, joblist_op_jobs},
     {"job_status", false, false, joblist_op_job_status},
