@@ -3,7 +3,7 @@
  *
  * libuv cannot pass a memfd or a cuMem fd through its streams, so the socket
  * is driven by a uv_poll_t and read and written by the framing layer
- * (framesock.c over sp_frame_rx_read / sp_frame_tx_write), which carries
+ * (framesock.c over sp__frame_rx_read / sp__frame_tx_write), which carries
  * SCM_RIGHTS fds.
  *
  * One misbehaving client must never affect another, so all state here is
@@ -18,7 +18,7 @@
  *     connection gets CONN_DRAIN_TIMEOUT_MS to take its last reply, so that
  *     idle sockets cannot hold max_clients slots forever.
  *
- * Every frame is decoded exactly once here, with sp_wire_decode; handlers
+ * Every frame is decoded exactly once here, with sp__wire_decode; handlers
  * see only checked msgpack objects.
  *
  * Decoding costs a multiple of a frame's size, and a registration frame may
@@ -276,15 +276,15 @@ void conn_finish(struct conn *c, int code, const char *fmt, ...) {
 int conn_send(struct conn *c, struct sp_frame_tx *tx) {
   tx->next = NULL;
   if (c->closed) {
-    sp_frame_tx_free(tx);
+    sp__frame_tx_free(tx);
     return SP_ECLOSED;
   }
-  if (c->fs.out_bytes + sp_frame_tx_size(tx) > c->srv->cfg->max_output) {
+  if (c->fs.out_bytes + sp__frame_tx_size(tx) > c->srv->cfg->max_output) {
     log_msg(LOG_LEVEL_WARN,
             "client %" PRIu64 " (pid %d): more than max_output (%" PRIu64
             " bytes) of replies unread; disconnecting",
             c->id, (int)c->peer.pid, c->srv->cfg->max_output);
-    sp_frame_tx_free(tx);
+    sp__frame_tx_free(tx);
     conn_close(c);
     return SP_ELIMIT;
   }
@@ -296,10 +296,10 @@ int conn_send(struct conn *c, struct sp_frame_tx *tx) {
 int conn_send_msgbuf(struct conn *c, struct sp_msgbuf *mb) {
   struct sp_frame_tx *tx = calloc(1, sizeof(*tx));
   if (tx == NULL) {
-    sp_msgbuf_discard(mb);
+    sp__msgbuf_discard(mb);
     return SP_ENOMEM;
   }
-  int rc = sp_msgbuf_finish(mb, tx);
+  int rc = sp__msgbuf_finish(mb, tx);
   if (rc < 0) {
     free(tx);
     return rc;
@@ -318,7 +318,7 @@ int conn_send_error(struct conn *c, uint64_t id, int code, const char *fmt,
   struct sp_frame_tx *tx = calloc(1, sizeof(*tx));
   if (tx == NULL)
     return SP_ENOMEM;
-  int rc = sp_msg_error(tx, id, code, "%s", message);
+  int rc = sp__msg_error(tx, id, code, "%s", message);
   if (rc < 0) {
     free(tx);
     return rc;
@@ -333,7 +333,7 @@ int conn_op_hello(struct conn *c, const struct sp_msg_head *head,
     return conn_send_error(c, head->id, SP_ESTATE,
                            "hello was already exchanged on this connection");
   uint64_t version;
-  if (sp_msg_get_u64(map, "version", false, &version) != 0) {
+  if (sp__msg_get_u64(map, "version", false, &version) != 0) {
     drain(c);
     return conn_send_error(c, head->id, SP_EBADMSG,
                            "hello needs an unsigned \"version\"");
@@ -350,7 +350,7 @@ int conn_op_hello(struct conn *c, const struct sp_msg_head *head,
                            version, SP_PROTOCOL_VERSION);
   }
   char client[64] = "";
-  if (sp_msg_get_strbuf(map, "client", true, client, sizeof(client)) < 0)
+  if (sp__msg_get_strbuf(map, "client", true, client, sizeof(client)) < 0)
     snprintf(client, sizeof(client), "(unreadable)");
   log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": hello from %s", c->id,
           client[0] != '\0' ? client : "(unnamed)");
@@ -358,9 +358,9 @@ int conn_op_hello(struct conn *c, const struct sp_msg_head *head,
   c->fs.rx.limits.max_frame = c->srv->cfg->limits.max_frame;
   uv_timer_stop(&c->timer);
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "hello", head->id, 2);
-  sp_pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION);
-  sp_pack_kv_str(&mb.pk, "daemon", SP_VERSION);
+  sp__msgbuf_begin(&mb, "hello", head->id, 2);
+  sp__pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION);
+  sp__pack_kv_str(&mb.pk, "daemon", SP_VERSION);
   return conn_send_msgbuf(c, &mb);
 }
 
@@ -386,11 +386,11 @@ static void decode(const struct sp_limits *limits, const struct sp_frame *frame,
     return;
   }
   d->has_zone = true;
-  d->rc = sp_wire_decode(frame->data, frame->len, limits, &d->zone, &d->map);
-  if (d->rc == 0 && (d->rc = sp_msg_head(&d->map, &d->head)) < 0) {
+  d->rc = sp__wire_decode(frame->data, frame->len, limits, &d->zone, &d->map);
+  if (d->rc == 0 && (d->rc = sp__msg_head(&d->map, &d->head)) < 0) {
     /* The envelope is broken, but an id that is there is still echoed. */
     d->head.id = 0;
-    sp_msg_get_u64(&d->map, "id", false, &d->head.id);
+    sp__msg_get_u64(&d->map, "id", false, &d->head.id);
   }
   const struct op *op = d->rc == 0 && prepare ? ops_find(d->head.op) : NULL;
   if (op != NULL && op->prepared != NULL) {
@@ -404,7 +404,7 @@ static void decoded_free(struct decoded *d, struct sp_frame *frame) {
     d->op->prepared->free(d->prepared);
   if (d->has_zone)
     msgpack_zone_destroy(&d->zone);
-  sp_frame_release(frame);
+  sp__frame_release(frame);
 }
 
 /* What an op's handler or step returned: true when it wants another step;
@@ -452,7 +452,7 @@ static bool serve(struct conn *c, struct sp_frame *frame, struct decoded *d) {
   if (op->new_work && drain_refuse(c->srv, c, head->id, head->op))
     return false;
   if (!op->takes_fds && frame->nfds > 0) {
-    size_t n = sp_frame_close_fds(frame);
+    size_t n = sp__frame_close_fds(frame);
     log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": closed %zu fd(s) sent with %s",
             c->id, n, head->op);
   }
@@ -653,7 +653,7 @@ static void unstage(struct conn *c) {
   if (w->item.where == STAGE_WAITING) {
     stage_remove(c->srv, &w->item);
     c->staged = NULL;
-    sp_frame_release(&w->frame);
+    sp__frame_release(&w->frame);
     free(w);
     conn_unref(c);
   } else if (w->item.where == STAGE_QUEUED) {
@@ -693,7 +693,7 @@ static int read_frames(struct conn *c) {
     case SP_ETOOMANYFDS:
       log_msg(LOG_LEVEL_INFO, "client %" PRIu64 " (pid %d): %s; closing",
               c->id, (int)c->peer.pid, sp_strerror(rc));
-      sp_frame_rx_reset(&c->fs.rx);
+      sp__frame_rx_reset(&c->fs.rx);
       if (rc == SP_EFRAMETOOBIG)
         conn_send_error(c, 0, rc, "frame is larger than max_frame (%" PRIu32
                                   " bytes)",

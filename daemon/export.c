@@ -197,7 +197,7 @@ static void fail_export(struct export *ex, int code, const char *message) {
 static void set_job_error(struct job *job, int code, const char *message) {
   char text[sizeof job->error];
   snprintf(text, sizeof text, "%s: %s", sp_err_name(code), message);
-  sp_text_sanitize(text, job->error, sizeof job->error);
+  sp__text_sanitize(text, job->error, sizeof job->error);
 }
 
 static void fail_export_as(struct export *ex, int code, const char *message,
@@ -297,8 +297,8 @@ static int compare_replicas(struct export *ex, const struct plan *plan) {
     return 0;
   const struct xfer_storage **src = calloc(job->world, sizeof *src);
   if (src == NULL)
-    return sp_failf(ex->plan_msg, sizeof ex->plan_msg, SP_ENOMEM,
-                    "out of memory comparing replicated keys");
+    return sp__failf(ex->plan_msg, sizeof ex->plan_msg, SP_ENOMEM,
+                     "out of memory comparing replicated keys");
   for (uint32_t r = 0; r < job->world; r++)
     if (ex->ranks[r].m != NULL)
       src[r] = ex->ranks[r].m->reg.info;

@@ -361,17 +361,17 @@ static int ticket_pack(const struct job *job, msgpack_sbuffer *sb) {
   bool nodes = job->mesh != NULL;
   bool nccl = nodes && job->has_nccl_id;
   msgpack_pack_map(&pk, (nodes ? 5 : 4) + (nccl ? 1 : 0));
-  sp_pack_kv_u64(&pk, "v", nodes ? 2 : 1);
+  sp__pack_kv_u64(&pk, "v", nodes ? 2 : 1);
   if (nodes)
-    sp_pack_kv_str(&pk, "root", job->srv->peer_address);
-  sp_pack_str(&pk, "job");
-  sp_pack_bin(&pk, job->id, JOB_ID_BYTES);
-  sp_pack_str(&pk, "secret");
-  sp_pack_bin(&pk, job->secret, JOB_SECRET_BYTES);
-  sp_pack_kv_u64(&pk, "world", job->world);
+    sp__pack_kv_str(&pk, "root", job->srv->peer_address);
+  sp__pack_str(&pk, "job");
+  sp__pack_bin(&pk, job->id, JOB_ID_BYTES);
+  sp__pack_str(&pk, "secret");
+  sp__pack_bin(&pk, job->secret, JOB_SECRET_BYTES);
+  sp__pack_kv_u64(&pk, "world", job->world);
   if (nccl) {
-    sp_pack_str(&pk, "nccl_id");
-    sp_pack_bin(&pk, job->nccl_id, GPU_NCCL_ID_BYTES);
+    sp__pack_str(&pk, "nccl_id");
+    sp__pack_bin(&pk, job->nccl_id, GPU_NCCL_ID_BYTES);
   }
   if (sb->data == NULL || sb->size > SP_TICKET_MAX) {
     msgpack_sbuffer_destroy(sb);
@@ -488,10 +488,10 @@ int job_op_create(struct conn *c, const struct sp_msg_head *head,
           (int)job->owner_pid);
 
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "job_create", head->id, 2);
-  sp_pack_kv_str(&mb.pk, "job_id", job->hex);
-  sp_pack_str(&mb.pk, "ticket");
-  sp_pack_bin(&mb.pk, ticket.data, ticket.size);
+  sp__msgbuf_begin(&mb, "job_create", head->id, 2);
+  sp__pack_kv_str(&mb.pk, "job_id", job->hex);
+  sp__pack_str(&mb.pk, "ticket");
+  sp__pack_bin(&mb.pk, ticket.data, ticket.size);
   msgpack_sbuffer_destroy(&ticket);
   return conn_send_msgbuf(c, &mb);
 }
@@ -642,8 +642,8 @@ struct job_member *job_admit(struct job *job, struct conn *c,
           "job %s: rank %" PRIu32 " joined (%" PRIu32 " of %" PRIu32 ")",
           job->hex, req->rank, job->joined, job->world);
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "join", request_id, 1);
-  sp_pack_kv_str(&mb.pk, "job_id", job->hex);
+  sp__msgbuf_begin(&mb, "join", request_id, 1);
+  sp__pack_kv_str(&mb.pk, "job_id", job->hex);
   conn_send_msgbuf(c, &mb);
   /* An export may have waited for this rank's registrations only. */
   job_wake(job);
@@ -665,7 +665,7 @@ int job_op_leave(struct conn *c, const struct sp_msg_head *head,
   m->conn = NULL;
   job_wake(m->job);
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "leave", head->id, 0);
+  sp__msgbuf_begin(&mb, "leave", head->id, 0);
   return conn_send_msgbuf(c, &mb);
 }
 
@@ -698,27 +698,27 @@ void job_pack(const struct job *job, msgpack_packer *pk, uint32_t extra) {
   job_count_ranks(job, &joined, &asked);
   bool failed = v.phase == JOB_FAILED;
   msgpack_pack_map(pk, (failed ? 18 : 17) + extra);
-  sp_pack_kv_str(pk, "job_id", job->hex);
-  sp_pack_kv_str(pk, "phase", export_phase_name(v.phase));
+  sp__pack_kv_str(pk, "job_id", job->hex);
+  sp__pack_kv_str(pk, "phase", export_phase_name(v.phase));
   if (failed)
-    sp_pack_kv_str(pk, "error", job->error);
-  sp_pack_kv_u64(pk, "world", job->world);
-  sp_pack_kv_u64(pk, "joined", joined);
-  sp_pack_kv_u64(pk, "asked", asked);
-  sp_pack_kv_u64(pk, "export_id", v.export_id);
-  sp_pack_kv_u64(pk, "round", v.round);
-  sp_pack_kv_u64(pk, "rounds", v.rounds);
-  sp_pack_kv_u64(pk, "bytes_moved", v.bytes_moved);
-  sp_pack_kv_u64(pk, "bytes_total", v.bytes_total);
-  sp_pack_kv_u64(pk, "bytes_prepared", v.bytes_prepared);
-  sp_pack_kv_u64(pk, "bytes_to_prepare", v.bytes_to_prepare);
-  sp_pack_kv_f64(pk, "rate_bps", v.rate_bps);
-  sp_pack_kv_u64(pk, "pool_used", v.pool_used);
+    sp__pack_kv_str(pk, "error", job->error);
+  sp__pack_kv_u64(pk, "world", job->world);
+  sp__pack_kv_u64(pk, "joined", joined);
+  sp__pack_kv_u64(pk, "asked", asked);
+  sp__pack_kv_u64(pk, "export_id", v.export_id);
+  sp__pack_kv_u64(pk, "round", v.round);
+  sp__pack_kv_u64(pk, "rounds", v.rounds);
+  sp__pack_kv_u64(pk, "bytes_moved", v.bytes_moved);
+  sp__pack_kv_u64(pk, "bytes_total", v.bytes_total);
+  sp__pack_kv_u64(pk, "bytes_prepared", v.bytes_prepared);
+  sp__pack_kv_u64(pk, "bytes_to_prepare", v.bytes_to_prepare);
+  sp__pack_kv_f64(pk, "rate_bps", v.rate_bps);
+  sp__pack_kv_u64(pk, "pool_used", v.pool_used);
   /* Every daemon of a job across nodes shows the same digest. */
   char digest[17] = "";
   if (job->has_plan_digest)
     snprintf(digest, sizeof digest, "%016" PRIx64, job->plan_digest);
-  sp_pack_kv_str(pk, "plan_digest", digest);
-  sp_pack_kv_u64(pk, "node", mesh_self(job));
+  sp__pack_kv_str(pk, "plan_digest", digest);
+  sp__pack_kv_u64(pk, "node", mesh_self(job));
   mesh_status_pack(job, pk);
 }

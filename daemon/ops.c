@@ -22,7 +22,7 @@ static int op_ping(struct conn *c, const struct sp_msg_head *head,
   (void)map;
   (void)frame;
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "ping", head->id, 0);
+  sp__msgbuf_begin(&mb, "ping", head->id, 0);
   return conn_send_msgbuf(c, &mb);
 }
 

@@ -32,12 +32,12 @@ void pump_progress_frame(struct conn *c, uint64_t request_id,
                          enum job_phase phase, uint32_t round,
                          uint32_t rounds, uint64_t moved, uint64_t total) {
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "progress", request_id, 5);
-  sp_pack_kv_str(&mb.pk, "phase", export_phase_name(phase));
-  sp_pack_kv_u64(&mb.pk, "round", round);
-  sp_pack_kv_u64(&mb.pk, "rounds", rounds);
-  sp_pack_kv_u64(&mb.pk, "bytes_moved", moved);
-  sp_pack_kv_u64(&mb.pk, "bytes_total", total);
+  sp__msgbuf_begin(&mb, "progress", request_id, 5);
+  sp__pack_kv_str(&mb.pk, "phase", export_phase_name(phase));
+  sp__pack_kv_u64(&mb.pk, "round", round);
+  sp__pack_kv_u64(&mb.pk, "rounds", rounds);
+  sp__pack_kv_u64(&mb.pk, "bytes_moved", moved);
+  sp__pack_kv_u64(&mb.pk, "bytes_total", total);
   conn_send_msgbuf(c, &mb);
 }
 
@@ -103,11 +103,11 @@ void pump_run(struct export *ex) {
        * connection closes instead, which it sees at once. */
       struct sp_frame_tx *tx = calloc(1, sizeof *tx);
       if (tx == NULL) {
-        sp_msgbuf_discard(&mb);
+        sp__msgbuf_discard(&mb);
         conn_close(c);
         break;
       }
-      if (sp_msgbuf_finish(&mb, tx) != 0) {
+      if (sp__msgbuf_finish(&mb, tx) != 0) {
         free(tx);
         conn_close(c);
         break;

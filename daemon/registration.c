@@ -154,8 +154,8 @@ static int serve_registration(struct conn *c, const struct sp_msg_head *head,
   }
   plancache_drop(m->job);
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, op, head->id, 1);
-  sp_pack_kv_u64(&mb.pk, "count", r->n);
+  sp__msgbuf_begin(&mb, op, head->id, 1);
+  sp__pack_kv_u64(&mb.pk, "count", r->n);
   return conn_send_msgbuf(c, &mb);
 }
 

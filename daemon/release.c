@@ -41,7 +41,7 @@ int release_op_release(struct conn *c, const struct sp_msg_head *head,
     pool_segment_put(m->job->srv->pool, pub->segment);
     free(pub);
     struct sp_msgbuf mb;
-    sp_msgbuf_begin(&mb, "release", head->id, 0);
+    sp__msgbuf_begin(&mb, "release", head->id, 0);
     return conn_send_msgbuf(c, &mb);
   }
   return conn_send_error(c, head->id, SP_ENOEXPORT,

@@ -105,26 +105,26 @@ static struct fake_reply *next_reply(struct conn *c) {
 /* Reads what the tests look at out of a reply the daemon packed. */
 static void record(struct conn *c, const struct sp_frame_tx *tx) {
   struct sp_limits limits;
-  sp_limits_default(&limits);
+  sp__limits_default(&limits);
   limits.max_frame = UINT32_MAX;
   msgpack_zone zone;
   msgpack_object map;
   struct sp_msg_head head;
   ck_assert(msgpack_zone_init(&zone, 4096));
-  ck_assert_int_eq(sp_wire_decode(tx->buf + SP_FRAME_HEADER,
-                                  tx->len - SP_FRAME_HEADER, &limits, &zone,
-                                  &map),
+  ck_assert_int_eq(sp__wire_decode(tx->buf + SP_FRAME_HEADER,
+                                   tx->len - SP_FRAME_HEADER, &limits, &zone,
+                                   &map),
                    0);
-  ck_assert_int_eq(sp_msg_head(&map, &head), 0);
+  ck_assert_int_eq(sp__msg_head(&map, &head), 0);
   struct fake_reply *r = next_reply(c);
   snprintf(r->op, sizeof r->op, "%s", head.op);
   r->id = head.id;
   r->nfds = tx->nfds;
-  sp_msg_get_strbuf(&map, "phase", true, r->phase, sizeof r->phase);
-  sp_msg_get_u64(&map, "export_id", true, &r->export_id);
-  sp_msg_get_u64(&map, "part", true, &r->part);
-  sp_msg_get_u64(&map, "parts", true, &r->parts);
-  const msgpack_object *t = sp_msg_field(&map, "ticket");
+  sp__msg_get_strbuf(&map, "phase", true, r->phase, sizeof r->phase);
+  sp__msg_get_u64(&map, "export_id", true, &r->export_id);
+  sp__msg_get_u64(&map, "part", true, &r->part);
+  sp__msg_get_u64(&map, "parts", true, &r->parts);
+  const msgpack_object *t = sp__msg_field(&map, "ticket");
   if (t != NULL && t->type == MSGPACK_OBJECT_BIN &&
       t->via.bin.size <= sizeof r->ticket) {
     memcpy(r->ticket, t->via.bin.ptr, t->via.bin.size);
@@ -135,20 +135,20 @@ static void record(struct conn *c, const struct sp_frame_tx *tx) {
 
 int conn_send(struct conn *c, struct sp_frame_tx *tx) {
   if (c->closed) {
-    sp_frame_tx_free(tx);
+    sp__frame_tx_free(tx);
     return SP_ECLOSED;
   }
   record(c, tx);
   if (!c->reading)
     c->out_bytes += tx->len;
-  sp_frame_tx_free(tx);
+  sp__frame_tx_free(tx);
   return 0;
 }
 
 int conn_send_msgbuf(struct conn *c, struct sp_msgbuf *mb) {
   struct sp_frame_tx *tx = calloc(1, sizeof *tx);
   ck_assert_ptr_nonnull(tx);
-  ck_assert_int_eq(sp_msgbuf_finish(mb, tx), 0);
+  ck_assert_int_eq(sp__msgbuf_finish(mb, tx), 0);
   return conn_send(c, tx);
 }
 
@@ -270,20 +270,20 @@ int fake_request(struct conn *c, const char *op, uint32_t nfields,
                  const void *arg, const int *fds, size_t nfds) {
   static uint64_t next_id = 100;
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, op, ++next_id, nfields);
+  sp__msgbuf_begin(&mb, op, ++next_id, nfields);
   if (pack != NULL)
     pack(&mb.pk, arg);
   struct sp_limits limits;
-  sp_limits_default(&limits);
+  sp__limits_default(&limits);
   msgpack_zone zone;
   msgpack_object map;
   struct sp_msg_head head;
   ck_assert(msgpack_zone_init(&zone, 4096));
   ck_assert_int_eq(
-      sp_wire_decode((const uint8_t *)mb.sbuf.data + SP_FRAME_HEADER,
-                     mb.sbuf.size - SP_FRAME_HEADER, &limits, &zone, &map),
+      sp__wire_decode((const uint8_t *)mb.sbuf.data + SP_FRAME_HEADER,
+                      mb.sbuf.size - SP_FRAME_HEADER, &limits, &zone, &map),
       0);
-  ck_assert_int_eq(sp_msg_head(&map, &head), 0);
+  ck_assert_int_eq(sp__msg_head(&map, &head), 0);
   struct sp_frame frame = {0};
   ck_assert_uint_le(nfds, SP_FDS_MAX);
   for (size_t i = 0; i < nfds; i++)
@@ -295,9 +295,9 @@ int fake_request(struct conn *c, const char *op, uint32_t nfields,
   /* What conn.c replies for a handler that returned a code. */
   if (rc < 0)
     conn_send_error(c, head.id, rc, "%s: %s", op, sp_strerror(rc));
-  sp_frame_release(&frame);
+  sp__frame_release(&frame);
   msgpack_zone_destroy(&zone);
-  sp_msgbuf_discard(&mb);
+  sp__msgbuf_discard(&mb);
   return rc;
 }
 
@@ -396,7 +396,7 @@ int xfer_guarded(void (*fn)(void *arg), void *arg, const void **fault) {
 /* ---- clients ------------------------------------------------------------- */
 
 static void pack_world(msgpack_packer *pk, const void *arg) {
-  sp_pack_kv_u64(pk, "world", *(const uint32_t *)arg);
+  sp__pack_kv_u64(pk, "world", *(const uint32_t *)arg);
 }
 
 int fake_create(struct conn *c, uint32_t world, uint8_t *ticket,
@@ -420,11 +420,11 @@ struct join_args {
 
 static void pack_join(msgpack_packer *pk, const void *arg) {
   const struct join_args *a = arg;
-  sp_pack_str(pk, "ticket");
-  sp_pack_bin(pk, a->ticket, a->len);
-  sp_pack_kv_u64(pk, "rank", a->rank);
-  sp_pack_kv_u64(pk, "world", a->world);
-  sp_pack_kv_str(pk, "device", "cpu");
+  sp__pack_str(pk, "ticket");
+  sp__pack_bin(pk, a->ticket, a->len);
+  sp__pack_kv_u64(pk, "rank", a->rank);
+  sp__pack_kv_u64(pk, "world", a->world);
+  sp__pack_kv_str(pk, "device", "cpu");
 }
 
 /* The code the last reply carries: 0 unless it is an error. */
@@ -449,15 +449,15 @@ struct storage_args {
 
 static void pack_storage(msgpack_packer *pk, const void *arg) {
   const struct storage_args *a = arg;
-  sp_pack_str(pk, "storages");
+  sp__pack_str(pk, "storages");
   msgpack_pack_array(pk, 1);
   msgpack_pack_map(pk, 6);
-  sp_pack_kv_u64(pk, "sid", 1);
-  sp_pack_kv_str(pk, "kind", "memfd");
-  sp_pack_kv_u64(pk, "fd", 0);
-  sp_pack_kv_u64(pk, "offset", 0);
-  sp_pack_kv_u64(pk, "length", a->bytes);
-  sp_pack_kv_u64(pk, "base", a->base);
+  sp__pack_kv_u64(pk, "sid", 1);
+  sp__pack_kv_str(pk, "kind", "memfd");
+  sp__pack_kv_u64(pk, "fd", 0);
+  sp__pack_kv_u64(pk, "offset", 0);
+  sp__pack_kv_u64(pk, "length", a->bytes);
+  sp__pack_kv_u64(pk, "base", a->base);
 }
 
 int fake_storage(struct conn *c, int fd, uint64_t bytes, uint64_t base) {
@@ -473,23 +473,23 @@ struct tensor_args {
 };
 
 static void pack_dim(msgpack_packer *pk, const char *key, int64_t v) {
-  sp_pack_str(pk, key);
+  sp__pack_str(pk, key);
   msgpack_pack_array(pk, 1);
   msgpack_pack_uint64(pk, (uint64_t)v);
 }
 
 static void pack_tensor(msgpack_packer *pk, const void *arg) {
   const struct tensor_args *a = arg;
-  sp_pack_str(pk, "tensors");
+  sp__pack_str(pk, "tensors");
   msgpack_pack_array(pk, 1);
   msgpack_pack_map(pk, 8);
-  sp_pack_kv_str(pk, "key", a->key);
-  sp_pack_kv_u64(pk, "sid", 1);
-  sp_pack_kv_str(pk, "dtype", "float32");
+  sp__pack_kv_str(pk, "key", a->key);
+  sp__pack_kv_u64(pk, "sid", 1);
+  sp__pack_kv_str(pk, "dtype", "float32");
   pack_dim(pk, "shape", a->rows);
   pack_dim(pk, "stride", 1);
-  sp_pack_kv_u64(pk, "offset", 0);
-  sp_pack_kv_str(pk, "placement", a->placement);
+  sp__pack_kv_u64(pk, "offset", 0);
+  sp__pack_kv_str(pk, "placement", a->placement);
   pack_dim(pk, "global_shape", a->global_rows);
 }
 
@@ -507,9 +507,9 @@ struct ask_args {
 
 static void pack_ask(msgpack_packer *pk, const void *arg) {
   const struct ask_args *a = arg;
-  sp_pack_kv_bool(pk, "progress", true);
-  sp_pack_kv_u64(pk, "timeout_ms", a->timeout_ms);
-  sp_pack_kv_u64(pk, "max_keys", a->max_keys);
+  sp__pack_kv_bool(pk, "progress", true);
+  sp__pack_kv_u64(pk, "timeout_ms", a->timeout_ms);
+  sp__pack_kv_u64(pk, "max_keys", a->max_keys);
 }
 
 int fake_ask(struct conn *c, uint32_t timeout_ms, uint32_t max_keys) {
@@ -520,7 +520,7 @@ int fake_ask(struct conn *c, uint32_t timeout_ms, uint32_t max_keys) {
 }
 
 static void pack_release(msgpack_packer *pk, const void *arg) {
-  sp_pack_kv_u64(pk, "export_id", *(const uint64_t *)arg);
+  sp__pack_kv_u64(pk, "export_id", *(const uint64_t *)arg);
 }
 
 int fake_release(struct conn *c, uint64_t export_id) {

@@ -38,14 +38,14 @@ static void setup(void) {
   ck_assert_int_eq(conn_open(&ts.srv, sv[0], &peer), 0);
   client = sv[1];
   struct sp_limits limits;
-  sp_limits_default(&limits);
-  sp_frame_rx_init(&rx, &limits);
+  sp__limits_default(&limits);
+  sp__frame_rx_init(&rx, &limits);
 }
 
 static void teardown(void) {
   while (ts.srv.conns != NULL)
     conn_close(ts.srv.conns);
-  sp_frame_rx_reset(&rx);
+  sp__frame_rx_reset(&rx);
   close(client);
   tserver_free(&ts);
 }
@@ -60,23 +60,23 @@ struct reply {
 /* Sends {"op":op,"id":1} with a "version" field when version > 0. */
 static void send_op(const char *op, uint64_t version) {
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, op, 1, version > 0 ? 1 : 0);
+  sp__msgbuf_begin(&mb, op, 1, version > 0 ? 1 : 0);
   if (version > 0)
-    sp_pack_kv_u64(&mb.pk, "version", version);
+    sp__pack_kv_u64(&mb.pk, "version", version);
   struct sp_frame_tx tx = {0};
-  ck_assert_int_eq(sp_msgbuf_finish(&mb, &tx), 0);
-  ck_assert_int_eq(sp_frame_send(client, tx.buf, tx.len, NULL, 0), 0);
+  ck_assert_int_eq(sp__msgbuf_finish(&mb, &tx), 0);
+  ck_assert_int_eq(sp__frame_send(client, tx.buf, tx.len, NULL, 0), 0);
   free(tx.buf);
 }
 
 /* Runs the loop until the next reply arrives: 0 and the reply, or the
- * code sp_frame_rx_read ended the stream with (SP_ECLOSED: the daemon
+ * code sp__frame_rx_read ended the stream with (SP_ECLOSED: the daemon
  * closed the connection). */
 static int next_reply(struct reply *r) {
   for (int i = 0; i < 5000; i++) {
     uv_run(&ts.loop, UV_RUN_NOWAIT);
     struct sp_frame frame;
-    int rc = sp_frame_rx_read(&rx, client, &frame);
+    int rc = sp__frame_rx_read(&rx, client, &frame);
     if (rc < 0)
       return rc;
     if (rc == 0) {
@@ -84,22 +84,21 @@ static int next_reply(struct reply *r) {
       continue;
     }
     struct sp_limits limits;
-    sp_limits_default(&limits);
+    sp__limits_default(&limits);
     msgpack_zone zone;
     msgpack_object map;
     struct sp_msg_head head;
     ck_assert(msgpack_zone_init(&zone, 4096));
-    ck_assert_int_eq(sp_wire_decode(frame.data, frame.len, &limits, &zone,
-                                    &map),
-                     0);
-    ck_assert_int_eq(sp_msg_head(&map, &head), 0);
+    ck_assert_int_eq(
+        sp__wire_decode(frame.data, frame.len, &limits, &zone, &map), 0);
+    ck_assert_int_eq(sp__msg_head(&map, &head), 0);
     memset(r, 0, sizeof *r);
     snprintf(r->op, sizeof r->op, "%s", head.op);
     if (strcmp(head.op, "error") == 0)
-      r->code = sp_msg_error_code(&map, r->message, sizeof r->message);
-    sp_msg_get_u64(&map, "version", true, &r->version);
+      r->code = sp__msg_error_code(&map, r->message, sizeof r->message);
+    sp__msg_get_u64(&map, "version", true, &r->version);
     msgpack_zone_destroy(&zone);
-    sp_frame_release(&frame);
+    sp__frame_release(&frame);
     return 0;
   }
   ck_abort_msg("no reply came");
