@@ -299,7 +299,7 @@ static int issue_moves(struct runner *r, const struct plan_move *moves,
 
 /* Refuses what the device engine cannot do before anything moves, alike on
  * every node (each sees the same plan): moves between nodes need the
- * job's communicators (export.c makes them for every job across nodes;
+ * job's communicators (daemon/comms.c makes them for every job across nodes;
  * this is the guard that nothing else reaches the engine). */
 static int check_plan(struct runner *r) {
   const struct plan *plan = r->e->plan;
