@@ -114,6 +114,7 @@ static void free_export(struct export *ex) {
   free(ex->src);
   free(ex->dst);
   free(ex->dst_size);
+  free(ex->dst_warm);
   free(ex->gpu_segments);
   free(ex);
 }

@@ -92,6 +92,7 @@ struct export {
   const struct xfer_storage **src;
   uint8_t **dst;
   uint64_t *dst_size;
+  bool *dst_warm;
   /* On the CUDA backend: the owners' device segments and the engine's
    * GPU part (daemon/cuda/gpu.h). */
   struct gpu_segment **gpu_segments;

@@ -16,7 +16,7 @@
 void status_pack(struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
   /* Segments whose ranks closed them are freed before they are counted. */
   pool_collect(srv->pool);
-  sp__msgbuf_begin(mb, "status", id, 15);
+  sp__msgbuf_begin(mb, "status", id, 16);
   msgpack_packer *pk = &mb->pk;
   sp__pack_kv_str(pk, "daemon_version", SP_VERSION);
   sp__pack_kv_u64(pk, "protocol_version", SP_PROTOCOL_VERSION);
@@ -33,6 +33,9 @@ void status_pack(struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
   sp__pack_kv_u64(pk, "pool_capacity", pool_capacity(srv->pool));
   /* Released segments their ranks still hold (part of pool_used). */
   sp__pack_kv_u64(pk, "pool_held", pool_held(srv->pool));
+  /* Released segments kept for their owners' next exports (part of
+   * pool_used). */
+  sp__pack_kv_u64(pk, "pool_warm", pool_kept(srv->pool));
   /* Where other daemons reach this one ("" when peer_listen is off). */
   sp__pack_kv_str(pk, "peer_address", srv->peer_address);
   /* Stopping: new work is refused while running exports finish. */
