@@ -111,13 +111,13 @@ uint64_t client_begin(sp_client *c, struct sp_msgbuf *mb, const char *op,
   /* Id 0 is the daemon's "whatever you sent last"; never use it. */
   if (c->next_id == 0)
     c->next_id = 1;
-  sp_msgbuf_begin(mb, op, id, nfields);
+  sp__msgbuf_begin(mb, op, id, nfields);
   return id;
 }
 
 void client_reply_release(struct client_reply *reply) {
   msgpack_zone_destroy(&reply->zone);
-  sp_frame_release(&reply->frame);
+  sp__frame_release(&reply->frame);
 }
 
 /* Sends the request in mb with nfds descriptors attached to its first byte
@@ -127,11 +127,11 @@ void client_reply_release(struct client_reply *reply) {
 static int send_request(sp_client *c, struct sp_msgbuf *mb, const int *fds,
                         size_t nfds, int64_t deadline) {
   if (nfds > c->rx.limits.max_fds) {
-    sp_msgbuf_discard(mb);
+    sp__msgbuf_discard(mb);
     return SP_ETOOMANYFDS;
   }
   struct sp_frame_tx tx;
-  int rc = sp_msgbuf_finish(mb, &tx);
+  int rc = sp__msgbuf_finish(mb, &tx);
   if (rc < 0)
     return rc;
   if (tx.len - SP_FRAME_HEADER > c->rx.limits.max_frame) {
@@ -139,7 +139,7 @@ static int send_request(sp_client *c, struct sp_msgbuf *mb, const int *fds,
     return SP_EFRAMETOOBIG;
   }
   /* tx only borrows the descriptors: it is never passed to
-   * sp_frame_tx_free, which would close them. */
+   * sp__frame_tx_free, which would close them. */
   tx.nfds = nfds;
   if (nfds > 0)
     memcpy(tx.fds, fds, nfds * sizeof *fds);
@@ -147,7 +147,7 @@ static int send_request(sp_client *c, struct sp_msgbuf *mb, const int *fds,
     rc = arm_timeout(c->sock, SO_SNDTIMEO, deadline);
     if (rc < 0)
       break;
-    rc = sp_frame_tx_write(&tx, c->sock);
+    rc = sp__frame_tx_write(&tx, c->sock);
     /* 1 is a blocking socket whose SO_SNDTIMEO ran out; loop to check the
      * deadline, which ends the request once it has passed. */
     if (rc <= 0)
@@ -191,16 +191,16 @@ static int connection_lost(sp_client *c, int rc) {
 static int decode_reply(sp_client *c, struct sp_frame *frame, bool keep_fds,
                         struct client_reply *reply, struct sp_msg_head *head) {
   if (!keep_fds)
-    sp_frame_close_fds(frame);
+    sp__frame_close_fds(frame);
   reply->frame = *frame;
   if (!msgpack_zone_init(&reply->zone, 2048)) {
-    sp_frame_release(&reply->frame);
+    sp__frame_release(&reply->frame);
     return SP_ENOMEM;
   }
-  int rc = sp_wire_decode(reply->frame.data, reply->frame.len, &c->rx.limits,
-                          &reply->zone, &reply->map);
+  int rc = sp__wire_decode(reply->frame.data, reply->frame.len, &c->rx.limits,
+                           &reply->zone, &reply->map);
   if (rc == 0)
-    rc = sp_msg_head(&reply->map, head);
+    rc = sp__msg_head(&reply->map, head);
   if (rc < 0)
     client_reply_release(reply);
   return rc;
@@ -220,7 +220,7 @@ static int wait_reply(sp_client *c, uint64_t id, const char *op, bool keep_fds,
     if (rc < 0)
       return rc;
     struct sp_frame frame = {0};
-    rc = sp_frame_rx_read(&c->rx, c->sock, &frame);
+    rc = sp__frame_rx_read(&c->rx, c->sock, &frame);
     if (rc == 0)
       continue; /* SO_RCVTIMEO ran out or a signal came; check the deadline */
     if (rc < 0)
@@ -236,7 +236,7 @@ static int wait_reply(sp_client *c, uint64_t id, const char *op, bool keep_fds,
       continue;
     }
     if (is_error) {
-      rc = sp_msg_error_code(&reply->map, c->message, sizeof c->message);
+      rc = sp__msg_error_code(&reply->map, c->message, sizeof c->message);
       client_reply_release(reply);
       *refused = rc < 0;
       /* The daemon's last word before it closes: every later call on this
@@ -258,7 +258,7 @@ static int wait_reply(sp_client *c, uint64_t id, const char *op, bool keep_fds,
 static int start_request(sp_client *c, struct sp_msgbuf *mb, uint64_t id,
                          const int *fds, size_t nfds, int64_t deadline) {
   if (c->broken) {
-    sp_msgbuf_discard(mb);
+    sp__msgbuf_discard(mb);
     return c->broken;
   }
   c->message[0] = '\0';
@@ -315,8 +315,8 @@ int client_next(sp_client *c, uint64_t id, uint64_t wait_ms,
 static int hello(sp_client *c) {
   struct sp_msgbuf mb;
   uint64_t id = client_begin(c, &mb, "hello", 2);
-  sp_pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION);
-  sp_pack_kv_str(&mb.pk, "client", "libshardport " SP_VERSION);
+  sp__pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION);
+  sp__pack_kv_str(&mb.pk, "client", "libshardport " SP_VERSION);
   struct client_reply reply;
   int rc = client_call(c, &mb, id, "hello", &reply);
   if (rc < 0)
@@ -324,9 +324,9 @@ static int hello(sp_client *c) {
   uint64_t version;
   const char *daemon;
   size_t daemon_len;
-  rc = sp_msg_get_u64(&reply.map, "version", false, &version);
+  rc = sp__msg_get_u64(&reply.map, "version", false, &version);
   if (rc == 0)
-    rc = sp_msg_get_str(&reply.map, "daemon", false, &daemon, &daemon_len);
+    rc = sp__msg_get_str(&reply.map, "daemon", false, &daemon, &daemon_len);
   if (rc == 0 && version != SP_PROTOCOL_VERSION)
     rc = SP_EVERSION;
   client_reply_release(&reply);
@@ -358,8 +358,8 @@ SP_EXPORT int sp_connect_explain(const char *path, sp_client **out, char *why,
   c->next_id = 1;
   c->timeout_ms = CLIENT_DEFAULT_TIMEOUT_MS;
   struct sp_limits limits;
-  sp_limits_default(&limits);
-  sp_frame_rx_init(&c->rx, &limits);
+  sp__limits_default(&limits);
+  sp__frame_rx_init(&c->rx, &limits);
 
   int64_t deadline = deadline_after(c->timeout_ms);
   int err = 0;
@@ -389,7 +389,7 @@ SP_EXPORT void sp_close(sp_client *client) {
     return;
   client_exports_detach(client);
   client_storages_clear(&client->storages);
-  sp_frame_rx_reset(&client->rx);
+  sp__frame_rx_reset(&client->rx);
   close(client->sock);
   free(client);
 }

@@ -7,7 +7,7 @@
  * mapped once, its length taken from the file itself, which must be sealed
  * against shrinking; every identity
  * tensor must name a storage this rank registered, and every tensor's view
- * must lie inside the bytes it points into (sp_view_check) before a pointer
+ * must lie inside the bytes it points into (sp__view_check) before a pointer
  * is formed.  A reply that breaks any of this fails the export with
  * SP_EBADMSG, its reason in sp_last_message, and the export is released.
  *
@@ -160,27 +160,27 @@ static uint64_t begin_request(sp_client *c, struct sp_msgbuf *mb,
                (o->timeout_ms > 0) + (save_limit > 0);
   uint64_t id = client_begin(c, mb, "export", n);
   msgpack_packer *pk = &mb->pk;
-  sp_pack_kv_bool(pk, "progress", true);
+  sp__pack_kv_bool(pk, "progress", true);
   if (save_limit > 0) {
-    sp_pack_str(pk, "save");
+    sp__pack_str(pk, "save");
     msgpack_pack_map(pk, 1);
-    sp_pack_kv_u64(pk, "max_shard_bytes", save_limit);
+    sp__pack_kv_u64(pk, "max_shard_bytes", save_limit);
   }
   if (o->ngroups > 0) {
-    sp_pack_str(pk, "groups");
+    sp__pack_str(pk, "groups");
     msgpack_pack_array(pk, o->ngroups);
     for (size_t i = 0; i < o->ngroups; i++) {
       msgpack_pack_array(pk, o->groups[i].nkeys);
       for (size_t k = 0; k < o->groups[i].nkeys; k++)
-        sp_pack_str(pk, o->groups[i].keys[k]);
+        sp__pack_str(pk, o->groups[i].keys[k]);
     }
   }
   if (o->max_keys > 0)
-    sp_pack_kv_u64(pk, "max_keys", o->max_keys);
+    sp__pack_kv_u64(pk, "max_keys", o->max_keys);
   if (o->max_bytes > 0)
-    sp_pack_kv_u64(pk, "max_bytes", o->max_bytes);
+    sp__pack_kv_u64(pk, "max_bytes", o->max_bytes);
   if (o->timeout_ms > 0)
-    sp_pack_kv_u64(pk, "timeout_ms", o->timeout_ms);
+    sp__pack_kv_u64(pk, "timeout_ms", o->timeout_ms);
   return id;
 }
 
@@ -188,7 +188,7 @@ static uint64_t begin_request(sp_client *c, struct sp_msgbuf *mb,
 
 static int get_u32(const msgpack_object *map, const char *key, uint32_t *out) {
   uint64_t v;
-  int rc = sp_msg_get_u64(map, key, false, &v);
+  int rc = sp__msg_get_u64(map, key, false, &v);
   if (rc == 0 && v > UINT32_MAX)
     rc = SP_EBADMSG;
   if (rc == 0)
@@ -200,15 +200,15 @@ static int on_progress(sp_client *c, const msgpack_object *map,
                        const sp_export_opts *o) {
   char phase[SP_OP_MAX + 1];
   sp_progress p = {.phase = phase};
-  int rc = sp_msg_get_strbuf(map, "phase", false, phase, sizeof phase);
+  int rc = sp__msg_get_strbuf(map, "phase", false, phase, sizeof phase);
   if (rc == 0)
     rc = get_u32(map, "round", &p.round);
   if (rc == 0)
     rc = get_u32(map, "rounds", &p.rounds);
   if (rc == 0)
-    rc = sp_msg_get_u64(map, "bytes_moved", false, &p.bytes_moved);
+    rc = sp__msg_get_u64(map, "bytes_moved", false, &p.bytes_moved);
   if (rc == 0)
-    rc = sp_msg_get_u64(map, "bytes_total", false, &p.bytes_total);
+    rc = sp__msg_get_u64(map, "bytes_total", false, &p.bytes_total);
   if (rc < 0)
     return refuse(c, "a progress frame lacks a field or has a bad one");
   if (o->progress)
@@ -302,11 +302,11 @@ static int take_cuda_segments(struct export_rx *rx, struct sp_frame *frame,
     size_t handle_len, event_len;
     uint64_t size;
     if (o->type != MSGPACK_OBJECT_MAP ||
-        sp_msg_get_strbuf(o, "device", false, seg.device,
-                          sizeof seg.device) != 0 ||
-        sp_msg_get_bin(o, "handle", false, &handle, &handle_len) != 0 ||
-        sp_msg_get_bin(o, "event", false, &event, &event_len) != 0 ||
-        sp_msg_get_u64(o, "size", false, &size) != 0 ||
+        sp__msg_get_strbuf(o, "device", false, seg.device, sizeof seg.device) !=
+            0 ||
+        sp__msg_get_bin(o, "handle", false, &handle, &handle_len) != 0 ||
+        sp__msg_get_bin(o, "event", false, &event, &event_len) != 0 ||
+        sp__msg_get_u64(o, "size", false, &size) != 0 ||
         handle_len != CLIENT_CUDA_HANDLE_BYTES ||
         event_len != CLIENT_CUDA_HANDLE_BYTES || size == 0 || size > SIZE_MAX)
       return refuse(rx->c, "device segment %u is not a device, a 64-byte "
@@ -327,7 +327,7 @@ static int take_cuda_segments(struct export_rx *rx, struct sp_frame *frame,
 static int get_dims(const msgpack_object *map, const char *key,
                     uint32_t *ndim, int64_t *out) {
   const msgpack_object_array *a;
-  int rc = sp_msg_get_array(map, key, false, &a);
+  int rc = sp__msg_get_array(map, key, false, &a);
   if (rc < 0 || a->size > SP_MAX_DIMS)
     return SP_EBADMSG;
   for (uint32_t i = 0; i < a->size; i++) {
@@ -345,8 +345,8 @@ static int get_dims(const msgpack_object *map, const char *key,
 static int region_of(struct export_rx *rx, const msgpack_object *o,
                      const char *key, struct segment *region, int *identity) {
   uint64_t segment, sid;
-  int has_segment = sp_msg_get_u64(o, "segment", true, &segment);
-  int has_sid = sp_msg_get_u64(o, "sid", true, &sid);
+  int has_segment = sp__msg_get_u64(o, "segment", true, &segment);
+  int has_sid = sp__msg_get_u64(o, "sid", true, &sid);
   if (has_segment < 0 || has_sid < 0 || (has_segment == 0) == (has_sid == 0))
     return refuse(rx->c, "tensor \"%s\" needs exactly one of segment and sid",
                   key);
@@ -379,20 +379,20 @@ static int parse_tensor(struct export_rx *rx, const msgpack_object *o,
   if (o->type != MSGPACK_OBJECT_MAP)
     return refuse(rx->c, "a tensor is not a map");
   char key[EXPORT_KEY_MAX + 1];
-  if (sp_msg_get_strbuf(o, "key", false, key, sizeof key) != 0 || !key[0])
+  if (sp__msg_get_strbuf(o, "key", false, key, sizeof key) != 0 || !key[0])
     return refuse(rx->c, "a tensor has no usable key");
   const char *dname;
   size_t dlen;
   struct sp_view v = {.offset = 0};
-  if (sp_msg_get_str(o, "dtype", false, &dname, &dlen) != 0 ||
-      sp_dtype_from_name(dname, dlen, &v.dtype) != 0)
+  if (sp__msg_get_str(o, "dtype", false, &dname, &dlen) != 0 ||
+      sp__dtype_from_name(dname, dlen, &v.dtype) != 0)
     return refuse(rx->c, "tensor \"%s\" has no known dtype", key);
   uint32_t nstride;
   if (get_dims(o, "shape", &v.ndim, v.shape) < 0 ||
       get_dims(o, "stride", &nstride, v.stride) < 0 || nstride != v.ndim)
     return refuse(rx->c, "tensor \"%s\" has a bad shape or stride", key);
   uint64_t byte_offset;
-  if (sp_msg_get_u64(o, "byte_offset", false, &byte_offset) != 0)
+  if (sp__msg_get_u64(o, "byte_offset", false, &byte_offset) != 0)
     return refuse(rx->c, "tensor \"%s\" has no byte_offset", key);
   struct segment region = {NULL, 0, false, -1, "cpu"};
   int rc = region_of(rx, o, key, &region, &t->identity);
@@ -407,7 +407,7 @@ static int parse_tensor(struct export_rx *rx, const msgpack_object *o,
    * wrap. */
   char why[256];
   uint64_t numel = 0;
-  bool empty = sp_view_numel(v.ndim, v.shape, &numel) == 0 && numel == 0;
+  bool empty = sp__view_numel(v.ndim, v.shape, &numel) == 0 && numel == 0;
   if (empty && byte_offset > (uint64_t)INT64_MAX)
     return refuse(rx->c, "empty tensor \"%s\" starts at byte %llu, past "
                   "what an address holds", key,
@@ -416,13 +416,13 @@ static int parse_tensor(struct export_rx *rx, const msgpack_object *o,
     return refuse(rx->c, "tensor \"%s\" starts past the end of its %s", key,
                   t->identity ? "storage" : "segment");
   uint64_t room = byte_offset <= region.len ? region.len - byte_offset : 0;
-  if (sp_view_check(&v, room, why, sizeof why) != 0)
+  if (sp__view_check(&v, room, why, sizeof why) != 0)
     return refuse(rx->c, "tensor \"%s\": %s", key, why);
 
   t->key = strdup(key);
   if (!t->key)
     return SP_ENOMEM;
-  t->dtype = sp_dtype_name(v.dtype);
+  t->dtype = sp__dtype_name(v.dtype);
   t->ndim = v.ndim;
   memcpy(t->shape, v.shape, sizeof t->shape);
   memcpy(t->stride, v.stride, sizeof t->stride);
@@ -444,12 +444,12 @@ static int on_part(struct export_rx *rx, struct client_reply *reply) {
   uint64_t export_id, part, parts, segments = 0;
   const msgpack_object_array *tensors;
   const msgpack_object_array *cuda_segments = NULL;
-  if (sp_msg_get_u64(map, "export_id", false, &export_id) != 0 ||
-      sp_msg_get_u64(map, "part", false, &part) != 0 ||
-      sp_msg_get_u64(map, "parts", false, &parts) != 0 ||
-      sp_msg_get_array(map, "tensors", false, &tensors) != 0 ||
-      sp_msg_get_u64(map, "segments", part > 0, &segments) < 0 ||
-      sp_msg_get_array(map, "cuda_segments", true, &cuda_segments) < 0)
+  if (sp__msg_get_u64(map, "export_id", false, &export_id) != 0 ||
+      sp__msg_get_u64(map, "part", false, &part) != 0 ||
+      sp__msg_get_u64(map, "parts", false, &parts) != 0 ||
+      sp__msg_get_array(map, "tensors", false, &tensors) != 0 ||
+      sp__msg_get_u64(map, "segments", part > 0, &segments) < 0 ||
+      sp__msg_get_array(map, "cuda_segments", true, &cuda_segments) < 0)
     return refuse(rx->c, "a part lacks a field or has a bad one");
   if (part != rx->next_part || parts == 0 || parts > EXPORT_PARTS_MAX ||
       (rx->have_id && (export_id != e->set.export_id || parts != rx->parts)))
@@ -463,9 +463,9 @@ static int on_part(struct export_rx *rx, struct client_reply *reply) {
     rx->parts = parts;
     if (e->save) {
       uint64_t files;
-      if (sp_msg_get_u64(map, "files", false, &files) != 0 ||
+      if (sp__msg_get_u64(map, "files", false, &files) != 0 ||
           files > UINT32_MAX ||
-          sp_msg_get_u64(map, "total_size", false, &e->total_size) != 0)
+          sp__msg_get_u64(map, "total_size", false, &e->total_size) != 0)
         return refuse(rx->c, "a save's part 0 does not say how many files "
                       "and bytes the checkpoint has");
       e->nfiles = (uint32_t)files;
@@ -508,7 +508,7 @@ static int on_part(struct export_rx *rx, struct client_reply *reply) {
     e->set.ntensors++;
     if (e->save) {
       uint64_t file;
-      if (sp_msg_get_u64(&tensors->ptr[i], "file", false, &file) != 0 ||
+      if (sp__msg_get_u64(&tensors->ptr[i], "file", false, &file) != 0 ||
           file >= e->nfiles)
         return refuse(rx->c, "tensor \"%s\" of a save names no file of the "
                       "checkpoint's %" PRIu32, t->key, e->nfiles);
@@ -583,7 +583,7 @@ static int receive(struct export_rx *rx, uint64_t id, uint64_t wait_ms,
 static int send_release(sp_client *c, uint64_t export_id) {
   struct sp_msgbuf mb;
   uint64_t id = client_begin(c, &mb, "release", 1);
-  sp_pack_kv_u64(&mb.pk, "export_id", export_id);
+  sp__pack_kv_u64(&mb.pk, "export_id", export_id);
   struct client_reply reply;
   int rc = client_call(c, &mb, id, "release", &reply);
   if (rc == 0)

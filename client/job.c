@@ -19,14 +19,14 @@ SP_EXPORT int sp_job_create(sp_client *client, uint32_t world,
     return SP_EINVAL;
   struct sp_msgbuf mb;
   uint64_t id = client_begin(client, &mb, "job_create", 1);
-  sp_pack_kv_u64(&mb.pk, "world", world);
+  sp__pack_kv_u64(&mb.pk, "world", world);
   struct client_reply reply;
   int rc = client_call(client, &mb, id, "job_create", &reply);
   if (rc < 0)
     return rc;
   const uint8_t *bytes;
   size_t len;
-  rc = sp_msg_get_bin(&reply.map, "ticket", false, &bytes, &len);
+  rc = sp__msg_get_bin(&reply.map, "ticket", false, &bytes, &len);
   if (rc == 0 && (len == 0 || len > SP_TICKET_MAX))
     rc = SP_EBADMSG;
   if (rc == 0) {
@@ -46,11 +46,11 @@ SP_EXPORT int sp_job_join(sp_client *client, const sp_ticket *ticket,
     return SP_EINVAL;
   struct sp_msgbuf mb;
   uint64_t id = client_begin(client, &mb, "join", 4);
-  sp_pack_str(&mb.pk, "ticket");
-  sp_pack_bin(&mb.pk, ticket->bytes, ticket->len);
-  sp_pack_kv_u64(&mb.pk, "rank", rank);
-  sp_pack_kv_u64(&mb.pk, "world", world);
-  sp_pack_kv_str(&mb.pk, "device", device);
+  sp__pack_str(&mb.pk, "ticket");
+  sp__pack_bin(&mb.pk, ticket->bytes, ticket->len);
+  sp__pack_kv_u64(&mb.pk, "rank", rank);
+  sp__pack_kv_u64(&mb.pk, "world", world);
+  sp__pack_kv_str(&mb.pk, "device", device);
   struct client_reply reply;
   int rc = client_call(client, &mb, id, "join", &reply);
   if (rc < 0)

@@ -30,7 +30,7 @@ static bool job_ref_ok(const char *job) {
 
 static int get_uint(const msgpack_object *map, const char *key,
                     uint64_t *out) {
-  return sp_msg_get_u64(map, key, false, out);
+  return sp__msg_get_u64(map, key, false, out);
 }
 
 static int decode_entry(const msgpack_object *o, sp_job_entry *e) {
@@ -71,15 +71,15 @@ static int fetch_page(sp_client *client, const char *after,
   struct sp_msgbuf mb;
   uint64_t id = client_begin(client, &mb, "jobs", after[0] ? 1 : 0);
   if (after[0])
-    sp_pack_kv_str(&mb.pk, "after", after);
+    sp__pack_kv_str(&mb.pk, "after", after);
   struct client_reply reply;
   int rc = client_call(client, &mb, id, "jobs", &reply);
   if (rc < 0)
     return rc;
   const msgpack_object_array *a;
-  rc = sp_msg_get_array(&reply.map, "jobs", false, &a);
+  rc = sp__msg_get_array(&reply.map, "jobs", false, &a);
   if (rc == 0)
-    rc = sp_msg_get_bool(&reply.map, "more", false, more);
+    rc = sp__msg_get_bool(&reply.map, "more", false, more);
   if (rc == 0 && (a->size > JOBS_MAX - list->njobs || (*more && a->size == 0)))
     rc = SP_EBADMSG;
   sp_job_entry *grown = NULL;
@@ -149,7 +149,7 @@ static int decode_rank(const msgpack_object *o, sp_rank_info *r) {
   if (rc == 0)
     rc = client_get_u32(o, "pid", true, &r->pid);
   uint64_t node;
-  int has = rc == 0 ? sp_msg_get_u64(o, "node", true, &node) : rc;
+  int has = rc == 0 ? sp__msg_get_u64(o, "node", true, &node) : rc;
   if (has < 0)
     return has;
   if (has == 0 && node > UINT32_MAX)
@@ -191,7 +191,7 @@ static int decode_record(const msgpack_object *o, sp_export_record *e) {
 
 static int decode_detail(const msgpack_object *reply, sp_job_detail *d) {
   const msgpack_object *o;
-  int rc = sp_msg_get_map(reply, "job", false, &o);
+  int rc = sp__msg_get_map(reply, "job", false, &o);
   if (rc < 0)
     return rc;
   rc = client_decode_job(o, &d->job);
@@ -205,9 +205,9 @@ static int decode_detail(const msgpack_object *reply, sp_job_detail *d) {
     rc = get_uint(o, "exports", &d->exports);
   const msgpack_object_array *ranks, *history;
   if (rc == 0)
-    rc = sp_msg_get_array(o, "ranks", false, &ranks);
+    rc = sp__msg_get_array(o, "ranks", false, &ranks);
   if (rc == 0)
-    rc = sp_msg_get_array(o, "history", false, &history);
+    rc = sp__msg_get_array(o, "history", false, &history);
   if (rc < 0)
     return rc;
   if (ranks->size != d->job.world || ranks->size > WORLD_MAX ||
@@ -234,7 +234,7 @@ SP_EXPORT int sp_job_show(sp_client *client, const char *job,
     return SP_EINVAL;
   struct sp_msgbuf mb;
   uint64_t id = client_begin(client, &mb, "job_status", 1);
-  sp_pack_kv_str(&mb.pk, "job", job);
+  sp__pack_kv_str(&mb.pk, "job", job);
   struct client_reply reply;
   int rc = client_call(client, &mb, id, "job_status", &reply);
   if (rc < 0)
@@ -269,7 +269,7 @@ SP_EXPORT int sp_job_abort(sp_client *client, const char *job, char *job_id,
     return SP_EINVAL;
   struct sp_msgbuf mb;
   uint64_t id = client_begin(client, &mb, "job_abort", 1);
-  sp_pack_kv_str(&mb.pk, "job", job);
+  sp__pack_kv_str(&mb.pk, "job", job);
   struct client_reply reply;
   int rc = client_call(client, &mb, id, "job_abort", &reply);
   if (rc < 0)

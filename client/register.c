@@ -200,33 +200,33 @@ static int add_storage_frame(sp_client *c, const sp_storage_desc *s,
   }
   struct sp_msgbuf mb;
   uint64_t id = client_begin(c, &mb, "storage_add", 1);
-  sp_pack_str(&mb.pk, "storages");
+  sp__pack_str(&mb.pk, "storages");
   msgpack_pack_array(&mb.pk, n);
   for (size_t i = 0; i < n; i++) {
     bool fd = needs_fd(s[i].kind), handle = w[i].handle_len > 0,
          device = w[i].rec.device[0] != '\0';
     msgpack_pack_map(&mb.pk, 5 + fd + handle + device);
-    sp_pack_kv_u64(&mb.pk, "sid", s[i].id);
-    sp_pack_kv_str(&mb.pk, "kind", w[i].kind);
+    sp__pack_kv_u64(&mb.pk, "sid", s[i].id);
+    sp__pack_kv_str(&mb.pk, "kind", w[i].kind);
     if (fd) {
-      sp_pack_kv_u64(&mb.pk, "fd", nfds);
+      sp__pack_kv_u64(&mb.pk, "fd", nfds);
       fds[nfds++] = s[i].fd;
     }
     if (handle) {
-      sp_pack_str(&mb.pk, "handle");
-      sp_pack_bin(&mb.pk, w[i].handle, w[i].handle_len);
+      sp__pack_str(&mb.pk, "handle");
+      sp__pack_bin(&mb.pk, w[i].handle, w[i].handle_len);
     }
     if (device)
-      sp_pack_kv_str(&mb.pk, "device", w[i].rec.device);
-    sp_pack_kv_u64(&mb.pk, "offset", w[i].offset);
-    sp_pack_kv_u64(&mb.pk, "length", s[i].length);
-    sp_pack_kv_u64(&mb.pk, "base", (uint64_t)(uintptr_t)s[i].addr);
+      sp__pack_kv_str(&mb.pk, "device", w[i].rec.device);
+    sp__pack_kv_u64(&mb.pk, "offset", w[i].offset);
+    sp__pack_kv_u64(&mb.pk, "length", s[i].length);
+    sp__pack_kv_u64(&mb.pk, "base", (uint64_t)(uintptr_t)s[i].addr);
   }
   struct client_reply reply;
   int rc = client_call_fds(c, &mb, id, "storage_add", fds, nfds, &reply);
   if (rc == 0) {
     uint64_t count;
-    rc = sp_msg_get_u64(&reply.map, "count", false, &count);
+    rc = sp__msg_get_u64(&reply.map, "count", false, &count);
     client_reply_release(&reply);
     if (rc == 0 && count != n)
       rc = SP_EBADMSG;
@@ -338,21 +338,21 @@ static void piece_wire(const void *pieces, size_t i,
 }
 
 static void pack_tensor(msgpack_packer *pk, const sp_tensor_desc *t) {
-  sp_tensor_pack(pk, &(struct sp_tensor_wire){
-                         .key = t->key,
-                         .sid = t->storage,
-                         .dtype = t->dtype,
-                         .ndim = t->ndim,
-                         .shape = t->shape,
-                         .stride = t->stride,
-                         .offset = t->offset,
-                         .placement = placement_name(t->placement),
-                         .global_ndim = t->global_ndim,
-                         .global_shape = t->global_shape,
-                         .affine = t->placement == SP_PLACEMENT_AFFINE,
-                         .npieces = t->npieces,
-                         .piece = piece_wire,
-                         .pieces = t->pieces});
+  sp__tensor_pack(pk, &(struct sp_tensor_wire){
+                          .key = t->key,
+                          .sid = t->storage,
+                          .dtype = t->dtype,
+                          .ndim = t->ndim,
+                          .shape = t->shape,
+                          .stride = t->stride,
+                          .offset = t->offset,
+                          .placement = placement_name(t->placement),
+                          .global_ndim = t->global_ndim,
+                          .global_shape = t->global_shape,
+                          .affine = t->placement == SP_PLACEMENT_AFFINE,
+                          .npieces = t->npieces,
+                          .piece = piece_wire,
+                          .pieces = t->pieces});
 }
 
 /* A buffer that remembers a failed allocation: msgpack's packer drops the
@@ -375,10 +375,10 @@ static int add_tensor_frame(sp_client *c, const msgpack_sbuffer *body,
                             size_t count) {
   struct sp_msgbuf mb;
   uint64_t id = client_begin(c, &mb, "tensor_add", 1);
-  sp_pack_str(&mb.pk, "tensors");
+  sp__pack_str(&mb.pk, "tensors");
   msgpack_pack_array(&mb.pk, count);
   if (msgpack_sbuffer_write(&mb.sbuf, body->data, body->size) != 0) {
-    sp_msgbuf_discard(&mb);
+    sp__msgbuf_discard(&mb);
     return SP_ENOMEM;
   }
   struct client_reply reply;
@@ -386,7 +386,7 @@ static int add_tensor_frame(sp_client *c, const msgpack_sbuffer *body,
   if (rc < 0)
     return rc;
   uint64_t got;
-  rc = sp_msg_get_u64(&reply.map, "count", false, &got);
+  rc = sp__msg_get_u64(&reply.map, "count", false, &got);
   client_reply_release(&reply);
   if (rc == 0 && got != count)
     rc = SP_EBADMSG;

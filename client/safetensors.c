@@ -100,7 +100,7 @@ int st_header(const struct st_tensor *tensors, size_t n,
   uint64_t at = 0;
   for (size_t i = 0; i < n; i++) {
     const struct st_tensor *t = &tensors[i];
-    const char *dtype = sp_dtype_safetensors_name(t->dtype);
+    const char *dtype = sp__dtype_safetensors_name(t->dtype);
     if (!dtype) {
       st_buf_free(out);
       return SP_EDTYPE;

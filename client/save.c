@@ -197,8 +197,8 @@ static int heard_failure(struct saver *sv) {
 static void tell_progress(struct saver *sv) {
   struct sp_msgbuf mb;
   uint64_t id = client_begin(sv->c, &mb, "save_progress", 2);
-  sp_pack_kv_u64(&mb.pk, "export_id", sv->export_id);
-  sp_pack_kv_u64(&mb.pk, "bytes_written", sv->written);
+  sp__pack_kv_u64(&mb.pk, "export_id", sv->export_id);
+  sp__pack_kv_u64(&mb.pk, "bytes_written", sv->written);
   /* A notification: nothing comes back. */
   client_start(sv->c, &mb, id);
   sv->reported_bytes = sv->written;
@@ -269,8 +269,8 @@ static uint64_t tensor_bytes(const sp_owned_tensor *t) {
   for (uint32_t d = 0; d < t->ndim; d++)
     n *= (uint64_t)t->shape[d];
   enum sp_dtype dt;
-  sp_dtype_from_name(t->dtype, strlen(t->dtype), &dt);
-  return n * sp_dtype_size(dt);
+  sp__dtype_from_name(t->dtype, strlen(t->dtype), &dt);
+  return n * sp__dtype_size(dt);
 }
 
 /* Where a tensor's bytes are gathered before they are written: plain
@@ -393,8 +393,8 @@ static int write_tensor(struct saver *sv, int fd, const struct save_file *f,
     g.host = sv->host_stage;
   }
   enum sp_dtype dt;
-  sp_dtype_from_name(t->dtype, strlen(t->dtype), &dt);
-  int rc = gather_tensor(&g, t, sp_dtype_size(dt));
+  sp__dtype_from_name(t->dtype, strlen(t->dtype), &dt);
+  int rc = gather_tensor(&g, t, sp__dtype_size(dt));
   if (rc == 0)
     rc = flush(&g);
   /* The GPU buffers still in flight, oldest first. */
@@ -416,7 +416,7 @@ static int write_file(struct saver *sv, struct save_file *f) {
     return SP_ENOMEM;
   for (size_t i = 0; i < f->n; i++) {
     enum sp_dtype dt = SP_DTYPE_INVALID;
-    sp_dtype_from_name(ts[i].dtype, strlen(ts[i].dtype), &dt);
+    sp__dtype_from_name(ts[i].dtype, strlen(ts[i].dtype), &dt);
     st[i] = (struct st_tensor){.key = ts[i].key,
                                .dtype = dt,
                                .ndim = ts[i].ndim,
@@ -532,12 +532,12 @@ static int take_map(struct saver *sv, const msgpack_object *map,
                     uint64_t *parts) {
   uint64_t part, nparts, files, total;
   const msgpack_object_array *keys, *key_files;
-  if (sp_msg_get_u64(map, "part", false, &part) != 0 ||
-      sp_msg_get_u64(map, "parts", false, &nparts) != 0 ||
-      sp_msg_get_u64(map, "files", false, &files) != 0 ||
-      sp_msg_get_u64(map, "total_size", false, &total) != 0 ||
-      sp_msg_get_array(map, "keys", false, &keys) != 0 ||
-      sp_msg_get_array(map, "key_files", false, &key_files) != 0 ||
+  if (sp__msg_get_u64(map, "part", false, &part) != 0 ||
+      sp__msg_get_u64(map, "parts", false, &nparts) != 0 ||
+      sp__msg_get_u64(map, "files", false, &files) != 0 ||
+      sp__msg_get_u64(map, "total_size", false, &total) != 0 ||
+      sp__msg_get_array(map, "keys", false, &keys) != 0 ||
+      sp__msg_get_array(map, "key_files", false, &key_files) != 0 ||
       keys->size != key_files->size || part != *next_part || nparts == 0 ||
       (*next_part > 0 && nparts != *parts) || files != sv->nfiles)
     return say(sv->c, SP_EBADMSG, "bad save reply: part %" PRIu64 " of the "
@@ -573,12 +573,12 @@ static int report(struct saver *sv, uint32_t step, int code,
                   struct st_buf *index) {
   struct sp_msgbuf mb;
   uint64_t id = client_begin(sv->c, &mb, "save_step", code < 0 ? 5 : 3);
-  sp_pack_kv_u64(&mb.pk, "export_id", sv->export_id);
-  sp_pack_kv_u64(&mb.pk, "step", step);
-  sp_pack_kv_u64(&mb.pk, "bytes_written", sv->written);
+  sp__pack_kv_u64(&mb.pk, "export_id", sv->export_id);
+  sp__pack_kv_u64(&mb.pk, "step", step);
+  sp__pack_kv_u64(&mb.pk, "bytes_written", sv->written);
   if (code < 0) {
-    sp_pack_kv_str(&mb.pk, "error", sp_err_name(code));
-    sp_pack_kv_str(&mb.pk, "message",
+    sp__pack_kv_str(&mb.pk, "error", sp_err_name(code));
+    sp__pack_kv_str(&mb.pk, "message",
                    sv->c->message[0] ? sv->c->message : sp_strerror(code));
   }
   int rc = client_start(sv->c, &mb, id);
@@ -600,7 +600,7 @@ static int report(struct saver *sv, uint32_t step, int code,
       break;
     uint64_t got;
     if (strcmp(head.op, "save_step") != 0 ||
-        sp_msg_get_u64(&reply.map, "step", false, &got) != 0 || got != step)
+        sp__msg_get_u64(&reply.map, "step", false, &got) != 0 || got != step)
       rc = say(sv->c, SP_EBADMSG, "bad save reply: a \"%s\" frame answered "
                "step %" PRIu32, head.op, step);
     else if (map)

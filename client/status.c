@@ -18,7 +18,7 @@ int client_copy_str(const msgpack_object *map, const char *key,
                     bool optional, char **out) {
   const char *p;
   size_t len;
-  int rc = sp_msg_get_str(map, key, optional, &p, &len);
+  int rc = sp__msg_get_str(map, key, optional, &p, &len);
   if (rc != 0)
     return rc == 1 ? 0 : rc;
   if (memchr(p, '\0', len))
@@ -30,7 +30,7 @@ int client_copy_str(const msgpack_object *map, const char *key,
 int client_get_u32(const msgpack_object *map, const char *key, bool optional,
                    uint32_t *out) {
   uint64_t v;
-  int rc = sp_msg_get_u64(map, key, optional, &v);
+  int rc = sp__msg_get_u64(map, key, optional, &v);
   if (rc != 0)
     return rc == 1 ? 0 : rc;
   if (v > UINT32_MAX)
@@ -41,7 +41,7 @@ int client_get_u32(const msgpack_object *map, const char *key, bool optional,
 
 int client_get_amount(const msgpack_object *map, const char *key,
                       double *out) {
-  int rc = sp_msg_get_f64(map, key, false, out);
+  int rc = sp__msg_get_f64(map, key, false, out);
   if (rc < 0)
     return rc;
   return isfinite(*out) && *out >= 0 ? 0 : SP_EBADMSG;
@@ -51,7 +51,7 @@ int client_get_amount(const msgpack_object *map, const char *key,
  * and hold no comma or NUL, so that the joined form splits back exactly. */
 static int join_backends(const msgpack_object *map, char **out) {
   const msgpack_object_array *a;
-  int rc = sp_msg_get_array(map, "backends_built", false, &a);
+  int rc = sp__msg_get_array(map, "backends_built", false, &a);
   if (rc < 0)
     return rc;
   size_t total = 1;
@@ -80,7 +80,7 @@ static int join_backends(const msgpack_object *map, char **out) {
 
 static int get_flag(const msgpack_object *map, const char *key, int *out) {
   bool v;
-  int rc = sp_msg_get_bool(map, key, false, &v);
+  int rc = sp__msg_get_bool(map, key, false, &v);
   if (rc == 0)
     *out = v ? 1 : 0;
   return rc;
@@ -97,9 +97,9 @@ static int decode_node(const msgpack_object *o, sp_node_status *n) {
   if (rc == 0)
     rc = get_flag(o, "connected", &n->connected);
   if (rc == 0)
-    rc = sp_msg_get_u64(o, "bytes_sent", false, &n->bytes_sent);
+    rc = sp__msg_get_u64(o, "bytes_sent", false, &n->bytes_sent);
   if (rc == 0)
-    rc = sp_msg_get_u64(o, "bytes_received", false, &n->bytes_received);
+    rc = sp__msg_get_u64(o, "bytes_received", false, &n->bytes_received);
   return rc;
 }
 
@@ -108,13 +108,13 @@ static int decode_node(const msgpack_object *o, sp_node_status *n) {
 static int decode_nodes(const msgpack_object *o, sp_job_status *job) {
   int rc = client_copy_str(o, "plan_digest", true, &job->plan_digest);
   uint64_t node = 0;
-  if (rc == 0 && (rc = sp_msg_get_u64(o, "node", true, &node)) == 1)
+  if (rc == 0 && (rc = sp__msg_get_u64(o, "node", true, &node)) == 1)
     rc = 0;
   if (rc == 0 && node > UINT32_MAX)
     rc = SP_EBADMSG;
   job->node = (uint32_t)node;
   const msgpack_object_array *a;
-  int has = rc == 0 ? sp_msg_get_array(o, "nodes", true, &a) : rc;
+  int has = rc == 0 ? sp__msg_get_array(o, "nodes", true, &a) : rc;
   if (has != 0 || a->size == 0)
     return has < 0 ? has : rc;
   job->nodes = calloc(a->size, sizeof *job->nodes);
@@ -148,9 +148,9 @@ int client_decode_job(const msgpack_object *o, sp_job_status *job) {
   if (rc == 0)
     rc = client_get_u32(o, "rounds", false, &job->rounds);
   if (rc == 0)
-    rc = sp_msg_get_u64(o, "bytes_moved", false, &job->bytes_moved);
+    rc = sp__msg_get_u64(o, "bytes_moved", false, &job->bytes_moved);
   if (rc == 0)
-    rc = sp_msg_get_u64(o, "bytes_total", false, &job->bytes_total);
+    rc = sp__msg_get_u64(o, "bytes_total", false, &job->bytes_total);
   if (rc == 0)
     rc = client_get_amount(o, "rate_bps", &job->rate_bps);
   if (rc == 0)
@@ -159,18 +159,18 @@ int client_decode_job(const msgpack_object *o, sp_job_status *job) {
   if (rc == 0)
     rc = client_get_u32(o, "asked", true, &job->asked);
   if (rc == 0 &&
-      (rc = sp_msg_get_u64(o, "export_id", true, &job->export_id)) == 1)
+      (rc = sp__msg_get_u64(o, "export_id", true, &job->export_id)) == 1)
     rc = 0;
-  if (rc == 0 && (rc = sp_msg_get_u64(o, "bytes_prepared", true,
-                                      &job->bytes_prepared)) == 1)
+  if (rc == 0 && (rc = sp__msg_get_u64(o, "bytes_prepared", true,
+                                       &job->bytes_prepared)) == 1)
     rc = 0;
-  if (rc == 0 && (rc = sp_msg_get_u64(o, "bytes_to_prepare", true,
-                                      &job->bytes_to_prepare)) == 1)
+  if (rc == 0 && (rc = sp__msg_get_u64(o, "bytes_to_prepare", true,
+                                       &job->bytes_to_prepare)) == 1)
     rc = 0;
-  if (rc == 0 && (rc = sp_msg_get_u64(o, "bytes_written", true,
+  if (rc == 0 && (rc = sp__msg_get_u64(o, "bytes_written", true,
                                       &job->bytes_written)) == 1)
     rc = 0;
-  if (rc == 0 && (rc = sp_msg_get_u64(o, "bytes_to_write", true,
+  if (rc == 0 && (rc = sp__msg_get_u64(o, "bytes_to_write", true,
                                       &job->bytes_to_write)) == 1)
     rc = 0;
   return rc;
@@ -178,7 +178,7 @@ int client_decode_job(const msgpack_object *o, sp_job_status *job) {
 
 static int decode_jobs(const msgpack_object *map, sp_status_info *info) {
   const msgpack_object_array *a;
-  int rc = sp_msg_get_array(map, "jobs", false, &a);
+  int rc = sp__msg_get_array(map, "jobs", false, &a);
   if (rc < 0 || a->size == 0)
     return rc;
   info->jobs = calloc(a->size, sizeof *info->jobs);
@@ -205,9 +205,9 @@ static int decode_status(const msgpack_object *map, sp_status_info *info) {
   if (rc == 0)
     rc = client_get_u32(map, "clients", false, &info->clients);
   if (rc == 0)
-    rc = sp_msg_get_u64(map, "pool_used", false, &info->pool_used);
+    rc = sp__msg_get_u64(map, "pool_used", false, &info->pool_used);
   if (rc == 0)
-    rc = sp_msg_get_u64(map, "pool_capacity", false, &info->pool_capacity);
+    rc = sp__msg_get_u64(map, "pool_capacity", false, &info->pool_capacity);
   if (rc == 0)
     rc = decode_jobs(map, info);
   if (rc == 0)
@@ -218,11 +218,11 @@ static int decode_status(const msgpack_object *map, sp_status_info *info) {
     info->peer_address = NULL;
   }
   bool draining = false;
-  if (rc == 0 && (rc = sp_msg_get_bool(map, "draining", true, &draining)) == 1)
+  if (rc == 0 && (rc = sp__msg_get_bool(map, "draining", true, &draining)) == 1)
     rc = 0;
   info->draining = draining ? 1 : 0;
-  if (rc == 0 && (rc = sp_msg_get_u64(map, "loop_max_busy_us", true,
-                                      &info->loop_max_busy_us)) == 1)
+  if (rc == 0 && (rc = sp__msg_get_u64(map, "loop_max_busy_us", true,
+                                       &info->loop_max_busy_us)) == 1)
     rc = 0;
   return rc;
 }

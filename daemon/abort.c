@@ -83,8 +83,8 @@ int abort_op_job_abort(struct conn *c, const struct sp_msg_head *head,
   /* Answered first: the one asking may be a rank of the job, whose
    * connection the abort ends. */
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "job_abort", head->id, 1);
-  sp_pack_kv_str(&mb.pk, "job_id", job->hex);
+  sp__msgbuf_begin(&mb, "job_abort", head->id, 1);
+  sp__pack_kv_str(&mb.pk, "job_id", job->hex);
   rc = conn_send_msgbuf(c, &mb);
   for (uint32_t i = 0; i < n; i++)
     abort_one(ending[i], who);

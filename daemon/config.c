@@ -42,7 +42,7 @@ void config_default(struct config *cfg) {
   cfg->allowed_gid_set = true;
   cfg->allowed_gid = getegid();
   cfg->log_level = LOG_LEVEL_INFO;
-  sp_limits_default(&cfg->limits);
+  sp__limits_default(&cfg->limits);
   cfg->max_clients = CONFIG_DEFAULT_MAX_CLIENTS;
   cfg->max_output = CONFIG_DEFAULT_MAX_OUTPUT;
   cfg->max_staged_bytes = CONFIG_DEFAULT_MAX_STAGED_BYTES;
@@ -538,7 +538,7 @@ int config_load(struct config *cfg, const char *path, bool must_exist,
 int config_resolve_socket(struct config *cfg, char *err, size_t errsize) {
   if (cfg->socket[0] != '\0')
     return 0;
-  if (sp_socket_path_for_user(cfg->socket, sizeof(cfg->socket)) != 0)
+  if (sp__socket_path_for_user(cfg->socket, sizeof(cfg->socket)) != 0)
     return fail(err, errsize,
                 geteuid() == 0 ? "the default socket path is too long"
                                : "no socket path: not root and XDG_RUNTIME_DIR "

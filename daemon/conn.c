@@ -3,7 +3,7 @@
  *
  * libuv cannot pass a memfd or a cuMem fd through its streams, so the socket
  * is driven by a uv_poll_t and read and written by the framing layer
- * (framesock.c over sp_frame_rx_read / sp_frame_tx_write), which carries
+ * (framesock.c over sp__frame_rx_read / sp__frame_tx_write), which carries
  * SCM_RIGHTS fds.
  *
  * One misbehaving client must never affect another, so all state here is
@@ -18,7 +18,7 @@
  *     connection gets CONN_DRAIN_TIMEOUT_MS to take its last reply, so that
  *     idle sockets cannot hold max_clients slots forever.
  *
- * Every frame is decoded exactly once here, with sp_wire_decode; handlers
+ * Every frame is decoded exactly once here, with sp__wire_decode; handlers
  * see only checked msgpack objects.
  *
  * Decoding costs a multiple of a frame's size, and a registration frame may
@@ -50,22 +50,18 @@
 #include <unistd.h>
 
 #include "build_config.h"
-#include "daemon/abort.h"
 #include "daemon/conn.h"
 #include "daemon/drain.h"
-#include "daemon/export.h"
 #include "daemon/framesock.h"
 #include "daemon/job.h"
-#include "daemon/joblist.h"
 #include "daemon/log.h"
-#include "daemon/save.h"
 #include "daemon/metrics.h"
+#include "daemon/ops.h"
 #include "daemon/peer.h"
 #include "daemon/quota.h"
 #include "daemon/registration.h"
 #include "daemon/server.h"
 #include "daemon/stage.h"
-#include "daemon/status.h"
 #include "proto/wire.h"
 #include "shardport.h"
 
@@ -116,51 +112,6 @@ struct conn {
   /* Called when a write leaves the queue at most half full. */
   void (*drained)(struct conn *c, void *arg);
   void *drained_arg;
-};
-
-typedef int (*op_handler)(struct conn *c, const struct sp_msg_head *head,
-                          const msgpack_object *map, struct sp_frame *frame);
-
-static int op_hello(struct conn *c, const struct sp_msg_head *head,
-                    const msgpack_object *map, struct sp_frame *frame);
-static int op_ping(struct conn *c, const struct sp_msg_head *head,
-                   const msgpack_object *map, struct sp_frame *frame);
-static int op_status(struct conn *c, const struct sp_msg_head *head,
-                     const msgpack_object *map, struct sp_frame *frame);
-
-/* The dispatch table.  A handler replies itself and returns 0, or returns a
- * negative code that is sent back as an error reply; save_progress, a
- * notification, is never answered (docs/protocol.md).  Messages that do not
- * declare takes_fds have their fds closed before the handler runs.  Those
- * that declare new_work start something a stopping daemon would only have
- * to break: while it drains (drain.c) they are answered daemon_stopping
- * and never reach their handler.  An op whose frames may be large splits
- * its handler in two (struct conn_prepared_op): prepare, which reads the
- * request out of the decoded frame and may run on a worker thread, and
- * serve, which does the rest on the loop; its handler does both. */
-static const struct op {
-  const char *name;
-  bool takes_fds;
-  bool new_work;
-  op_handler handle;
-  const struct conn_prepared_op *prepared;
-} ops[] = {
-    {"hello", false, false, op_hello},
-    {"ping", false, false, op_ping},
-    {"status", false, false, op_status},
-    {"job_create", false, true, job_op_create},
-    {"join", false, true, job_op_join},
-    {"leave", false, false, job_op_leave},
-    {"storage_add", true, true, job_op_storage_add,
-     &registration_storages_op},
-    {"tensor_add", false, true, job_op_tensor_add, &registration_tensors_op},
-    {"export", false, true, export_op_request, &export_ask_op},
-    {"release", false, false, export_op_release},
-    {"save_step", false, false, save_op_step},
-    {"save_progress", false, false, save_op_progress},
-    {"jobs", false, false, joblist_op_jobs},
-    {"job_status", false, false, joblist_op_job_status},
-    {"job_abort", false, false, abort_op_job_abort},
 };
 
 static void on_poll(uv_poll_t *handle, int status, int events);
@@ -325,15 +276,15 @@ void conn_finish(struct conn *c, int code, const char *fmt, ...) {
 int conn_send(struct conn *c, struct sp_frame_tx *tx) {
   tx->next = NULL;
   if (c->closed) {
-    sp_frame_tx_free(tx);
+    sp__frame_tx_free(tx);
     return SP_ECLOSED;
   }
-  if (c->fs.out_bytes + sp_frame_tx_size(tx) > c->srv->cfg->max_output) {
+  if (c->fs.out_bytes + sp__frame_tx_size(tx) > c->srv->cfg->max_output) {
     log_msg(LOG_LEVEL_WARN,
             "client %" PRIu64 " (pid %d): more than max_output (%" PRIu64
             " bytes) of replies unread; disconnecting",
             c->id, (int)c->peer.pid, c->srv->cfg->max_output);
-    sp_frame_tx_free(tx);
+    sp__frame_tx_free(tx);
     conn_close(c);
     return SP_ELIMIT;
   }
@@ -345,10 +296,10 @@ int conn_send(struct conn *c, struct sp_frame_tx *tx) {
 int conn_send_msgbuf(struct conn *c, struct sp_msgbuf *mb) {
   struct sp_frame_tx *tx = calloc(1, sizeof(*tx));
   if (tx == NULL) {
-    sp_msgbuf_discard(mb);
+    sp__msgbuf_discard(mb);
     return SP_ENOMEM;
   }
-  int rc = sp_msgbuf_finish(mb, tx);
+  int rc = sp__msgbuf_finish(mb, tx);
   if (rc < 0) {
     free(tx);
     return rc;
@@ -367,7 +318,7 @@ int conn_send_error(struct conn *c, uint64_t id, int code, const char *fmt,
   struct sp_frame_tx *tx = calloc(1, sizeof(*tx));
   if (tx == NULL)
     return SP_ENOMEM;
-  int rc = sp_msg_error(tx, id, code, "%s", message);
+  int rc = sp__msg_error(tx, id, code, "%s", message);
   if (rc < 0) {
     free(tx);
     return rc;
@@ -375,14 +326,14 @@ int conn_send_error(struct conn *c, uint64_t id, int code, const char *fmt,
   return conn_send(c, tx);
 }
 
-static int op_hello(struct conn *c, const struct sp_msg_head *head,
-                    const msgpack_object *map, struct sp_frame *frame) {
+int conn_op_hello(struct conn *c, const struct sp_msg_head *head,
+                  const msgpack_object *map, struct sp_frame *frame) {
   (void)frame;
   if (c->hello_done)
     return conn_send_error(c, head->id, SP_ESTATE,
                            "hello was already exchanged on this connection");
   uint64_t version;
-  if (sp_msg_get_u64(map, "version", false, &version) != 0) {
+  if (sp__msg_get_u64(map, "version", false, &version) != 0) {
     drain(c);
     return conn_send_error(c, head->id, SP_EBADMSG,
                            "hello needs an unsigned \"version\"");
@@ -399,7 +350,7 @@ static int op_hello(struct conn *c, const struct sp_msg_head *head,
                            version, SP_PROTOCOL_VERSION);
   }
   char client[64] = "";
-  if (sp_msg_get_strbuf(map, "client", true, client, sizeof(client)) < 0)
+  if (sp__msg_get_strbuf(map, "client", true, client, sizeof(client)) < 0)
     snprintf(client, sizeof(client), "(unreadable)");
   log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": hello from %s", c->id,
           client[0] != '\0' ? client : "(unnamed)");
@@ -407,35 +358,10 @@ static int op_hello(struct conn *c, const struct sp_msg_head *head,
   c->fs.rx.limits.max_frame = c->srv->cfg->limits.max_frame;
   uv_timer_stop(&c->timer);
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "hello", head->id, 2);
-  sp_pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION);
-  sp_pack_kv_str(&mb.pk, "daemon", SP_VERSION);
+  sp__msgbuf_begin(&mb, "hello", head->id, 2);
+  sp__pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION);
+  sp__pack_kv_str(&mb.pk, "daemon", SP_VERSION);
   return conn_send_msgbuf(c, &mb);
-}
-
-static int op_ping(struct conn *c, const struct sp_msg_head *head,
-                   const msgpack_object *map, struct sp_frame *frame) {
-  (void)map;
-  (void)frame;
-  struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "ping", head->id, 0);
-  return conn_send_msgbuf(c, &mb);
-}
-
-static int op_status(struct conn *c, const struct sp_msg_head *head,
-                     const msgpack_object *map, struct sp_frame *frame) {
-  (void)map;
-  (void)frame;
-  struct sp_msgbuf mb;
-  status_pack(c->srv, head->id, &mb);
-  return conn_send_msgbuf(c, &mb);
-}
-
-static const struct op *find_op(const char *name) {
-  for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
-    if (strcmp(ops[i].name, name) == 0)
-      return &ops[i];
-  return NULL;
 }
 
 /* A frame decoded, and for an op with a prepare step, prepared. */
@@ -460,13 +386,13 @@ static void decode(const struct sp_limits *limits, const struct sp_frame *frame,
     return;
   }
   d->has_zone = true;
-  d->rc = sp_wire_decode(frame->data, frame->len, limits, &d->zone, &d->map);
-  if (d->rc == 0 && (d->rc = sp_msg_head(&d->map, &d->head)) < 0) {
+  d->rc = sp__wire_decode(frame->data, frame->len, limits, &d->zone, &d->map);
+  if (d->rc == 0 && (d->rc = sp__msg_head(&d->map, &d->head)) < 0) {
     /* The envelope is broken, but an id that is there is still echoed. */
     d->head.id = 0;
-    sp_msg_get_u64(&d->map, "id", false, &d->head.id);
+    sp__msg_get_u64(&d->map, "id", false, &d->head.id);
   }
-  const struct op *op = d->rc == 0 && prepare ? find_op(d->head.op) : NULL;
+  const struct op *op = d->rc == 0 && prepare ? ops_find(d->head.op) : NULL;
   if (op != NULL && op->prepared != NULL) {
     d->op = op;
     d->prepared = op->prepared->prepare(&d->map, frame);
@@ -478,7 +404,7 @@ static void decoded_free(struct decoded *d, struct sp_frame *frame) {
     d->op->prepared->free(d->prepared);
   if (d->has_zone)
     msgpack_zone_destroy(&d->zone);
-  sp_frame_release(frame);
+  sp__frame_release(frame);
 }
 
 /* What an op's handler or step returned: true when it wants another step;
@@ -517,7 +443,7 @@ static bool serve(struct conn *c, struct sp_frame *frame, struct decoded *d) {
     drain(c);
     return false;
   }
-  const struct op *op = find_op(head->op);
+  const struct op *op = ops_find(head->op);
   if (op == NULL) {
     conn_send_error(c, head->id, SP_EUNKNOWNOP, "unknown operation \"%s\"",
                     head->op);
@@ -526,7 +452,7 @@ static bool serve(struct conn *c, struct sp_frame *frame, struct decoded *d) {
   if (op->new_work && drain_refuse(c->srv, c, head->id, head->op))
     return false;
   if (!op->takes_fds && frame->nfds > 0) {
-    size_t n = sp_frame_close_fds(frame);
+    size_t n = sp__frame_close_fds(frame);
     log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": closed %zu fd(s) sent with %s",
             c->id, n, head->op);
   }
@@ -538,7 +464,7 @@ static bool serve(struct conn *c, struct sp_frame *frame, struct decoded *d) {
 /* The next step of a frame whose op asked for one. */
 static bool serve_step(struct conn *c, struct sp_frame *frame,
                        struct decoded *d) {
-  const struct op *op = find_op(d->head.op);
+  const struct op *op = ops_find(d->head.op);
   return op_returned(c, d,
                      op->prepared->serve(c, &d->head, frame, d->prepared));
 }
@@ -728,7 +654,7 @@ static void unstage(struct conn *c) {
   if (w->item.where == STAGE_WAITING) {
     stage_remove(c->srv, &w->item);
     c->staged = NULL;
-    sp_frame_release(&w->frame);
+    sp__frame_release(&w->frame);
     free(w);
     conn_unref(c);
   } else if (w->item.where == STAGE_QUEUED) {
@@ -768,7 +694,7 @@ static int read_frames(struct conn *c) {
     case SP_ETOOMANYFDS:
       log_msg(LOG_LEVEL_INFO, "client %" PRIu64 " (pid %d): %s; closing",
               c->id, (int)c->peer.pid, sp_strerror(rc));
-      sp_frame_rx_reset(&c->fs.rx);
+      sp__frame_rx_reset(&c->fs.rx);
       if (rc == SP_EFRAMETOOBIG)
         conn_send_error(c, 0, rc, "frame is larger than max_frame (%" PRIu32
                                   " bytes)",

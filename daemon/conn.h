@@ -4,6 +4,7 @@
 #ifndef SP_DAEMON_CONN_H
 #define SP_DAEMON_CONN_H
 
+#include <msgpack.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -67,6 +68,10 @@ struct job_member;
 /* The job rank this connection joined as, or NULL. */
 struct job_member *conn_member(const struct conn *c);
 void conn_set_member(struct conn *c, struct job_member *member);
+/* The hello op's handler (ops.c): the connection's first exchange, which
+ * checks the protocol version and lifts the frame limit to max_frame. */
+int conn_op_hello(struct conn *c, const struct sp_msg_head *head,
+                  const msgpack_object *map, struct sp_frame *frame);
 /* Bytes of replies the connection may still queue before max_output. */
 uint64_t conn_output_room(const struct conn *c);
 /* Calls fn(c, arg) whenever a write leaves the reply queue at most half

@@ -15,34 +15,17 @@
 #include "proto/msg.h"
 
 struct conn;
-struct conn_prepared_op;
 
-/* An export request in two parts (conn.h): a large groups list is parsed
- * on a worker thread. */
-extern const struct conn_prepared_op export_ask_op;
-int export_op_request(struct conn *c, const struct sp_msg_head *head,
-                      const msgpack_object *map, struct sp_frame *frame);
-int export_op_release(struct conn *c, const struct sp_msg_head *head,
-                      const msgpack_object *map, struct sp_frame *frame);
 /* Advances the job's exports: starts one when every rank asked, moves a
  * running one on when its thread finished, fails them for lost ranks. */
 void export_advance(struct job *job);
 /* Periodic work: gather deadlines, stalls, progress frames, the rate. */
 void export_tick(struct job *job);
-/* Starts generation 0's NCCL communicators of the local ranks that joined
- * since the last call (all in one group), and notes when every one is set
- * up; before the job's first export only (docs/gpu.md).  On the loop. */
-void export_comms_join(struct job *job);
-/* Rank r is leaving before the first export: the join-time communicators
- * are aborted (the world cannot complete without it). */
-void export_comms_rank_left(struct job *job, uint32_t r);
 /* A member is lost (left or disconnected): fails what it takes part in. */
 void export_member_lost(struct job *job, struct job_member *m);
 /* Whether an export runs: its thread may read the members' storages and
  * its plan borrows their registrations, so members are freed only after. */
 bool export_busy(const struct job *job);
-/* Frees the cached plan (registrations or members changed). */
-void export_drop_cache(struct job *job);
 /* Progress and phase of the job for status. */
 struct export_view {
   enum job_phase phase;

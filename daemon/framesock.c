@@ -17,7 +17,7 @@ int framesock_init(struct framesock *fs, uv_loop_t *loop, int sock,
   if (rc != 0)
     return rc;
   fs->poll.data = owner;
-  sp_frame_rx_init(&fs->rx, limits);
+  sp__frame_rx_init(&fs->rx, limits);
   return 0;
 }
 
@@ -40,13 +40,13 @@ void framesock_queue(struct framesock *fs, struct sp_frame_tx *tx) {
   else
     fs->out_head = tx;
   fs->out_tail = tx;
-  fs->out_bytes += sp_frame_tx_size(tx);
+  fs->out_bytes += sp__frame_tx_size(tx);
 }
 
 int framesock_flush(struct framesock *fs) {
   while (fs->out_head != NULL) {
     struct sp_frame_tx *tx = fs->out_head;
-    int rc = sp_frame_tx_write(tx, fs->sock);
+    int rc = sp__frame_tx_write(tx, fs->sock);
     if (rc == 1)
       return 0;
     if (rc < 0)
@@ -54,14 +54,14 @@ int framesock_flush(struct framesock *fs) {
     fs->out_head = tx->next;
     if (fs->out_head == NULL)
       fs->out_tail = NULL;
-    fs->out_bytes -= sp_frame_tx_size(tx);
-    sp_frame_tx_free(tx);
+    fs->out_bytes -= sp__frame_tx_size(tx);
+    sp__frame_tx_free(tx);
   }
   return 0;
 }
 
 int framesock_read(struct framesock *fs, struct sp_frame *out) {
-  return sp_frame_rx_read(&fs->rx, fs->sock, out);
+  return sp__frame_rx_read(&fs->rx, fs->sock, out);
 }
 
 void framesock_close(struct framesock *fs, uv_close_cb cb) {
@@ -69,11 +69,11 @@ void framesock_close(struct framesock *fs, uv_close_cb cb) {
 }
 
 void framesock_release(struct framesock *fs) {
-  sp_frame_rx_reset(&fs->rx);
+  sp__frame_rx_reset(&fs->rx);
   while (fs->out_head != NULL) {
     struct sp_frame_tx *tx = fs->out_head;
     fs->out_head = tx->next;
-    sp_frame_tx_free(tx);
+    sp__frame_tx_free(tx);
   }
   fs->out_tail = NULL;
   fs->out_bytes = 0;

@@ -21,7 +21,7 @@ struct framesock {
   int events;     /* the events asked for now */
   struct sp_frame_rx rx;
   struct sp_frame_tx *out_head, *out_tail;
-  uint64_t out_bytes; /* of the frames queued, sp_frame_tx_size each */
+  uint64_t out_bytes; /* of the frames queued, sp__frame_tx_size each */
 };
 
 /* Takes a non-blocking sock, which frames of at most limits arrive on;
@@ -40,7 +40,7 @@ void framesock_queue(struct framesock *fs, struct sp_frame_tx *tx);
 /* Writes queued frames until the socket is full or none are left: 0, or
  * SP_EIO / SP_ECLOSED (the owner ends the socket). */
 int framesock_flush(struct framesock *fs);
-/* The next frame, as sp_frame_rx_read returns it. */
+/* The next frame, as sp__frame_rx_read returns it. */
 int framesock_read(struct framesock *fs, struct sp_frame *out);
 /* Stops polling: cb runs once libuv let go of the socket, which can then
  * be closed without libuv ever seeing a reused descriptor. */

@@ -3,7 +3,7 @@
  * leaving with their connections, their registrations, and the job's end.
  *
  * A job is `world` ranks that export together, again and again: its members
- * and their registrations (and the last plan, export.c) stay until the
+ * and their registrations (and the last plan, plancache.c) stay until the
  * ranks leave, and the job ends when its last rank has left, or when no
  * rank joins it within job_timeout.
  *
@@ -25,6 +25,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "daemon/comms.h"
 #include "daemon/conn.h"
 #include "daemon/export.h"
 #include "daemon/history.h"
@@ -32,6 +33,7 @@
 #include "daemon/log.h"
 #include "daemon/mesh/mesh.h"
 #include "daemon/peer.h"
+#include "daemon/plancache.h"
 #include "daemon/pool.h"
 #include "daemon/quota.h"
 #include "daemon/registry.h"
@@ -154,7 +156,7 @@ static void job_destroy(struct job *job) {
       member_free(job->members[r]);
       job->members[r] = NULL;
     }
-  export_drop_cache(job);
+  plancache_drop(job);
   history_free(&job->history);
   mesh_free(job->mesh);
   job->mesh = NULL;
@@ -253,11 +255,11 @@ static void free_lost(struct job *job) {
              m->disconnected ? "disconnected" : "left");
     if (job->mesh != NULL)
       mesh_rank_left(job, r, m->disconnected, m->refused);
-    export_comms_rank_left(job, r);
+    comms_rank_left(job, r);
     member_free(m);
     job->members[r] = NULL;
     job->joined--;
-    export_drop_cache(job);
+    plancache_drop(job);
   }
 }
 
@@ -268,7 +270,7 @@ static void on_wake(uv_async_t *handle) {
   process_lost(job);
   export_advance(job);
   free_lost(job);
-  export_comms_join(job);
+  comms_join(job);
   /* A job across nodes ends on its root once no node holds a rank. */
   if ((job->dying || (job->ever_joined && job->joined == 0 &&
                       (job->mesh == NULL || mesh_may_end(job)))) &&
@@ -293,7 +295,7 @@ static void on_tick(uv_timer_t *timer) {
   export_tick(job);
   if (job->mesh != NULL)
     mesh_tick(job);
-  export_comms_join(job);
+  comms_join(job);
   job_schedule(job);
 }
 
@@ -302,7 +304,7 @@ void job_schedule(struct job *job) {
     return;
   bool active = job->running != NULL ||
                 (job->mesh != NULL && mesh_active(job)) ||
-                (job->comms_early && !job->comms_ready);
+                comms_joining(job);
   for (uint32_t r = 0; r < job->world && !active; r++)
     active = job->members[r] != NULL && job->members[r]->asked;
   if (active && !job->ticking) {
@@ -359,17 +361,17 @@ static int ticket_pack(const struct job *job, msgpack_sbuffer *sb) {
   bool nodes = job->mesh != NULL;
   bool nccl = nodes && job->has_nccl_id;
   msgpack_pack_map(&pk, (nodes ? 5 : 4) + (nccl ? 1 : 0));
-  sp_pack_kv_u64(&pk, "v", nodes ? 2 : 1);
+  sp__pack_kv_u64(&pk, "v", nodes ? 2 : 1);
   if (nodes)
-    sp_pack_kv_str(&pk, "root", job->srv->peer_address);
-  sp_pack_str(&pk, "job");
-  sp_pack_bin(&pk, job->id, JOB_ID_BYTES);
-  sp_pack_str(&pk, "secret");
-  sp_pack_bin(&pk, job->secret, JOB_SECRET_BYTES);
-  sp_pack_kv_u64(&pk, "world", job->world);
+    sp__pack_kv_str(&pk, "root", job->srv->peer_address);
+  sp__pack_str(&pk, "job");
+  sp__pack_bin(&pk, job->id, JOB_ID_BYTES);
+  sp__pack_str(&pk, "secret");
+  sp__pack_bin(&pk, job->secret, JOB_SECRET_BYTES);
+  sp__pack_kv_u64(&pk, "world", job->world);
   if (nccl) {
-    sp_pack_str(&pk, "nccl_id");
-    sp_pack_bin(&pk, job->nccl_id, GPU_NCCL_ID_BYTES);
+    sp__pack_str(&pk, "nccl_id");
+    sp__pack_bin(&pk, job->nccl_id, GPU_NCCL_ID_BYTES);
   }
   if (sb->data == NULL || sb->size > SP_TICKET_MAX) {
     msgpack_sbuffer_destroy(sb);
@@ -486,10 +488,10 @@ int job_op_create(struct conn *c, const struct sp_msg_head *head,
           (int)job->owner_pid);
 
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "job_create", head->id, 2);
-  sp_pack_kv_str(&mb.pk, "job_id", job->hex);
-  sp_pack_str(&mb.pk, "ticket");
-  sp_pack_bin(&mb.pk, ticket.data, ticket.size);
+  sp__msgbuf_begin(&mb, "job_create", head->id, 2);
+  sp__pack_kv_str(&mb.pk, "job_id", job->hex);
+  sp__pack_str(&mb.pk, "ticket");
+  sp__pack_bin(&mb.pk, ticket.data, ticket.size);
   msgpack_sbuffer_destroy(&ticket);
   return conn_send_msgbuf(c, &mb);
 }
@@ -633,15 +635,15 @@ struct job_member *job_admit(struct job *job, struct conn *c,
   job_note_joined(job);
   if (job->mesh != NULL)
     mesh_rank_joined(job, req->rank);
-  export_drop_cache(job);
+  plancache_drop(job);
   log_with(LOG_LEVEL_INFO,
           &(struct log_fields){
               .job = job->hex, .rank = req->rank, .node = LOG_NONE},
           "job %s: rank %" PRIu32 " joined (%" PRIu32 " of %" PRIu32 ")",
           job->hex, req->rank, job->joined, job->world);
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "join", request_id, 1);
-  sp_pack_kv_str(&mb.pk, "job_id", job->hex);
+  sp__msgbuf_begin(&mb, "join", request_id, 1);
+  sp__pack_kv_str(&mb.pk, "job_id", job->hex);
   conn_send_msgbuf(c, &mb);
   /* An export may have waited for this rank's registrations only. */
   job_wake(job);
@@ -663,7 +665,7 @@ int job_op_leave(struct conn *c, const struct sp_msg_head *head,
   m->conn = NULL;
   job_wake(m->job);
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "leave", head->id, 0);
+  sp__msgbuf_begin(&mb, "leave", head->id, 0);
   return conn_send_msgbuf(c, &mb);
 }
 
@@ -696,29 +698,29 @@ void job_pack(const struct job *job, msgpack_packer *pk, uint32_t extra) {
   job_count_ranks(job, &joined, &asked);
   bool failed = v.phase == JOB_FAILED;
   msgpack_pack_map(pk, (failed ? 20 : 19) + extra);
-  sp_pack_kv_str(pk, "job_id", job->hex);
-  sp_pack_kv_str(pk, "phase", export_phase_name(v.phase));
+  sp__pack_kv_str(pk, "job_id", job->hex);
+  sp__pack_kv_str(pk, "phase", export_phase_name(v.phase));
   if (failed)
-    sp_pack_kv_str(pk, "error", job->error);
-  sp_pack_kv_u64(pk, "world", job->world);
-  sp_pack_kv_u64(pk, "joined", joined);
-  sp_pack_kv_u64(pk, "asked", asked);
-  sp_pack_kv_u64(pk, "export_id", v.export_id);
-  sp_pack_kv_u64(pk, "round", v.round);
-  sp_pack_kv_u64(pk, "rounds", v.rounds);
-  sp_pack_kv_u64(pk, "bytes_moved", v.bytes_moved);
-  sp_pack_kv_u64(pk, "bytes_total", v.bytes_total);
-  sp_pack_kv_u64(pk, "bytes_prepared", v.bytes_prepared);
-  sp_pack_kv_u64(pk, "bytes_to_prepare", v.bytes_to_prepare);
-  sp_pack_kv_u64(pk, "bytes_written", v.bytes_written);
-  sp_pack_kv_u64(pk, "bytes_to_write", v.bytes_to_write);
-  sp_pack_kv_f64(pk, "rate_bps", v.rate_bps);
-  sp_pack_kv_u64(pk, "pool_used", v.pool_used);
+    sp__pack_kv_str(pk, "error", job->error);
+  sp__pack_kv_u64(pk, "world", job->world);
+  sp__pack_kv_u64(pk, "joined", joined);
+  sp__pack_kv_u64(pk, "asked", asked);
+  sp__pack_kv_u64(pk, "export_id", v.export_id);
+  sp__pack_kv_u64(pk, "round", v.round);
+  sp__pack_kv_u64(pk, "rounds", v.rounds);
+  sp__pack_kv_u64(pk, "bytes_moved", v.bytes_moved);
+  sp__pack_kv_u64(pk, "bytes_total", v.bytes_total);
+  sp__pack_kv_u64(pk, "bytes_prepared", v.bytes_prepared);
+  sp__pack_kv_u64(pk, "bytes_to_prepare", v.bytes_to_prepare);
+  sp__pack_kv_u64(pk, "bytes_written", v.bytes_written);
+  sp__pack_kv_u64(pk, "bytes_to_write", v.bytes_to_write);
+  sp__pack_kv_f64(pk, "rate_bps", v.rate_bps);
+  sp__pack_kv_u64(pk, "pool_used", v.pool_used);
   /* Every daemon of a job across nodes shows the same digest. */
   char digest[17] = "";
   if (job->has_plan_digest)
     snprintf(digest, sizeof digest, "%016" PRIx64, job->plan_digest);
-  sp_pack_kv_str(pk, "plan_digest", digest);
-  sp_pack_kv_u64(pk, "node", mesh_self(job));
+  sp__pack_kv_str(pk, "plan_digest", digest);
+  sp__pack_kv_u64(pk, "node", mesh_self(job));
   mesh_status_pack(job, pk);
 }

@@ -10,9 +10,11 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "daemon/comms.h"
 #include "daemon/cuda/gpu.h"
 #include "daemon/history.h"
 #include "daemon/layer.h"
+#include "daemon/plancache.h"
 #include "daemon/publish.h"
 #include "daemon/registry.h"
 #include "daemon/request.h"
@@ -112,15 +114,8 @@ struct job {
   uint32_t last_round, last_rounds;
   uint64_t last_bytes_moved, last_bytes_total;
   /* The last plan and its layout, reused by an export with the same
-   * registrations, groups and options (export.c). */
-  struct plan *cached_plan;
-  struct publish_layout cached_layout;
-  uint64_t cached_max_bytes;
-  uint32_t cached_max_keys;
-  char **cached_groups; /* [world] group blobs */
-  size_t *cached_groups_len;
-  /* Registrations or members changed while an export used the cache. */
-  bool cache_stale;
+   * registrations, groups and options (plancache.c). */
+  struct plancache cache;
   /* The digest of the last plan built, for status (has_plan_digest). */
   uint64_t plan_digest;
   bool has_plan_digest;
@@ -140,13 +135,9 @@ struct job {
   uint8_t nccl_id[GPU_NCCL_ID_BYTES];
   struct gpu_comms *gpu_comms;
   uint64_t gpu_comms_gen; /* the generation they were made for */
-  /* Generation 0's communicators are started as the ranks join (before
-   * any export, export_comms_join): gpu_comms is that set, not warmed yet,
-   * while comms_early; comms_ready once every one was seen set up (logged
-   * once); comms_join_over once the first export took them over, or a
-   * rank left or an init failed before it (the export then makes them as
-   * after a failure). */
-  bool comms_early, comms_ready, comms_join_over;
+  /* Where the communicators are in their life (comms.c): started as the
+   * ranks join, then the exports'. */
+  enum comms_state comms_state;
   uv_timer_t tick;
   uv_async_t wake;
   int open_handles;
@@ -154,7 +145,7 @@ struct job {
   bool dying;
 };
 
-/* Handlers of the dispatch table (conn.c): they reply themselves. */
+/* Handlers of the dispatch table (ops.c): they reply themselves. */
 int job_op_create(struct conn *c, const struct sp_msg_head *head,
                   const msgpack_object *map, struct sp_frame *frame);
 int job_op_join(struct conn *c, const struct sp_msg_head *head,

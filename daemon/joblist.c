@@ -45,15 +45,15 @@ int joblist_find(const struct server *srv, const char *ref, struct job **out,
       matches++;
     }
   if (matches == 0)
-    return sp_failf(msg, msglen, SP_ENOJOB,
-                    "no job %s on this daemon (it ended, or was never here)",
-                    ref);
+    return sp__failf(msg, msglen, SP_ENOJOB,
+                     "no job %s on this daemon (it ended, or was never here)",
+                     ref);
   if (several_ids) {
     *out = NULL;
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "job id prefix %s matches %" PRIu32 " jobs; give more "
-                    "digits",
-                    ref, matches);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "job id prefix %s matches %" PRIu32 " jobs; give more "
+                     "digits",
+                     ref, matches);
   }
   *named = matches;
   return 0;
@@ -66,10 +66,10 @@ static double age_s(uint64_t since_ms, uint64_t now_ms) {
 /* What jobs lists of a job, and job_status adds to the status job map. */
 static void pack_owner(const struct job *job, msgpack_packer *pk,
                        uint64_t now) {
-  sp_pack_kv_u64(pk, "owner_uid", job->owner_uid);
-  sp_pack_kv_u64(pk, "owner_pid", (uint64_t)job->owner_pid);
-  sp_pack_kv_f64(pk, "age_s", age_s(job->created_ms, now));
-  sp_pack_kv_u64(pk, "exports", job->history.total);
+  sp__pack_kv_u64(pk, "owner_uid", job->owner_uid);
+  sp__pack_kv_u64(pk, "owner_pid", (uint64_t)job->owner_pid);
+  sp__pack_kv_f64(pk, "age_s", age_s(job->created_ms, now));
+  sp__pack_kv_u64(pk, "exports", job->history.total);
 }
 
 static void pack_summary(const struct job *job, msgpack_packer *pk,
@@ -79,15 +79,15 @@ static void pack_summary(const struct job *job, msgpack_packer *pk,
   export_view(job, &v);
   job_count_ranks(job, &joined, &asked);
   msgpack_pack_map(pk, 12);
-  sp_pack_kv_str(pk, "job_id", job->hex);
-  sp_pack_kv_str(pk, "phase", export_phase_name(v.phase));
+  sp__pack_kv_str(pk, "job_id", job->hex);
+  sp__pack_kv_str(pk, "phase", export_phase_name(v.phase));
   pack_owner(job, pk, now);
-  sp_pack_kv_u64(pk, "world", job->world);
-  sp_pack_kv_u64(pk, "joined", joined);
-  sp_pack_kv_u64(pk, "asked", asked);
-  sp_pack_kv_u64(pk, "export_id", v.export_id);
-  sp_pack_kv_u64(pk, "node", mesh_self(job));
-  sp_pack_kv_u64(pk, "node_count", mesh_node_count(job));
+  sp__pack_kv_u64(pk, "world", job->world);
+  sp__pack_kv_u64(pk, "joined", joined);
+  sp__pack_kv_u64(pk, "asked", asked);
+  sp__pack_kv_u64(pk, "export_id", v.export_id);
+  sp__pack_kv_u64(pk, "node", mesh_self(job));
+  sp__pack_kv_u64(pk, "node_count", mesh_node_count(job));
 }
 
 /* By id, and the jobs of one id (joblist_find) oldest first. */
@@ -128,12 +128,12 @@ int joblist_op_jobs(struct conn *c, const struct sp_msg_head *head,
     count++;
   uint64_t now = monotonic_ms();
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "jobs", head->id, 2);
-  sp_pack_str(&mb.pk, "jobs");
+  sp__msgbuf_begin(&mb, "jobs", head->id, 2);
+  sp__pack_str(&mb.pk, "jobs");
   msgpack_pack_array(&mb.pk, (uint32_t)count);
   for (size_t i = first; i < first + count; i++)
     pack_summary(all[i], &mb.pk, now);
-  sp_pack_kv_bool(&mb.pk, "more", first + count < n);
+  sp__pack_kv_bool(&mb.pk, "more", first + count < n);
   free(all);
   return conn_send_msgbuf(c, &mb);
 }
@@ -150,20 +150,21 @@ static void pack_rank(const struct job *job, uint32_t r, msgpack_packer *pk) {
   if (m != NULL) {
     bool pid = m->conn != NULL;
     msgpack_pack_map(pk, pid ? 3 : 2);
-    sp_pack_kv_str(pk, "state", m->lost        ? "leaving"
-                                : m->in_export ? "exporting"
-                                : m->asked     ? "asked"
-                                               : "joined");
+    sp__pack_kv_str(pk, "state",
+                    m->lost        ? "leaving"
+                    : m->in_export ? "exporting"
+                    : m->asked     ? "asked"
+                                   : "joined");
     if (pid)
-      sp_pack_kv_u64(pk, "pid", (uint64_t)conn_peer(m->conn)->pid);
-    sp_pack_kv_u64(pk, "node", mesh_self(job));
+      sp__pack_kv_u64(pk, "pid", (uint64_t)conn_peer(m->conn)->pid);
+    sp__pack_kv_u64(pk, "node", mesh_self(job));
   } else if (mesh_rank_where(job, r, &node, &asked)) {
     msgpack_pack_map(pk, 2);
-    sp_pack_kv_str(pk, "state", asked ? "asked" : "joined");
-    sp_pack_kv_u64(pk, "node", node);
+    sp__pack_kv_str(pk, "state", asked ? "asked" : "joined");
+    sp__pack_kv_u64(pk, "node", node);
   } else {
     msgpack_pack_map(pk, 1);
-    sp_pack_kv_str(pk, "state", "absent");
+    sp__pack_kv_str(pk, "state", "absent");
   }
 }
 
@@ -174,16 +175,16 @@ static void pack_history(const struct job *job, msgpack_packer *pk,
   for (uint32_t i = 0; i < h->count; i++) {
     const struct history_entry *e = history_at(h, i);
     msgpack_pack_map(pk, e->failed ? 9 : 8);
-    sp_pack_kv_u64(pk, "export_id", e->export_id);
-    sp_pack_kv_str(pk, "outcome", e->failed ? "failed" : "published");
+    sp__pack_kv_u64(pk, "export_id", e->export_id);
+    sp__pack_kv_str(pk, "outcome", e->failed ? "failed" : "published");
     if (e->failed)
-      sp_pack_kv_str(pk, "error", e->error != NULL ? e->error : "");
-    sp_pack_kv_f64(pk, "age_s", age_s(e->ended_ms, now));
-    sp_pack_kv_f64(pk, "duration_s", age_s(e->started_ms, e->ended_ms));
-    sp_pack_kv_u64(pk, "rounds", e->rounds);
-    sp_pack_kv_u64(pk, "bytes_moved", e->bytes_moved);
-    sp_pack_kv_u64(pk, "bytes_total", e->bytes_total);
-    sp_pack_kv_f64(pk, "rate_bps", e->rate_bps);
+      sp__pack_kv_str(pk, "error", e->error != NULL ? e->error : "");
+    sp__pack_kv_f64(pk, "age_s", age_s(e->ended_ms, now));
+    sp__pack_kv_f64(pk, "duration_s", age_s(e->started_ms, e->ended_ms));
+    sp__pack_kv_u64(pk, "rounds", e->rounds);
+    sp__pack_kv_u64(pk, "bytes_moved", e->bytes_moved);
+    sp__pack_kv_u64(pk, "bytes_total", e->bytes_total);
+    sp__pack_kv_f64(pk, "rate_bps", e->rate_bps);
   }
 }
 
@@ -197,25 +198,25 @@ int joblist_op_job_status(struct conn *c, const struct sp_msg_head *head,
   if (rc == 0)
     rc = joblist_find(conn_server(c), ref, &job, &named, msg, sizeof msg);
   if (rc == 0 && named > 1)
-    rc = sp_failf(msg, sizeof msg, SP_EINVAL,
-                  "job id %s names %" PRIu32 " jobs on this daemon: shadows "
-                  "of a job rooted elsewhere, made by tickets with its id "
-                  "and different secrets (one at most is the real job); "
-                  "shardport jobs lists them, shardport abort ends them all",
-                  job->hex, named);
+    rc = sp__failf(msg, sizeof msg, SP_EINVAL,
+                   "job id %s names %" PRIu32 " jobs on this daemon: shadows "
+                   "of a job rooted elsewhere, made by tickets with its id "
+                   "and different secrets (one at most is the real job); "
+                   "shardport jobs lists them, shardport abort ends them all",
+                   job->hex, named);
   if (rc != 0)
     return conn_send_error(c, head->id, rc, "job_status: %s", msg);
   uint64_t now = monotonic_ms();
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "job_status", head->id, 1);
-  sp_pack_str(&mb.pk, "job");
+  sp__msgbuf_begin(&mb, "job_status", head->id, 1);
+  sp__pack_str(&mb.pk, "job");
   job_pack(job, &mb.pk, 6);
   pack_owner(job, &mb.pk, now);
-  sp_pack_str(&mb.pk, "ranks");
+  sp__pack_str(&mb.pk, "ranks");
   msgpack_pack_array(&mb.pk, job->world);
   for (uint32_t r = 0; r < job->world; r++)
     pack_rank(job, r, &mb.pk);
-  sp_pack_str(&mb.pk, "history");
+  sp__pack_str(&mb.pk, "history");
   pack_history(job, &mb.pk, now);
   return conn_send_msgbuf(c, &mb);
 }

@@ -23,7 +23,7 @@ struct server;
  * many, and *out is one of them. */
 int joblist_find(const struct server *srv, const char *ref, struct job **out,
                  uint32_t *named, char *msg, size_t msglen);
-/* Handlers of the dispatch table (conn.c). */
+/* Handlers of the dispatch table (ops.c). */
 int joblist_op_jobs(struct conn *c, const struct sp_msg_head *head,
                     const msgpack_object *map, struct sp_frame *frame);
 int joblist_op_job_status(struct conn *c, const struct sp_msg_head *head,

@@ -127,7 +127,7 @@ static void log_line(enum log_level level, const struct log_fields *f,
    * own priority, in the journal, and the line stays UTF-8, which the
    * journal would otherwise keep as a binary blob. */
   char text[1792];
-  sp_text_sanitize(raw, text, sizeof text);
+  sp__text_sanitize(raw, text, sizeof text);
   if (suppressed > 0) {
     size_t used = strlen(text);
     snprintf(text + used, sizeof(text) - used,

@@ -226,7 +226,7 @@ static void put_label(struct text *t, const char *v) {
   size_t n = strlen(v);
   while (n > 0) {
     uint32_t cp;
-    size_t k = sp_utf8_len(s, n, &cp);
+    size_t k = sp__utf8_len(s, n, &cp);
     if (k == 0) {
       put(t, "\\\\x%02x", *s);
       k = 1;

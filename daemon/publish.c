@@ -159,18 +159,18 @@ static void pack_tensor(msgpack_packer *pk, const struct plan *plan,
   const struct plan_key *key = &plan->keys[k];
   const struct plan_key *as = published_as(plan, key);
   msgpack_pack_map(pk, files != NULL ? 7 : 6);
-  sp_pack_kv_str(pk, "key", key->name);
+  sp__pack_kv_str(pk, "key", key->name);
   if (files != NULL)
-    sp_pack_kv_u64(pk, "file", files->file[k]);
-  sp_pack_kv_str(pk, "dtype", sp_dtype_name(key->dtype));
-  sp_pack_kv_dims(pk, "shape", key->shape, key->ndim);
+    sp__pack_kv_u64(pk, "file", files->file[k]);
+  sp__pack_kv_str(pk, "dtype", sp__dtype_name(key->dtype));
+  sp__pack_kv_dims(pk, "shape", key->shape, key->ndim);
   if (as->kind == PLAN_KEY_IDENTITY) {
     /* The owner's own view, strides and all, in its own storage. */
     const struct plan_key_in *held = as->held;
-    sp_pack_kv_dims(pk, "stride", held->view.stride, held->view.ndim);
-    sp_pack_kv_u64(pk, "sid", owner->info[held->storage].sid);
-    sp_pack_kv_u64(pk, "byte_offset",
-                   (uint64_t)held->view.offset * sp_dtype_size(key->dtype));
+    sp__pack_kv_dims(pk, "stride", held->view.stride, held->view.ndim);
+    sp__pack_kv_u64(pk, "sid", owner->info[held->storage].sid);
+    sp__pack_kv_u64(pk, "byte_offset",
+                    (uint64_t)held->view.offset * sp__dtype_size(key->dtype));
     return;
   }
   int64_t stride[SP_MAX_DIMS];
@@ -179,21 +179,21 @@ static void pack_tensor(msgpack_packer *pk, const struct plan *plan,
     stride[d] = s;
     s *= key->shape[d] > 0 ? key->shape[d] : 1;
   }
-  sp_pack_kv_dims(pk, "stride", stride, key->ndim);
-  sp_pack_kv_u64(pk, "segment", 0);
-  sp_pack_kv_u64(pk, "byte_offset", l->offset[k]);
+  sp__pack_kv_dims(pk, "stride", stride, key->ndim);
+  sp__pack_kv_u64(pk, "segment", 0);
+  sp__pack_kv_u64(pk, "byte_offset", l->offset[k]);
 }
 
 /* {"device": .., "handle": <bin>, "event": <bin>, "size": N}. */
 static void pack_device_segment(msgpack_packer *pk,
                                 const struct publish_device *dev) {
   msgpack_pack_map(pk, 4);
-  sp_pack_kv_str(pk, "device", dev->device);
-  sp_pack_str(pk, "handle");
-  sp_pack_bin(pk, dev->handle, GPU_IPC_HANDLE_BYTES);
-  sp_pack_str(pk, "event");
-  sp_pack_bin(pk, dev->event, GPU_IPC_HANDLE_BYTES);
-  sp_pack_kv_u64(pk, "size", dev->size);
+  sp__pack_kv_str(pk, "device", dev->device);
+  sp__pack_str(pk, "handle");
+  sp__pack_bin(pk, dev->handle, GPU_IPC_HANDLE_BYTES);
+  sp__pack_str(pk, "event");
+  sp__pack_bin(pk, dev->event, GPU_IPC_HANDLE_BYTES);
+  sp__pack_kv_u64(pk, "size", dev->size);
 }
 
 void publish_pack(const struct plan *plan, const struct publish_layout *l,
@@ -205,25 +205,25 @@ void publish_pack(const struct plan *plan, const struct publish_layout *l,
   bool segment_list = part == 0;
   bool device_list = segment_list && dev != NULL;
   bool file_count = segment_list && files != NULL;
-  sp_msgbuf_begin(mb, "export", request_id,
+  sp__msgbuf_begin(mb, "export", request_id,
                   4 + (segment_list ? 1 : 0) + (device_list ? 1 : 0) +
                       (file_count ? 2 : 0));
-  sp_pack_kv_u64(&mb->pk, "export_id", export_id);
-  sp_pack_kv_u64(&mb->pk, "part", part);
-  sp_pack_kv_u64(&mb->pk, "parts", nparts);
+  sp__pack_kv_u64(&mb->pk, "export_id", export_id);
+  sp__pack_kv_u64(&mb->pk, "part", part);
+  sp__pack_kv_u64(&mb->pk, "parts", nparts);
   if (segment_list)
-    sp_pack_kv_u64(&mb->pk, "segments", l->seg_size[rank] > 0 ? 1 : 0);
+    sp__pack_kv_u64(&mb->pk, "segments", l->seg_size[rank] > 0 ? 1 : 0);
   if (device_list) {
     /* A device segment travels as its IPC handle, not as a descriptor. */
-    sp_pack_str(&mb->pk, "cuda_segments");
+    sp__pack_str(&mb->pk, "cuda_segments");
     msgpack_pack_array(&mb->pk, 1);
     pack_device_segment(&mb->pk, dev);
   }
   if (file_count) {
-    sp_pack_kv_u64(&mb->pk, "files", files->nfiles);
-    sp_pack_kv_u64(&mb->pk, "total_size", files->total_size);
+    sp__pack_kv_u64(&mb->pk, "files", files->nfiles);
+    sp__pack_kv_u64(&mb->pk, "total_size", files->total_size);
   }
-  sp_pack_str(&mb->pk, "tensors");
+  sp__pack_str(&mb->pk, "tensors");
   msgpack_pack_array(&mb->pk, (uint32_t)(end - first));
   for (size_t i = first; i < end; i++)
     pack_tensor(&mb->pk, plan, l, owner, files, l->owned[i]);

@@ -74,10 +74,10 @@ int quota_job_admit(const struct quota_user *u, char *msg, size_t msglen) {
   uint32_t max = u->srv->cfg->max_user_jobs;
   /* The new job is held already: it counts. */
   if (u->held[QUOTA_JOB] > max)
-    return sp_failf(msg, msglen, SP_ELIMIT,
-                    "user %u holds %" PRIu32 " jobs, the most max_user_jobs "
-                    "allows",
-                    (unsigned)u->uid, max);
+    return sp__failf(msg, msglen, SP_ELIMIT,
+                     "user %u holds %" PRIu32 " jobs, the most max_user_jobs "
+                     "allows",
+                     (unsigned)u->uid, max);
   return 0;
 }
 
@@ -88,41 +88,40 @@ static int admit(void *arg, const struct registry *reg,
   const struct quota_user *u = arg;
   const struct config *cfg = u->srv->cfg;
   if (reg->used.mappings + more->mappings > cfg->max_client_mappings)
-    return sp_failf(msg, msglen, SP_ELIMIT,
-                    "this client would map %" PRIu64 " files, more than "
-                    "max_client_mappings (%" PRIu32 ") allows; put its "
-                    "storages in fewer memfds",
-                    reg->used.mappings + more->mappings,
-                    cfg->max_client_mappings);
+    return sp__failf(msg, msglen, SP_ELIMIT,
+                     "this client would map %" PRIu64 " files, more than "
+                     "max_client_mappings (%" PRIu32 ") allows; put its "
+                     "storages in fewer memfds",
+                     reg->used.mappings + more->mappings,
+                     cfg->max_client_mappings);
   if (u->used.mappings + more->mappings > cfg->max_user_mappings)
-    return sp_failf(msg, msglen, SP_ELIMIT,
-                    "user %u's clients would map %" PRIu64 " files, more "
-                    "than max_user_mappings (%" PRIu32 ") allows",
-                    (unsigned)u->uid, u->used.mappings + more->mappings,
-                    cfg->max_user_mappings);
+    return sp__failf(msg, msglen, SP_ELIMIT,
+                     "user %u's clients would map %" PRIu64 " files, more "
+                     "than max_user_mappings (%" PRIu32 ") allows",
+                     (unsigned)u->uid, u->used.mappings + more->mappings,
+                     cfg->max_user_mappings);
   if (u->used.mapped_bytes + more->mapped_bytes > cfg->max_user_mapped_bytes)
-    return sp_failf(msg, msglen, SP_ELIMIT,
-                    "user %u's clients would map %" PRIu64 " bytes of "
-                    "storage files, more than max_user_mapped_bytes (%" PRIu64
-                    ") allows",
-                    (unsigned)u->uid, u->used.mapped_bytes + more->mapped_bytes,
-                    cfg->max_user_mapped_bytes);
+    return sp__failf(
+        msg, msglen, SP_ELIMIT,
+        "user %u's clients would map %" PRIu64 " bytes of "
+        "storage files, more than max_user_mapped_bytes (%" PRIu64 ") allows",
+        (unsigned)u->uid, u->used.mapped_bytes + more->mapped_bytes,
+        cfg->max_user_mapped_bytes);
   if (u->used.registrations + more->registrations >
       cfg->max_user_registrations)
-    return sp_failf(msg, msglen, SP_ELIMIT,
-                    "user %u would hold %" PRIu64 " registrations (storages "
-                    "and tensors), more than max_user_registrations (%" PRIu64
-                    ") allows",
-                    (unsigned)u->uid,
-                    u->used.registrations + more->registrations,
-                    cfg->max_user_registrations);
+    return sp__failf(
+        msg, msglen, SP_ELIMIT,
+        "user %u would hold %" PRIu64 " registrations (storages "
+        "and tensors), more than max_user_registrations (%" PRIu64 ") allows",
+        (unsigned)u->uid, u->used.registrations + more->registrations,
+        cfg->max_user_registrations);
   if (u->used.bytes + more->bytes > cfg->max_user_registration_bytes)
-    return sp_failf(msg, msglen, SP_ELIMIT,
-                    "user %u's registrations would take %" PRIu64 " bytes, "
-                    "more than max_user_registration_bytes (%" PRIu64
-                    ") allows",
-                    (unsigned)u->uid, u->used.bytes + more->bytes,
-                    cfg->max_user_registration_bytes);
+    return sp__failf(msg, msglen, SP_ELIMIT,
+                     "user %u's registrations would take %" PRIu64 " bytes, "
+                     "more than max_user_registration_bytes (%" PRIu64
+                     ") allows",
+                     (unsigned)u->uid, u->used.bytes + more->bytes,
+                     cfg->max_user_registration_bytes);
   return 0;
 }
 
@@ -154,13 +153,13 @@ void quota_status_pack(const struct server *srv, msgpack_packer *pk) {
   msgpack_pack_array(pk, n);
   for (const struct quota_user *u = srv->users; u != NULL; u = u->next) {
     msgpack_pack_map(pk, 8);
-    sp_pack_kv_u64(pk, "uid", u->uid);
-    sp_pack_kv_u64(pk, "clients", u->held[QUOTA_CLIENT]);
-    sp_pack_kv_u64(pk, "jobs", u->held[QUOTA_JOB]);
-    sp_pack_kv_u64(pk, "ranks", u->held[QUOTA_RANK]);
-    sp_pack_kv_u64(pk, "registrations", u->used.registrations);
-    sp_pack_kv_u64(pk, "registration_bytes", u->used.bytes);
-    sp_pack_kv_u64(pk, "mappings", u->used.mappings);
-    sp_pack_kv_u64(pk, "mapped_bytes", u->used.mapped_bytes);
+    sp__pack_kv_u64(pk, "uid", u->uid);
+    sp__pack_kv_u64(pk, "clients", u->held[QUOTA_CLIENT]);
+    sp__pack_kv_u64(pk, "jobs", u->held[QUOTA_JOB]);
+    sp__pack_kv_u64(pk, "ranks", u->held[QUOTA_RANK]);
+    sp__pack_kv_u64(pk, "registrations", u->used.registrations);
+    sp__pack_kv_u64(pk, "registration_bytes", u->used.bytes);
+    sp__pack_kv_u64(pk, "mappings", u->used.mappings);
+    sp__pack_kv_u64(pk, "mapped_bytes", u->used.mapped_bytes);
   }
 }

@@ -22,8 +22,8 @@
 #include <string.h>
 
 #include "daemon/conn.h"
-#include "daemon/export.h"
 #include "daemon/job.h"
+#include "daemon/plancache.h"
 #include "daemon/registration.h"
 #include "daemon/registry.h"
 #include "daemon/request.h"
@@ -152,10 +152,10 @@ static int serve_registration(struct conn *c, const struct sp_msg_head *head,
     note_refused(m, rc, op, r->msg);
     return conn_send_error(c, head->id, rc, "%s: %s", op, r->msg);
   }
-  export_drop_cache(m->job);
+  plancache_drop(m->job);
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, op, head->id, 1);
-  sp_pack_kv_u64(&mb.pk, "count", r->n);
+  sp__msgbuf_begin(&mb, op, head->id, 1);
+  sp__pack_kv_u64(&mb.pk, "count", r->n);
   return conn_send_msgbuf(c, &mb);
 }
 
@@ -175,12 +175,16 @@ const struct conn_prepared_op registration_storages_op = {
 const struct conn_prepared_op registration_tensors_op = {
     prepare_tensors, serve_registration, close_opened, free_registration};
 
-int job_op_storage_add(struct conn *c, const struct sp_msg_head *head,
-                       const msgpack_object *map, struct sp_frame *frame) {
+int registration_op_storage_add(struct conn *c,
+                                const struct sp_msg_head *head,
+                                const msgpack_object *map,
+                                struct sp_frame *frame) {
   return serve_now(c, head, frame, prepare_storages(map, frame));
 }
 
-int job_op_tensor_add(struct conn *c, const struct sp_msg_head *head,
-                      const msgpack_object *map, struct sp_frame *frame) {
+int registration_op_tensor_add(struct conn *c,
+                               const struct sp_msg_head *head,
+                               const msgpack_object *map,
+                               struct sp_frame *frame) {
   return serve_now(c, head, frame, prepare_tensors(map, frame));
 }

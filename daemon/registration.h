@@ -26,9 +26,13 @@ struct registration;
 extern const struct conn_prepared_op registration_storages_op;
 extern const struct conn_prepared_op registration_tensors_op;
 /* Handlers of the dispatch table: both steps at once. */
-int job_op_storage_add(struct conn *c, const struct sp_msg_head *head,
-                       const msgpack_object *map, struct sp_frame *frame);
-int job_op_tensor_add(struct conn *c, const struct sp_msg_head *head,
-                      const msgpack_object *map, struct sp_frame *frame);
+int registration_op_storage_add(struct conn *c,
+                                const struct sp_msg_head *head,
+                                const msgpack_object *map,
+                                struct sp_frame *frame);
+int registration_op_tensor_add(struct conn *c,
+                               const struct sp_msg_head *head,
+                               const msgpack_object *map,
+                               struct sp_frame *frame);
 
 #endif /* SP_DAEMON_REGISTRATION_H */

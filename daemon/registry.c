@@ -195,10 +195,10 @@ static int open_cuda_storage(const struct registry *reg,
   int device = reg->device;
   if (rs->device[0] != '\0' &&
       (device = gpu_find_device(reg->gpu, rs->device, strlen(rs->device))) < 0)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "storages[%u] (sid %u): device \"%s\" is not a GPU of "
-                    "this node",
-                    index, rs->sid, rs->device);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "storages[%u] (sid %u): device \"%s\" is not a GPU of "
+                     "this node",
+                     index, rs->sid, rs->device);
   out->gpu.device = device;
   if (rs->length == 0)
     return 0;
@@ -209,8 +209,8 @@ static int open_cuda_storage(const struct registry *reg,
       rs->handle, rs->kind == REQ_STORAGE_CUDA_FD ? frame->fds[rs->fd] : -1,
       rs->offset, rs->length, &out->gpu, why, sizeof why);
   if (rc != 0)
-    return sp_failf(msg, msglen, rc, "storages[%u] (sid %u): %s", index,
-                    rs->sid, why);
+    return sp__failf(msg, msglen, rc, "storages[%u] (sid %u): %s", index,
+                     rs->sid, why);
   return 0;
 }
 
@@ -281,7 +281,7 @@ int registry_batch_storages(const struct req_storage *s, size_t n,
   if (by == NULL || b == NULL) {
     free(by);
     registry_batch_free(b);
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   }
   b->s = s;
   b->more = (struct reg_usage){.registrations = n, .bytes = n * STORAGE_COST};
@@ -290,7 +290,7 @@ int registry_batch_storages(const struct req_storage *s, size_t n,
   if (b->fresh == NULL) {
     free(by);
     registry_batch_free(b);
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   }
   memset(b->fresh, 0, (n > 0 ? n : 1) * sizeof *b->fresh);
   for (size_t i = 0; i < n; i++) {
@@ -301,8 +301,8 @@ int registry_batch_storages(const struct req_storage *s, size_t n,
   qsort(by, n, sizeof *by, sid_cmp);
   for (size_t i = 1; i < n && rc == 0; i++)
     if (by[i]->sid == by[i - 1]->sid)
-      rc = sp_failf(msg, msglen, SP_EINVAL,
-                    "storage sid %u is registered twice", by[i]->sid);
+      rc = sp__failf(msg, msglen, SP_EINVAL,
+                     "storage sid %u is registered twice", by[i]->sid);
   size_t m = 0;
   for (size_t i = 0; i < n; i++)
     if (has_bytes(&s[i]))
@@ -310,10 +310,10 @@ int registry_batch_storages(const struct req_storage *s, size_t n,
   qsort(by, m, sizeof *by, base_cmp);
   for (size_t i = 1; i < m && rc == 0; i++)
     if (by[i]->base == by[i - 1]->base)
-      rc = sp_failf(msg, msglen, SP_EINVAL,
-                    "storage sid %u: another storage of this rank has base "
-                    "address 0x%llx; register each storage once",
-                    by[i]->sid, (unsigned long long)by[i]->base);
+      rc = sp__failf(msg, msglen, SP_EINVAL,
+                     "storage sid %u: another storage of this rank has base "
+                     "address 0x%llx; register each storage once",
+                     by[i]->sid, (unsigned long long)by[i]->base);
   free(by);
   if (rc != 0) {
     registry_batch_free(b);
@@ -331,16 +331,16 @@ static int check_storages(const struct registry *reg,
   for (size_t i = from; i < to; i++) {
     struct sid_probe sp = {reg, s[i].sid};
     if (idxset_find(&reg->by_sid, b->hash[i], match_sid, &sp) != IDXSET_NONE)
-      return sp_failf(msg, msglen, SP_EINVAL,
-                      "storage sid %u is registered twice", s[i].sid);
+      return sp__failf(msg, msglen, SP_EINVAL,
+                       "storage sid %u is registered twice", s[i].sid);
     struct base_probe bp = {reg, s[i].base};
     if (has_bytes(&s[i]) &&
         idxset_find(&reg->by_base, b->hash[b->n + i], match_base, &bp) !=
             IDXSET_NONE)
-      return sp_failf(msg, msglen, SP_EINVAL,
-                      "storage sid %u: another storage of this rank has base "
-                      "address 0x%llx; register each storage once",
-                      s[i].sid, (unsigned long long)s[i].base);
+      return sp__failf(msg, msglen, SP_EINVAL,
+                       "storage sid %u: another storage of this rank has base "
+                       "address 0x%llx; register each storage once",
+                       s[i].sid, (unsigned long long)s[i].base);
   }
   return 0;
 }
@@ -380,7 +380,7 @@ static int reserve_storages(struct registry *reg, size_t n,
       grow((void **)&reg->files, &reg->file_cap, reg->nfiles + more->mappings,
            sizeof *reg->files) != 0 ||
       idxset_reserve(&reg->by_file, more->mappings) != 0)
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   return 0;
 }
 
@@ -391,15 +391,15 @@ static int check_kinds(const struct registry *reg, const struct req_storage *s,
   for (size_t i = from; i < to; i++) {
     bool memfd = s[i].kind == REQ_STORAGE_MEMFD;
     if (memfd && reg->gpu != NULL)
-      return sp_failf(msg, msglen, SP_EINVAL,
-                      "storages[%zu] (sid %u): a memfd storage, but this rank "
-                      "joined with a CUDA device; register its CUDA storages",
-                      i, s[i].sid);
+      return sp__failf(msg, msglen, SP_EINVAL,
+                       "storages[%zu] (sid %u): a memfd storage, but this rank "
+                       "joined with a CUDA device; register its CUDA storages",
+                       i, s[i].sid);
     if (!memfd && reg->gpu == NULL)
-      return sp_failf(msg, msglen, SP_EINVAL,
-                      "storages[%zu] (sid %u): a CUDA storage, but this rank "
-                      "joined with a \"cpu\" device",
-                      i, s[i].sid);
+      return sp__failf(msg, msglen, SP_EINVAL,
+                       "storages[%zu] (sid %u): a CUDA storage, but this rank "
+                       "joined with a \"cpu\" device",
+                       i, s[i].sid);
   }
   return 0;
 }
@@ -514,9 +514,9 @@ static int check_storage_range(const struct registry *reg,
                                char *msg, size_t msglen) {
   int rc;
   if (from == 0 && b->n > REQ_MAX_PER_RANK - reg->nstorages)
-    return sp_failf(msg, msglen, SP_ELIMIT,
-                    "a rank may register at most %u storages",
-                    REQ_MAX_PER_RANK);
+    return sp__failf(msg, msglen, SP_ELIMIT,
+                     "a rank may register at most %u storages",
+                     REQ_MAX_PER_RANK);
   if ((rc = check_storages(reg, b, from, to, msg, msglen)) != 0)
     return rc;
   return check_kinds(reg, b->s, from, to, msg, msglen);
@@ -576,7 +576,7 @@ int registry_batch_tensors(struct req_tensor *t, size_t n,
   if (by == NULL || b == NULL || b->keys == NULL) {
     free(by);
     registry_batch_free(b);
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   }
   b->more.registrations = n;
   for (size_t i = 0; i < n; i++) {
@@ -588,14 +588,14 @@ int registry_batch_tensors(struct req_tensor *t, size_t n,
   qsort(by, n, sizeof *by, tensor_key_cmp);
   for (size_t i = 1; i < n && rc == 0; i++)
     if (tensor_key_cmp(&by[i], &by[i - 1]) == 0)
-      rc = sp_failf(msg, msglen, SP_EDUPKEY,
-                    "key '%.*s' is registered twice by this rank",
-                    (int)by[i]->key_len, by[i]->key);
+      rc = sp__failf(msg, msglen, SP_EDUPKEY,
+                     "key '%.*s' is registered twice by this rank",
+                     (int)by[i]->key_len, by[i]->key);
   free(by);
   for (size_t i = 0; i < n && rc == 0; i++) {
     char *name = malloc(t[i].key_len + 1);
     if (name == NULL) {
-      rc = sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+      rc = sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
       break;
     }
     memcpy(name, t[i].key, t[i].key_len);
@@ -619,16 +619,16 @@ static int check_tensor(const struct registry *reg, const struct req_tensor *t,
   struct sid_probe sp = {reg, t->sid};
   uint32_t idx = idxset_find(&reg->by_sid, sid_hash, match_sid, &sp);
   if (idx == IDXSET_NONE)
-    return sp_failf(msg, msglen, SP_ENOSTORAGE,
-                    "tensors[%zu] ('%.*s'): storage sid %u is not registered",
-                    i, klen, t->key, t->sid);
+    return sp__failf(msg, msglen, SP_ENOSTORAGE,
+                     "tensors[%zu] ('%.*s'): storage sid %u is not registered",
+                     i, klen, t->key, t->sid);
   char why[192];
-  int rc = sp_view_check(&t->view, reg->storages[idx].nbytes, why, sizeof why);
+  int rc = sp__view_check(&t->view, reg->storages[idx].nbytes, why, sizeof why);
   if (rc != 0)
-    return sp_failf(msg, msglen, rc,
-                    "tensors[%zu] ('%.*s') in storage sid %u of %llu bytes: %s",
-                    i, klen, t->key, t->sid,
-                    (unsigned long long)reg->storages[idx].nbytes, why);
+    return sp__failf(
+        msg, msglen, rc,
+        "tensors[%zu] ('%.*s') in storage sid %u of %llu bytes: %s", i, klen,
+        t->key, t->sid, (unsigned long long)reg->storages[idx].nbytes, why);
   memset(out, 0, sizeof *out);
   out->placement = t->placement;
   out->device_type = reg->device_type;
@@ -636,7 +636,7 @@ static int check_tensor(const struct registry *reg, const struct req_tensor *t,
   memcpy(out->shape, t->shape, sizeof out->shape);
   out->storage = idx;
   out->view = t->view;
-  sp_view_nbytes(&t->view, &out->nbytes);
+  sp__view_nbytes(&t->view, &out->nbytes);
   out->npieces = t->npieces;
   return 0;
 }
@@ -651,9 +651,9 @@ static int check_tensors(const struct registry *reg, struct reg_batch *b,
     struct name_probe np = {reg, t[i].key, t[i].key_len};
     if (idxset_find(&reg->by_name, b->hash[i], match_name, &np) !=
         IDXSET_NONE)
-      return sp_failf(msg, msglen, SP_EDUPKEY,
-                      "key '%.*s' is registered twice by this rank",
-                      (int)t[i].key_len, t[i].key);
+      return sp__failf(msg, msglen, SP_EDUPKEY,
+                       "key '%.*s' is registered twice by this rank",
+                       (int)t[i].key_len, t[i].key);
     const char *name = b->keys[i].name;
     int rc = check_tensor(reg, &t[i], i, b->hash[b->n + i], &b->keys[i], msg,
                           msglen);
@@ -673,8 +673,9 @@ static int admit_tensors(struct registry *reg, struct reg_batch *b,
   (void)frame;
   int rc;
   if (b->n > REQ_MAX_PER_RANK - reg->nkeys)
-    return sp_failf(msg, msglen, SP_ELIMIT,
-                    "a rank may register at most %u tensors", REQ_MAX_PER_RANK);
+    return sp__failf(msg, msglen, SP_ELIMIT,
+                     "a rank may register at most %u tensors",
+                     REQ_MAX_PER_RANK);
   if (reg->quota != NULL &&
       (rc = reg->quota->admit(reg->quota_arg, reg, &b->more, msg, msglen)) !=
           0)
@@ -682,7 +683,7 @@ static int admit_tensors(struct registry *reg, struct reg_batch *b,
   if (grow((void **)&reg->keys, &reg->key_cap, reg->nkeys + b->n,
            sizeof *reg->keys) != 0 ||
       idxset_reserve(&reg->by_name, b->n) != 0)
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   /* Counted from now on, as admit_storages says. */
   charge(reg, &b->more);
   return 0;
@@ -808,8 +809,8 @@ int registry_add_remote_storages(struct registry *reg,
   if (rc != 0)
     return rc;
   if (n > REQ_MAX_PER_RANK - reg->nstorages)
-    rc = sp_failf(msg, msglen, SP_ELIMIT,
-                  "a rank may register at most %u storages", REQ_MAX_PER_RANK);
+    rc = sp__failf(msg, msglen, SP_ELIMIT,
+                   "a rank may register at most %u storages", REQ_MAX_PER_RANK);
   if (rc != 0 || (rc = check_storages(reg, b, 0, n, msg, msglen)) != 0 ||
       (rc = reserve_storages(reg, n, &b->more, msg, msglen)) != 0) {
     registry_batch_free(b);

@@ -150,8 +150,9 @@ static int look_at(const struct registry *reg, const struct req_storage *rs,
   if (f->used)
     return 0;
   if (fstat(frame->fds[rs->fd], &f->st) != 0)
-    return sp_failf(msg, msglen, SP_EBADFD, "storages[%zu] (sid %u): fstat: %s",
-                    i, rs->sid, strerror(errno));
+    return sp__failf(msg, msglen, SP_EBADFD,
+                     "storages[%zu] (sid %u): fstat: %s", i, rs->sid,
+                     strerror(errno));
   f->used = true;
   f->same = rs->fd;
   for (uint32_t j = 0; j < frame->nfds; j++)
@@ -187,16 +188,16 @@ static int plan_files(const struct registry *reg, const struct req_storage *s,
       return rc;
     const struct frame_file *f = &ff[rs->fd];
     if (!S_ISREG(f->st.st_mode))
-      return sp_failf(msg, msglen, SP_EBADFD,
-                      "storages[%zu] (sid %u): the descriptor is not a memfd "
-                      "or shm file",
-                      i, rs->sid);
+      return sp__failf(msg, msglen, SP_EBADFD,
+                       "storages[%zu] (sid %u): the descriptor is not a memfd "
+                       "or shm file",
+                       i, rs->sid);
     if ((uint64_t)f->st.st_size < rs->offset + rs->length)
-      return sp_failf(msg, msglen, SP_EBADFD,
-                      "storages[%zu] (sid %u): the file has %lld bytes, fewer "
-                      "than offset + length = %llu",
-                      i, rs->sid, (long long)f->st.st_size,
-                      (unsigned long long)(rs->offset + rs->length));
+      return sp__failf(msg, msglen, SP_EBADFD,
+                       "storages[%zu] (sid %u): the file has %lld bytes, fewer "
+                       "than offset + length = %llu",
+                       i, rs->sid, (long long)f->st.st_size,
+                       (unsigned long long)(rs->offset + rs->length));
     if (rs->length == 0)
       continue;
     uint32_t file = f->file;
@@ -351,22 +352,22 @@ static int map_runs(struct regmap_frame *fm, const struct sp_frame *frame,
     struct page_span *run = &fm->runs[r];
     if (run->hi - run->lo > SIZE_MAX) {
       unmap_runs(fm);
-      return sp_failf(msg, msglen, SP_EBADFD,
-                      "bytes %llu to %llu of the file of descriptor %u are "
-                      "too many to map",
-                      (unsigned long long)run->lo,
-                      (unsigned long long)run->hi, run->fd);
+      return sp__failf(msg, msglen, SP_EBADFD,
+                       "bytes %llu to %llu of the file of descriptor %u are "
+                       "too many to map",
+                       (unsigned long long)run->lo, (unsigned long long)run->hi,
+                       run->fd);
     }
     void *p = mmap(NULL, (size_t)(run->hi - run->lo), PROT_READ, MAP_SHARED,
                    frame->fds[run->fd], (off_t)run->lo);
     if (p == MAP_FAILED) {
       int err = errno;
       unmap_runs(fm);
-      return sp_failf(msg, msglen, err == ENOMEM ? SP_ENOMEM : SP_EBADFD,
-                      "cannot map bytes %llu to %llu of the file of "
-                      "descriptor %u read-only: %s",
-                      (unsigned long long)run->lo,
-                      (unsigned long long)run->hi, run->fd, strerror(err));
+      return sp__failf(msg, msglen, err == ENOMEM ? SP_ENOMEM : SP_EBADFD,
+                       "cannot map bytes %llu to %llu of the file of "
+                       "descriptor %u read-only: %s",
+                       (unsigned long long)run->lo, (unsigned long long)run->hi,
+                       run->fd, strerror(err));
     }
     run->addr = p;
   }
@@ -486,7 +487,7 @@ int regmap_plan(const struct registry *reg, const struct req_storage *s,
   struct regmap_frame *fm = calloc(1, sizeof *fm);
   *out = fm;
   if (fm == NULL)
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   /* The new spans and the registry's mappings, then as many runs. */
   size_t spans = n + reg->nmaps + 1;
   fm->spans = malloc(2 * spans * sizeof *fm->spans);
@@ -495,7 +496,7 @@ int regmap_plan(const struct registry *reg, const struct req_storage *s,
   fm->index = malloc(spans * sizeof *fm->index);
   if (fm->spans == NULL || fm->map_of == NULL || fm->absorbed == NULL ||
       fm->index == NULL)
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   int rc = plan_files(reg, s, n, frame, fm, msg, msglen);
   if (rc != 0)
     return rc;

@@ -26,14 +26,14 @@
 static int get_uint(const msgpack_object *map, const char *key, bool optional,
                     uint64_t max, uint64_t *out, const char *where, char *msg,
                     size_t msglen) {
-  int rc = sp_msg_get_u64(map, key, optional, out);
+  int rc = sp__msg_get_u64(map, key, optional, out);
   if (rc < 0)
-    return sp_failf(msg, msglen, SP_EBADMSG,
-                    "%s\"%s\" must be an unsigned integer", where, key);
+    return sp__failf(msg, msglen, SP_EBADMSG,
+                     "%s\"%s\" must be an unsigned integer", where, key);
   if (rc == 0 && *out > max)
-    return sp_failf(msg, msglen, SP_EINVAL, "%s\"%s\" is %llu, more than %llu",
-                    where, key, (unsigned long long)*out,
-                    (unsigned long long)max);
+    return sp__failf(msg, msglen, SP_EINVAL, "%s\"%s\" is %llu, more than %llu",
+                     where, key, (unsigned long long)*out,
+                     (unsigned long long)max);
   return rc;
 }
 
@@ -42,23 +42,23 @@ static int get_dims(const msgpack_object *map, const char *key, uint32_t *ndim,
                     int64_t *dims, const char *where, char *msg,
                     size_t msglen) {
   const msgpack_object_array *a;
-  if (sp_msg_get_array(map, key, false, &a) != 0)
-    return sp_failf(msg, msglen, SP_EBADMSG,
-                    "%s\"%s\" must be an array of unsigned integers", where,
-                    key);
+  if (sp__msg_get_array(map, key, false, &a) != 0)
+    return sp__failf(msg, msglen, SP_EBADMSG,
+                     "%s\"%s\" must be an array of unsigned integers", where,
+                     key);
   if (a->size > SP_MAX_DIMS)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "%s\"%s\" has %u dims, more than %d", where, key, a->size,
-                    SP_MAX_DIMS);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "%s\"%s\" has %u dims, more than %d", where, key, a->size,
+                     SP_MAX_DIMS);
   for (uint32_t d = 0; d < a->size; d++) {
     if (a->ptr[d].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
-      return sp_failf(msg, msglen, SP_EBADMSG,
-                      "%s\"%s\"[%u] must be an unsigned integer", where, key,
-                      d);
+      return sp__failf(msg, msglen, SP_EBADMSG,
+                       "%s\"%s\"[%u] must be an unsigned integer", where, key,
+                       d);
     if (a->ptr[d].via.u64 > REQ_MAX_VALUE)
-      return sp_failf(msg, msglen, SP_EINVAL,
-                      "%s\"%s\"[%u] is %llu, not below 2^62", where, key, d,
-                      (unsigned long long)a->ptr[d].via.u64);
+      return sp__failf(msg, msglen, SP_EINVAL,
+                       "%s\"%s\"[%u] is %llu, not below 2^62", where, key, d,
+                       (unsigned long long)a->ptr[d].via.u64);
     dims[d] = (int64_t)a->ptr[d].via.u64;
   }
   *ndim = a->size;
@@ -69,7 +69,7 @@ bool request_utf8_valid(const char *s, size_t len) {
   const unsigned char *p = (const unsigned char *)s;
   while (len > 0) {
     uint32_t cp;
-    size_t n = sp_utf8_len(p, len, &cp);
+    size_t n = sp__utf8_len(p, len, &cp);
     if (n == 0 || cp == 0)
       return false;
     p += n;
@@ -82,12 +82,12 @@ bool request_utf8_valid(const char *s, size_t len) {
 static int check_key(const char *s, size_t len, const char *where, char *msg,
                      size_t msglen) {
   if (len == 0 || len > REQ_MAX_KEY)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "%sa key must have 1 to %u bytes, not %zu", where,
-                    REQ_MAX_KEY, len);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "%sa key must have 1 to %u bytes, not %zu", where,
+                     REQ_MAX_KEY, len);
   if (!request_utf8_valid(s, len))
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "%sthe key is not UTF-8 without NUL bytes", where);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "%sthe key is not UTF-8 without NUL bytes", where);
   return 0;
 }
 
@@ -100,7 +100,7 @@ int request_parse_job_create(const msgpack_object *map,
   if (rc != 0)
     return rc;
   if (world == 0)
-    return sp_failf(msg, msglen, SP_EINVAL, "\"world\" must be at least 1");
+    return sp__failf(msg, msglen, SP_EINVAL, "\"world\" must be at least 1");
   out->world = (uint32_t)world;
   return 0;
 }
@@ -131,23 +131,24 @@ int request_parse_join(const msgpack_object *map, struct req_join *out,
   const char *device;
   size_t device_len;
   int rc;
-  if (sp_msg_get_bin(map, "ticket", false, &out->ticket, &out->ticket_len) != 0)
-    return sp_failf(msg, msglen, SP_EBADMSG, "\"ticket\" must be a bin");
+  if (sp__msg_get_bin(map, "ticket", false, &out->ticket, &out->ticket_len) !=
+      0)
+    return sp__failf(msg, msglen, SP_EBADMSG, "\"ticket\" must be a bin");
   if (out->ticket_len > SP_TICKET_MAX)
-    return sp_failf(msg, msglen, SP_ETICKET,
-                    "the ticket has %zu bytes, more than %d", out->ticket_len,
-                    SP_TICKET_MAX);
+    return sp__failf(msg, msglen, SP_ETICKET,
+                     "the ticket has %zu bytes, more than %d", out->ticket_len,
+                     SP_TICKET_MAX);
   if ((rc = get_uint(map, "rank", false, UINT32_MAX, &rank, "", msg, msglen)) !=
           0 ||
       (rc = get_uint(map, "world", false, UINT32_MAX, &world, "", msg,
                      msglen)) != 0)
     return rc;
-  if (sp_msg_get_str(map, "device", false, &device, &device_len) != 0)
-    return sp_failf(msg, msglen, SP_EBADMSG, "\"device\" must be a string");
+  if (sp__msg_get_str(map, "device", false, &device, &device_len) != 0)
+    return sp__failf(msg, msglen, SP_EBADMSG, "\"device\" must be a string");
   if (request_parse_device(device, device_len, &out->device_type) != 0)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "device \"%.*s\" is not \"cpu\" or \"cuda:<GPU UUID>\"",
-                    (int)(device_len < 80 ? device_len : 80), device);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "device \"%.*s\" is not \"cpu\" or \"cuda:<GPU UUID>\"",
+                     (int)(device_len < 80 ? device_len : 80), device);
   memcpy(out->device, device, device_len);
   out->device[device_len] = '\0';
   out->rank = (uint32_t)rank;
@@ -163,12 +164,12 @@ static bool parse_ticket_v2(const msgpack_object *map, struct req_ticket *out) {
   size_t root_len, nccl_len;
   struct sockaddr_storage sa;
   socklen_t salen;
-  if (sp_msg_get_str(map, "root", false, &root, &root_len) != 0 ||
+  if (sp__msg_get_str(map, "root", false, &root, &root_len) != 0 ||
       netaddr_parse(root, root_len, false, &sa, &salen) != 0)
     return false;
   memcpy(out->root, root, root_len);
   out->root[root_len] = '\0';
-  int rc = sp_msg_get_bin(map, "nccl_id", true, &nccl, &nccl_len);
+  int rc = sp__msg_get_bin(map, "nccl_id", true, &nccl, &nccl_len);
   if (rc < 0 || (rc == 0 && nccl_len != NODE_NCCL_ID_BYTES))
     return false;
   out->has_nccl_id = rc == 0;
@@ -192,16 +193,15 @@ int request_parse_ticket(const uint8_t *data, size_t len,
     return SP_ETICKET;
   /* The ticket came from a trainer, so it goes through the same bounded
    * decoder as a frame. */
-  if (sp_wire_decode(data, len, limits, &zone, &map) == 0 &&
-      sp_msg_get_u64(&map, "v", false, &version) == 0 &&
+  if (sp__wire_decode(data, len, limits, &zone, &map) == 0 &&
+      sp__msg_get_u64(&map, "v", false, &version) == 0 &&
       (version == 1 || version == 2) &&
-      sp_msg_get_bin(&map, "job", false, &job, &job_len) == 0 &&
+      sp__msg_get_bin(&map, "job", false, &job, &job_len) == 0 &&
       job_len == JOB_ID_BYTES &&
-      sp_msg_get_bin(&map, "secret", false, &secret, &secret_len) == 0 &&
+      sp__msg_get_bin(&map, "secret", false, &secret, &secret_len) == 0 &&
       secret_len == JOB_SECRET_BYTES &&
-      sp_msg_get_u64(&map, "world", false, &world) == 0 &&
-      world <= REQ_MAX_WORLD &&
-      (version == 1 || parse_ticket_v2(&map, out))) {
+      sp__msg_get_u64(&map, "world", false, &world) == 0 &&
+      world <= REQ_MAX_WORLD && (version == 1 || parse_ticket_v2(&map, out))) {
     out->version = (uint32_t)version;
     memcpy(out->job, job, JOB_ID_BYTES);
     memcpy(out->secret, secret, JOB_SECRET_BYTES);
@@ -219,9 +219,9 @@ static int parse_storage_kind(const msgpack_object *o, struct req_storage *s,
                               const char *where, char *msg, size_t msglen) {
   const char *kind, *device;
   size_t kind_len, device_len;
-  if (sp_msg_get_str(o, "kind", false, &kind, &kind_len) != 0)
-    return sp_failf(msg, msglen, SP_EBADMSG, "%s\"kind\" must be a string",
-                    where);
+  if (sp__msg_get_str(o, "kind", false, &kind, &kind_len) != 0)
+    return sp__failf(msg, msglen, SP_EBADMSG, "%s\"kind\" must be a string",
+                     where);
   if (kind_len == 5 && memcmp(kind, "memfd", 5) == 0)
     s->kind = REQ_STORAGE_MEMFD;
   else if (kind_len == 8 && memcmp(kind, "cuda_ipc", 8) == 0)
@@ -229,33 +229,33 @@ static int parse_storage_kind(const msgpack_object *o, struct req_storage *s,
   else if (kind_len == 7 && memcmp(kind, "cuda_fd", 7) == 0)
     s->kind = REQ_STORAGE_CUDA_FD;
   else
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "%skind \"%.*s\" is not \"memfd\", \"cuda_ipc\" or "
-                    "\"cuda_fd\"",
-                    where, (int)(kind_len < 32 ? kind_len : 32), kind);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "%skind \"%.*s\" is not \"memfd\", \"cuda_ipc\" or "
+                     "\"cuda_fd\"",
+                     where, (int)(kind_len < 32 ? kind_len : 32), kind);
   if (s->kind == REQ_STORAGE_MEMFD)
     return 0;
   if (s->kind == REQ_STORAGE_CUDA_IPC) {
     const uint8_t *handle;
     size_t handle_len;
     char why[256];
-    if (sp_msg_get_bin(o, "handle", false, &handle, &handle_len) != 0)
-      return sp_failf(msg, msglen, SP_EBADMSG, "%s\"handle\" must be a bin",
-                      where);
+    if (sp__msg_get_bin(o, "handle", false, &handle, &handle_len) != 0)
+      return sp__failf(msg, msglen, SP_EBADMSG, "%s\"handle\" must be a bin",
+                       where);
     if (gpu_handle_decode(handle, handle_len, s->handle, why, sizeof why) != 0)
-      return sp_failf(msg, msglen, SP_EINVAL, "%s%s", where, why);
+      return sp__failf(msg, msglen, SP_EINVAL, "%s%s", where, why);
   }
-  int rc = sp_msg_get_str(o, "device", true, &device, &device_len);
+  int rc = sp__msg_get_str(o, "device", true, &device, &device_len);
   if (rc < 0)
-    return sp_failf(msg, msglen, SP_EBADMSG, "%s\"device\" must be a string",
-                    where);
+    return sp__failf(msg, msglen, SP_EBADMSG, "%s\"device\" must be a string",
+                     where);
   if (rc == 0) {
     uint32_t type;
     if (request_parse_device(device, device_len, &type) != 0 ||
         type != SP_DEVICE_CUDA)
-      return sp_failf(msg, msglen, SP_EINVAL,
-                      "%sdevice \"%.*s\" is not \"cuda:<GPU UUID>\"", where,
-                      (int)(device_len < 80 ? device_len : 80), device);
+      return sp__failf(msg, msglen, SP_EINVAL,
+                       "%sdevice \"%.*s\" is not \"cuda:<GPU UUID>\"", where,
+                       (int)(device_len < 80 ? device_len : 80), device);
     memcpy(s->device, device, device_len);
     s->device[device_len] = '\0';
   }
@@ -268,16 +268,16 @@ int request_parse_storages(const msgpack_object *map, size_t nfds,
   const msgpack_object_array *a;
   *out = NULL;
   *n = 0;
-  if (sp_msg_get_array(map, "storages", false, &a) != 0)
-    return sp_failf(msg, msglen, SP_EBADMSG,
-                    "\"storages\" must be an array of storage maps");
+  if (sp__msg_get_array(map, "storages", false, &a) != 0)
+    return sp__failf(msg, msglen, SP_EBADMSG,
+                     "\"storages\" must be an array of storage maps");
   if (a->size > REQ_MAX_PER_RANK)
-    return sp_failf(msg, msglen, SP_ELIMIT,
-                    "%u storages in one frame, more than %u", a->size,
-                    REQ_MAX_PER_RANK);
+    return sp__failf(msg, msglen, SP_ELIMIT,
+                     "%u storages in one frame, more than %u", a->size,
+                     REQ_MAX_PER_RANK);
   struct req_storage *s = calloc(a->size > 0 ? a->size : 1, sizeof *s);
   if (s == NULL)
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   int rc = 0;
   for (uint32_t i = 0; i < a->size && rc == 0; i++) {
     const msgpack_object *o = &a->ptr[i];
@@ -285,7 +285,7 @@ int request_parse_storages(const msgpack_object *map, size_t nfds,
     uint64_t sid, fd = 0;
     snprintf(where, sizeof where, "storages[%u]: ", i);
     if (o->type != MSGPACK_OBJECT_MAP) {
-      rc = sp_failf(msg, msglen, SP_EBADMSG, "%snot a map", where);
+      rc = sp__failf(msg, msglen, SP_EBADMSG, "%snot a map", where);
       break;
     }
     if ((rc = parse_storage_kind(o, &s[i], where, msg, msglen)) != 0 ||
@@ -302,14 +302,14 @@ int request_parse_storages(const msgpack_object *map, size_t nfds,
                        msglen)) != 0)
       break;
     if (s[i].kind != REQ_STORAGE_CUDA_IPC && fd >= nfds) {
-      rc = sp_failf(msg, msglen, SP_EBADFD,
-                    "%sfd index %llu, but the frame carries %zu descriptors",
-                    where, (unsigned long long)fd, nfds);
+      rc = sp__failf(msg, msglen, SP_EBADFD,
+                     "%sfd index %llu, but the frame carries %zu descriptors",
+                     where, (unsigned long long)fd, nfds);
       break;
     }
     if (s[i].offset + s[i].length > REQ_MAX_VALUE) {
-      rc = sp_failf(msg, msglen, SP_EINVAL,
-                    "%soffset + length is not below 2^62", where);
+      rc = sp__failf(msg, msglen, SP_EINVAL,
+                     "%soffset + length is not below 2^62", where);
       break;
     }
     s[i].sid = (uint32_t)sid;
@@ -333,7 +333,7 @@ static int parse_piece(const msgpack_object *o, struct affine_piece *p,
   uint64_t v;
   int rc;
   if (o->type != MSGPACK_OBJECT_MAP)
-    return sp_failf(msg, msglen, SP_EBADMSG, "%snot a map", where);
+    return sp__failf(msg, msglen, SP_EBADMSG, "%snot a map", where);
   if ((rc = get_dims(o, "shape", &p->ndim, p->shape, where, msg, msglen)) !=
           0 ||
       (rc = get_dims(o, "src_stride", &nd_src, p->src_stride, where, msg,
@@ -342,10 +342,10 @@ static int parse_piece(const msgpack_object *o, struct affine_piece *p,
                      msglen)) != 0)
     return rc;
   if (nd_src != p->ndim || nd_dst != p->ndim)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "%sshape, src_stride and dst_stride have %u, %u and %u "
-                    "dims",
-                    where, p->ndim, nd_src, nd_dst);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "%sshape, src_stride and dst_stride have %u, %u and %u "
+                     "dims",
+                     where, p->ndim, nd_src, nd_dst);
   if ((rc = get_uint(o, "src_offset", false, REQ_MAX_VALUE, &v, where, msg,
                      msglen)) != 0)
     return rc;
@@ -354,19 +354,19 @@ static int parse_piece(const msgpack_object *o, struct affine_piece *p,
                      msglen)) != 0)
     return rc;
   p->dst_offset = (int64_t)v;
-  if (sp_msg_get_array(o, "holders", false, &h) != 0)
-    return sp_failf(msg, msglen, SP_EBADMSG,
-                    "%s\"holders\" must be an array of ranks", where);
+  if (sp__msg_get_array(o, "holders", false, &h) != 0)
+    return sp__failf(msg, msglen, SP_EBADMSG,
+                     "%s\"holders\" must be an array of ranks", where);
   if (h->size == 0 || h->size > REQ_MAX_WORLD)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "%sa piece has 1 to %u holders, not %u", where,
-                    REQ_MAX_WORLD, h->size);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "%sa piece has 1 to %u holders, not %u", where,
+                     REQ_MAX_WORLD, h->size);
   for (uint32_t k = 0; k < h->size; k++) {
     if (h->ptr[k].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
         h->ptr[k].via.u64 >= REQ_MAX_WORLD)
-      return sp_failf(msg, msglen, SP_EINVAL,
-                      "%sholders[%u] is not a rank below %u", where, k,
-                      REQ_MAX_WORLD);
+      return sp__failf(msg, msglen, SP_EINVAL,
+                       "%sholders[%u] is not a rank below %u", where, k,
+                       REQ_MAX_WORLD);
     holders[k] = (uint32_t)h->ptr[k].via.u64;
   }
   p->nholders = h->size;
@@ -381,7 +381,7 @@ static int parse_pieces(const msgpack_object_array *a, struct req_tensor *t,
   for (uint32_t i = 0; i < a->size; i++) {
     const msgpack_object_array *h;
     if (a->ptr[i].type == MSGPACK_OBJECT_MAP &&
-        sp_msg_get_array(&a->ptr[i], "holders", false, &h) == 0)
+        sp__msg_get_array(&a->ptr[i], "holders", false, &h) == 0)
       nholders += h->size;
   }
   /* Both counts are bounded by the frame, which the wire check bounded. */
@@ -389,7 +389,7 @@ static int parse_pieces(const msgpack_object_array *a, struct req_tensor *t,
                  nholders * sizeof(uint32_t);
   uint8_t *block = malloc(bytes > 0 ? bytes : 1);
   if (block == NULL)
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   struct affine_piece *pieces = (struct affine_piece *)block;
   uint32_t *holders =
       (uint32_t *)(block + (size_t)a->size * sizeof(struct affine_piece));
@@ -422,10 +422,10 @@ static int parse_tensor(const msgpack_object *o, uint32_t i,
   int rc;
   snprintf(where, sizeof where, "tensors[%u]: ", i);
   if (o->type != MSGPACK_OBJECT_MAP)
-    return sp_failf(msg, msglen, SP_EBADMSG, "%snot a map", where);
-  if (sp_msg_get_str(o, "key", false, &t->key, &t->key_len) != 0)
-    return sp_failf(msg, msglen, SP_EBADMSG, "%s\"key\" must be a string",
-                    where);
+    return sp__failf(msg, msglen, SP_EBADMSG, "%snot a map", where);
+  if (sp__msg_get_str(o, "key", false, &t->key, &t->key_len) != 0)
+    return sp__failf(msg, msglen, SP_EBADMSG, "%s\"key\" must be a string",
+                     where);
   if ((rc = check_key(t->key, t->key_len, where, msg, msglen)) != 0)
     return rc;
   /* From here on messages name the key as well. */
@@ -438,12 +438,12 @@ static int parse_tensor(const msgpack_object *o, uint32_t i,
     return rc;
   t->sid = (uint32_t)sid;
   t->view.offset = (int64_t)offset;
-  if (sp_msg_get_str(o, "dtype", false, &dtype, &dtype_len) != 0)
-    return sp_failf(msg, msglen, SP_EBADMSG, "%s\"dtype\" must be a string",
-                    where);
-  if (sp_dtype_from_name(dtype, dtype_len, &t->view.dtype) != 0)
-    return sp_failf(msg, msglen, SP_EDTYPE, "%sunknown dtype \"%.*s\"", where,
-                    (int)(dtype_len < 32 ? dtype_len : 32), dtype);
+  if (sp__msg_get_str(o, "dtype", false, &dtype, &dtype_len) != 0)
+    return sp__failf(msg, msglen, SP_EBADMSG, "%s\"dtype\" must be a string",
+                     where);
+  if (sp__dtype_from_name(dtype, dtype_len, &t->view.dtype) != 0)
+    return sp__failf(msg, msglen, SP_EDTYPE, "%sunknown dtype \"%.*s\"", where,
+                     (int)(dtype_len < 32 ? dtype_len : 32), dtype);
   if ((rc = get_dims(o, "shape", &t->view.ndim, t->view.shape, where, msg,
                      msglen)) != 0 ||
       (rc = get_dims(o, "stride", &nstride, t->view.stride, where, msg,
@@ -452,26 +452,26 @@ static int parse_tensor(const msgpack_object *o, uint32_t i,
                      msglen)) != 0)
     return rc;
   if (nstride != t->view.ndim)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "%sshape has %u dims but stride has %u", where,
-                    t->view.ndim, nstride);
-  if (sp_msg_get_str(o, "placement", false, &placement, &placement_len) != 0)
-    return sp_failf(msg, msglen, SP_EBADMSG, "%s\"placement\" must be a string",
-                    where);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "%sshape has %u dims but stride has %u", where,
+                     t->view.ndim, nstride);
+  if (sp__msg_get_str(o, "placement", false, &placement, &placement_len) != 0)
+    return sp__failf(msg, msglen, SP_EBADMSG,
+                     "%s\"placement\" must be a string", where);
   if (plan_layout_placement_from_name(placement, placement_len,
                                       &t->placement) != 0)
-    return sp_failf(msg, msglen, SP_EUNSUPPORTED,
-                    "%splacement \"%.*s\" is not shard0, replicated, plain, "
-                    "expert or affine",
-                    where, (int)(placement_len < 32 ? placement_len : 32),
-                    placement);
-  rc = sp_msg_get_array(o, "pieces", true, &pieces);
+    return sp__failf(msg, msglen, SP_EUNSUPPORTED,
+                     "%splacement \"%.*s\" is not shard0, replicated, plain, "
+                     "expert or affine",
+                     where, (int)(placement_len < 32 ? placement_len : 32),
+                     placement);
+  rc = sp__msg_get_array(o, "pieces", true, &pieces);
   if (rc < 0)
-    return sp_failf(msg, msglen, SP_EBADMSG,
-                    "%s\"pieces\" must be an array of piece maps", where);
+    return sp__failf(msg, msglen, SP_EBADMSG,
+                     "%s\"pieces\" must be an array of piece maps", where);
   if (rc == 0 && t->placement != PLAN_AFFINE && pieces->size > 0)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "%sonly an affine tensor has pieces", where);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "%sonly an affine tensor has pieces", where);
   if (rc == 0 && t->placement == PLAN_AFFINE)
     return parse_pieces(pieces, t, where, msg, msglen);
   return 0;
@@ -482,16 +482,16 @@ int request_parse_tensors(const msgpack_object *map, struct req_tensor **out,
   const msgpack_object_array *a;
   *out = NULL;
   *n = 0;
-  if (sp_msg_get_array(map, "tensors", false, &a) != 0)
-    return sp_failf(msg, msglen, SP_EBADMSG,
-                    "\"tensors\" must be an array of tensor maps");
+  if (sp__msg_get_array(map, "tensors", false, &a) != 0)
+    return sp__failf(msg, msglen, SP_EBADMSG,
+                     "\"tensors\" must be an array of tensor maps");
   if (a->size > REQ_MAX_PER_RANK)
-    return sp_failf(msg, msglen, SP_ELIMIT,
-                    "%u tensors in one frame, more than %u", a->size,
-                    REQ_MAX_PER_RANK);
+    return sp__failf(msg, msglen, SP_ELIMIT,
+                     "%u tensors in one frame, more than %u", a->size,
+                     REQ_MAX_PER_RANK);
   struct req_tensor *t = calloc(a->size > 0 ? a->size : 1, sizeof *t);
   if (t == NULL)
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   for (uint32_t i = 0; i < a->size; i++) {
     int rc = parse_tensor(&a->ptr[i], i, &t[i], msg, msglen);
     if (rc != 0) {
@@ -522,14 +522,14 @@ static int parse_groups(const msgpack_object_array *a, struct req_groups *g,
   for (uint32_t i = 0; i < a->size; i++) {
     const msgpack_object *grp = &a->ptr[i];
     if (grp->type != MSGPACK_OBJECT_ARRAY)
-      return sp_failf(msg, msglen, SP_EBADMSG,
-                      "groups[%u] must be an array of keys", i);
+      return sp__failf(msg, msglen, SP_EBADMSG,
+                       "groups[%u] must be an array of keys", i);
     for (uint32_t j = 0; j < grp->via.array.size; j++) {
       const msgpack_object *k = &grp->via.array.ptr[j];
       char where[48];
       snprintf(where, sizeof where, "groups[%u][%u]: ", i, j);
       if (k->type != MSGPACK_OBJECT_STR)
-        return sp_failf(msg, msglen, SP_EBADMSG, "%snot a string", where);
+        return sp__failf(msg, msglen, SP_EBADMSG, "%snot a string", where);
       int rc = check_key(k->via.str.ptr, k->via.str.size, where, msg, msglen);
       if (rc != 0)
         return rc;
@@ -543,7 +543,7 @@ static int parse_groups(const msgpack_object_array *a, struct req_groups *g,
   g->groups = calloc(a->size > 0 ? a->size : 1, sizeof *g->groups);
   if (g->blob == NULL || g->names == NULL || g->groups == NULL) {
     request_groups_free(g);
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   }
   size_t at = 0, name = 0;
   for (uint32_t i = 0; i < a->size; i++) {
@@ -589,29 +589,29 @@ int request_parse_export(const msgpack_object *map, struct req_export *out,
                      msglen)) < 0)
     return rc;
   out->timeout_ms = rc == 0 ? (uint32_t)v : 0;
-  rc = sp_msg_get_bool(map, "progress", true, &out->progress);
+  rc = sp__msg_get_bool(map, "progress", true, &out->progress);
   if (rc < 0)
-    return sp_failf(msg, msglen, SP_EBADMSG, "\"progress\" must be a bool");
+    return sp__failf(msg, msglen, SP_EBADMSG, "\"progress\" must be a bool");
   if (rc == 1)
     out->progress = false;
   const msgpack_object *save;
-  rc = sp_msg_get_map(map, "save", true, &save);
+  rc = sp__msg_get_map(map, "save", true, &save);
   if (rc < 0)
-    return sp_failf(msg, msglen, SP_EBADMSG,
+    return sp__failf(msg, msglen, SP_EBADMSG,
                     "\"save\" must be a map of the save's options");
   if (rc == 0) {
     if ((rc = get_uint(save, "max_shard_bytes", false, UINT64_MAX, &v,
                        "save: ", msg, msglen)) < 0)
       return rc;
     if (v == 0)
-      return sp_failf(msg, msglen, SP_EINVAL,
+      return sp__failf(msg, msglen, SP_EINVAL,
                       "save: \"max_shard_bytes\" must be 1 or more");
     out->save_limit = v;
   }
-  rc = sp_msg_get_array(map, "groups", true, &groups);
+  rc = sp__msg_get_array(map, "groups", true, &groups);
   if (rc < 0)
-    return sp_failf(msg, msglen, SP_EBADMSG,
-                    "\"groups\" must be an array of arrays of keys");
+    return sp__failf(msg, msglen, SP_EBADMSG,
+                     "\"groups\" must be an array of arrays of keys");
   if (rc == 0)
     return parse_groups(groups, &out->groups, msg, msglen);
   return 0;
@@ -629,27 +629,27 @@ static int get_job_ref(const msgpack_object *map, const char *key,
                        char *msg, size_t msglen) {
   const char *s;
   size_t len;
-  int rc = sp_msg_get_str(map, key, optional, &s, &len);
+  int rc = sp__msg_get_str(map, key, optional, &s, &len);
   if (rc < 0)
-    return sp_failf(msg, msglen, SP_EBADMSG, "\"%s\" must be a string", key);
+    return sp__failf(msg, msglen, SP_EBADMSG, "\"%s\" must be a string", key);
   if (rc == 1) {
     out[0] = '\0';
     return 0;
   }
   if (len == 0 || len > 2 * JOB_ID_BYTES)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "\"%s\" must be a job id of 1 to %d hex digits, not %zu "
-                    "bytes",
-                    key, 2 * JOB_ID_BYTES, len);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "\"%s\" must be a job id of 1 to %d hex digits, not %zu "
+                     "bytes",
+                     key, 2 * JOB_ID_BYTES, len);
   for (size_t i = 0; i < len; i++) {
     char c = s[i];
     if (c >= 'A' && c <= 'F')
       c = (char)(c - 'A' + 'a');
     if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
-      return sp_failf(msg, msglen, SP_EINVAL,
-                      "\"%s\" must be a job id of hex digits; byte %zu is not "
-                      "one",
-                      key, i);
+      return sp__failf(msg, msglen, SP_EINVAL,
+                       "\"%s\" must be a job id of hex digits; byte %zu is not "
+                       "one",
+                       key, i);
     out[i] = c;
   }
   out[len] = '\0';
@@ -667,8 +667,8 @@ int request_parse_jobs(const msgpack_object *map,
                        size_t msglen) {
   int rc = get_job_ref(map, "after", true, after, msg, msglen);
   if (rc == 0 && after[0] != '\0' && strlen(after) != 2 * JOB_ID_BYTES)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "\"after\" must be a whole job id of %d hex digits",
-                    2 * JOB_ID_BYTES);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "\"after\" must be a whole job id of %d hex digits",
+                     2 * JOB_ID_BYTES);
   return rc;
 }

@@ -60,11 +60,11 @@ int save_new(struct job *job, uint64_t export_id, const struct plan *plan,
              uint64_t limit, struct save **out, char *msg, size_t msglen) {
   *out = NULL;
   for (size_t k = 0; k < plan->nkeys; k++)
-    if (sp_dtype_safetensors_name(plan->keys[k].dtype) == NULL)
-      return sp_failf(msg, msglen, SP_EDTYPE,
+    if (sp__dtype_safetensors_name(plan->keys[k].dtype) == NULL)
+      return sp__failf(msg, msglen, SP_EDTYPE,
                       "save: key \"%.512s\" is %s, which safetensors has no "
                       "dtype for; convert it before saving",
-                      plan->keys[k].name, sp_dtype_name(plan->keys[k].dtype));
+                      plan->keys[k].name, sp__dtype_name(plan->keys[k].dtype));
   struct save *s = calloc(1, sizeof *s);
   size_t n = plan->nkeys > 0 ? plan->nkeys : 1;
   uint32_t *owner = malloc(n * sizeof *owner);
@@ -89,7 +89,7 @@ int save_new(struct job *job, uint64_t export_id, const struct plan *plan,
   free(bytes);
   if (rc != 0) {
     save_free(s);
-    return sp_failf(msg, msglen, SP_ENOMEM,
+    return sp__failf(msg, msglen, SP_ENOMEM,
                     "out of memory numbering the checkpoint's files");
   }
   s->job = job;
@@ -179,22 +179,22 @@ static int send_step(struct save *s, uint32_t r, uint32_t step, bool map) {
   if (c == NULL)
     return 0;
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "save_step", s->ranks[r].request_id, map ? 7 : 1);
-  sp_pack_kv_u64(&mb.pk, "step", step);
+  sp__msgbuf_begin(&mb, "save_step", s->ranks[r].request_id, map ? 7 : 1);
+  sp__pack_kv_u64(&mb.pk, "step", step);
   if (map) {
     size_t first = s->map_part * SAVE_MAP_PART_KEYS;
     size_t end = first + SAVE_MAP_PART_KEYS;
     if (end > s->plan->nkeys)
       end = s->plan->nkeys;
-    sp_pack_kv_u64(&mb.pk, "part", s->map_part);
-    sp_pack_kv_u64(&mb.pk, "parts", s->map_parts);
-    sp_pack_kv_u64(&mb.pk, "files", s->nfiles);
-    sp_pack_kv_u64(&mb.pk, "total_size", s->total_size);
-    sp_pack_str(&mb.pk, "keys");
+    sp__pack_kv_u64(&mb.pk, "part", s->map_part);
+    sp__pack_kv_u64(&mb.pk, "parts", s->map_parts);
+    sp__pack_kv_u64(&mb.pk, "files", s->nfiles);
+    sp__pack_kv_u64(&mb.pk, "total_size", s->total_size);
+    sp__pack_str(&mb.pk, "keys");
     msgpack_pack_array(&mb.pk, (uint32_t)(end - first));
     for (size_t k = first; k < end; k++)
-      sp_pack_str(&mb.pk, s->plan->keys[k].name);
-    sp_pack_str(&mb.pk, "key_files");
+      sp__pack_str(&mb.pk, s->plan->keys[k].name);
+    sp__pack_str(&mb.pk, "key_files");
     msgpack_pack_array(&mb.pk, (uint32_t)(end - first));
     for (size_t k = first; k < end; k++)
       msgpack_pack_uint32(&mb.pk, s->file[k]);
@@ -298,7 +298,7 @@ static int refuse_step(struct conn *c, const struct sp_msg_head *head,
     const char *sep = strstr(e, ": ");
     if (sep != NULL)
       return conn_send_error(c, head->id,
-                             sp_error_from_name(e, (size_t)(sep - e)), "%s",
+                             sp__error_from_name(e, (size_t)(sep - e)), "%s",
                              sep + 2);
   }
   return conn_send_error(c, head->id, SP_ENOEXPORT,
@@ -311,16 +311,16 @@ int save_op_step(struct conn *c, const struct sp_msg_head *head,
                  const msgpack_object *map, struct sp_frame *frame) {
   (void)frame;
   uint64_t export_id, step, written = 0;
-  if (sp_msg_get_u64(map, "export_id", false, &export_id) != 0 ||
-      sp_msg_get_u64(map, "step", false, &step) != 0 ||
-      sp_msg_get_u64(map, "bytes_written", true, &written) < 0)
+  if (sp__msg_get_u64(map, "export_id", false, &export_id) != 0 ||
+      sp__msg_get_u64(map, "step", false, &step) != 0 ||
+      sp__msg_get_u64(map, "bytes_written", true, &written) < 0)
     return conn_send_error(c, head->id, SP_EBADMSG,
                            "save_step: needs \"export_id\" and \"step\" "
                            "(uints), and \"bytes_written\" may be a uint");
   const char *code_name = NULL, *why = NULL;
   size_t code_len = 0, why_len = 0;
-  int has_error = sp_msg_get_str(map, "error", true, &code_name, &code_len);
-  int has_why = sp_msg_get_str(map, "message", true, &why, &why_len);
+  int has_error = sp__msg_get_str(map, "error", true, &code_name, &code_len);
+  int has_why = sp__msg_get_str(map, "message", true, &why, &why_len);
   if (has_error < 0 || has_why < 0 || (has_error == 0) != (has_why == 0))
     return conn_send_error(c, head->id, SP_EBADMSG,
                            "save_step: \"error\" (a code's wire name) and "
@@ -343,14 +343,14 @@ int save_op_step(struct conn *c, const struct sp_msg_head *head,
   if (has_error == 0) {
     /* The rank's own words go to every rank; the daemon only bounds them
      * and says whose they are. */
-    int code = sp_error_from_name(code_name, code_len);
+    int code = sp__error_from_name(code_name, code_len);
     if (code == SP_EINTERNAL)
       code = SP_EWRITE;
     char text[SP_ERRMSG_MAX + 1], clean[SP_ERRMSG_MAX + 1];
     snprintf(text, sizeof text, "save of export %" PRIu64 " of job %s: rank %"
              PRIu32 ": %.*s", export_id, s->job->hex, r,
              (int)(why_len < 800 ? why_len : 800), why);
-    sp_text_sanitize(text, clean, sizeof clean);
+    sp__text_sanitize(text, clean, sizeof clean);
     export_fail_running(s->job, code, clean);
     return 0;
   }
@@ -363,8 +363,8 @@ int save_op_progress(struct conn *c, const struct sp_msg_head *head,
                      const msgpack_object *map, struct sp_frame *frame) {
   (void)frame;
   uint64_t export_id, written;
-  if (sp_msg_get_u64(map, "export_id", false, &export_id) != 0 ||
-      sp_msg_get_u64(map, "bytes_written", false, &written) != 0)
+  if (sp__msg_get_u64(map, "export_id", false, &export_id) != 0 ||
+      sp__msg_get_u64(map, "bytes_written", false, &written) != 0)
     return 0;
   (void)head;
   /* A notification: never a reply, not even an error, so that a writing

@@ -52,8 +52,8 @@
  * if it does not, the peer just sees the close. */
 static void refuse(int sock, int code, const char *message) {
   struct sp_frame_tx tx;
-  if (sp_msg_error(&tx, 0, code, "%s", message) == 0) {
-    sp_frame_tx_write(&tx, sock);
+  if (sp__msg_error(&tx, 0, code, "%s", message) == 0) {
+    sp__frame_tx_write(&tx, sock);
     free(tx.buf);
   }
   close(sock);

@@ -16,37 +16,37 @@
 void status_pack(struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
   /* Segments whose ranks closed them are freed before they are counted. */
   pool_collect(srv->pool);
-  sp_msgbuf_begin(mb, "status", id, 16);
+  sp__msgbuf_begin(mb, "status", id, 16);
   msgpack_packer *pk = &mb->pk;
-  sp_pack_kv_str(pk, "daemon_version", SP_VERSION);
-  sp_pack_kv_u64(pk, "protocol_version", SP_PROTOCOL_VERSION);
-  sp_pack_str(pk, "backends_built");
+  sp__pack_kv_str(pk, "daemon_version", SP_VERSION);
+  sp__pack_kv_u64(pk, "protocol_version", SP_PROTOCOL_VERSION);
+  sp__pack_str(pk, "backends_built");
   msgpack_pack_array(pk, backend_nbuilt);
   for (size_t i = 0; i < backend_nbuilt; i++)
-    sp_pack_str(pk, backend_built[i]);
-  sp_pack_kv_str(pk, "backend_active", srv->backend->active);
-  sp_pack_kv_str(pk, "backend_reason", srv->backend->reason);
-  sp_pack_kv_f64(pk, "uptime_s",
-                 (double)(uv_hrtime() - srv->started_ns) / 1e9);
-  sp_pack_kv_u64(pk, "clients", srv->nclients);
-  sp_pack_kv_u64(pk, "pool_used", pool_used(srv->pool));
-  sp_pack_kv_u64(pk, "pool_capacity", pool_capacity(srv->pool));
+    sp__pack_str(pk, backend_built[i]);
+  sp__pack_kv_str(pk, "backend_active", srv->backend->active);
+  sp__pack_kv_str(pk, "backend_reason", srv->backend->reason);
+  sp__pack_kv_f64(pk, "uptime_s",
+                  (double)(uv_hrtime() - srv->started_ns) / 1e9);
+  sp__pack_kv_u64(pk, "clients", srv->nclients);
+  sp__pack_kv_u64(pk, "pool_used", pool_used(srv->pool));
+  sp__pack_kv_u64(pk, "pool_capacity", pool_capacity(srv->pool));
   /* Released segments their ranks still hold (part of pool_used). */
-  sp_pack_kv_u64(pk, "pool_held", pool_held(srv->pool));
+  sp__pack_kv_u64(pk, "pool_held", pool_held(srv->pool));
   /* Released segments kept for their owners' next exports (part of
    * pool_used). */
-  sp_pack_kv_u64(pk, "pool_warm", pool_kept(srv->pool));
+  sp__pack_kv_u64(pk, "pool_warm", pool_kept(srv->pool));
   /* Where other daemons reach this one ("" when peer_listen is off). */
-  sp_pack_kv_str(pk, "peer_address", srv->peer_address);
+  sp__pack_kv_str(pk, "peer_address", srv->peer_address);
   /* Stopping: new work is refused while running exports finish. */
-  sp_pack_kv_bool(pk, "draining", srv->draining);
+  sp__pack_kv_bool(pk, "draining", srv->draining);
   /* The longest the loop was busy in one iteration since the previous
    * status: how long any client may have waited for an answer. */
-  sp_pack_kv_u64(pk, "loop_max_busy_us",
-                 loopwatch_take_max_ns(srv, LOOPWATCH_STATUS) / 1000);
-  sp_pack_str(pk, "jobs");
+  sp__pack_kv_u64(pk, "loop_max_busy_us",
+                  loopwatch_take_max_ns(srv, LOOPWATCH_STATUS) / 1000);
+  sp__pack_str(pk, "jobs");
   job_status_pack(srv, pk);
   /* What each user holds against its quotas (docs/operations.md). */
-  sp_pack_str(pk, "users");
+  sp__pack_str(pk, "users");
   quota_status_pack(srv, pk);
 }

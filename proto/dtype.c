@@ -19,7 +19,7 @@ static const struct dtype_entry dtype_table[SP_DTYPE_COUNT] = {
 #undef SP_DTYPE_ENTRY
 };
 
-int sp_dtype_from_name(const char *name, size_t len, enum sp_dtype *out) {
+int sp__dtype_from_name(const char *name, size_t len, enum sp_dtype *out) {
   static const char prefix[] = "torch.";
   const size_t plen = sizeof prefix - 1;
 
@@ -37,19 +37,19 @@ int sp_dtype_from_name(const char *name, size_t len, enum sp_dtype *out) {
   return SP_EDTYPE;
 }
 
-const char *sp_dtype_name(enum sp_dtype dtype) {
+const char *sp__dtype_name(enum sp_dtype dtype) {
   if ((unsigned)dtype >= SP_DTYPE_COUNT)
     return dtype_table[SP_DTYPE_INVALID].name;
   return dtype_table[dtype].name;
 }
 
-uint32_t sp_dtype_size(enum sp_dtype dtype) {
+uint32_t sp__dtype_size(enum sp_dtype dtype) {
   if ((unsigned)dtype >= SP_DTYPE_COUNT)
     return 0;
   return dtype_table[dtype].size;
 }
 
-const char *sp_dtype_safetensors_name(enum sp_dtype dtype) {
+const char *sp__dtype_safetensors_name(enum sp_dtype dtype) {
   if ((unsigned)dtype >= SP_DTYPE_COUNT)
     return NULL;
   return dtype_table[dtype].safetensors;

@@ -47,13 +47,13 @@ enum sp_dtype {
 
 /* The dtype named by name[0..len) ("float32", or str(torch.float32), i.e.
  * "torch.float32"); SP_EDTYPE for any other name. */
-int sp_dtype_from_name(const char *name, size_t len, enum sp_dtype *out);
+int sp__dtype_from_name(const char *name, size_t len, enum sp_dtype *out);
 /* The PyTorch name without the "torch." prefix; "invalid" outside the table. */
-const char *sp_dtype_name(enum sp_dtype dtype);
+const char *sp__dtype_name(enum sp_dtype dtype);
 /* Bytes per element; 0 outside the table, which callers treat as refusal. */
-uint32_t sp_dtype_size(enum sp_dtype dtype);
+uint32_t sp__dtype_size(enum sp_dtype dtype);
 /* The safetensors dtype name ("F32", "BF16"); NULL when the format has
  * none for it, and outside the table. */
-const char *sp_dtype_safetensors_name(enum sp_dtype dtype);
+const char *sp__dtype_safetensors_name(enum sp_dtype dtype);
 
 #endif /* SP_PROTO_DTYPE_H */

@@ -42,7 +42,7 @@ SP_EXPORT const char *sp_err_name(int code) {
   return e ? e->name : "unknown";
 }
 
-int sp_error_from_name(const char *name, size_t len) {
+int sp__error_from_name(const char *name, size_t len) {
   for (size_t i = 0; i < sizeof error_table / sizeof error_table[0]; i++) {
     const char *n = error_table[i].name;
     if (strlen(n) == len && memcmp(n, name, len) == 0)
@@ -51,7 +51,7 @@ int sp_error_from_name(const char *name, size_t len) {
   return SP_EINTERNAL;
 }
 
-int sp_failf(char *msg, size_t msglen, int code, const char *fmt, ...) {
+int sp__failf(char *msg, size_t msglen, int code, const char *fmt, ...) {
   if (msg != NULL && msglen > 0) {
     va_list ap;
     va_start(ap, fmt);

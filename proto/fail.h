@@ -9,7 +9,7 @@
 
 /* Writes the printf-style sentence into msg (when msg is not NULL and
  * msglen is not 0, truncated to fit) and returns code. */
-int sp_failf(char *msg, size_t msglen, int code, const char *fmt, ...)
+int sp__failf(char *msg, size_t msglen, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 #endif /* SP_PROTO_FAIL_H */

@@ -25,7 +25,7 @@ static void close_fds(int *fds, size_t *nfds) {
   *nfds = 0;
 }
 
-size_t sp_frame_close_fds(struct sp_frame *frame) {
+size_t sp__frame_close_fds(struct sp_frame *frame) {
   size_t closed = 0;
   for (size_t i = 0; i < frame->nfds; i++)
     if (frame->fds[i] >= 0) {
@@ -37,21 +37,21 @@ size_t sp_frame_close_fds(struct sp_frame *frame) {
   return closed;
 }
 
-void sp_frame_release(struct sp_frame *frame) {
-  sp_frame_close_fds(frame);
+void sp__frame_release(struct sp_frame *frame) {
+  sp__frame_close_fds(frame);
   free(frame->data);
   frame->data = NULL;
   frame->len = 0;
 }
 
-void sp_frame_rx_init(struct sp_frame_rx *rx, const struct sp_limits *limits) {
+void sp__frame_rx_init(struct sp_frame_rx *rx, const struct sp_limits *limits) {
   memset(rx, 0, sizeof *rx);
   rx->limits = *limits;
   if (rx->limits.max_fds > SP_FDS_MAX)
     rx->limits.max_fds = SP_FDS_MAX;
 }
 
-void sp_frame_rx_reset(struct sp_frame_rx *rx) {
+void sp__frame_rx_reset(struct sp_frame_rx *rx) {
   close_fds(rx->fds, &rx->nfds);
   free(rx->buf);
   rx->buf = NULL;
@@ -124,7 +124,7 @@ static bool frame_complete(const struct sp_frame_rx *rx) {
   return rx->header_have == SP_FRAME_HEADER && rx->buf && rx->have == rx->need;
 }
 
-int sp_frame_rx_read(struct sp_frame_rx *rx, int sock, struct sp_frame *out) {
+int sp__frame_rx_read(struct sp_frame_rx *rx, int sock, struct sp_frame *out) {
   for (size_t taken = 0;;) {
     if (rx->header_have == SP_FRAME_HEADER && !rx->buf) {
       int rc = start_payload(rx);
@@ -138,7 +138,7 @@ int sp_frame_rx_read(struct sp_frame_rx *rx, int sock, struct sp_frame *out) {
       out->nfds = rx->nfds;
       rx->buf = NULL;
       rx->nfds = 0;
-      sp_frame_rx_reset(rx);
+      sp__frame_rx_reset(rx);
       return 1;
     }
     if (rx->max_read != 0 && taken >= rx->max_read)
@@ -182,12 +182,12 @@ int sp_frame_rx_read(struct sp_frame_rx *rx, int sock, struct sp_frame *out) {
   }
 }
 
-size_t sp_frame_tx_size(const struct sp_frame_tx *tx) {
+size_t sp__frame_tx_size(const struct sp_frame_tx *tx) {
   return tx->len + tx->shared_len;
 }
 
-int sp_frame_tx_write(struct sp_frame_tx *tx, int sock) {
-  size_t size = sp_frame_tx_size(tx);
+int sp__frame_tx_write(struct sp_frame_tx *tx, int sock) {
+  size_t size = sp__frame_tx_size(tx);
   while (tx->off < size) {
     struct iovec iov[2];
     size_t n = 0;
@@ -221,7 +221,7 @@ int sp_frame_tx_write(struct sp_frame_tx *tx, int sock) {
   return 0;
 }
 
-void sp_frame_tx_free(struct sp_frame_tx *tx) {
+void sp__frame_tx_free(struct sp_frame_tx *tx) {
   if (!tx)
     return;
   close_fds(tx->fds, &tx->nfds);
@@ -231,8 +231,8 @@ void sp_frame_tx_free(struct sp_frame_tx *tx) {
   free(tx);
 }
 
-int sp_frame_send(int sock, const uint8_t *buf, size_t len, const int *fds,
-                  size_t nfds) {
+int sp__frame_send(int sock, const uint8_t *buf, size_t len, const int *fds,
+                   size_t nfds) {
   if (nfds > SP_FDS_MAX)
     return SP_ETOOMANYFDS;
   struct sp_frame_tx tx = {.buf = (uint8_t *)buf, .len = len, .nfds = nfds};
@@ -240,7 +240,7 @@ int sp_frame_send(int sock, const uint8_t *buf, size_t len, const int *fds,
     memcpy(tx.fds, fds, nfds * sizeof(int));
   int rc;
   /* On a blocking socket only a signal makes the write return early. */
-  while ((rc = sp_frame_tx_write(&tx, sock)) == 1)
+  while ((rc = sp__frame_tx_write(&tx, sock)) == 1)
     ;
   return rc;
 }

@@ -28,11 +28,11 @@ struct sp_frame {
 };
 
 /* Frees the payload and closes every fd the frame still owns. */
-void sp_frame_release(struct sp_frame *frame);
+void sp__frame_release(struct sp_frame *frame);
 
 /* Closes every fd still owned by the frame: used by handlers of messages that
  * carry no fds, so that a stray fd never stays open in the daemon. */
-size_t sp_frame_close_fds(struct sp_frame *frame);
+size_t sp__frame_close_fds(struct sp_frame *frame);
 
 /* Incremental receiver for one stream socket, blocking or not. */
 struct sp_frame_rx {
@@ -45,15 +45,15 @@ struct sp_frame_rx {
   size_t have;
   int fds[SP_FDS_MAX];
   size_t nfds;
-  /* Bytes one sp_frame_rx_read takes at most before it returns 0 as if the
+  /* Bytes one sp__frame_rx_read takes at most before it returns 0 as if the
    * socket were empty (0: no bound), so that a server does not spend the
    * whole transfer of a large frame in one call. */
   size_t max_read;
 };
 
-void sp_frame_rx_init(struct sp_frame_rx *rx, const struct sp_limits *limits);
+void sp__frame_rx_init(struct sp_frame_rx *rx, const struct sp_limits *limits);
 /* Frees a partly read frame and closes its fds. */
-void sp_frame_rx_reset(struct sp_frame_rx *rx);
+void sp__frame_rx_reset(struct sp_frame_rx *rx);
 
 /*
  * Reads what the socket offers, never past the end of the current frame.
@@ -68,7 +68,7 @@ void sp_frame_rx_reset(struct sp_frame_rx *rx);
  * SP_ETOOMANYFDS when more than limits.max_fds arrive (all of them closed),
  * SP_ENOMEM.  After an error the stream is out of step: close it.
  */
-int sp_frame_rx_read(struct sp_frame_rx *rx, int sock, struct sp_frame *out);
+int sp__frame_rx_read(struct sp_frame_rx *rx, int sock, struct sp_frame *out);
 
 /* A frame on its way out.  buf holds header and payload (see msg.h), or
  * the header only when the payload is shared: bytes tx does not own,
@@ -89,7 +89,7 @@ struct sp_frame_tx {
 };
 
 /* The bytes tx puts on the socket: buf's and the shared payload's. */
-size_t sp_frame_tx_size(const struct sp_frame_tx *tx);
+size_t sp__frame_tx_size(const struct sp_frame_tx *tx);
 
 /*
  * Writes as much of tx as the socket takes, attaching the fds to the first
@@ -98,14 +98,14 @@ size_t sp_frame_tx_size(const struct sp_frame_tx *tx);
  * SP_ECLOSED.  The
  * fds stay owned by tx; the peer receives duplicates.
  */
-int sp_frame_tx_write(struct sp_frame_tx *tx, int sock);
+int sp__frame_tx_write(struct sp_frame_tx *tx, int sock);
 
 /* Frees a heap-allocated tx with its buffer, closing the fds it owns and
  * releasing a shared payload. */
-void sp_frame_tx_free(struct sp_frame_tx *tx);
+void sp__frame_tx_free(struct sp_frame_tx *tx);
 
 /* Writes a whole frame to a blocking socket. */
-int sp_frame_send(int sock, const uint8_t *buf, size_t len, const int *fds,
-                  size_t nfds);
+int sp__frame_send(int sock, const uint8_t *buf, size_t len, const int *fds,
+                   size_t nfds);
 
 #endif /* SP_PROTO_FRAME_H */

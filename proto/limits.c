@@ -3,7 +3,7 @@
  */
 #include "proto/limits.h"
 
-void sp_limits_default(struct sp_limits *limits) {
+void sp__limits_default(struct sp_limits *limits) {
   limits->max_frame = SP_LIMITS_DEFAULT_MAX_FRAME;
   limits->max_depth = SP_LIMITS_DEFAULT_MAX_DEPTH;
   limits->max_items = SP_LIMITS_DEFAULT_MAX_ITEMS;

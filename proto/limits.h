@@ -30,6 +30,6 @@ struct sp_limits {
 #define SP_LIMITS_DEFAULT_MAX_STRING (1u << 20)
 #define SP_LIMITS_DEFAULT_MAX_FDS 32u
 
-void sp_limits_default(struct sp_limits *limits);
+void sp__limits_default(struct sp_limits *limits);
 
 #endif /* SP_PROTO_LIMITS_H */

@@ -26,34 +26,34 @@ struct sp_msgbuf {
   msgpack_sbuffer sbuf;
   msgpack_packer pk;
   /* A write failed for want of memory: the message is incomplete and
-   * sp_msgbuf_finish refuses it (msgpack-c's packers drop write errors). */
+   * sp__msgbuf_finish refuses it (msgpack-c's packers drop write errors). */
   bool failed;
 };
 
 /* Starts a message: reserves the frame header and packs a map of
  * nfields + 2 pairs whose first two are op and id. */
-void sp_msgbuf_begin(struct sp_msgbuf *mb, const char *op, uint64_t id,
-                     uint32_t nfields);
+void sp__msgbuf_begin(struct sp_msgbuf *mb, const char *op, uint64_t id,
+                      uint32_t nfields);
 /* Patches the frame header and moves the bytes into tx (fds none).  The
  * msgbuf is left empty.  Returns SP_EFRAMETOOBIG past the 4-byte length. */
-int sp_msgbuf_finish(struct sp_msgbuf *mb, struct sp_frame_tx *tx);
+int sp__msgbuf_finish(struct sp_msgbuf *mb, struct sp_frame_tx *tx);
 /* Drops a message that will not be sent. */
-void sp_msgbuf_discard(struct sp_msgbuf *mb);
+void sp__msgbuf_discard(struct sp_msgbuf *mb);
 
-void sp_pack_str(msgpack_packer *pk, const char *s);
-void sp_pack_strn(msgpack_packer *pk, const char *s, size_t len);
-void sp_pack_bin(msgpack_packer *pk, const void *data, size_t len);
-void sp_pack_kv_str(msgpack_packer *pk, const char *key, const char *value);
-void sp_pack_kv_u64(msgpack_packer *pk, const char *key, uint64_t value);
-void sp_pack_kv_i64(msgpack_packer *pk, const char *key, int64_t value);
-void sp_pack_kv_f64(msgpack_packer *pk, const char *key, double value);
-void sp_pack_kv_bool(msgpack_packer *pk, const char *key, bool value);
+void sp__pack_str(msgpack_packer *pk, const char *s);
+void sp__pack_strn(msgpack_packer *pk, const char *s, size_t len);
+void sp__pack_bin(msgpack_packer *pk, const void *data, size_t len);
+void sp__pack_kv_str(msgpack_packer *pk, const char *key, const char *value);
+void sp__pack_kv_u64(msgpack_packer *pk, const char *key, uint64_t value);
+void sp__pack_kv_i64(msgpack_packer *pk, const char *key, int64_t value);
+void sp__pack_kv_f64(msgpack_packer *pk, const char *key, double value);
+void sp__pack_kv_bool(msgpack_packer *pk, const char *key, bool value);
 
 /* A complete error reply in tx; the message is printf-style, made valid
- * UTF-8 without control characters (sp_text_sanitize) and truncated to
+ * UTF-8 without control characters (sp__text_sanitize) and truncated to
  * SP_ERRMSG_MAX bytes. */
-int sp_msg_error(struct sp_frame_tx *tx, uint64_t id, int code,
-                 const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+int sp__msg_error(struct sp_frame_tx *tx, uint64_t id, int code,
+                  const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 /* The envelope of a received message. */
 struct sp_msg_head {
@@ -63,40 +63,40 @@ struct sp_msg_head {
 
 /* Reads op and id from a decoded top-level map: SP_EBADMSG when either is
  * missing, of the wrong type, or op is longer than SP_OP_MAX. */
-int sp_msg_head(const msgpack_object *map, struct sp_msg_head *head);
+int sp__msg_head(const msgpack_object *map, struct sp_msg_head *head);
 
 /* Field access on a decoded map.  Each returns 0, SP_EBADMSG when the field
  * is absent (unless it is optional: then 1 and the output is untouched) or
  * has the wrong type. */
-const msgpack_object *sp_msg_field(const msgpack_object *map, const char *key);
-int sp_msg_get_u64(const msgpack_object *map, const char *key, bool optional,
-                   uint64_t *out);
-int sp_msg_get_i64(const msgpack_object *map, const char *key, bool optional,
-                   int64_t *out);
-int sp_msg_get_f64(const msgpack_object *map, const char *key, bool optional,
-                   double *out);
-int sp_msg_get_bool(const msgpack_object *map, const char *key, bool optional,
-                    bool *out);
+const msgpack_object *sp__msg_field(const msgpack_object *map, const char *key);
+int sp__msg_get_u64(const msgpack_object *map, const char *key, bool optional,
+                    uint64_t *out);
+int sp__msg_get_i64(const msgpack_object *map, const char *key, bool optional,
+                    int64_t *out);
+int sp__msg_get_f64(const msgpack_object *map, const char *key, bool optional,
+                    double *out);
+int sp__msg_get_bool(const msgpack_object *map, const char *key, bool optional,
+                     bool *out);
 /* A string field as pointer and length into the frame (not terminated). */
-int sp_msg_get_str(const msgpack_object *map, const char *key, bool optional,
-                   const char **ptr, size_t *len);
+int sp__msg_get_str(const msgpack_object *map, const char *key, bool optional,
+                    const char **ptr, size_t *len);
 /* A string field copied into buf (terminated); SP_EBADMSG if it does not fit
  * or holds a NUL byte. */
-int sp_msg_get_strbuf(const msgpack_object *map, const char *key,
-                      bool optional, char *buf, size_t size);
-int sp_msg_get_bin(const msgpack_object *map, const char *key, bool optional,
-                   const uint8_t **ptr, size_t *len);
+int sp__msg_get_strbuf(const msgpack_object *map, const char *key,
+                       bool optional, char *buf, size_t size);
+int sp__msg_get_bin(const msgpack_object *map, const char *key, bool optional,
+                    const uint8_t **ptr, size_t *len);
 /* An array or map field. */
-int sp_msg_get_array(const msgpack_object *map, const char *key, bool optional,
-                     const msgpack_object_array **out);
-int sp_msg_get_map(const msgpack_object *map, const char *key, bool optional,
-                   const msgpack_object **out);
+int sp__msg_get_array(const msgpack_object *map, const char *key, bool optional,
+                      const msgpack_object_array **out);
+int sp__msg_get_map(const msgpack_object *map, const char *key, bool optional,
+                    const msgpack_object **out);
 
 /* For an error reply: the code named by its wire name (SP_EINTERNAL for a
  * name this build does not know) and the message (terminated, truncated). */
-int sp_msg_error_code(const msgpack_object *map, char *message, size_t size);
+int sp__msg_error_code(const msgpack_object *map, char *message, size_t size);
 
 /* Wire name <-> code, from the one table in shardport.h. */
-int sp_error_from_name(const char *name, size_t len);
+int sp__error_from_name(const char *name, size_t len);
 
 #endif /* SP_PROTO_MSG_H */

@@ -42,7 +42,7 @@ static const char *runtime_dir(void) {
   return dir && dir[0] == '/' ? dir : NULL;
 }
 
-int sp_socket_path_for_user(char *buf, size_t size) {
+int sp__socket_path_for_user(char *buf, size_t size) {
   if (!buf || size == 0)
     return SP_EINVAL;
   if (geteuid() == 0)

@@ -12,6 +12,6 @@
 /* The path for this process's user without $SHARDPORT_SOCKET: the system
  * socket for root, else $XDG_RUNTIME_DIR/shardport.sock.  SP_EINVAL (and an
  * empty buf) when there is none or it does not fit. */
-int sp_socket_path_for_user(char *buf, size_t size);
+int sp__socket_path_for_user(char *buf, size_t size);
 
 #endif /* SP_PROTO_SOCKET_PATH_H */

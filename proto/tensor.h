@@ -42,9 +42,9 @@ struct sp_tensor_wire {
 
 /* `key: [d0, d1, ...]`: a shape, stride or offset list, as unsigned
  * integers (the wire has no negative dims). */
-void sp_pack_kv_dims(msgpack_packer *pk, const char *key, const int64_t *dims,
-                     uint32_t ndim);
+void sp__pack_kv_dims(msgpack_packer *pk, const char *key, const int64_t *dims,
+                      uint32_t ndim);
 /* The tensor's map: 8 pairs, 9 with the pieces of an affine placement. */
-void sp_tensor_pack(msgpack_packer *pk, const struct sp_tensor_wire *t);
+void sp__tensor_pack(msgpack_packer *pk, const struct sp_tensor_wire *t);
 
 #endif /* SP_PROTO_TENSOR_H */

@@ -7,13 +7,13 @@
  * which strict decoders refuse unless it is UTF-8, and a control byte in a
  * log line could end it and forge another.  The CLI prints what the daemon
  * reports, where an escape sequence could rewrite the operator's terminal.
- * All three go through sp_text_sanitize.
+ * All three go through sp__text_sanitize.
  */
 #include <string.h>
 
 #include "proto/text.h"
 
-size_t sp_utf8_len(const unsigned char *s, size_t n, uint32_t *cp) {
+size_t sp__utf8_len(const unsigned char *s, size_t n, uint32_t *cp) {
   unsigned char b = s[0];
   size_t len;
   uint32_t min;
@@ -56,7 +56,7 @@ static int is_control(uint32_t cp) {
   return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f);
 }
 
-void sp_text_sanitize(const char *s, char *buf, size_t size) {
+void sp__text_sanitize(const char *s, char *buf, size_t size) {
   static const char hex[] = "0123456789abcdef";
   const unsigned char *p = (const unsigned char *)s;
   size_t n = strlen(s), out = 0;
@@ -64,7 +64,7 @@ void sp_text_sanitize(const char *s, char *buf, size_t size) {
     return;
   while (n > 0) {
     uint32_t cp;
-    size_t len = sp_utf8_len(p, n, &cp);
+    size_t len = sp__utf8_len(p, n, &cp);
     if (len > 0 && !is_control(cp)) {
       if (out + len >= size)
         break;

@@ -10,12 +10,12 @@
 
 /* Bytes in the well-formed UTF-8 sequence at s (n > 0 bytes available), 0
  * when it is not one; *cp receives the code point. */
-size_t sp_utf8_len(const unsigned char *s, size_t n, uint32_t *cp);
+size_t sp__utf8_len(const unsigned char *s, size_t n, uint32_t *cp);
 
 /* s made safe to show: control characters (C0, DEL, C1) and bytes that are
  * not well-formed UTF-8 become \xNN escapes, so the result is valid UTF-8
  * that cannot end a line or steer a terminal; truncated to fit size at a
  * character or escape boundary (always terminated when size > 0). */
-void sp_text_sanitize(const char *s, char *buf, size_t size);
+void sp__text_sanitize(const char *s, char *buf, size_t size);
 
 #endif /* SP_PROTO_TEXT_H */

@@ -10,7 +10,7 @@
 #include "shardport.h"
 #include "proto/view.h"
 
-int sp_view_numel(uint32_t ndim, const int64_t *shape, uint64_t *numel) {
+int sp__view_numel(uint32_t ndim, const int64_t *shape, uint64_t *numel) {
   uint64_t n = 1;
 
   if (ndim > SP_MAX_DIMS)
@@ -34,8 +34,8 @@ int sp_view_numel(uint32_t ndim, const int64_t *shape, uint64_t *numel) {
   return 0;
 }
 
-int sp_view_check_overlap(uint32_t ndim, const int64_t *shape,
-                          const int64_t *stride) {
+int sp__view_check_overlap(uint32_t ndim, const int64_t *shape,
+                           const int64_t *stride) {
   uint32_t axes[SP_MAX_DIMS];
   uint32_t nmoving = 0;
   uint64_t reach = 0;
@@ -74,8 +74,8 @@ int sp_view_check_overlap(uint32_t ndim, const int64_t *shape,
   return 0;
 }
 
-int sp_view_extent(uint32_t ndim, const int64_t *shape, const int64_t *stride,
-                   int64_t offset, uint64_t *extent) {
+int sp__view_extent(uint32_t ndim, const int64_t *shape, const int64_t *stride,
+                    int64_t offset, uint64_t *extent) {
   uint64_t reach = 0;
 
   if (ndim > SP_MAX_DIMS)
@@ -100,80 +100,80 @@ int sp_view_extent(uint32_t ndim, const int64_t *shape, const int64_t *stride,
   return 0;
 }
 
-uint64_t sp_view_whole_elements(uint64_t nbytes, enum sp_dtype dtype) {
-  uint32_t size = sp_dtype_size(dtype);
+uint64_t sp__view_whole_elements(uint64_t nbytes, enum sp_dtype dtype) {
+  uint32_t size = sp__dtype_size(dtype);
   return size == 0 ? 0 : nbytes / size;
 }
 
-int sp_view_check(const struct sp_view *view, uint64_t storage_bytes, char *msg,
-                  size_t msglen) {
-  uint32_t size = sp_dtype_size(view->dtype);
+int sp__view_check(const struct sp_view *view, uint64_t storage_bytes,
+                   char *msg, size_t msglen) {
+  uint32_t size = sp__dtype_size(view->dtype);
   uint64_t numel, nbytes, extent, whole, offset_bytes;
   int rc;
 
   if (size == 0)
-    return sp_failf(msg, msglen, SP_EDTYPE, "the view has no known dtype");
+    return sp__failf(msg, msglen, SP_EDTYPE, "the view has no known dtype");
   if (view->ndim > SP_MAX_DIMS)
-    return sp_failf(msg, msglen, SP_EINVAL,
+    return sp__failf(msg, msglen, SP_EINVAL,
                      "the view has %u dims, more than %d", view->ndim,
                      SP_MAX_DIMS);
   for (uint32_t i = 0; i < view->ndim; i++)
     if (view->shape[i] < 0 || view->stride[i] < 0)
-      return sp_failf(msg, msglen, SP_EINVAL,
+      return sp__failf(msg, msglen, SP_EINVAL,
                        "dim %u has size %lld and stride %lld; both must be "
                        "non-negative",
                        i, (long long)view->shape[i],
                        (long long)view->stride[i]);
   if (view->offset < 0)
-    return sp_failf(msg, msglen, SP_EINVAL,
+    return sp__failf(msg, msglen, SP_EINVAL,
                      "the storage offset %lld is negative",
                      (long long)view->offset);
-  if (sp_view_numel(view->ndim, view->shape, &numel) != 0 ||
+  if (sp__view_numel(view->ndim, view->shape, &numel) != 0 ||
       __builtin_mul_overflow(numel, size, &nbytes))
-    return sp_failf(msg, msglen, SP_EOVERFLOW,
+    return sp__failf(msg, msglen, SP_EOVERFLOW,
                      "the view's size in bytes overflows");
-  rc = sp_view_check_overlap(view->ndim, view->shape, view->stride);
+  rc = sp__view_check_overlap(view->ndim, view->shape, view->stride);
   if (rc != 0)
-    return sp_failf(msg, msglen, rc,
+    return sp__failf(msg, msglen, rc,
                      rc == SP_EZEROSTRIDE ? "the view has a zero stride"
                      : rc == SP_ESELFOVERLAP
                          ? "the view reaches one element twice"
                          : "the view's reach overflows");
-  if (sp_view_extent(view->ndim, view->shape, view->stride, view->offset,
-                     &extent) != 0)
-    return sp_failf(msg, msglen, SP_EOVERFLOW, "the view's extent overflows");
+  if (sp__view_extent(view->ndim, view->shape, view->stride, view->offset,
+                      &extent) != 0)
+    return sp__failf(msg, msglen, SP_EOVERFLOW, "the view's extent overflows");
   /* An empty view reaches no element, so its offset may lie anywhere
    * (PyTorch leaves an empty slice's offset past the end of its storage),
    * but its first byte must still be an address. */
   if (__builtin_mul_overflow((uint64_t)view->offset, size, &offset_bytes) ||
       offset_bytes > (uint64_t)INT64_MAX)
-    return sp_failf(msg, msglen, SP_EOVERFLOW,
+    return sp__failf(msg, msglen, SP_EOVERFLOW,
                      "the storage offset %lld in bytes overflows",
                      (long long)view->offset);
   /* Whole elements only: the tail of a storage that is not a multiple of
    * the element size is never part of a view. */
-  whole = sp_view_whole_elements(storage_bytes, view->dtype);
+  whole = sp__view_whole_elements(storage_bytes, view->dtype);
   if (extent > whole)
-    return sp_failf(msg, msglen, SP_EOUTOFBOUNDS,
+    return sp__failf(msg, msglen, SP_EOUTOFBOUNDS,
                      "the view reaches %llu %s elements; its storage of %llu "
                      "bytes holds %llu",
-                     (unsigned long long)extent, sp_dtype_name(view->dtype),
+                     (unsigned long long)extent, sp__dtype_name(view->dtype),
                      (unsigned long long)storage_bytes,
                      (unsigned long long)whole);
   return 0;
 }
 
-int sp_view_nbytes(const struct sp_view *view, uint64_t *nbytes) {
+int sp__view_nbytes(const struct sp_view *view, uint64_t *nbytes) {
   uint64_t numel;
-  int rc = sp_view_numel(view->ndim, view->shape, &numel);
+  int rc = sp__view_numel(view->ndim, view->shape, &numel);
   if (rc != 0)
     return rc;
-  if (__builtin_mul_overflow(numel, sp_dtype_size(view->dtype), nbytes))
+  if (__builtin_mul_overflow(numel, sp__dtype_size(view->dtype), nbytes))
     return SP_EOVERFLOW;
   return 0;
 }
 
-bool sp_view_is_contiguous(const struct sp_view *view) {
+bool sp__view_is_contiguous(const struct sp_view *view) {
   int64_t expected = 1;
 
   for (uint32_t i = 0; i < view->ndim; i++)
@@ -196,7 +196,7 @@ static int device_cmp(const struct sp_device *a, const struct sp_device *b) {
   return memcmp(a->uuid, b->uuid, sizeof a->uuid);
 }
 
-bool sp_device_equal(const struct sp_device *a, const struct sp_device *b) {
+bool sp__device_equal(const struct sp_device *a, const struct sp_device *b) {
   return device_cmp(a, b) == 0;
 }
 
@@ -219,12 +219,12 @@ static int encode_slot_cmp(const void *pa, const void *pb) {
 
 static bool same_storage(const struct sp_storage *a,
                          const struct sp_storage *b) {
-  return sp_device_equal(&a->device, &b->device) && a->base == b->base;
+  return sp__device_equal(&a->device, &b->device) && a->base == b->base;
 }
 
-int sp_view_encode(const struct sp_tensor *tensors, size_t n,
-                   struct sp_storage **storages, size_t *nstorages,
-                   struct sp_view_meta **metas, char *msg, size_t msglen) {
+int sp__view_encode(const struct sp_tensor *tensors, size_t n,
+                    struct sp_storage **storages, size_t *nstorages,
+                    struct sp_view_meta **metas, char *msg, size_t msglen) {
   struct encode_slot *slots = NULL;
   size_t *leader = NULL;
   uint32_t *id = NULL;
@@ -240,19 +240,19 @@ int sp_view_encode(const struct sp_tensor *tensors, size_t n,
   if (n == 0)
     return 0;
   if (n > UINT32_MAX)
-    return sp_failf(msg, msglen, SP_ELIMIT,
+    return sp__failf(msg, msglen, SP_ELIMIT,
                      "%zu tensors, more than a storage index can name", n);
   for (size_t i = 0; i < n; i++) {
-    rc = sp_view_check(&tensors[i].view, tensors[i].storage.nbytes, why,
-                       sizeof why);
+    rc = sp__view_check(&tensors[i].view, tensors[i].storage.nbytes, why,
+                        sizeof why);
     if (rc != 0)
-      return sp_failf(msg, msglen, rc, "tensor %zu: %s", i, why);
+      return sp__failf(msg, msglen, rc, "tensor %zu: %s", i, why);
   }
   slots = calloc(n, sizeof *slots);
   leader = calloc(n, sizeof *leader);
   id = calloc(n, sizeof *id);
   if (slots == NULL || leader == NULL || id == NULL) {
-    rc = sp_failf(msg, msglen, SP_ENOMEM, "out of memory encoding views");
+    rc = sp__failf(msg, msglen, SP_ENOMEM, "out of memory encoding views");
     goto out;
   }
   for (size_t i = 0; i < n; i++)
@@ -261,7 +261,7 @@ int sp_view_encode(const struct sp_tensor *tensors, size_t n,
   for (size_t j = 0; j < n; j++) {
     if (j > 0 && same_storage(slots[j].storage, slots[j - 1].storage)) {
       if (slots[j].storage->nbytes != slots[j - 1].storage->nbytes) {
-        rc = sp_failf(msg, msglen, SP_EINVAL,
+        rc = sp__failf(msg, msglen, SP_EINVAL,
                        "tensors %zu and %zu name one storage with lengths "
                        "%llu and %llu",
                        slots[j - 1].index, slots[j].index,
@@ -282,7 +282,7 @@ int sp_view_encode(const struct sp_tensor *tensors, size_t n,
   if (out_storages == NULL || out_metas == NULL) {
     free(out_storages);
     free(out_metas);
-    rc = sp_failf(msg, msglen, SP_ENOMEM, "out of memory encoding views");
+    rc = sp__failf(msg, msglen, SP_ENOMEM, "out of memory encoding views");
     goto out;
   }
   for (size_t i = 0; i < n; i++) {
@@ -302,22 +302,22 @@ out:
   return rc;
 }
 
-int sp_view_decode(const struct sp_storage *storages, size_t nstorages,
-                   const struct sp_view_meta *metas, size_t nmetas,
-                   struct sp_tensor *out, char *msg, size_t msglen) {
+int sp__view_decode(const struct sp_storage *storages, size_t nstorages,
+                    const struct sp_view_meta *metas, size_t nmetas,
+                    struct sp_tensor *out, char *msg, size_t msglen) {
   char why[192];
 
   for (size_t i = 0; i < nmetas; i++) {
     const struct sp_storage *s;
     int rc;
     if (metas[i].storage >= nstorages)
-      return sp_failf(msg, msglen, SP_ENOSTORAGE,
+      return sp__failf(msg, msglen, SP_ENOSTORAGE,
                        "view %zu names storage %u of %zu", i, metas[i].storage,
                        nstorages);
     s = &storages[metas[i].storage];
-    rc = sp_view_check(&metas[i].view, s->nbytes, why, sizeof why);
+    rc = sp__view_check(&metas[i].view, s->nbytes, why, sizeof why);
     if (rc != 0)
-      return sp_failf(msg, msglen, rc, "view %zu: %s", i, why);
+      return sp__failf(msg, msglen, rc, "view %zu: %s", i, why);
     out[i].storage = *s;
     out[i].view = metas[i].view;
   }

@@ -93,8 +93,8 @@ static int wire_classify(const uint8_t *data, size_t len, size_t *pos,
   return 0;
 }
 
-int sp_wire_check(const uint8_t *data, size_t len,
-                  const struct sp_limits *limits) {
+int sp__wire_check(const uint8_t *data, size_t len,
+                   const struct sp_limits *limits) {
   uint64_t remaining[WIRE_DEPTH_CAP]; /* items left in each open container */
   uint32_t max_depth = limits->max_depth < WIRE_DEPTH_CAP ? limits->max_depth
                                                           : WIRE_DEPTH_CAP;
@@ -147,10 +147,10 @@ int sp_wire_check(const uint8_t *data, size_t len,
   return pos == len ? 0 : SP_EMALFORMED;
 }
 
-int sp_wire_decode(const uint8_t *data, size_t len,
-                   const struct sp_limits *limits, msgpack_zone *zone,
-                   msgpack_object *out) {
-  int rc = sp_wire_check(data, len, limits);
+int sp__wire_decode(const uint8_t *data, size_t len,
+                    const struct sp_limits *limits, msgpack_zone *zone,
+                    msgpack_object *out) {
+  int rc = sp__wire_check(data, len, limits);
   if (rc < 0)
     return rc;
   size_t off = 0;

@@ -23,15 +23,15 @@
  * str/bin/ext longer than limits->max_string or the bytes left.  Returns 0
  * or SP_EMALFORMED, SP_ETOODEEP, SP_ETOOMANY, SP_ESTRTOOLONG.
  */
-int sp_wire_check(const uint8_t *data, size_t len,
-                  const struct sp_limits *limits);
+int sp__wire_check(const uint8_t *data, size_t len,
+                   const struct sp_limits *limits);
 
 /*
- * Checks data with sp_wire_check, then unpacks it into zone.  *out is the
+ * Checks data with sp__wire_check, then unpacks it into zone.  *out is the
  * top-level map; its strings point into data, which must outlive it.
  */
-int sp_wire_decode(const uint8_t *data, size_t len,
-                   const struct sp_limits *limits, msgpack_zone *zone,
-                   msgpack_object *out);
+int sp__wire_decode(const uint8_t *data, size_t len,
+                    const struct sp_limits *limits, msgpack_zone *zone,
+                    msgpack_object *out);
 
 #endif /* SP_PROTO_WIRE_H */

@@ -18,7 +18,7 @@ static int abort_exec(sp_client *client, const struct cli_options *opts,
     fputs("}\n", out);
   } else {
     char safe[256];
-    sp_text_sanitize(job_id, safe, sizeof safe);
+    sp__text_sanitize(job_id, safe, sizeof safe);
     fprintf(out, "aborted job %s\n", safe);
   }
   return 0;

@@ -81,7 +81,7 @@ int cli_report_connect(int code, const char *why);
  * connects again at the next tick.  Returns an exit status. */
 int watch_run(const struct cli_command *cmd, const struct cli_options *opts);
 
-/* text.c (terminal-safe strings are proto/text.h's sp_text_sanitize, byte
+/* text.c (terminal-safe strings are proto/text.h's sp__text_sanitize, byte
  * counts shardport.h's sp_format_bytes) */
 /* The gist of a long reason: its first two clauses ("a: b: c; d (e)"
  * gives "a: b"), at most size - 1 bytes.  True when anything was left

@@ -35,7 +35,7 @@ static void rate(double bps, char *buf, size_t size) {
 static void print_head(FILE *out, const sp_job_detail *d) {
   const sp_job_status *job = &d->job;
   char a[CELL], b[CELL], c[CELL], line[4 * CELL];
-  sp_text_sanitize(job->job_id, a, sizeof a);
+  sp__text_sanitize(job->job_id, a, sizeof a);
   row(out, "job", a);
   text_user(d->owner_uid, a, sizeof a);
   snprintf(line, sizeof line, "%s (uid %u, pid %u)", a, d->owner_uid,
@@ -43,11 +43,11 @@ static void print_head(FILE *out, const sp_job_detail *d) {
   row(out, "owner", line);
   text_duration(d->age_s, a, sizeof a);
   row(out, "age", a);
-  sp_text_sanitize(job->phase, a, sizeof a);
+  sp__text_sanitize(job->phase, a, sizeof a);
   row(out, "phase", a);
   if (job->error) {
     char error[ERROR_CELL];
-    sp_text_sanitize(job->error, error, sizeof error);
+    sp__text_sanitize(job->error, error, sizeof error);
     row(out, "error", error);
   }
   snprintf(line, sizeof line, "%u of %u joined, %u asked", job->joined,
@@ -99,7 +99,7 @@ static void print_ranks(FILE *out, const sp_job_detail *d) {
   for (size_t r = 0; r < d->nranks; r++) {
     const sp_rank_info *rk = &d->ranks[r];
     snprintf(cells[r][RANK], CELL, "%zu", r);
-    sp_text_sanitize(rk->state, cells[r][STATE], CELL);
+    sp__text_sanitize(rk->state, cells[r][STATE], CELL);
     if (rk->pid > 0)
       snprintf(cells[r][PID], CELL, "%u", rk->pid);
     else
@@ -154,7 +154,7 @@ static void print_history(FILE *out, const sp_job_detail *d) {
       seconds(e->duration_s, took, sizeof took);
       sp_format_bytes(e->bytes_moved, moved, sizeof moved);
       rate(e->rate_bps, rt, sizeof rt);
-      sp_text_sanitize(e->error ? e->error : "", error, sizeof error);
+      sp__text_sanitize(e->error ? e->error : "", error, sizeof error);
       const char *cell[NCOLS] = {id,    e->failed ? "failed" : "published",
                                  ended, took,
                                  moved, rt,

@@ -20,9 +20,9 @@ static int oldest_first(const void *a, const void *b) {
 }
 
 static void cells_of(const sp_job_entry *job, char (*cell)[CELL]) {
-  sp_text_sanitize(job->job_id, cell[ID], CELL);
+  sp__text_sanitize(job->job_id, cell[ID], CELL);
   text_user(job->owner_uid, cell[USER], CELL);
-  sp_text_sanitize(job->phase, cell[PHASE], CELL);
+  sp__text_sanitize(job->phase, cell[PHASE], CELL);
   snprintf(cell[RANKS], CELL, "%u/%u", job->joined, job->world);
   snprintf(cell[ASKED], CELL, "%u", job->asked);
   snprintf(cell[EXPORTS], CELL, "%llu", (unsigned long long)job->exports);

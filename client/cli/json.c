@@ -20,7 +20,7 @@ void json_string(FILE *out, const char *s) {
   putc('"', out);
   while (n > 0) {
     uint32_t cp;
-    size_t len = sp_utf8_len(p, n, &cp);
+    size_t len = sp__utf8_len(p, n, &cp);
     if (len == 0) {
       fputs("\\ufffd", out);
       len = 1;

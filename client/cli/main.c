@@ -79,8 +79,9 @@ static int usage_error(const char *fmt, ...) {
 int cli_report(const char *what, int code, const sp_client *client) {
   /* The daemon's message is at most 1024 bytes; escaping can quadruple it. */
   char safe_what[512], detail[4 * 1024 + 1];
-  sp_text_sanitize(what, safe_what, sizeof safe_what);
-  sp_text_sanitize(client ? sp_last_message(client) : "", detail, sizeof detail);
+  sp__text_sanitize(what, safe_what, sizeof safe_what);
+  sp__text_sanitize(client ? sp_last_message(client) : "", detail,
+                    sizeof detail);
   if (detail[0])
     fprintf(stderr, "shardport: %s: %s (%s)\n", safe_what, sp_strerror(code),
             detail);
@@ -233,7 +234,7 @@ int cli_connect(const struct cli_options *opts, sp_client **client,
 
 int cli_report_connect(int code, const char *why) {
   char safe[4 * CLI_WHY_MAX + 1];
-  sp_text_sanitize(why, safe, sizeof safe);
+  sp__text_sanitize(why, safe, sizeof safe);
   fprintf(stderr, "shardport: %s\n", safe);
   return code == SP_ENODAEMON ? CLI_EXIT_NODAEMON : CLI_EXIT_ERROR;
 }

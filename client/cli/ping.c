@@ -15,7 +15,7 @@ static int ping_exec(sp_client *client, const struct cli_options *opts,
     fprintf(out, ",\"rtt_ns\":%llu}\n", (unsigned long long)rtt_ns);
   } else {
     char socket[256];
-    sp_text_sanitize(opts->socket, socket, sizeof socket);
+    sp__text_sanitize(opts->socket, socket, sizeof socket);
     fprintf(out, "pong from %s: rtt %.3f ms\n", socket, (double)rtt_ns / 1e6);
   }
   return 0;

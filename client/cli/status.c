@@ -19,14 +19,14 @@ void status_print_nodes(FILE *out, const sp_job_status *job) {
   if (job->nnodes == 0)
     return;
   char digest[CELL];
-  sp_text_sanitize(job->plan_digest ? job->plan_digest : "", digest,
-                sizeof digest);
+  sp__text_sanitize(job->plan_digest ? job->plan_digest : "", digest,
+                    sizeof digest);
   fprintf(out, "    nodes: %zu, this daemon is node %u; plan %s\n",
           job->nnodes, job->node, digest[0] ? digest : "(none yet)");
   size_t aw = strlen("ADDRESS");
   for (size_t n = 0; n < job->nnodes; n++) {
     char addr[CELL];
-    sp_text_sanitize(job->nodes[n].address, addr, sizeof addr);
+    sp__text_sanitize(job->nodes[n].address, addr, sizeof addr);
     if (strlen(addr) > aw)
       aw = strlen(addr);
   }
@@ -35,7 +35,7 @@ void status_print_nodes(FILE *out, const sp_job_status *job) {
   for (size_t n = 0; n < job->nnodes; n++) {
     const sp_node_status *nd = &job->nodes[n];
     char addr[CELL], sent[32], received[32];
-    sp_text_sanitize(nd->address, addr, sizeof addr);
+    sp__text_sanitize(nd->address, addr, sizeof addr);
     sp_format_bytes(nd->bytes_sent, sent, sizeof sent);
     sp_format_bytes(nd->bytes_received, received, sizeof received);
     if (nd->self)
@@ -86,8 +86,8 @@ static void print_jobs(FILE *out, const sp_status_info *st) {
   for (size_t j = 0; j < st->njobs; j++) {
     const sp_job_status *job = &st->jobs[j];
     char moved[32], total[32], rate[32];
-    sp_text_sanitize(job->job_id, cells[j][ID], CELL);
-    sp_text_sanitize(job->phase, cells[j][PHASE], CELL);
+    sp__text_sanitize(job->job_id, cells[j][ID], CELL);
+    sp__text_sanitize(job->phase, cells[j][PHASE], CELL);
     snprintf(cells[j][RANKS], CELL, "%u/%u", job->joined, job->world);
     snprintf(cells[j][ROUND], CELL, "%u of %u", job->round, job->rounds);
     sp_format_bytes(job->bytes_moved, moved, sizeof moved);
@@ -117,7 +117,7 @@ static void print_jobs(FILE *out, const sp_status_info *st) {
     fputc('\n', out);
     if (st->jobs[j].error) {
       char error[CELL];
-      sp_text_sanitize(st->jobs[j].error, error, sizeof error);
+      sp__text_sanitize(st->jobs[j].error, error, sizeof error);
       fprintf(out, "    error: %s\n", error);
     }
     print_progress_notes(out, &st->jobs[j]);
@@ -129,14 +129,14 @@ static void print_jobs(FILE *out, const sp_status_info *st) {
 static void print_table(FILE *out, const sp_status_info *st) {
   char a[CELL], b[CELL], line[2 * CELL + 64];
 
-  sp_text_sanitize(st->daemon_version, a, sizeof a);
+  sp__text_sanitize(st->daemon_version, a, sizeof a);
   row(out, "daemon version", a);
   snprintf(line, sizeof line, "%u", st->protocol_version);
   row(out, "protocol version", line);
-  sp_text_sanitize(st->backends_built, a, sizeof a);
+  sp__text_sanitize(st->backends_built, a, sizeof a);
   row(out, "backends built", a[0] ? a : "none");
-  sp_text_sanitize(st->backend_active, a, sizeof a);
-  sp_text_sanitize(st->backend_reason, b, sizeof b);
+  sp__text_sanitize(st->backend_active, a, sizeof a);
+  sp__text_sanitize(st->backend_reason, b, sizeof b);
   /* The reason's gist; --json has all of it. */
   char gist[CELL];
   bool cut = text_gist(b, gist, sizeof gist);
@@ -160,7 +160,7 @@ static void print_table(FILE *out, const sp_status_info *st) {
            "last status", (double)st->loop_max_busy_us / 1000.0);
   row(out, "loop busy", line);
   if (st->peer_address) {
-    sp_text_sanitize(st->peer_address, a, sizeof a);
+    sp__text_sanitize(st->peer_address, a, sizeof a);
     row(out, "peer address", a);
   }
   if (st->draining)

@@ -5,7 +5,7 @@
  *
  * Strings in a status reply come from another process; printed raw, an
  * escape sequence in one could rewrite the operator's terminal.  So every
- * daemon string goes through sp_text_sanitize (proto/text.c) before the
+ * daemon string goes through sp__text_sanitize (proto/text.c) before the
  * table shows it.
  */
 #include <math.h>
@@ -60,7 +60,7 @@ void text_user(uint32_t uid, char *buf, size_t size) {
   char scratch[1024];
   if (getpwuid_r((uid_t)uid, &pw, scratch, sizeof scratch, &found) == 0 &&
       found != NULL) {
-    sp_text_sanitize(found->pw_name, buf, size);
+    sp__text_sanitize(found->pw_name, buf, size);
     return;
   }
   snprintf(buf, size, "%u", uid);

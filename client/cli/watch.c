@@ -108,7 +108,7 @@ static int draw(const struct cli_command *cmd, sp_client *client,
 static int draw_away(const char *why, const struct cli_options *opts,
                      bool tty, bool first) {
   char safe[4 * CLI_WHY_MAX + 1];
-  sp_text_sanitize(why, safe, sizeof safe);
+  sp__text_sanitize(why, safe, sizeof safe);
   if (opts->json) {
     fprintf(stderr, "shardport: %s; connecting again every %gs\n", safe,
             opts->watch_s);

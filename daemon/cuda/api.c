@@ -57,8 +57,8 @@ static void *open_library(const char *env, const char *what,
   if (override != NULL && override[0] != '\0') {
     void *handle = dlopen(override, flags);
     if (handle == NULL) {
-      sp_failf(why, whylen, SP_EBACKEND, "%s=%s cannot be loaded: %s", env,
-               override, dlerror());
+      sp__failf(why, whylen, SP_EBACKEND, "%s=%s cannot be loaded: %s", env,
+                override, dlerror());
       return NULL;
     }
     loaded_path(handle, override, path, pathlen);
@@ -73,9 +73,9 @@ static void *open_library(const char *env, const char *what,
     }
     snprintf(last, sizeof(last), "%s", dlerror());
   }
-  sp_failf(why, whylen, SP_EBACKEND,
-           "no %s library found (tried %s ... %s, or set %s): %s", what,
-           candidates[0], candidates[ncandidates - 1], env, last);
+  sp__failf(why, whylen, SP_EBACKEND,
+            "no %s library found (tried %s ... %s, or set %s): %s", what,
+            candidates[0], candidates[ncandidates - 1], env, last);
   return NULL;
 }
 
@@ -85,10 +85,10 @@ static int resolve(void *handle, const char *path, const char *name,
   dlerror();
   *slot = dlsym(handle, name);
   if (*slot == NULL)
-    return sp_failf(why, whylen, SP_EBACKEND, "%s lacks %s%s", path, name,
-                    strcmp(name, "cudaGetDriverEntryPointByVersion") == 0
-                        ? " (the CUDA backend needs CUDA 12.5 or newer)"
-                        : "");
+    return sp__failf(why, whylen, SP_EBACKEND, "%s lacks %s%s", path, name,
+                     strcmp(name, "cudaGetDriverEntryPointByVersion") == 0
+                         ? " (the CUDA backend needs CUDA 12.5 or newer)"
+                         : "");
   return 0;
 }
 
@@ -125,16 +125,16 @@ static int count_devices(struct cuda_api *api, char *why, size_t whylen) {
                      : err == cudaErrorNoDevice ? "no CUDA device is visible"
                                                 : "the CUDA runtime failed";
   if (err != cudaSuccess)
-    return sp_failf(why, whylen, SP_EBACKEND,
-                    "%s: cudaGetDeviceCount failed with error %d (%s); CUDA "
-                    "runtime %d.%d from %s, driver supports CUDA %d.%d",
-                    what, (int)err, api->cudaGetErrorString(err),
-                    api->runtime_version / 1000,
-                    api->runtime_version % 1000 / 10, api->cudart_path,
-                    api->driver_version / 1000,
-                    api->driver_version % 1000 / 10);
+    return sp__failf(why, whylen, SP_EBACKEND,
+                     "%s: cudaGetDeviceCount failed with error %d (%s); CUDA "
+                     "runtime %d.%d from %s, driver supports CUDA %d.%d",
+                     what, (int)err, api->cudaGetErrorString(err),
+                     api->runtime_version / 1000,
+                     api->runtime_version % 1000 / 10, api->cudart_path,
+                     api->driver_version / 1000,
+                     api->driver_version % 1000 / 10);
   if (count <= 0)
-    return sp_failf(
+    return sp__failf(
         why, whylen, SP_EBACKEND,
         "no CUDA device is visible (cudaGetDeviceCount returned %d)", count);
   api->device_count = count;
@@ -151,7 +151,7 @@ static int load_driver(struct cuda_api *api, char *why, size_t whylen) {
                                             cudaEnableDefault,                 \
                                             &status) != cudaSuccess ||         \
       sym == NULL || status != cudaDriverEntryPointSuccess)                    \
-    return sp_failf(                                                           \
+    return sp__failf(                                                          \
         why, whylen, SP_EBACKEND,                                              \
         "the NVIDIA driver (CUDA %d.%d) does not provide %s for the "          \
         "CUDA %d.%d ABI (entry point status %d)",                              \
@@ -181,9 +181,9 @@ static int load_nccl(struct cuda_api *api, char *why, size_t whylen) {
 #undef CUDA_API_RESOLVE
   ncclResult_t res = api->ncclGetVersion(&api->nccl_version);
   if (res != ncclSuccess)
-    return sp_failf(why, whylen, SP_EBACKEND,
-                    "ncclGetVersion from %s failed with error %d (%s)",
-                    api->nccl_path, (int)res, api->ncclGetErrorString(res));
+    return sp__failf(why, whylen, SP_EBACKEND,
+                     "ncclGetVersion from %s failed with error %d (%s)",
+                     api->nccl_path, (int)res, api->ncclGetErrorString(res));
   return 0;
 }
 
@@ -272,22 +272,22 @@ int cuda_api_probe(const struct cuda_api *api, struct cuda_device_info *devs,
 
 int cuda_api_cuda_error(const struct cuda_api *api, cudaError_t err,
                         const char *what, char *why, size_t whylen) {
-  return sp_failf(why, whylen, SP_EBACKEND, "%s: CUDA error %d (%s)", what,
-                  (int)err,
-                  api->cudaGetErrorString != NULL ? api->cudaGetErrorString(err)
-                                                  : "no CUDA runtime loaded");
+  return sp__failf(
+      why, whylen, SP_EBACKEND, "%s: CUDA error %d (%s)", what, (int)err,
+      api->cudaGetErrorString != NULL ? api->cudaGetErrorString(err)
+                                      : "no CUDA runtime loaded");
 }
 
 int cuda_api_driver_error(CUresult err, const char *what, char *why,
                           size_t whylen) {
-  return sp_failf(why, whylen, SP_EBACKEND, "%s: CUDA driver error %d", what,
-                  (int)err);
+  return sp__failf(why, whylen, SP_EBACKEND, "%s: CUDA driver error %d", what,
+                   (int)err);
 }
 
 int cuda_api_nccl_error(const struct cuda_api *api, ncclResult_t err,
                         const char *what, char *why, size_t whylen) {
-  return sp_failf(why, whylen, SP_EBACKEND, "%s: NCCL error %d (%s)", what,
-                  (int)err,
-                  api->ncclGetErrorString != NULL ? api->ncclGetErrorString(err)
-                                                  : "NCCL is not loaded");
+  return sp__failf(
+      why, whylen, SP_EBACKEND, "%s: NCCL error %d (%s)", what, (int)err,
+      api->ncclGetErrorString != NULL ? api->ncclGetErrorString(err)
+                                      : "NCCL is not loaded");
 }

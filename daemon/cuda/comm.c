@@ -131,12 +131,12 @@ static int settle(struct gpu_comms *c, uint64_t deadline,
     if (p <= 0)
       return p;
     if (cancel != NULL && atomic_load(cancel))
-      return sp_failf(msg, msglen, SP_EBUSY, "%s was canceled", what);
+      return sp__failf(msg, msglen, SP_EBUSY, "%s was canceled", what);
     if (monotonic_ms() > deadline)
-      return sp_failf(msg, msglen, SP_ETIMEOUT,
-                  "%s did not complete in time (a peer did not join or "
-                  "stopped)",
-                  what);
+      return sp__failf(msg, msglen, SP_ETIMEOUT,
+                       "%s did not complete in time (a peer did not join or "
+                       "stopped)",
+                       what);
     gpu_backoff(&spins);
   }
 }
@@ -174,8 +174,8 @@ static int wait_all(struct gpu_comms *c, uint64_t deadline, const char *what,
     if (q <= 0)
       return q;
     if (monotonic_ms() > deadline)
-      return sp_failf(msg, msglen, SP_ETIMEOUT, "%s did not complete in time",
-                  what);
+      return sp__failf(msg, msglen, SP_ETIMEOUT, "%s did not complete in time",
+                       what);
     gpu_backoff(&spins);
   }
 }
@@ -230,7 +230,7 @@ int gpu_comms_begin(struct gpu *gpu, const uint8_t id[GPU_NCCL_ID_BYTES],
     c->ranks = calloc(GPU_MAX_DEVICES, sizeof *c->ranks);
   if (c == NULL || c->ranks == NULL) {
     free(c);
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   }
   c->gpu = gpu;
   c->world = world;
@@ -266,13 +266,13 @@ int gpu_comms_add(struct gpu_comms *c, const struct gpu_comm_rank *ranks,
   struct gpu *gpu = c->gpu;
   const struct cuda_api *a = &gpu->api;
   if (c->aborted)
-    return sp_failf(msg, msglen, SP_EBACKEND,
-                    "the job's NCCL communicators were aborted");
+    return sp__failf(msg, msglen, SP_EBACKEND,
+                     "the job's NCCL communicators were aborted");
   if (nranks == 0 || c->n + nranks > GPU_MAX_DEVICES)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "a node holds 1 to %d ranks of a job's communicator, "
-                    "not %zu",
-                    GPU_MAX_DEVICES, c->n + nranks);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "a node holds 1 to %d ranks of a job's communicator, "
+                     "not %zu",
+                     GPU_MAX_DEVICES, c->n + nranks);
   size_t first = c->n;
   int rc = 0;
   for (size_t i = 0; i < nranks && rc == 0; i++) {
@@ -318,8 +318,8 @@ int gpu_comms_add(struct gpu_comms *c, const struct gpu_comm_rank *ranks,
 
 int gpu_comms_poll(struct gpu_comms *c, char *msg, size_t msglen) {
   if (c->aborted)
-    return sp_failf(msg, msglen, SP_EBACKEND,
-                    "the job's NCCL communicators were aborted");
+    return sp__failf(msg, msglen, SP_EBACKEND,
+                     "the job's NCCL communicators were aborted");
   int rc = poll_once(c, "creating the communicators", msg, msglen);
   if (rc < 0)
     gpu_comms_abort(c);
@@ -329,8 +329,8 @@ int gpu_comms_poll(struct gpu_comms *c, char *msg, size_t msglen) {
 int gpu_comms_warm(struct gpu_comms *c, uint32_t timeout_ms, char *msg,
                    size_t msglen) {
   if (c->aborted)
-    return sp_failf(msg, msglen, SP_EBACKEND,
-                    "the job's NCCL communicators were aborted");
+    return sp__failf(msg, msglen, SP_EBACKEND,
+                     "the job's NCCL communicators were aborted");
   uint64_t deadline = monotonic_ms() + timeout_ms;
   int rc = settle(c, deadline, NULL, "creating the communicators", msg,
                   msglen);
@@ -397,8 +397,8 @@ void gpu_comms_free(struct gpu_comms *c) {
 int gpu_comms_query(struct gpu_comms *c, char *msg, size_t msglen) {
   const struct cuda_api *a = &c->gpu->api;
   if (c->aborted)
-    return sp_failf(msg, msglen, SP_EBACKEND,
-                "the job's NCCL communicators were aborted");
+    return sp__failf(msg, msglen, SP_EBACKEND,
+                     "the job's NCCL communicators were aborted");
   bool pending = false;
   for (size_t i = 0; i < c->n; i++) {
     struct comm_rank *cr = &c->ranks[i];
@@ -466,11 +466,11 @@ static int grow_staging(struct gpu_comms *c, struct comm_rank *cr,
   if (err != cudaSuccess) {
     a->cudaGetLastError();
     cr->staging = NULL;
-    return sp_failf(msg, msglen, err == cudaErrorMemoryAllocation ? SP_EPOOL
-                                                              : SP_EBACKEND,
-                "%s has no %" PRIu64 " bytes of device memory for NCCL "
-                "staging (CUDA error %d)",
-                gpu_device_name(c->gpu, cr->id.device), size, (int)err);
+    return sp__failf(msg, msglen,
+                     err == cudaErrorMemoryAllocation ? SP_EPOOL : SP_EBACKEND,
+                     "%s has no %" PRIu64 " bytes of device memory for NCCL "
+                     "staging (CUDA error %d)",
+                     gpu_device_name(c->gpu, cr->id.device), size, (int)err);
   }
   cr->staging_size = size;
   return 0;
@@ -541,9 +541,9 @@ int gpu_comms_round(struct gpu_comms *c, const struct engine *e,
                     char *msg, size_t msglen) {
   const struct cuda_api *a = &c->gpu->api;
   if (c->aborted)
-    return sp_failf(msg, msglen, SP_EBACKEND,
-                "the job's NCCL communicators were aborted by an earlier "
-                "failure");
+    return sp__failf(msg, msglen, SP_EBACKEND,
+                     "the job's NCCL communicators were aborted by an earlier "
+                     "failure");
   struct rank_round rr[GPU_MAX_DEVICES];
   int rc = 0;
   /* Pack every local rank's sends. */

@@ -118,7 +118,7 @@ int gpu_box_copy(const struct gpu *gpu, cudaStream_t stream, uint8_t *dst,
 void gpu_move_box(const struct engine *e, const struct plan_move *m,
                   const uint8_t **src, uint8_t **dst, struct xfer_box *box) {
   const struct plan_key *key = &e->plan->keys[m->key];
-  size_t esz = sp_dtype_size(key->dtype);
+  size_t esz = sp__dtype_size(key->dtype);
   struct sp_view sv;
   struct plan_region dr;
   plan_moves_regions(e->plan, m, &sv, &dr);
@@ -299,7 +299,7 @@ static int issue_moves(struct runner *r, const struct plan_move *moves,
 
 /* Refuses what the device engine cannot do before anything moves, alike on
  * every node (each sees the same plan): moves between nodes need the
- * job's communicators (export.c makes them for every job across nodes;
+ * job's communicators (daemon/comms.c makes them for every job across nodes;
  * this is the guard that nothing else reaches the engine). */
 static int check_plan(struct runner *r) {
   const struct plan *plan = r->e->plan;
@@ -350,7 +350,7 @@ static int compare_key(struct runner *r, const struct plan_round *rd,
   struct engine *e = r->e;
   const struct gpu *gpu = r->run->gpu;
   const struct plan_key *key = &e->plan->keys[k];
-  size_t esz = sp_dtype_size(key->dtype);
+  size_t esz = sp__dtype_size(key->dtype);
   char why[SP_ERRMSG_MAX + 1];
   size_t n = 0;
   uint64_t largest = 0;

@@ -64,12 +64,12 @@ static int open_ipc(struct gpu *gpu, struct gpu_import *im, char *msg,
       a->cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess);
   if (err != cudaSuccess) {
     a->cudaGetLastError();
-    return sp_failf(msg, msglen, SP_EBADFD,
-                "cudaIpcOpenMemHandle failed with CUDA error %d (%s): the "
-                "handle is not an allocation of a live process on this "
-                "node's %s",
-                (int)err, a->cudaGetErrorString(err),
-                gpu_device_name(gpu, im->device));
+    return sp__failf(msg, msglen, SP_EBADFD,
+                     "cudaIpcOpenMemHandle failed with CUDA error %d (%s): the "
+                     "handle is not an allocation of a live process on this "
+                     "node's %s",
+                     (int)err, a->cudaGetErrorString(err),
+                     gpu_device_name(gpu, im->device));
   }
   struct cudaPointerAttributes attr;
   CUdeviceptr base = 0;
@@ -79,14 +79,14 @@ static int open_ipc(struct gpu *gpu, struct gpu_import *im, char *msg,
   if (err != cudaSuccess)
     rc = gpu_cuda_fail(gpu, err, "cudaPointerGetAttributes", msg, msglen);
   else if (attr.type != cudaMemoryTypeDevice || attr.device != im->device)
-    rc = sp_failf(msg, msglen, SP_EINVAL,
-              "the handle's memory is not on %s, the device it was "
-              "registered for",
-              gpu_device_name(gpu, im->device));
+    rc = sp__failf(msg, msglen, SP_EINVAL,
+                   "the handle's memory is not on %s, the device it was "
+                   "registered for",
+                   gpu_device_name(gpu, im->device));
   else if (a->cuMemGetAddressRange(&base, &size, (CUdeviceptr)ptr) !=
            CUDA_SUCCESS)
-    rc = sp_failf(msg, msglen, SP_EBACKEND,
-              "cuMemGetAddressRange of an opened IPC handle failed");
+    rc = sp__failf(msg, msglen, SP_EBACKEND,
+                   "cuMemGetAddressRange of an opened IPC handle failed");
   if (rc != 0) {
     a->cudaIpcCloseMemHandle(ptr);
     return rc;
@@ -115,11 +115,12 @@ static int open_fd(struct gpu *gpu, struct gpu_import *im, int fd,
   res = a->cuMemImportFromShareableHandle(
       &im->mem, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   if (res != CUDA_SUCCESS)
-    return sp_failf(msg, msglen, SP_EBADFD,
-                "cuMemImportFromShareableHandle failed with CUDA driver "
-                "error %d: the descriptor is not a cuMem allocation of this "
-                "node",
-                (int)res);
+    return sp__failf(
+        msg, msglen, SP_EBADFD,
+        "cuMemImportFromShareableHandle failed with CUDA driver "
+        "error %d: the descriptor is not a cuMem allocation of this "
+        "node",
+        (int)res);
   CUdeviceptr ptr = 0;
   const char *what = "cuMemAddressReserve";
   res = a->cuMemAddressReserve(&ptr, size, gran, 0, 0);
@@ -147,11 +148,12 @@ static int open_fd(struct gpu *gpu, struct gpu_import *im, int fd,
   }
   if (res != CUDA_SUCCESS) {
     a->cuMemRelease(im->mem);
-    return sp_failf(msg, msglen, SP_EBADFD,
-                "%s of %llu bytes of the cuMem allocation failed with CUDA "
-                "driver error %d (is the allocation shorter than offset + "
-                "length?)",
-                what, (unsigned long long)size, (int)res);
+    return sp__failf(
+        msg, msglen, SP_EBADFD,
+        "%s of %llu bytes of the cuMem allocation failed with CUDA "
+        "driver error %d (is the allocation shorter than offset + "
+        "length?)",
+        what, (unsigned long long)size, (int)res);
   }
   im->base = (uint8_t *)(uintptr_t)ptr;
   im->size = size;
@@ -178,7 +180,8 @@ int gpu_storage_open(struct gpu *gpu, int device, enum gpu_storage_kind kind,
   struct stat st;
   memset(&st, 0, sizeof st);
   if (kind == GPU_STORAGE_FD && fstat(fd, &st) != 0)
-    return sp_failf(msg, msglen, SP_EBADFD, "the cuMem descriptor cannot be read");
+    return sp__failf(msg, msglen, SP_EBADFD,
+                     "the cuMem descriptor cannot be read");
   uint64_t need = offset + length;
   int rc = gpu_set_device(gpu, device, msg, msglen);
   if (rc != 0)
@@ -189,7 +192,7 @@ int gpu_storage_open(struct gpu *gpu, int device, enum gpu_storage_kind kind,
   if (fresh) {
     im = calloc(1, sizeof *im);
     if (im == NULL) {
-      rc = sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+      rc = sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
     } else {
       im->kind = kind;
       im->device = device;
@@ -206,9 +209,9 @@ int gpu_storage_open(struct gpu *gpu, int device, enum gpu_storage_kind kind,
     }
   }
   if (rc == 0 && need > im->size) {
-    rc = sp_failf(msg, msglen, SP_EBADFD,
-              "offset + length = %llu bytes, but the allocation has %llu",
-              (unsigned long long)need, (unsigned long long)im->size);
+    rc = sp__failf(msg, msglen, SP_EBADFD,
+                   "offset + length = %llu bytes, but the allocation has %llu",
+                   (unsigned long long)need, (unsigned long long)im->size);
     if (fresh) {
       close_import(gpu, im);
       free(im);

@@ -31,7 +31,7 @@ void mesh_asks(struct job *job) {
     struct sp_frame_tx tx;
     nodemsg_pack_meta(r, &m->reg, &m->ask.groups, &mb);
     struct nodeblob *meta = NULL;
-    if (sp_msgbuf_finish(&mb, &tx) == 0) {
+    if (sp__msgbuf_finish(&mb, &tx) == 0) {
       meta = nodeblob_wrap(tx.buf, tx.buf + SP_FRAME_HEADER,
                            tx.len - SP_FRAME_HEADER);
       if (meta == NULL)

@@ -260,7 +260,7 @@ void mesh_status_pack(const struct job *job, msgpack_packer *pk) {
   uint32_t count = 0;
   for (uint32_t i = 0; ms != NULL && i < ms->nnodes; i++)
     count += ms->nodes[i] != NULL && ms->nodes[i]->present;
-  sp_pack_str(pk, "nodes");
+  sp__pack_str(pk, "nodes");
   msgpack_pack_array(pk, count);
   for (uint32_t i = 0; ms != NULL && i < ms->nnodes; i++) {
     const struct mesh_node *n = ms->nodes[i];
@@ -270,14 +270,14 @@ void mesh_status_pack(const struct job *job, msgpack_packer *pk) {
     bool connected = self || n->data >= 0 || n->ctl != NULL ||
                      (n->node == 0 && ms->root_link != NULL && ms->hello_done);
     msgpack_pack_map(pk, 6);
-    sp_pack_kv_u64(pk, "node", n->node);
-    sp_pack_kv_str(pk, "address", n->addr);
-    sp_pack_kv_bool(pk, "self", self);
-    sp_pack_kv_bool(pk, "connected", connected);
-    sp_pack_kv_u64(pk, "bytes_sent",
-                   atomic_load_explicit(&n->sent, memory_order_relaxed));
-    sp_pack_kv_u64(pk, "bytes_received",
-                   atomic_load_explicit(&n->received, memory_order_relaxed));
+    sp__pack_kv_u64(pk, "node", n->node);
+    sp__pack_kv_str(pk, "address", n->addr);
+    sp__pack_kv_bool(pk, "self", self);
+    sp__pack_kv_bool(pk, "connected", connected);
+    sp__pack_kv_u64(pk, "bytes_sent",
+                    atomic_load_explicit(&n->sent, memory_order_relaxed));
+    sp__pack_kv_u64(pk, "bytes_received",
+                    atomic_load_explicit(&n->received, memory_order_relaxed));
   }
 }
 

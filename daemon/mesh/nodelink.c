@@ -97,7 +97,7 @@ struct nodelink {
 
 /* Frames that are not blobs are control messages: small. */
 static void control_limits(struct sp_limits *l) {
-  sp_limits_default(l);
+  sp__limits_default(l);
   l->max_fds = 0;
 }
 
@@ -237,7 +237,7 @@ static int flush(struct nodelink *l) {
 
 static int queue(struct nodelink *l, struct sp_frame_tx *tx) {
   if (l->closed || l->draining) {
-    sp_frame_tx_free(tx);
+    sp__frame_tx_free(tx);
     return SP_ECLOSED;
   }
   framesock_queue(&l->fs, tx);
@@ -269,10 +269,10 @@ int nodelink_send_blob(struct nodelink *l, struct nodeblob *b) {
 int nodelink_send(struct nodelink *l, struct sp_msgbuf *mb) {
   struct sp_frame_tx *tx = calloc(1, sizeof *tx);
   if (tx == NULL) {
-    sp_msgbuf_discard(mb);
+    sp__msgbuf_discard(mb);
     return SP_ENOMEM;
   }
-  int rc = sp_msgbuf_finish(mb, tx);
+  int rc = sp__msgbuf_finish(mb, tx);
   if (rc != 0) {
     free(tx);
     return rc;
@@ -284,7 +284,7 @@ int nodelink_send_error(struct nodelink *l, int code, const char *message) {
   struct sp_frame_tx *tx = calloc(1, sizeof *tx);
   if (tx == NULL)
     return SP_ENOMEM;
-  int rc = sp_msg_error(tx, 0, code, "%s", message);
+  int rc = sp__msg_error(tx, 0, code, "%s", message);
   if (rc != 0) {
     free(tx);
     return rc;
@@ -338,7 +338,7 @@ static void dispatch(struct nodelink *l, struct sp_frame *frame) {
   if (l->expect_blobs > 0 && l->ops != NULL && l->ops->blob != NULL) {
     struct nodeblob *b = nodeblob_wrap(frame->data, frame->data, frame->len);
     if (b == NULL) {
-      sp_frame_release(frame);
+      sp__frame_release(frame);
       link_fail(l, SP_ENOMEM);
       return;
     }
@@ -352,15 +352,15 @@ static void dispatch(struct nodelink *l, struct sp_frame *frame) {
   msgpack_zone zone;
   if (frame->len > limits.max_frame ||
       !msgpack_zone_init(&zone, MSGPACK_ZONE_CHUNK_SIZE)) {
-    sp_frame_release(frame);
+    sp__frame_release(frame);
     link_fail(l, frame->len > limits.max_frame ? SP_EFRAMETOOBIG : SP_ENOMEM);
     return;
   }
   msgpack_object map;
   struct sp_msg_head head;
-  int rc = sp_wire_decode(frame->data, frame->len, &limits, &zone, &map);
+  int rc = sp__wire_decode(frame->data, frame->len, &limits, &zone, &map);
   if (rc == 0)
-    rc = sp_msg_head(&map, &head);
+    rc = sp__msg_head(&map, &head);
   if (rc != 0) {
     log_msg(LOG_LEVEL_INFO, "peer %s: bad frame: %s; closing", l->peer,
             sp_err_name(rc));
@@ -373,7 +373,7 @@ static void dispatch(struct nodelink *l, struct sp_frame *frame) {
     hello_first_frame(l->srv, l, &head, &map);
   }
   msgpack_zone_destroy(&zone);
-  sp_frame_release(frame);
+  sp__frame_release(frame);
 }
 
 static int read_frames(struct nodelink *l) {

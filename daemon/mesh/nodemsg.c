@@ -63,13 +63,14 @@ void nodemsg_free(struct nodemsg *m) {
 
 static int get_u(const msgpack_object *map, const char *key, uint64_t max,
                  uint64_t *out, char *msg, size_t msglen) {
-  int rc = sp_msg_get_u64(map, key, false, out);
+  int rc = sp__msg_get_u64(map, key, false, out);
   if (rc != 0)
-    return sp_failf(msg, msglen, SP_EBADMSG,
-                    "\"%s\" must be an unsigned integer", key);
+    return sp__failf(msg, msglen, SP_EBADMSG,
+                     "\"%s\" must be an unsigned integer", key);
   if (*out > max)
-    return sp_failf(msg, msglen, SP_EINVAL, "\"%s\" is %" PRIu64
-                    ", more than %" PRIu64, key, *out, max);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "\"%s\" is %" PRIu64 ", more than %" PRIu64, key, *out,
+                     max);
   return 0;
 }
 
@@ -86,9 +87,11 @@ static int get_fixed_bin(const msgpack_object *map, const char *key,
                          uint8_t *out, size_t len, char *msg, size_t msglen) {
   const uint8_t *p;
   size_t n;
-  if (sp_msg_get_bin(map, key, false, &p, &n) != 0 || n != len)
-    return sp_failf(msg, msglen, SP_EBADMSG, "\"%s\" must be a bin of %zu "
-                    "bytes", key, len);
+  if (sp__msg_get_bin(map, key, false, &p, &n) != 0 || n != len)
+    return sp__failf(msg, msglen, SP_EBADMSG,
+                     "\"%s\" must be a bin of %zu "
+                     "bytes",
+                     key, len);
   memcpy(out, p, len);
   return 0;
 }
@@ -100,11 +103,13 @@ static int get_addr(const msgpack_object *map, const char *key, char *out,
   size_t n;
   struct sockaddr_storage sa;
   socklen_t salen;
-  if (sp_msg_get_str(map, key, false, &p, &n) != 0)
-    return sp_failf(msg, msglen, SP_EBADMSG, "\"%s\" must be a string", key);
+  if (sp__msg_get_str(map, key, false, &p, &n) != 0)
+    return sp__failf(msg, msglen, SP_EBADMSG, "\"%s\" must be a string", key);
   if (netaddr_parse(p, n, false, &sa, &salen) != 0)
-    return sp_failf(msg, msglen, SP_EINVAL, "\"%s\" is not a numeric "
-                    "address and port", key);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "\"%s\" is not a numeric "
+                     "address and port",
+                     key);
   memcpy(out, p, n);
   out[n] = '\0';
   return 0;
@@ -114,9 +119,9 @@ static int get_code(const msgpack_object *map, int *code, char *msg,
                     size_t msglen) {
   const char *p;
   size_t n;
-  if (sp_msg_get_str(map, "code", false, &p, &n) != 0)
-    return sp_failf(msg, msglen, SP_EBADMSG, "\"code\" must be a string");
-  *code = sp_error_from_name(p, n);
+  if (sp__msg_get_str(map, "code", false, &p, &n) != 0)
+    return sp__failf(msg, msglen, SP_EBADMSG, "\"code\" must be a string");
+  *code = sp__error_from_name(p, n);
   return 0;
 }
 
@@ -124,8 +129,8 @@ static int get_message(const msgpack_object *map, char *out, char *msg,
                        size_t msglen) {
   const char *p;
   size_t n;
-  if (sp_msg_get_str(map, "message", false, &p, &n) != 0)
-    return sp_failf(msg, msglen, SP_EBADMSG, "\"message\" must be a string");
+  if (sp__msg_get_str(map, "message", false, &p, &n) != 0)
+    return sp__failf(msg, msglen, SP_EBADMSG, "\"message\" must be a string");
   if (n > SP_ERRMSG_MAX)
     n = SP_ERRMSG_MAX;
   memcpy(out, p, n);
@@ -140,19 +145,19 @@ static int get_message(const msgpack_object *map, char *out, char *msg,
 static int parse_nodes(const msgpack_object *map, struct nodemsg *m,
                        char *msg, size_t msglen) {
   const msgpack_object_array *a, *r;
-  if (sp_msg_get_array(map, "nodes", false, &a) != 0 ||
-      sp_msg_get_array(map, "rank_nodes", false, &r) != 0)
-    return sp_failf(msg, msglen, SP_EBADMSG,
-                    "\"nodes\" and \"rank_nodes\" must be arrays");
+  if (sp__msg_get_array(map, "nodes", false, &a) != 0 ||
+      sp__msg_get_array(map, "rank_nodes", false, &r) != 0)
+    return sp__failf(msg, msglen, SP_EBADMSG,
+                     "\"nodes\" and \"rank_nodes\" must be arrays");
   if (a->size == 0 || a->size > NODE_MAX_NODES || r->size == 0 ||
       r->size > REQ_MAX_WORLD)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "%u nodes and %u ranks: 1 to %u nodes and 1 to %u ranks",
-                    a->size, r->size, NODE_MAX_NODES, REQ_MAX_WORLD);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "%u nodes and %u ranks: 1 to %u nodes and 1 to %u ranks",
+                     a->size, r->size, NODE_MAX_NODES, REQ_MAX_WORLD);
   m->nodes = calloc(a->size, sizeof *m->nodes);
   m->rank_nodes = calloc(r->size, sizeof *m->rank_nodes);
   if (m->nodes == NULL || m->rank_nodes == NULL)
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   m->nnodes = a->size;
   m->world = r->size;
   for (uint32_t i = 0; i < a->size; i++) {
@@ -160,7 +165,7 @@ static int parse_nodes(const msgpack_object *map, struct nodemsg *m,
     struct nodemsg_node *n = &m->nodes[i];
     int rc;
     if (o->type != MSGPACK_OBJECT_MAP)
-      return sp_failf(msg, msglen, SP_EBADMSG, "nodes[%u]: not a map", i);
+      return sp__failf(msg, msglen, SP_EBADMSG, "nodes[%u]: not a map", i);
     if ((rc = get_u32(o, "node", NODE_MAX_NODES - 1, &n->node, msg,
                       msglen)) != 0 ||
         (rc = get_u(o, "node_id", UINT64_MAX, &n->node_id, msg, msglen)) !=
@@ -169,24 +174,24 @@ static int parse_nodes(const msgpack_object *map, struct nodemsg *m,
       return rc;
     /* Ascending node numbers: each once. */
     if (i > 0 && n->node <= m->nodes[i - 1].node)
-      return sp_failf(msg, msglen, SP_EINVAL,
-                      "nodes[%u]: node %u is not above node %u", i, n->node,
-                      m->nodes[i - 1].node);
+      return sp__failf(msg, msglen, SP_EINVAL,
+                       "nodes[%u]: node %u is not above node %u", i, n->node,
+                       m->nodes[i - 1].node);
   }
   for (uint32_t i = 0; i < r->size; i++) {
     const msgpack_object *o = &r->ptr[i];
     bool listed = false;
     if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
         o->via.u64 >= NODE_MAX_NODES)
-      return sp_failf(msg, msglen, SP_EINVAL,
-                      "rank_nodes[%u] is not a node number", i);
+      return sp__failf(msg, msglen, SP_EINVAL,
+                       "rank_nodes[%u] is not a node number", i);
     m->rank_nodes[i] = (uint32_t)o->via.u64;
     for (size_t k = 0; k < m->nnodes && !listed; k++)
       listed = m->nodes[k].node == m->rank_nodes[i];
     if (!listed)
-      return sp_failf(msg, msglen, SP_EINVAL,
-                      "rank_nodes[%u] names node %u, which is not listed", i,
-                      m->rank_nodes[i]);
+      return sp__failf(msg, msglen, SP_EINVAL,
+                       "rank_nodes[%u] names node %u, which is not listed", i,
+                       m->rank_nodes[i]);
   }
   return 0;
 }
@@ -200,35 +205,35 @@ static int parse_nodes(const msgpack_object *map, struct nodemsg *m,
  * most REQ_MAX_PER_RANK keys in all), both or neither. */
 static int parse_replicas(const msgpack_object *map, struct nodemsg *m,
                           char *msg, size_t msglen) {
-  if (sp_msg_field(map, "replicas") == NULL &&
-      sp_msg_field(map, "replica_rank") == NULL)
+  if (sp__msg_field(map, "replicas") == NULL &&
+      sp__msg_field(map, "replica_rank") == NULL)
     return 0;
   int rc = get_u32(map, "replica_rank", REQ_MAX_WORLD - 1, &m->replica_rank,
                    msg, msglen);
   if (rc != 0)
     return rc;
   const msgpack_object_array *a;
-  if (sp_msg_get_array(map, "replicas", false, &a) != 0 || a->size == 0)
-    return sp_failf(msg, msglen, SP_EBADMSG,
-                    "\"replicas\" must be an array of bins");
+  if (sp__msg_get_array(map, "replicas", false, &a) != 0 || a->size == 0)
+    return sp__failf(msg, msglen, SP_EBADMSG,
+                     "\"replicas\" must be an array of bins");
   size_t total = 0;
   for (uint32_t i = 0; i < a->size; i++) {
     const msgpack_object *o = &a->ptr[i];
     if (o->type != MSGPACK_OBJECT_BIN || o->via.bin.size == 0 ||
         o->via.bin.size % 8 != 0 || o->via.bin.size / 8 > REPLICAS_PER_BIN)
-      return sp_failf(msg, msglen, SP_EBADMSG,
-                      "replicas[%u] must be a bin of 8 bytes per key, at "
-                      "most %u keys",
-                      i, REPLICAS_PER_BIN);
+      return sp__failf(msg, msglen, SP_EBADMSG,
+                       "replicas[%u] must be a bin of 8 bytes per key, at "
+                       "most %u keys",
+                       i, REPLICAS_PER_BIN);
     total += o->via.bin.size / 8;
   }
   if (total > REQ_MAX_PER_RANK)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "\"replicas\" holds %zu digests, more than %u", total,
-                    REQ_MAX_PER_RANK);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "\"replicas\" holds %zu digests, more than %u", total,
+                     REQ_MAX_PER_RANK);
   m->replicas = malloc(total * sizeof *m->replicas);
   if (m->replicas == NULL)
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   for (uint32_t i = 0; i < a->size; i++) {
     const uint8_t *p = (const uint8_t *)a->ptr[i].via.bin.ptr;
     for (size_t j = 0; j < a->ptr[i].via.bin.size / 8; j++) {
@@ -245,28 +250,28 @@ static int parse_replicas(const msgpack_object *map, struct nodemsg *m,
  * each), all or none. */
 static int parse_differ(const msgpack_object *map, struct nodemsg *m,
                         char *msg, size_t msglen) {
-  if (sp_msg_field(map, "differ_key") == NULL &&
-      sp_msg_field(map, "differ_ranks") == NULL &&
-      sp_msg_field(map, "differ_digests") == NULL)
+  if (sp__msg_field(map, "differ_key") == NULL &&
+      sp__msg_field(map, "differ_ranks") == NULL &&
+      sp__msg_field(map, "differ_digests") == NULL)
     return 0;
   int rc = get_u32(map, "differ_key", REQ_MAX_PER_RANK - 1, &m->differ_key,
                    msg, msglen);
   if (rc != 0)
     return rc;
   const msgpack_object_array *r, *d;
-  if (sp_msg_get_array(map, "differ_ranks", false, &r) != 0 ||
-      sp_msg_get_array(map, "differ_digests", false, &d) != 0 ||
+  if (sp__msg_get_array(map, "differ_ranks", false, &r) != 0 ||
+      sp__msg_get_array(map, "differ_digests", false, &d) != 0 ||
       r->size != 2 || d->size != 2)
-    return sp_failf(msg, msglen, SP_EBADMSG,
-                    "\"differ_ranks\" and \"differ_digests\" must be arrays "
-                    "of two unsigned integers");
+    return sp__failf(msg, msglen, SP_EBADMSG,
+                     "\"differ_ranks\" and \"differ_digests\" must be arrays "
+                     "of two unsigned integers");
   for (int i = 0; i < 2; i++) {
     if (r->ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
         r->ptr[i].via.u64 >= REQ_MAX_WORLD ||
         d->ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
-      return sp_failf(msg, msglen, SP_EINVAL,
-                      "\"differ_ranks\" must hold ranks and "
-                      "\"differ_digests\" unsigned integers");
+      return sp__failf(msg, msglen, SP_EINVAL,
+                       "\"differ_ranks\" must hold ranks and "
+                       "\"differ_digests\" unsigned integers");
     m->differ_ranks[i] = (uint32_t)r->ptr[i].via.u64;
     m->differ_digests[i] = d->ptr[i].via.u64;
   }
@@ -285,7 +290,7 @@ static int parse_options(const msgpack_object *map, struct nodemsg *m,
                     msg, msglen)) != 0)
     return rc;
   /* Optional: a save's file limit (daemon/save.h); absent for an export. */
-  if (sp_msg_field(map, "save") != NULL &&
+  if (sp__msg_field(map, "save") != NULL &&
       (rc = get_u(map, "save", UINT64_MAX, &m->save_limit, msg, msglen)) != 0)
     return rc;
   return 0;
@@ -311,7 +316,7 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
   case NODEMSG_DATA:
     /* A request carries who is asking; the reply only who answers.  Both
      * carry their sender's proof, never the job's secret. */
-    if (sp_msg_field(map, "job") == NULL) {
+    if (sp__msg_field(map, "job") == NULL) {
       if (m->op == NODEMSG_HELLO &&
           ((rc = get_u32(map, "node", NODE_MAX_NODES - 1, &m->node, msg,
                          msglen)) != 0 ||
@@ -337,7 +342,7 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
       return get_addr(map, "addr", m->addr, msg, msglen);
     return get_u32(map, "node", NODE_MAX_NODES - 1, &m->node, msg, msglen);
   case NODEMSG_JOIN:
-    if (sp_msg_field(map, "rank") == NULL) {
+    if (sp__msg_field(map, "rank") == NULL) {
       m->reply = true;
       return 0;
     }
@@ -353,11 +358,11 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
     if ((rc = get_u32(map, "rank", REQ_MAX_WORLD - 1, &m->rank, msg,
                       msglen)) != 0)
       return rc;
-    if (sp_msg_get_bool(map, "disconnected", false, &m->disconnected) != 0)
-      return sp_failf(msg, msglen, SP_EBADMSG,
-                      "\"disconnected\" must be a bool");
+    if (sp__msg_get_bool(map, "disconnected", false, &m->disconnected) != 0)
+      return sp__failf(msg, msglen, SP_EBADMSG,
+                       "\"disconnected\" must be a bool");
     /* Optional: why the rank left, when its daemon knows. */
-    if (sp_msg_field(map, "message") != NULL)
+    if (sp__msg_field(map, "message") != NULL)
       return get_message(map, m->message, msg, msglen);
     return 0;
   case NODEMSG_ASK:
@@ -376,17 +381,17 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
       return rc;
     /* Optional: a new generation of the job's communicators, from 1 on,
      * with the NCCL id the root made for it; both or neither. */
-    if (sp_msg_field(map, "comm_gen") != NULL ||
-        sp_msg_field(map, "nccl_id") != NULL) {
+    if (sp__msg_field(map, "comm_gen") != NULL ||
+        sp__msg_field(map, "nccl_id") != NULL) {
       if ((rc = get_u(map, "comm_gen", UINT64_MAX, &m->comm_gen, msg,
                       msglen)) != 0 ||
           (rc = get_fixed_bin(map, "nccl_id", m->nccl_id, NODE_NCCL_ID_BYTES,
                               msg, msglen)) != 0)
         return rc;
       if (m->comm_gen == 0)
-        return sp_failf(msg, msglen, SP_EINVAL,
-                        "\"comm_gen\" is 0: the ticket's NCCL id is never "
-                        "sent");
+        return sp__failf(msg, msglen, SP_EINVAL,
+                         "\"comm_gen\" is 0: the ticket's NCCL id is never "
+                         "sent");
     }
     return parse_nodes(map, m, msg, msglen);
   case NODEMSG_PLANNED:
@@ -394,7 +399,7 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
             0 ||
         (rc = get_u(map, "digest", UINT64_MAX, &m->digest, msg, msglen)) != 0)
       return rc;
-    if (sp_msg_field(map, "code") != NULL &&
+    if (sp__msg_field(map, "code") != NULL &&
         (rc = get_code(map, &m->code, msg, msglen)) != 0)
       return rc;
     return parse_replicas(map, m, msg, msglen);
@@ -413,7 +418,7 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
     if ((rc = get_u32(map, "step", SAVE_STEPS, &m->step, msg, msglen)) != 0)
       return rc;
     if (m->step == 0)
-      return sp_failf(msg, msglen, SP_EINVAL, "\"step\" is 0: steps count "
+      return sp__failf(msg, msglen, SP_EINVAL, "\"step\" is 0: steps count "
                       "from 1");
     return 0;
   case NODEMSG_FAIL:
@@ -430,8 +435,8 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
   case NODEMSG_BYE:
     return 0;
   }
-  return sp_failf(msg, msglen, SP_EUNKNOWNOP, "unknown operation \"%s\"",
-                  head->op);
+  return sp__failf(msg, msglen, SP_EUNKNOWNOP, "unknown operation \"%s\"",
+                   head->op);
 }
 
 /* ---- writing ---- */
@@ -477,8 +482,8 @@ static uint32_t fields_of(const struct nodemsg *m) {
 /* The digests in bins of REPLICAS_PER_BIN, little-endian whatever this
  * machine's order. */
 static void pack_replicas(msgpack_packer *pk, const struct nodemsg *m) {
-  sp_pack_kv_u64(pk, "replica_rank", m->replica_rank);
-  sp_pack_str(pk, "replicas");
+  sp__pack_kv_u64(pk, "replica_rank", m->replica_rank);
+  sp__pack_str(pk, "replicas");
   size_t nbins = (m->nreplicas + REPLICAS_PER_BIN - 1) / REPLICAS_PER_BIN;
   msgpack_pack_array(pk, (uint32_t)nbins);
   for (size_t i = 0; i < m->nreplicas; i++) {
@@ -495,103 +500,103 @@ static void pack_replicas(msgpack_packer *pk, const struct nodemsg *m) {
 }
 
 void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
-  sp_msgbuf_begin(mb, nodemsg_op_name(m->op), m->id, fields_of(m));
+  sp__msgbuf_begin(mb, nodemsg_op_name(m->op), m->id, fields_of(m));
   msgpack_packer *pk = &mb->pk;
   switch (m->op) {
   case NODEMSG_CHALLENGE:
-    sp_pack_kv_u64(pk, "version", m->version);
-    sp_pack_str(pk, "nonce");
-    sp_pack_bin(pk, m->nonce, PEERAUTH_NONCE_BYTES);
+    sp__pack_kv_u64(pk, "version", m->version);
+    sp__pack_str(pk, "nonce");
+    sp__pack_bin(pk, m->nonce, PEERAUTH_NONCE_BYTES);
     break;
   case NODEMSG_HELLO:
   case NODEMSG_DATA:
     if (m->reply) {
       if (m->op == NODEMSG_HELLO) {
-        sp_pack_kv_u64(pk, "node", m->node);
-        sp_pack_kv_u64(pk, "node_id", m->node_id);
+        sp__pack_kv_u64(pk, "node", m->node);
+        sp__pack_kv_u64(pk, "node_id", m->node_id);
       }
-      sp_pack_str(pk, "proof");
-      sp_pack_bin(pk, m->proof, PEERAUTH_PROOF_BYTES);
+      sp__pack_str(pk, "proof");
+      sp__pack_bin(pk, m->proof, PEERAUTH_PROOF_BYTES);
       break;
     }
-    sp_pack_kv_u64(pk, "version", m->version);
-    sp_pack_str(pk, "job");
-    sp_pack_bin(pk, m->job, JOB_ID_BYTES);
-    sp_pack_str(pk, "nonce");
-    sp_pack_bin(pk, m->nonce, PEERAUTH_NONCE_BYTES);
-    sp_pack_str(pk, "proof");
-    sp_pack_bin(pk, m->proof, PEERAUTH_PROOF_BYTES);
-    sp_pack_kv_u64(pk, "node_id", m->node_id);
+    sp__pack_kv_u64(pk, "version", m->version);
+    sp__pack_str(pk, "job");
+    sp__pack_bin(pk, m->job, JOB_ID_BYTES);
+    sp__pack_str(pk, "nonce");
+    sp__pack_bin(pk, m->nonce, PEERAUTH_NONCE_BYTES);
+    sp__pack_str(pk, "proof");
+    sp__pack_bin(pk, m->proof, PEERAUTH_PROOF_BYTES);
+    sp__pack_kv_u64(pk, "node_id", m->node_id);
     if (m->op == NODEMSG_HELLO)
-      sp_pack_kv_str(pk, "addr", m->addr);
+      sp__pack_kv_str(pk, "addr", m->addr);
     else
-      sp_pack_kv_u64(pk, "node", m->node);
+      sp__pack_kv_u64(pk, "node", m->node);
     break;
   case NODEMSG_JOIN:
     if (m->reply)
       break;
-    sp_pack_kv_u64(pk, "rank", m->rank);
-    sp_pack_kv_u64(pk, "world", m->world);
-    sp_pack_kv_u64(pk, "device_type", m->device_type);
+    sp__pack_kv_u64(pk, "rank", m->rank);
+    sp__pack_kv_u64(pk, "world", m->world);
+    sp__pack_kv_u64(pk, "device_type", m->device_type);
     break;
   case NODEMSG_LEFT:
-    sp_pack_kv_u64(pk, "rank", m->rank);
-    sp_pack_kv_bool(pk, "disconnected", m->disconnected);
+    sp__pack_kv_u64(pk, "rank", m->rank);
+    sp__pack_kv_bool(pk, "disconnected", m->disconnected);
     if (m->message[0] != '\0')
-      sp_pack_kv_str(pk, "message", m->message);
+      sp__pack_kv_str(pk, "message", m->message);
     break;
   case NODEMSG_ASK:
-    sp_pack_kv_u64(pk, "gather", m->gather);
-    sp_pack_kv_u64(pk, "rank", m->rank);
-    sp_pack_kv_u64(pk, "max_keys", m->max_keys);
-    sp_pack_kv_u64(pk, "max_bytes", m->max_bytes);
-    sp_pack_kv_u64(pk, "timeout_ms", m->timeout_ms);
+    sp__pack_kv_u64(pk, "gather", m->gather);
+    sp__pack_kv_u64(pk, "rank", m->rank);
+    sp__pack_kv_u64(pk, "max_keys", m->max_keys);
+    sp__pack_kv_u64(pk, "max_bytes", m->max_bytes);
+    sp__pack_kv_u64(pk, "timeout_ms", m->timeout_ms);
     if (m->save_limit > 0)
-      sp_pack_kv_u64(pk, "save", m->save_limit);
+      sp__pack_kv_u64(pk, "save", m->save_limit);
     break;
   case NODEMSG_PLAN:
-    sp_pack_kv_u64(pk, "gather", m->gather);
-    sp_pack_kv_u64(pk, "export_id", m->export_id);
-    sp_pack_kv_u64(pk, "max_keys", m->max_keys);
-    sp_pack_kv_u64(pk, "max_bytes", m->max_bytes);
-    sp_pack_kv_u64(pk, "timeout_ms", m->timeout_ms);
+    sp__pack_kv_u64(pk, "gather", m->gather);
+    sp__pack_kv_u64(pk, "export_id", m->export_id);
+    sp__pack_kv_u64(pk, "max_keys", m->max_keys);
+    sp__pack_kv_u64(pk, "max_bytes", m->max_bytes);
+    sp__pack_kv_u64(pk, "timeout_ms", m->timeout_ms);
     if (m->save_limit > 0)
-      sp_pack_kv_u64(pk, "save", m->save_limit);
+      sp__pack_kv_u64(pk, "save", m->save_limit);
     if (m->comm_gen > 0) {
-      sp_pack_kv_u64(pk, "comm_gen", m->comm_gen);
-      sp_pack_str(pk, "nccl_id");
-      sp_pack_bin(pk, m->nccl_id, NODE_NCCL_ID_BYTES);
+      sp__pack_kv_u64(pk, "comm_gen", m->comm_gen);
+      sp__pack_str(pk, "nccl_id");
+      sp__pack_bin(pk, m->nccl_id, NODE_NCCL_ID_BYTES);
     }
-    sp_pack_str(pk, "nodes");
+    sp__pack_str(pk, "nodes");
     msgpack_pack_array(pk, (uint32_t)m->nnodes);
     for (size_t i = 0; i < m->nnodes; i++) {
       msgpack_pack_map(pk, 3);
-      sp_pack_kv_u64(pk, "node", m->nodes[i].node);
-      sp_pack_kv_u64(pk, "node_id", m->nodes[i].node_id);
-      sp_pack_kv_str(pk, "addr", m->nodes[i].addr);
+      sp__pack_kv_u64(pk, "node", m->nodes[i].node);
+      sp__pack_kv_u64(pk, "node_id", m->nodes[i].node_id);
+      sp__pack_kv_str(pk, "addr", m->nodes[i].addr);
     }
-    sp_pack_str(pk, "rank_nodes");
+    sp__pack_str(pk, "rank_nodes");
     msgpack_pack_array(pk, m->world);
     for (uint32_t r = 0; r < m->world; r++)
       msgpack_pack_uint32(pk, m->rank_nodes[r]);
     break;
   case NODEMSG_PLANNED:
-    sp_pack_kv_u64(pk, "gather", m->gather);
-    sp_pack_kv_u64(pk, "digest", m->digest);
+    sp__pack_kv_u64(pk, "gather", m->gather);
+    sp__pack_kv_u64(pk, "digest", m->digest);
     if (m->code != 0)
-      sp_pack_kv_str(pk, "code", sp_err_name(m->code));
+      sp__pack_kv_str(pk, "code", sp_err_name(m->code));
     if (m->nreplicas > 0)
       pack_replicas(pk, m);
     break;
   case NODEMSG_GO:
-    sp_pack_kv_u64(pk, "gather", m->gather);
+    sp__pack_kv_u64(pk, "gather", m->gather);
     if (m->differ) {
-      sp_pack_kv_u64(pk, "differ_key", m->differ_key);
-      sp_pack_str(pk, "differ_ranks");
+      sp__pack_kv_u64(pk, "differ_key", m->differ_key);
+      sp__pack_str(pk, "differ_ranks");
       msgpack_pack_array(pk, 2);
       msgpack_pack_uint32(pk, m->differ_ranks[0]);
       msgpack_pack_uint32(pk, m->differ_ranks[1]);
-      sp_pack_str(pk, "differ_digests");
+      sp__pack_str(pk, "differ_digests");
       msgpack_pack_array(pk, 2);
       msgpack_pack_uint64(pk, m->differ_digests[0]);
       msgpack_pack_uint64(pk, m->differ_digests[1]);
@@ -600,20 +605,20 @@ void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
   case NODEMSG_MOVED:
   case NODEMSG_PUBLISH:
   case NODEMSG_BEAT:
-    sp_pack_kv_u64(pk, "gather", m->gather);
+    sp__pack_kv_u64(pk, "gather", m->gather);
     break;
   case NODEMSG_SAVED:
   case NODEMSG_COMMIT:
-    sp_pack_kv_u64(pk, "gather", m->gather);
-    sp_pack_kv_u64(pk, "step", m->step);
+    sp__pack_kv_u64(pk, "gather", m->gather);
+    sp__pack_kv_u64(pk, "step", m->step);
     break;
   case NODEMSG_FAIL:
-    sp_pack_kv_u64(pk, "gather", m->gather);
+    sp__pack_kv_u64(pk, "gather", m->gather);
     __attribute__((fallthrough));
   case NODEMSG_ERROR:
   case NODEMSG_ABORT:
-    sp_pack_kv_str(pk, "code", sp_err_name(m->code));
-    sp_pack_kv_str(pk, "message", m->message);
+    sp__pack_kv_str(pk, "code", sp_err_name(m->code));
+    sp__pack_kv_str(pk, "message", m->message);
     break;
   case NODEMSG_BYE:
     break;
@@ -638,76 +643,75 @@ static void piece_wire(const void *pieces, size_t i,
 /* A tensor as the rank's own tensor_add spelled it (docs/protocol.md). */
 static void pack_tensor(msgpack_packer *pk, const struct registry *reg,
                         const struct plan_key_in *k) {
-  sp_tensor_pack(
-      pk, &(struct sp_tensor_wire){
-              .key = k->name,
-              .sid = reg->info[k->storage].sid,
-              .dtype = sp_dtype_name(k->view.dtype),
-              .ndim = k->view.ndim,
-              .shape = k->view.shape,
-              .stride = k->view.stride,
-              .offset = k->view.offset,
-              .placement = plan_layout_placement_name(k->placement),
-              .global_ndim = k->ndim,
-              .global_shape = k->shape,
-              .affine = k->placement == PLAN_AFFINE,
-              .npieces = k->npieces,
-              .piece = piece_wire,
-              .pieces = k->pieces});
+  sp__tensor_pack(pk, &(struct sp_tensor_wire){
+                          .key = k->name,
+                          .sid = reg->info[k->storage].sid,
+                          .dtype = sp__dtype_name(k->view.dtype),
+                          .ndim = k->view.ndim,
+                          .shape = k->view.shape,
+                          .stride = k->view.stride,
+                          .offset = k->view.offset,
+                          .placement = plan_layout_placement_name(k->placement),
+                          .global_ndim = k->ndim,
+                          .global_shape = k->shape,
+                          .affine = k->placement == PLAN_AFFINE,
+                          .npieces = k->npieces,
+                          .piece = piece_wire,
+                          .pieces = k->pieces});
 }
 
 void nodemsg_pack_meta(uint32_t rank, const struct registry *reg,
                        const struct req_groups *groups, struct sp_msgbuf *mb) {
-  sp_msgbuf_begin(mb, "meta", 0, 5);
+  sp__msgbuf_begin(mb, "meta", 0, 5);
   msgpack_packer *pk = &mb->pk;
-  sp_pack_kv_u64(pk, "rank", rank);
-  sp_pack_kv_u64(pk, "device_type", reg->device_type);
-  sp_pack_str(pk, "storages");
+  sp__pack_kv_u64(pk, "rank", rank);
+  sp__pack_kv_u64(pk, "device_type", reg->device_type);
+  sp__pack_str(pk, "storages");
   msgpack_pack_array(pk, (uint32_t)reg->nstorages);
   for (size_t i = 0; i < reg->nstorages; i++) {
     const struct sp_storage *s = &reg->storages[i];
     msgpack_pack_map(pk, 6);
-    sp_pack_kv_u64(pk, "sid", reg->info[i].sid);
-    sp_pack_kv_u64(pk, "base", s->base);
-    sp_pack_kv_u64(pk, "length", s->nbytes);
-    sp_pack_kv_u64(pk, "device_type", s->device.type);
-    sp_pack_kv_u64(pk, "device_index", (uint64_t)(uint32_t)s->device.index);
-    sp_pack_str(pk, "device_uuid");
-    sp_pack_bin(pk, s->device.uuid, sizeof s->device.uuid);
+    sp__pack_kv_u64(pk, "sid", reg->info[i].sid);
+    sp__pack_kv_u64(pk, "base", s->base);
+    sp__pack_kv_u64(pk, "length", s->nbytes);
+    sp__pack_kv_u64(pk, "device_type", s->device.type);
+    sp__pack_kv_u64(pk, "device_index", (uint64_t)(uint32_t)s->device.index);
+    sp__pack_str(pk, "device_uuid");
+    sp__pack_bin(pk, s->device.uuid, sizeof s->device.uuid);
   }
-  sp_pack_str(pk, "tensors");
+  sp__pack_str(pk, "tensors");
   msgpack_pack_array(pk, (uint32_t)reg->nkeys);
   for (size_t i = 0; i < reg->nkeys; i++)
     pack_tensor(pk, reg, &reg->keys[i]);
-  sp_pack_str(pk, "groups");
+  sp__pack_str(pk, "groups");
   msgpack_pack_array(pk, (uint32_t)groups->ngroups);
   for (size_t g = 0; g < groups->ngroups; g++) {
     msgpack_pack_array(pk, (uint32_t)groups->groups[g].nkeys);
     for (size_t k = 0; k < groups->groups[g].nkeys; k++)
-      sp_pack_str(pk, groups->groups[g].keys[k]);
+      sp__pack_str(pk, groups->groups[g].keys[k]);
   }
 }
 
 static int parse_storages(const msgpack_object *map, struct registry *reg,
                           char *msg, size_t msglen) {
   const msgpack_object_array *a;
-  if (sp_msg_get_array(map, "storages", false, &a) != 0)
-    return sp_failf(msg, msglen, SP_EBADMSG,
-                    "\"storages\" must be an array of storage maps");
+  if (sp__msg_get_array(map, "storages", false, &a) != 0)
+    return sp__failf(msg, msglen, SP_EBADMSG,
+                     "\"storages\" must be an array of storage maps");
   if (a->size > REQ_MAX_PER_RANK)
-    return sp_failf(msg, msglen, SP_ELIMIT, "%u storages, more than %u",
-                    a->size, REQ_MAX_PER_RANK);
+    return sp__failf(msg, msglen, SP_ELIMIT, "%u storages, more than %u",
+                     a->size, REQ_MAX_PER_RANK);
   struct req_storage *s = calloc(a->size > 0 ? a->size : 1, sizeof *s);
   struct sp_device *dev = calloc(a->size > 0 ? a->size : 1, sizeof *dev);
   int rc = s == NULL || dev == NULL
-               ? sp_failf(msg, msglen, SP_ENOMEM, "out of memory")
+               ? sp__failf(msg, msglen, SP_ENOMEM, "out of memory")
                : 0;
   for (uint32_t i = 0; i < a->size && rc == 0; i++) {
     const msgpack_object *o = &a->ptr[i];
     char where[SP_ERRMSG_MAX / 2];
     uint64_t index;
     if (o->type != MSGPACK_OBJECT_MAP) {
-      rc = sp_failf(msg, msglen, SP_EBADMSG, "storages[%u]: not a map", i);
+      rc = sp__failf(msg, msglen, SP_EBADMSG, "storages[%u]: not a map", i);
       break;
     }
     if ((rc = get_u32(o, "sid", UINT32_MAX, &s[i].sid, where,
@@ -722,7 +726,7 @@ static int parse_storages(const msgpack_object *map, struct registry *reg,
                     sizeof where)) != 0 ||
         (rc = get_fixed_bin(o, "device_uuid", dev[i].uuid,
                             sizeof dev[i].uuid, where, sizeof where)) != 0) {
-      sp_failf(msg, msglen, rc, "storages[%u]: %s", i, where);
+      sp__failf(msg, msglen, rc, "storages[%u]: %s", i, where);
       break;
     }
     dev[i].index = (int32_t)index;
@@ -735,7 +739,7 @@ static int parse_storages(const msgpack_object *map, struct registry *reg,
 }
 
 void nodemsg_meta_limits(struct sp_limits *l) {
-  sp_limits_default(l);
+  sp__limits_default(l);
   l->max_frame = NODE_MAX_FRAME;
   l->max_depth = 8;
   l->max_items = NODE_MAX_ITEMS;
@@ -753,15 +757,15 @@ int nodemsg_parse_meta(const uint8_t *data, size_t len, uint32_t rank,
   registry_init(reg, SP_DEVICE_CPU);
   nodemsg_meta_limits(&limits);
   if (!msgpack_zone_init(&zone, MSGPACK_ZONE_CHUNK_SIZE))
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
-  int rc = sp_wire_decode(data, len, &limits, &zone, &map);
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
+  int rc = sp__wire_decode(data, len, &limits, &zone, &map);
   if (rc != 0) {
-    sp_failf(msg, msglen, rc, "%s", sp_strerror(rc));
+    sp__failf(msg, msglen, rc, "%s", sp_strerror(rc));
     goto out;
   }
   uint32_t got, device_type;
-  if ((rc = sp_msg_head(&map, &head)) != 0 || strcmp(head.op, "meta") != 0) {
-    rc = sp_failf(msg, msglen, SP_EBADMSG, "not a meta message");
+  if ((rc = sp__msg_head(&map, &head)) != 0 || strcmp(head.op, "meta") != 0) {
+    rc = sp__failf(msg, msglen, SP_EBADMSG, "not a meta message");
     goto out;
   }
   if ((rc = get_u32(&map, "rank", REQ_MAX_WORLD - 1, &got, msg, msglen)) !=
@@ -770,9 +774,9 @@ int nodemsg_parse_meta(const uint8_t *data, size_t len, uint32_t rank,
                     &device_type, msg, msglen)) != 0)
     goto out;
   if (got != rank) {
-    rc = sp_failf(msg, msglen, SP_EINVAL,
-                  "it holds rank %u's registrations, not rank %u's", got,
-                  rank);
+    rc =
+        sp__failf(msg, msglen, SP_EINVAL,
+                  "it holds rank %u's registrations, not rank %u's", got, rank);
     goto out;
   }
   reg->device_type = device_type;
@@ -788,8 +792,8 @@ int nodemsg_parse_meta(const uint8_t *data, size_t len, uint32_t rank,
     goto out;
   /* The groups, read as the rank's export request reads them. */
   struct req_export ask;
-  if (sp_msg_field(&map, "groups") == NULL) {
-    rc = sp_failf(msg, msglen, SP_EBADMSG, "\"groups\" is missing");
+  if (sp__msg_field(&map, "groups") == NULL) {
+    rc = sp__failf(msg, msglen, SP_EBADMSG, "\"groups\" is missing");
     goto out;
   }
   if ((rc = request_parse_export(&map, &ask, msg, msglen)) != 0)

@@ -24,37 +24,37 @@ static int check_side(const struct affine_map *map, uint32_t rank, size_t pi,
 
   for (uint32_t k = 0; k < p->ndim; k++)
     if (stride[k] < 0)
-      return sp_failf(msg, msglen, SP_EUNSUPPORTED,
-                      "key '%s': piece %zu of rank %u has %s stride %lld "
-                      "in dim %u; negative strides are not supported",
-                      map->key, pi, rank, side, (long long)stride[k], k);
+      return sp__failf(msg, msglen, SP_EUNSUPPORTED,
+                       "key '%s': piece %zu of rank %u has %s stride %lld "
+                       "in dim %u; negative strides are not supported",
+                       map->key, pi, rank, side, (long long)stride[k], k);
   if (offset < 0)
-    return sp_failf(msg, msglen, bounds_code,
-                    "key '%s': piece %zu of rank %u has %s offset %lld",
-                    map->key, pi, rank, side, (long long)offset);
-  rc = sp_view_check_overlap(p->ndim, p->shape, stride);
+    return sp__failf(msg, msglen, bounds_code,
+                     "key '%s': piece %zu of rank %u has %s offset %lld",
+                     map->key, pi, rank, side, (long long)offset);
+  rc = sp__view_check_overlap(p->ndim, p->shape, stride);
   if (rc == SP_EZEROSTRIDE)
-    return sp_failf(msg, msglen, rc,
-                    "key '%s': piece %zu of rank %u has a zero %s stride",
-                    map->key, pi, rank, side);
+    return sp__failf(msg, msglen, rc,
+                     "key '%s': piece %zu of rank %u has a zero %s stride",
+                     map->key, pi, rank, side);
   if (rc == SP_ESELFOVERLAP)
-    return sp_failf(msg, msglen, rc,
-                    "key '%s': piece %zu of rank %u reaches one %s element "
-                    "twice within itself",
-                    map->key, pi, rank, side);
+    return sp__failf(msg, msglen, rc,
+                     "key '%s': piece %zu of rank %u reaches one %s element "
+                     "twice within itself",
+                     map->key, pi, rank, side);
   if (rc == 0 && numel > 0)
-    rc = sp_view_extent(p->ndim, p->shape, stride, offset, &extent);
+    rc = sp__view_extent(p->ndim, p->shape, stride, offset, &extent);
   if (rc != 0)
-    return sp_failf(msg, msglen, SP_EOVERFLOW,
-                    "key '%s': piece %zu of rank %u: its %s reach "
-                    "overflows",
-                    map->key, pi, rank, side);
+    return sp__failf(msg, msglen, SP_EOVERFLOW,
+                     "key '%s': piece %zu of rank %u: its %s reach "
+                     "overflows",
+                     map->key, pi, rank, side);
   if (numel > 0 && extent > limit)
-    return sp_failf(msg, msglen, bounds_code,
-                    "key '%s': piece %zu of rank %u reaches %s element "
-                    "%llu of %llu",
-                    map->key, pi, rank, side, (unsigned long long)(extent - 1),
-                    (unsigned long long)limit);
+    return sp__failf(msg, msglen, bounds_code,
+                     "key '%s': piece %zu of rank %u reaches %s element "
+                     "%llu of %llu",
+                     map->key, pi, rank, side, (unsigned long long)(extent - 1),
+                     (unsigned long long)limit);
   return 0;
 }
 
@@ -66,31 +66,31 @@ static int check_piece(const struct affine_map *map, uint32_t rank, size_t pi,
   int rc;
 
   if (p->ndim > SP_MAX_DIMS)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "key '%s': piece %zu of rank %u has %u dims, more "
-                    "than %d",
-                    map->key, pi, rank, p->ndim, SP_MAX_DIMS);
-  rc = sp_view_numel(p->ndim, p->shape, &numel);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "key '%s': piece %zu of rank %u has %u dims, more "
+                     "than %d",
+                     map->key, pi, rank, p->ndim, SP_MAX_DIMS);
+  rc = sp__view_numel(p->ndim, p->shape, &numel);
   if (rc != 0)
-    return sp_failf(msg, msglen, rc,
-                    "key '%s': piece %zu of rank %u has a negative or "
-                    "overflowing shape",
-                    map->key, pi, rank);
+    return sp__failf(msg, msglen, rc,
+                     "key '%s': piece %zu of rank %u has a negative or "
+                     "overflowing shape",
+                     map->key, pi, rank);
   /* Holders in ascending order make a duplicate visible in one pass. */
   for (uint32_t h = 0; h < p->nholders; h++) {
     if (p->holders[h] >= map->nranks ||
         (h > 0 && p->holders[h] <= p->holders[h - 1]))
-      return sp_failf(msg, msglen, SP_EINVAL,
-                      "key '%s': piece %zu of rank %u lists holders that "
-                      "are not distinct ranks in ascending order below %u",
-                      map->key, pi, rank, map->nranks);
+      return sp__failf(msg, msglen, SP_EINVAL,
+                       "key '%s': piece %zu of rank %u lists holders that "
+                       "are not distinct ranks in ascending order below %u",
+                       map->key, pi, rank, map->nranks);
     own = own || p->holders[h] == rank;
   }
   if (!own)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "key '%s': piece %zu of rank %u does not list rank %u "
-                    "among its holders",
-                    map->key, pi, rank, rank);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "key '%s': piece %zu of rank %u does not list rank %u "
+                     "among its holders",
+                     map->key, pi, rank, rank);
   rc = check_side(map, rank, pi, "source", SP_ESOURCEBOUNDS, p->src_offset,
                   p->src_stride, numel, map->shards[rank].numel, msg, msglen);
   if (rc != 0)
@@ -103,12 +103,12 @@ static int check_piece(const struct affine_map *map, uint32_t rank, size_t pi,
 static int refuse_sweep(const struct affine_map *map, int rc, char *msg,
                         size_t msglen) {
   if (rc == SP_ETIMEOUT)
-    return sp_failf(msg, msglen, rc,
-                    "key '%s': planning was stopped while checking its "
-                    "affine pieces",
-                    map->key);
-  return sp_failf(msg, msglen, rc,
-                  "key '%s': no memory to check its affine pieces", map->key);
+    return sp__failf(msg, msglen, rc,
+                     "key '%s': planning was stopped while checking its "
+                     "affine pieces",
+                     map->key);
+  return sp__failf(msg, msglen, rc,
+                   "key '%s': no memory to check its affine pieces", map->key);
 }
 
 /* Refuses what a sweep over one rank's sources found. */
@@ -116,11 +116,11 @@ static int refuse_source(const struct affine_map *map, uint32_t rank, int rc,
                          const struct cover_defect *d, char *msg,
                          size_t msglen) {
   if (rc == SP_EDOUBLEWRITE)
-    return sp_failf(msg, msglen, rc,
-                    "key '%s': rank %u reads element %llu of its shard "
-                    "in pieces %u and %u",
-                    map->key, rank, (unsigned long long)d->element, d->box,
-                    d->other);
+    return sp__failf(msg, msglen, rc,
+                     "key '%s': rank %u reads element %llu of its shard "
+                     "in pieces %u and %u",
+                     map->key, rank, (unsigned long long)d->element, d->box,
+                     d->other);
   return refuse_sweep(map, rc, msg, msglen);
 }
 
@@ -147,12 +147,12 @@ static int check_rank(const struct affine_map *map, uint32_t rank,
 
 static int full_numel_of(const struct affine_map *map, uint64_t *numel,
                          char *msg, size_t msglen) {
-  int rc = sp_view_numel(map->ndim, map->shape, numel);
+  int rc = sp__view_numel(map->ndim, map->shape, numel);
   if (rc != 0)
-    return sp_failf(msg, msglen, rc,
-                    "key '%s': the full shape is too deep, negative or "
-                    "overflowing",
-                    map->key);
+    return sp__failf(msg, msglen, rc,
+                     "key '%s': the full shape is too deep, negative or "
+                     "overflowing",
+                     map->key);
   return 0;
 }
 
@@ -164,8 +164,8 @@ static int count_pieces(const struct affine_map *map, size_t *total, char *msg,
   for (uint32_t r = 0; r < map->nranks; r++)
     if (__builtin_add_overflow(*total, map->shards[r].npieces, total) ||
         *total >= UINT32_MAX)
-      return sp_failf(msg, msglen, SP_EOVERFLOW,
-                      "key '%s' has 2^32 or more affine pieces", map->key);
+      return sp__failf(msg, msglen, SP_EOVERFLOW,
+                       "key '%s' has 2^32 or more affine pieces", map->key);
   return 0;
 }
 
@@ -173,9 +173,9 @@ static struct cover_box *boxes_new(const struct affine_map *map, size_t n,
                                    int *rc, char *msg, size_t msglen) {
   struct cover_box *boxes = malloc((n > 0 ? n : 1) * sizeof *boxes);
   if (boxes == NULL)
-    *rc =
-        sp_failf(msg, msglen, SP_ENOMEM,
-                 "key '%s': no memory to check %zu affine pieces", map->key, n);
+    *rc = sp__failf(msg, msglen, SP_ENOMEM,
+                    "key '%s': no memory to check %zu affine pieces", map->key,
+                    n);
   return boxes;
 }
 
@@ -186,8 +186,8 @@ int affine_check_rank(const struct affine_map *map, uint32_t rank, char *msg,
   int rc;
 
   if (rank >= map->nranks)
-    return sp_failf(msg, msglen, SP_ERANK, "key '%s': rank %u of %u", map->key,
-                    rank, map->nranks);
+    return sp__failf(msg, msglen, SP_ERANK, "key '%s': rank %u of %u", map->key,
+                     rank, map->nranks);
   rc = full_numel_of(map, &full_numel, msg, msglen);
   if (rc != 0)
     return rc;
@@ -223,19 +223,19 @@ static int refuse_destination(const struct affine_map *map, int rc,
     return refuse_sweep(map, rc, msg, msglen);
   plan_refuse_index(map->ndim, map->shape, d->element, where, sizeof where);
   if (rc == SP_EUNCOVERED)
-    return sp_failf(msg, msglen, rc,
-                    "key '%s': element %s is held by no "
-                    "rank",
-                    map->key, where);
+    return sp__failf(msg, msglen, rc,
+                     "key '%s': element %s is held by no "
+                     "rank",
+                     map->key, where);
   box_piece(map, d->box, &r0, &p0);
   box_piece(map, d->other, &r1, &p1);
-  return sp_failf(msg, msglen, rc,
-                  "key '%s': element %s is written by rank %u (piece %zu, "
-                  "%s) and rank %u (piece %zu, %s); only replicas may "
-                  "share an element",
-                  map->key, where, r0, p0,
-                  piece_role(&map->shards[r0].pieces[p0]), r1, p1,
-                  piece_role(&map->shards[r1].pieces[p1]));
+  return sp__failf(msg, msglen, rc,
+                   "key '%s': element %s is written by rank %u (piece %zu, "
+                   "%s) and rank %u (piece %zu, %s); only replicas may "
+                   "share an element",
+                   map->key, where, r0, p0,
+                   piece_role(&map->shards[r0].pieces[p0]), r1, p1,
+                   piece_role(&map->shards[r1].pieces[p1]));
 }
 
 /* Every rank's pieces on their own, then every piece's destination

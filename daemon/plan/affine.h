@@ -13,7 +13,7 @@
  *
  * Validation is complete, not sampled (seed 003).  For every piece:
  * non-negative offsets and strides, no zero stride and no view that reaches
- * one address twice on either side (sp_view_check_overlap), the source
+ * one address twice on either side (sp__view_check_overlap), the source
  * inside the shard and the destination inside the full tensor, and no shard
  * element read by two pieces.  Across ranks: an element written by two
  * single holders or by a single holder and a replica is refused, whatever

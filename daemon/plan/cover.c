@@ -10,7 +10,7 @@
  *   a comb `count` runs, `period` elements apart (its next axis),
  *   outer  the odometer of its remaining axes, stepping comb to comb.
  * The caller has refused every box that reaches one element twice
- * (sp_view_check_overlap: each stride clears what the axes below reach),
+ * (sp__view_check_overlap: each stride clears what the axes below reach),
  * so a box's combs, and a comb's runs, come in increasing order without
  * overlapping.
  *
@@ -479,7 +479,8 @@ int cover_check(const struct cover_box *boxes, size_t nboxes, uint64_t n,
   }
   for (size_t i = 0; i < nboxes; i++) {
     uint64_t numel;
-    if (sp_view_numel(boxes[i].ndim, boxes[i].shape, &numel) != 0 || numel == 0)
+    if (sp__view_numel(boxes[i].ndim, boxes[i].shape, &numel) != 0 ||
+        numel == 0)
       continue;
     box_normalise(&boxes[i], &s.boxes[i]);
     heap_push(&s.pending, (struct heap_entry){s.boxes[i].comb, (uint32_t)i});

@@ -101,27 +101,27 @@ static int order_ranks(const struct plan_input *in, struct plan_index *ix,
   uint32_t outside = PLAN_NONE;
 
   if (in->world == 0)
-    return sp_failf(msg, msglen, SP_ERANK, "a job needs at least one rank");
+    return sp__failf(msg, msglen, SP_ERANK, "a job needs at least one rank");
   if (in->nranks != in->world)
-    return sp_failf(msg, msglen, SP_ERANK,
-                    "%zu ranks registered for a world of %u", in->nranks,
-                    in->world);
+    return sp__failf(msg, msglen, SP_ERANK,
+                     "%zu ranks registered for a world of %u", in->nranks,
+                     in->world);
   ix->rank = calloc(in->world, sizeof *ix->rank);
   if (ix->rank == NULL)
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   /* The smallest offending number is named, whatever the input order. */
   for (size_t i = 0; i < in->nranks; i++)
     if (in->ranks[i].rank >= in->world && in->ranks[i].rank < outside)
       outside = in->ranks[i].rank;
   if (outside != PLAN_NONE)
-    return sp_failf(msg, msglen, SP_ERANK, "rank %u is outside the world of %u",
-                    outside, in->world);
+    return sp__failf(msg, msglen, SP_ERANK,
+                     "rank %u is outside the world of %u", outside, in->world);
   for (size_t i = 0; i < in->nranks; i++)
     ix->rank[in->ranks[i].rank] = &in->ranks[i];
   for (uint32_t r = 0; r < in->world; r++)
     if (ix->rank[r] == NULL)
-      return sp_failf(msg, msglen, SP_ERANK,
-                      "rank %u is missing: another rank registered twice", r);
+      return sp__failf(msg, msglen, SP_ERANK,
+                       "rank %u is missing: another rank registered twice", r);
   return 0;
 }
 
@@ -144,10 +144,10 @@ static int intern_all(struct builder *b, uint32_t **entry_key, char *msg,
 
   for (uint32_t r = 0; r < ix->world; r++)
     if (__builtin_add_overflow(total, ix->rank[r]->nkeys, &total))
-      return sp_failf(msg, msglen, SP_EOVERFLOW, "too many keys");
+      return sp__failf(msg, msglen, SP_EOVERFLOW, "too many keys");
   *entry_key = malloc((total > 0 ? total : 1) * sizeof **entry_key);
   if (*entry_key == NULL)
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   for (uint32_t r = 0; r < ix->world; r++) {
     const struct plan_rank_in *rank = ix->rank[r];
     const char *dup = NULL;
@@ -155,12 +155,12 @@ static int intern_all(struct builder *b, uint32_t **entry_key, char *msg,
       const char *name = rank->keys[j].name;
       uint32_t id;
       if (name == NULL || name[0] == '\0')
-        return sp_failf(msg, msglen, SP_EINVAL,
-                        "rank %u registers a key without a name", r);
+        return sp__failf(msg, msglen, SP_EINVAL,
+                         "rank %u registers a key without a name", r);
       id = builder_intern(b, name);
       if (id == PLAN_NONE)
-        return sp_failf(msg, msglen, SP_ENOMEM,
-                        "out of memory indexing %zu keys", b->nids);
+        return sp__failf(msg, msglen, SP_ENOMEM,
+                         "out of memory indexing %zu keys", b->nids);
       /* The smallest duplicated name is reported, so the refusal does not
        * depend on the order the rank listed its keys in. */
       if (b->last_rank[id] == r && (dup == NULL || strcmp(name, dup) < 0))
@@ -169,8 +169,8 @@ static int intern_all(struct builder *b, uint32_t **entry_key, char *msg,
       (*entry_key)[at++] = id;
     }
     if (dup != NULL)
-      return sp_failf(msg, msglen, SP_EDUPKEY,
-                      "key '%s' is registered twice by rank %u", dup, r);
+      return sp__failf(msg, msglen, SP_EDUPKEY,
+                       "key '%s' is registered twice by rank %u", dup, r);
   }
   return 0;
 }
@@ -193,7 +193,7 @@ static int gather(struct builder *b, const uint32_t *entry_key, char *msg,
   ix->entry_rank = malloc((total > 0 ? total : 1) * sizeof *ix->entry_rank);
   if (sorted == NULL || pos == NULL || ix->name == NULL || ix->first == NULL ||
       ix->entry == NULL || ix->entry_rank == NULL) {
-    rc = sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    rc = sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
     goto out;
   }
   for (uint32_t id = 0; id < b->nids; id++)
@@ -255,7 +255,7 @@ int plan_index_build(const struct plan_input *in, struct plan_index *ix,
   b.names = malloc(b.cap * sizeof *b.names);
   b.last_rank = malloc(b.cap * sizeof *b.last_rank);
   if (ix->table == NULL || b.names == NULL || b.last_rank == NULL) {
-    rc = sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    rc = sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
     goto fail;
   }
   rc = intern_all(&b, &entry_key, msg, msglen);

@@ -46,7 +46,7 @@ struct cover_work {
   uint64_t skipped; /* runs judged by a skip instead, as copies */
 };
 
-/* The boxes must have passed sp_view_check_overlap and lie inside [0, n).
+/* The boxes must have passed sp__view_check_overlap and lie inside [0, n).
  * Returns 0; SP_EDOUBLEWRITE when an element is reached by two boxes not
  * both shared; SP_EUNCOVERED when complete and an element is reached by
  * none; SP_ETIMEOUT once *stop (NULL: never) is set; SP_ENOMEM.  *work

@@ -18,7 +18,7 @@
 
 static uint64_t piece_numel(const struct affine_piece *p) {
   uint64_t numel = 0;
-  sp_view_numel(p->ndim, p->shape, &numel);
+  sp__view_numel(p->ndim, p->shape, &numel);
   return numel;
 }
 
@@ -27,7 +27,7 @@ int plan_moves_classify(const struct plan_index *ix, struct plan *plan,
   for (uint32_t k = 0; k < plan->nkeys; k++) {
     struct plan_key *key = &plan->keys[k];
     size_t first = ix->first[k];
-    uint32_t size = sp_dtype_size(key->dtype);
+    uint32_t size = sp__dtype_size(key->dtype);
 
     if (key->placement == PLAN_EXPERT) {
       key->kind = PLAN_KEY_IDENTITY;
@@ -59,8 +59,8 @@ int plan_moves_classify(const struct plan_index *ix, struct plan *plan,
         for (size_t pi = 0; pi < e->npieces; pi++) {
           uint64_t bytes = piece_numel(&e->pieces[pi]) * size;
           if (__builtin_add_overflow(key->traffic, bytes, &key->traffic))
-            return sp_failf(msg, msglen, SP_EOVERFLOW,
-                            "key '%s': its pieces' bytes overflow", key->name);
+            return sp__failf(msg, msglen, SP_EOVERFLOW,
+                             "key '%s': its pieces' bytes overflow", key->name);
         }
       }
       break;
@@ -76,7 +76,7 @@ int plan_moves_classify(const struct plan_index *ix, struct plan *plan,
 size_t plan_moves_of_key(const struct plan_index *ix, const struct plan *plan,
                          uint32_t k, struct plan_move *out) {
   const struct plan_key *key = &plan->keys[k];
-  uint32_t size = sp_dtype_size(key->dtype);
+  uint32_t size = sp__dtype_size(key->dtype);
   uint64_t row_elems = 1, row = 0;
   size_t count = 0;
 

@@ -56,7 +56,7 @@ int plan_owners_assign(struct plan *plan, char *msg, size_t msglen) {
 
   plan->load = calloc(world, sizeof *plan->load);
   if (order == NULL || heap == NULL || plan->load == NULL) {
-    rc = sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    rc = sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
     goto out;
   }
   for (size_t k = 0; k < plan->nkeys; k++) {
@@ -64,8 +64,8 @@ int plan_owners_assign(struct plan *plan, char *msg, size_t msglen) {
     if (key->placement == PLAN_EXPERT &&
         __builtin_add_overflow(plan->load[key->owner], key->nbytes,
                                &plan->load[key->owner])) {
-      rc = sp_failf(msg, msglen, SP_EOVERFLOW,
-                    "rank %u's expert bytes overflow", key->owner);
+      rc = sp__failf(msg, msglen, SP_EOVERFLOW,
+                     "rank %u's expert bytes overflow", key->owner);
       goto out;
     }
   }
@@ -81,8 +81,8 @@ int plan_owners_assign(struct plan *plan, char *msg, size_t msglen) {
     uint32_t r = heap[0];
     u->owner = r;
     if (__builtin_add_overflow(plan->load[r], u->nbytes, &plan->load[r])) {
-      rc = sp_failf(msg, msglen, SP_EOVERFLOW, "rank %u's owned bytes overflow",
-                    r);
+      rc = sp__failf(msg, msglen, SP_EOVERFLOW,
+                     "rank %u's owned bytes overflow", r);
       goto out;
     }
     heap_down(heap, world, plan->load, 0);

@@ -24,7 +24,7 @@ int plan_build(const struct plan_input *in, struct plan **out, char *msg,
   plan = calloc(1, sizeof *plan);
   if (plan == NULL) {
     plan_index_free(&ix);
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   }
   plan->world = in->world;
   plan->max_keys = in->max_keys > 0 ? in->max_keys : PLAN_DEFAULT_MAX_KEYS;
@@ -33,7 +33,7 @@ int plan_build(const struct plan_input *in, struct plan **out, char *msg,
   plan->keys = calloc(ix.nkeys > 0 ? ix.nkeys : 1, sizeof *plan->keys);
   plan->node = malloc((size_t)in->world * sizeof *plan->node);
   if (plan->keys == NULL || plan->node == NULL) {
-    rc = sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    rc = sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
     goto out;
   }
   for (uint32_t r = 0; r < in->world; r++)

@@ -1,7 +1,7 @@
 /*
  * refuse.c - the planner's refusal messages: the ranks and the element a
  * refusal names, and the refusal of a stopped plan (each sentence is written
- * with sp_failf, proto/fail.h, as everywhere in the daemon).
+ * with sp__failf, proto/fail.h, as everywhere in the daemon).
  */
 #include <stdio.h>
 
@@ -13,7 +13,7 @@
 int plan_check_stop(const _Atomic bool *stop, char *msg, size_t msglen) {
   if (stop == NULL || !atomic_load(stop))
     return 0;
-  return sp_failf(msg, msglen, SP_ETIMEOUT, "planning was stopped");
+  return sp__failf(msg, msglen, SP_ETIMEOUT, "planning was stopped");
 }
 
 void plan_refuse_ranks(char *buf, size_t len, const uint32_t *ranks, size_t n) {

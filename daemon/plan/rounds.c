@@ -241,7 +241,7 @@ int plan_rounds_build(const struct plan_index *ix, struct plan *plan, char *msg,
   plan->transfer = malloc((plan->ntransfer > 0 ? plan->ntransfer : 1) *
                           sizeof *plan->transfer);
   if (plan->transfer == NULL)
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   plan->ntransfer = 0;
   for (size_t k = 0; k < plan->nkeys; k++)
     if (plan->keys[k].kind == PLAN_KEY_MOVE)
@@ -254,7 +254,7 @@ int plan_rounds_build(const struct plan_index *ix, struct plan *plan, char *msg,
   if (plan->rounds == NULL || sc.count == NULL) {
     plan->nrounds = 0;
     free(sc.count);
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   }
   cut_rounds(plan, plan->rounds);
   for (size_t r = 0; r < plan->nrounds && rc == 0; r++)
@@ -263,6 +263,6 @@ int plan_rounds_build(const struct plan_index *ix, struct plan *plan, char *msg,
   free(sc.tmp);
   free(sc.count);
   if (rc != 0)
-    return sp_failf(msg, msglen, rc, "out of memory building round moves");
+    return sp__failf(msg, msglen, rc, "out of memory building round moves");
   return 0;
 }

@@ -87,7 +87,7 @@ static bool tied(const struct plan_index *ix, const struct plan *plan,
     size_t sa = ix->first[a] + r, sb = ix->first[b] + r;
     const struct sp_storage *x = entry_storage(ix, sa);
     const struct sp_storage *y = entry_storage(ix, sb);
-    if (!sp_device_equal(&x->device, &y->device) || x->base != y->base ||
+    if (!sp__device_equal(&x->device, &y->device) || x->base != y->base ||
         !view_equal(&ix->entry[sa]->view, &ix->entry[sb]->view))
       return false;
   }
@@ -116,7 +116,7 @@ static int find_ties(const struct plan_index *ix, struct plan *plan,
   if (slots == NULL || reps == NULL) {
     free(slots);
     free(reps);
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   }
   for (uint32_t k = 0; k < plan->nkeys; k++)
     if (tie_candidate(&plan->keys[k]))
@@ -158,7 +158,7 @@ int plan_units_build(const struct plan_index *ix,
   int rc;
 
   if (parent == NULL || unit_of == NULL) {
-    rc = sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    rc = sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
     goto out;
   }
   for (uint32_t k = 0; k < plan->nkeys; k++)
@@ -184,7 +184,7 @@ int plan_units_build(const struct plan_index *ix,
   plan->units = calloc(nunits > 0 ? nunits : 1, sizeof *plan->units);
   plan->unit_keys = malloc(n * sizeof *plan->unit_keys);
   if (plan->units == NULL || plan->unit_keys == NULL) {
-    rc = sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    rc = sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
     goto out;
   }
   plan->nunits = nunits;
@@ -198,8 +198,8 @@ int plan_units_build(const struct plan_index *ix,
     /* An alias shares its buffer: its bytes land on the owner once. */
     if (key->alias_of == PLAN_NONE &&
         __builtin_add_overflow(u->nbytes, key->nbytes, &u->nbytes)) {
-      rc = sp_failf(msg, msglen, SP_EOVERFLOW, "the unit of key '%s' overflows",
-                    key->name);
+      rc = sp__failf(msg, msglen, SP_EOVERFLOW,
+                     "the unit of key '%s' overflows", key->name);
       goto out;
     }
   }

@@ -79,9 +79,9 @@ static int refuse_keyset(const struct key_view *kv, char *msg, size_t msglen) {
   if (missing == NULL || holders == NULL) {
     free(missing);
     free(holders);
-    return sp_failf(msg, msglen, SP_EKEYSET,
-                    "key '%s' is registered by %zu of %u ranks", kv->name,
-                    kv->n, world);
+    return sp__failf(msg, msglen, SP_EKEYSET,
+                     "key '%s' is registered by %zu of %u ranks", kv->name,
+                     kv->n, world);
   }
   for (uint32_t r = 0; r < world; r++) {
     if (i < kv->n && kv_rank(kv, i) == r)
@@ -93,9 +93,9 @@ static int refuse_keyset(const struct key_view *kv, char *msg, size_t msglen) {
   plan_refuse_ranks(lack, sizeof lack, missing, nmissing);
   free(missing);
   free(holders);
-  return sp_failf(msg, msglen, SP_EKEYSET,
-                  "key '%s' is registered by %s but not by %s", kv->name, have,
-                  lack);
+  return sp__failf(msg, msglen, SP_EKEYSET,
+                   "key '%s' is registered by %s but not by %s", kv->name, have,
+                   lack);
 }
 
 static int check_expert(const struct key_view *kv, char *msg, size_t msglen) {
@@ -103,7 +103,7 @@ static int check_expert(const struct key_view *kv, char *msg, size_t msglen) {
     if (kv_entry(kv, i)->placement != PLAN_EXPERT)
       for (size_t j = 0; j < kv->n; j++)
         if (kv_entry(kv, j)->placement == PLAN_EXPERT)
-          return sp_failf(
+          return sp__failf(
               msg, msglen, SP_EPLACEMENT,
               "key '%s' is an expert on rank %u but %s on rank %u", kv->name,
               kv_rank(kv, j),
@@ -118,10 +118,10 @@ static int check_expert(const struct key_view *kv, char *msg, size_t msglen) {
       plan_refuse_ranks(who, sizeof who, ranks, kv->n);
       free(ranks);
     }
-    return sp_failf(msg, msglen, SP_EEXPERT,
-                    "expert key '%s' is held by %s; an expert must be "
-                    "held by one rank",
-                    kv->name, who);
+    return sp__failf(msg, msglen, SP_EEXPERT,
+                     "expert key '%s' is held by %s; an expert must be "
+                     "held by one rank",
+                     kv->name, who);
   }
   return 0;
 }
@@ -136,29 +136,29 @@ static int check_agreement(const struct key_view *kv, char *msg,
     const struct plan_key_in *e = kv_entry(kv, i);
     uint32_t r = kv_rank(kv, i);
     if (e->placement != e0->placement)
-      return sp_failf(msg, msglen, SP_EPLACEMENT,
-                      "key '%s' is %s on rank %u but %s on rank %u", kv->name,
-                      plan_layout_placement_name(e0->placement), r0,
-                      plan_layout_placement_name(e->placement), r);
+      return sp__failf(msg, msglen, SP_EPLACEMENT,
+                       "key '%s' is %s on rank %u but %s on rank %u", kv->name,
+                       plan_layout_placement_name(e0->placement), r0,
+                       plan_layout_placement_name(e->placement), r);
     if (e->view.dtype != e0->view.dtype)
-      return sp_failf(msg, msglen, SP_EDTYPEMISMATCH,
-                      "key '%s' is %s on rank %u but %s on rank %u", kv->name,
-                      sp_dtype_name(e0->view.dtype), r0,
-                      sp_dtype_name(e->view.dtype), r);
+      return sp__failf(msg, msglen, SP_EDTYPEMISMATCH,
+                       "key '%s' is %s on rank %u but %s on rank %u", kv->name,
+                       sp__dtype_name(e0->view.dtype), r0,
+                       sp__dtype_name(e->view.dtype), r);
     if (e->device_type != e0->device_type)
-      return sp_failf(msg, msglen, SP_EDEVICEMISMATCH,
-                      "key '%s' is declared on %s by rank %u but on %s by "
-                      "rank %u",
-                      kv->name, device_type_name(e0->device_type), r0,
-                      device_type_name(e->device_type), r);
+      return sp__failf(msg, msglen, SP_EDEVICEMISMATCH,
+                       "key '%s' is declared on %s by rank %u but on %s by "
+                       "rank %u",
+                       kv->name, device_type_name(e0->device_type), r0,
+                       device_type_name(e->device_type), r);
     if (!shape_equal(e->ndim, e->shape, e0->ndim, e0->shape)) {
       char a[128], b[128];
       format_shape(a, sizeof a, e0->ndim, e0->shape);
       format_shape(b, sizeof b, e->ndim, e->shape);
-      return sp_failf(msg, msglen, SP_ESHAPE,
-                      "key '%s' has global shape %s on rank %u but %s on "
-                      "rank %u",
-                      kv->name, a, r0, b, r);
+      return sp__failf(msg, msglen, SP_ESHAPE,
+                       "key '%s' has global shape %s on rank %u but %s on "
+                       "rank %u",
+                       kv->name, a, r0, b, r);
     }
   }
   return 0;
@@ -169,23 +169,23 @@ static int check_global(const struct key_view *kv, struct plan_key *out,
   const struct plan_key_in *e0 = kv_entry(kv, 0);
   uint64_t numel;
 
-  if (sp_dtype_size(e0->view.dtype) == 0)
-    return sp_failf(msg, msglen, SP_EDTYPE, "key '%s' has no known dtype",
-                    kv->name);
+  if (sp__dtype_size(e0->view.dtype) == 0)
+    return sp__failf(msg, msglen, SP_EDTYPE, "key '%s' has no known dtype",
+                     kv->name);
   if (e0->device_type >= SP_DEVICE_TYPE_COUNT)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "key '%s' is declared on unknown device type %u", kv->name,
-                    e0->device_type);
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "key '%s' is declared on unknown device type %u", kv->name,
+                     e0->device_type);
   if (e0->ndim > SP_MAX_DIMS)
-    return sp_failf(msg, msglen, SP_EINVAL,
-                    "key '%s' has %u dims, more than %d", kv->name, e0->ndim,
-                    SP_MAX_DIMS);
-  if (sp_view_numel(e0->ndim, e0->shape, &numel) != 0 ||
-      __builtin_mul_overflow(numel, sp_dtype_size(e0->view.dtype),
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "key '%s' has %u dims, more than %d", kv->name, e0->ndim,
+                     SP_MAX_DIMS);
+  if (sp__view_numel(e0->ndim, e0->shape, &numel) != 0 ||
+      __builtin_mul_overflow(numel, sp__dtype_size(e0->view.dtype),
                              &out->nbytes))
-    return sp_failf(msg, msglen, SP_EOVERFLOW,
-                    "key '%s' has a negative or overflowing global shape",
-                    kv->name);
+    return sp__failf(msg, msglen, SP_EOVERFLOW,
+                     "key '%s' has a negative or overflowing global shape",
+                     kv->name);
   return 0;
 }
 
@@ -201,25 +201,25 @@ static int check_entries(const struct key_view *kv, char *msg, size_t msglen) {
     char why[192];
     int rc;
     if (e->storage >= kv->ix->rank[r]->nstorages)
-      return sp_failf(msg, msglen, SP_ENOSTORAGE,
-                      "key '%s' on rank %u names storage %u of %zu", kv->name,
-                      r, e->storage, kv->ix->rank[r]->nstorages);
+      return sp__failf(msg, msglen, SP_ENOSTORAGE,
+                       "key '%s' on rank %u names storage %u of %zu", kv->name,
+                       r, e->storage, kv->ix->rank[r]->nstorages);
     s = kv_storage(kv, i);
-    rc = sp_view_check(&e->view, s->nbytes, why, sizeof why);
+    rc = sp__view_check(&e->view, s->nbytes, why, sizeof why);
     if (rc != 0)
-      return sp_failf(msg, msglen, rc, "key '%s' on rank %u: %s", kv->name, r,
-                      why);
-    if (sp_view_nbytes(&e->view, &nbytes) != 0 || nbytes != e->nbytes)
-      return sp_failf(msg, msglen, SP_EBYTES,
-                      "key '%s': rank %u reports %llu bytes but its view "
-                      "holds %llu",
-                      kv->name, r, (unsigned long long)e->nbytes,
-                      (unsigned long long)nbytes);
+      return sp__failf(msg, msglen, rc, "key '%s' on rank %u: %s", kv->name, r,
+                       why);
+    if (sp__view_nbytes(&e->view, &nbytes) != 0 || nbytes != e->nbytes)
+      return sp__failf(msg, msglen, SP_EBYTES,
+                       "key '%s': rank %u reports %llu bytes but its view "
+                       "holds %llu",
+                       kv->name, r, (unsigned long long)e->nbytes,
+                       (unsigned long long)nbytes);
     if (s->device.type >= SP_DEVICE_TYPE_COUNT)
-      return sp_failf(msg, msglen, SP_EINVAL,
-                      "key '%s' on rank %u: storage %u is on unknown "
-                      "device type %u",
-                      kv->name, r, e->storage, s->device.type);
+      return sp__failf(msg, msglen, SP_EINVAL,
+                       "key '%s' on rank %u: storage %u is on unknown "
+                       "device type %u",
+                       kv->name, r, e->storage, s->device.type);
     /* A round's transfers cannot mix devices, so a key whose holdings sit
      * on two device types (a CPU-offloaded shard beside GPU ones) is
      * refused before anything moves. */
@@ -227,11 +227,11 @@ static int check_entries(const struct key_view *kv, char *msg, size_t msglen) {
       first_type = s->device.type;
       first_rank = r;
     } else if (s->device.type != first_type) {
-      return sp_failf(msg, msglen, SP_EMIXEDDEVICE,
-                      "key '%s' is held on %s by rank %u but on %s by "
-                      "rank %u",
-                      kv->name, device_type_name(first_type), first_rank,
-                      device_type_name(s->device.type), r);
+      return sp__failf(msg, msglen, SP_EMIXEDDEVICE,
+                       "key '%s' is held on %s by rank %u but on %s by "
+                       "rank %u",
+                       kv->name, device_type_name(first_type), first_rank,
+                       device_type_name(s->device.type), r);
     }
   }
   return 0;
@@ -246,11 +246,11 @@ static int check_whole(const struct key_view *kv, char *msg, size_t msglen) {
       char held[128], global[128];
       format_shape(held, sizeof held, e->view.ndim, e->view.shape);
       format_shape(global, sizeof global, e0->ndim, e0->shape);
-      return sp_failf(msg, msglen, SP_ESHAPE,
-                      "key '%s' is %s but rank %u holds shape %s, not the "
-                      "global shape %s",
-                      kv->name, plan_layout_placement_name(e0->placement),
-                      kv_rank(kv, i), held, global);
+      return sp__failf(msg, msglen, SP_ESHAPE,
+                       "key '%s' is %s but rank %u holds shape %s, not the "
+                       "global shape %s",
+                       kv->name, plan_layout_placement_name(e0->placement),
+                       kv_rank(kv, i), held, global);
     }
   }
   return 0;
@@ -261,10 +261,10 @@ static int check_shard0(const struct key_view *kv, char *msg, size_t msglen) {
   uint64_t rows = 0;
 
   if (e0->ndim == 0)
-    return sp_failf(msg, msglen, SP_EUNSUPPORTED,
-                    "key '%s' is a 0-d tensor and cannot be sharded along "
-                    "dim 0",
-                    kv->name);
+    return sp__failf(msg, msglen, SP_EUNSUPPORTED,
+                     "key '%s' is a 0-d tensor and cannot be sharded along "
+                     "dim 0",
+                     kv->name);
   for (size_t i = 0; i < kv->n; i++) {
     const struct plan_key_in *e = kv_entry(kv, i);
     if (e->view.ndim != e0->ndim ||
@@ -273,23 +273,23 @@ static int check_shard0(const struct key_view *kv, char *msg, size_t msglen) {
       char held[128], global[128];
       format_shape(held, sizeof held, e->view.ndim, e->view.shape);
       format_shape(global, sizeof global, e0->ndim, e0->shape);
-      return sp_failf(msg, msglen, SP_ETILING,
-                      "key '%s': rank %u's shard has shape %s, which is no "
-                      "dim-0 slice of %s",
-                      kv->name, kv_rank(kv, i), held, global);
+      return sp__failf(msg, msglen, SP_ETILING,
+                       "key '%s': rank %u's shard has shape %s, which is no "
+                       "dim-0 slice of %s",
+                       kv->name, kv_rank(kv, i), held, global);
     }
     /* Each shard's rows are below 2^63, and there are fewer than 2^32
      * shards, but the sum is still checked. */
     if (__builtin_add_overflow(rows, (uint64_t)e->view.shape[0], &rows))
-      return sp_failf(msg, msglen, SP_EOVERFLOW,
-                      "key '%s': its shards' rows overflow", kv->name);
+      return sp__failf(msg, msglen, SP_EOVERFLOW,
+                       "key '%s': its shards' rows overflow", kv->name);
   }
   if (rows != (uint64_t)e0->shape[0])
-    return sp_failf(msg, msglen, SP_ETILING,
-                    "key '%s': the dim-0 shards of ranks 0 to %u hold "
-                    "%llu rows but the global shape has %lld",
-                    kv->name, kv->ix->world - 1, (unsigned long long)rows,
-                    (long long)e0->shape[0]);
+    return sp__failf(msg, msglen, SP_ETILING,
+                     "key '%s': the dim-0 shards of ranks 0 to %u hold "
+                     "%llu rows but the global shape has %lld",
+                     kv->name, kv->ix->world - 1, (unsigned long long)rows,
+                     (long long)e0->shape[0]);
   return 0;
 }
 
@@ -300,18 +300,18 @@ static int check_affine(const struct key_view *kv, char *msg, size_t msglen) {
   int rc;
 
   for (size_t i = 0; i < kv->n; i++)
-    if (!sp_view_is_contiguous(&kv_entry(kv, i)->view))
-      return sp_failf(msg, msglen, SP_EUNSUPPORTED,
-                      "key '%s': rank %u's affine shard is not "
-                      "contiguous",
-                      kv->name, kv_rank(kv, i));
+    if (!sp__view_is_contiguous(&kv_entry(kv, i)->view))
+      return sp__failf(msg, msglen, SP_EUNSUPPORTED,
+                       "key '%s': rank %u's affine shard is not "
+                       "contiguous",
+                       kv->name, kv_rank(kv, i));
   shards = calloc(kv->n, sizeof *shards);
   if (shards == NULL)
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   /* A dense key has one entry per rank, in rank order. */
   for (size_t i = 0; i < kv->n; i++) {
     const struct plan_key_in *e = kv_entry(kv, i);
-    sp_view_numel(e->view.ndim, e->view.shape, &shards[i].numel);
+    sp__view_numel(e->view.ndim, e->view.shape, &shards[i].numel);
     shards[i].npieces = e->npieces;
     shards[i].pieces = e->pieces;
   }
@@ -337,9 +337,9 @@ static int validate_key(const struct plan_index *ix, uint32_t k,
   for (size_t i = 0; i < kv.n; i++) {
     enum plan_placement p = kv_entry(&kv, i)->placement;
     if (p < PLAN_SHARD0 || p > PLAN_AFFINE)
-      return sp_failf(msg, msglen, SP_EUNSUPPORTED,
-                      "key '%s': rank %u gives it unknown placement %d",
-                      kv.name, kv_rank(&kv, i), (int)p);
+      return sp__failf(msg, msglen, SP_EUNSUPPORTED,
+                       "key '%s': rank %u gives it unknown placement %d",
+                       kv.name, kv_rank(&kv, i), (int)p);
     expert = expert || p == PLAN_EXPERT;
   }
   if (expert)
@@ -423,14 +423,14 @@ static int canon_build(const struct plan_index *ix, const struct plan *plan,
   memset(out, 0, sizeof *out);
   for (size_t g = 0; g < rank->ngroups; g++)
     if (__builtin_add_overflow(total, rank->groups[g].nkeys, &total))
-      return sp_failf(msg, msglen, SP_EOVERFLOW,
-                      "rank %u's together-groups overflow", r);
+      return sp__failf(msg, msglen, SP_EOVERFLOW,
+                       "rank %u's together-groups overflow", r);
   out->keys = malloc((total > 0 ? total : 1) * sizeof *out->keys);
   out->groups =
       malloc((rank->ngroups > 0 ? rank->ngroups : 1) * sizeof *out->groups);
   if (out->keys == NULL || out->groups == NULL) {
     plan_groups_free(out);
-    return sp_failf(msg, msglen, SP_ENOMEM, "out of memory");
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   }
   for (size_t g = 0; g < rank->ngroups; g++) {
     size_t start = at, n = 0;
@@ -439,10 +439,10 @@ static int canon_build(const struct plan_index *ix, const struct plan *plan,
       uint32_t k = name != NULL ? plan_index_find(ix, name) : PLAN_NONE;
       if (k == PLAN_NONE || plan->keys[k].placement == PLAN_EXPERT) {
         plan_groups_free(out);
-        return sp_failf(msg, msglen, SP_EGROUPS,
-                        "rank %u's together-group %zu names %s '%s'", r, g,
-                        k == PLAN_NONE ? "unregistered key" : "expert key",
-                        name != NULL ? name : "(null)");
+        return sp__failf(msg, msglen, SP_EGROUPS,
+                         "rank %u's together-group %zu names %s '%s'", r, g,
+                         k == PLAN_NONE ? "unregistered key" : "expert key",
+                         name != NULL ? name : "(null)");
       }
       out->keys[at++] = k;
     }
@@ -481,10 +481,10 @@ int plan_validate_groups(const struct plan_index *ix, const struct plan *plan,
       g++;
     if (g < out->ngroups || g < other.ngroups) {
       const struct plan_groups *at = g < out->ngroups ? out : &other;
-      rc = sp_failf(msg, msglen, SP_EGROUPS,
-                    "ranks 0 and %u disagree on the together-groups: the "
-                    "group of key '%s' differs",
-                    r, plan->keys[at->groups[g].keys[0]].name);
+      rc = sp__failf(msg, msglen, SP_EGROUPS,
+                     "ranks 0 and %u disagree on the together-groups: the "
+                     "group of key '%s' differs",
+                     r, plan->keys[at->groups[g].keys[0]].name);
     }
     plan_groups_free(&other);
   }

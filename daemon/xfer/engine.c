@@ -156,7 +156,7 @@ static int copy_replica(struct worker *w, const struct plan_move *m,
                         const struct plan_move *first) {
   struct engine *e = w->e;
   const struct plan_key *key = &e->plan->keys[m->key];
-  size_t esz = sp_dtype_size(key->dtype);
+  size_t esz = sp__dtype_size(key->dtype);
   struct sp_view sv;
   struct plan_region dr;
   plan_moves_regions(e->plan, m, &sv, &dr);
@@ -190,7 +190,7 @@ static void copy_slice(struct worker *w, const struct plan_move *m, int64_t row,
                        int64_t rows) {
   struct engine *e = w->e;
   const struct plan_key *key = &e->plan->keys[m->key];
-  size_t esz = sp_dtype_size(key->dtype);
+  size_t esz = sp__dtype_size(key->dtype);
   struct sp_view sv;
   struct plan_region dr;
   plan_moves_regions(e->plan, m, &sv, &dr);
@@ -222,7 +222,7 @@ static int64_t move_rows(const struct plan_move *m, const struct plan *plan) {
 
 static int run_replicas(struct worker *w, const struct engine_item *it) {
   const struct plan_key *key = &w->e->plan->keys[it->move->key];
-  uint64_t numel = key->nbytes / sp_dtype_size(key->dtype);
+  uint64_t numel = key->nbytes / sp__dtype_size(key->dtype);
   w->seen = calloc((size_t)(numel / 8 + 1), 1);
   if (w->seen == NULL)
     return engine_fail(w->e, SP_ENOMEM,

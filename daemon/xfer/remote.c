@@ -306,7 +306,7 @@ uint64_t remote_bytes_total(const struct remote *r) { return r->bytes_total; }
 /* ---- one round ---- */
 
 static size_t esize_of(const struct remote *r, const struct plan_move *m) {
-  return sp_dtype_size(r->plan->keys[m->key].dtype);
+  return sp__dtype_size(r->plan->keys[m->key].dtype);
 }
 
 static int push_order(struct remote *r, uint64_t off) {

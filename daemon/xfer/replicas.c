@@ -88,7 +88,7 @@ static void feed(struct hasher *w, size_t *used, const uint8_t *p, size_t len) {
 static uint64_t hash_view(struct hasher *w, const uint8_t *data,
                           const struct sp_view *v) {
   XXH3_64bits_reset(w->state);
-  size_t es = sp_dtype_size(v->dtype);
+  size_t es = sp__dtype_size(v->dtype);
   /* Axes of one element go; axes that continue each other merge. */
   int64_t shape[SP_MAX_DIMS], stride[SP_MAX_DIMS];
   uint32_t n = 0;
@@ -286,8 +286,8 @@ int replicas_hash(const struct plan *plan, const struct plan_input *in,
   d->digest = calloc(d->nkeys * d->nranks, sizeof *d->digest);
   if (d->keys == NULL || d->ranks == NULL || d->digest == NULL) {
     replicas_free(d);
-    return sp_failf(msg, msglen, SP_ENOMEM,
-                    "out of memory comparing replicated keys");
+    return sp__failf(msg, msglen, SP_ENOMEM,
+                     "out of memory comparing replicated keys");
   }
   size_t n = 0;
   for (size_t k = 0; k < plan->nkeys; k++)
@@ -308,12 +308,12 @@ int replicas_hash(const struct plan *plan, const struct plan_input *in,
   pthread_mutex_destroy(&h.lock);
   free(h.copies);
   if (rc == SP_EBADFD)
-    rc = sp_failf(msg, msglen, SP_EBADFD,
-                  "rank %" PRIu32 "'s copy of key '%s' could not be read "
-                  "(was its file truncated after it was registered?)",
-                  fault_rank, fault_key);
+    rc = sp__failf(msg, msglen, SP_EBADFD,
+                   "rank %" PRIu32 "'s copy of key '%s' could not be read "
+                   "(was its file truncated after it was registered?)",
+                   fault_rank, fault_key);
   else if (rc != 0)
-    rc = sp_failf(msg, msglen, rc, "out of memory comparing replicated keys");
+    rc = sp__failf(msg, msglen, rc, "out of memory comparing replicated keys");
   if (rc != 0)
     replicas_free(d);
   return rc;
@@ -327,15 +327,15 @@ int replicas_refuse(const struct plan *plan, uint32_t key, uint32_t rank_a,
   if (more > 0)
     snprintf(others, sizeof others, ", and %zu more %s too", more,
              more == 1 ? "rank's" : "ranks'");
-  return sp_failf(msg, msglen, SP_EDIFFERENT,
-                  "key '%s' (%s): rank %" PRIu32 "'s copy differs from rank "
-                  "%" PRIu32 "'s (xxh3 %016" PRIx64 ", rank %" PRIu32
-                  "'s %016" PRIx64 ")%s; "
-                  "a replicated or plain key must hold the same bytes on "
-                  "every rank (a tensor that differs per rank is shard0, "
-                  "affine or expert)",
-                  k->name, plan_layout_placement_name(k->placement), rank_b,
-                  rank_a, digest_b, rank_a, digest_a, others);
+  return sp__failf(msg, msglen, SP_EDIFFERENT,
+                   "key '%s' (%s): rank %" PRIu32 "'s copy differs from rank "
+                   "%" PRIu32 "'s (xxh3 %016" PRIx64 ", rank %" PRIu32
+                   "'s %016" PRIx64 ")%s; "
+                   "a replicated or plain key must hold the same bytes on "
+                   "every rank (a tensor that differs per rank is shard0, "
+                   "affine or expert)",
+                   k->name, plan_layout_placement_name(k->placement), rank_b,
+                   rank_a, digest_b, rank_a, digest_a, others);
 }
 
 int replicas_compare(const struct plan *plan, const struct replica_digests *d,
@@ -424,8 +424,8 @@ int replicas_disagree(const struct plan_key *key, int64_t at, uint32_t earlier,
                       uint32_t later, char *msg, size_t msglen) {
   char where[160];
   plan_refuse_index(key->ndim, key->shape, (uint64_t)at, where, sizeof where);
-  return sp_failf(msg, msglen, SP_EDIFFERENT,
-                  "key '%s': replicas hold different data at element %s: "
-                  "rank %" PRIu32 " and rank %" PRIu32 " disagree",
-                  key->name, where, earlier, later);
+  return sp__failf(msg, msglen, SP_EDIFFERENT,
+                   "key '%s': replicas hold different data at element %s: "
+                   "rank %" PRIu32 " and rank %" PRIu32 " disagree",
+                   key->name, where, earlier, later);
 }

@@ -112,7 +112,7 @@ static int run_case(const struct bench_case *c) {
       e->view.stride[1] = 1;
       e->view.offset = (int64_t)offset;
       e->nbytes = (uint64_t)(end - start) * (uint64_t)cols[k] *
-                  sp_dtype_size(e->view.dtype);
+                  sp__dtype_size(e->view.dtype);
       /* Each shard at an offset counted in its own element size. */
       offset += (uint64_t)(end - start) * (uint64_t)cols[k] + 8;
       offset = (offset + 1) & ~(uint64_t)1;

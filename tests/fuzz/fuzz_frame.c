@@ -21,8 +21,8 @@ static void decode(const struct sp_frame *frame, const struct sp_limits *limits)
     return;
   msgpack_object map;
   struct sp_msg_head head;
-  if (sp_wire_decode(frame->data, frame->len, limits, &zone, &map) == 0)
-    (void)sp_msg_head(&map, &head);
+  if (sp__wire_decode(frame->data, frame->len, limits, &zone, &map) == 0)
+    (void)sp__msg_head(&map, &head);
   msgpack_zone_destroy(&zone);
 }
 
@@ -38,16 +38,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   fcntl(sv[1], F_SETFL, O_NONBLOCK);
 
   struct sp_limits limits;
-  sp_limits_default(&limits);
+  sp__limits_default(&limits);
   limits.max_frame = 1 << 16;
   struct sp_frame_rx rx;
-  sp_frame_rx_init(&rx, &limits);
+  sp__frame_rx_init(&rx, &limits);
   struct sp_frame frame;
-  while (sp_frame_rx_read(&rx, sv[1], &frame) == 1) {
+  while (sp__frame_rx_read(&rx, sv[1], &frame) == 1) {
     decode(&frame, &limits);
-    sp_frame_release(&frame);
+    sp__frame_release(&frame);
   }
-  sp_frame_rx_reset(&rx);
+  sp__frame_rx_reset(&rx);
 out:
   if (sv[0] >= 0)
     close(sv[0]);

@@ -30,8 +30,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   nodemsg_meta_limits(&limits);
   if (!msgpack_zone_init(&zone, 4096))
     return 0;
-  if (sp_wire_decode(data, size, &limits, &zone, &map) == 0 &&
-      sp_msg_head(&map, &head) == 0) {
+  if (sp__wire_decode(data, size, &limits, &zone, &map) == 0 &&
+      sp__msg_head(&map, &head) == 0) {
     (void)nodemsg_parse(&head, &map, &m, msg, sizeof msg);
     nodemsg_free(&m);
   }

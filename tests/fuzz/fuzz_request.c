@@ -24,8 +24,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static void parse_hello(const msgpack_object *map) {
   uint64_t version;
   char client[64];
-  (void)sp_msg_get_u64(map, "version", false, &version);
-  (void)sp_msg_get_strbuf(map, "client", true, client, sizeof client);
+  (void)sp__msg_get_u64(map, "version", false, &version);
+  (void)sp__msg_get_strbuf(map, "client", true, client, sizeof client);
 }
 
 static void parse_join(const msgpack_object *map,
@@ -83,11 +83,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   msgpack_object map;
   struct sp_msg_head head;
 
-  sp_limits_default(&limits);
+  sp__limits_default(&limits);
   if (!msgpack_zone_init(&zone, 4096))
     return 0;
-  if (sp_wire_decode(data, size, &limits, &zone, &map) == 0 &&
-      sp_msg_head(&map, &head) == 0)
+  if (sp__wire_decode(data, size, &limits, &zone, &map) == 0 &&
+      sp__msg_head(&map, &head) == 0)
     parse_every_op(&map, &limits);
   msgpack_zone_destroy(&zone);
   return 0;

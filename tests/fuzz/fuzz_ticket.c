@@ -14,7 +14,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   struct sp_limits limits;
   struct req_ticket ticket;
 
-  sp_limits_default(&limits);
+  sp__limits_default(&limits);
   (void)request_parse_ticket(data, size, &limits, &ticket);
   return 0;
 }

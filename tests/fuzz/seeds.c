@@ -44,7 +44,7 @@ static void write_msgbuf(const char *corpus, const char *name,
                          struct sp_msgbuf *mb) {
   struct sp_frame_tx tx;
 
-  if (sp_msgbuf_finish(mb, &tx) != 0) {
+  if (sp__msgbuf_finish(mb, &tx) != 0) {
     fprintf(stderr, "fuzz-seeds: cannot pack %s\n", name);
     exit(1);
   }
@@ -64,17 +64,17 @@ static void pack_ticket(msgpack_sbuffer *sb, bool v2) {
   msgpack_sbuffer_init(sb);
   msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
   msgpack_pack_map(&pk, v2 ? 6 : 4);
-  sp_pack_kv_u64(&pk, "v", v2 ? 2 : 1);
+  sp__pack_kv_u64(&pk, "v", v2 ? 2 : 1);
   if (v2)
-    sp_pack_kv_str(&pk, "root", "10.0.0.1:7070");
-  sp_pack_str(&pk, "job");
-  sp_pack_bin(&pk, id16, JOB_ID_BYTES);
-  sp_pack_str(&pk, "secret");
-  sp_pack_bin(&pk, id16, JOB_SECRET_BYTES);
-  sp_pack_kv_u64(&pk, "world", 4);
+    sp__pack_kv_str(&pk, "root", "10.0.0.1:7070");
+  sp__pack_str(&pk, "job");
+  sp__pack_bin(&pk, id16, JOB_ID_BYTES);
+  sp__pack_str(&pk, "secret");
+  sp__pack_bin(&pk, id16, JOB_SECRET_BYTES);
+  sp__pack_kv_u64(&pk, "world", 4);
   if (v2) {
-    sp_pack_str(&pk, "nccl_id");
-    sp_pack_bin(&pk, nccl, sizeof nccl);
+    sp__pack_str(&pk, "nccl_id");
+    sp__pack_bin(&pk, nccl, sizeof nccl);
   }
 }
 
@@ -91,7 +91,7 @@ static void tickets(void) {
 
 static void pack_dims(msgpack_packer *pk, const char *name, uint32_t n,
                       const int64_t *v) {
-  sp_pack_str(pk, name);
+  sp__pack_str(pk, name);
   msgpack_pack_array(pk, n);
   for (uint32_t d = 0; d < n; d++)
     msgpack_pack_uint64(pk, (uint64_t)v[d]);
@@ -101,24 +101,25 @@ static void pack_storages(msgpack_packer *pk) {
   uint8_t handle[64];
 
   memset(handle, 0x5a, sizeof handle);
-  sp_pack_str(pk, "storages");
+  sp__pack_str(pk, "storages");
   msgpack_pack_array(pk, 2);
   msgpack_pack_map(pk, 6);
-  sp_pack_kv_u64(pk, "sid", 7);
-  sp_pack_kv_str(pk, "kind", "memfd");
-  sp_pack_kv_u64(pk, "fd", 0);
-  sp_pack_kv_u64(pk, "offset", 100);
-  sp_pack_kv_u64(pk, "length", 4096);
-  sp_pack_kv_u64(pk, "base", 0x7f0000000000ull);
+  sp__pack_kv_u64(pk, "sid", 7);
+  sp__pack_kv_str(pk, "kind", "memfd");
+  sp__pack_kv_u64(pk, "fd", 0);
+  sp__pack_kv_u64(pk, "offset", 100);
+  sp__pack_kv_u64(pk, "length", 4096);
+  sp__pack_kv_u64(pk, "base", 0x7f0000000000ull);
   msgpack_pack_map(pk, 7);
-  sp_pack_kv_u64(pk, "sid", 8);
-  sp_pack_kv_str(pk, "kind", "cuda_ipc");
-  sp_pack_str(pk, "handle");
-  sp_pack_bin(pk, handle, sizeof handle);
-  sp_pack_kv_u64(pk, "offset", 512);
-  sp_pack_kv_u64(pk, "length", 1 << 20);
-  sp_pack_kv_u64(pk, "base", 0x7f0001000000ull);
-  sp_pack_kv_str(pk, "device", "cuda:GPU-6a2c4e18-0000-1111-2222-333344445555");
+  sp__pack_kv_u64(pk, "sid", 8);
+  sp__pack_kv_str(pk, "kind", "cuda_ipc");
+  sp__pack_str(pk, "handle");
+  sp__pack_bin(pk, handle, sizeof handle);
+  sp__pack_kv_u64(pk, "offset", 512);
+  sp__pack_kv_u64(pk, "length", 1 << 20);
+  sp__pack_kv_u64(pk, "base", 0x7f0001000000ull);
+  sp__pack_kv_str(pk, "device",
+                  "cuda:GPU-6a2c4e18-0000-1111-2222-333344445555");
 }
 
 /* One tensor map as daemon_jobs.c's model sends it. */
@@ -128,25 +129,25 @@ static void pack_tensor(msgpack_packer *pk, const char *key, const char *dtype,
                         const int64_t *global, uint64_t offset, bool piece) {
   static const int64_t src_stride[2] = {3, 1}, dst_stride[2] = {6, 1};
   msgpack_pack_map(pk, piece ? 9 : 8);
-  sp_pack_kv_str(pk, "key", key);
-  sp_pack_kv_u64(pk, "sid", 7);
-  sp_pack_kv_str(pk, "dtype", dtype);
+  sp__pack_kv_str(pk, "key", key);
+  sp__pack_kv_u64(pk, "sid", 7);
+  sp__pack_kv_str(pk, "dtype", dtype);
   pack_dims(pk, "shape", ndim, shape);
   pack_dims(pk, "stride", ndim, stride);
-  sp_pack_kv_u64(pk, "offset", offset);
-  sp_pack_kv_str(pk, "placement", placement);
+  sp__pack_kv_u64(pk, "offset", offset);
+  sp__pack_kv_str(pk, "placement", placement);
   pack_dims(pk, "global_shape", ndim, global);
   if (!piece)
     return;
-  sp_pack_str(pk, "pieces");
+  sp__pack_str(pk, "pieces");
   msgpack_pack_array(pk, 1);
   msgpack_pack_map(pk, 6);
   pack_dims(pk, "shape", 2, shape);
   pack_dims(pk, "src_stride", 2, src_stride);
   pack_dims(pk, "dst_stride", 2, dst_stride);
-  sp_pack_kv_u64(pk, "src_offset", 0);
-  sp_pack_kv_u64(pk, "dst_offset", 3);
-  sp_pack_str(pk, "holders");
+  sp__pack_kv_u64(pk, "src_offset", 0);
+  sp__pack_kv_u64(pk, "dst_offset", 3);
+  sp__pack_str(pk, "holders");
   msgpack_pack_array(pk, 2);
   msgpack_pack_uint32(pk, 0);
   msgpack_pack_uint32(pk, 1);
@@ -156,7 +157,7 @@ static void pack_tensors(msgpack_packer *pk) {
   static const int64_t rows[2] = {2, 3}, whole[2] = {5, 3}, s53[2] = {3, 1};
   static const int64_t cols[2] = {4, 3}, full[2] = {4, 6}, s43[2] = {3, 1};
   static const int64_t tr[2] = {3, 4}, trs[2] = {1, 3};
-  sp_pack_str(pk, "tensors");
+  sp__pack_str(pk, "tensors");
   msgpack_pack_array(pk, 4);
   pack_tensor(pk, "a.weight", "float32", "shard0", 2, rows, s53, whole, 0,
               false);
@@ -174,66 +175,66 @@ static void requests(void) {
   msgpack_sbuffer ticket;
   const char *plain[] = {"ping", "status", "leave"};
 
-  sp_msgbuf_begin(&mb, "hello", 1, 2);
-  sp_pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION);
-  sp_pack_kv_str(&mb.pk, "client", "fuzz-seeds");
+  sp__msgbuf_begin(&mb, "hello", 1, 2);
+  sp__pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION);
+  sp__pack_kv_str(&mb.pk, "client", "fuzz-seeds");
   write_msgbuf("request", "hello", &mb);
   for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++) {
-    sp_msgbuf_begin(&mb, plain[i], 2 + i, 0);
+    sp__msgbuf_begin(&mb, plain[i], 2 + i, 0);
     write_msgbuf("request", plain[i], &mb);
   }
-  sp_msgbuf_begin(&mb, "job_create", 5, 1);
-  sp_pack_kv_u64(&mb.pk, "world", 4);
+  sp__msgbuf_begin(&mb, "job_create", 5, 1);
+  sp__pack_kv_u64(&mb.pk, "world", 4);
   write_msgbuf("request", "job_create", &mb);
   for (int v2 = 0; v2 < 2; v2++) {
     pack_ticket(&ticket, v2);
-    sp_msgbuf_begin(&mb, "join", 6, 4);
-    sp_pack_str(&mb.pk, "ticket");
-    sp_pack_bin(&mb.pk, ticket.data, ticket.size);
-    sp_pack_kv_u64(&mb.pk, "rank", 1);
-    sp_pack_kv_u64(&mb.pk, "world", 4);
-    sp_pack_kv_str(&mb.pk, "device",
-                   v2 ? "cuda:GPU-6a2c4e18-0000-1111-2222-333344445555"
-                      : "cpu");
+    sp__msgbuf_begin(&mb, "join", 6, 4);
+    sp__pack_str(&mb.pk, "ticket");
+    sp__pack_bin(&mb.pk, ticket.data, ticket.size);
+    sp__pack_kv_u64(&mb.pk, "rank", 1);
+    sp__pack_kv_u64(&mb.pk, "world", 4);
+    sp__pack_kv_str(&mb.pk, "device",
+                    v2 ? "cuda:GPU-6a2c4e18-0000-1111-2222-333344445555"
+                       : "cpu");
     write_msgbuf("request", v2 ? "join_v2_cuda" : "join", &mb);
     msgpack_sbuffer_destroy(&ticket);
   }
-  sp_msgbuf_begin(&mb, "storage_add", 7, 1);
+  sp__msgbuf_begin(&mb, "storage_add", 7, 1);
   pack_storages(&mb.pk);
   write_msgbuf("request", "storage_add", &mb);
-  sp_msgbuf_begin(&mb, "tensor_add", 8, 1);
+  sp__msgbuf_begin(&mb, "tensor_add", 8, 1);
   pack_tensors(&mb.pk);
   write_msgbuf("request", "tensor_add", &mb);
   /* Both in one map: what the registry checks once both are known. */
-  sp_msgbuf_begin(&mb, "tensor_add", 9, 2);
+  sp__msgbuf_begin(&mb, "tensor_add", 9, 2);
   pack_storages(&mb.pk);
   pack_tensors(&mb.pk);
   write_msgbuf("request", "storages_and_tensors", &mb);
-  sp_msgbuf_begin(&mb, "tensor_add", 10, 1);
-  sp_pack_str(&mb.pk, "tensors");
+  sp__msgbuf_begin(&mb, "tensor_add", 10, 1);
+  sp__pack_str(&mb.pk, "tensors");
   msgpack_pack_array(&mb.pk, 1);
   pack_tensor(&mb.pk, "d.empty", "bfloat16", "plain", 1, none, none, none, 0,
               false);
   write_msgbuf("request", "tensor_add_empty", &mb);
-  sp_msgbuf_begin(&mb, "export", 11, 5);
-  sp_pack_kv_u64(&mb.pk, "max_keys", 4);
-  sp_pack_kv_u64(&mb.pk, "max_bytes", 1 << 20);
-  sp_pack_kv_u64(&mb.pk, "timeout_ms", 10000);
-  sp_pack_kv_bool(&mb.pk, "progress", true);
-  sp_pack_str(&mb.pk, "groups");
+  sp__msgbuf_begin(&mb, "export", 11, 5);
+  sp__pack_kv_u64(&mb.pk, "max_keys", 4);
+  sp__pack_kv_u64(&mb.pk, "max_bytes", 1 << 20);
+  sp__pack_kv_u64(&mb.pk, "timeout_ms", 10000);
+  sp__pack_kv_bool(&mb.pk, "progress", true);
+  sp__pack_str(&mb.pk, "groups");
   msgpack_pack_array(&mb.pk, 1);
   msgpack_pack_array(&mb.pk, 2);
-  sp_pack_str(&mb.pk, "a.weight");
-  sp_pack_str(&mb.pk, "f.columns");
+  sp__pack_str(&mb.pk, "a.weight");
+  sp__pack_str(&mb.pk, "f.columns");
   write_msgbuf("request", "export", &mb);
-  sp_msgbuf_begin(&mb, "export", 13, 2);
-  sp_pack_kv_bool(&mb.pk, "progress", true);
-  sp_pack_str(&mb.pk, "save");
+  sp__msgbuf_begin(&mb, "export", 13, 2);
+  sp__pack_kv_bool(&mb.pk, "progress", true);
+  sp__pack_str(&mb.pk, "save");
   msgpack_pack_map(&mb.pk, 1);
-  sp_pack_kv_u64(&mb.pk, "max_shard_bytes", 5ull << 30);
+  sp__pack_kv_u64(&mb.pk, "max_shard_bytes", 5ull << 30);
   write_msgbuf("request", "export_save", &mb);
-  sp_msgbuf_begin(&mb, "release", 12, 1);
-  sp_pack_kv_u64(&mb.pk, "export_id", 3);
+  sp__msgbuf_begin(&mb, "release", 12, 1);
+  sp__pack_kv_u64(&mb.pk, "export_id", 3);
   write_msgbuf("request", "release", &mb);
 }
 

@@ -159,8 +159,8 @@ static int job_request(const char *op, const char *job, char *msg,
   if (sock < 0)
     return sock;
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, op, 7, 1);
-  sp_pack_kv_str(&mb.pk, "job", job);
+  sp__msgbuf_begin(&mb, op, 7, 1);
+  sp__pack_kv_str(&mb.pk, "job", job);
   struct sp_test_reply r;
   int rc = sp_test_send_msgbuf(sock, &mb, NULL, 0);
   if (rc == 0)
@@ -183,22 +183,22 @@ static int own_a_job(const char *arg, int out) {
     return 2;
   struct sp_msgbuf mb;
   struct sp_test_reply r;
-  sp_msgbuf_begin(&mb, "job_create", 1, 1);
-  sp_pack_kv_u64(&mb.pk, "world", 2);
+  sp__msgbuf_begin(&mb, "job_create", 1, 1);
+  sp__pack_kv_u64(&mb.pk, "world", 2);
   char hex[33];
   const uint8_t *ticket;
   size_t len;
   if (sp_test_send_msgbuf(sock, &mb, NULL, 0) != 0 ||
       sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS) != 0 || r.code != 0 ||
-      sp_msg_get_strbuf(&r.map, "job_id", false, hex, sizeof hex) != 0 ||
-      sp_msg_get_bin(&r.map, "ticket", false, &ticket, &len) != 0)
+      sp__msg_get_strbuf(&r.map, "job_id", false, hex, sizeof hex) != 0 ||
+      sp__msg_get_bin(&r.map, "ticket", false, &ticket, &len) != 0)
     return 3;
-  sp_msgbuf_begin(&mb, "join", 2, 4);
-  sp_pack_str(&mb.pk, "ticket");
-  sp_pack_bin(&mb.pk, ticket, len);
-  sp_pack_kv_u64(&mb.pk, "rank", 0);
-  sp_pack_kv_u64(&mb.pk, "world", 2);
-  sp_pack_kv_str(&mb.pk, "device", "cpu");
+  sp__msgbuf_begin(&mb, "join", 2, 4);
+  sp__pack_str(&mb.pk, "ticket");
+  sp__pack_bin(&mb.pk, ticket, len);
+  sp__pack_kv_u64(&mb.pk, "rank", 0);
+  sp__pack_kv_u64(&mb.pk, "world", 2);
+  sp__pack_kv_str(&mb.pk, "device", "cpu");
   sp_test_reply_free(&r);
   if (sp_test_send_msgbuf(sock, &mb, NULL, 0) != 0 ||
       sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS) != 0 || r.code != 0)

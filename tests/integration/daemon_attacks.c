@@ -102,24 +102,24 @@ static struct user_use user_status(uid_t uid) {
   struct sp_test_reply r;
   ck_assert_int_eq(sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS), 0);
   const msgpack_object_array *users;
-  ck_assert_int_eq(sp_msg_get_array(&r.map, "users", false, &users), 0);
+  ck_assert_int_eq(sp__msg_get_array(&r.map, "users", false, &users), 0);
   for (uint32_t i = 0; i < users->size; i++) {
     const msgpack_object *m = &users->ptr[i];
     uint64_t id;
-    ck_assert_int_eq(sp_msg_get_u64(m, "uid", false, &id), 0);
+    ck_assert_int_eq(sp__msg_get_u64(m, "uid", false, &id), 0);
     if (id != uid)
       continue;
-    ck_assert_int_eq(sp_msg_get_u64(m, "clients", false, &u.clients), 0);
-    ck_assert_int_eq(sp_msg_get_u64(m, "jobs", false, &u.jobs), 0);
-    ck_assert_int_eq(sp_msg_get_u64(m, "ranks", false, &u.ranks), 0);
+    ck_assert_int_eq(sp__msg_get_u64(m, "clients", false, &u.clients), 0);
+    ck_assert_int_eq(sp__msg_get_u64(m, "jobs", false, &u.jobs), 0);
+    ck_assert_int_eq(sp__msg_get_u64(m, "ranks", false, &u.ranks), 0);
     ck_assert_int_eq(
-        sp_msg_get_u64(m, "registrations", false, &u.registrations), 0);
-    ck_assert_int_eq(sp_msg_get_u64(m, "registration_bytes", false,
-                                    &u.registration_bytes),
+        sp__msg_get_u64(m, "registrations", false, &u.registrations), 0);
+    ck_assert_int_eq(
+        sp__msg_get_u64(m, "registration_bytes", false, &u.registration_bytes),
+        0);
+    ck_assert_int_eq(sp__msg_get_u64(m, "mappings", false, &u.mappings), 0);
+    ck_assert_int_eq(sp__msg_get_u64(m, "mapped_bytes", false, &u.mapped_bytes),
                      0);
-    ck_assert_int_eq(sp_msg_get_u64(m, "mappings", false, &u.mappings), 0);
-    ck_assert_int_eq(
-        sp_msg_get_u64(m, "mapped_bytes", false, &u.mapped_bytes), 0);
   }
   sp_test_reply_free(&r);
   close(sock);
@@ -251,17 +251,17 @@ static int memfd_of(const char *name, size_t size) {
 static void pack_storages(struct sp_msgbuf *mb, uint64_t id,
                           const uint32_t *sids, size_t n, uint64_t length,
                           uint32_t fd) {
-  sp_msgbuf_begin(mb, "storage_add", id, 1);
-  sp_pack_str(&mb->pk, "storages");
+  sp__msgbuf_begin(mb, "storage_add", id, 1);
+  sp__pack_str(&mb->pk, "storages");
   msgpack_pack_array(&mb->pk, n);
   for (size_t i = 0; i < n; i++) {
     msgpack_pack_map(&mb->pk, 6);
-    sp_pack_kv_u64(&mb->pk, "sid", sids[i]);
-    sp_pack_kv_str(&mb->pk, "kind", "memfd");
-    sp_pack_kv_u64(&mb->pk, "fd", fd);
-    sp_pack_kv_u64(&mb->pk, "offset", i * length);
-    sp_pack_kv_u64(&mb->pk, "length", length);
-    sp_pack_kv_u64(&mb->pk, "base", 0x10000000 + i * (length + 1));
+    sp__pack_kv_u64(&mb->pk, "sid", sids[i]);
+    sp__pack_kv_str(&mb->pk, "kind", "memfd");
+    sp__pack_kv_u64(&mb->pk, "fd", fd);
+    sp__pack_kv_u64(&mb->pk, "offset", i * length);
+    sp__pack_kv_u64(&mb->pk, "length", length);
+    sp__pack_kv_u64(&mb->pk, "base", 0x10000000 + i * (length + 1));
   }
 }
 
@@ -270,17 +270,17 @@ static int add_one_per_fd(int sock, uint32_t first_sid, const int *fds,
                           size_t nfds, char *message, size_t size) {
   struct sp_msgbuf mb;
   uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, "storage_add", id, 1);
-  sp_pack_str(&mb.pk, "storages");
+  sp__msgbuf_begin(&mb, "storage_add", id, 1);
+  sp__pack_str(&mb.pk, "storages");
   msgpack_pack_array(&mb.pk, nfds);
   for (size_t i = 0; i < nfds; i++) {
     msgpack_pack_map(&mb.pk, 6);
-    sp_pack_kv_u64(&mb.pk, "sid", first_sid + i);
-    sp_pack_kv_str(&mb.pk, "kind", "memfd");
-    sp_pack_kv_u64(&mb.pk, "fd", i);
-    sp_pack_kv_u64(&mb.pk, "offset", 0);
-    sp_pack_kv_u64(&mb.pk, "length", 64);
-    sp_pack_kv_u64(&mb.pk, "base", 0x20000000 + 4096 * (first_sid + i));
+    sp__pack_kv_u64(&mb.pk, "sid", first_sid + i);
+    sp__pack_kv_str(&mb.pk, "kind", "memfd");
+    sp__pack_kv_u64(&mb.pk, "fd", i);
+    sp__pack_kv_u64(&mb.pk, "offset", 0);
+    sp__pack_kv_u64(&mb.pk, "length", 64);
+    sp__pack_kv_u64(&mb.pk, "base", 0x20000000 + 4096 * (first_sid + i));
   }
   ck_assert_int_eq(sp_test_send_msgbuf(sock, &mb, fds, nfds), 0);
   struct sp_test_reply r;
@@ -415,17 +415,18 @@ START_TEST(one_memfd_many_storages) {
       sids[i] = first + i;
     struct sp_msgbuf mb;
     uint64_t id = next_id++;
-    sp_msgbuf_begin(&mb, "storage_add", id, 1);
-    sp_pack_str(&mb.pk, "storages");
+    sp__msgbuf_begin(&mb, "storage_add", id, 1);
+    sp__pack_str(&mb.pk, "storages");
     msgpack_pack_array(&mb.pk, FRAME);
     for (uint32_t i = 0; i < FRAME; i++) {
       msgpack_pack_map(&mb.pk, 6);
-      sp_pack_kv_u64(&mb.pk, "sid", sids[i]);
-      sp_pack_kv_str(&mb.pk, "kind", "memfd");
-      sp_pack_kv_u64(&mb.pk, "fd", 0);
-      sp_pack_kv_u64(&mb.pk, "offset", (uint64_t)(first + i) * 4096);
-      sp_pack_kv_u64(&mb.pk, "length", 4096);
-      sp_pack_kv_u64(&mb.pk, "base", 0x100000000 + (uint64_t)(first + i) * 4096);
+      sp__pack_kv_u64(&mb.pk, "sid", sids[i]);
+      sp__pack_kv_str(&mb.pk, "kind", "memfd");
+      sp__pack_kv_u64(&mb.pk, "fd", 0);
+      sp__pack_kv_u64(&mb.pk, "offset", (uint64_t)(first + i) * 4096);
+      sp__pack_kv_u64(&mb.pk, "length", 4096);
+      sp__pack_kv_u64(&mb.pk, "base",
+                      0x100000000 + (uint64_t)(first + i) * 4096);
     }
     int code;
     struct timing t = timed_call(sock, &mb, id, &fd, 1, &code);
@@ -516,17 +517,17 @@ static int add_spaced(int sock, int fd, uint32_t first_sid, size_t n,
                       uint64_t first, uint64_t stride, uint64_t length) {
   struct sp_msgbuf mb;
   uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, "storage_add", id, 1);
-  sp_pack_str(&mb.pk, "storages");
+  sp__msgbuf_begin(&mb, "storage_add", id, 1);
+  sp__pack_str(&mb.pk, "storages");
   msgpack_pack_array(&mb.pk, n);
   for (size_t i = 0; i < n; i++) {
     msgpack_pack_map(&mb.pk, 6);
-    sp_pack_kv_u64(&mb.pk, "sid", first_sid + i);
-    sp_pack_kv_str(&mb.pk, "kind", "memfd");
-    sp_pack_kv_u64(&mb.pk, "fd", 0);
-    sp_pack_kv_u64(&mb.pk, "offset", first + i * stride);
-    sp_pack_kv_u64(&mb.pk, "length", length);
-    sp_pack_kv_u64(&mb.pk, "base", (uint64_t)(first_sid + i + 1) << 32);
+    sp__pack_kv_u64(&mb.pk, "sid", first_sid + i);
+    sp__pack_kv_str(&mb.pk, "kind", "memfd");
+    sp__pack_kv_u64(&mb.pk, "fd", 0);
+    sp__pack_kv_u64(&mb.pk, "offset", first + i * stride);
+    sp__pack_kv_u64(&mb.pk, "length", length);
+    sp__pack_kv_u64(&mb.pk, "base", (uint64_t)(first_sid + i + 1) << 32);
   }
   int code;
   timed_call(sock, &mb, id, &fd, 1, &code);
@@ -846,7 +847,7 @@ static bool utf8(const char *s, size_t len) {
 /* {"op":<bytes ff ff ff>,"id":7}. */
 static void send_bad_op(int sock) {
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "\xff\xff\xff", 7, 0);
+  sp__msgbuf_begin(&mb, "\xff\xff\xff", 7, 0);
   ck_assert_int_eq(sp_test_send_msgbuf(sock, &mb, NULL, 0), 0);
 }
 
@@ -856,7 +857,7 @@ static void expect_utf8_error(int sock, int code) {
   ck_assert_int_eq(r.code, code);
   const char *msg;
   size_t len;
-  ck_assert_int_eq(sp_msg_get_str(&r.map, "message", false, &msg, &len), 0);
+  ck_assert_int_eq(sp__msg_get_str(&r.map, "message", false, &msg, &len), 0);
   ck_assert_msg(utf8(msg, len), "the message is not UTF-8: %.*s", (int)len,
                 msg);
   ck_assert_ptr_nonnull(strstr(r.message, "\\xff\\xff\\xff"));
@@ -891,10 +892,9 @@ START_TEST(log_lines_are_utf8) {
   int sock = sp_test_connect(daemon_.socket);
   ck_assert_int_ge(sock, 0);
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "hello", 1, 2);
-  sp_pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION);
-  sp_pack_kv_str(&mb.pk, "client",
-                 "\xfe\xff\nshardportd: error: forged");
+  sp__msgbuf_begin(&mb, "hello", 1, 2);
+  sp__pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION);
+  sp__pack_kv_str(&mb.pk, "client", "\xfe\xff\nshardportd: error: forged");
   ck_assert_int_eq(sp_test_send_msgbuf(sock, &mb, NULL, 0), 0);
   struct sp_test_reply r;
   ck_assert_int_eq(sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS), 0);

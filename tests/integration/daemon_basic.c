@@ -32,20 +32,20 @@ START_TEST(hello_ping_status) {
 
   /* The hello reply carries the request's id and the daemon's versions. */
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "hello", 41, 2);
-  sp_pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION);
-  sp_pack_kv_str(&mb.pk, "client", "daemon_basic");
+  sp__msgbuf_begin(&mb, "hello", 41, 2);
+  sp__pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION);
+  sp__pack_kv_str(&mb.pk, "client", "daemon_basic");
   ck_assert_int_eq(sp_test_send_msgbuf(sock, &mb, NULL, 0), 0);
   struct sp_test_reply r;
   ck_assert_int_eq(sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS), 0);
   ck_assert_str_eq(r.head.op, "hello");
   ck_assert_uint_eq(r.head.id, 41);
   uint64_t version;
-  ck_assert_int_eq(sp_msg_get_u64(&r.map, "version", false, &version), 0);
+  ck_assert_int_eq(sp__msg_get_u64(&r.map, "version", false, &version), 0);
   ck_assert_uint_eq(version, SP_PROTOCOL_VERSION);
   char daemon_version[32];
-  ck_assert_int_eq(sp_msg_get_strbuf(&r.map, "daemon", false, daemon_version,
-                                     sizeof(daemon_version)),
+  ck_assert_int_eq(sp__msg_get_strbuf(&r.map, "daemon", false, daemon_version,
+                                      sizeof(daemon_version)),
                    0);
   ck_assert_str_eq(daemon_version, SP_VERSION);
   sp_test_reply_free(&r);
@@ -57,41 +57,41 @@ START_TEST(hello_ping_status) {
   ck_assert_int_eq(sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS), 0);
   ck_assert_str_eq(r.head.op, "status");
   ck_assert_uint_eq(r.head.id, 7);
-  ck_assert_int_eq(sp_msg_get_strbuf(&r.map, "daemon_version", false,
-                                     daemon_version, sizeof(daemon_version)),
+  ck_assert_int_eq(sp__msg_get_strbuf(&r.map, "daemon_version", false,
+                                      daemon_version, sizeof(daemon_version)),
                    0);
   ck_assert_str_eq(daemon_version, SP_VERSION);
-  ck_assert_int_eq(sp_msg_get_u64(&r.map, "protocol_version", false, &version),
+  ck_assert_int_eq(sp__msg_get_u64(&r.map, "protocol_version", false, &version),
                    0);
   ck_assert_uint_eq(version, SP_PROTOCOL_VERSION);
   const msgpack_object_array *built;
-  ck_assert_int_eq(sp_msg_get_array(&r.map, "backends_built", false, &built),
+  ck_assert_int_eq(sp__msg_get_array(&r.map, "backends_built", false, &built),
                    0);
   ck_assert_uint_ge(built->size, 1);
   ck_assert_int_eq(built->ptr[0].type, MSGPACK_OBJECT_STR);
   ck_assert_uint_eq(built->ptr[0].via.str.size, 4);
   ck_assert_mem_eq(built->ptr[0].via.str.ptr, "host", 4);
   char active[16], reason[256];
-  ck_assert_int_eq(
-      sp_msg_get_strbuf(&r.map, "backend_active", false, active, sizeof(active)),
-      0);
+  ck_assert_int_eq(sp__msg_get_strbuf(&r.map, "backend_active", false, active,
+                                      sizeof(active)),
+                   0);
   ck_assert_str_eq(active, "host");
-  ck_assert_int_eq(sp_msg_get_strbuf(&r.map, "backend_reason", false, reason,
-                                     sizeof(reason)),
+  ck_assert_int_eq(sp__msg_get_strbuf(&r.map, "backend_reason", false, reason,
+                                      sizeof(reason)),
                    0);
   ck_assert_uint_gt(strlen(reason), 0);
   double uptime;
-  ck_assert_int_eq(sp_msg_get_f64(&r.map, "uptime_s", false, &uptime), 0);
+  ck_assert_int_eq(sp__msg_get_f64(&r.map, "uptime_s", false, &uptime), 0);
   ck_assert(uptime >= 0.0 && uptime < 3600.0);
   uint64_t clients, pool_used, pool_capacity;
-  ck_assert_int_eq(sp_msg_get_u64(&r.map, "clients", false, &clients), 0);
+  ck_assert_int_eq(sp__msg_get_u64(&r.map, "clients", false, &clients), 0);
   ck_assert_uint_ge(clients, 1);
-  ck_assert_int_eq(sp_msg_get_u64(&r.map, "pool_used", false, &pool_used), 0);
+  ck_assert_int_eq(sp__msg_get_u64(&r.map, "pool_used", false, &pool_used), 0);
   ck_assert_int_eq(
-      sp_msg_get_u64(&r.map, "pool_capacity", false, &pool_capacity), 0);
+      sp__msg_get_u64(&r.map, "pool_capacity", false, &pool_capacity), 0);
   ck_assert_uint_le(pool_used, pool_capacity);
   const msgpack_object_array *jobs;
-  ck_assert_int_eq(sp_msg_get_array(&r.map, "jobs", false, &jobs), 0);
+  ck_assert_int_eq(sp__msg_get_array(&r.map, "jobs", false, &jobs), 0);
   ck_assert_uint_eq(jobs->size, 0);
   sp_test_reply_free(&r);
   close(sock);
@@ -108,7 +108,7 @@ START_TEST(clients_counted) {
   struct sp_test_reply r;
   ck_assert_int_eq(sp_test_recv(socks[0], &r, SP_TEST_TIMEOUT_MS), 0);
   uint64_t clients;
-  ck_assert_int_eq(sp_msg_get_u64(&r.map, "clients", false, &clients), 0);
+  ck_assert_int_eq(sp__msg_get_u64(&r.map, "clients", false, &clients), 0);
   /* The harness's readiness probe may still be open; nothing else is. */
   ck_assert(clients == 5 || clients == 6);
   sp_test_reply_free(&r);
@@ -121,8 +121,8 @@ START_TEST(version_mismatch) {
   int sock = sp_test_connect(daemon_.socket);
   ck_assert_int_ge(sock, 0);
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "hello", 9, 1);
-  sp_pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION + 1);
+  sp__msgbuf_begin(&mb, "hello", 9, 1);
+  sp__pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION + 1);
   ck_assert_int_eq(sp_test_send_msgbuf(sock, &mb, NULL, 0), 0);
   struct sp_test_reply r;
   ck_assert_int_eq(sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS), 0);

@@ -134,8 +134,8 @@ static int call_op(int sock, const char *op, uint64_t id,
 
 static int job_create(int sock, uint64_t id, struct sp_test_reply *r) {
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "job_create", id, 1);
-  sp_pack_kv_u64(&mb.pk, "world", 2);
+  sp__msgbuf_begin(&mb, "job_create", id, 1);
+  sp__pack_kv_u64(&mb.pk, "world", 2);
   ck_assert_int_eq(sp_test_send_msgbuf(sock, &mb, NULL, 0), 0);
   ck_assert_int_eq(sp_test_recv(sock, r, SP_TEST_TIMEOUT_MS), 0);
   ck_assert_uint_eq(r->head.id, id);
@@ -146,7 +146,7 @@ static bool status_draining(int sock) {
   struct sp_test_reply r;
   ck_assert_int_eq(call_op(sock, "status", 90, &r), 0);
   bool draining;
-  ck_assert_int_eq(sp_msg_get_bool(&r.map, "draining", false, &draining), 0);
+  ck_assert_int_eq(sp__msg_get_bool(&r.map, "draining", false, &draining), 0);
   sp_test_reply_free(&r);
   return draining;
 }
@@ -333,7 +333,7 @@ START_TEST(reload_applies_what_may_change_live) {
   sp_test_reply_free(&r);
   ck_assert_int_eq(call_op(sock, "status", 4, &r), 0);
   uint64_t capacity;
-  ck_assert_int_eq(sp_msg_get_u64(&r.map, "pool_capacity", false, &capacity),
+  ck_assert_int_eq(sp__msg_get_u64(&r.map, "pool_capacity", false, &capacity),
                    0);
   ck_assert_uint_eq(capacity, 64u << 20);
   sp_test_reply_free(&r);

@@ -393,8 +393,8 @@ START_TEST(unread_replies_disconnect) {
    * 4 KiB of queue are full, the daemon lets go of this client. */
   struct sp_frame_tx tx;
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "status", 1, 0);
-  ck_assert_int_eq(sp_msgbuf_finish(&mb, &tx), 0);
+  sp__msgbuf_begin(&mb, "status", 1, 0);
+  ck_assert_int_eq(sp__msgbuf_finish(&mb, &tx), 0);
   int rc = 0;
   int sent;
   for (sent = 0; sent < 1000000 && rc == 0; sent++) {

@@ -68,7 +68,7 @@ static int recv_for(int sock, uint64_t id, struct sp_test_reply *r,
       (*progress)++;
     if (last_phase != NULL)
       ck_assert_int_eq(
-          sp_msg_get_strbuf(&r->map, "phase", false, last_phase, 32), 0);
+          sp__msg_get_strbuf(&r->map, "phase", false, last_phase, 32), 0);
     sp_test_reply_free(r);
   }
 }
@@ -109,15 +109,15 @@ static struct ticket job_create(int sock, uint32_t world) {
   struct sp_test_reply r;
   struct ticket t;
   uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, "job_create", id, 1);
-  sp_pack_kv_u64(&mb.pk, "world", world);
+  sp__msgbuf_begin(&mb, "job_create", id, 1);
+  sp__pack_kv_u64(&mb.pk, "world", world);
   ck_assert_int_eq(call(sock, &mb, id, NULL, 0, &r), 0);
   const uint8_t *p;
-  ck_assert_int_eq(sp_msg_get_bin(&r.map, "ticket", false, &p, &t.len), 0);
+  ck_assert_int_eq(sp__msg_get_bin(&r.map, "ticket", false, &p, &t.len), 0);
   ck_assert_uint_le(t.len, SP_TICKET_MAX);
   memcpy(t.bytes, p, t.len);
   char hex[64];
-  ck_assert_int_eq(sp_msg_get_strbuf(&r.map, "job_id", false, hex, sizeof hex),
+  ck_assert_int_eq(sp__msg_get_strbuf(&r.map, "job_id", false, hex, sizeof hex),
                    0);
   ck_assert_uint_eq(strlen(hex), 32);
   sp_test_reply_free(&r);
@@ -279,7 +279,7 @@ static void rank_close(struct rank *rk) {
 
 static void pack_dims(msgpack_packer *pk, const char *name, uint32_t n,
                       const int64_t *v) {
-  sp_pack_str(pk, name);
+  sp__pack_str(pk, name);
   msgpack_pack_array(pk, n);
   for (uint32_t d = 0; d < n; d++)
     msgpack_pack_uint64(pk, (uint64_t)v[d]);
@@ -288,16 +288,16 @@ static void pack_dims(msgpack_packer *pk, const char *name, uint32_t n,
 static void register_storage(struct rank *rk) {
   struct sp_msgbuf mb;
   uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, "storage_add", id, 1);
-  sp_pack_str(&mb.pk, "storages");
+  sp__msgbuf_begin(&mb, "storage_add", id, 1);
+  sp__pack_str(&mb.pk, "storages");
   msgpack_pack_array(&mb.pk, 1);
   msgpack_pack_map(&mb.pk, 6);
-  sp_pack_kv_u64(&mb.pk, "sid", STORAGE_SID);
-  sp_pack_kv_str(&mb.pk, "kind", "memfd");
-  sp_pack_kv_u64(&mb.pk, "fd", 0);
-  sp_pack_kv_u64(&mb.pk, "offset", STORAGE_OFFSET);
-  sp_pack_kv_u64(&mb.pk, "length", rk->size - STORAGE_OFFSET);
-  sp_pack_kv_u64(&mb.pk, "base", 0x7f0000000000ull + rk->rank * 0x1000000ull);
+  sp__pack_kv_u64(&mb.pk, "sid", STORAGE_SID);
+  sp__pack_kv_str(&mb.pk, "kind", "memfd");
+  sp__pack_kv_u64(&mb.pk, "fd", 0);
+  sp__pack_kv_u64(&mb.pk, "offset", STORAGE_OFFSET);
+  sp__pack_kv_u64(&mb.pk, "length", rk->size - STORAGE_OFFSET);
+  sp__pack_kv_u64(&mb.pk, "base", 0x7f0000000000ull + rk->rank * 0x1000000ull);
   ck_assert_int_eq(call(rk->sock, &mb, id, &rk->memfd, 1, NULL), 0);
 }
 
@@ -340,26 +340,26 @@ static void pack_model_tensor(msgpack_packer *pk, const struct rank *rk,
     stride[1] = 3;
   }
   msgpack_pack_map(pk, affine ? 9 : 8);
-  sp_pack_kv_str(pk, "key", k->name);
-  sp_pack_kv_u64(pk, "sid", STORAGE_SID);
-  sp_pack_kv_str(pk, "dtype", k->dtype);
+  sp__pack_kv_str(pk, "key", k->name);
+  sp__pack_kv_u64(pk, "sid", STORAGE_SID);
+  sp__pack_kv_str(pk, "dtype", k->dtype);
   pack_dims(pk, "shape", k->ndim, shape);
   pack_dims(pk, "stride", k->ndim, stride);
-  sp_pack_kv_u64(pk, "offset", rk->key_at[i] / k->esz);
-  sp_pack_kv_str(pk, "placement", placement);
+  sp__pack_kv_u64(pk, "offset", rk->key_at[i] / k->esz);
+  sp__pack_kv_str(pk, "placement", placement);
   pack_dims(pk, "global_shape", k->ndim, k->shape);
   if (!affine)
     return;
-  sp_pack_str(pk, "pieces");
+  sp__pack_str(pk, "pieces");
   msgpack_pack_array(pk, 1);
   msgpack_pack_map(pk, 6);
   int64_t src_stride[2] = {shape[1], 1}, dst_stride[2] = {k->shape[1], 1};
   pack_dims(pk, "shape", 2, shape);
   pack_dims(pk, "src_stride", 2, src_stride);
   pack_dims(pk, "dst_stride", 2, dst_stride);
-  sp_pack_kv_u64(pk, "src_offset", 0);
-  sp_pack_kv_u64(pk, "dst_offset", k->kind == COLUMNS ? 3u * r : 0);
-  sp_pack_str(pk, "holders");
+  sp__pack_kv_u64(pk, "src_offset", 0);
+  sp__pack_kv_u64(pk, "dst_offset", k->kind == COLUMNS ? 3u * r : 0);
+  sp__pack_str(pk, "holders");
   if (k->kind == COLUMNS) {
     msgpack_pack_array(pk, 1);
     msgpack_pack_uint32(pk, r);
@@ -376,8 +376,8 @@ static void register_model(struct rank *rk, size_t skip) {
   size_t n = 0;
   for (size_t i = 0; i < NKEYS; i++)
     n += rk->holds[i] && i != skip;
-  sp_msgbuf_begin(&mb, "tensor_add", id, 1);
-  sp_pack_str(&mb.pk, "tensors");
+  sp__msgbuf_begin(&mb, "tensor_add", id, 1);
+  sp__pack_str(&mb.pk, "tensors");
   msgpack_pack_array(&mb.pk, (uint32_t)n);
   for (size_t i = 0; i < NKEYS; i++)
     if (rk->holds[i] && i != skip)
@@ -385,7 +385,7 @@ static void register_model(struct rank *rk, size_t skip) {
   struct sp_test_reply r;
   ck_assert_int_eq(call(rk->sock, &mb, id, NULL, 0, &r), 0);
   uint64_t count;
-  ck_assert_int_eq(sp_msg_get_u64(&r.map, "count", false, &count), 0);
+  ck_assert_int_eq(sp__msg_get_u64(&r.map, "count", false, &count), 0);
   ck_assert_uint_eq(count, n);
   sp_test_reply_free(&r);
 }
@@ -396,10 +396,10 @@ static uint64_t send_export(int sock, bool progress, uint32_t timeout_ms,
                             uint32_t max_keys) {
   struct sp_msgbuf mb;
   uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, "export", id, 3);
-  sp_pack_kv_bool(&mb.pk, "progress", progress);
-  sp_pack_kv_u64(&mb.pk, "timeout_ms", timeout_ms);
-  sp_pack_kv_u64(&mb.pk, "max_keys", max_keys);
+  sp__msgbuf_begin(&mb, "export", id, 3);
+  sp__pack_kv_bool(&mb.pk, "progress", progress);
+  sp__pack_kv_u64(&mb.pk, "timeout_ms", timeout_ms);
+  sp__pack_kv_u64(&mb.pk, "max_keys", max_keys);
   ck_assert_int_eq(sp_test_send_msgbuf(sock, &mb, NULL, 0), 0);
   return id;
 }
@@ -425,7 +425,7 @@ struct published {
 static void get_dims(const msgpack_object *o, const char *name, uint32_t *n,
                      int64_t *v) {
   const msgpack_object_array *a;
-  ck_assert_int_eq(sp_msg_get_array(o, name, false, &a), 0);
+  ck_assert_int_eq(sp__msg_get_array(o, name, false, &a), 0);
   ck_assert_uint_le(a->size, 4);
   *n = a->size;
   for (uint32_t d = 0; d < a->size; d++)
@@ -453,14 +453,16 @@ static int read_export(int sock, uint64_t id, struct published *out, char *msg,
     }
     ck_assert_str_eq(r.head.op, "export");
     uint64_t part, export_id;
-    ck_assert_int_eq(sp_msg_get_u64(&r.map, "part", false, &part), 0);
+    ck_assert_int_eq(sp__msg_get_u64(&r.map, "part", false, &part), 0);
     ck_assert_uint_eq(part, p);
-    ck_assert_int_eq(sp_msg_get_u64(&r.map, "parts", false, &parts), 0);
-    ck_assert_int_eq(sp_msg_get_u64(&r.map, "export_id", false, &export_id), 0);
+    ck_assert_int_eq(sp__msg_get_u64(&r.map, "parts", false, &parts), 0);
+    ck_assert_int_eq(sp__msg_get_u64(&r.map, "export_id", false, &export_id),
+                     0);
     if (p == 0) {
       uint64_t segments;
       out->export_id = export_id;
-      ck_assert_int_eq(sp_msg_get_u64(&r.map, "segments", false, &segments), 0);
+      ck_assert_int_eq(sp__msg_get_u64(&r.map, "segments", false, &segments),
+                       0);
       ck_assert_uint_eq(r.frame.nfds, segments);
       if (segments == 1) {
         out->segment_fd = r.frame.fds[0];
@@ -481,23 +483,23 @@ static int read_export(int sock, uint64_t id, struct published *out, char *msg,
       ck_assert_uint_eq(r.frame.nfds, 0);
     }
     const msgpack_object_array *t;
-    ck_assert_int_eq(sp_msg_get_array(&r.map, "tensors", false, &t), 0);
+    ck_assert_int_eq(sp__msg_get_array(&r.map, "tensors", false, &t), 0);
     out->t = realloc(out->t, (out->n + t->size + 1) * sizeof *out->t);
     for (uint32_t i = 0; i < t->size; i++) {
       const msgpack_object *o = &t->ptr[i];
       struct owned *w = &out->t[out->n++];
       memset(w, 0, sizeof *w);
       ck_assert_int_eq(
-          sp_msg_get_strbuf(o, "key", false, w->key, sizeof w->key), 0);
+          sp__msg_get_strbuf(o, "key", false, w->key, sizeof w->key), 0);
       uint32_t nstride;
       get_dims(o, "shape", &w->ndim, w->shape);
       get_dims(o, "stride", &nstride, w->stride);
       ck_assert_uint_eq(nstride, w->ndim);
-      ck_assert_int_eq(sp_msg_get_u64(o, "byte_offset", false, &w->byte_offset),
-                       0);
+      ck_assert_int_eq(
+          sp__msg_get_u64(o, "byte_offset", false, &w->byte_offset), 0);
       uint64_t segment;
-      int has_segment = sp_msg_get_u64(o, "segment", true, &segment);
-      int has_sid = sp_msg_get_u64(o, "sid", true, &w->sid);
+      int has_segment = sp__msg_get_u64(o, "segment", true, &segment);
+      int has_sid = sp__msg_get_u64(o, "sid", true, &w->sid);
       ck_assert_int_ne(has_segment, has_sid);
       w->identity = has_sid == 0;
       if (!w->identity) {
@@ -596,8 +598,8 @@ static void check_model(struct rank *rk, struct published *pub) {
 static int release(int sock, uint64_t export_id) {
   struct sp_msgbuf mb;
   uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, "release", id, 1);
-  sp_pack_kv_u64(&mb.pk, "export_id", export_id);
+  sp__msgbuf_begin(&mb, "release", id, 1);
+  sp__pack_kv_u64(&mb.pk, "export_id", export_id);
   return call(sock, &mb, id, NULL, 0, NULL);
 }
 
@@ -608,22 +610,22 @@ static void status_job(int sock, char *phase, size_t len, uint64_t *pool_used,
   struct sp_msgbuf mb;
   struct sp_test_reply r;
   uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, "status", id, 0);
+  sp__msgbuf_begin(&mb, "status", id, 0);
   ck_assert_int_eq(call(sock, &mb, id, NULL, 0, &r), 0);
-  ck_assert_int_eq(sp_msg_get_u64(&r.map, "pool_used", false, pool_used), 0);
+  ck_assert_int_eq(sp__msg_get_u64(&r.map, "pool_used", false, pool_used), 0);
   const msgpack_object_array *jobs;
-  ck_assert_int_eq(sp_msg_get_array(&r.map, "jobs", false, &jobs), 0);
+  ck_assert_int_eq(sp__msg_get_array(&r.map, "jobs", false, &jobs), 0);
   phase[0] = '\0';
   if (jobs->size > 0) {
     const msgpack_object *j = &jobs->ptr[0];
-    ck_assert_int_eq(sp_msg_get_strbuf(j, "phase", false, phase, len), 0);
+    ck_assert_int_eq(sp__msg_get_strbuf(j, "phase", false, phase, len), 0);
     if (round != NULL)
-      ck_assert_int_eq(sp_msg_get_u64(j, "round", false, round), 0);
+      ck_assert_int_eq(sp__msg_get_u64(j, "round", false, round), 0);
     if (rounds != NULL)
-      ck_assert_int_eq(sp_msg_get_u64(j, "rounds", false, rounds), 0);
+      ck_assert_int_eq(sp__msg_get_u64(j, "rounds", false, rounds), 0);
     if (error != NULL) {
       error[0] = '\0';
-      sp_msg_get_strbuf(j, "error", true, error, errlen);
+      sp__msg_get_strbuf(j, "error", true, error, errlen);
     }
   }
   sp_test_reply_free(&r);
@@ -654,11 +656,11 @@ static void wait_pool(int sock, uint64_t want, uint64_t want_held,
     struct sp_msgbuf mb;
     struct sp_test_reply r;
     uint64_t id = next_id++;
-    sp_msgbuf_begin(&mb, "status", id, 0);
+    sp__msgbuf_begin(&mb, "status", id, 0);
     ck_assert_int_eq(call(sock, &mb, id, NULL, 0, &r), 0);
-    ck_assert_int_eq(sp_msg_get_u64(&r.map, "pool_used", false, &used), 0);
-    ck_assert_int_eq(sp_msg_get_u64(&r.map, "pool_held", false, &held), 0);
-    ck_assert_int_eq(sp_msg_get_u64(&r.map, "pool_warm", false, &kept), 0);
+    ck_assert_int_eq(sp__msg_get_u64(&r.map, "pool_used", false, &used), 0);
+    ck_assert_int_eq(sp__msg_get_u64(&r.map, "pool_held", false, &held), 0);
+    ck_assert_int_eq(sp__msg_get_u64(&r.map, "pool_warm", false, &kept), 0);
     sp_test_reply_free(&r);
   }
   ck_assert_uint_eq(used, want);
@@ -669,7 +671,7 @@ static void wait_pool(int sock, uint64_t want, uint64_t want_held,
 static void leave(int sock) {
   struct sp_msgbuf mb;
   uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, "leave", id, 0);
+  sp__msgbuf_begin(&mb, "leave", id, 0);
   ck_assert_int_eq(call(sock, &mb, id, NULL, 0, NULL), 0);
 }
 
@@ -949,16 +951,16 @@ END_TEST
 static void pack_one_storage(struct sp_msgbuf *mb, uint64_t id, uint32_t sid,
                              uint64_t fd, uint64_t offset, uint64_t length,
                              uint64_t base) {
-  sp_msgbuf_begin(mb, "storage_add", id, 1);
-  sp_pack_str(&mb->pk, "storages");
+  sp__msgbuf_begin(mb, "storage_add", id, 1);
+  sp__pack_str(&mb->pk, "storages");
   msgpack_pack_array(&mb->pk, 1);
   msgpack_pack_map(&mb->pk, 6);
-  sp_pack_kv_u64(&mb->pk, "sid", sid);
-  sp_pack_kv_str(&mb->pk, "kind", "memfd");
-  sp_pack_kv_u64(&mb->pk, "fd", fd);
-  sp_pack_kv_u64(&mb->pk, "offset", offset);
-  sp_pack_kv_u64(&mb->pk, "length", length);
-  sp_pack_kv_u64(&mb->pk, "base", base);
+  sp__pack_kv_u64(&mb->pk, "sid", sid);
+  sp__pack_kv_str(&mb->pk, "kind", "memfd");
+  sp__pack_kv_u64(&mb->pk, "fd", fd);
+  sp__pack_kv_u64(&mb->pk, "offset", offset);
+  sp__pack_kv_u64(&mb->pk, "length", length);
+  sp__pack_kv_u64(&mb->pk, "base", base);
 }
 
 /* A float32 row-major tensor map with the given key, storage, view. */
@@ -966,13 +968,13 @@ static void pack_plain(msgpack_packer *pk, const char *key, uint32_t sid,
                        int64_t rows, int64_t cols, uint64_t offset) {
   int64_t shape[2] = {rows, cols}, stride[2] = {cols, 1};
   msgpack_pack_map(pk, 8);
-  sp_pack_kv_str(pk, "key", key);
-  sp_pack_kv_u64(pk, "sid", sid);
-  sp_pack_kv_str(pk, "dtype", "float32");
+  sp__pack_kv_str(pk, "key", key);
+  sp__pack_kv_u64(pk, "sid", sid);
+  sp__pack_kv_str(pk, "dtype", "float32");
   pack_dims(pk, "shape", 2, shape);
   pack_dims(pk, "stride", 2, stride);
-  sp_pack_kv_u64(pk, "offset", offset);
-  sp_pack_kv_str(pk, "placement", "replicated");
+  sp__pack_kv_u64(pk, "offset", offset);
+  sp__pack_kv_str(pk, "placement", "replicated");
   pack_dims(pk, "global_shape", 2, shape);
 }
 
@@ -981,8 +983,8 @@ static int add_plain(int sock, const char *key, uint32_t sid, int64_t rows,
                      int code) {
   struct sp_msgbuf mb;
   uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, "tensor_add", id, 1);
-  sp_pack_str(&mb.pk, "tensors");
+  sp__msgbuf_begin(&mb, "tensor_add", id, 1);
+  sp__pack_str(&mb.pk, "tensors");
   msgpack_pack_array(&mb.pk, 1);
   pack_plain(&mb.pk, key, sid, rows, cols, offset);
   expect_error(sock, &mb, id, NULL, 0, code, words);
@@ -1035,8 +1037,8 @@ START_TEST(registration_refusals) {
 
   /* A frame with a good tensor and a duplicate registers neither... */
   id = next_id++;
-  sp_msgbuf_begin(&mb, "tensor_add", id, 1);
-  sp_pack_str(&mb.pk, "tensors");
+  sp__msgbuf_begin(&mb, "tensor_add", id, 1);
+  sp__pack_str(&mb.pk, "tensors");
   msgpack_pack_array(&mb.pk, 3);
   pack_plain(&mb.pk, "x", 1, 2, 2, 0);
   pack_plain(&mb.pk, "y", 1, 2, 2, 4);
@@ -1044,16 +1046,16 @@ START_TEST(registration_refusals) {
   expect_error(sock, &mb, id, NULL, 0, SP_EDUPKEY, "'x'");
   /* ... nor one with a bad view in its last tensor. */
   id = next_id++;
-  sp_msgbuf_begin(&mb, "tensor_add", id, 1);
-  sp_pack_str(&mb.pk, "tensors");
+  sp__msgbuf_begin(&mb, "tensor_add", id, 1);
+  sp__pack_str(&mb.pk, "tensors");
   msgpack_pack_array(&mb.pk, 2);
   pack_plain(&mb.pk, "x", 1, 2, 2, 0);
   pack_plain(&mb.pk, "y", 1, 2, 2, 5000);
   expect_error(sock, &mb, id, NULL, 0, SP_EOUTOFBOUNDS, "tensors[1]");
   /* So both still register, once. */
   id = next_id++;
-  sp_msgbuf_begin(&mb, "tensor_add", id, 1);
-  sp_pack_str(&mb.pk, "tensors");
+  sp__msgbuf_begin(&mb, "tensor_add", id, 1);
+  sp__pack_str(&mb.pk, "tensors");
   msgpack_pack_array(&mb.pk, 2);
   pack_plain(&mb.pk, "x", 1, 2, 2, 0);
   pack_plain(&mb.pk, "y", 1, 2, 2, 4);
@@ -1099,10 +1101,10 @@ START_TEST(join_refusals) {
   ck_assert_int_eq(join(b, &t, 1, 2), 0);
   /* A rank that left frees its place. */
   id = next_id++;
-  sp_msgbuf_begin(&mb, "leave", id, 0);
+  sp__msgbuf_begin(&mb, "leave", id, 0);
   ck_assert_int_eq(call(b, &mb, id, NULL, 0, NULL), 0);
   id = next_id++;
-  sp_msgbuf_begin(&mb, "leave", id, 0);
+  sp__msgbuf_begin(&mb, "leave", id, 0);
   expect_error(b, &mb, id, NULL, 0, SP_ESTATE, "not in a job");
   int rc = SP_ERANK;
   for (int i = 0; i < 100 && rc == SP_ERANK; i++) {
@@ -1126,7 +1128,7 @@ START_TEST(export_twice_and_unknown_release) {
   /* Asked twice: the second is refused, the first goes on. */
   struct sp_msgbuf mb;
   uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, "export", id, 0);
+  sp__msgbuf_begin(&mb, "export", id, 0);
   expect_error(rk[0].sock, &mb, id, NULL, 0, SP_EEXPORTING, "already asked");
   /* A rank that asked may not register more until its export is over:
    * across nodes its registrations already went to the root. */
@@ -1171,8 +1173,8 @@ START_TEST(refusal_reaches_every_rank) {
   /* Fixed, the same job exports. */
   struct sp_msgbuf mb;
   uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, "tensor_add", id, 1);
-  sp_pack_str(&mb.pk, "tensors");
+  sp__msgbuf_begin(&mb, "tensor_add", id, 1);
+  sp__pack_str(&mb.pk, "tensors");
   msgpack_pack_array(&mb.pk, 1);
   pack_model_tensor(&mb.pk, &rk[1], 0);
   ck_assert_int_eq(call(rk[1].sock, &mb, id, NULL, 0, NULL), 0);
@@ -1267,7 +1269,7 @@ START_TEST(leave_while_waiting) {
   uint64_t id0 = send_export(rk[0].sock, false, 10000, 0);
   struct sp_msgbuf mb;
   uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, "leave", id, 0);
+  sp__msgbuf_begin(&mb, "leave", id, 0);
   ck_assert_int_eq(call(rk[1].sock, &mb, id, NULL, 0, NULL), 0);
   ck_assert_int_eq(read_export(rk[0].sock, id0, &pub, msg, sizeof msg, NULL),
                    SP_ERANKLOST);
@@ -1286,8 +1288,8 @@ static void wait_moving(int sock) {
     ck_assert_int_eq(sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS), 0);
     ck_assert_str_eq(r.head.op, "progress");
     ck_assert_int_eq(
-        sp_msg_get_strbuf(&r.map, "phase", false, phase, sizeof phase), 0);
-    ck_assert_int_eq(sp_msg_get_u64(&r.map, "round", false, &round), 0);
+        sp__msg_get_strbuf(&r.map, "phase", false, phase, sizeof phase), 0);
+    ck_assert_int_eq(sp__msg_get_u64(&r.map, "round", false, &round), 0);
     sp_test_reply_free(&r);
     if (strcmp(phase, "moving") == 0 && round >= 1)
       return;
@@ -1399,21 +1401,21 @@ START_TEST(many_keys_in_parts) {
     ck_assert_int_eq(call(sock[r], &mb, id, &fd[r], 1, NULL), 0);
     /* Key i: two rows, one on each rank. */
     id = next_id++;
-    sp_msgbuf_begin(&mb, "tensor_add", id, 1);
-    sp_pack_str(&mb.pk, "tensors");
+    sp__msgbuf_begin(&mb, "tensor_add", id, 1);
+    sp__pack_str(&mb.pk, "tensors");
     msgpack_pack_array(&mb.pk, N);
     for (uint32_t i = 0; i < N; i++) {
       char key[64];
       int64_t shape[1] = {1}, stride[1] = {1}, global[1] = {2};
       snprintf(key, sizeof key, "layers.%05u.a_fairly_long_parameter_name", i);
       msgpack_pack_map(&mb.pk, 8);
-      sp_pack_kv_str(&mb.pk, "key", key);
-      sp_pack_kv_u64(&mb.pk, "sid", 1);
-      sp_pack_kv_str(&mb.pk, "dtype", "int32");
+      sp__pack_kv_str(&mb.pk, "key", key);
+      sp__pack_kv_u64(&mb.pk, "sid", 1);
+      sp__pack_kv_str(&mb.pk, "dtype", "int32");
       pack_dims(&mb.pk, "shape", 1, shape);
       pack_dims(&mb.pk, "stride", 1, stride);
-      sp_pack_kv_u64(&mb.pk, "offset", i);
-      sp_pack_kv_str(&mb.pk, "placement", "shard0");
+      sp__pack_kv_u64(&mb.pk, "offset", i);
+      sp__pack_kv_str(&mb.pk, "placement", "shard0");
       pack_dims(&mb.pk, "global_shape", 1, global);
     }
     ck_assert_int_eq(call(sock[r], &mb, id, NULL, 0, NULL), 0);
@@ -1430,7 +1432,7 @@ START_TEST(many_keys_in_parts) {
       struct sp_test_reply rep;
       ck_assert_int_eq(recv_for(sock[r], id[r], &rep, NULL, NULL), 0);
       ck_assert_int_eq(rep.code, 0);
-      ck_assert_int_eq(sp_msg_get_u64(&rep.map, "parts", false, &parts), 0);
+      ck_assert_int_eq(sp__msg_get_u64(&rep.map, "parts", false, &parts), 0);
       if (p == 0 && rep.frame.nfds == 1) {
         struct stat st;
         fstat(rep.frame.fds[0], &st);
@@ -1439,16 +1441,16 @@ START_TEST(many_keys_in_parts) {
         ck_assert_ptr_ne(seg, MAP_FAILED);
       }
       const msgpack_object_array *a;
-      ck_assert_int_eq(sp_msg_get_array(&rep.map, "tensors", false, &a), 0);
+      ck_assert_int_eq(sp__msg_get_array(&rep.map, "tensors", false, &a), 0);
       for (uint32_t k = 0; k < a->size; k++) {
         char key[64];
         uint64_t off;
         unsigned idx;
         ck_assert_int_eq(
-            sp_msg_get_strbuf(&a->ptr[k], "key", false, key, sizeof key), 0);
+            sp__msg_get_strbuf(&a->ptr[k], "key", false, key, sizeof key), 0);
         ck_assert_int_eq(sscanf(key, "layers.%05u.", &idx), 1);
-        ck_assert_int_eq(sp_msg_get_u64(&a->ptr[k], "byte_offset", false, &off),
-                         0);
+        ck_assert_int_eq(
+            sp__msg_get_u64(&a->ptr[k], "byte_offset", false, &off), 0);
         const uint32_t *v = (const uint32_t *)(seg + off);
         ck_assert_uint_eq(v[0], idx * 2);
         ck_assert_uint_eq(v[1], idx * 2 + 1);

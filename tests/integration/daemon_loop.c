@@ -376,7 +376,7 @@ START_TEST(staged_frames_are_bounded_daemon_wide) {
   struct sp_msgbuf mb;
   sp_pack_many_storages(&mb, 0, 1, REG_N, REG_LENGTH);
   long frame_kb = (long)(mb.sbuf.size / 1024);
-  sp_msgbuf_discard(&mb);
+  sp__msgbuf_discard(&mb);
   long bound_kb = STAGED_WORKERS * one_kb + STAGED_CLIENTS * frame_kb;
   printf("one frame of %ld KiB: the daemon grew by %ld KiB; %d at once: by "
          "%ld KiB (bound %ld KiB)\n",
@@ -610,14 +610,14 @@ START_TEST(large_export_leaves_the_loop_free) {
   int sock = raw_rank(creator);
   struct sp_msgbuf mb;
   uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, "export", id, 1);
-  sp_pack_str(&mb.pk, "groups");
+  sp__msgbuf_begin(&mb, "export", id, 1);
+  sp__pack_str(&mb.pk, "groups");
   msgpack_pack_array(&mb.pk, 1);
   msgpack_pack_array(&mb.pk, GROUP_NAMES);
   for (uint32_t i = 0; i < GROUP_NAMES; i++) {
     char key[32];
     snprintf(key, sizeof key, "k%u", i);
-    sp_pack_str(&mb.pk, key);
+    sp__pack_str(&mb.pk, key);
   }
   loop_max_busy_us();
   uint64_t from = sp_now_ns();

@@ -65,8 +65,8 @@ static int call_ref(int sock, const char *op, const char *ref,
                     struct sp_test_reply *r) {
   struct sp_msgbuf mb;
   uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, op, id, 1);
-  sp_pack_kv_str(&mb.pk, "job", ref);
+  sp__msgbuf_begin(&mb, op, id, 1);
+  sp__pack_kv_str(&mb.pk, "job", ref);
   return call(sock, &mb, id, r);
 }
 
@@ -77,10 +77,10 @@ static void job_create(int sock, uint32_t world, char *hex,
   struct sp_test_reply local;
   struct sp_test_reply *r = ticket != NULL ? ticket : &local;
   uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, "job_create", id, 1);
-  sp_pack_kv_u64(&mb.pk, "world", world);
+  sp__msgbuf_begin(&mb, "job_create", id, 1);
+  sp__pack_kv_u64(&mb.pk, "world", world);
   ck_assert_int_eq(call(sock, &mb, id, r), 0);
-  ck_assert_int_eq(sp_msg_get_strbuf(&r->map, "job_id", false, hex, 33), 0);
+  ck_assert_int_eq(sp__msg_get_strbuf(&r->map, "job_id", false, hex, 33), 0);
   if (ticket == NULL)
     sp_test_reply_free(&local);
 }
@@ -92,18 +92,18 @@ static void status_job(int sock, char *phase, char *error, size_t errlen,
   struct sp_msgbuf mb;
   struct sp_test_reply r;
   uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, "status", id, 0);
+  sp__msgbuf_begin(&mb, "status", id, 0);
   ck_assert_int_eq(call(sock, &mb, id, &r), 0);
   const msgpack_object_array *jobs;
-  ck_assert_int_eq(sp_msg_get_array(&r.map, "jobs", false, &jobs), 0);
+  ck_assert_int_eq(sp__msg_get_array(&r.map, "jobs", false, &jobs), 0);
   ck_assert_uint_eq(jobs->size, 1);
   const msgpack_object *j = &jobs->ptr[0];
-  ck_assert_int_eq(sp_msg_get_strbuf(j, "phase", false, phase, 32), 0);
+  ck_assert_int_eq(sp__msg_get_strbuf(j, "phase", false, phase, 32), 0);
   error[0] = '\0';
-  sp_msg_get_strbuf(j, "error", true, error, errlen);
-  ck_assert_int_eq(sp_msg_get_u64(j, "round", false, round), 0);
-  ck_assert_int_eq(sp_msg_get_u64(j, "bytes_prepared", false, prepared), 0);
-  ck_assert_int_eq(sp_msg_get_u64(j, "bytes_to_prepare", false, to_prepare),
+  sp__msg_get_strbuf(j, "error", true, error, errlen);
+  ck_assert_int_eq(sp__msg_get_u64(j, "round", false, round), 0);
+  ck_assert_int_eq(sp__msg_get_u64(j, "bytes_prepared", false, prepared), 0);
+  ck_assert_int_eq(sp__msg_get_u64(j, "bytes_to_prepare", false, to_prepare),
                    0);
   sp_test_reply_free(&r);
 }
@@ -157,20 +157,20 @@ START_TEST(allocating_before_round_one) {
   struct sp_test_reply r;
   ck_assert_int_eq(call_ref(sock, "job_status", hex, &r), 0);
   const msgpack_object *job;
-  ck_assert_int_eq(sp_msg_get_map(&r.map, "job", false, &job), 0);
+  ck_assert_int_eq(sp__msg_get_map(&r.map, "job", false, &job), 0);
   const msgpack_object_array *ranks;
-  ck_assert_int_eq(sp_msg_get_array(job, "ranks", false, &ranks), 0);
+  ck_assert_int_eq(sp__msg_get_array(job, "ranks", false, &ranks), 0);
   ck_assert_uint_eq(ranks->size, 2);
   for (uint32_t i = 0; i < 2; i++) {
     char state[32];
     uint64_t pid, node;
     ck_assert_int_eq(
-        sp_msg_get_strbuf(&ranks->ptr[i], "state", false, state, sizeof state),
+        sp__msg_get_strbuf(&ranks->ptr[i], "state", false, state, sizeof state),
         0);
     ck_assert_str_eq(state, "exporting");
-    ck_assert_int_eq(sp_msg_get_u64(&ranks->ptr[i], "pid", false, &pid), 0);
+    ck_assert_int_eq(sp__msg_get_u64(&ranks->ptr[i], "pid", false, &pid), 0);
     ck_assert_uint_eq(pid, (uint64_t)getpid());
-    ck_assert_int_eq(sp_msg_get_u64(&ranks->ptr[i], "node", false, &node), 0);
+    ck_assert_int_eq(sp__msg_get_u64(&ranks->ptr[i], "node", false, &node), 0);
     ck_assert_uint_eq(node, 0);
   }
   sp_test_reply_free(&r);
@@ -180,23 +180,23 @@ START_TEST(allocating_before_round_one) {
 
   /* The export is the job's history now. */
   ck_assert_int_eq(call_ref(sock, "job_status", hex, &r), 0);
-  ck_assert_int_eq(sp_msg_get_map(&r.map, "job", false, &job), 0);
+  ck_assert_int_eq(sp__msg_get_map(&r.map, "job", false, &job), 0);
   const msgpack_object_array *history;
-  ck_assert_int_eq(sp_msg_get_array(job, "history", false, &history), 0);
+  ck_assert_int_eq(sp__msg_get_array(job, "history", false, &history), 0);
   ck_assert_uint_eq(history->size, 1);
   const msgpack_object *e = &history->ptr[0];
   char outcome[16];
   uint64_t export_id, rounds, moved, total;
   ck_assert_int_eq(
-      sp_msg_get_strbuf(e, "outcome", false, outcome, sizeof outcome), 0);
+      sp__msg_get_strbuf(e, "outcome", false, outcome, sizeof outcome), 0);
   ck_assert_str_eq(outcome, "published");
-  ck_assert_ptr_null(sp_msg_field(e, "error"));
-  ck_assert_int_eq(sp_msg_get_u64(e, "export_id", false, &export_id), 0);
+  ck_assert_ptr_null(sp__msg_field(e, "error"));
+  ck_assert_int_eq(sp__msg_get_u64(e, "export_id", false, &export_id), 0);
   ck_assert_uint_eq(export_id, 1);
-  ck_assert_int_eq(sp_msg_get_u64(e, "rounds", false, &rounds), 0);
+  ck_assert_int_eq(sp__msg_get_u64(e, "rounds", false, &rounds), 0);
   ck_assert_uint_eq(rounds, j.nkeys);
-  ck_assert_int_eq(sp_msg_get_u64(e, "bytes_moved", false, &moved), 0);
-  ck_assert_int_eq(sp_msg_get_u64(e, "bytes_total", false, &total), 0);
+  ck_assert_int_eq(sp__msg_get_u64(e, "bytes_moved", false, &moved), 0);
+  ck_assert_int_eq(sp__msg_get_u64(e, "bytes_total", false, &total), 0);
   ck_assert_uint_gt(total, 0);
   ck_assert_uint_eq(moved, total);
   sp_test_reply_free(&r);
@@ -213,16 +213,16 @@ static int joined_rank0(char *hex) {
   job_create(owner, 2, hex, &t);
   const uint8_t *ticket;
   size_t len;
-  ck_assert_int_eq(sp_msg_get_bin(&t.map, "ticket", false, &ticket, &len), 0);
+  ck_assert_int_eq(sp__msg_get_bin(&t.map, "ticket", false, &ticket, &len), 0);
   struct sp_msgbuf mb;
   struct sp_test_reply r;
   uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, "join", id, 4);
-  sp_pack_str(&mb.pk, "ticket");
-  sp_pack_bin(&mb.pk, ticket, len);
-  sp_pack_kv_u64(&mb.pk, "rank", 0);
-  sp_pack_kv_u64(&mb.pk, "world", 2);
-  sp_pack_kv_str(&mb.pk, "device", "cpu");
+  sp__msgbuf_begin(&mb, "join", id, 4);
+  sp__pack_str(&mb.pk, "ticket");
+  sp__pack_bin(&mb.pk, ticket, len);
+  sp__pack_kv_u64(&mb.pk, "rank", 0);
+  sp__pack_kv_u64(&mb.pk, "world", 2);
+  sp__pack_kv_str(&mb.pk, "device", "cpu");
   ck_assert_int_eq(call(owner, &mb, id, &r), 0);
   sp_test_reply_free(&r);
   sp_test_reply_free(&t);
@@ -240,8 +240,8 @@ START_TEST(timed_out_asks_are_failed_exports) {
     struct sp_msgbuf mb;
     struct sp_test_reply r;
     uint64_t id = next_id++;
-    sp_msgbuf_begin(&mb, "export", id, 1);
-    sp_pack_kv_u64(&mb.pk, "timeout_ms", 100 * n);
+    sp__msgbuf_begin(&mb, "export", id, 1);
+    sp__pack_kv_u64(&mb.pk, "timeout_ms", 100 * n);
     ck_assert_int_eq(call(rank0, &mb, id, &r), SP_ETIMEOUT);
     sp_test_reply_free(&r);
 
@@ -258,10 +258,10 @@ START_TEST(timed_out_asks_are_failed_exports) {
     const msgpack_object *job;
     const msgpack_object_array *history, *ranks;
     uint64_t exports;
-    ck_assert_int_eq(sp_msg_get_map(&r.map, "job", false, &job), 0);
-    ck_assert_int_eq(sp_msg_get_u64(job, "exports", false, &exports), 0);
+    ck_assert_int_eq(sp__msg_get_map(&r.map, "job", false, &job), 0);
+    ck_assert_int_eq(sp__msg_get_u64(job, "exports", false, &exports), 0);
     ck_assert_uint_eq(exports, n);
-    ck_assert_int_eq(sp_msg_get_array(job, "history", false, &history), 0);
+    ck_assert_int_eq(sp__msg_get_array(job, "history", false, &history), 0);
     /* Kept up to export_history (2): the third drops the oldest. */
     ck_assert_uint_eq(history->size, (n < 2 ? n : 2));
     for (uint32_t i = 0; i < history->size; i++) {
@@ -270,33 +270,33 @@ START_TEST(timed_out_asks_are_failed_exports) {
       uint64_t export_id;
       double duration;
       ck_assert_int_eq(
-          sp_msg_get_strbuf(e, "outcome", false, outcome, sizeof outcome), 0);
+          sp__msg_get_strbuf(e, "outcome", false, outcome, sizeof outcome), 0);
       ck_assert_str_eq(outcome, "failed");
-      ck_assert_int_eq(sp_msg_get_u64(e, "export_id", false, &export_id), 0);
+      ck_assert_int_eq(sp__msg_get_u64(e, "export_id", false, &export_id), 0);
       ck_assert_uint_eq(export_id, 0);
       ck_assert_int_eq(
-          sp_msg_get_strbuf(e, "error", false, herror, sizeof herror), 0);
+          sp__msg_get_strbuf(e, "error", false, herror, sizeof herror), 0);
       ck_assert_ptr_nonnull(strstr(herror, "timed out waiting"));
       /* Newest first: the i-th newest waited (n - i) * 100 ms. */
-      ck_assert_int_eq(sp_msg_get_f64(e, "duration_s", false, &duration), 0);
+      ck_assert_int_eq(sp__msg_get_f64(e, "duration_s", false, &duration), 0);
       ck_assert_msg(duration >= 0.1 * (n - i) - 0.01, "entry %u took %f", i,
                     duration);
     }
-    ck_assert_int_eq(sp_msg_get_array(job, "ranks", false, &ranks), 0);
+    ck_assert_int_eq(sp__msg_get_array(job, "ranks", false, &ranks), 0);
     ck_assert_uint_eq(ranks->size, 2);
     char state[16];
     uint64_t pid;
     ck_assert_int_eq(
-        sp_msg_get_strbuf(&ranks->ptr[0], "state", false, state, sizeof state),
+        sp__msg_get_strbuf(&ranks->ptr[0], "state", false, state, sizeof state),
         0);
     ck_assert_str_eq(state, "joined");
-    ck_assert_int_eq(sp_msg_get_u64(&ranks->ptr[0], "pid", false, &pid), 0);
+    ck_assert_int_eq(sp__msg_get_u64(&ranks->ptr[0], "pid", false, &pid), 0);
     ck_assert_uint_eq(pid, (uint64_t)getpid());
     ck_assert_int_eq(
-        sp_msg_get_strbuf(&ranks->ptr[1], "state", false, state, sizeof state),
+        sp__msg_get_strbuf(&ranks->ptr[1], "state", false, state, sizeof state),
         0);
     ck_assert_str_eq(state, "absent");
-    ck_assert_ptr_null(sp_msg_field(&ranks->ptr[1], "pid"));
+    ck_assert_ptr_null(sp__msg_field(&ranks->ptr[1], "pid"));
     sp_test_reply_free(&r);
   }
   close(rank0);
@@ -310,19 +310,19 @@ static uint32_t jobs_page(int sock, const char *after, bool *more,
   struct sp_msgbuf mb;
   struct sp_test_reply r;
   uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, "jobs", id, after[0] ? 1 : 0);
+  sp__msgbuf_begin(&mb, "jobs", id, after[0] ? 1 : 0);
   if (after[0])
-    sp_pack_kv_str(&mb.pk, "after", after);
+    sp__pack_kv_str(&mb.pk, "after", after);
   ck_assert_int_eq(call(sock, &mb, id, &r), 0);
   const msgpack_object_array *jobs;
-  ck_assert_int_eq(sp_msg_get_array(&r.map, "jobs", false, &jobs), 0);
-  ck_assert_int_eq(sp_msg_get_bool(&r.map, "more", false, more), 0);
+  ck_assert_int_eq(sp__msg_get_array(&r.map, "jobs", false, &jobs), 0);
+  ck_assert_int_eq(sp__msg_get_bool(&r.map, "more", false, more), 0);
   char prev[33];
   snprintf(prev, sizeof prev, "%s", after);
   for (uint32_t i = 0; i < jobs->size; i++) {
     char hex[33];
     ck_assert_int_eq(
-        sp_msg_get_strbuf(&jobs->ptr[i], "job_id", false, hex, sizeof hex), 0);
+        sp__msg_get_strbuf(&jobs->ptr[i], "job_id", false, hex, sizeof hex), 0);
     ck_assert_int_gt(strcmp(hex, prev), 0);
     memcpy(prev, hex, sizeof prev);
   }
@@ -353,8 +353,8 @@ START_TEST(jobs_in_pages) {
   struct sp_msgbuf mb;
   struct sp_test_reply r;
   uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, "jobs", id, 1);
-  sp_pack_kv_str(&mb.pk, "after", "abc");
+  sp__msgbuf_begin(&mb, "jobs", id, 1);
+  sp__pack_kv_str(&mb.pk, "after", "abc");
   ck_assert_int_eq(call(sock, &mb, id, &r), SP_EINVAL);
   sp_test_reply_free(&r);
   close(sock);
@@ -421,8 +421,8 @@ START_TEST(job_references) {
   ck_assert_int_eq(call_ref(sock, "job_status", upper, &r), 0);
   char got[33];
   const msgpack_object *job;
-  ck_assert_int_eq(sp_msg_get_map(&r.map, "job", false, &job), 0);
-  ck_assert_int_eq(sp_msg_get_strbuf(job, "job_id", false, got, sizeof got),
+  ck_assert_int_eq(sp__msg_get_map(&r.map, "job", false, &job), 0);
+  ck_assert_int_eq(sp__msg_get_strbuf(job, "job_id", false, got, sizeof got),
                    0);
   ck_assert_str_eq(got, hex[5]);
   sp_test_reply_free(&r);
@@ -460,7 +460,7 @@ START_TEST(abort_fails_the_running_export) {
   struct sp_test_reply r;
   ck_assert_int_eq(call_ref(sock, "job_abort", prefix, &r), 0);
   char got[33];
-  ck_assert_int_eq(sp_msg_get_strbuf(&r.map, "job_id", false, got, sizeof got),
+  ck_assert_int_eq(sp__msg_get_strbuf(&r.map, "job_id", false, got, sizeof got),
                    0);
   ck_assert_str_eq(got, hex);
   sp_test_reply_free(&r);
@@ -485,10 +485,10 @@ START_TEST(abort_fails_the_running_export) {
   sp_test_reply_free(&r);
   struct sp_msgbuf mb;
   uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, "status", id, 0);
+  sp__msgbuf_begin(&mb, "status", id, 0);
   ck_assert_int_eq(call(sock, &mb, id, &r), 0);
   uint64_t used;
-  ck_assert_int_eq(sp_msg_get_u64(&r.map, "pool_used", false, &used), 0);
+  ck_assert_int_eq(sp__msg_get_u64(&r.map, "pool_used", false, &used), 0);
   ck_assert_uint_eq(used, 0);
   sp_test_reply_free(&r);
   close(sock);

@@ -235,7 +235,7 @@ static int wait_fd(int sock, short events, int64_t deadline) {
 static int write_tx(int sock, struct sp_frame_tx *tx) {
   int64_t deadline = now_ms() + SP_TEST_TIMEOUT_MS;
   for (;;) {
-    int r = sp_frame_tx_write(tx, sock);
+    int r = sp__frame_tx_write(tx, sock);
     if (r <= 0)
       return r;
     r = wait_fd(sock, POLLOUT, deadline);
@@ -258,7 +258,7 @@ int sp_test_send_raw(int sock, const void *buf, size_t len, const int *fds,
 int sp_test_send_msgbuf(int sock, struct sp_msgbuf *mb, const int *fds,
                         size_t nfds) {
   struct sp_frame_tx tx = {0};
-  int r = sp_msgbuf_finish(mb, &tx);
+  int r = sp__msgbuf_finish(mb, &tx);
   if (r < 0)
     return r;
   r = sp_test_send_raw(sock, tx.buf, tx.len, fds, nfds);
@@ -269,40 +269,40 @@ int sp_test_send_msgbuf(int sock, struct sp_msgbuf *mb, const int *fds,
 int sp_test_send_op(int sock, const char *op, uint64_t id, const int *fds,
                     size_t nfds) {
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, op, id, 0);
+  sp__msgbuf_begin(&mb, op, id, 0);
   return sp_test_send_msgbuf(sock, &mb, fds, nfds);
 }
 
 int sp_test_recv(int sock, struct sp_test_reply *reply, int timeout_ms) {
   memset(reply, 0, sizeof(*reply));
   struct sp_limits limits;
-  sp_limits_default(&limits);
+  sp__limits_default(&limits);
   limits.max_fds = SP_FDS_MAX;
   struct sp_frame_rx rx;
-  sp_frame_rx_init(&rx, &limits);
+  sp__frame_rx_init(&rx, &limits);
   int64_t deadline = now_ms() + timeout_ms;
   int r;
   for (;;) {
-    r = sp_frame_rx_read(&rx, sock, &reply->frame);
+    r = sp__frame_rx_read(&rx, sock, &reply->frame);
     if (r != 0)
       break;
     r = wait_fd(sock, POLLIN, deadline);
     if (r < 0)
       break;
   }
-  sp_frame_rx_reset(&rx);
+  sp__frame_rx_reset(&rx);
   if (r < 0)
     return r;
 
   msgpack_zone_init(&reply->zone, 2048);
   reply->has_zone = 1;
-  r = sp_wire_decode(reply->frame.data, reply->frame.len, &limits,
-                     &reply->zone, &reply->map);
+  r = sp__wire_decode(reply->frame.data, reply->frame.len, &limits,
+                      &reply->zone, &reply->map);
   if (r == 0)
-    r = sp_msg_head(&reply->map, &reply->head);
+    r = sp__msg_head(&reply->map, &reply->head);
   if (r == 0 && strcmp(reply->head.op, "error") == 0)
-    reply->code = sp_msg_error_code(&reply->map, reply->message,
-                                    sizeof(reply->message));
+    reply->code =
+        sp__msg_error_code(&reply->map, reply->message, sizeof(reply->message));
   if (r < 0) {
     sp_test_reply_free(reply);
     return r;
@@ -313,7 +313,7 @@ int sp_test_recv(int sock, struct sp_test_reply *reply, int timeout_ms) {
 void sp_test_reply_free(struct sp_test_reply *reply) {
   if (reply->has_zone)
     msgpack_zone_destroy(&reply->zone);
-  sp_frame_release(&reply->frame);
+  sp__frame_release(&reply->frame);
   memset(reply, 0, sizeof(*reply));
 }
 
@@ -338,9 +338,9 @@ int sp_test_wait_closed(int sock, int timeout_ms) {
 
 int sp_test_hello(int sock, uint64_t version) {
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "hello", 1, 2);
-  sp_pack_kv_u64(&mb.pk, "version", version);
-  sp_pack_kv_str(&mb.pk, "client", "shardport-tests");
+  sp__msgbuf_begin(&mb, "hello", 1, 2);
+  sp__pack_kv_u64(&mb.pk, "version", version);
+  sp__pack_kv_str(&mb.pk, "client", "shardport-tests");
   int sent = sp_test_send_msgbuf(sock, &mb, NULL, 0);
   /* A daemon that refuses the peer replies and closes without waiting for
    * the hello, so the send may fail while the reply is there to read. */
@@ -373,12 +373,12 @@ int sp_test_connect_hello(const char *path) {
 void sp_test_pack_join(struct sp_msgbuf *mb, uint64_t id, const uint8_t *ticket,
                        size_t ticket_len, uint32_t rank, uint32_t world,
                        const char *device) {
-  sp_msgbuf_begin(mb, "join", id, 4);
-  sp_pack_str(&mb->pk, "ticket");
-  sp_pack_bin(&mb->pk, ticket, ticket_len);
-  sp_pack_kv_u64(&mb->pk, "rank", rank);
-  sp_pack_kv_u64(&mb->pk, "world", world);
-  sp_pack_kv_str(&mb->pk, "device", device);
+  sp__msgbuf_begin(mb, "join", id, 4);
+  sp__pack_str(&mb->pk, "ticket");
+  sp__pack_bin(&mb->pk, ticket, ticket_len);
+  sp__pack_kv_u64(&mb->pk, "rank", rank);
+  sp__pack_kv_u64(&mb->pk, "world", world);
+  sp__pack_kv_str(&mb->pk, "device", device);
 }
 
 int sp_test_join(int sock, uint64_t id, const uint8_t *ticket,

@@ -85,7 +85,7 @@ int sp_test_send_raw(int sock, const void *buf, size_t len, const int *fds,
 int sp_test_send_op(int sock, const char *op, uint64_t id, const int *fds,
                     size_t nfds);
 
-/* Sends a message built with sp_msgbuf_begin; the msgbuf is left empty. */
+/* Sends a message built with sp__msgbuf_begin; the msgbuf is left empty. */
 int sp_test_send_msgbuf(int sock, struct sp_msgbuf *mb, const int *fds,
                         size_t nfds);
 

@@ -106,43 +106,43 @@ void sp_prober_free(struct sp_prober *p) {
 
 void sp_pack_many_storages(struct sp_msgbuf *mb, uint64_t id, uint32_t first,
                            size_t n, uint64_t length) {
-  sp_msgbuf_begin(mb, "storage_add", id, 1);
-  sp_pack_str(&mb->pk, "storages");
+  sp__msgbuf_begin(mb, "storage_add", id, 1);
+  sp__pack_str(&mb->pk, "storages");
   msgpack_pack_array(&mb->pk, (uint32_t)n);
   for (size_t i = 0; i < n; i++) {
     msgpack_pack_map(&mb->pk, 6);
-    sp_pack_kv_u64(&mb->pk, "sid", first + i);
-    sp_pack_kv_str(&mb->pk, "kind", "memfd");
-    sp_pack_kv_u64(&mb->pk, "fd", 0);
-    sp_pack_kv_u64(&mb->pk, "offset", i * length);
-    sp_pack_kv_u64(&mb->pk, "length", length);
-    sp_pack_kv_u64(&mb->pk, "base", 0x10000000 + (first + i) * (length + 1));
+    sp__pack_kv_u64(&mb->pk, "sid", first + i);
+    sp__pack_kv_str(&mb->pk, "kind", "memfd");
+    sp__pack_kv_u64(&mb->pk, "fd", 0);
+    sp__pack_kv_u64(&mb->pk, "offset", i * length);
+    sp__pack_kv_u64(&mb->pk, "length", length);
+    sp__pack_kv_u64(&mb->pk, "base", 0x10000000 + (first + i) * (length + 1));
   }
 }
 
 static void pack_dims(msgpack_packer *pk, const char *key, int64_t dim) {
-  sp_pack_str(pk, key);
+  sp__pack_str(pk, key);
   msgpack_pack_array(pk, 1);
   msgpack_pack_int64(pk, dim);
 }
 
 void sp_pack_many_tensors(struct sp_msgbuf *mb, uint64_t id, uint32_t first,
                           size_t n, uint64_t length) {
-  sp_msgbuf_begin(mb, "tensor_add", id, 1);
-  sp_pack_str(&mb->pk, "tensors");
+  sp__msgbuf_begin(mb, "tensor_add", id, 1);
+  sp__pack_str(&mb->pk, "tensors");
   msgpack_pack_array(&mb->pk, (uint32_t)n);
   int64_t elems = (int64_t)(length / 4);
   for (size_t i = 0; i < n; i++) {
     char key[32];
     snprintf(key, sizeof key, "t%zu", first + i);
     msgpack_pack_map(&mb->pk, 8);
-    sp_pack_kv_str(&mb->pk, "key", key);
-    sp_pack_kv_u64(&mb->pk, "sid", first + i);
-    sp_pack_kv_str(&mb->pk, "dtype", "float32");
+    sp__pack_kv_str(&mb->pk, "key", key);
+    sp__pack_kv_u64(&mb->pk, "sid", first + i);
+    sp__pack_kv_str(&mb->pk, "dtype", "float32");
     pack_dims(&mb->pk, "shape", elems);
     pack_dims(&mb->pk, "stride", 1);
-    sp_pack_kv_u64(&mb->pk, "offset", 0);
-    sp_pack_kv_str(&mb->pk, "placement", "replicated");
+    sp__pack_kv_u64(&mb->pk, "offset", 0);
+    sp__pack_kv_str(&mb->pk, "placement", "replicated");
     pack_dims(&mb->pk, "global_shape", elems);
   }
 }

@@ -197,7 +197,7 @@ static void expect_challenge(int sock) {
   ck_assert_int_eq(sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS), 0);
   ck_assert_str_eq(r.head.op, "peer_challenge");
   uint64_t version;
-  ck_assert_int_eq(sp_msg_get_u64(&r.map, "version", false, &version), 0);
+  ck_assert_int_eq(sp__msg_get_u64(&r.map, "version", false, &version), 0);
   ck_assert_uint_eq(version, 4);
   sp_test_reply_free(&r);
 }
@@ -230,13 +230,13 @@ static sp_ticket forge_ticket(const uint8_t *job, const uint8_t *secret,
   msgpack_sbuffer_init(&sb);
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
   msgpack_pack_map(&pk, 5);
-  sp_pack_kv_u64(&pk, "v", 2);
-  sp_pack_kv_str(&pk, "root", root);
-  sp_pack_str(&pk, "job");
-  sp_pack_bin(&pk, job, 16);
-  sp_pack_str(&pk, "secret");
-  sp_pack_bin(&pk, secret, 16);
-  sp_pack_kv_u64(&pk, "world", world);
+  sp__pack_kv_u64(&pk, "v", 2);
+  sp__pack_kv_str(&pk, "root", root);
+  sp__pack_str(&pk, "job");
+  sp__pack_bin(&pk, job, 16);
+  sp__pack_str(&pk, "secret");
+  sp__pack_bin(&pk, secret, 16);
+  sp__pack_kv_u64(&pk, "world", world);
   sp_ticket t = {.len = sb.size};
   ck_assert_uint_le(sb.size, sizeof t.bytes);
   memcpy(t.bytes, sb.data, sb.size);
@@ -513,16 +513,16 @@ START_TEST(wrong_proof_or_no_hello_is_closed) {
   int sock = dial_daemon(0);
   expect_challenge(sock);
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "peer_hello", 0, 6);
-  sp_pack_kv_u64(&mb.pk, "version", 4);
-  sp_pack_str(&mb.pk, "job");
-  sp_pack_bin(&mb.pk, ticket_field(&good, "job"), 16);
-  sp_pack_str(&mb.pk, "nonce");
-  sp_pack_bin(&mb.pk, nonce, 32);
-  sp_pack_str(&mb.pk, "proof");
-  sp_pack_bin(&mb.pk, proof, 32);
-  sp_pack_kv_str(&mb.pk, "addr", "127.0.0.1:9");
-  sp_pack_kv_u64(&mb.pk, "node_id", 12345);
+  sp__msgbuf_begin(&mb, "peer_hello", 0, 6);
+  sp__pack_kv_u64(&mb.pk, "version", 4);
+  sp__pack_str(&mb.pk, "job");
+  sp__pack_bin(&mb.pk, ticket_field(&good, "job"), 16);
+  sp__pack_str(&mb.pk, "nonce");
+  sp__pack_bin(&mb.pk, nonce, 32);
+  sp__pack_str(&mb.pk, "proof");
+  sp__pack_bin(&mb.pk, proof, 32);
+  sp__pack_kv_str(&mb.pk, "addr", "127.0.0.1:9");
+  sp__pack_kv_u64(&mb.pk, "node_id", 12345);
   ck_assert_int_eq(sp_test_send_msgbuf(sock, &mb, NULL, 0), 0);
   struct sp_test_reply r;
   ck_assert_int_eq(sp_test_recv(sock, &r, SP_TEST_TIMEOUT_MS), 0);
@@ -553,12 +553,12 @@ static void send_hello_of(int sock, size_t len) {
   for (int tries = 0; tries < 4; tries++) {
     uint8_t *zeros = calloc(1, pad);
     struct sp_msgbuf mb;
-    sp_msgbuf_begin(&mb, "peer_hello", 0, 1);
-    sp_pack_str(&mb.pk, "pad");
-    sp_pack_bin(&mb.pk, zeros, pad);
+    sp__msgbuf_begin(&mb, "peer_hello", 0, 1);
+    sp__pack_str(&mb.pk, "pad");
+    sp__pack_bin(&mb.pk, zeros, pad);
     free(zeros);
     struct sp_frame_tx tx;
-    ck_assert_int_eq(sp_msgbuf_finish(&mb, &tx), 0);
+    ck_assert_int_eq(sp__msgbuf_finish(&mb, &tx), 0);
     size_t got = tx.len - SP_FRAME_HEADER;
     if (got == len) {
       ck_assert_int_eq(sp_test_send_raw(sock, tx.buf, tx.len, NULL, 0), 0);

@@ -50,7 +50,7 @@ struct fake_request {
 int fake_recv(int conn, struct fake_request *req);
 void fake_request_free(struct fake_request *req);
 
-/* Sends a message begun with sp_msgbuf_begin, fds attached. */
+/* Sends a message begun with sp__msgbuf_begin, fds attached. */
 int fake_send(int conn, struct sp_msgbuf *mb, const int *fds, size_t nfds);
 /* Sends {"op":op,"id":id}. */
 int fake_send_op(int conn, const char *op, uint64_t id);

@@ -62,12 +62,12 @@ static void script_hello_ping(int conn, void *arg) {
   note(s, rc);
   if (rc < 0)
     return;
-  sp_msg_get_strbuf(&req.map, "client", false, s->client, sizeof s->client);
-  sp_msg_get_u64(&req.map, "version", false, &s->version);
+  sp__msg_get_strbuf(&req.map, "client", false, s->client, sizeof s->client);
+  sp__msg_get_u64(&req.map, "version", false, &s->version);
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "hello", req.head.id, 2);
-  sp_pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION_NUMBER);
-  sp_pack_kv_str(&mb.pk, "daemon", "0.1.0-fake");
+  sp__msgbuf_begin(&mb, "hello", req.head.id, 2);
+  sp__pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION_NUMBER);
+  sp__pack_kv_str(&mb.pk, "daemon", "0.1.0-fake");
   fake_request_free(&req);
   note(s, fake_send(conn, &mb, NULL, 0));
   note(s, answer(conn, "ping"));
@@ -122,9 +122,9 @@ static void script_other_version(int conn, void *arg) {
   if (rc < 0)
     return;
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "hello", req.head.id, 2);
-  sp_pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION_NUMBER + 1);
-  sp_pack_kv_str(&mb.pk, "daemon", "9.0.0");
+  sp__msgbuf_begin(&mb, "hello", req.head.id, 2);
+  sp__pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION_NUMBER + 1);
+  sp__pack_kv_str(&mb.pk, "daemon", "9.0.0");
   fake_request_free(&req);
   note(arg, fake_send(conn, &mb, NULL, 0));
 }
@@ -147,8 +147,8 @@ static void script_hello_without_daemon(int conn, void *arg) {
   if (rc < 0)
     return;
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "hello", req.head.id, 1);
-  sp_pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION_NUMBER);
+  sp__msgbuf_begin(&mb, "hello", req.head.id, 1);
+  sp__pack_kv_u64(&mb.pk, "version", SP_PROTOCOL_VERSION_NUMBER);
   fake_request_free(&req);
   note(arg, fake_send(conn, &mb, NULL, 0));
 }
@@ -362,7 +362,7 @@ static void script_stray_fd(int conn, void *arg) {
   }
   s->stray_read_fd = p[0];
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "ping", req.head.id, 0);
+  sp__msgbuf_begin(&mb, "ping", req.head.id, 0);
   note(s, fake_send(conn, &mb, &p[1], 1));
   close(p[1]); /* the only write end left is the one in flight */
   fake_request_free(&req);
@@ -448,14 +448,14 @@ static void script_bad_frames(int conn, void *arg) {
     return;
   fake_request_free(&req);
   static const uint8_t not_a_map[] = {0, 0, 0, 1, 0x01};
-  note(arg, sp_frame_send(conn, not_a_map, sizeof not_a_map, NULL, 0));
+  note(arg, sp__frame_send(conn, not_a_map, sizeof not_a_map, NULL, 0));
   rc = fake_recv(conn, &req);
   note(arg, rc);
   if (rc < 0)
     return;
   fake_request_free(&req);
   static const uint8_t huge[] = {0xff, 0xff, 0xff, 0xff};
-  note(arg, sp_frame_send(conn, huge, sizeof huge, NULL, 0));
+  note(arg, sp__frame_send(conn, huge, sizeof huge, NULL, 0));
 }
 
 START_TEST(bad_frames_are_refused) {

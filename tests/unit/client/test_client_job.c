@@ -98,8 +98,8 @@ static int seg_fds(void) {
 /* Replies {"op":op,"id":id,"count":count}. */
 static int send_count(int conn, const char *op, uint64_t id, uint64_t count) {
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, op, id, 1);
-  sp_pack_kv_u64(&mb.pk, "count", count);
+  sp__msgbuf_begin(&mb, op, id, 1);
+  sp__pack_kv_u64(&mb.pk, "count", count);
   return fake_send(conn, &mb, NULL, 0);
 }
 
@@ -151,22 +151,22 @@ static int pattern_memfd(const char *name, size_t len, unsigned salt) {
 static int job_handler(int conn, struct fake_request *req, struct seen *s) {
   if (strcmp(req->head.op, "job_create") == 0) {
     uint64_t world = 0;
-    sp_msg_get_u64(&req->map, "world", false, &world);
+    sp__msg_get_u64(&req->map, "world", false, &world);
     if (world != 3)
       return SP_EBADMSG;
     struct sp_msgbuf mb;
-    sp_msgbuf_begin(&mb, "job_create", req->head.id, 2);
-    sp_pack_kv_str(&mb.pk, "job_id", "0123456789abcdef0123456789abcdef");
+    sp__msgbuf_begin(&mb, "job_create", req->head.id, 2);
+    sp__pack_kv_str(&mb.pk, "job_id", "0123456789abcdef0123456789abcdef");
     uint8_t ticket[40];
     for (size_t i = 0; i < sizeof ticket; i++)
       ticket[i] = (uint8_t)(200 + i);
-    sp_pack_str(&mb.pk, "ticket");
+    sp__pack_str(&mb.pk, "ticket");
     /* variant 1: a ticket longer than SP_TICKET_MAX */
     if (s->variant == 1) {
       uint8_t big[SP_TICKET_MAX + 1] = {0};
-      sp_pack_bin(&mb.pk, big, sizeof big);
+      sp__pack_bin(&mb.pk, big, sizeof big);
     } else {
-      sp_pack_bin(&mb.pk, ticket, sizeof ticket);
+      sp__pack_bin(&mb.pk, ticket, sizeof ticket);
     }
     return fake_send(conn, &mb, NULL, 0);
   }
@@ -175,18 +175,17 @@ static int job_handler(int conn, struct fake_request *req, struct seen *s) {
     size_t len;
     uint64_t rank, world;
     char device[32];
-    if (sp_msg_get_bin(&req->map, "ticket", false, &t, &len) != 0 ||
+    if (sp__msg_get_bin(&req->map, "ticket", false, &t, &len) != 0 ||
         len != 40 || t[0] != 200 || t[39] != 239 ||
-        sp_msg_get_u64(&req->map, "rank", false, &rank) != 0 || rank != 2 ||
-        sp_msg_get_u64(&req->map, "world", false, &world) != 0 ||
-        world != 3 ||
-        sp_msg_get_strbuf(&req->map, "device", false, device,
-                          sizeof device) != 0 ||
+        sp__msg_get_u64(&req->map, "rank", false, &rank) != 0 || rank != 2 ||
+        sp__msg_get_u64(&req->map, "world", false, &world) != 0 || world != 3 ||
+        sp__msg_get_strbuf(&req->map, "device", false, device, sizeof device) !=
+            0 ||
         strcmp(device, "cpu") != 0)
       return fake_send_error(conn, req->head.id, "bad_ticket", "fields");
     struct sp_msgbuf mb;
-    sp_msgbuf_begin(&mb, "join", req->head.id, 1);
-    sp_pack_kv_str(&mb.pk, "job_id", "0123456789abcdef0123456789abcdef");
+    sp__msgbuf_begin(&mb, "join", req->head.id, 1);
+    sp__pack_kv_str(&mb.pk, "job_id", "0123456789abcdef0123456789abcdef");
     return fake_send(conn, &mb, NULL, 0);
   }
   if (strcmp(req->head.op, "leave") == 0 && s->variant == 2)
@@ -263,19 +262,19 @@ static int storage_handler(int conn, struct fake_request *req,
   if (strcmp(req->head.op, "storage_add") != 0)
     return 1;
   const msgpack_object_array *a;
-  if (sp_msg_get_array(&req->map, "storages", false, &a) != 0 ||
+  if (sp__msg_get_array(&req->map, "storages", false, &a) != 0 ||
       a->size != req->frame.nfds)
     return fake_send_error(conn, req->head.id, "bad_message", "fds");
   for (uint32_t i = 0; i < a->size; i++) {
     const msgpack_object *o = &a->ptr[i];
     uint64_t sid, fd, offset, length, base;
     char kind[16];
-    if (sp_msg_get_u64(o, "sid", false, &sid) != 0 ||
-        sp_msg_get_u64(o, "fd", false, &fd) != 0 || fd >= a->size ||
-        sp_msg_get_u64(o, "offset", false, &offset) != 0 ||
-        sp_msg_get_u64(o, "length", false, &length) != 0 ||
-        sp_msg_get_u64(o, "base", false, &base) != 0 ||
-        sp_msg_get_strbuf(o, "kind", false, kind, sizeof kind) != 0 ||
+    if (sp__msg_get_u64(o, "sid", false, &sid) != 0 ||
+        sp__msg_get_u64(o, "fd", false, &fd) != 0 || fd >= a->size ||
+        sp__msg_get_u64(o, "offset", false, &offset) != 0 ||
+        sp__msg_get_u64(o, "length", false, &length) != 0 ||
+        sp__msg_get_u64(o, "base", false, &base) != 0 ||
+        sp__msg_get_strbuf(o, "kind", false, kind, sizeof kind) != 0 ||
         strcmp(kind, "memfd") != 0 || length != 64 || base == 0)
       return fake_send_error(conn, req->head.id, "bad_message", "storage");
     uint32_t got = 0;
@@ -356,7 +355,7 @@ static int tensor_handler(int conn, struct fake_request *req, struct seen *s) {
   if (strcmp(req->head.op, "tensor_add") != 0)
     return 1;
   const msgpack_object_array *a;
-  if (sp_msg_get_array(&req->map, "tensors", false, &a) != 0)
+  if (sp__msg_get_array(&req->map, "tensors", false, &a) != 0)
     return fake_send_error(conn, req->head.id, "bad_message", "tensors");
   for (uint32_t i = 0; i < a->size; i++) {
     const msgpack_object *o = &a->ptr[i];
@@ -367,28 +366,27 @@ static int tensor_handler(int conn, struct fake_request *req, struct seen *s) {
       snprintf(want, sizeof want, "layer.%06zu.%0300d", s->total, 0);
     uint64_t sid, offset;
     const msgpack_object_array *shape, *stride, *gshape;
-    if (sp_msg_get_strbuf(o, "key", false, key, sizeof key) != 0 ||
-        sp_msg_get_strbuf(o, "placement", false, placement,
-                          sizeof placement) != 0 ||
-        sp_msg_get_strbuf(o, "dtype", false, dtype, sizeof dtype) != 0 ||
-        sp_msg_get_u64(o, "sid", false, &sid) != 0 ||
-        sp_msg_get_u64(o, "offset", false, &offset) != 0 ||
-        sp_msg_get_array(o, "shape", false, &shape) != 0 ||
-        sp_msg_get_array(o, "stride", false, &stride) != 0 ||
-        sp_msg_get_array(o, "global_shape", false, &gshape) != 0)
+    if (sp__msg_get_strbuf(o, "key", false, key, sizeof key) != 0 ||
+        sp__msg_get_strbuf(o, "placement", false, placement,
+                           sizeof placement) != 0 ||
+        sp__msg_get_strbuf(o, "dtype", false, dtype, sizeof dtype) != 0 ||
+        sp__msg_get_u64(o, "sid", false, &sid) != 0 ||
+        sp__msg_get_u64(o, "offset", false, &offset) != 0 ||
+        sp__msg_get_array(o, "shape", false, &shape) != 0 ||
+        sp__msg_get_array(o, "stride", false, &stride) != 0 ||
+        sp__msg_get_array(o, "global_shape", false, &gshape) != 0)
       return fake_send_error(conn, req->head.id, "bad_message", "tensor");
     if (strcmp(placement, "affine") == 0) {
       const msgpack_object_array *pieces, *holders, *dst;
       uint64_t dst_offset;
-      if (sp_msg_get_array(o, "pieces", false, &pieces) == 0 &&
+      if (sp__msg_get_array(o, "pieces", false, &pieces) == 0 &&
           pieces->size == 2 &&
-          sp_msg_get_array(&pieces->ptr[1], "holders", false, &holders) ==
-              0 &&
+          sp__msg_get_array(&pieces->ptr[1], "holders", false, &holders) == 0 &&
           holders->size == 2 && holders->ptr[1].via.u64 == 3 &&
-          sp_msg_get_array(&pieces->ptr[1], "dst_stride", false, &dst) == 0 &&
+          sp__msg_get_array(&pieces->ptr[1], "dst_stride", false, &dst) == 0 &&
           dst->size == 2 && dst->ptr[0].via.u64 == 8 &&
-          sp_msg_get_u64(&pieces->ptr[1], "dst_offset", false,
-                         &dst_offset) == 0 &&
+          sp__msg_get_u64(&pieces->ptr[1], "dst_offset", false, &dst_offset) ==
+              0 &&
           dst_offset == 4)
         s->affine_ok = 1;
     } else if (strcmp(key, want) != 0 || strcmp(placement, "shard0") != 0 ||
@@ -571,7 +569,7 @@ static bool releases(int v) {
 
 static void pack_dims(msgpack_packer *pk, const char *key, int n,
                       const uint64_t *v) {
-  sp_pack_str(pk, key);
+  sp__pack_str(pk, key);
   msgpack_pack_array(pk, (size_t)n);
   for (int i = 0; i < n; i++)
     msgpack_pack_uint64(pk, v[i]);
@@ -583,30 +581,30 @@ static void pack_owned(msgpack_packer *pk, const char *key, const char *dtype,
                        int64_t seg, uint64_t sid, uint64_t byte_offset,
                        bool both) {
   msgpack_pack_map(pk, both ? 7 : 6);
-  sp_pack_kv_str(pk, "key", key);
-  sp_pack_kv_str(pk, "dtype", dtype);
+  sp__pack_kv_str(pk, "key", key);
+  sp__pack_kv_str(pk, "dtype", dtype);
   pack_dims(pk, "shape", ndim, shape);
   pack_dims(pk, "stride", ndim, stride);
   if (seg >= 0 || both)
-    sp_pack_kv_u64(pk, "segment", seg >= 0 ? (uint64_t)seg : 0);
+    sp__pack_kv_u64(pk, "segment", seg >= 0 ? (uint64_t)seg : 0);
   if (seg < 0 || both)
-    sp_pack_kv_u64(pk, "sid", sid);
-  sp_pack_kv_u64(pk, "byte_offset", byte_offset);
+    sp__pack_kv_u64(pk, "sid", sid);
+  sp__pack_kv_u64(pk, "byte_offset", byte_offset);
 }
 
 static int send_progress(int conn, uint64_t id, const char *phase,
                          uint32_t round, const int *fds, size_t nfds,
                          bool bad) {
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "progress", id, 5);
-  sp_pack_kv_str(&mb.pk, "phase", phase);
-  sp_pack_kv_u64(&mb.pk, "round", round);
-  sp_pack_kv_u64(&mb.pk, "rounds", 2);
+  sp__msgbuf_begin(&mb, "progress", id, 5);
+  sp__pack_kv_str(&mb.pk, "phase", phase);
+  sp__pack_kv_u64(&mb.pk, "round", round);
+  sp__pack_kv_u64(&mb.pk, "rounds", 2);
   if (bad)
-    sp_pack_kv_str(&mb.pk, "bytes_moved", "lots");
+    sp__pack_kv_str(&mb.pk, "bytes_moved", "lots");
   else
-    sp_pack_kv_u64(&mb.pk, "bytes_moved", round * 1000u);
-  sp_pack_kv_u64(&mb.pk, "bytes_total", 2000);
+    sp__pack_kv_u64(&mb.pk, "bytes_moved", round * 1000u);
+  sp__pack_kv_u64(&mb.pk, "bytes_total", 2000);
   return fake_send(conn, &mb, fds, nfds);
 }
 
@@ -631,13 +629,13 @@ static int send_export(int conn, uint64_t id, int v) {
   {
     struct sp_msgbuf mb;
     bool no_id = v == BAD_NO_EXPORT_ID;
-    sp_msgbuf_begin(&mb, "export", id, no_id ? 4 : 5);
+    sp__msgbuf_begin(&mb, "export", id, no_id ? 4 : 5);
     if (!no_id)
-      sp_pack_kv_u64(&mb.pk, "export_id", EXPORT_ID);
-    sp_pack_kv_u64(&mb.pk, "part", 0);
-    sp_pack_kv_u64(&mb.pk, "parts", 2);
-    sp_pack_kv_u64(&mb.pk, "segments", v == BAD_SEGMENT_COUNT ? 3 : 2);
-    sp_pack_str(&mb.pk, "tensors");
+      sp__pack_kv_u64(&mb.pk, "export_id", EXPORT_ID);
+    sp__pack_kv_u64(&mb.pk, "part", 0);
+    sp__pack_kv_u64(&mb.pk, "parts", 2);
+    sp__pack_kv_u64(&mb.pk, "segments", v == BAD_SEGMENT_COUNT ? 3 : 2);
+    sp__pack_str(&mb.pk, "tensors");
     msgpack_pack_array(&mb.pk, 3);
     msgpack_packer *pk = &mb.pk;
     if (v == BAD_SEGMENT_INDEX)
@@ -664,11 +662,11 @@ static int send_export(int conn, uint64_t id, int v) {
     return fake_send_op(conn, "ping", id);
 
   struct sp_msgbuf mb;
-  sp_msgbuf_begin(&mb, "export", id, 4);
-  sp_pack_kv_u64(&mb.pk, "export_id", EXPORT_ID);
-  sp_pack_kv_u64(&mb.pk, "part", v == BAD_PART_ORDER ? 2 : 1);
-  sp_pack_kv_u64(&mb.pk, "parts", 2);
-  sp_pack_str(&mb.pk, "tensors");
+  sp__msgbuf_begin(&mb, "export", id, 4);
+  sp__pack_kv_u64(&mb.pk, "export_id", EXPORT_ID);
+  sp__pack_kv_u64(&mb.pk, "part", v == BAD_PART_ORDER ? 2 : 1);
+  sp__pack_kv_u64(&mb.pk, "parts", 2);
+  sp__pack_str(&mb.pk, "tensors");
   msgpack_pack_array(&mb.pk, 3);
   msgpack_packer *pk = &mb.pk;
   if (v == BAD_UNKNOWN_SID)
@@ -697,7 +695,7 @@ static int export_handler(int conn, struct fake_request *req, struct seen *s) {
   if (strcmp(req->head.op, "storage_add") == 0)
     return send_count(conn, "storage_add", id, req->frame.nfds);
   if (strcmp(req->head.op, "release") == 0) {
-    sp_msg_get_u64(&req->map, "export_id", false, &s->released);
+    sp__msg_get_u64(&req->map, "export_id", false, &s->released);
     if (s->released != EXPORT_ID)
       return fake_send_error(conn, id, "no_such_export", "no such export");
     return 1;
@@ -705,12 +703,12 @@ static int export_handler(int conn, struct fake_request *req, struct seen *s) {
   if (strcmp(req->head.op, "export") != 0)
     return 1;
   bool progress = false;
-  sp_msg_get_bool(&req->map, "progress", false, &progress);
+  sp__msg_get_bool(&req->map, "progress", false, &progress);
   s->export_progress = progress;
-  sp_msg_get_u64(&req->map, "max_keys", true, &s->max_keys);
-  sp_msg_get_u64(&req->map, "timeout_ms", true, &s->timeout_ms);
+  sp__msg_get_u64(&req->map, "max_keys", true, &s->max_keys);
+  sp__msg_get_u64(&req->map, "timeout_ms", true, &s->timeout_ms);
   const msgpack_object_array *groups;
-  if (sp_msg_get_array(&req->map, "groups", true, &groups) == 0)
+  if (sp__msg_get_array(&req->map, "groups", true, &groups) == 0)
     s->ngroups = groups->size;
   int v = s->variant;
   int rc;

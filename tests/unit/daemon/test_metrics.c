@@ -123,7 +123,7 @@ START_TEST(label_values_stay_utf8) {
   size_t n = strlen(text);
   while (n > 0) {
     uint32_t cp;
-    size_t k = sp_utf8_len(s, n, &cp);
+    size_t k = sp__utf8_len(s, n, &cp);
     ck_assert_msg(k > 0, "not UTF-8 at %.20s", (const char *)s);
     s += k;
     n -= k;

@@ -66,7 +66,7 @@ static int parse_ticket(void (*fill)(msgpack_packer *pk), struct req_ticket *t) 
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
   fill(&pk);
   struct sp_limits limits;
-  sp_limits_default(&limits);
+  sp__limits_default(&limits);
   int rc = request_parse_ticket((const uint8_t *)sb.data, sb.size, &limits, t);
   msgpack_sbuffer_destroy(&sb);
   return rc;
@@ -77,40 +77,40 @@ static const uint8_t id16[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
 
 static void common(msgpack_packer *pk, uint64_t v, uint32_t n) {
   msgpack_pack_map(pk, n);
-  sp_pack_kv_u64(pk, "v", v);
-  sp_pack_str(pk, "job");
-  sp_pack_bin(pk, id16, 16);
-  sp_pack_str(pk, "secret");
-  sp_pack_bin(pk, id16, 16);
-  sp_pack_kv_u64(pk, "world", 4);
+  sp__pack_kv_u64(pk, "v", v);
+  sp__pack_str(pk, "job");
+  sp__pack_bin(pk, id16, 16);
+  sp__pack_str(pk, "secret");
+  sp__pack_bin(pk, id16, 16);
+  sp__pack_kv_u64(pk, "world", 4);
 }
 
 static void v1(msgpack_packer *pk) { common(pk, 1, 4); }
 static void v2(msgpack_packer *pk) {
   common(pk, 2, 5);
-  sp_pack_kv_str(pk, "root", "10.1.2.3:7070");
+  sp__pack_kv_str(pk, "root", "10.1.2.3:7070");
 }
 static void v2_nccl(msgpack_packer *pk) {
   uint8_t id[NODE_NCCL_ID_BYTES] = {7};
   common(pk, 2, 6);
-  sp_pack_kv_str(pk, "root", "[fd00::2]:1");
-  sp_pack_str(pk, "nccl_id");
-  sp_pack_bin(pk, id, sizeof id);
+  sp__pack_kv_str(pk, "root", "[fd00::2]:1");
+  sp__pack_str(pk, "nccl_id");
+  sp__pack_bin(pk, id, sizeof id);
 }
 static void v2_no_root(msgpack_packer *pk) { common(pk, 2, 4); }
 static void v2_name_root(msgpack_packer *pk) {
   common(pk, 2, 5);
-  sp_pack_kv_str(pk, "root", "rootnode:7070");
+  sp__pack_kv_str(pk, "root", "rootnode:7070");
 }
 static void v2_short_nccl(msgpack_packer *pk) {
   common(pk, 2, 6);
-  sp_pack_kv_str(pk, "root", "10.1.2.3:7070");
-  sp_pack_str(pk, "nccl_id");
-  sp_pack_bin(pk, id16, 16);
+  sp__pack_kv_str(pk, "root", "10.1.2.3:7070");
+  sp__pack_str(pk, "nccl_id");
+  sp__pack_bin(pk, id16, 16);
 }
 static void v3(msgpack_packer *pk) {
   common(pk, 3, 5);
-  sp_pack_kv_str(pk, "root", "10.1.2.3:7070");
+  sp__pack_kv_str(pk, "root", "10.1.2.3:7070");
 }
 
 START_TEST(tickets_of_both_versions) {
@@ -144,16 +144,16 @@ struct decoded {
 
 static void decode(struct sp_msgbuf *mb, struct decoded *d) {
   struct sp_frame_tx tx;
-  ck_assert_int_eq(sp_msgbuf_finish(mb, &tx), 0);
+  ck_assert_int_eq(sp__msgbuf_finish(mb, &tx), 0);
   d->buf = tx.buf;
   struct sp_limits limits;
-  sp_limits_default(&limits);
+  sp__limits_default(&limits);
   msgpack_zone_init(&d->zone, 4096);
-  ck_assert_int_eq(sp_wire_decode(tx.buf + SP_FRAME_HEADER,
-                                  tx.len - SP_FRAME_HEADER, &limits, &d->zone,
-                                  &d->map),
+  ck_assert_int_eq(sp__wire_decode(tx.buf + SP_FRAME_HEADER,
+                                   tx.len - SP_FRAME_HEADER, &limits, &d->zone,
+                                   &d->map),
                    0);
-  ck_assert_int_eq(sp_msg_head(&d->map, &d->head), 0);
+  ck_assert_int_eq(sp__msg_head(&d->map, &d->head), 0);
 }
 
 static void decoded_free(struct decoded *d) {
@@ -332,7 +332,7 @@ static int parse_crafted(const char *op, uint32_t nfields,
   struct sp_msgbuf mb;
   struct decoded d;
   struct nodemsg out;
-  sp_msgbuf_begin(&mb, op, 0, nfields);
+  sp__msgbuf_begin(&mb, op, 0, nfields);
   fill(&mb.pk);
   decode(&mb, &d);
   int rc = nodemsg_parse(&d.head, &d.map, &out, why, len);
@@ -343,74 +343,74 @@ static int parse_crafted(const char *op, uint32_t nfields,
 
 static void hello_short_proof(msgpack_packer *pk) {
   uint8_t bytes[32] = {0};
-  sp_pack_kv_u64(pk, "version", 2);
-  sp_pack_str(pk, "job");
-  sp_pack_bin(pk, id16, 16);
-  sp_pack_str(pk, "nonce");
-  sp_pack_bin(pk, bytes, 32);
-  sp_pack_str(pk, "proof");
-  sp_pack_bin(pk, bytes, 31);
-  sp_pack_kv_str(pk, "addr", "10.0.0.1:1");
-  sp_pack_kv_u64(pk, "node_id", 1);
+  sp__pack_kv_u64(pk, "version", 2);
+  sp__pack_str(pk, "job");
+  sp__pack_bin(pk, id16, 16);
+  sp__pack_str(pk, "nonce");
+  sp__pack_bin(pk, bytes, 32);
+  sp__pack_str(pk, "proof");
+  sp__pack_bin(pk, bytes, 31);
+  sp__pack_kv_str(pk, "addr", "10.0.0.1:1");
+  sp__pack_kv_u64(pk, "node_id", 1);
 }
 
 static void hello_name_addr(msgpack_packer *pk) {
   uint8_t bytes[32] = {0};
-  sp_pack_kv_u64(pk, "version", 2);
-  sp_pack_str(pk, "job");
-  sp_pack_bin(pk, id16, 16);
-  sp_pack_str(pk, "nonce");
-  sp_pack_bin(pk, bytes, 32);
-  sp_pack_str(pk, "proof");
-  sp_pack_bin(pk, bytes, 32);
-  sp_pack_kv_str(pk, "addr", "evil.example:1");
-  sp_pack_kv_u64(pk, "node_id", 1);
+  sp__pack_kv_u64(pk, "version", 2);
+  sp__pack_str(pk, "job");
+  sp__pack_bin(pk, id16, 16);
+  sp__pack_str(pk, "nonce");
+  sp__pack_bin(pk, bytes, 32);
+  sp__pack_str(pk, "proof");
+  sp__pack_bin(pk, bytes, 32);
+  sp__pack_kv_str(pk, "addr", "evil.example:1");
+  sp__pack_kv_u64(pk, "node_id", 1);
 }
 
 static void challenge_short_nonce(msgpack_packer *pk) {
   uint8_t bytes[32] = {0};
-  sp_pack_kv_u64(pk, "version", 2);
-  sp_pack_str(pk, "nonce");
-  sp_pack_bin(pk, bytes, 16);
+  sp__pack_kv_u64(pk, "version", 2);
+  sp__pack_str(pk, "nonce");
+  sp__pack_bin(pk, bytes, 16);
 }
 
 static void ask_big_rank(msgpack_packer *pk) {
-  sp_pack_kv_u64(pk, "gather", 1);
-  sp_pack_kv_u64(pk, "rank", REQ_MAX_WORLD);
-  sp_pack_kv_u64(pk, "max_keys", 0);
-  sp_pack_kv_u64(pk, "max_bytes", 0);
-  sp_pack_kv_u64(pk, "timeout_ms", 0);
+  sp__pack_kv_u64(pk, "gather", 1);
+  sp__pack_kv_u64(pk, "rank", REQ_MAX_WORLD);
+  sp__pack_kv_u64(pk, "max_keys", 0);
+  sp__pack_kv_u64(pk, "max_bytes", 0);
+  sp__pack_kv_u64(pk, "timeout_ms", 0);
 }
 
 static void ask_long_timeout(msgpack_packer *pk) {
-  sp_pack_kv_u64(pk, "gather", 1);
-  sp_pack_kv_u64(pk, "rank", 0);
-  sp_pack_kv_u64(pk, "max_keys", 0);
-  sp_pack_kv_u64(pk, "max_bytes", 0);
-  sp_pack_kv_u64(pk, "timeout_ms", REQ_MAX_TIMEOUT_MS + 1);
+  sp__pack_kv_u64(pk, "gather", 1);
+  sp__pack_kv_u64(pk, "rank", 0);
+  sp__pack_kv_u64(pk, "max_keys", 0);
+  sp__pack_kv_u64(pk, "max_bytes", 0);
+  sp__pack_kv_u64(pk, "timeout_ms", REQ_MAX_TIMEOUT_MS + 1);
 }
 
 static void plan_head(msgpack_packer *pk) {
-  sp_pack_kv_u64(pk, "gather", 1);
-  sp_pack_kv_u64(pk, "export_id", 1);
-  sp_pack_kv_u64(pk, "max_keys", 1);
-  sp_pack_kv_u64(pk, "max_bytes", 1);
-  sp_pack_kv_u64(pk, "timeout_ms", 1);
+  sp__pack_kv_u64(pk, "gather", 1);
+  sp__pack_kv_u64(pk, "export_id", 1);
+  sp__pack_kv_u64(pk, "max_keys", 1);
+  sp__pack_kv_u64(pk, "max_bytes", 1);
+  sp__pack_kv_u64(pk, "timeout_ms", 1);
 }
 
 static void pack_node(msgpack_packer *pk, uint64_t node, const char *a) {
   msgpack_pack_map(pk, 3);
-  sp_pack_kv_u64(pk, "node", node);
-  sp_pack_kv_u64(pk, "node_id", 1);
-  sp_pack_kv_str(pk, "addr", a);
+  sp__pack_kv_u64(pk, "node", node);
+  sp__pack_kv_u64(pk, "node_id", 1);
+  sp__pack_kv_str(pk, "addr", a);
 }
 
 static void plan_unlisted_node(msgpack_packer *pk) {
   plan_head(pk);
-  sp_pack_str(pk, "nodes");
+  sp__pack_str(pk, "nodes");
   msgpack_pack_array(pk, 1);
   pack_node(pk, 0, "10.0.0.1:1");
-  sp_pack_str(pk, "rank_nodes");
+  sp__pack_str(pk, "rank_nodes");
   msgpack_pack_array(pk, 2);
   msgpack_pack_uint32(pk, 0);
   msgpack_pack_uint32(pk, 1);
@@ -418,29 +418,29 @@ static void plan_unlisted_node(msgpack_packer *pk) {
 
 static void plan_nodes_twice(msgpack_packer *pk) {
   plan_head(pk);
-  sp_pack_str(pk, "nodes");
+  sp__pack_str(pk, "nodes");
   msgpack_pack_array(pk, 2);
   pack_node(pk, 1, "10.0.0.1:1");
   pack_node(pk, 1, "10.0.0.2:1");
-  sp_pack_str(pk, "rank_nodes");
+  sp__pack_str(pk, "rank_nodes");
   msgpack_pack_array(pk, 1);
   msgpack_pack_uint32(pk, 1);
 }
 
 static void plan_no_ranks(msgpack_packer *pk) {
   plan_head(pk);
-  sp_pack_str(pk, "nodes");
+  sp__pack_str(pk, "nodes");
   msgpack_pack_array(pk, 1);
   pack_node(pk, 0, "10.0.0.1:1");
-  sp_pack_str(pk, "rank_nodes");
+  sp__pack_str(pk, "rank_nodes");
   msgpack_pack_array(pk, 0);
 }
 
 static void plan_tail(msgpack_packer *pk) {
-  sp_pack_str(pk, "nodes");
+  sp__pack_str(pk, "nodes");
   msgpack_pack_array(pk, 1);
   pack_node(pk, 0, "10.0.0.1:1");
-  sp_pack_str(pk, "rank_nodes");
+  sp__pack_str(pk, "rank_nodes");
   msgpack_pack_array(pk, 1);
   msgpack_pack_uint32(pk, 0);
 }
@@ -449,43 +449,43 @@ static const uint8_t id128[128];
 
 static void plan_gen_zero(msgpack_packer *pk) {
   plan_head(pk);
-  sp_pack_kv_u64(pk, "comm_gen", 0);
-  sp_pack_str(pk, "nccl_id");
-  sp_pack_bin(pk, id128, sizeof id128);
+  sp__pack_kv_u64(pk, "comm_gen", 0);
+  sp__pack_str(pk, "nccl_id");
+  sp__pack_bin(pk, id128, sizeof id128);
   plan_tail(pk);
 }
 
 static void plan_gen_without_id(msgpack_packer *pk) {
   plan_head(pk);
-  sp_pack_kv_u64(pk, "comm_gen", 1);
+  sp__pack_kv_u64(pk, "comm_gen", 1);
   plan_tail(pk);
 }
 
 static void plan_id_without_gen(msgpack_packer *pk) {
   plan_head(pk);
-  sp_pack_str(pk, "nccl_id");
-  sp_pack_bin(pk, id128, sizeof id128);
+  sp__pack_str(pk, "nccl_id");
+  sp__pack_bin(pk, id128, sizeof id128);
   plan_tail(pk);
 }
 
 static void plan_short_id(msgpack_packer *pk) {
   plan_head(pk);
-  sp_pack_kv_u64(pk, "comm_gen", 1);
-  sp_pack_str(pk, "nccl_id");
-  sp_pack_bin(pk, id128, 16);
+  sp__pack_kv_u64(pk, "comm_gen", 1);
+  sp__pack_str(pk, "nccl_id");
+  sp__pack_bin(pk, id128, 16);
   plan_tail(pk);
 }
 
 static void fail_no_message(msgpack_packer *pk) {
-  sp_pack_kv_u64(pk, "gather", 1);
-  sp_pack_kv_str(pk, "code", "node_lost");
+  sp__pack_kv_u64(pk, "gather", 1);
+  sp__pack_kv_str(pk, "code", "node_lost");
 }
 
 static void fail_nul_message(msgpack_packer *pk) {
-  sp_pack_kv_u64(pk, "gather", 1);
-  sp_pack_kv_str(pk, "code", "node_lost");
-  sp_pack_str(pk, "message");
-  sp_pack_strn(pk, "a\0b", 3);
+  sp__pack_kv_u64(pk, "gather", 1);
+  sp__pack_kv_str(pk, "code", "node_lost");
+  sp__pack_str(pk, "message");
+  sp__pack_strn(pk, "a\0b", 3);
 }
 
 static void nothing(msgpack_packer *pk) { (void)pk; }
@@ -496,16 +496,16 @@ static uint64_t crafted_rank;
 static size_t crafted_bins, crafted_bin_bytes, crafted_tail_bytes;
 
 static void planned_replicas(msgpack_packer *pk) {
-  sp_pack_kv_u64(pk, "gather", 1);
-  sp_pack_kv_u64(pk, "digest", 1);
-  sp_pack_kv_u64(pk, "replica_rank", crafted_rank);
-  sp_pack_str(pk, "replicas");
+  sp__pack_kv_u64(pk, "gather", 1);
+  sp__pack_kv_u64(pk, "digest", 1);
+  sp__pack_kv_u64(pk, "replica_rank", crafted_rank);
+  sp__pack_str(pk, "replicas");
   msgpack_pack_array(pk, (uint32_t)(crafted_bins + (crafted_tail_bytes > 0)));
   uint8_t *zeros = calloc(1, crafted_bin_bytes + crafted_tail_bytes + 1);
   for (size_t i = 0; i < crafted_bins; i++)
-    sp_pack_bin(pk, zeros, crafted_bin_bytes);
+    sp__pack_bin(pk, zeros, crafted_bin_bytes);
   if (crafted_tail_bytes > 0)
-    sp_pack_bin(pk, zeros, crafted_tail_bytes);
+    sp__pack_bin(pk, zeros, crafted_tail_bytes);
   free(zeros);
 }
 
@@ -519,32 +519,32 @@ static int parse_replicas_of(uint64_t rank, size_t bins, size_t bin_bytes,
 }
 
 static void planned_digests_without_rank(msgpack_packer *pk) {
-  sp_pack_kv_u64(pk, "gather", 1);
-  sp_pack_kv_u64(pk, "digest", 1);
-  sp_pack_str(pk, "replicas");
+  sp__pack_kv_u64(pk, "gather", 1);
+  sp__pack_kv_u64(pk, "digest", 1);
+  sp__pack_str(pk, "replicas");
   msgpack_pack_array(pk, 1);
-  sp_pack_bin(pk, id128, 8);
+  sp__pack_bin(pk, id128, 8);
 }
 
 static uint64_t crafted_differ_rank;
 static uint32_t crafted_differ_n;
 
 static void go_differ(msgpack_packer *pk) {
-  sp_pack_kv_u64(pk, "gather", 1);
-  sp_pack_kv_u64(pk, "differ_key", 0);
-  sp_pack_str(pk, "differ_ranks");
+  sp__pack_kv_u64(pk, "gather", 1);
+  sp__pack_kv_u64(pk, "differ_key", 0);
+  sp__pack_str(pk, "differ_ranks");
   msgpack_pack_array(pk, crafted_differ_n);
   for (uint32_t i = 0; i < crafted_differ_n; i++)
     msgpack_pack_uint64(pk, crafted_differ_rank);
-  sp_pack_str(pk, "differ_digests");
+  sp__pack_str(pk, "differ_digests");
   msgpack_pack_array(pk, 2);
   msgpack_pack_uint64(pk, 1);
   msgpack_pack_uint64(pk, 2);
 }
 
 static void go_differ_key_alone(msgpack_packer *pk) {
-  sp_pack_kv_u64(pk, "gather", 1);
-  sp_pack_kv_u64(pk, "differ_key", 0);
+  sp__pack_kv_u64(pk, "gather", 1);
+  sp__pack_kv_u64(pk, "differ_key", 0);
 }
 
 /* The bounds of a node's digests and of the root's word that two differ,
@@ -649,7 +649,7 @@ START_TEST(messages_refused) {
   struct sp_msgbuf mb;
   struct decoded d;
   struct nodemsg out;
-  sp_msgbuf_begin(&mb, "fail", 0, 3);
+  sp__msgbuf_begin(&mb, "fail", 0, 3);
   fail_nul_message(&mb.pk);
   decode(&mb, &d);
   ck_assert_int_eq(nodemsg_parse(&d.head, &d.map, &out, why, sizeof why), 0);
@@ -706,7 +706,7 @@ static void pack_meta(uint32_t rank, const struct registry *reg,
                       const struct req_groups *groups, struct sp_frame_tx *tx) {
   struct sp_msgbuf mb;
   nodemsg_pack_meta(rank, reg, groups, &mb);
-  ck_assert_int_eq(sp_msgbuf_finish(&mb, tx), 0);
+  ck_assert_int_eq(sp__msgbuf_finish(&mb, tx), 0);
 }
 
 START_TEST(meta_rebuilds_the_registry) {

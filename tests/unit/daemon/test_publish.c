@@ -123,11 +123,11 @@ END_TEST
 static void decode(struct sp_msgbuf *mb, msgpack_zone *zone,
                    msgpack_object *map, size_t *len) {
   struct sp_limits limits;
-  sp_limits_default(&limits);
+  sp__limits_default(&limits);
   *len = mb->sbuf.size - SP_FRAME_HEADER;
   ck_assert_int_eq(
-      sp_wire_decode((const uint8_t *)mb->sbuf.data + SP_FRAME_HEADER, *len,
-                     &limits, zone, map),
+      sp__wire_decode((const uint8_t *)mb->sbuf.data + SP_FRAME_HEADER, *len,
+                      &limits, zone, map),
       0);
 }
 
@@ -167,41 +167,41 @@ START_TEST(parts_fit_and_list_only_owned) {
       decode(&mb, &zone, &map, &len);
       ck_assert_uint_le(len, limit);
       uint64_t v;
-      ck_assert_int_eq(sp_msg_get_u64(&map, "id", false, &v), 0);
+      ck_assert_int_eq(sp__msg_get_u64(&map, "id", false, &v), 0);
       ck_assert_uint_eq(v, 77);
-      ck_assert_int_eq(sp_msg_get_u64(&map, "export_id", false, &v), 0);
+      ck_assert_int_eq(sp__msg_get_u64(&map, "export_id", false, &v), 0);
       ck_assert_uint_eq(v, 5);
-      ck_assert_int_eq(sp_msg_get_u64(&map, "part", false, &v), 0);
+      ck_assert_int_eq(sp__msg_get_u64(&map, "part", false, &v), 0);
       ck_assert_uint_eq(v, p);
-      ck_assert_int_eq(sp_msg_get_u64(&map, "parts", false, &v), 0);
+      ck_assert_int_eq(sp__msg_get_u64(&map, "parts", false, &v), 0);
       ck_assert_uint_eq(v, nparts);
-      ck_assert_int_eq(sp_msg_get_u64(&map, "segments", true, &v),
+      ck_assert_int_eq(sp__msg_get_u64(&map, "segments", true, &v),
                        p == 0 ? 0 : 1);
       if (p == 0)
         ck_assert_uint_eq(v, l.seg_size[r] > 0 ? 1 : 0);
       const msgpack_object_array *t;
-      ck_assert_int_eq(sp_msg_get_array(&map, "tensors", false, &t), 0);
+      ck_assert_int_eq(sp__msg_get_array(&map, "tensors", false, &t), 0);
       for (uint32_t i = 0; i < t->size; i++) {
         char key[128];
         uint64_t off, sid, seg;
         ck_assert_int_eq(
-            sp_msg_get_strbuf(&t->ptr[i], "key", false, key, sizeof key), 0);
+            sp__msg_get_strbuf(&t->ptr[i], "key", false, key, sizeof key), 0);
         uint32_t k = l.owned[l.owned_first[r] + listed + i];
         ck_assert_str_eq(key, plan->keys[k].name);
         ck_assert_uint_eq(plan->keys[k].owner, r);
-        ck_assert_int_eq(sp_msg_get_u64(&t->ptr[i], "byte_offset", false, &off),
-                         0);
+        ck_assert_int_eq(
+            sp__msg_get_u64(&t->ptr[i], "byte_offset", false, &off), 0);
         const msgpack_object_array *stride;
-        ck_assert_int_eq(sp_msg_get_array(&t->ptr[i], "stride", false, &stride),
-                         0);
+        ck_assert_int_eq(
+            sp__msg_get_array(&t->ptr[i], "stride", false, &stride), 0);
         if (plan->keys[k].kind == PLAN_KEY_IDENTITY) {
-          ck_assert_int_eq(sp_msg_get_u64(&t->ptr[i], "sid", false, &sid), 0);
+          ck_assert_int_eq(sp__msg_get_u64(&t->ptr[i], "sid", false, &sid), 0);
           ck_assert_uint_eq(sid, 1);
-          ck_assert_int_eq(sp_msg_get_u64(&t->ptr[i], "segment", true, &seg),
+          ck_assert_int_eq(sp__msg_get_u64(&t->ptr[i], "segment", true, &seg),
                            1);
           ck_assert_uint_eq(off, tmodel_offset(&m, r, key));
         } else {
-          ck_assert_int_eq(sp_msg_get_u64(&t->ptr[i], "segment", false, &seg),
+          ck_assert_int_eq(sp__msg_get_u64(&t->ptr[i], "segment", false, &seg),
                            0);
           ck_assert_uint_eq(seg, 0);
           ck_assert_uint_eq(off, l.offset[k]);
@@ -211,7 +211,7 @@ START_TEST(parts_fit_and_list_only_owned) {
       }
       listed += t->size;
       msgpack_zone_destroy(&zone);
-      sp_msgbuf_discard(&mb);
+      sp__msgbuf_discard(&mb);
     }
     ck_assert_uint_eq(listed, l.owned_first[r + 1] - l.owned_first[r]);
     free(first);
@@ -224,7 +224,7 @@ START_TEST(parts_fit_and_list_only_owned) {
     static const uint32_t item_limits[] = {16, 64, 1000};
     for (size_t li = 0; li < 3; li++) {
       struct sp_limits limits;
-      sp_limits_default(&limits);
+      sp__limits_default(&limits);
       limits.max_items = item_limits[li];
       ck_assert_int_eq(publish_parts(plan, &l, r, limits.max_frame,
                                      limits.max_items, &first, &nparts),
@@ -236,11 +236,11 @@ START_TEST(parts_fit_and_list_only_owned) {
         publish_pack(plan, &l, &m.reg[r], r, 1, 1, p, nparts, first[p], end,
                      NULL, li > 0 && p % 2 == 0 ? &files : NULL, &mb);
         ck_assert_int_eq(
-            sp_wire_check((const uint8_t *)mb.sbuf.data + SP_FRAME_HEADER,
-                          mb.sbuf.size - SP_FRAME_HEADER, &limits),
+            sp__wire_check((const uint8_t *)mb.sbuf.data + SP_FRAME_HEADER,
+                           mb.sbuf.size - SP_FRAME_HEADER, &limits),
             0);
         n += end - first[p];
-        sp_msgbuf_discard(&mb);
+        sp__msgbuf_discard(&mb);
       }
       ck_assert_uint_eq(n, listed);
       if (item_limits[li] == 64)

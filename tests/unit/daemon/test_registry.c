@@ -29,29 +29,29 @@ struct msg {
 };
 
 static void msg_begin(struct msg *m, const char *op, uint32_t nfields) {
-  sp_msgbuf_begin(&m->mb, op, 1, nfields);
+  sp__msgbuf_begin(&m->mb, op, 1, nfields);
 }
 
 static const msgpack_object *msg_decode(struct msg *m) {
   struct sp_limits limits;
-  sp_limits_default(&limits);
+  sp__limits_default(&limits);
   msgpack_zone_init(&m->zone, 4096);
   ck_assert_int_eq(
-      sp_wire_decode((const uint8_t *)m->mb.sbuf.data + SP_FRAME_HEADER,
-                     m->mb.sbuf.size - SP_FRAME_HEADER, &limits, &m->zone,
-                     &m->map),
+      sp__wire_decode((const uint8_t *)m->mb.sbuf.data + SP_FRAME_HEADER,
+                      m->mb.sbuf.size - SP_FRAME_HEADER, &limits, &m->zone,
+                      &m->map),
       0);
   return &m->map;
 }
 
 static void msg_free(struct msg *m) {
   msgpack_zone_destroy(&m->zone);
-  sp_msgbuf_discard(&m->mb);
+  sp__msgbuf_discard(&m->mb);
 }
 
 static void pack_u64s(msgpack_packer *pk, const char *key, size_t n,
                       const uint64_t *v) {
-  sp_pack_str(pk, key);
+  sp__pack_str(pk, key);
   msgpack_pack_array(pk, n);
   for (size_t i = 0; i < n; i++)
     msgpack_pack_uint64(pk, v[i]);
@@ -65,7 +65,7 @@ static int parse_create(uint64_t world, bool present) {
   char err[256];
   msg_begin(&m, "job_create", present ? 1 : 0);
   if (present)
-    sp_pack_kv_u64(&m.mb.pk, "world", world);
+    sp__pack_kv_u64(&m.mb.pk, "world", world);
   int rc = request_parse_job_create(msg_decode(&m), &req, err, sizeof err);
   if (rc == 0)
     ck_assert_uint_eq(req.world, world);
@@ -88,11 +88,11 @@ static int parse_join(size_t ticket_len, const char *device,
   char err[256];
   uint8_t ticket[600] = {0};
   msg_begin(&m, "join", 4);
-  sp_pack_str(&m.mb.pk, "ticket");
-  sp_pack_bin(&m.mb.pk, ticket, ticket_len);
-  sp_pack_kv_u64(&m.mb.pk, "rank", 1);
-  sp_pack_kv_u64(&m.mb.pk, "world", 2);
-  sp_pack_kv_str(&m.mb.pk, "device", device);
+  sp__pack_str(&m.mb.pk, "ticket");
+  sp__pack_bin(&m.mb.pk, ticket, ticket_len);
+  sp__pack_kv_u64(&m.mb.pk, "rank", 1);
+  sp__pack_kv_u64(&m.mb.pk, "world", 2);
+  sp__pack_kv_str(&m.mb.pk, "device", device);
   int rc = request_parse_join(msg_decode(&m), out, err, sizeof err);
   msg_free(&m);
   return rc;
@@ -123,12 +123,12 @@ static size_t make_ticket(uint8_t *buf, uint64_t v, size_t job_len,
   msgpack_sbuffer_init(&sb);
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
   msgpack_pack_map(&pk, 4);
-  sp_pack_kv_u64(&pk, "v", v);
-  sp_pack_str(&pk, "job");
-  sp_pack_bin(&pk, bytes, job_len);
-  sp_pack_str(&pk, "secret");
-  sp_pack_bin(&pk, bytes, secret_len);
-  sp_pack_kv_u64(&pk, "world", world);
+  sp__pack_kv_u64(&pk, "v", v);
+  sp__pack_str(&pk, "job");
+  sp__pack_bin(&pk, bytes, job_len);
+  sp__pack_str(&pk, "secret");
+  sp__pack_bin(&pk, bytes, secret_len);
+  sp__pack_kv_u64(&pk, "world", world);
   memcpy(buf, sb.data, sb.size);
   size_t n = sb.size;
   msgpack_sbuffer_destroy(&sb);
@@ -139,7 +139,7 @@ START_TEST(ticket_decoding) {
   struct sp_limits limits;
   struct req_ticket t;
   uint8_t buf[256];
-  sp_limits_default(&limits);
+  sp__limits_default(&limits);
   size_t n = make_ticket(buf, 1, 16, 16, 8);
   ck_assert_int_eq(request_parse_ticket(buf, n, &limits, &t), 0);
   ck_assert_uint_eq(t.world, 8);
@@ -171,15 +171,15 @@ static int parse_storage(struct storage_fields f, size_t nfds) {
   size_t n;
   char err[256];
   msg_begin(&m, "storage_add", 1);
-  sp_pack_str(&m.mb.pk, "storages");
+  sp__pack_str(&m.mb.pk, "storages");
   msgpack_pack_array(&m.mb.pk, 1);
   msgpack_pack_map(&m.mb.pk, 6);
-  sp_pack_kv_u64(&m.mb.pk, "sid", f.sid);
-  sp_pack_kv_str(&m.mb.pk, "kind", f.kind);
-  sp_pack_kv_u64(&m.mb.pk, "fd", f.fd);
-  sp_pack_kv_u64(&m.mb.pk, "offset", f.offset);
-  sp_pack_kv_u64(&m.mb.pk, "length", f.length);
-  sp_pack_kv_u64(&m.mb.pk, "base", 0x1000);
+  sp__pack_kv_u64(&m.mb.pk, "sid", f.sid);
+  sp__pack_kv_str(&m.mb.pk, "kind", f.kind);
+  sp__pack_kv_u64(&m.mb.pk, "fd", f.fd);
+  sp__pack_kv_u64(&m.mb.pk, "offset", f.offset);
+  sp__pack_kv_u64(&m.mb.pk, "length", f.length);
+  sp__pack_kv_u64(&m.mb.pk, "base", 0x1000);
   int rc =
       request_parse_storages(msg_decode(&m), nfds, &s, &n, err, sizeof err);
   if (rc == 0) {
@@ -251,29 +251,29 @@ static int parse_tensor(struct tensor_fields f, struct req_tensor **out,
     strides[i] = 1;
   }
   msg_begin(&m, "tensor_add", 1);
-  sp_pack_str(&m.mb.pk, "tensors");
+  sp__pack_str(&m.mb.pk, "tensors");
   msgpack_pack_array(&m.mb.pk, 1);
   msgpack_pack_map(&m.mb.pk, f.pieces ? 9 : 8);
-  sp_pack_str(&m.mb.pk, "key");
-  sp_pack_strn(&m.mb.pk, f.key, f.key_len ? f.key_len : strlen(f.key));
-  sp_pack_kv_u64(&m.mb.pk, "sid", 1);
-  sp_pack_kv_str(&m.mb.pk, "dtype", f.dtype);
+  sp__pack_str(&m.mb.pk, "key");
+  sp__pack_strn(&m.mb.pk, f.key, f.key_len ? f.key_len : strlen(f.key));
+  sp__pack_kv_u64(&m.mb.pk, "sid", 1);
+  sp__pack_kv_str(&m.mb.pk, "dtype", f.dtype);
   pack_u64s(&m.mb.pk, "shape", f.ndim, dims);
   pack_u64s(&m.mb.pk, "stride", f.nstride, strides);
-  sp_pack_kv_u64(&m.mb.pk, "offset", 0);
-  sp_pack_kv_str(&m.mb.pk, "placement", f.placement);
+  sp__pack_kv_u64(&m.mb.pk, "offset", 0);
+  sp__pack_kv_str(&m.mb.pk, "placement", f.placement);
   pack_u64s(&m.mb.pk, "global_shape", f.ndim, dims);
   if (f.pieces) {
     uint64_t holders[3] = {f.holder, f.holder + 1, f.holder + 2};
-    sp_pack_str(&m.mb.pk, "pieces");
+    sp__pack_str(&m.mb.pk, "pieces");
     msgpack_pack_array(&m.mb.pk, 2);
     for (int p = 0; p < 2; p++) {
       msgpack_pack_map(&m.mb.pk, 6);
       pack_u64s(&m.mb.pk, "shape", f.piece_ndim, dims);
       pack_u64s(&m.mb.pk, "src_stride", 2, strides);
       pack_u64s(&m.mb.pk, "dst_stride", 2, strides);
-      sp_pack_kv_u64(&m.mb.pk, "src_offset", 0);
-      sp_pack_kv_u64(&m.mb.pk, "dst_offset", 5);
+      sp__pack_kv_u64(&m.mb.pk, "src_offset", 0);
+      sp__pack_kv_u64(&m.mb.pk, "dst_offset", 5);
       pack_u64s(&m.mb.pk, "holders", f.piece_holders, holders);
     }
   }
@@ -369,16 +369,16 @@ START_TEST(export_options) {
   struct req_export a, b;
   char err[256];
   msg_begin(&m, "export", 4);
-  sp_pack_kv_u64(&m.mb.pk, "max_keys", 100);
-  sp_pack_kv_u64(&m.mb.pk, "timeout_ms", 5000);
-  sp_pack_kv_bool(&m.mb.pk, "progress", true);
-  sp_pack_str(&m.mb.pk, "groups");
+  sp__pack_kv_u64(&m.mb.pk, "max_keys", 100);
+  sp__pack_kv_u64(&m.mb.pk, "timeout_ms", 5000);
+  sp__pack_kv_bool(&m.mb.pk, "progress", true);
+  sp__pack_str(&m.mb.pk, "groups");
   msgpack_pack_array(&m.mb.pk, 2);
   msgpack_pack_array(&m.mb.pk, 2);
-  sp_pack_str(&m.mb.pk, "q");
-  sp_pack_str(&m.mb.pk, "k");
+  sp__pack_str(&m.mb.pk, "q");
+  sp__pack_str(&m.mb.pk, "k");
   msgpack_pack_array(&m.mb.pk, 1);
-  sp_pack_str(&m.mb.pk, "v");
+  sp__pack_str(&m.mb.pk, "v");
   ck_assert_int_eq(request_parse_export(msg_decode(&m), &a, err, sizeof err),
                    0);
   ck_assert_uint_eq(a.max_keys, 100);
@@ -391,13 +391,13 @@ START_TEST(export_options) {
   msg_free(&m);
   /* Groups [q], [k, v] hold the same names but are a different list. */
   msg_begin(&m, "export", 1);
-  sp_pack_str(&m.mb.pk, "groups");
+  sp__pack_str(&m.mb.pk, "groups");
   msgpack_pack_array(&m.mb.pk, 2);
   msgpack_pack_array(&m.mb.pk, 1);
-  sp_pack_str(&m.mb.pk, "q");
+  sp__pack_str(&m.mb.pk, "q");
   msgpack_pack_array(&m.mb.pk, 2);
-  sp_pack_str(&m.mb.pk, "k");
-  sp_pack_str(&m.mb.pk, "v");
+  sp__pack_str(&m.mb.pk, "k");
+  sp__pack_str(&m.mb.pk, "v");
   ck_assert_int_eq(request_parse_export(msg_decode(&m), &b, err, sizeof err),
                    0);
   ck_assert(a.groups.blob_len != b.groups.blob_len ||
@@ -407,24 +407,24 @@ START_TEST(export_options) {
   msg_free(&m);
 
   msg_begin(&m, "export", 1);
-  sp_pack_kv_u64(&m.mb.pk, "timeout_ms", 86400001);
+  sp__pack_kv_u64(&m.mb.pk, "timeout_ms", 86400001);
   ck_assert_int_eq(request_parse_export(msg_decode(&m), &a, err, sizeof err),
                    SP_EINVAL);
   msg_free(&m);
   msg_begin(&m, "export", 1);
-  sp_pack_kv_u64(&m.mb.pk, "max_keys", UINT64_C(1) << 32);
+  sp__pack_kv_u64(&m.mb.pk, "max_keys", UINT64_C(1) << 32);
   ck_assert_int_eq(request_parse_export(msg_decode(&m), &a, err, sizeof err),
                    SP_EINVAL);
   msg_free(&m);
   msg_begin(&m, "export", 1);
-  sp_pack_str(&m.mb.pk, "groups");
+  sp__pack_str(&m.mb.pk, "groups");
   msgpack_pack_array(&m.mb.pk, 1);
-  sp_pack_str(&m.mb.pk, "q");
+  sp__pack_str(&m.mb.pk, "q");
   ck_assert_int_eq(request_parse_export(msg_decode(&m), &a, err, sizeof err),
                    SP_EBADMSG);
   msg_free(&m);
   msg_begin(&m, "export", 1);
-  sp_pack_kv_u64(&m.mb.pk, "progress", 1);
+  sp__pack_kv_u64(&m.mb.pk, "progress", 1);
   ck_assert_int_eq(request_parse_export(msg_decode(&m), &a, err, sizeof err),
                    SP_EBADMSG);
   msg_free(&m);

@@ -115,7 +115,7 @@ uint64_t tmodel_dense(struct tmodel *m, uint32_t r, const char *key,
   for (uint32_t d = 0; d < ndim; d++)
     if (shape[d] == 0)
       n = 0;
-  uint32_t esz = sp_dtype_size(dtype);
+  uint32_t esz = sp__dtype_size(dtype);
   uint64_t at = tmodel_alloc(m, r, n * esz);
   tmodel_tensor(m, r, key, dtype, placement, ndim, global, ndim, shape, stride,
                 (int64_t)(at / esz), NULL, 0);
@@ -156,7 +156,7 @@ static uint64_t shape_numel(uint32_t ndim, const int64_t *shape) {
 void tmodel_shard0(struct tmodel *m, const char *name, enum sp_dtype dtype,
                    uint32_t ndim, const int64_t *global, const int64_t *rows) {
   uint32_t id = note_key(m, name, UINT32_MAX);
-  uint32_t esz = sp_dtype_size(dtype);
+  uint32_t esz = sp__dtype_size(dtype);
   uint64_t row = shape_numel(ndim - 1, global + 1), start = 0;
   for (uint32_t r = 0; r < m->world; r++) {
     int64_t shape[SP_MAX_DIMS];
@@ -176,7 +176,7 @@ void tmodel_whole(struct tmodel *m, const char *name, enum sp_dtype dtype,
                   enum plan_placement placement, uint32_t ndim,
                   const int64_t *global, uint32_t rank) {
   uint32_t id = note_key(m, name, UINT32_MAX);
-  uint32_t esz = sp_dtype_size(dtype);
+  uint32_t esz = sp__dtype_size(dtype);
   uint64_t n = shape_numel(ndim, global);
   for (uint32_t r = 0; r < m->world; r++) {
     if (placement == PLAN_EXPERT && r != rank)
@@ -195,7 +195,7 @@ static void affine_rank(struct tmodel *m, uint32_t id, uint32_t r,
                         const char *name, enum sp_dtype dtype,
                         const int64_t *global, int64_t numel,
                         const struct affine_piece *piece) {
-  uint32_t esz = sp_dtype_size(dtype);
+  uint32_t esz = sp__dtype_size(dtype);
   int64_t shape[1] = {numel}, stride[1] = {1};
   uint64_t at = tmodel_alloc(m, r, (size_t)numel * esz);
   if (piece != NULL)
@@ -278,7 +278,7 @@ void tmodel_tie(struct tmodel *m, const char *name, const char *leader) {
 
 uint64_t tmodel_offset(const struct tmodel *m, uint32_t r, const char *name) {
   const struct plan_key_in *e = find_key(&m->reg[r], name);
-  return (uint64_t)e->view.offset * sp_dtype_size(e->view.dtype);
+  return (uint64_t)e->view.offset * sp__dtype_size(e->view.dtype);
 }
 
 void tmodel_check(const struct tmodel *m, const struct plan *plan,
@@ -291,7 +291,7 @@ void tmodel_check(const struct tmodel *m, const struct plan *plan,
     while (id < m->nkeys && strcmp(m->key_name[id], key->name) != 0)
       id++;
     ck_assert_uint_lt(id, m->nkeys);
-    uint32_t esz = sp_dtype_size(key->dtype);
+    uint32_t esz = sp__dtype_size(key->dtype);
     int64_t stride[SP_MAX_DIMS];
     const uint8_t *base;
     if (as->kind == PLAN_KEY_IDENTITY) {

@@ -70,7 +70,7 @@ static uint64_t mix(uint64_t x) {
 /* Element i of key k's original. */
 static void element(size_t k, uint64_t i, uint8_t *out) {
   uint64_t v = mix(((uint64_t)k << 40) + i);
-  memcpy(out, &v, sp_dtype_size(keys[k].dtype));
+  memcpy(out, &v, sp__dtype_size(keys[k].dtype));
 }
 
 /* How many of n rows or columns rank r holds: uneven, and rank 1 none
@@ -146,7 +146,7 @@ static struct tjob *build_job(uint32_t world) {
 static void fill(size_t k, uint32_t world, uint32_t r, uint8_t *out,
                  uint64_t nbytes) {
   const struct skey *s = &keys[k];
-  size_t es = sp_dtype_size(s->dtype);
+  size_t es = sp__dtype_size(s->dtype);
   memset(out, 0, nbytes);
   int64_t cols = s->ndim == 2 ? s->shape[1] : 1;
   if (!s->affine) {
@@ -348,7 +348,7 @@ static long verify(struct node_state *ns, uint64_t node) {
       fail("fail reading %s back", key->name, 1);
       return -1;
     }
-    size_t es = sp_dtype_size(key->dtype);
+    size_t es = sp__dtype_size(key->dtype);
     uint8_t want[8];
     for (uint64_t j = 0; j < key->nbytes / es; j++) {
       element(i, j, want);

@@ -47,14 +47,14 @@ static void decode(const uint8_t *payload, size_t len,
                               const msgpack_object *map),
                    void *arg) {
   struct sp_limits limits;
-  sp_limits_default(&limits);
+  sp__limits_default(&limits);
   limits.max_fds = 0;
   msgpack_zone zone;
   ck_assert(msgpack_zone_init(&zone, MSGPACK_ZONE_CHUNK_SIZE));
   msgpack_object map;
   struct sp_msg_head head;
-  ck_assert_int_eq(sp_wire_decode(payload, len, &limits, &zone, &map), 0);
-  ck_assert_int_eq(sp_msg_head(&map, &head), 0);
+  ck_assert_int_eq(sp__wire_decode(payload, len, &limits, &zone, &map), 0);
+  ck_assert_int_eq(sp__msg_head(&map, &head), 0);
   fn(arg, &head, &map);
   msgpack_zone_destroy(&zone);
 }
@@ -100,7 +100,7 @@ void nodelink_expect_blobs(struct nodelink *l, uint32_t n) {
 
 int nodelink_send(struct nodelink *l, struct sp_msgbuf *mb) {
   struct sp_frame_tx tx;
-  ck_assert_int_eq(sp_msgbuf_finish(mb, &tx), 0);
+  ck_assert_int_eq(sp__msgbuf_finish(mb, &tx), 0);
   ck_assert_msg(!l->closed && !l->closing, "a frame sent on a closed link");
   decode(tx.buf + SP_FRAME_HEADER, tx.len - SP_FRAME_HEADER, record_decoded,
          l);
@@ -167,7 +167,7 @@ void fake_deliver(struct nodelink *l, const struct nodemsg *m) {
   struct sp_msgbuf mb;
   struct sp_frame_tx tx;
   nodemsg_pack(m, &mb);
-  ck_assert_int_eq(sp_msgbuf_finish(&mb, &tx), 0);
+  ck_assert_int_eq(sp__msgbuf_finish(&mb, &tx), 0);
   decode(tx.buf + SP_FRAME_HEADER, tx.len - SP_FRAME_HEADER, dispatch, l);
   free(tx.buf);
 }

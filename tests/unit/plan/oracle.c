@@ -53,7 +53,7 @@ static void piece_iter_next(struct piece_iter *it) {
 /* Elements of a piece that affine's checks accepted. */
 static uint64_t piece_numel(const struct affine_piece *p) {
   uint64_t numel = 0;
-  sp_view_numel(p->ndim, p->shape, &numel);
+  sp__view_numel(p->ndim, p->shape, &numel);
   return numel;
 }
 
@@ -89,10 +89,10 @@ static int refuse_different(const struct affine_map *map, uint32_t rank,
 
   first_writer(map, rank, pi, d, &wr, &wp);
   plan_refuse_index(map->ndim, map->shape, d, where, sizeof where);
-  return sp_failf(msg, msglen, SP_EDIFFERENT,
-                  "key '%s': replicas hold different data at element %s: "
-                  "rank %u (piece %zu) and rank %u (piece %zu)",
-                  map->key, where, wr, wp, rank, pi);
+  return sp__failf(msg, msglen, SP_EDIFFERENT,
+                   "key '%s': replicas hold different data at element %s: "
+                   "rank %u (piece %zu) and rank %u (piece %zu)",
+                   map->key, where, wr, wp, rank, pi);
 }
 
 /* After affine_validate, one byte per element of the full tensor (which
@@ -108,15 +108,15 @@ int oracle_rebuild(const struct affine_map *map, size_t elsize,
   if (rc != 0)
     return rc;
   /* affine_validate checked the full shape. */
-  sp_view_numel(map->ndim, map->shape, &full_numel);
+  sp__view_numel(map->ndim, map->shape, &full_numel);
   if (__builtin_mul_overflow(full_numel, (uint64_t)elsize, &bytes))
-    return sp_failf(msg, msglen, SP_EOVERFLOW,
-                    "key '%s': the full tensor's size overflows", map->key);
+    return sp__failf(msg, msglen, SP_EOVERFLOW,
+                     "key '%s': the full tensor's size overflows", map->key);
   written = calloc(full_numel > 0 ? full_numel : 1, 1);
   if (written == NULL)
-    return sp_failf(msg, msglen, SP_ENOMEM,
-                    "key '%s': no memory to assemble %llu elements", map->key,
-                    (unsigned long long)full_numel);
+    return sp__failf(msg, msglen, SP_ENOMEM,
+                     "key '%s': no memory to assemble %llu elements", map->key,
+                     (unsigned long long)full_numel);
   for (uint32_t r = 0; r < map->nranks && rc == 0; r++) {
     const struct affine_shard *shard = &map->shards[r];
     const uint8_t *src = shards[r];
@@ -150,8 +150,9 @@ int oracle_extract(const struct affine_map *map, uint32_t rank, size_t elsize,
     return rc;
   own = &map->shards[rank];
   if (__builtin_mul_overflow(own->numel, (uint64_t)elsize, &bytes))
-    return sp_failf(msg, msglen, SP_EOVERFLOW,
-                    "key '%s': rank %u's shard size overflows", map->key, rank);
+    return sp__failf(msg, msglen, SP_EOVERFLOW,
+                     "key '%s': rank %u's shard size overflows", map->key,
+                     rank);
   memset(shard, 0, bytes);
   for (size_t pi = 0; pi < own->npieces; pi++) {
     const struct affine_piece *p = &own->pieces[pi];

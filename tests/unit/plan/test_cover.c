@@ -373,10 +373,9 @@ static uint64_t draw(struct layout *l, uint64_t *seed) {
       for (uint32_t k = 0; k < t.ndim[b]; k++)
         valid = valid && t.stride[b][k] > 0;
       valid = valid && t.offset[b] >= 0 &&
-              sp_view_check_overlap(t.ndim[b], t.shape[b], t.stride[b]) ==
-                  0 &&
-              sp_view_extent(t.ndim[b], t.shape[b], t.stride[b], t.offset[b],
-                             &extent) == 0 &&
+              sp__view_check_overlap(t.ndim[b], t.shape[b], t.stride[b]) == 0 &&
+              sp__view_extent(t.ndim[b], t.shape[b], t.stride[b], t.offset[b],
+                              &extent) == 0 &&
               extent <= n;
     }
     if (valid && t.nboxes > 0) {

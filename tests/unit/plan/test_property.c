@@ -408,11 +408,11 @@ static bool side_ok(const struct affine_piece *p, int64_t offset,
   for (uint32_t d = 0; d < p->ndim; d++)
     if (stride[d] < 0)
       return false;
-  if (sp_view_check_overlap(p->ndim, p->shape, stride) != 0)
+  if (sp__view_check_overlap(p->ndim, p->shape, stride) != 0)
     return false;
-  sp_view_numel(p->ndim, p->shape, &numel);
+  sp__view_numel(p->ndim, p->shape, &numel);
   return numel == 0 ||
-         (sp_view_extent(p->ndim, p->shape, stride, offset, &extent) == 0 &&
+         (sp__view_extent(p->ndim, p->shape, stride, offset, &extent) == 0 &&
           extent <= limit);
 }
 
@@ -421,7 +421,7 @@ static bool piece_ok(const struct affine_map *m, uint32_t r,
   uint64_t numel;
   bool own = false;
 
-  if (p->ndim > SP_MAX_DIMS || sp_view_numel(p->ndim, p->shape, &numel) != 0)
+  if (p->ndim > SP_MAX_DIMS || sp__view_numel(p->ndim, p->shape, &numel) != 0)
     return false;
   for (uint32_t h = 0; h < p->nholders; h++) {
     if (p->holders[h] >= m->nranks ||
@@ -439,7 +439,7 @@ static void each_element(const struct affine_piece *p,
   int64_t idx[SP_MAX_DIMS] = {0};
   uint64_t numel;
 
-  sp_view_numel(p->ndim, p->shape, &numel);
+  sp__view_numel(p->ndim, p->shape, &numel);
   for (uint64_t i = 0; i < numel; i++) {
     uint64_t src = (uint64_t)p->src_offset, dst = (uint64_t)p->dst_offset;
     for (uint32_t d = 0; d < p->ndim; d++) {
@@ -476,7 +476,7 @@ static struct verdict oracle(const struct affine_map *m) {
   uint64_t full;
   struct writers w;
 
-  sp_view_numel(m->ndim, m->shape, &full);
+  sp__view_numel(m->ndim, m->shape, &full);
   for (uint32_t r = 0; r < m->nranks; r++) {
     const struct affine_shard *sh = &m->shards[r];
     uint32_t *reads;

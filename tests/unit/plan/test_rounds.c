@@ -375,7 +375,7 @@ static const uint8_t *source_base(const struct sim *sim,
 static void land(struct sim *sim, const struct plan_move *m,
                  const uint8_t *bytes) {
   const struct plan_key *key = &sim->plan->keys[m->key];
-  size_t es = sp_dtype_size(key->dtype), n;
+  size_t es = sp__dtype_size(key->dtype), n;
   int64_t at[512];
   struct sp_view src;
   struct plan_region dst;
@@ -398,7 +398,7 @@ static void land(struct sim *sim, const struct plan_move *m,
 static void pack(const struct sim *sim, const struct plan_move *m,
                  uint8_t *out) {
   const struct plan_key *key = &sim->plan->keys[m->key];
-  size_t es = sp_dtype_size(key->dtype), n;
+  size_t es = sp__dtype_size(key->dtype), n;
   int64_t at[512];
   struct sp_view src;
   struct plan_region dst;
@@ -435,7 +435,7 @@ static const struct plan_key_in *find_entry(const struct sim *sim, uint32_t r,
 /* The affine key's shards, extracted by the oracle from random data. */
 static void sim_affine(struct sim *sim, uint32_t k, uint64_t *state) {
   const struct plan_key *key = &sim->plan->keys[k];
-  size_t es = sp_dtype_size(key->dtype);
+  size_t es = sp__dtype_size(key->dtype);
   struct affine_shard shards[6];
   struct affine_map map = {key->name, key->ndim, key->shape, 6, shards};
   char msg[256];
@@ -465,7 +465,7 @@ static void sim_expect(struct sim *sim, uint64_t seed) {
 
   for (uint32_t k = 0; k < plan->nkeys; k++) {
     const struct plan_key *key = &plan->keys[k];
-    size_t es = sp_dtype_size(key->dtype), used = 0;
+    size_t es = sp__dtype_size(key->dtype), used = 0;
     sim->expected[k] = calloc(key->nbytes + 1, 1);
     sim->owned[k] = calloc(key->nbytes + 1, 1);
     sim->written[k] = calloc(key->nbytes / es + 1, 1);
@@ -535,7 +535,7 @@ START_TEST(plan_carries_every_byte_exactly) {
     sim_run(&sim);
     for (uint32_t k = 0; k < plan->nkeys; k++) {
       const struct plan_key *key = &plan->keys[k];
-      size_t es = sp_dtype_size(key->dtype);
+      size_t es = sp__dtype_size(key->dtype);
       if (key->kind != PLAN_KEY_MOVE)
         continue;
       moved++;

@@ -48,20 +48,20 @@ START_TEST(dtype_names_and_sizes) {
 
   ck_assert_int_eq(sizeof want / sizeof want[0], SP_DTYPE_COUNT - 1);
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-    ck_assert_int_eq(sp_dtype_from_name(want[i].name, strlen(want[i].name), &d),
-                     0);
-    ck_assert_uint_eq(sp_dtype_size(d), want[i].size);
-    ck_assert_str_eq(sp_dtype_name(d), want[i].name);
+    ck_assert_int_eq(
+        sp__dtype_from_name(want[i].name, strlen(want[i].name), &d), 0);
+    ck_assert_uint_eq(sp__dtype_size(d), want[i].size);
+    ck_assert_str_eq(sp__dtype_name(d), want[i].name);
   }
-  ck_assert_int_eq(sp_dtype_from_name("torch.bfloat16", 14, &d), 0);
+  ck_assert_int_eq(sp__dtype_from_name("torch.bfloat16", 14, &d), 0);
   ck_assert_int_eq(d, SP_DTYPE_BFLOAT16);
   /* A name is matched whole, never by prefix. */
-  ck_assert_int_eq(sp_dtype_from_name("float", 5, &d), SP_EDTYPE);
-  ck_assert_int_eq(sp_dtype_from_name("float32x", 8, &d), SP_EDTYPE);
-  ck_assert_int_eq(sp_dtype_from_name("float32", 6, &d), SP_EDTYPE);
-  ck_assert_uint_eq(sp_dtype_size(SP_DTYPE_INVALID), 0);
-  ck_assert_uint_eq(sp_dtype_size((enum sp_dtype)99), 0);
-  ck_assert_str_eq(sp_dtype_name((enum sp_dtype)99), "invalid");
+  ck_assert_int_eq(sp__dtype_from_name("float", 5, &d), SP_EDTYPE);
+  ck_assert_int_eq(sp__dtype_from_name("float32x", 8, &d), SP_EDTYPE);
+  ck_assert_int_eq(sp__dtype_from_name("float32", 6, &d), SP_EDTYPE);
+  ck_assert_uint_eq(sp__dtype_size(SP_DTYPE_INVALID), 0);
+  ck_assert_uint_eq(sp__dtype_size((enum sp_dtype)99), 0);
+  ck_assert_str_eq(sp__dtype_name((enum sp_dtype)99), "invalid");
 }
 END_TEST
 
@@ -69,20 +69,20 @@ START_TEST(view_inside_its_storage) {
   struct sp_view v = view2(SP_DTYPE_FLOAT32, 2, 3, 3, 1, 0);
   char msg[256];
 
-  ck_assert_int_eq(sp_view_check(&v, 24, msg, sizeof msg), 0);
+  ck_assert_int_eq(sp__view_check(&v, 24, msg, sizeof msg), 0);
   v.offset = 1;
-  ck_assert_int_eq(sp_view_check(&v, 24, msg, sizeof msg), SP_EOUTOFBOUNDS);
+  ck_assert_int_eq(sp__view_check(&v, 24, msg, sizeof msg), SP_EOUTOFBOUNDS);
   ck_assert_ptr_nonnull(strstr(msg, "storage of 24 bytes"));
-  ck_assert_int_eq(sp_view_check(&v, 28, NULL, 0), 0);
+  ck_assert_int_eq(sp__view_check(&v, 28, NULL, 0), 0);
   /* A transposed view reaches the same six elements. */
   v = view2(SP_DTYPE_FLOAT32, 3, 2, 1, 3, 0);
-  ck_assert_int_eq(sp_view_check(&v, 24, NULL, 0), 0);
-  ck_assert(!sp_view_is_contiguous(&v));
+  ck_assert_int_eq(sp__view_check(&v, 24, NULL, 0), 0);
+  ck_assert(!sp__view_is_contiguous(&v));
   v = view2(SP_DTYPE_FLOAT32, 2, 3, 3, 1, 0);
-  ck_assert(sp_view_is_contiguous(&v));
+  ck_assert(sp__view_is_contiguous(&v));
   /* An axis of one element may carry any stride. */
   v = view2(SP_DTYPE_FLOAT32, 1, 3, 77, 1, 0);
-  ck_assert(sp_view_is_contiguous(&v));
+  ck_assert(sp__view_is_contiguous(&v));
 }
 END_TEST
 
@@ -91,16 +91,16 @@ END_TEST
 START_TEST(whole_elements_only) {
   struct sp_view v = view1(SP_DTYPE_FLOAT32, 2, 1, 0);
 
-  ck_assert_uint_eq(sp_view_whole_elements(10, SP_DTYPE_FLOAT32), 2);
-  ck_assert_uint_eq(sp_view_whole_elements(9, SP_DTYPE_FLOAT64), 1);
-  ck_assert_uint_eq(sp_view_whole_elements(7, SP_DTYPE_COMPLEX128), 0);
-  ck_assert_int_eq(sp_view_check(&v, 10, NULL, 0), 0);
-  ck_assert_int_eq(sp_view_check(&v, 11, NULL, 0), 0);
+  ck_assert_uint_eq(sp__view_whole_elements(10, SP_DTYPE_FLOAT32), 2);
+  ck_assert_uint_eq(sp__view_whole_elements(9, SP_DTYPE_FLOAT64), 1);
+  ck_assert_uint_eq(sp__view_whole_elements(7, SP_DTYPE_COMPLEX128), 0);
+  ck_assert_int_eq(sp__view_check(&v, 10, NULL, 0), 0);
+  ck_assert_int_eq(sp__view_check(&v, 11, NULL, 0), 0);
   v.shape[0] = 3;
-  ck_assert_int_eq(sp_view_check(&v, 11, NULL, 0), SP_EOUTOFBOUNDS);
+  ck_assert_int_eq(sp__view_check(&v, 11, NULL, 0), SP_EOUTOFBOUNDS);
   v = view1(SP_DTYPE_FLOAT64, 1, 1, 1);
-  ck_assert_int_eq(sp_view_check(&v, 15, NULL, 0), SP_EOUTOFBOUNDS);
-  ck_assert_int_eq(sp_view_check(&v, 16, NULL, 0), 0);
+  ck_assert_int_eq(sp__view_check(&v, 15, NULL, 0), SP_EOUTOFBOUNDS);
+  ck_assert_int_eq(sp__view_check(&v, 16, NULL, 0), 0);
 }
 END_TEST
 
@@ -113,38 +113,37 @@ START_TEST(empty_view_anywhere) {
   uint64_t extent = 1;
   char msg[256];
 
-  ck_assert_int_eq(sp_view_check(&v, 63 * 4, msg, sizeof msg), 0);
-  ck_assert_int_eq(sp_view_check(&v, 0, msg, sizeof msg), 0);
-  ck_assert_int_eq(sp_view_extent(v.ndim, v.shape, v.stride, v.offset,
-                                   &extent),
-                   0);
+  ck_assert_int_eq(sp__view_check(&v, 63 * 4, msg, sizeof msg), 0);
+  ck_assert_int_eq(sp__view_check(&v, 0, msg, sizeof msg), 0);
+  ck_assert_int_eq(
+      sp__view_extent(v.ndim, v.shape, v.stride, v.offset, &extent), 0);
   ck_assert_uint_eq(extent, 0);
   /* One row there reaches past the end. */
   v.shape[0] = 1;
-  ck_assert_int_eq(sp_view_check(&v, 63 * 4, NULL, 0), SP_EOUTOFBOUNDS);
+  ck_assert_int_eq(sp__view_check(&v, 63 * 4, NULL, 0), SP_EOUTOFBOUNDS);
   /* The last offset whose bytes fit 63 bits passes; the next overflows. */
   v = view1(SP_DTYPE_FLOAT32, 0, 1, INT64_MAX / 4);
-  ck_assert_int_eq(sp_view_check(&v, 16, NULL, 0), 0);
+  ck_assert_int_eq(sp__view_check(&v, 16, NULL, 0), 0);
   v.offset++;
-  ck_assert_int_eq(sp_view_check(&v, 16, msg, sizeof msg), SP_EOVERFLOW);
+  ck_assert_int_eq(sp__view_check(&v, 16, msg, sizeof msg), SP_EOVERFLOW);
   ck_assert_ptr_nonnull(strstr(msg, "in bytes overflows"));
   v = view1(SP_DTYPE_UINT8, 0, 1, INT64_MAX);
-  ck_assert_int_eq(sp_view_check(&v, 16, NULL, 0), 0);
+  ck_assert_int_eq(sp__view_check(&v, 16, NULL, 0), 0);
 }
 END_TEST
 
 START_TEST(negative_values_refused) {
   struct sp_view v = view1(SP_DTYPE_UINT8, -1, 1, 0);
-  ck_assert_int_eq(sp_view_check(&v, 100, NULL, 0), SP_EINVAL);
+  ck_assert_int_eq(sp__view_check(&v, 100, NULL, 0), SP_EINVAL);
   v = view1(SP_DTYPE_UINT8, 4, -1, 3);
-  ck_assert_int_eq(sp_view_check(&v, 100, NULL, 0), SP_EINVAL);
+  ck_assert_int_eq(sp__view_check(&v, 100, NULL, 0), SP_EINVAL);
   v = view1(SP_DTYPE_UINT8, 4, 1, -1);
-  ck_assert_int_eq(sp_view_check(&v, 100, NULL, 0), SP_EINVAL);
+  ck_assert_int_eq(sp__view_check(&v, 100, NULL, 0), SP_EINVAL);
   v = view1(SP_DTYPE_INVALID, 4, 1, 0);
-  ck_assert_int_eq(sp_view_check(&v, 100, NULL, 0), SP_EDTYPE);
+  ck_assert_int_eq(sp__view_check(&v, 100, NULL, 0), SP_EDTYPE);
   v = view1(SP_DTYPE_UINT8, 4, 1, 0);
   v.ndim = SP_MAX_DIMS + 1;
-  ck_assert_int_eq(sp_view_check(&v, 100, NULL, 0), SP_EINVAL);
+  ck_assert_int_eq(sp__view_check(&v, 100, NULL, 0), SP_EINVAL);
 }
 END_TEST
 
@@ -152,18 +151,18 @@ START_TEST(overflow_refused) {
   struct sp_view v = view2(SP_DTYPE_FLOAT32, INT64_C(1) << 62, 4, 4, 1, 0);
   uint64_t n;
 
-  ck_assert_int_eq(sp_view_check(&v, UINT64_MAX, NULL, 0), SP_EOVERFLOW);
+  ck_assert_int_eq(sp__view_check(&v, UINT64_MAX, NULL, 0), SP_EOVERFLOW);
   v = view1(SP_DTYPE_UINT8, 3, INT64_MAX, 0);
-  ck_assert_int_eq(sp_view_check(&v, UINT64_MAX, NULL, 0), SP_EOVERFLOW);
+  ck_assert_int_eq(sp__view_check(&v, UINT64_MAX, NULL, 0), SP_EOVERFLOW);
   v = view1(SP_DTYPE_UINT8, 2, 1, INT64_MAX);
-  ck_assert_int_eq(sp_view_check(&v, UINT64_MAX, NULL, 0), SP_EOVERFLOW);
+  ck_assert_int_eq(sp__view_check(&v, UINT64_MAX, NULL, 0), SP_EOVERFLOW);
   /* Elements that fit 63 bits but whose bytes do not. */
   v = view1(SP_DTYPE_COMPLEX128, INT64_C(1) << 61, 1, 0);
-  ck_assert_int_eq(sp_view_check(&v, UINT64_MAX, NULL, 0), SP_EOVERFLOW);
+  ck_assert_int_eq(sp__view_check(&v, UINT64_MAX, NULL, 0), SP_EOVERFLOW);
   /* A zero dim empties the tensor before the others can overflow. */
   {
     int64_t shape[3] = {INT64_MAX, 0, INT64_MAX};
-    ck_assert_int_eq(sp_view_numel(3, shape, &n), 0);
+    ck_assert_int_eq(sp__view_numel(3, shape, &n), 0);
     ck_assert_uint_eq(n, 0);
   }
 }
@@ -171,23 +170,23 @@ END_TEST
 
 START_TEST(zero_stride_and_self_overlap) {
   struct sp_view v = view1(SP_DTYPE_FLOAT32, 3, 0, 0);
-  ck_assert_int_eq(sp_view_check(&v, 64, NULL, 0), SP_EZEROSTRIDE);
+  ck_assert_int_eq(sp__view_check(&v, 64, NULL, 0), SP_EZEROSTRIDE);
   v = view1(SP_DTYPE_FLOAT32, 1, 0, 0);
-  ck_assert_int_eq(sp_view_check(&v, 64, NULL, 0), 0);
+  ck_assert_int_eq(sp__view_check(&v, 64, NULL, 0), 0);
   v = view2(SP_DTYPE_FLOAT32, 2, 2, 1, 1, 0);
-  ck_assert_int_eq(sp_view_check(&v, 64, NULL, 0), SP_ESELFOVERLAP);
+  ck_assert_int_eq(sp__view_check(&v, 64, NULL, 0), SP_ESELFOVERLAP);
   /* Conservative: interleaved without overlap is refused as well. */
   v = view2(SP_DTYPE_FLOAT32, 3, 2, 2, 3, 0);
-  ck_assert_int_eq(sp_view_check(&v, 64, NULL, 0), SP_ESELFOVERLAP);
+  ck_assert_int_eq(sp__view_check(&v, 64, NULL, 0), SP_ESELFOVERLAP);
   /* A sliced view with gaps is fine. */
   v = view2(SP_DTYPE_FLOAT32, 2, 2, 4, 2, 1);
-  ck_assert_int_eq(sp_view_check(&v, 64, NULL, 0), 0);
+  ck_assert_int_eq(sp__view_check(&v, 64, NULL, 0), 0);
   /* An empty view reaches nothing, whatever its strides and offset
    * (empty_view_anywhere). */
   v = view2(SP_DTYPE_FLOAT32, 0, 5, 0, 0, 3);
-  ck_assert_int_eq(sp_view_check(&v, 12, NULL, 0), 0);
+  ck_assert_int_eq(sp__view_check(&v, 12, NULL, 0), 0);
   v.offset = 4;
-  ck_assert_int_eq(sp_view_check(&v, 12, NULL, 0), 0);
+  ck_assert_int_eq(sp__view_check(&v, 12, NULL, 0), 0);
 }
 END_TEST
 
@@ -236,7 +235,7 @@ START_TEST(codec_dedupes_by_device_and_address) {
   char msg[256];
 
   ck_assert_int_eq(
-      sp_view_encode(in, 6, &storages, &ns, &metas, msg, sizeof msg), 0);
+      sp__view_encode(in, 6, &storages, &ns, &metas, msg, sizeof msg), 0);
   ck_assert_uint_eq(ns, 4);
   for (size_t i = 0; i < 6; i++) {
     ck_assert_uint_eq(metas[i].storage, want[i]);
@@ -244,10 +243,10 @@ START_TEST(codec_dedupes_by_device_and_address) {
   }
   ck_assert_int_eq(storages[1].device.type, SP_DEVICE_CUDA);
   ck_assert_int_eq(storages[2].device.index, 1);
-  ck_assert_int_eq(sp_view_decode(storages, ns, metas, 6, out, msg, sizeof msg),
-                   0);
+  ck_assert_int_eq(
+      sp__view_decode(storages, ns, metas, 6, out, msg, sizeof msg), 0);
   for (size_t i = 0; i < 6; i++) {
-    ck_assert(sp_device_equal(&out[i].storage.device, &in[i].storage.device));
+    ck_assert(sp__device_equal(&out[i].storage.device, &in[i].storage.device));
     ck_assert_uint_eq(out[i].storage.base, in[i].storage.base);
     ck_assert_uint_eq(out[i].storage.nbytes, in[i].storage.nbytes);
     ck_assert(view_same(&out[i].view, &in[i].view));
@@ -269,7 +268,7 @@ START_TEST(codec_tells_gpus_apart_by_uuid) {
   struct sp_view_meta *metas;
   size_t ns;
 
-  ck_assert_int_eq(sp_view_encode(in, 2, &storages, &ns, &metas, NULL, 0), 0);
+  ck_assert_int_eq(sp__view_encode(in, 2, &storages, &ns, &metas, NULL, 0), 0);
   ck_assert_uint_eq(ns, 2);
   free(storages);
   free(metas);
@@ -289,7 +288,7 @@ START_TEST(codec_refusals) {
   char msg[256];
 
   ck_assert_int_eq(
-      sp_view_encode(in, 2, &storages, &ns, &metas, msg, sizeof msg),
+      sp__view_encode(in, 2, &storages, &ns, &metas, msg, sizeof msg),
       SP_EINVAL);
   ck_assert_ptr_null(storages);
   ck_assert_ptr_null(metas);
@@ -297,20 +296,20 @@ START_TEST(codec_refusals) {
   in[1] =
       tensor(SP_DEVICE_CPU, 0, 0, 0x3000, 8, view1(SP_DTYPE_FLOAT32, 4, 1, 0));
   ck_assert_int_eq(
-      sp_view_encode(in, 2, &storages, &ns, &metas, msg, sizeof msg),
+      sp__view_encode(in, 2, &storages, &ns, &metas, msg, sizeof msg),
       SP_EOUTOFBOUNDS);
   ck_assert_ptr_nonnull(strstr(msg, "tensor 1"));
-  ck_assert_int_eq(sp_view_encode(in, 0, &storages, &ns, &metas, NULL, 0), 0);
+  ck_assert_int_eq(sp__view_encode(in, 0, &storages, &ns, &metas, NULL, 0), 0);
   ck_assert_ptr_null(storages);
   bad.storage = 1;
   bad.view = view1(SP_DTYPE_FLOAT32, 4, 1, 0);
   ck_assert_int_eq(
-      sp_view_decode(&in[0].storage, 1, &bad, 1, &out, msg, sizeof msg),
+      sp__view_decode(&in[0].storage, 1, &bad, 1, &out, msg, sizeof msg),
       SP_ENOSTORAGE);
   bad.storage = 0;
   bad.view = view1(SP_DTYPE_FLOAT32, 17, 1, 0);
   ck_assert_int_eq(
-      sp_view_decode(&in[0].storage, 1, &bad, 1, &out, msg, sizeof msg),
+      sp__view_decode(&in[0].storage, 1, &bad, 1, &out, msg, sizeof msg),
       SP_EOUTOFBOUNDS);
 }
 END_TEST

@@ -117,7 +117,7 @@ add_entry(struct tjob *job, uint32_t r, const char *name,
   memset(s, 0, sizeof *s);
   s->device.type = SP_DEVICE_CPU;
   s->base = job->next_base;
-  s->nbytes = numel * sp_dtype_size(dtype);
+  s->nbytes = numel * sp__dtype_size(dtype);
   job->next_base += s->nbytes + 0x1000;
   rank->keys = grow(rank->keys, rank->nkeys, sizeof *rank->keys);
   e = &rank->keys[rank->nkeys++];

@@ -21,12 +21,12 @@ static struct sp_frame_rx rx;
 
 static void setup(void) {
   ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-  sp_limits_default(&limits);
-  sp_frame_rx_init(&rx, &limits);
+  sp__limits_default(&limits);
+  sp__frame_rx_init(&rx, &limits);
 }
 
 static void teardown(void) {
-  sp_frame_rx_reset(&rx);
+  sp__frame_rx_reset(&rx);
   close(sv[0]);
   close(sv[1]);
 }
@@ -50,27 +50,27 @@ static int make_memfd(void) {
 START_TEST(frame_round_trips_with_its_fds) {
   struct sp_msgbuf mb;
   struct sp_frame_tx tx;
-  sp_msgbuf_begin(&mb, "ping", 1, 0);
-  ck_assert_int_eq(sp_msgbuf_finish(&mb, &tx), 0);
+  sp__msgbuf_begin(&mb, "ping", 1, 0);
+  ck_assert_int_eq(sp__msgbuf_finish(&mb, &tx), 0);
   int fds[2] = {make_memfd(), make_memfd()};
-  ck_assert_int_eq(sp_frame_send(sv[0], tx.buf, tx.len, fds, 2), 0);
+  ck_assert_int_eq(sp__frame_send(sv[0], tx.buf, tx.len, fds, 2), 0);
   /* A second frame without fds must not receive any. */
-  ck_assert_int_eq(sp_frame_send(sv[0], tx.buf, tx.len, NULL, 0), 0);
+  ck_assert_int_eq(sp__frame_send(sv[0], tx.buf, tx.len, NULL, 0), 0);
 
   struct sp_frame f;
-  ck_assert_int_eq(sp_frame_rx_read(&rx, sv[1], &f), 1);
+  ck_assert_int_eq(sp__frame_rx_read(&rx, sv[1], &f), 1);
   ck_assert_uint_eq(f.len, tx.len - SP_FRAME_HEADER);
   ck_assert_mem_eq(f.data, tx.buf + SP_FRAME_HEADER, f.len);
   ck_assert_uint_eq(f.nfds, 2);
   int received = f.fds[0];
   ck_assert(fd_is_open(received));
   ck_assert_int_eq(fcntl(received, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
-  sp_frame_release(&f);
+  sp__frame_release(&f);
   ck_assert(!fd_is_open(received));
 
-  ck_assert_int_eq(sp_frame_rx_read(&rx, sv[1], &f), 1);
+  ck_assert_int_eq(sp__frame_rx_read(&rx, sv[1], &f), 1);
   ck_assert_uint_eq(f.nfds, 0);
-  sp_frame_release(&f);
+  sp__frame_release(&f);
 
   close(fds[0]);
   close(fds[1]);
@@ -81,14 +81,14 @@ END_TEST
 START_TEST(stray_fds_are_closed) {
   static const uint8_t frame[] = {0, 0, 0, 1, 0x80};
   int fd = make_memfd();
-  ck_assert_int_eq(sp_frame_send(sv[0], frame, sizeof frame, &fd, 1), 0);
+  ck_assert_int_eq(sp__frame_send(sv[0], frame, sizeof frame, &fd, 1), 0);
   struct sp_frame f;
-  ck_assert_int_eq(sp_frame_rx_read(&rx, sv[1], &f), 1);
+  ck_assert_int_eq(sp__frame_rx_read(&rx, sv[1], &f), 1);
   int received = f.fds[0];
-  ck_assert_uint_eq(sp_frame_close_fds(&f), 1);
+  ck_assert_uint_eq(sp__frame_close_fds(&f), 1);
   ck_assert(!fd_is_open(received));
   ck_assert_uint_eq(f.nfds, 0);
-  sp_frame_release(&f);
+  sp__frame_release(&f);
   close(fd);
 }
 END_TEST
@@ -98,14 +98,14 @@ START_TEST(frame_arrives_in_pieces) {
   struct sp_frame f;
   set_nonblocking(sv[1]);
   for (size_t i = 0; i < sizeof frame; i++) {
-    ck_assert_int_eq(sp_frame_rx_read(&rx, sv[1], &f), 0);
+    ck_assert_int_eq(sp__frame_rx_read(&rx, sv[1], &f), 0);
     write_all(sv[0], frame + i, 1);
   }
-  ck_assert_int_eq(sp_frame_rx_read(&rx, sv[1], &f), 1);
+  ck_assert_int_eq(sp__frame_rx_read(&rx, sv[1], &f), 1);
   ck_assert_uint_eq(f.len, 3);
   ck_assert_mem_eq(f.data, frame + 4, 3);
-  sp_frame_release(&f);
-  ck_assert_int_eq(sp_frame_rx_read(&rx, sv[1], &f), 0);
+  sp__frame_release(&f);
+  ck_assert_int_eq(sp__frame_rx_read(&rx, sv[1], &f), 0);
 }
 END_TEST
 
@@ -113,7 +113,7 @@ START_TEST(length_of_four_gib_is_refused_before_allocation) {
   static const uint8_t header[] = {0xff, 0xff, 0xff, 0xff};
   write_all(sv[0], header, sizeof header);
   struct sp_frame f;
-  ck_assert_int_eq(sp_frame_rx_read(&rx, sv[1], &f), SP_EFRAMETOOBIG);
+  ck_assert_int_eq(sp__frame_rx_read(&rx, sv[1], &f), SP_EFRAMETOOBIG);
   ck_assert_ptr_null(rx.buf);
 }
 END_TEST
@@ -126,7 +126,7 @@ START_TEST(a_stalled_large_frame_holds_only_what_arrived) {
   write_all(sv[0], body, sizeof body);
   set_nonblocking(sv[1]);
   struct sp_frame f;
-  ck_assert_int_eq(sp_frame_rx_read(&rx, sv[1], &f), 0);
+  ck_assert_int_eq(sp__frame_rx_read(&rx, sv[1], &f), 0);
   ck_assert_uint_eq(rx.have, sizeof body);
   ck_assert_uint_le(rx.cap, 65536 + 1);
 }
@@ -134,29 +134,29 @@ END_TEST
 
 START_TEST(configured_frame_limit_is_applied) {
   limits.max_frame = 8;
-  sp_frame_rx_init(&rx, &limits);
+  sp__frame_rx_init(&rx, &limits);
   static const uint8_t ok[] = {0, 0, 0, 8, 0x80, 0, 0, 0, 0, 0, 0, 0};
   static const uint8_t big[] = {0, 0, 0, 9};
   write_all(sv[0], ok, sizeof ok);
   write_all(sv[0], big, sizeof big);
   struct sp_frame f;
-  ck_assert_int_eq(sp_frame_rx_read(&rx, sv[1], &f), 1);
-  sp_frame_release(&f);
-  ck_assert_int_eq(sp_frame_rx_read(&rx, sv[1], &f), SP_EFRAMETOOBIG);
+  ck_assert_int_eq(sp__frame_rx_read(&rx, sv[1], &f), 1);
+  sp__frame_release(&f);
+  ck_assert_int_eq(sp__frame_rx_read(&rx, sv[1], &f), SP_EFRAMETOOBIG);
 }
 END_TEST
 
 START_TEST(too_many_fds_are_all_closed) {
   limits.max_fds = 2;
-  sp_frame_rx_init(&rx, &limits);
+  sp__frame_rx_init(&rx, &limits);
   static const uint8_t frame[] = {0, 0, 0, 1, 0x80};
   int fds[3] = {make_memfd(), make_memfd(), make_memfd()};
   int before = make_memfd(); /* the next free descriptor number, as a probe */
   close(before);
-  ck_assert_int_eq(sp_frame_send(sv[0], frame, sizeof frame, fds, 3), 0);
+  ck_assert_int_eq(sp__frame_send(sv[0], frame, sizeof frame, fds, 3), 0);
   struct sp_frame f;
-  ck_assert_int_eq(sp_frame_rx_read(&rx, sv[1], &f), SP_ETOOMANYFDS);
-  sp_frame_rx_reset(&rx);
+  ck_assert_int_eq(sp__frame_rx_read(&rx, sv[1], &f), SP_ETOOMANYFDS);
+  sp__frame_rx_reset(&rx);
   /* Nothing received stays open: the lowest free number is free again. */
   int after = make_memfd();
   ck_assert_int_eq(after, before);
@@ -169,7 +169,7 @@ END_TEST
 START_TEST(end_of_stream_is_reported) {
   struct sp_frame f;
   close(sv[0]);
-  ck_assert_int_eq(sp_frame_rx_read(&rx, sv[1], &f), SP_ECLOSED);
+  ck_assert_int_eq(sp__frame_rx_read(&rx, sv[1], &f), SP_ECLOSED);
   sv[0] = -1;
 }
 END_TEST
@@ -180,7 +180,7 @@ START_TEST(stream_cut_inside_a_frame_is_an_error) {
   close(sv[0]);
   sv[0] = -1;
   struct sp_frame f;
-  ck_assert_int_eq(sp_frame_rx_read(&rx, sv[1], &f), SP_EIO);
+  ck_assert_int_eq(sp__frame_rx_read(&rx, sv[1], &f), SP_EIO);
 }
 END_TEST
 
@@ -200,16 +200,16 @@ START_TEST(writer_resumes_on_a_full_socket) {
   int got = 0;
   int writes = 0;
   while (!got) {
-    int rc = sp_frame_tx_write(&tx, sv[0]);
+    int rc = sp__frame_tx_write(&tx, sv[0]);
     ck_assert_int_ge(rc, 0);
     writes++;
-    got = sp_frame_rx_read(&rx, sv[1], &f);
+    got = sp__frame_rx_read(&rx, sv[1], &f);
     ck_assert_int_ge(got, 0);
   }
   ck_assert_int_gt(writes, 1);
   ck_assert_uint_eq(tx.off, len);
   ck_assert_uint_eq(f.len, len - 4);
-  sp_frame_release(&f);
+  sp__frame_release(&f);
   free(buf);
 }
 END_TEST
@@ -237,29 +237,29 @@ START_TEST(shared_payload_follows_the_header_and_is_released) {
   int weight = 5;
   tx->release = count_release;
   tx->release_arg = &weight;
-  ck_assert_uint_eq(sp_frame_tx_size(tx), plen + 4);
+  ck_assert_uint_eq(sp__frame_tx_size(tx), plen + 4);
   set_nonblocking(sv[0]);
   set_nonblocking(sv[1]);
   struct sp_limits l;
-  sp_limits_default(&l);
+  sp__limits_default(&l);
   l.max_frame = 4u << 20;
-  sp_frame_rx_reset(&rx);
-  sp_frame_rx_init(&rx, &l);
+  sp__frame_rx_reset(&rx);
+  sp__frame_rx_init(&rx, &l);
   struct sp_frame f;
   int got = 0, writes = 0;
   while (!got) {
-    int rc = sp_frame_tx_write(tx, sv[0]);
+    int rc = sp__frame_tx_write(tx, sv[0]);
     ck_assert_int_ge(rc, 0);
     writes++;
-    got = sp_frame_rx_read(&rx, sv[1], &f);
+    got = sp__frame_rx_read(&rx, sv[1], &f);
     ck_assert_int_ge(got, 0);
   }
   ck_assert_int_gt(writes, 1);
   ck_assert_uint_eq(f.len, plen);
   ck_assert_mem_eq(f.data, payload, plen);
-  sp_frame_release(&f);
+  sp__frame_release(&f);
   released = 0;
-  sp_frame_tx_free(tx);
+  sp__frame_tx_free(tx);
   ck_assert_int_eq(released, 5);
   free(payload);
 }

@@ -10,36 +10,37 @@
 
 START_TEST(utf8_lengths) {
   uint32_t cp;
-  ck_assert_uint_eq(sp_utf8_len((const unsigned char *)"A", 1, &cp), 1);
+  ck_assert_uint_eq(sp__utf8_len((const unsigned char *)"A", 1, &cp), 1);
   ck_assert_uint_eq(cp, 'A');
-  ck_assert_uint_eq(sp_utf8_len((const unsigned char *)"\xc3\xa9", 2, &cp), 2);
+  ck_assert_uint_eq(sp__utf8_len((const unsigned char *)"\xc3\xa9", 2, &cp), 2);
   ck_assert_uint_eq(cp, 0xe9);
-  ck_assert_uint_eq(sp_utf8_len((const unsigned char *)"\xc3\xa9", 1, &cp), 0);
+  ck_assert_uint_eq(sp__utf8_len((const unsigned char *)"\xc3\xa9", 1, &cp), 0);
   ck_assert_uint_eq(
-      sp_utf8_len((const unsigned char *)"\xf0\x9f\x98\x80", 4, &cp), 4);
+      sp__utf8_len((const unsigned char *)"\xf0\x9f\x98\x80", 4, &cp), 4);
   ck_assert_uint_eq(cp, 0x1f600);
-  ck_assert_uint_eq(sp_utf8_len((const unsigned char *)"\xc1\xbf", 2, &cp), 0);
-  ck_assert_uint_eq(sp_utf8_len((const unsigned char *)"\xf5\x80\x80\x80", 4, &cp), 0);
+  ck_assert_uint_eq(sp__utf8_len((const unsigned char *)"\xc1\xbf", 2, &cp), 0);
+  ck_assert_uint_eq(
+      sp__utf8_len((const unsigned char *)"\xf5\x80\x80\x80", 4, &cp), 0);
 }
 END_TEST
 
 START_TEST(sanitize_for_terminal) {
   char buf[64];
-  sp_text_sanitize("host", buf, sizeof buf);
+  sp__text_sanitize("host", buf, sizeof buf);
   ck_assert_str_eq(buf, "host");
-  sp_text_sanitize("a\x1b[2Jb", buf, sizeof buf);
+  sp__text_sanitize("a\x1b[2Jb", buf, sizeof buf);
   ck_assert_str_eq(buf, "a\\x1b[2Jb");
-  sp_text_sanitize("caf\xc3\xa9\xff", buf, sizeof buf);
+  sp__text_sanitize("caf\xc3\xa9\xff", buf, sizeof buf);
   ck_assert_str_eq(buf, "caf\xc3\xa9\\xff");
   /* U+009B is CSI in 8-bit terminals: escaped byte by byte. */
-  sp_text_sanitize("\xc2\x9b", buf, sizeof buf);
+  sp__text_sanitize("\xc2\x9b", buf, sizeof buf);
   ck_assert_str_eq(buf, "\\xc2\\x9b");
-  sp_text_sanitize("tab\there", buf, sizeof buf);
+  sp__text_sanitize("tab\there", buf, sizeof buf);
   ck_assert_str_eq(buf, "tab\\x09here");
   /* Truncation keeps whole characters and escapes. */
-  sp_text_sanitize("abc\x1b", buf, 6);
+  sp__text_sanitize("abc\x1b", buf, 6);
   ck_assert_str_eq(buf, "abc");
-  sp_text_sanitize("ab\xc3\xa9", buf, 4);
+  sp__text_sanitize("ab\xc3\xa9", buf, 4);
   ck_assert_str_eq(buf, "ab");
 }
 END_TEST
@@ -48,13 +49,13 @@ END_TEST
  * a message cut in the middle of a character, come out as valid UTF-8. */
 START_TEST(sanitize_peer_bytes) {
   char buf[64];
-  sp_text_sanitize("unknown operation \"\xff\xff\xff\"", buf, sizeof buf);
+  sp__text_sanitize("unknown operation \"\xff\xff\xff\"", buf, sizeof buf);
   ck_assert_str_eq(buf, "unknown operation \"\\xff\\xff\\xff\"");
-  sp_text_sanitize("key 'caf\xc3", buf, sizeof buf);
+  sp__text_sanitize("key 'caf\xc3", buf, sizeof buf);
   ck_assert_str_eq(buf, "key 'caf\\xc3");
-  sp_text_sanitize("line\nforged", buf, sizeof buf);
+  sp__text_sanitize("line\nforged", buf, sizeof buf);
   ck_assert_str_eq(buf, "line\\x0aforged");
-  sp_text_sanitize("", buf, sizeof buf);
+  sp__text_sanitize("", buf, sizeof buf);
   ck_assert_str_eq(buf, "");
 }
 END_TEST

@@ -12,17 +12,17 @@
 
 static struct sp_limits limits;
 
-static void setup(void) { sp_limits_default(&limits); }
+static void setup(void) { sp__limits_default(&limits); }
 
 static int check_bytes(const uint8_t *data, size_t len) {
-  return sp_wire_check(data, len, &limits);
+  return sp__wire_check(data, len, &limits);
 }
 
 START_TEST(ping_has_golden_bytes) {
   struct sp_msgbuf mb;
   struct sp_frame_tx tx;
-  sp_msgbuf_begin(&mb, "ping", 7, 0);
-  ck_assert_int_eq(sp_msgbuf_finish(&mb, &tx), 0);
+  sp__msgbuf_begin(&mb, "ping", 7, 0);
+  ck_assert_int_eq(sp__msgbuf_finish(&mb, &tx), 0);
   static const uint8_t golden[] = {0x00, 0x00, 0x00, 0x0d, 0x82, 0xa2, 'o',
                                    'p',  0xa4, 'p',  'i',  'n',  'g',  0xa2,
                                    'i',  'd',  0x07};
@@ -35,25 +35,25 @@ END_TEST
 START_TEST(message_round_trips_every_field_type) {
   struct sp_msgbuf mb;
   struct sp_frame_tx tx;
-  sp_msgbuf_begin(&mb, "status", UINT64_MAX, 6);
-  sp_pack_kv_str(&mb.pk, "name", "shard\"port");
-  sp_pack_kv_u64(&mb.pk, "big", UINT64_MAX - 1);
-  sp_pack_kv_i64(&mb.pk, "neg", INT64_MIN);
-  sp_pack_kv_f64(&mb.pk, "rate", 1.5);
-  sp_pack_kv_bool(&mb.pk, "yes", true);
-  sp_pack_str(&mb.pk, "blob");
-  sp_pack_bin(&mb.pk, "\0\1\2", 3);
-  ck_assert_int_eq(sp_msgbuf_finish(&mb, &tx), 0);
+  sp__msgbuf_begin(&mb, "status", UINT64_MAX, 6);
+  sp__pack_kv_str(&mb.pk, "name", "shard\"port");
+  sp__pack_kv_u64(&mb.pk, "big", UINT64_MAX - 1);
+  sp__pack_kv_i64(&mb.pk, "neg", INT64_MIN);
+  sp__pack_kv_f64(&mb.pk, "rate", 1.5);
+  sp__pack_kv_bool(&mb.pk, "yes", true);
+  sp__pack_str(&mb.pk, "blob");
+  sp__pack_bin(&mb.pk, "\0\1\2", 3);
+  ck_assert_int_eq(sp__msgbuf_finish(&mb, &tx), 0);
 
   msgpack_zone zone;
   msgpack_zone_init(&zone, 1024);
   msgpack_object map;
-  ck_assert_int_eq(sp_wire_decode(tx.buf + SP_FRAME_HEADER,
-                                  tx.len - SP_FRAME_HEADER, &limits, &zone,
-                                  &map),
+  ck_assert_int_eq(sp__wire_decode(tx.buf + SP_FRAME_HEADER,
+                                   tx.len - SP_FRAME_HEADER, &limits, &zone,
+                                   &map),
                    0);
   struct sp_msg_head head;
-  ck_assert_int_eq(sp_msg_head(&map, &head), 0);
+  ck_assert_int_eq(sp__msg_head(&map, &head), 0);
   ck_assert_str_eq(head.op, "status");
   ck_assert_uint_eq(head.id, UINT64_MAX);
 
@@ -64,27 +64,29 @@ START_TEST(message_round_trips_every_field_type) {
   bool yes;
   const uint8_t *blob;
   size_t blob_len;
-  ck_assert_int_eq(sp_msg_get_strbuf(&map, "name", false, name, sizeof name), 0);
+  ck_assert_int_eq(sp__msg_get_strbuf(&map, "name", false, name, sizeof name),
+                   0);
   ck_assert_str_eq(name, "shard\"port");
-  ck_assert_int_eq(sp_msg_get_u64(&map, "big", false, &big), 0);
+  ck_assert_int_eq(sp__msg_get_u64(&map, "big", false, &big), 0);
   ck_assert_uint_eq(big, UINT64_MAX - 1);
-  ck_assert_int_eq(sp_msg_get_i64(&map, "neg", false, &neg), 0);
+  ck_assert_int_eq(sp__msg_get_i64(&map, "neg", false, &neg), 0);
   ck_assert(neg == INT64_MIN);
-  ck_assert_int_eq(sp_msg_get_f64(&map, "rate", false, &rate), 0);
+  ck_assert_int_eq(sp__msg_get_f64(&map, "rate", false, &rate), 0);
   ck_assert(rate == 1.5);
-  ck_assert_int_eq(sp_msg_get_bool(&map, "yes", false, &yes), 0);
+  ck_assert_int_eq(sp__msg_get_bool(&map, "yes", false, &yes), 0);
   ck_assert(yes);
-  ck_assert_int_eq(sp_msg_get_bin(&map, "blob", false, &blob, &blob_len), 0);
+  ck_assert_int_eq(sp__msg_get_bin(&map, "blob", false, &blob, &blob_len), 0);
   ck_assert_uint_eq(blob_len, 3);
   ck_assert_mem_eq(blob, "\0\1\2", 3);
 
   /* Wrong types and absent fields are refused; optional absent ones are not. */
-  ck_assert_int_eq(sp_msg_get_u64(&map, "name", false, &big), SP_EBADMSG);
-  ck_assert_int_eq(sp_msg_get_u64(&map, "neg", false, &big), SP_EBADMSG);
-  ck_assert_int_eq(sp_msg_get_u64(&map, "absent", false, &big), SP_EBADMSG);
-  ck_assert_int_eq(sp_msg_get_u64(&map, "absent", true, &big), 1);
-  ck_assert_int_eq(sp_msg_get_strbuf(&map, "name", false, name, 4), SP_EBADMSG);
-  ck_assert_int_eq(sp_msg_get_i64(&map, "big", false, &neg), SP_EBADMSG);
+  ck_assert_int_eq(sp__msg_get_u64(&map, "name", false, &big), SP_EBADMSG);
+  ck_assert_int_eq(sp__msg_get_u64(&map, "neg", false, &big), SP_EBADMSG);
+  ck_assert_int_eq(sp__msg_get_u64(&map, "absent", false, &big), SP_EBADMSG);
+  ck_assert_int_eq(sp__msg_get_u64(&map, "absent", true, &big), 1);
+  ck_assert_int_eq(sp__msg_get_strbuf(&map, "name", false, name, 4),
+                   SP_EBADMSG);
+  ck_assert_int_eq(sp__msg_get_i64(&map, "big", false, &neg), SP_EBADMSG);
 
   msgpack_zone_destroy(&zone);
   free(tx.buf);
@@ -93,23 +95,24 @@ END_TEST
 
 START_TEST(error_reply_names_its_code) {
   struct sp_frame_tx tx;
-  ck_assert_int_eq(sp_msg_error(&tx, 9, SP_EVERSION,
-                                "protocol version mismatch (client %d, daemon %d)",
-                                2, 1),
-                   0);
+  ck_assert_int_eq(
+      sp__msg_error(&tx, 9, SP_EVERSION,
+                    "protocol version mismatch (client %d, daemon %d)", 2, 1),
+      0);
   msgpack_zone zone;
   msgpack_zone_init(&zone, 1024);
   msgpack_object map;
-  ck_assert_int_eq(sp_wire_decode(tx.buf + SP_FRAME_HEADER,
-                                  tx.len - SP_FRAME_HEADER, &limits, &zone,
-                                  &map),
+  ck_assert_int_eq(sp__wire_decode(tx.buf + SP_FRAME_HEADER,
+                                   tx.len - SP_FRAME_HEADER, &limits, &zone,
+                                   &map),
                    0);
   struct sp_msg_head head;
-  ck_assert_int_eq(sp_msg_head(&map, &head), 0);
+  ck_assert_int_eq(sp__msg_head(&map, &head), 0);
   ck_assert_str_eq(head.op, "error");
   ck_assert_uint_eq(head.id, 9);
   char message[128];
-  ck_assert_int_eq(sp_msg_error_code(&map, message, sizeof message), SP_EVERSION);
+  ck_assert_int_eq(sp__msg_error_code(&map, message, sizeof message),
+                   SP_EVERSION);
   ck_assert_str_eq(message, "protocol version mismatch (client 2, daemon 1)");
   msgpack_zone_destroy(&zone);
   free(tx.buf);
@@ -121,13 +124,13 @@ START_TEST(error_table_is_consistent) {
   ck_assert_int_eq(SP_E##name, -(num));                                        \
   ck_assert_str_eq(sp_err_name(SP_E##name), wire);                             \
   ck_assert_str_eq(sp_strerror(SP_E##name), msg);                              \
-  ck_assert_int_eq(sp_error_from_name(wire, strlen(wire)), SP_E##name);
+  ck_assert_int_eq(sp__error_from_name(wire, strlen(wire)), SP_E##name);
   SP_ERROR_MAP(CHECK_ENTRY)
 #undef CHECK_ENTRY
   ck_assert_str_eq(sp_err_name(-9999), "unknown");
   ck_assert_str_eq(sp_strerror(-9999), "unknown error");
   ck_assert_str_eq(sp_err_name(0), "ok");
-  ck_assert_int_eq(sp_error_from_name("no_such_code", 12), SP_EINTERNAL);
+  ck_assert_int_eq(sp__error_from_name("no_such_code", 12), SP_EINTERNAL);
 }
 END_TEST
 
@@ -245,8 +248,9 @@ START_TEST(head_requires_op_and_id) {
   msgpack_object map;
   struct sp_msg_head head;
   static const uint8_t no_id[] = {0x81, 0xa2, 'o', 'p', 0xa4, 'p', 'i', 'n', 'g'};
-  ck_assert_int_eq(sp_wire_decode(no_id, sizeof no_id, &limits, &zone, &map), 0);
-  ck_assert_int_eq(sp_msg_head(&map, &head), SP_EBADMSG);
+  ck_assert_int_eq(sp__wire_decode(no_id, sizeof no_id, &limits, &zone, &map),
+                   0);
+  ck_assert_int_eq(sp__msg_head(&map, &head), SP_EBADMSG);
   /* An op one byte longer than SP_OP_MAX. */
   uint8_t long_op[64] = {0x82, 0xa2, 'o', 'p', 0xd9, SP_OP_MAX + 1};
   size_t n = 6;
@@ -256,8 +260,8 @@ START_TEST(head_requires_op_and_id) {
   long_op[n++] = 'i';
   long_op[n++] = 'd';
   long_op[n++] = 0x01;
-  ck_assert_int_eq(sp_wire_decode(long_op, n, &limits, &zone, &map), 0);
-  ck_assert_int_eq(sp_msg_head(&map, &head), SP_EBADMSG);
+  ck_assert_int_eq(sp__wire_decode(long_op, n, &limits, &zone, &map), 0);
+  ck_assert_int_eq(sp__msg_head(&map, &head), SP_EBADMSG);
   msgpack_zone_destroy(&zone);
 }
 END_TEST
