@@ -90,9 +90,10 @@ enum gpu_storage_kind {
 
 /* Opens bytes [offset, offset + length) of an allocation on local GPU
  * device: by its IPC handle (kind GPU_STORAGE_IPC, handle) or its cuMem
- * descriptor (GPU_STORAGE_FD, fd; the caller keeps the fd).  Each
+ * descriptor (GPU_STORAGE_FD, fd; the caller keeps the fd).  Each IPC
  * allocation is opened once per daemon process and its mapping shared by
- * every storage in it (counted); a storage that reaches past the end of
+ * every storage in it (counted); each storage registered by descriptor is
+ * mapped on its own, since descriptors cannot be told apart (storage.c); a storage that reaches past the end of
  * its allocation is refused (SP_EBADFD).  A cuMem allocation is mapped
  * read-only: the daemon never writes a trainer's memory. */
 int gpu_storage_open(struct gpu *gpu, int device, enum gpu_storage_kind kind,

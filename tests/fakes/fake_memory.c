@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -530,6 +531,43 @@ CUresult fake_cuMemRelease(CUmemGenericAllocationHandle handle) {
   return a != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* An exported descriptor stands for the allocation the way a real one does:
+ * with no identity of its own.  The real driver's descriptor is an open of
+ * its control device, so every one has the same st_dev and st_ino; the
+ * fake's is an eventfd (all eventfds share the kernel's one anonymous
+ * inode), and its counter, which travels with the open file description
+ * through SCM_RIGHTS and dup, names the exporter's memfd: pid, descriptor
+ * number and the low bits of its inode.  The counter is read back from
+ * /proc/self/fdinfo, which leaves it unchanged. */
+#define VMM_FD_BITS 20
+#define VMM_INO_BITS 21
+#define VMM_PID_BITS 22
+
+static uint64_t vmm_token(pid_t pid, int fd, uint64_t ino) {
+  return (uint64_t)pid << (VMM_FD_BITS + VMM_INO_BITS) |
+         (uint64_t)fd << VMM_INO_BITS |
+         (ino & (((uint64_t)1 << VMM_INO_BITS) - 1));
+}
+
+/* The token of an exported descriptor; false when fd is no eventfd. */
+static bool vmm_token_read(int fd, uint64_t *token) {
+  char path[64], line[128];
+  snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
+  FILE *f = fopen(path, "re");
+  if (f == NULL)
+    return false;
+  bool found = false;
+  while (!found && fgets(line, sizeof(line), f) != NULL) {
+    unsigned long long v;
+    if (sscanf(line, "eventfd-count: %llx", &v) == 1) {
+      *token = v;
+      found = true;
+    }
+  }
+  fclose(f);
+  return found;
+}
+
 /* The fd is a new descriptor the caller owns and closes. */
 CUresult fake_cuMemExportToShareableHandle(void *shareableHandle,
                                            CUmemGenericAllocationHandle handle,
@@ -540,44 +578,65 @@ CUresult fake_cuMemExportToShareableHandle(void *shareableHandle,
     return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&mem.lock);
   struct vmm_alloc *a = alloc_find(handle);
-  int fd = a != NULL && a->exportable ? fcntl(a->fd, F_DUPFD_CLOEXEC, 0) : -1;
+  bool ok = a != NULL && a->exportable;
+  struct stat st;
+  uint64_t token = 0;
+  if (ok && fstat(a->fd, &st) == 0 && getpid() < (1 << VMM_PID_BITS) &&
+      a->fd < (1 << VMM_FD_BITS))
+    token = vmm_token(getpid(), a->fd, (uint64_t)st.st_ino);
   pthread_mutex_unlock(&mem.lock);
-  if (a == NULL || !a->exportable)
+  if (!ok)
     return CUDA_ERROR_INVALID_VALUE;
+  int fd = token != 0 ? eventfd(0, EFD_CLOEXEC) : -1;
   if (fd < 0)
     return CUDA_ERROR_OUT_OF_MEMORY;
+  if (write(fd, &token, sizeof(token)) != (ssize_t)sizeof(token)) {
+    close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   *(int *)shareableHandle = fd;
   return CUDA_SUCCESS;
 }
 
-/* The fd stays the caller's; the handle holds its own duplicate. */
+/* The fd stays the caller's; the handle holds its own open of the
+ * exporter's memfd. */
 CUresult fake_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
                                              void *osHandle,
                                              CUmemAllocationHandleType shHandleType) {
   if (handle == NULL || shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
     return CUDA_ERROR_INVALID_VALUE;
-  int fd = (int)(intptr_t)osHandle;
+  uint64_t token;
+  if (!vmm_token_read((int)(intptr_t)osHandle, &token))
+    return CUDA_ERROR_INVALID_VALUE;
+  pid_t pid = (pid_t)(token >> (VMM_FD_BITS + VMM_INO_BITS));
+  int src = (int)(token >> VMM_INO_BITS & ((1u << VMM_FD_BITS) - 1));
+  uint64_t ino_low = token & (((uint64_t)1 << VMM_INO_BITS) - 1);
   char link[64], target[128];
-  snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+  snprintf(link, sizeof(link), "/proc/%d/fd/%d", (int)pid, src);
   ssize_t n = readlink(link, target, sizeof(target) - 1);
   if (n <= 0)
     return CUDA_ERROR_INVALID_VALUE;
   target[n] = '\0';
   unsigned node;
   int phys;
-  struct stat st;
   if (sscanf(target, "/memfd:spfake-vmm-%u-%d", &node, &phys) != 2 ||
-      node != fake_config(NULL)->node || phys < 0 || phys >= FAKE_MAX_GPUS ||
-      fstat(fd, &st) != 0 || st.st_size <= 0)
+      node != fake_config(NULL)->node || phys < 0 || phys >= FAKE_MAX_GPUS)
     return CUDA_ERROR_INVALID_VALUE;
-  int dup = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (dup < 0)
-    return CUDA_ERROR_OUT_OF_MEMORY;
+  int fd = open(link, O_RDWR | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  /* The descriptor number may have been reused since the export. */
+  if (fstat(fd, &st) != 0 || st.st_size <= 0 ||
+      ((uint64_t)st.st_ino & (((uint64_t)1 << VMM_INO_BITS) - 1)) != ino_low) {
+    close(fd);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   pthread_mutex_lock(&mem.lock);
-  struct vmm_alloc *a = alloc_add(dup, (size_t)st.st_size, phys, true, false);
+  struct vmm_alloc *a = alloc_add(fd, (size_t)st.st_size, phys, true, false);
   pthread_mutex_unlock(&mem.lock);
   if (a == NULL) {
-    close(dup);
+    close(fd);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   *handle = (CUmemGenericAllocationHandle)(uintptr_t)a;

@@ -53,6 +53,25 @@ START_TEST(every_registration_kind_across_shared_gpus) {
 }
 END_TEST
 
+START_TEST(cumem_allocations_sharing_a_gpu_are_mapped_apart) {
+  /* All four ranks register their shards by cuMem descriptor, two on each
+   * GPU: the descriptors have one inode (docs/fakes.md), and each of the
+   * four allocations must still be its own mapping in the daemon. */
+  struct scenario sc = {.world = 4,
+                        .nkeys = world_nmixed,
+                        .keys = world_mixed_keys,
+                        .gpus = 2,
+                        .modes = {MODE_FD, MODE_FD, MODE_FD, MODE_FD}};
+  struct world w;
+  world_run(&sc, &w);
+  world_assert_exported(&w, &sc);
+  world_free(&w, &sc);
+  for (int i = 0; i < 100 && world_device_mappings() != 0; i++)
+    usleep(20000);
+  ck_assert_int_eq(world_device_mappings(), 0);
+}
+END_TEST
+
 START_TEST(large_strided_tensors) {
   /* Big enough that copies are many 2-D slabs, uneven shards. */
   static const struct tkey keys[] = {
@@ -208,6 +227,7 @@ END_TEST
 void test_exports_add(const struct gpu_cases *c) {
   tcase_add_test(c->export, device_pointers_one_gpu_each);
   tcase_add_test(c->export, every_registration_kind_across_shared_gpus);
+  tcase_add_test(c->export, cumem_allocations_sharing_a_gpu_are_mapped_apart);
   tcase_add_test(c->export, large_strided_tensors);
   tcase_add_test(c->pool, segments_reused_by_their_owner);
   tcase_add_test(c->small_pool, device_pool_capacity_refused_on_every_rank);
