@@ -94,6 +94,29 @@ static int open_ipc(struct gpu *gpu, struct gpu_import *im, char *msg,
   return 0;
 }
 
+/* The read-only access descriptors of a cuMem mapping on device: access
+ * is per device (cuMemSetAccess), and a copy reads through the GPU whose
+ * stream runs it, which is the owner's GPU (copy.c), so every GPU that can
+ * reach device directly is granted as well as device itself.  A GPU
+ * without peer access to it gets none: its copies would be an illegal
+ * address (docs/gpu.md, Storages).  Returns how many. */
+static size_t readers(struct gpu *gpu, int device, CUmemAccessDesc *out) {
+  size_t n = 0;
+  for (int d = 0; d < gpu->ndevices; d++) {
+    int can = d == device;
+    if (!can && gpu->api.cudaDeviceCanAccessPeer(&can, d, device) != cudaSuccess) {
+      gpu->api.cudaGetLastError();
+      can = 0;
+    }
+    if (can)
+      out[n++] = (CUmemAccessDesc){
+          .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = d},
+          .flags = CU_MEM_ACCESS_FLAGS_PROT_READ,
+      };
+  }
+  return n;
+}
+
 /* Imports a cuMem descriptor and maps need bytes of it read-only. */
 static int open_fd(struct gpu *gpu, struct gpu_import *im, int fd,
                    uint64_t need, char *msg, size_t msglen) {
@@ -124,17 +147,16 @@ static int open_fd(struct gpu *gpu, struct gpu_import *im, int fd,
     what = "cuMemMap";
     res = a->cuMemMap(ptr, size, 0, im->mem, 0);
     if (res == CUDA_SUCCESS) {
-      CUmemAccessDesc access = {
-          .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = im->device},
-          .flags = CU_MEM_ACCESS_FLAGS_PROT_READ,
-      };
+      CUmemAccessDesc access[GPU_MAX_DEVICES];
+      size_t naccess = readers(gpu, im->device, access);
       what = "cuMemSetAccess";
-      res = a->cuMemSetAccess(ptr, size, &access, 1);
+      res = a->cuMemSetAccess(ptr, size, access, naccess);
       if (res == CUDA_ERROR_INVALID_VALUE || res == CUDA_ERROR_NOT_SUPPORTED) {
         /* A driver that offers no read-only device mapping: read-write,
          * as an IPC mapping is; the engine still only copies from it. */
-        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        res = a->cuMemSetAccess(ptr, size, &access, 1);
+        for (size_t i = 0; i < naccess; i++)
+          access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        res = a->cuMemSetAccess(ptr, size, access, naccess);
       }
       if (res != CUDA_SUCCESS)
         a->cuMemUnmap(ptr, size);

@@ -19,6 +19,7 @@
  *   SHARDPORT_FAKE_P2P       0 makes peer access unsupported.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,6 +139,21 @@ const struct fake_config *fake_config(cudaError_t *err) {
 
 int fake_current_device(void) { return current_device; }
 
+/* Per physical device: the error that ended its context, 0 while healthy.
+ * Atomic, since stream workers and callers on any thread read it. */
+static _Atomic int sticky[FAKE_MAX_GPUS];
+
+void fake_fault(int phys, cudaError_t err) {
+  int healthy = cudaSuccess;
+  if (phys >= 0 && phys < FAKE_MAX_GPUS)
+    atomic_compare_exchange_strong(&sticky[phys], &healthy, (int)err);
+}
+
+cudaError_t fake_sticky(int phys) {
+  return phys >= 0 && phys < FAKE_MAX_GPUS ? (cudaError_t)atomic_load(&sticky[phys])
+                                           : cudaSuccess;
+}
+
 cudaError_t fake_error(cudaError_t err) {
   if (err != cudaSuccess)
     last_error = err;
@@ -201,6 +217,7 @@ const char *cudaGetErrorString(cudaError_t error) {
   case cudaErrorNotReady: return "device not ready";
   case cudaErrorPeerAccessAlreadyEnabled: return "peer access is already enabled";
   case cudaErrorNotSupported: return "operation not supported";
+  case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
   default: return "unrecognized error code";
   }
 }

@@ -48,7 +48,8 @@ struct region {
   size_t map_len;
   int phys;
   enum region_kind kind;
-  int access;       /* FAKE_READ | FAKE_WRITE */
+  int access;       /* FAKE_READ | FAKE_WRITE; REGION_VMM: of any device */
+  int dev_access[FAKE_MAX_GPUS]; /* REGION_VMM: per physical device */
   int fd;           /* REGION_MALLOC: the memfd, kept for IPC export */
   uint64_t ino;     /* REGION_MALLOC and REGION_IPC: the memfd's inode */
   pid_t exporter;   /* REGION_IPC */
@@ -138,7 +139,7 @@ static void region_remove(struct region *r) {
 }
 
 cudaError_t fake_check_range(const void *ptr, size_t len, int access,
-                             bool must_be_device) {
+                             bool must_be_device, int phys) {
   if (len == 0)
     return cudaSuccess;
   pthread_mutex_lock(&mem.lock);
@@ -148,7 +149,9 @@ cudaError_t fake_check_range(const void *ptr, size_t len, int access,
     err = must_be_device ? cudaErrorInvalidValue : cudaSuccess;
   else if (len > r->size - ((uintptr_t)ptr - r->base))
     err = cudaErrorInvalidValue;
-  else if ((r->access & access) != access)
+  else if (((r->kind == REGION_VMM && phys >= 0 ? r->dev_access[phys]
+                                                  : r->access) &
+            access) != access)
     err = cudaErrorIllegalAddress;
   pthread_mutex_unlock(&mem.lock);
   return err;
@@ -157,7 +160,7 @@ cudaError_t fake_check_range(const void *ptr, size_t len, int access,
 cudaError_t spfake_check_device_range(const void *ptr, size_t len,
                                       bool write) {
   return fake_check_range(ptr, len, write ? FAKE_READ | FAKE_WRITE : FAKE_READ,
-                          true);
+                          true, fake_physical(fake_current_device()));
 }
 
 /* A memfd of size bytes, filled with the poison byte unless disabled. */
@@ -192,7 +195,7 @@ static bool budget_take(int phys, size_t size) {
 }
 
 cudaError_t cudaMalloc(void **devPtr, size_t size) {
-  FAKE_READY();
+  FAKE_LIVE();
   if (devPtr == NULL)
     return fake_error(cudaErrorInvalidValue);
   if (size == 0) {
@@ -281,7 +284,7 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes,
 /* The handle of the allocation that contains devPtr: the base's handle for
  * any pointer inside it, as with real CUDA; the caller sends the offset. */
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr) {
-  FAKE_READY();
+  FAKE_LIVE();
   const struct fake_config *cfg = fake_config(NULL);
   if (handle == NULL)
     return fake_error(cudaErrorInvalidValue);
@@ -332,7 +335,7 @@ static bool ipc_reopen(const struct ipc_mem_wire *w, int dev, void **devPtr,
  * under another device is refused (docs/fakes.md explains the choice). */
 cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle,
                                  unsigned int flags) {
-  FAKE_READY();
+  FAKE_LIVE();
   const struct fake_config *cfg = fake_config(NULL);
   if (devPtr == NULL || (flags & ~(unsigned)cudaIpcMemLazyEnablePeerAccess) != 0)
     return fake_error(cudaErrorInvalidValue);
@@ -766,36 +769,54 @@ CUresult fake_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
   return res;
 }
 
-/* The range must be whole mappings; access is process-wide in the fake:
- * the widest access any descriptor grants applies. */
+/* The range must be whole mappings.  Access is per device, as documented:
+ * each descriptor sets what its device may do, and a copy a device runs
+ * may touch only what that device was granted (fake_check_range).  The
+ * host's view, which the fake's copies go through, gets the widest access
+ * any device has. */
 CUresult fake_cuMemSetAccess(CUdeviceptr ptr, size_t size,
                              const CUmemAccessDesc *desc, size_t count) {
   uintptr_t p = (uintptr_t)ptr;
   if (desc == NULL || count == 0 || size == 0)
     return CUDA_ERROR_INVALID_VALUE;
-  int access = 0;
+  int set[FAKE_MAX_GPUS];
+  for (int d = 0; d < FAKE_MAX_GPUS; d++)
+    set[d] = -1;
   for (size_t i = 0; i < count; i++) {
     if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
       return CUDA_ERROR_INVALID_VALUE;
-    if (fake_physical(desc[i].location.id) < 0)
+    int phys = fake_physical(desc[i].location.id);
+    if (phys < 0)
       return CUDA_ERROR_INVALID_DEVICE;
     if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ)
-      access |= FAKE_READ;
+      set[phys] = FAKE_READ;
     else if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
-      access |= FAKE_READ | FAKE_WRITE;
-    else if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE)
+      set[phys] = FAKE_READ | FAKE_WRITE;
+    else if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE)
+      set[phys] = 0;
+    else
       return CUDA_ERROR_INVALID_VALUE;
   }
-  int prot = (access & FAKE_WRITE)  ? PROT_READ | PROT_WRITE
-             : (access & FAKE_READ) ? PROT_READ
-                                    : PROT_NONE;
   pthread_mutex_lock(&mem.lock);
-  CUresult res = whole_mappings(p, size) && mprotect((void *)p, size, prot) == 0
-                     ? CUDA_SUCCESS
-                     : CUDA_ERROR_INVALID_VALUE;
-  for (size_t i = 0; res == CUDA_SUCCESS && i < mem.n; i++)
-    if (is_mapping_within(mem.v[i], p, size))
-      mem.v[i]->access = access;
+  CUresult res = whole_mappings(p, size) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; res == CUDA_SUCCESS && i < mem.n; i++) {
+    struct region *r = mem.v[i];
+    if (!is_mapping_within(r, p, size))
+      continue;
+    int any = 0;
+    for (int d = 0; d < FAKE_MAX_GPUS; d++) {
+      if (set[d] >= 0)
+        r->dev_access[d] = set[d];
+      any |= r->dev_access[d];
+    }
+    int prot = (any & FAKE_WRITE)  ? PROT_READ | PROT_WRITE
+               : (any & FAKE_READ) ? PROT_READ
+                                   : PROT_NONE;
+    if (mprotect((void *)r->base, r->size, prot) != 0)
+      res = CUDA_ERROR_INVALID_VALUE;
+    else
+      r->access = any;
+  }
   pthread_mutex_unlock(&mem.lock);
   return res;
 }

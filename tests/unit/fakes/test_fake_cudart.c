@@ -291,10 +291,10 @@ START_TEST(cumem_memory_travels_as_a_posix_fd) {
   ck_assert_int_eq(api.cuMemMap(va, size, 0, h, 0), CUDA_SUCCESS);
   ck_assert_int_eq(api.cuMemMap(va, size, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
 
-  /* Mapped is not yet accessible. */
+  /* That a new mapping is not yet accessible is cuda_faults_are_sticky's:
+   * the illegal access would end this process's context. */
   cudaStream_t s;
   CUDA_OK(api.cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  ck_assert_int_eq(api.cudaMemsetAsync((void *)va, 0, 16, s), cudaErrorIllegalAddress);
   CUmemAccessDesc acc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
                          .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
   ck_assert_int_eq(api.cuMemSetAccess(va, size, &acc, 1), CUDA_SUCCESS);
@@ -382,6 +382,18 @@ START_TEST(cumem_fds_have_no_identity_of_their_own) {
 }
 END_TEST
 
+/* Access to a cuMem mapping is per device, and touching it from a device
+ * without access is an illegal address that ends that device's context
+ * (every later call on it fails alike) and no other device's.  In a peer
+ * process, whose context may die. */
+START_TEST(cumem_access_is_per_device_and_faults_are_sticky) {
+  char out[4096];
+  int rc = peer_run((const char *[]){"vmm-fault", NULL}, NULL, -1, 10000, out,
+                    sizeof(out));
+  ck_assert_msg(rc == 0, "status %d: %s", rc, out);
+}
+END_TEST
+
 START_TEST(the_memory_limit_is_per_device) {
   char out[4096];
   int rc = peer_run((const char *[]){"malloc-limit", NULL},
@@ -427,6 +439,7 @@ int main(void) {
   tcase_add_test(tc, an_interprocess_event_orders_work_in_another_process);
   tcase_add_test(tc, cumem_memory_travels_as_a_posix_fd);
   tcase_add_test(tc, cumem_fds_have_no_identity_of_their_own);
+  tcase_add_test(tc, cumem_access_is_per_device_and_faults_are_sticky);
   tcase_add_test(tc, the_memory_limit_is_per_device);
   tcase_add_test(tc, driver_entry_points_follow_the_documented_contract);
   suite_add_tcase(s, tc);
