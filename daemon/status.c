@@ -6,6 +6,8 @@
  */
 #include "build_config.h"
 #include "daemon/backend.h"
+#include "daemon/cuda/gpu.h"
+#include "daemon/drain.h"
 #include "daemon/job.h"
 #include "daemon/loopwatch.h"
 #include "daemon/pool.h"
@@ -25,7 +27,15 @@ void status_pack(struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
   for (size_t i = 0; i < backend_nbuilt; i++)
     sp_pack_str(pk, backend_built[i]);
   sp_pack_kv_str(pk, "backend_active", srv->backend->active);
-  sp_pack_kv_str(pk, "backend_reason", srv->backend->reason);
+  /* A GPU a sticky error ended: the reason says so, and that the daemon
+   * is draining to restart (drain.c). */
+  drain_check_gpus(srv);
+  char failure[SP_ERRMSG_MAX + 1];
+  struct gpu *gpu = srv->backend->gpu;
+  sp_pack_kv_str(pk, "backend_reason",
+                 gpu != NULL && gpu_failure(gpu, 0, failure, sizeof failure) >= 0
+                     ? failure
+                     : srv->backend->reason);
   sp_pack_kv_f64(pk, "uptime_s",
                  (double)(uv_hrtime() - srv->started_ns) / 1e9);
   sp_pack_kv_u64(pk, "clients", srv->nclients);

@@ -65,6 +65,17 @@ const char *gpu_device_name(const struct gpu *gpu, int device);
 /* The 16 bytes of a local ordinal's UUID. */
 const uint8_t *gpu_device_uuid(const struct gpu *gpu, int device);
 
+/* ---- gpu.c: GPUs whose context a sticky error ended -------------------- */
+
+/* After an illegal address, a launch failure and the other errors that
+ * driver_types.h documents as "any further CUDA work will return the same
+ * error", the device's context is gone until the process restarts.  The
+ * backend marks the device failed when a call answers one, and refuses
+ * every new storage, segment and export on it.  gpu_failure gives the
+ * first such device (from device from on), with one sentence naming it
+ * and the error, or -1 when there is none. */
+int gpu_failure(const struct gpu *gpu, int from, char *why, size_t whylen);
+
 /* ---- handle.c: what a trainer sends ------------------------------------ */
 
 /* The cudaIpcMemHandle_t inside handle bytes as trainers send them: either

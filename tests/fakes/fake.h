@@ -30,6 +30,8 @@ struct fake_config {
   unsigned delay_us;      /* SHARDPORT_FAKE_DELAY_US before each stream op */
   bool poison;            /* fill new device memory with FAKE_POISON_BYTE */
   bool p2p;               /* SHARDPORT_FAKE_P2P: peer access possible */
+  int fault_phys;         /* SHARDPORT_FAKE_FAULT: the device, -1 none */
+  long fault_nth;         /* and which of its copies faults (1-based) */
 };
 
 #define FAKE_POISON_BYTE 0xa5

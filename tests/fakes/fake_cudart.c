@@ -17,6 +17,8 @@
  *   SHARDPORT_FAKE_POISON    0 leaves new device memory zeroed instead of
  *                            filled with 0xa5 (real memory is not zeroed).
  *   SHARDPORT_FAKE_P2P       0 makes peer access unsupported.
+ *   SHARDPORT_FAKE_FAULT     PHYS:N: the Nth copy or memset on physical
+ *                            device PHYS is an illegal address (sticky).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -121,6 +123,16 @@ static void config_init(void) {
   config.delay_us = delay <= 0 ? 0 : (unsigned)delay;
   config.poison = fake_env_long("SHARDPORT_FAKE_POISON", 1) != 0;
   config.p2p = fake_env_long("SHARDPORT_FAKE_P2P", 1) != 0;
+  config.fault_phys = -1;
+  const char *fault = getenv("SHARDPORT_FAKE_FAULT");
+  int phys;
+  long nth;
+  char end;
+  if (fault != NULL && sscanf(fault, "%d:%ld%c", &phys, &nth, &end) == 2 &&
+      phys >= 0 && phys < FAKE_MAX_GPUS && nth > 0) {
+    config.fault_phys = phys;
+    config.fault_nth = nth;
+  }
   if (gpus <= 0) {
     /* What libcudart answers on a machine without the NVIDIA driver. */
     config.init_error = cudaErrorInsufficientDriver;

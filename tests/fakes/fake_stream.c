@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -369,6 +370,16 @@ static struct op *op_new(enum op_kind kind) {
   return op;
 }
 
+/* SHARDPORT_FAKE_FAULT: whether this copy or memset on physical device
+ * phys is the one that faults, as a kernel's bad access would. */
+static _Atomic long device_ops[FAKE_MAX_GPUS];
+
+static bool injected_fault(int phys) {
+  const struct fake_config *cfg = fake_config(NULL);
+  return phys == cfg->fault_phys &&
+         atomic_fetch_add(&device_ops[phys], 1) + 1 == cfg->fault_nth;
+}
+
 /* What each copy direction requires of its pointers: device memory where
  * the direction says so, every device range inside one allocation, and
  * each reachable from the device whose stream runs the copy.  A range that
@@ -394,6 +405,8 @@ static cudaError_t check_copy(void *dst, const void *src, size_t dlen,
   cudaError_t err = fake_check_range(dst, dlen, FAKE_WRITE, dst_dev, phys);
   if (err == cudaSuccess)
     err = fake_check_range(src, slen, FAKE_READ, src_dev, phys);
+  if (err == cudaSuccess && injected_fault(phys))
+    err = cudaErrorIllegalAddress;
   if (err == cudaErrorIllegalAddress)
     fake_fault(phys, err);
   return err;
@@ -478,6 +491,8 @@ cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count,
   if (phys < 0)
     return fake_error(cudaErrorInvalidResourceHandle);
   cudaError_t err = fake_check_range(devPtr, count, FAKE_WRITE, true, phys);
+  if (err == cudaSuccess && injected_fault(phys))
+    err = cudaErrorIllegalAddress;
   if (err == cudaErrorIllegalAddress)
     fake_fault(phys, err);
   if (err != cudaSuccess)

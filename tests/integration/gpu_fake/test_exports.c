@@ -191,6 +191,37 @@ static void next_job_is_served(void) {
   world_free(&w, &sc);
 }
 
+START_TEST(a_sticky_error_fails_the_export_and_restarts_the_daemon) {
+  /* GPU 1's first copy is an illegal address, which ends its context: the
+   * export fails on every rank with backend and a sentence naming the GPU
+   * and the error, status says why, and the daemon drains and exits with
+   * failure so that systemd starts a fresh one. */
+  struct scenario sc = {.world = 4,
+                        .nkeys = world_nmixed,
+                        .keys = world_mixed_keys,
+                        .gpus = 2,
+                        .modes = {MODE_PTR, MODE_PTR, MODE_PTR, MODE_PTR}};
+  struct world w;
+  world_run(&sc, &w);
+  for (uint32_t i = 0; i < sc.world; i++) {
+    ck_assert_msg(w.rep[i].export_rc == SP_EBACKEND, "rank %u: %s: %s (%s)", i,
+                  sp_strerror(w.rep[i].export_rc), w.rep[i].message,
+                  w.rep[i].failure);
+    ck_assert_msg(strstr(w.rep[i].message, "cuda:GPU-") != NULL &&
+                      strstr(w.rep[i].message, "CUDA error 700") != NULL &&
+                      strstr(w.rep[i].message, "restarts") != NULL,
+                  "rank %u: %s", i, w.rep[i].message);
+  }
+  world_free(&w, &sc);
+  /* With every export done the daemon stops by itself, with failure. */
+  int status = sp_test_wait(world_node0.pid, 20000);
+  ck_assert_msg(status == 3, "shardportd exited with %d, not 3 (failure)",
+                status);
+  world_node0.pid = 0;
+  sp_test_rmdir(world_node0.dir);
+}
+END_TEST
+
 START_TEST(rank_killed_mid_round) {
   enum { N = 48 };
   static struct tkey keys[N];
@@ -232,4 +263,6 @@ void test_exports_add(const struct gpu_cases *c) {
   tcase_add_test(c->pool, segments_reused_by_their_owner);
   tcase_add_test(c->small_pool, device_pool_capacity_refused_on_every_rank);
   tcase_add_test(c->faults, rank_killed_mid_round);
+  tcase_add_test(c->gpu_fault,
+                 a_sticky_error_fails_the_export_and_restarts_the_daemon);
 }
