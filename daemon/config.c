@@ -45,6 +45,7 @@ void config_default(struct config *cfg) {
   sp_limits_default(&cfg->limits);
   cfg->max_clients = CONFIG_DEFAULT_MAX_CLIENTS;
   cfg->max_output = CONFIG_DEFAULT_MAX_OUTPUT;
+  cfg->max_staged_bytes = CONFIG_DEFAULT_MAX_STAGED_BYTES;
   cfg->backend = BACKEND_AUTO;
   cfg->watchdog = true;
   cfg->compare_replicas = true;
@@ -244,6 +245,7 @@ static const struct size_key size_keys[] = {
     {"max_fds", 0, SP_FDS_MAX},
     {"max_clients", 1, 1u << 20},
     {"max_output", 4096, UINT64_C(1) << 40},
+    {"max_staged_bytes", 64u << 10, UINT64_C(1) << 40},
     {"pool_capacity", 0, UINT64_C(1) << 50},
     {"gpu_pool_capacity", 0, UINT64_C(1) << 50},
     {"max_bytes", 4096, UINT64_C(1) << 50},
@@ -281,6 +283,8 @@ static void store_size(struct config *cfg, const char *key, uint64_t v) {
     cfg->limits.max_fds = (uint32_t)v;
   else if (strcmp(key, "max_clients") == 0)
     cfg->max_clients = (uint32_t)v;
+  else if (strcmp(key, "max_staged_bytes") == 0)
+    cfg->max_staged_bytes = v;
   else if (strcmp(key, "pool_capacity") == 0)
     cfg->pool_capacity = v;
   else if (strcmp(key, "gpu_pool_capacity") == 0)
@@ -575,6 +579,7 @@ void config_print(const struct config *cfg, FILE *out) {
   fprintf(out, "max_fds = %" PRIu32 "\n", cfg->limits.max_fds);
   fprintf(out, "max_clients = %" PRIu32 "\n", cfg->max_clients);
   print_size(out, "max_output", cfg->max_output);
+  print_size(out, "max_staged_bytes", cfg->max_staged_bytes);
   fprintf(out, "backend = %s\n", backend_name(cfg->backend));
   fprintf(out, "watchdog = %s\n", cfg->watchdog ? "yes" : "no");
   print_size(out, "pool_capacity", cfg->pool_capacity);

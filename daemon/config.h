@@ -19,6 +19,7 @@
 #define CONFIG_MAX_UIDS 64
 #define CONFIG_DEFAULT_MAX_CLIENTS 1024u
 #define CONFIG_DEFAULT_MAX_OUTPUT (32u << 20)
+#define CONFIG_DEFAULT_MAX_STAGED_BYTES (64u << 20)
 #define CONFIG_DEFAULT_MAX_BYTES (UINT64_C(1) << 30)
 #define CONFIG_DEFAULT_EXPORT_TIMEOUT_MS 60000u
 #define CONFIG_DEFAULT_JOB_TIMEOUT_MS 300000u
@@ -60,6 +61,9 @@ struct config {
   struct sp_limits limits;
   uint32_t max_clients;
   uint64_t max_output;
+  /* Bytes of large frames decoded or being registered at once, daemon-wide
+   * (stage.c). */
+  uint64_t max_staged_bytes;
   enum backend_kind backend;
   bool watchdog;
   /* Bytes the memory pool may hold; 0 means half the physical memory. */

@@ -43,6 +43,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +63,7 @@
 #include "daemon/quota.h"
 #include "daemon/registration.h"
 #include "daemon/server.h"
+#include "daemon/stage.h"
 #include "daemon/status.h"
 #include "proto/wire.h"
 #include "shardport.h"
@@ -86,6 +88,8 @@
  * hold, so that receiving a large frame costs the loop no more per turn. */
 #define CONN_READ_PER_WAKEUP (256u << 10)
 
+struct worker_frame;
+
 struct conn {
   struct server *srv;
   struct conn *prev, *next;
@@ -99,9 +103,9 @@ struct conn {
   /* Handles not yet closed, and a frame on a worker; the conn is freed
    * when this reaches 0. */
   int open_handles;
-  /* A large frame is on a worker, or between two steps of its op: nothing
-   * more is read until it has been served. */
-  bool on_worker;
+  /* A large frame in the stage (waiting, on a worker, or between two
+   * steps of its op): nothing more is read until it has been served. */
+  struct worker_frame *staged;
   bool hello_done;
   /* Reading has stopped; the conn closes once its queue is written. */
   bool draining;
@@ -115,10 +119,6 @@ struct conn {
 
 typedef int (*op_handler)(struct conn *c, const struct sp_msg_head *head,
                           const msgpack_object *map, struct sp_frame *frame);
-typedef struct registration *(*op_prepare)(const msgpack_object *map,
-                                          const struct sp_frame *frame);
-typedef int (*op_serve)(struct conn *c, const struct sp_msg_head *head,
-                        struct sp_frame *frame, struct registration *r);
 
 static int op_hello(struct conn *c, const struct sp_msg_head *head,
                     const msgpack_object *map, struct sp_frame *frame);
@@ -133,16 +133,15 @@ static int op_status(struct conn *c, const struct sp_msg_head *head,
  * that declare new_work start something a stopping daemon would only have
  * to break: while it drains (drain.c) they are answered daemon_stopping
  * and never reach their handler.  An op whose frames may be large splits
- * its handler in two: prepare, which reads the request out of the decoded
- * frame and may run on a worker thread, and serve, which does the rest on
- * the loop; its handler does both. */
+ * its handler in two (struct conn_prepared_op): prepare, which reads the
+ * request out of the decoded frame and may run on a worker thread, and
+ * serve, which does the rest on the loop; its handler does both. */
 static const struct op {
   const char *name;
   bool takes_fds;
   bool new_work;
   op_handler handle;
-  op_prepare prepare;
-  op_serve serve;
+  const struct conn_prepared_op *prepared;
 } ops[] = {
     {"hello", false, false, op_hello},
     {"ping", false, false, op_ping},
@@ -151,10 +150,9 @@ static const struct op {
     {"join", false, true, job_op_join},
     {"leave", false, false, job_op_leave},
     {"storage_add", true, true, job_op_storage_add,
-     registration_prepare_storages, registration_serve},
-    {"tensor_add", false, true, job_op_tensor_add,
-     registration_prepare_tensors, registration_serve},
-    {"export", false, true, export_op_request},
+     &registration_storages_op},
+    {"tensor_add", false, true, job_op_tensor_add, &registration_tensors_op},
+    {"export", false, true, export_op_request, &export_ask_op},
     {"release", false, false, export_op_release},
     {"jobs", false, false, joblist_op_jobs},
     {"job_status", false, false, joblist_op_job_status},
@@ -162,6 +160,7 @@ static const struct op {
 };
 
 static void on_poll(uv_poll_t *handle, int status, int events);
+static void unstage(struct conn *c);
 
 struct server *conn_server(const struct conn *c) { return c->srv; }
 
@@ -230,6 +229,7 @@ void conn_close(struct conn *c) {
     c->member = NULL;
   }
   c->drained = NULL;
+  unstage(c);
   /* uv_close stops the poll at once, so the socket can be closed in the
    * close callback without libuv ever seeing a reused descriptor. */
   framesock_close(&c->fs, on_handle_closed);
@@ -260,7 +260,7 @@ static void watch_partial_frame(struct conn *c) {
 
 /* Asks for exactly the events the connection can use now. */
 static int update_events(struct conn *c) {
-  int rc = framesock_want(&c->fs, on_poll, !c->draining && !c->on_worker,
+  int rc = framesock_want(&c->fs, on_poll, !c->draining && c->staged == NULL,
                           false);
   if (rc != 0) {
     log_msg(LOG_LEVEL_ERROR, "client %" PRIu64 ": uv_poll: %s", c->id,
@@ -441,7 +441,8 @@ struct decoded {
   msgpack_object map;
   struct sp_msg_head head;
   int rc; /* a frame that does not decode, or 0 */
-  struct registration *prepared;
+  const struct op *op; /* prepared's, when set */
+  void *prepared;
 };
 
 /* Decodes a frame and, when prepare is set and the frame names its op,
@@ -462,12 +463,15 @@ static void decode(const struct sp_limits *limits, const struct sp_frame *frame,
     sp_msg_get_u64(&d->map, "id", false, &d->head.id);
   }
   const struct op *op = d->rc == 0 && prepare ? find_op(d->head.op) : NULL;
-  if (op != NULL && op->prepare != NULL)
-    d->prepared = op->prepare(&d->map, frame);
+  if (op != NULL && op->prepared != NULL) {
+    d->op = op;
+    d->prepared = op->prepared->prepare(&d->map, frame);
+  }
 }
 
 static void decoded_free(struct decoded *d, struct sp_frame *frame) {
-  registration_free(d->prepared);
+  if (d->prepared != NULL)
+    d->op->prepared->free(d->prepared);
   if (d->has_zone)
     msgpack_zone_destroy(&d->zone);
   sp_frame_release(frame);
@@ -522,7 +526,7 @@ static bool serve(struct conn *c, struct sp_frame *frame, struct decoded *d) {
     log_msg(LOG_LEVEL_DEBUG, "client %" PRIu64 ": closed %zu fd(s) sent with %s",
             c->id, n, head->op);
   }
-  rc = d->prepared != NULL ? op->serve(c, head, frame, d->prepared)
+  rc = d->prepared != NULL ? op->prepared->serve(c, head, frame, d->prepared)
                             : op->handle(c, head, &d->map, frame);
   return op_returned(c, d, rc);
 }
@@ -531,26 +535,30 @@ static bool serve(struct conn *c, struct sp_frame *frame, struct decoded *d) {
 static bool serve_step(struct conn *c, struct sp_frame *frame,
                        struct decoded *d) {
   const struct op *op = find_op(d->head.op);
-  return op_returned(c, d, op->serve(c, &d->head, frame, d->prepared));
+  return op_returned(c, d,
+                     op->prepared->serve(c, &d->head, frame, d->prepared));
 }
 
 /* Decodes and serves one complete frame on the loop. */
 static void dispatch(struct conn *c, struct sp_frame *frame) {
   struct decoded d;
   decode(&c->srv->cfg->limits, frame, false, &d);
-  /* Without a prepared registration the op's handler takes every step. */
+  /* Without a prepared request the op's handler takes every step. */
   serve(c, frame, &d);
   decoded_free(&d, frame);
 }
 
-/* A large frame on its way through a worker thread, and then through the
- * steps of its op, each in a later turn of the loop. */
+/* A large frame on its way through the stage (stage.c): taken in, decoded
+ * on a worker thread, then served in turns of the loop, one step of its op
+ * each, and freed on a worker. */
 struct worker_frame {
   uv_work_t work;
+  struct stage_item item;
   struct conn *c;
   struct sp_limits limits; /* a copy: a reload may change the loop's */
   struct sp_frame frame;
   struct decoded d;
+  bool decoded;  /* back from its worker */
   bool stepping; /* served once; its op wants more steps */
   const char *test_gate; /* the server's test_worker_gate, or NULL */
 };
@@ -581,28 +589,27 @@ static void decode_on_worker(uv_work_t *work) {
   decode(&w->limits, &w->frame, true, &w->d);
 }
 
-/* Between two steps: the round trip through the thread pool lets the loop
- * poll, and serve the others, before the next step. */
-static void next_turn(uv_work_t *work) {
+/* Under the test seam, a step's turn first waits at the gate on a
+ * worker. */
+static void wait_on_worker(uv_work_t *work) {
   struct worker_frame *w = work->data;
-  if (w->test_gate != NULL)
-    wait_test_gate(w->test_gate);
+  wait_test_gate(w->test_gate);
 }
 
-static void on_worker_done(uv_work_t *work, int status);
-
 /* A served frame and its decoding are freed on a worker: a large one is
- * tens of megabytes in thousands of blocks.  Registrations hold no GPU
- * handle once served (registry_batch_step). */
+ * tens of megabytes in thousands of blocks.  What a registration opened on
+ * a GPU is closed on the loop first (drop_frame). */
 static void free_on_worker(uv_work_t *work) {
   struct worker_frame *w = work->data;
   decoded_free(&w->d, &w->frame);
 }
 
+/* Freed: its bytes go back to the stage, which may take in another. */
 static void on_freed(uv_work_t *work, int status) {
   struct worker_frame *w = work->data;
   struct conn *c = w->c;
   (void)status;
+  stage_give_back(c->srv, &w->item);
   free(w);
   conn_unref(c);
 }
@@ -617,42 +624,76 @@ static void queue_work(uv_loop_t *loop, struct worker_frame *w, uv_work_cb cb,
   }
 }
 
-static void to_worker(struct conn *c, struct worker_frame *w, uv_work_cb cb) {
-  queue_work(c->srv->loop, w, cb, on_worker_done);
-  c->on_worker = true;
+/* The frame is done with, served or not: it is freed on a worker, and
+ * its connection reads again. */
+static void release_frame(struct worker_frame *w) {
+  w->c->staged = NULL;
+  const struct decoded *d = &w->d;
+  if (d->prepared != NULL && d->op->prepared->close != NULL)
+    d->op->prepared->close(d->prepared);
+  queue_work(w->c->srv->loop, w, free_on_worker, on_freed);
 }
 
-static void on_worker_done(uv_work_t *work, int status) {
-  struct worker_frame *w = work->data;
+/* A frame whose connection ended, or began to end, is not served. */
+static void drop_frame(struct worker_frame *w) {
+  log_msg(LOG_LEVEL_DEBUG,
+          "client %" PRIu64 ": a frame of %zu bytes was dropped: its "
+          "connection %s",
+          w->c->id, w->frame.len, w->c->closed ? "closed" : "began to close");
+  release_frame(w);
+}
+
+static void on_worker_done(uv_work_t *work, int status);
+
+/* The frame's next turn: its first serving, or a later step. */
+static void take_turn(struct worker_frame *w) {
   struct conn *c = w->c;
-  (void)status; /* never cancelled: uv_cancel is not called */
-  c->on_worker = false;
   if (c->closed || c->draining) {
-    log_msg(LOG_LEVEL_DEBUG,
-            "client %" PRIu64 ": a frame of %zu bytes came back from a worker "
-            "after the connection %s; dropped",
-            c->id, w->frame.len, c->closed ? "closed" : "began to close");
-    decoded_free(&w->d, &w->frame);
-    free(w);
-    conn_unref(c);
+    drop_frame(w);
     return;
   }
   if (w->stepping ? serve_step(c, &w->frame, &w->d)
                   : serve(c, &w->frame, &w->d)) {
     w->stepping = true;
-    to_worker(c, w, next_turn);
+    if (w->test_gate != NULL)
+      queue_work(c->srv->loop, w, wait_on_worker, on_worker_done);
+    else
+      stage_queue(c->srv, &w->item);
     return;
   }
+  release_frame(w);
   if (!c->closed) {
     /* Frames that arrived meanwhile are read from the next wakeup. */
     watch_partial_frame(c);
     flush(c);
   }
-  /* Served: the connection reads again while the frame is freed. */
-  queue_work(c->srv->loop, w, free_on_worker, on_freed);
 }
 
-/* Hands a large frame to a worker thread; reading waits until it has been
+/* Back from a worker: the frame's turn waits for the stage's. */
+static void on_worker_done(uv_work_t *work, int status) {
+  struct worker_frame *w = work->data;
+  (void)status; /* never cancelled: uv_cancel is not called */
+  w->decoded = true;
+  if (w->c->closed || w->c->draining)
+    drop_frame(w);
+  else
+    stage_queue(w->c->srv, &w->item);
+}
+
+/* From the stage: taken in at last (to the worker that decodes it, unless
+ * its connection is ending), or its turn of the loop. */
+static void on_stage(struct stage_item *it) {
+  struct worker_frame *w = (struct worker_frame *)((char *)it -
+                                                   offsetof(struct worker_frame,
+                                                            item));
+  if (w->decoded || w->c->closed || w->c->draining)
+    take_turn(w);
+  else
+    queue_work(w->c->srv->loop, w, decode_on_worker, on_worker_done);
+}
+
+/* Hands a large frame to the stage, which has it decoded on a worker now
+ * or once others have been served; reading waits until it has been
  * served.  Returns false (the frame untouched) when out of memory. */
 static bool serve_on_worker(struct conn *c, struct sp_frame *frame) {
   struct worker_frame *w = calloc(1, sizeof *w);
@@ -663,9 +704,32 @@ static bool serve_on_worker(struct conn *c, struct sp_frame *frame) {
   w->frame = *frame;
   w->test_gate = c->srv->test_worker_gate;
   w->work.data = w;
+  w->item.go = on_stage;
   c->open_handles++;
-  to_worker(c, w, decode_on_worker);
+  c->staged = w;
+  if (stage_take(c->srv, &w->item, frame->len))
+    on_stage(&w->item);
   return true;
+}
+
+/* A closing connection's frame that waits in the stage goes now: one not
+ * taken in holds only its bytes, one queued for its turn its decoding
+ * too.  A frame on a worker, or being served, is dropped when it comes
+ * back (take_turn). */
+static void unstage(struct conn *c) {
+  struct worker_frame *w = c->staged;
+  if (w == NULL)
+    return;
+  if (w->item.where == STAGE_WAITING) {
+    stage_remove(c->srv, &w->item);
+    c->staged = NULL;
+    sp_frame_release(&w->frame);
+    free(w);
+    conn_unref(c);
+  } else if (w->item.where == STAGE_QUEUED) {
+    stage_remove(c->srv, &w->item);
+    drop_frame(w);
+  }
 }
 
 /* Reads and serves frames.  Returns -1 when the conn was closed. */
@@ -731,7 +795,7 @@ static void on_poll(uv_poll_t *handle, int status, int events) {
     conn_close(c);
     return;
   }
-  if ((events & UV_READABLE) && !c->draining && !c->on_worker &&
+  if ((events & UV_READABLE) && !c->draining && c->staged == NULL &&
       read_frames(c) < 0)
     return;
   watch_partial_frame(c);

@@ -13,6 +13,22 @@
 #include "proto/msg.h"
 
 struct conn;
+
+/* An op whose frames may be large, in two parts (conn.c, "Large frames"
+ * in docs/operations.md): prepare reads the request out of the decoded
+ * frame, touching nothing else, so on a worker thread; serve does the
+ * rest on the loop, and returns 1 when it wants another step in a later
+ * turn of the loop, or else has replied (0, or a negative code to reply;
+ * prepared NULL means prepare ran out of memory).  close, when set, lets
+ * go on the loop of what only the loop's thread may (a GPU's handles),
+ * before free, which may run on any thread. */
+struct conn_prepared_op {
+  void *(*prepare)(const msgpack_object *map, const struct sp_frame *frame);
+  int (*serve)(struct conn *c, const struct sp_msg_head *head,
+               struct sp_frame *frame, void *prepared);
+  void (*close)(void *prepared);
+  void (*free)(void *prepared);
+};
 struct peer;
 struct server;
 

@@ -15,7 +15,11 @@
 #include "proto/msg.h"
 
 struct conn;
+struct conn_prepared_op;
 
+/* An export request in two parts (conn.h): a large groups list is parsed
+ * on a worker thread. */
+extern const struct conn_prepared_op export_ask_op;
 int export_op_request(struct conn *c, const struct sp_msg_head *head,
                       const msgpack_object *map, struct sp_frame *frame);
 int export_op_release(struct conn *c, const struct sp_msg_head *head,

@@ -58,9 +58,17 @@ int idxset_reserve(struct idxset *s, size_t more) {
   size_t ncap = cap > 0 ? cap : IDXSET_MIN;
   while (ncap < need * 2)
     ncap *= 2;
-  uint64_t *slot = calloc(ncap, sizeof *slot);
+  /* Written through now, not calloc'd: a large calloc is fresh pages that
+   * an insertion's probe reads first, which maps the shared zero page, and
+   * its write then replaces that page, which flushes the TLB of every CPU
+   * the daemon's threads run on.  With workers busy, those waits made the
+   * loop's steps that index a large frame several times slower.  Cleared
+   * with explicit_bzero, which the compiler does not fold back into a
+   * calloc as it does malloc and memset. */
+  uint64_t *slot = malloc(ncap * sizeof *slot);
   if (slot == NULL)
     return SP_ENOMEM;
+  explicit_bzero(slot, ncap * sizeof *slot);
   for (size_t i = 0; i < cap; i++)
     if (s->slot[i] != 0)
       place(slot, ncap - 1, s->slot[i]);

@@ -67,17 +67,23 @@ static struct registration *prepare(bool tensors, const msgpack_object *map,
   return r;
 }
 
-struct registration *registration_prepare_storages(
-    const msgpack_object *map, const struct sp_frame *frame) {
+static void *prepare_storages(const msgpack_object *map,
+                              const struct sp_frame *frame) {
   return prepare(false, map, frame);
 }
 
-struct registration *registration_prepare_tensors(
-    const msgpack_object *map, const struct sp_frame *frame) {
+static void *prepare_tensors(const msgpack_object *map,
+                             const struct sp_frame *frame) {
   return prepare(true, map, frame);
 }
 
-void registration_free(struct registration *r) {
+static void close_opened(void *prepared) {
+  struct registration *r = prepared;
+  registry_batch_close_opened(r->batch);
+}
+
+static void free_registration(void *prepared) {
+  struct registration *r = prepared;
   if (r == NULL)
     return;
   registry_batch_free(r->batch);
@@ -120,8 +126,9 @@ static void note_refused(struct job_member *m, int code, const char *op,
   m->refused = strdup(text);
 }
 
-int registration_serve(struct conn *c, const struct sp_msg_head *head,
-                       struct sp_frame *frame, struct registration *r) {
+static int serve_registration(struct conn *c, const struct sp_msg_head *head,
+                              struct sp_frame *frame, void *prepared) {
+  struct registration *r = prepared;
   const char *op = head->op;
   if (r == NULL)
     return conn_send_error(c, head->id, SP_ENOMEM, "%s: out of memory", op);
@@ -155,20 +162,25 @@ int registration_serve(struct conn *c, const struct sp_msg_head *head,
 /* Both steps at once, on the loop: a frame too small to be worth a worker
  * (conn.c), whose steps then follow each other at once. */
 static int serve_now(struct conn *c, const struct sp_msg_head *head,
-                     struct sp_frame *frame, struct registration *r) {
+                     struct sp_frame *frame, void *r) {
   int rc;
-  while ((rc = registration_serve(c, head, frame, r)) == 1)
+  while ((rc = serve_registration(c, head, frame, r)) == 1)
     ;
-  registration_free(r);
+  free_registration(r);
   return rc;
 }
 
+const struct conn_prepared_op registration_storages_op = {
+    prepare_storages, serve_registration, close_opened, free_registration};
+const struct conn_prepared_op registration_tensors_op = {
+    prepare_tensors, serve_registration, close_opened, free_registration};
+
 int job_op_storage_add(struct conn *c, const struct sp_msg_head *head,
                        const msgpack_object *map, struct sp_frame *frame) {
-  return serve_now(c, head, frame, registration_prepare_storages(map, frame));
+  return serve_now(c, head, frame, prepare_storages(map, frame));
 }
 
 int job_op_tensor_add(struct conn *c, const struct sp_msg_head *head,
                       const msgpack_object *map, struct sp_frame *frame) {
-  return serve_now(c, head, frame, registration_prepare_tensors(map, frame));
+  return serve_now(c, head, frame, prepare_tensors(map, frame));
 }

@@ -101,12 +101,17 @@ static void on_dropped(uv_work_t *work, int status) {
 }
 
 void registry_drop(uv_loop_t *loop, struct registry *reg) {
-  /* A host registry is freed on a worker: a hundred thousand entries take
-   * about ten milliseconds, and its mappings may be the last references to
-   * a trainer's memfds, whose pages their unmapping then frees (a quarter
-   * of a second or more per GiB).  A CUDA rank's storages are closed from
-   * the loop's thread, as they were opened. */
-  struct registry_drop *d = reg->gpu == NULL ? malloc(sizeof *d) : NULL;
+  /* A registry is freed on a worker: a hundred thousand entries take about
+   * ten milliseconds, and a host registry's mappings may be the last
+   * references to a trainer's memfds, whose pages their unmapping then
+   * frees (a quarter of a second or more per GiB).  A CUDA rank's storages
+   * are closed here first, from the loop's thread, as they were opened:
+   * the worker frees only memory. */
+  for (size_t i = 0; i < reg->nstorages; i++) {
+    close_cuda(reg, &reg->info[i]);
+    reg->info[i].gpu.import = NULL;
+  }
+  struct registry_drop *d = malloc(sizeof *d);
   if (d == NULL) {
     registry_free(reg);
     return;
@@ -424,9 +429,8 @@ static int open_cuda_storages(const struct registry *reg,
   return 0;
 }
 
-/* Closes the CUDA storages the batch opened and no registry kept. */
-static void close_opened(struct reg_batch *b) {
-  if (b->opened_on != NULL)
+void registry_batch_close_opened(struct reg_batch *b) {
+  if (b != NULL && b->opened_on != NULL)
     for (size_t i = 0; i < b->n; i++)
       if (b->fresh[i].gpu.import != NULL)
         gpu_storage_close(b->opened_on, &b->fresh[i].gpu);
@@ -455,7 +459,7 @@ static int admit_storages(struct registry *reg, struct reg_batch *b,
     return rc;
   b->opened_on = reg->gpu;
   if ((rc = regmap_map(b->fm, frame, msg, msglen)) != 0) {
-    close_opened(b);
+    registry_batch_close_opened(b);
     return rc;
   }
   /* The mappings are the registry's from now on (unmapped with it), and
@@ -503,40 +507,25 @@ static void place_storages(struct registry *reg, const struct reg_batch *b,
   index_storages(reg, b, from, to);
 }
 
-static int step_storages(struct registry *reg, struct reg_batch *b,
-                         const struct sp_frame *frame, size_t budget,
-                         char *msg, size_t msglen) {
+/* Checks storages [from, to) of the batch: the rank's limit first, then
+ * against the registered and the rank's device kind. */
+static int check_storage_range(const struct registry *reg,
+                               struct reg_batch *b, size_t from, size_t to,
+                               char *msg, size_t msglen) {
   int rc;
-  if (b->stage == BATCH_CHECK) {
-    if (b->done == 0 && b->n > REQ_MAX_PER_RANK - reg->nstorages)
-      return sp_failf(msg, msglen, SP_ELIMIT,
-                      "a rank may register at most %u storages",
-                      REQ_MAX_PER_RANK);
-    size_t to = b->n - b->done < budget ? b->n : b->done + budget;
-    if ((rc = check_storages(reg, b, b->done, to, msg, msglen)) != 0 ||
-        (rc = check_kinds(reg, b->s, b->done, to, msg, msglen)) != 0)
-      return rc;
-    budget -= to - b->done;
-    b->done = to;
-    if (b->done < b->n)
-      return 1;
-    if ((rc = admit_storages(reg, b, frame, msg, msglen)) != 0)
-      return rc;
-    b->stage = BATCH_INDEX;
-    b->done = 0;
-  }
-  if (budget == 0 && b->n > 0)
-    return 1;
-  size_t to = b->n - b->done < budget ? b->n : b->done + budget;
-  place_storages(reg, b, b->done, to);
-  b->done = to;
-  if (b->done < b->n)
-    return 1;
-  /* Kept: what was opened is the registry's now. */
+  if (from == 0 && b->n > REQ_MAX_PER_RANK - reg->nstorages)
+    return sp_failf(msg, msglen, SP_ELIMIT,
+                    "a rank may register at most %u storages",
+                    REQ_MAX_PER_RANK);
+  if ((rc = check_storages(reg, b, from, to, msg, msglen)) != 0)
+    return rc;
+  return check_kinds(reg, b->s, from, to, msg, msglen);
+}
+
+/* Keeps the placed storages: what was opened is the registry's now. */
+static void keep_storages(struct registry *reg, struct reg_batch *b) {
   b->opened_on = NULL;
   reg->nstorages += b->n;
-  b->stage = BATCH_DONE;
-  return 0;
 }
 
 int registry_add_storages(struct registry *reg, const struct req_storage *s,
@@ -678,8 +667,10 @@ static int check_tensors(const struct registry *reg, struct reg_batch *b,
 /* Admits the checked tensors: the limit, the quotas, room in the
  * registry.  Nothing is indexed yet, so a refusal leaves the registry as it
  * was. */
-static int admit_tensors(struct registry *reg, struct reg_batch *b, char *msg,
+static int admit_tensors(struct registry *reg, struct reg_batch *b,
+                         const struct sp_frame *frame, char *msg,
                          size_t msglen) {
+  (void)frame;
   int rc;
   if (b->n > REQ_MAX_PER_RANK - reg->nkeys)
     return sp_failf(msg, msglen, SP_ELIMIT,
@@ -719,34 +710,6 @@ static void keep_tensors(struct registry *reg, struct reg_batch *b) {
   reg->nkeys += b->n;
 }
 
-static int step_tensors(struct registry *reg, struct reg_batch *b,
-                        size_t budget, char *msg, size_t msglen) {
-  int rc;
-  if (b->stage == BATCH_CHECK) {
-    size_t to = b->n - b->done < budget ? b->n : b->done + budget;
-    if ((rc = check_tensors(reg, b, b->done, to, msg, msglen)) != 0)
-      return rc;
-    budget -= to - b->done;
-    b->done = to;
-    if (b->done < b->n)
-      return 1;
-    if ((rc = admit_tensors(reg, b, msg, msglen)) != 0)
-      return rc;
-    b->stage = BATCH_INDEX;
-    b->done = 0;
-  }
-  if (budget == 0 && b->n > 0)
-    return 1;
-  size_t to = b->n - b->done < budget ? b->n : b->done + budget;
-  place_tensors(reg, b, b->done, to);
-  b->done = to;
-  if (b->done < b->n)
-    return 1;
-  keep_tensors(reg, b);
-  b->stage = BATCH_DONE;
-  return 0;
-}
-
 int registry_add_tensors(struct registry *reg, struct req_tensor *t, size_t n,
                          char *msg, size_t msglen) {
   struct reg_batch *b;
@@ -757,19 +720,65 @@ int registry_add_tensors(struct registry *reg, struct req_tensor *t, size_t n,
   return rc;
 }
 
+/* How a batch of one kind goes into a registry: its entries checked in
+ * ranges, then admitted at once, then placed in ranges and kept at once
+ * (reg_batch's stages).  Only admit may take the frame. */
+struct batch_kind {
+  int (*check)(const struct registry *reg, struct reg_batch *b, size_t from,
+               size_t to, char *msg, size_t msglen);
+  int (*admit)(struct registry *reg, struct reg_batch *b,
+               const struct sp_frame *frame, char *msg, size_t msglen);
+  void (*place)(struct registry *reg, const struct reg_batch *b, size_t from,
+                size_t to);
+  void (*keep)(struct registry *reg, struct reg_batch *b);
+};
+
+static const struct batch_kind storage_kind = {
+    check_storage_range, admit_storages, place_storages, keep_storages};
+static const struct batch_kind tensor_kind = {check_tensors, admit_tensors,
+                                              place_tensors, keep_tensors};
+
+/* The end of the next range of at most budget entries from b->done. */
+static size_t range_end(const struct reg_batch *b, size_t budget) {
+  return b->n - b->done < budget ? b->n : b->done + budget;
+}
+
 int registry_batch_step(struct registry *reg, struct reg_batch *b,
                         const struct sp_frame *frame, size_t budget, char *msg,
                         size_t msglen) {
+  const struct batch_kind *k = b->tensors ? &tensor_kind : &storage_kind;
+  int rc;
   if (b->stage == BATCH_DONE)
     return 0;
-  return b->tensors ? step_tensors(reg, b, budget, msg, msglen)
-                    : step_storages(reg, b, frame, budget, msg, msglen);
+  if (b->stage == BATCH_CHECK) {
+    size_t to = range_end(b, budget);
+    if ((rc = k->check(reg, b, b->done, to, msg, msglen)) != 0)
+      return rc;
+    budget -= to - b->done;
+    b->done = to;
+    if (b->done < b->n)
+      return 1;
+    if ((rc = k->admit(reg, b, frame, msg, msglen)) != 0)
+      return rc;
+    b->stage = BATCH_INDEX;
+    b->done = 0;
+  }
+  if (budget == 0 && b->n > 0)
+    return 1;
+  size_t to = range_end(b, budget);
+  k->place(reg, b, b->done, to);
+  b->done = to;
+  if (b->done < b->n)
+    return 1;
+  k->keep(reg, b);
+  b->stage = BATCH_DONE;
+  return 0;
 }
 
 void registry_batch_free(struct reg_batch *b) {
   if (b == NULL)
     return;
-  close_opened(b);
+  registry_batch_close_opened(b);
   regmap_frame_free(b->fm);
   if (b->keys != NULL)
     for (size_t i = 0; i < b->n; i++)

@@ -145,6 +145,10 @@ int registry_batch_step(struct registry *reg, struct reg_batch *b,
                         size_t msglen);
 /* Frees a batch, and what it took that the registry did not keep; never
  * touches a registry. */
+/* Closes the CUDA storages the batch opened and no registry kept: on the
+ * loop's thread, where they were opened, before the batch may be freed on
+ * another. */
+void registry_batch_close_opened(struct reg_batch *b);
 void registry_batch_free(struct reg_batch *b);
 /* Checks and registers n tensors; all or none.  On success each tensor's
  * pieces belong to the registry (t[i].pieces is NULL). */

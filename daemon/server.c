@@ -39,6 +39,7 @@
 #include "daemon/pool.h"
 #include "daemon/reload.h"
 #include "daemon/server.h"
+#include "daemon/stage.h"
 #include "shardport.h"
 
 /* Connections accepted per wakeup, so that a burst of connects cannot keep
@@ -263,6 +264,7 @@ void server_stop(struct server *srv, bool at_once, int job_code, int code,
       conn_finish(c, code, "shardportd stopped (%s)", why);
     }
   }
+  stage_close(srv);
   /* Jobs end from their own wake-ups, once any engine thread has stopped;
    * the loop runs until they have closed their handles (and their links
    * to other daemons), and the connections theirs. */
@@ -418,10 +420,12 @@ int server_run(const struct config_origin *origin, struct config *cfg,
   srv.metrics = metrics_new(backend->active, backend->reason,
                             metrics_refresh, &srv.metrics_async);
   if (srv.metrics == NULL ||
-      pool_create(cfg->pool_capacity, cfg->gpu_pool_capacity, &srv.pool) != 0) {
-    log_msg(LOG_LEVEL_ERROR, srv.metrics == NULL
-                                 ? "out of memory for the metrics"
-                                 : "cannot create the memory pool");
+      pool_create(cfg->pool_capacity, cfg->gpu_pool_capacity, &srv.pool) != 0 ||
+      stage_init(&srv) != 0) {
+    log_msg(LOG_LEVEL_ERROR, srv.metrics == NULL ? "out of memory for the metrics"
+                             : srv.pool == NULL  ? "cannot create the memory pool"
+                                                 : "cannot stage large frames");
+    pool_destroy(srv.pool);
     metrics_free(srv.metrics);
     if (srv.reserve_fd >= 0)
       close(srv.reserve_fd);
@@ -442,7 +446,9 @@ int server_run(const struct config_origin *origin, struct config *cfg,
     uv_close((uv_handle_t *)&srv.sig_hup, NULL);
     uv_close((uv_handle_t *)&srv.drain_timer, NULL);
     nodelink_listen_close(&srv);
+    stage_close(&srv);
     finish_loop(&loop);
+    stage_free(&srv);
     pool_destroy(srv.pool);
     metrics_free(srv.metrics);
     if (srv.reserve_fd >= 0)
@@ -469,6 +475,7 @@ int server_run(const struct config_origin *origin, struct config *cfg,
   detach_ready();
 
   rc = finish_loop(&loop);
+  stage_free(&srv);
   pool_destroy(srv.pool);
   metrics_free(srv.metrics);
   if (srv.reserve_fd >= 0)

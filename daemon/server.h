@@ -59,6 +59,8 @@ struct server {
   uint64_t next_conn_id;
   struct conn *conns;
   uint32_t nclients;
+  /* The connections' large frames, daemon-wide (stage.c). */
+  struct stage *stage;
   struct job *jobs;
   uint32_t njobs;
   /* What each user holds (quota.c). */

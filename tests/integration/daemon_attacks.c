@@ -235,18 +235,14 @@ static sp_client *client(void) {
 
 /* A raw connection joined as the one rank of a new job of creator's. */
 static int raw_rank(sp_client *creator) {
-  sp_ticket t;
-  ck_assert_int_eq(sp_job_create(creator, 1, &t), 0);
-  int sock = sp_test_connect_hello(daemon_.socket);
+  int sock = sp_test_raw_rank(daemon_.socket, creator, next_id++);
   ck_assert_int_ge(sock, 0);
-  ck_assert_int_eq(sp_test_join(sock, next_id++, t.bytes, t.len, 0, 1), 0);
   return sock;
 }
 
 static int memfd_of(const char *name, size_t size) {
-  int fd = memfd_create(name, MFD_CLOEXEC);
+  int fd = sp_test_memfd(name, size);
   ck_assert_int_ge(fd, 0);
-  ck_assert_int_eq(ftruncate(fd, (off_t)size), 0);
   return fd;
 }
 

@@ -436,6 +436,7 @@ START_TEST(print_config_defaults) {
            "max_fds = 32\n"
            "max_clients = 1024\n"
            "max_output = 32M\n"
+           "max_staged_bytes = 64M\n"
            "backend = auto\n"
            "watchdog = yes\n"
            "pool_capacity = 0\n"

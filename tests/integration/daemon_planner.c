@@ -28,6 +28,11 @@
 
 static struct sp_test_daemon daemon_;
 
+/* libuv's worker threads, set for the daemon so that the test knows how
+ * many threads it has between exports: these and the loop's. */
+#define WORKERS 4
+#define WORKERS_TEXT "4"
+
 static void start(void) {
 #if defined(__SANITIZE_ADDRESS__)
   /* AddressSanitizer's quarantine would count freed memory as growth (see
@@ -39,7 +44,9 @@ static void start(void) {
            opts != NULL && opts[0] != '\0' ? ":" : "");
   ck_assert_int_eq(setenv("ASAN_OPTIONS", buf, 1), 0);
 #endif
+  setenv("UV_THREADPOOL_SIZE", WORKERS_TEXT, 1);
   ck_assert_int_eq(sp_test_daemon_start(&daemon_, NULL), 0);
+  unsetenv("UV_THREADPOOL_SIZE");
 }
 
 static void stop(void) {
@@ -238,13 +245,16 @@ START_TEST(plan_longer_than_the_timeout_fails_and_stops) {
   uint64_t worst_us = 0, answered = 0;
   /* libuv's worker threads start with the first work the daemon queues (a
    * departed rank's registry is freed on one) and stay: one export first,
-   * and its ranks gone, so that they are counted before. */
+   * and its ranks gone, so that they are counted before.  The ranks leave,
+   * and the export's threads end, a moment after its reply: the count
+   * waits for the loop's and the workers' alone. */
   legitimate_export();
   long threads_before = sp_test_vm_kb(daemon_.pid, "Threads");
-  for (int i = 0; i < 200 && threads_before <= 1; i++) {
+  for (int i = 0; i < 500 && threads_before != 1 + WORKERS; i++) {
     usleep(10000);
     threads_before = sp_test_vm_kb(daemon_.pid, "Threads");
   }
+  ck_assert_int_eq(threads_before, 1 + WORKERS);
   long peak_before = sp_test_vm_kb(daemon_.pid, "VmHWM");
 
   ck_assert_int_gt(threads_before, 0);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -397,6 +398,30 @@ int sp_test_join(int sock, uint64_t id, const uint8_t *ticket,
     r = SP_EBADMSG;
   sp_test_reply_free(&reply);
   return r;
+}
+
+int sp_test_raw_rank(const char *path, sp_client *creator, uint64_t id) {
+  sp_ticket t;
+  int r = sp_job_create(creator, 1, &t);
+  if (r != 0)
+    return r;
+  int sock = sp_test_connect_hello(path);
+  if (sock < 0)
+    return sock;
+  if ((r = sp_test_join(sock, id, t.bytes, t.len, 0, 1)) != 0) {
+    close(sock);
+    return r;
+  }
+  return sock;
+}
+
+int sp_test_memfd(const char *name, size_t size) {
+  int fd = memfd_create(name, MFD_CLOEXEC);
+  if (fd >= 0 && ftruncate(fd, (off_t)size) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 int sp_test_ping(int sock, uint64_t id) {

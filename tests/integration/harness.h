@@ -128,6 +128,12 @@ void sp_test_pack_join(struct sp_msgbuf *mb, uint64_t id, const uint8_t *ticket,
 int sp_test_join(int sock, uint64_t id, const uint8_t *ticket,
                  size_t ticket_len, uint32_t rank, uint32_t world);
 
+/* A raw connection (hello done) joined with id as the one rank of a new
+ * job of creator's: the socket, or a negative code. */
+int sp_test_raw_rank(const char *path, sp_client *creator, uint64_t id);
+/* A memfd of size bytes (a hole: nothing is written), or -1. */
+int sp_test_memfd(const char *name, size_t size);
+
 /* One ping round trip: 0 when a ping reply with this id came back. */
 int sp_test_ping(int sock, uint64_t id);
 

@@ -164,11 +164,14 @@ class CudaFakeTest(unittest.TestCase):
                                    r'"cuda:%d"\} [0-9]+\n' % g)
         self.assertNotIn('device="cuda:%d"' % gpus, text)
         # While a rank holds what it owns, its bytes are in its GPU's
-        # series and not the host's: every tensor lay in device memory.
+        # series and not the host's: every tensor lay in device memory.  The
+        # rank that owns nothing may read the gauges after the owner
+        # released, so only the owner's reading counts its bytes.
         for out in outs:
             used = json.loads(re.search(r"^used (.*)$", out, re.M).group(1))
             self.assertEqual(used["host"], 0, out)
-            self.assertGreater(sum(used.values()), 0, out)
+            if not re.search(r"^owned 0 ok$", out, re.M):
+                self.assertGreater(sum(used.values()), 0, out)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@
 #include "proto/msg.h"
 #include "proto/wire.h"
 #include "shardport.h"
+#include "tests/unit/daemon/tmodel.h"
 
 /* A message built with the proto packers, decoded as the daemon would. */
 struct msg {
@@ -432,13 +433,6 @@ END_TEST
 
 /* ---- the registry over memfds ------------------------------------------ */
 
-static int memfd_of(size_t size) {
-  int fd = memfd_create("reg", MFD_CLOEXEC);
-  ck_assert_int_ge(fd, 0);
-  ck_assert_int_eq(ftruncate(fd, (off_t)size), 0);
-  return fd;
-}
-
 /* The permissions /proc/self/maps shows for the mapping holding p. */
 static void maps_perms(const void *p, char *perms) {
   FILE *f = fopen("/proc/self/maps", "re");
@@ -472,7 +466,7 @@ START_TEST(storages_map_read_only) {
   struct registry reg;
   char err[256];
   registry_init(&reg, SP_DEVICE_CPU);
-  int fd = memfd_of(3 * 4096);
+  int fd = tmodel_memfd("reg", 3 * 4096);
   uint8_t *w = mmap(NULL, 3 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   for (int i = 0; i < 3 * 4096; i++)
     w[i] = (uint8_t)(i * 7);
@@ -508,7 +502,7 @@ START_TEST(storage_frames_whole_or_nothing) {
   struct registry reg;
   char err[256];
   registry_init(&reg, SP_DEVICE_CPU);
-  int big = memfd_of(8192), small = memfd_of(100);
+  int big = tmodel_memfd("reg", 8192), small = tmodel_memfd("reg", 100);
   struct sp_frame frame = {.nfds = 2};
   frame.fds[0] = big;
   frame.fds[1] = small;
@@ -596,7 +590,7 @@ START_TEST(frames_registered_in_steps) {
   struct registry reg;
   char err[256];
   registry_init(&reg, SP_DEVICE_CPU);
-  int fd = memfd_of(BATCH_N * 64);
+  int fd = tmodel_memfd("reg", BATCH_N * 64);
   struct sp_frame frame = {.nfds = 1};
   frame.fds[0] = fd;
   struct req_storage s[BATCH_N];
@@ -679,7 +673,7 @@ START_TEST(storages_share_mappings) {
   struct registry reg;
   char err[256];
   registry_init(&reg, SP_DEVICE_CPU);
-  int fd = memfd_of(PAGES * 4096);
+  int fd = tmodel_memfd("reg", PAGES * 4096);
   fill_pages(fd, 0, PAGES);
   int maps = count_maps();
   struct req_storage *s = calloc(PAGES, sizeof *s);
@@ -731,7 +725,7 @@ START_TEST(storages_share_mappings) {
   ck_assert_str_eq(perms, "r--s");
 
   /* Another memfd is another file, whatever its descriptor's number. */
-  int other = memfd_of(4096);
+  int other = tmodel_memfd("reg", 4096);
   struct req_storage third = {
       .sid = PAGES + 2, .fd = 0, .offset = 0, .length = 1, .base = 0x30};
   frame.fds[0] = other;
@@ -784,7 +778,7 @@ START_TEST(sparse_file_maps_storage_pages) {
   const uint64_t last = (UINT64_C(16) << 40) / 4096 - 1;
   struct registry reg;
   registry_init(&reg, SP_DEVICE_CPU);
-  int fd = memfd_of(0);
+  int fd = tmodel_memfd("reg", 0);
   ck_assert_int_eq(ftruncate(fd, (off_t)((last + 1) * 4096)), 0);
   long before = vm_size_kb();
   uint64_t pages[2] = {0, last};
@@ -802,7 +796,7 @@ END_TEST
 /* Two one-page storages share a mapping while the pages between them are
  * no more than the pages they cover (two), and not past that. */
 START_TEST(runs_join_at_their_edge) {
-  int fd = memfd_of(64 * 4096);
+  int fd = tmodel_memfd("reg", 64 * 4096);
   int maps = count_maps();
   struct registry reg;
   registry_init(&reg, SP_DEVICE_CPU);
@@ -830,7 +824,7 @@ END_TEST
  * registered, and every storage reads its own page through it. */
 START_TEST(every_other_page_one_frame_each) {
   enum { STORAGES = 2000 };
-  int fd = memfd_of(4 * STORAGES * 4096);
+  int fd = tmodel_memfd("reg", 4 * STORAGES * 4096);
   fill_pages(fd, 0, 2 * STORAGES);
   int maps = count_maps();
   struct registry reg;
@@ -900,7 +894,7 @@ START_TEST(storages_inside_mappings_while_resized) {
   s[FIRST] = (struct req_storage){.sid = FIRST, .fd = 1,
                                   .offset = 63 * 4096, .length = 4096,
                                   .base = 0x100000};
-  struct resizer r = {.fd = memfd_of(2 * 4096)};
+  struct resizer r = {.fd = tmodel_memfd("reg", 2 * 4096)};
   pthread_t thread;
   ck_assert_int_eq(pthread_create(&thread, NULL, resize_main, &r), 0);
   int registered = 0;
@@ -971,7 +965,7 @@ START_TEST(quota_sees_each_frame) {
   registry_init(&reg, SP_DEVICE_CPU);
   reg.quota = &probe_ops;
   reg.quota_arg = &q;
-  int fd = memfd_of(8192);
+  int fd = tmodel_memfd("reg", 8192);
   struct sp_frame frame = {.nfds = 1};
   frame.fds[0] = fd;
   struct req_storage s[2] = {
@@ -1021,7 +1015,7 @@ START_TEST(tensors_checked_against_storages) {
   struct registry reg;
   char err[256];
   registry_init(&reg, SP_DEVICE_CPU);
-  int fd = memfd_of(4096);
+  int fd = tmodel_memfd("reg", 4096);
   struct sp_frame frame = {.nfds = 1};
   frame.fds[0] = fd;
   /* 103 bytes: 25 whole float32 elements, the tail is never part of a view. */

@@ -10,15 +10,20 @@
 #include "daemon/request.h"
 #include "tests/unit/daemon/tmodel.h"
 
+int tmodel_memfd(const char *name, size_t bytes) {
+  int fd = memfd_create(name, MFD_CLOEXEC);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(ftruncate(fd, (off_t)bytes), 0);
+  return fd;
+}
+
 void tmodel_init(struct tmodel *m, uint32_t world, size_t bytes) {
   ck_assert_uint_le(world, TMODEL_MAX_RANKS);
   memset(m, 0, sizeof *m);
   m->world = world;
   for (uint32_t r = 0; r < world; r++) {
     registry_init(&m->reg[r], SP_DEVICE_CPU);
-    m->fd[r] = memfd_create("tmodel", MFD_CLOEXEC);
-    ck_assert_int_ge(m->fd[r], 0);
-    ck_assert_int_eq(ftruncate(m->fd[r], (off_t)bytes), 0);
+    m->fd[r] = tmodel_memfd("tmodel", bytes);
     m->map[r] =
         mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd[r], 0);
     ck_assert_ptr_ne(m->map[r], MAP_FAILED);

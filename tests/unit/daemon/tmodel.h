@@ -32,6 +32,9 @@ struct tmodel {
   uint32_t key_data[TMODEL_MAX_KEYS];
 };
 
+/* A memfd of bytes bytes (a hole) named name (/proc/self/maps shows
+ * it), asserting success. */
+int tmodel_memfd(const char *name, size_t bytes);
 /* world ranks, each with a memfd of bytes bytes filled with a pattern. */
 void tmodel_init(struct tmodel *m, uint32_t world, size_t bytes);
 void tmodel_free(struct tmodel *m);
