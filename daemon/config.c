@@ -49,6 +49,7 @@ void config_default(struct config *cfg) {
   cfg->backend = BACKEND_AUTO;
   cfg->watchdog = true;
   cfg->compare_replicas = true;
+  cfg->pool_huge_pages = true;
   cfg->pool_capacity = 0;
   cfg->gpu_pool_capacity = 0;
   cfg->max_bytes = CONFIG_DEFAULT_MAX_BYTES;
@@ -464,8 +465,11 @@ int config_set(struct config *cfg, const char *key, const char *value,
     cfg->backend = (enum backend_kind)kind;
     return 0;
   }
-  if (strcmp(key, "watchdog") == 0 || strcmp(key, "compare_replicas") == 0) {
-    bool *flag = key[0] == 'w' ? &cfg->watchdog : &cfg->compare_replicas;
+  if (strcmp(key, "watchdog") == 0 || strcmp(key, "compare_replicas") == 0 ||
+      strcmp(key, "pool_huge_pages") == 0) {
+    bool *flag = key[0] == 'w'   ? &cfg->watchdog
+                 : key[0] == 'c' ? &cfg->compare_replicas
+                                 : &cfg->pool_huge_pages;
     if (parse_bool(value, flag) != 0)
       return fail(err, errsize, "%s: \"%s\" is not yes or no", key, value);
     return 0;
@@ -599,6 +603,7 @@ void config_print(const struct config *cfg, FILE *out) {
   print_size(out, "max_user_mapped_bytes", cfg->max_user_mapped_bytes);
   fprintf(out, "engine_threads = %" PRIu32 "\n", cfg->engine_threads);
   fprintf(out, "compare_replicas = %s\n", cfg->compare_replicas ? "yes" : "no");
+  fprintf(out, "pool_huge_pages = %s\n", cfg->pool_huge_pages ? "yes" : "no");
   print_duration(out, "drain_timeout", cfg->drain_timeout_ms);
   fprintf(out, "export_history = %" PRIu32 "\n", cfg->export_history);
   fprintf(out, "peer_listen = %s\n",

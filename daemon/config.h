@@ -87,8 +87,11 @@ struct config {
   uint32_t max_user_mappings;
   uint32_t max_client_mappings;
   uint64_t max_user_mapped_bytes;
-  /* Threads copying one export's data; 0 means min(4, online CPUs). */
+  /* Threads copying one export's data; 0 means the CPUs the daemon may
+   * run on (sched_getaffinity). */
   uint32_t engine_threads;
+  /* Ask for transparent huge pages for pool segments (pool.h). */
+  bool pool_huge_pages;
   /* Read and compare every rank's copy of replicated and plain keys
    * before an export moves (replicas.c). */
   bool compare_replicas;

@@ -121,6 +121,7 @@ struct export {
   const struct xfer_storage **src;
   uint8_t **dst;
   uint64_t *dst_size;
+  bool *dst_warm;
   /* On the CUDA backend: the owners' device segments and the engine's
    * GPU part (daemon/cuda/gpu.h). */
   struct gpu_segment **gpu_segments;
@@ -290,6 +291,7 @@ static void free_export(struct export *ex) {
   free(ex->src);
   free(ex->dst);
   free(ex->dst_size);
+  free(ex->dst_warm);
   free(ex->gpu_segments);
   free(ex);
 }
@@ -708,7 +710,7 @@ static int new_segment(struct export *ex, uint32_t r, uint64_t need) {
                                          why,
                                          sizeof why)
                : pool_segment_new(srv->pool, ex->layout->seg_size[r],
-                                  &ex->ranks[r].segment);
+                                  ex->ranks[r].m, &ex->ranks[r].segment);
   if (rc == 0)
     return 0;
   char msg[512];
@@ -737,9 +739,10 @@ static void start_moving(struct export *ex) {
   ex->src = calloc(world, sizeof *ex->src);
   ex->dst = calloc(world, sizeof *ex->dst);
   ex->dst_size = calloc(world, sizeof *ex->dst_size);
+  ex->dst_warm = calloc(world, sizeof *ex->dst_warm);
   ex->gpu_segments = calloc(world, sizeof *ex->gpu_segments);
   if (ex->src == NULL || ex->dst == NULL || ex->dst_size == NULL ||
-      ex->gpu_segments == NULL) {
+      ex->dst_warm == NULL || ex->gpu_segments == NULL) {
     fail_export(ex, SP_ENOMEM, "out of memory starting the export");
     return;
   }
@@ -747,7 +750,6 @@ static void start_moving(struct export *ex) {
   for (uint32_t r = 0; r < world; r++)
     if (ex->ranks[r].m != NULL)
       need += ex->layout->seg_size[r];
-  ex->bytes_to_prepare = need;
   for (uint32_t r = 0; r < world; r++) {
     /* Ranks on other nodes: their storages and segments are theirs. */
     if (ex->ranks[r].m == NULL)
@@ -758,14 +760,24 @@ static void start_moving(struct export *ex) {
       continue;
     if (new_segment(ex, r, need) != 0)
       return;
+    /* A host segment kept from the owner's earlier export may be larger
+     * than this one needs: the engine prepares all of it (the CUDA
+     * backend zeroes the layout's part of a device segment). */
     ex->dst[r] = ex->ranks[r].segment->base;
+    if (ex->ranks[r].segment->dev == NULL)
+      ex->dst_size[r] = ex->ranks[r].segment->size;
+    ex->dst_warm[r] = ex->ranks[r].segment->warm;
     ex->gpu_segments[r] = ex->ranks[r].segment->dev;
   }
+  ex->bytes_to_prepare = 0;
+  for (uint32_t r = 0; r < world; r++)
+    ex->bytes_to_prepare += ex->dst_size[r];
   struct engine *e = &ex->engine;
   e->plan = ex->plan;
   e->src = ex->src;
   e->dst = ex->dst;
   e->dst_size = ex->dst_size;
+  e->dst_warm = ex->dst_warm;
   e->key_offset = ex->layout->offset;
   e->threads = srv->engine_threads;
   e->round_delay_ms = srv->test_round_delay_ms;

@@ -22,9 +22,13 @@ struct pool {
   uint64_t device_used; /* device segments, in use and kept */
   uint64_t gpu_capacity; /* per GPU; 0: as much as the GPU has */
   uint64_t per_device[POOL_MAX_DEVICES];
-  /* Released device segments, each kept for its owner only. */
+  /* Released segments, device and host, each kept for its owner only;
+   * and the bytes of the host ones (counted in used too). */
   struct pool_segment *kept;
   size_t nkept;
+  uint64_t kept_host;
+  /* Whether host segments ask the kernel for transparent huge pages. */
+  bool huge_pages;
   /* Host segments shared with their ranks, watched for the close of the
    * rank's description; and the bytes of those released meanwhile. */
   int watch_fd;
@@ -33,6 +37,9 @@ struct pool {
   /* Where large segments' memory is given back; NULL: on the caller. */
   uv_loop_t *loop;
 };
+
+static void segment_free(struct pool *pool, struct pool_segment *segment,
+                         bool now);
 
 /* The smallest segment whose memory a worker gives back. */
 #define POOL_FREE_ON_WORKER_BYTES (16u << 20)
@@ -62,10 +69,12 @@ static void give_back_done(uv_work_t *work, int status) {
 }
 
 /* The daemon's mapping and descriptor of a host segment, let go: on a
- * worker when the segment is large and a loop has been given. */
-static void give_back(struct pool *pool, void *base, size_t size, int fd) {
+ * worker when the segment is large, a loop has been given, and the caller
+ * does not need the room back before it returns (now). */
+static void give_back(struct pool *pool, void *base, size_t size, int fd,
+                      bool now) {
   struct pool_give_back *g =
-      pool->loop != NULL && size >= POOL_FREE_ON_WORKER_BYTES
+      !now && pool->loop != NULL && size >= POOL_FREE_ON_WORKER_BYTES
           ? malloc(sizeof *g)
           : NULL;
   if (g != NULL) {
@@ -82,6 +91,8 @@ static void give_back(struct pool *pool, void *base, size_t size, int fd) {
 void pool_free_on_workers(struct pool *pool, uv_loop_t *loop) {
   pool->loop = loop;
 }
+
+void pool_use_huge_pages(struct pool *pool, bool on) { pool->huge_pages = on; }
 
 int pool_create(uint64_t capacity, uint64_t gpu_capacity, struct pool **out) {
   struct pool *pool = calloc(1, sizeof *pool);
@@ -114,57 +125,23 @@ void pool_destroy(struct pool *pool) {
     struct pool_segment *seg = pool->kept;
     pool->kept = seg->next;
     pool->nkept--;
-    pool_segment_free(pool, seg);
+    segment_free(pool, seg, true);
   }
   /* Released segments still held: the daemon stops counting them. */
   while (pool->watched != NULL)
-    pool_segment_free(pool, pool->watched);
+    segment_free(pool, pool->watched, true);
   if (pool->watch_fd >= 0)
     close(pool->watch_fd);
   free(pool);
 }
 
-int pool_segment_new(struct pool *pool, uint64_t size,
-                     struct pool_segment **out) {
-  /* Segments whose holders have gone make room first. */
-  pool_collect(pool);
-  if (size > pool->capacity - pool->used)
-    return SP_EPOOL;
-  struct pool_segment *seg = calloc(1, sizeof *seg);
-  if (!seg)
-    return SP_ENOMEM;
-  seg->wd = -1;
-  seg->fd = memfd_create("shardport-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (seg->fd < 0)
-    goto fail;
-  if (ftruncate(seg->fd, (off_t)size) != 0 ||
-      fcntl(seg->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
-    goto fail;
-  if (size > 0) {
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, seg->fd, 0);
-    if (p == MAP_FAILED)
-      goto fail;
-    seg->base = p;
-  }
-  seg->size = size;
-  pool->used += size;
-  *out = seg;
-  return 0;
-
-fail:;
-  int rc = errno == ENOMEM || errno == ENOSPC ? SP_EPOOL : SP_EBACKEND;
-  if (seg->fd >= 0)
-    close(seg->fd);
-  free(seg);
-  return rc;
-}
-
 /* Takes a host segment off the watched list. */
 static void unwatch(struct pool *pool, struct pool_segment *seg) {
-  for (struct pool_segment **p = &pool->watched; *p != NULL; p = &(*p)->next)
+  for (struct pool_segment **p = &pool->watched; *p != NULL;
+       p = &(*p)->watch_next)
     if (*p == seg) {
-      *p = seg->next;
-      seg->next = NULL;
+      *p = seg->watch_next;
+      seg->watch_next = NULL;
       return;
     }
 }
@@ -180,6 +157,129 @@ static void unkeep(struct pool *pool, struct pool_segment *seg) {
     }
 }
 
+/* The smallest segment kept for owner that holds size bytes, on the host
+ * (device < 0) or on that GPU: only ever the bytes of its own earlier
+ * tensors. */
+static struct pool_segment *own_kept(const struct pool *pool,
+                                     const void *owner, int device,
+                                     uint64_t size) {
+  struct pool_segment *best = NULL;
+  for (struct pool_segment *seg = pool->kept; seg != NULL; seg = seg->next)
+    if (seg->owner == owner && (seg->dev != NULL) == (device >= 0) &&
+        (device < 0 || seg->device == device) && seg->size >= size &&
+        (best == NULL || seg->size < best->size))
+      best = seg;
+  return best;
+}
+
+/* Frees a segment; a host one's pages are given back before this returns
+ * when now is set, else (large ones) on a worker. */
+static void segment_free(struct pool *pool, struct pool_segment *segment,
+                         bool now) {
+  if (segment->dev) {
+    gpu_segment_free(segment->gpu, segment->dev);
+    pool->device_used -= segment->size;
+    pool->per_device[segment->device] -= segment->size;
+    free(segment);
+    return;
+  }
+  if (segment->wd >= 0) {
+    unwatch(pool, segment);
+    inotify_rm_watch(pool->watch_fd, segment->wd);
+  }
+  if (segment->released)
+    pool->held -= segment->size;
+  give_back(pool, segment->base, segment->size, segment->fd, now);
+  pool->used -= segment->size;
+  free(segment);
+}
+
+/* A host segment the daemon is done with: freed, or once shared, its own
+ * mapping and descriptor let go and its bytes counted (pool_held) until
+ * the kernel says its file is gone (no descriptor or mapping of it is left
+ * anywhere; if the rank closed it already, that is with these,
+ * pool_collect). */
+static void let_go(struct pool *pool, struct pool_segment *segment, bool now) {
+  if (segment->wd < 0) {
+    segment_free(pool, segment, now);
+    return;
+  }
+  give_back(pool, segment->base, segment->size, segment->fd, now);
+  segment->base = NULL;
+  segment->fd = -1;
+  segment->released = true;
+  pool->held += segment->size;
+}
+
+/* Kept host segments make room for size more bytes under the capacity.
+ * Their pages are given back before this returns, since the allocation
+ * needs the room now; a segment its rank still maps stays counted. */
+static void evict_host(struct pool *pool, uint64_t size) {
+  struct pool_segment **p = &pool->kept;
+  while (*p != NULL && size > pool->capacity - pool->used) {
+    struct pool_segment *seg = *p;
+    if (seg->dev != NULL) {
+      p = &seg->next;
+      continue;
+    }
+    *p = seg->next;
+    seg->next = NULL;
+    pool->nkept--;
+    let_go(pool, seg, true);
+    pool_collect(pool);
+  }
+}
+
+int pool_segment_new(struct pool *pool, uint64_t size, const void *owner,
+                     struct pool_segment **out) {
+  /* Segments whose holders have gone make room first. */
+  pool_collect(pool);
+  struct pool_segment *kept =
+      owner != NULL ? own_kept(pool, owner, -1, size) : NULL;
+  if (kept != NULL) {
+    unkeep(pool, kept);
+    kept->warm = true;
+    *out = kept;
+    return 0;
+  }
+  if (size > pool->capacity - pool->used)
+    evict_host(pool, size);
+  if (size > pool->capacity - pool->used)
+    return SP_EPOOL;
+  struct pool_segment *seg = calloc(1, sizeof *seg);
+  if (!seg)
+    return SP_ENOMEM;
+  seg->wd = -1;
+  seg->owner = owner;
+  seg->fd = memfd_create("shardport-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (seg->fd < 0)
+    goto fail;
+  if (ftruncate(seg->fd, (off_t)size) != 0 ||
+      fcntl(seg->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    goto fail;
+  if (size > 0) {
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, seg->fd, 0);
+    if (p == MAP_FAILED)
+      goto fail;
+    seg->base = p;
+    /* Best effort: the kernel backs shared memory with huge pages only
+     * where its shmem_enabled setting allows (docs/operations.md). */
+    if (pool->huge_pages)
+      madvise(p, size, MADV_HUGEPAGE);
+  }
+  seg->size = size;
+  pool->used += size;
+  *out = seg;
+  return 0;
+
+fail:;
+  int rc = errno == ENOMEM || errno == ENOSPC ? SP_EPOOL : SP_EBACKEND;
+  if (seg->fd >= 0)
+    close(seg->fd);
+  free(seg);
+  return rc;
+}
+
 /* Frees kept segments on device (every one when all, else only until size
  * more bytes fit under the device capacity); whether any was freed. */
 static bool evict(struct pool *pool, int device, uint64_t size, bool all) {
@@ -190,7 +290,7 @@ static bool evict(struct pool *pool, int device, uint64_t size, bool all) {
     if (!all && (pool->gpu_capacity == 0 ||
                  pool->per_device[device] + size <= pool->gpu_capacity))
       break;
-    if (seg->device != device) {
+    if (seg->dev == NULL || seg->device != device) {
       p = &seg->next;
       continue;
     }
@@ -211,15 +311,10 @@ int pool_segment_new_device(struct pool *pool, struct gpu *gpu, int device,
     snprintf(msg, msglen, "no GPU %d", device);
     return SP_EINVAL;
   }
-  /* The owner's own kept segment, the smallest that fits: only ever the
-   * bytes of its own earlier tensors. */
-  struct pool_segment *best = NULL;
-  for (struct pool_segment *seg = pool->kept; seg != NULL; seg = seg->next)
-    if (seg->owner == owner && seg->device == device && seg->size >= size &&
-        (best == NULL || seg->size < best->size))
-      best = seg;
+  struct pool_segment *best = own_kept(pool, owner, device, size);
   if (best != NULL) {
     unkeep(pool, best);
+    best->warm = true;
     *out = best;
     return 0;
   }
@@ -267,25 +362,17 @@ int pool_segment_new_device(struct pool *pool, struct gpu *gpu, int device,
 void pool_segment_put(struct pool *pool, struct pool_segment *segment) {
   if (!segment)
     return;
-  if (!segment->dev && segment->wd >= 0) {
-    /* Its rank may still hold it: counted until the kernel says its file
-     * is gone.  The daemon's own mapping and descriptor go now, so that
-     * the file ends with the last descriptor or mapping of it anywhere,
-     * and if the rank closed it already, with these (pool_collect). */
-    give_back(pool, segment->base, segment->size, segment->fd);
-    segment->base = NULL;
-    segment->fd = -1;
-    segment->released = true;
-    pool->held += segment->size;
+  if (segment->owner != NULL) {
+    segment->next = pool->kept;
+    pool->kept = segment;
+    pool->nkept++;
     return;
   }
-  if (!segment->dev || segment->owner == NULL) {
+  if (segment->dev) {
     pool_segment_free(pool, segment);
     return;
   }
-  segment->next = pool->kept;
-  pool->kept = segment;
-  pool->nkept++;
+  let_go(pool, segment, false);
 }
 
 void pool_owner_gone(struct pool *pool, const void *owner) {
@@ -297,12 +384,24 @@ void pool_owner_gone(struct pool *pool, const void *owner) {
       continue;
     }
     *p = seg->next;
+    seg->next = NULL;
     pool->nkept--;
-    pool_segment_free(pool, seg);
+    if (seg->dev)
+      pool_segment_free(pool, seg);
+    else
+      let_go(pool, seg, false);
   }
 }
 
 size_t pool_kept_count(const struct pool *pool) { return pool->nkept; }
+
+uint64_t pool_kept(const struct pool *pool) {
+  uint64_t bytes = 0;
+  for (const struct pool_segment *seg = pool->kept; seg != NULL;
+       seg = seg->next)
+    bytes += seg->size;
+  return bytes;
+}
 
 uint64_t pool_device_used(const struct pool *pool, int device) {
   return device >= 0 && device < POOL_MAX_DEVICES ? pool->per_device[device]
@@ -314,24 +413,12 @@ uint64_t pool_gpu_capacity(const struct pool *pool) {
 }
 
 void pool_segment_free(struct pool *pool, struct pool_segment *segment) {
-  if (!segment)
+  if (segment == NULL)
     return;
-  if (segment->dev) {
-    gpu_segment_free(segment->gpu, segment->dev);
-    pool->device_used -= segment->size;
-    pool->per_device[segment->device] -= segment->size;
-    free(segment);
-    return;
-  }
-  if (segment->wd >= 0) {
-    unwatch(pool, segment);
-    inotify_rm_watch(pool->watch_fd, segment->wd);
-  }
-  if (segment->released)
-    pool->held -= segment->size;
-  give_back(pool, segment->base, segment->size, segment->fd);
-  pool->used -= segment->size;
-  free(segment);
+  if (segment->dev == NULL && segment->wd >= 0 && !segment->released)
+    let_go(pool, segment, false);
+  else
+    segment_free(pool, segment, false);
 }
 
 int pool_segment_share(struct pool *pool, struct pool_segment *segment,
@@ -364,7 +451,7 @@ int pool_segment_share(struct pool *pool, struct pool_segment *segment,
     close(fd);
     return SP_EBACKEND;
   }
-  segment->next = pool->watched;
+  segment->watch_next = pool->watched;
   pool->watched = segment;
   return fd;
 }
@@ -379,7 +466,7 @@ static void holder_gone(struct pool *pool, struct pool_segment *segment) {
     return;
   unwatch(pool, segment);
   segment->wd = -1;
-  pool_segment_free(pool, segment);
+  segment_free(pool, segment, false);
 }
 
 void pool_collect(struct pool *pool) {
@@ -400,14 +487,14 @@ void pool_collect(struct pool *pool) {
                 "still held by ranks are no longer counted");
         for (struct pool_segment *seg = pool->watched, *next; seg != NULL;
              seg = next) {
-          next = seg->next;
+          next = seg->watch_next;
           if (seg->released)
-            pool_segment_free(pool, seg);
+            segment_free(pool, seg, false);
         }
         continue;
       }
       for (struct pool_segment *seg = pool->watched; seg != NULL;
-           seg = seg->next)
+           seg = seg->watch_next)
         if (seg->wd == ev->wd) {
           holder_gone(pool, seg);
           break;

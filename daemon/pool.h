@@ -5,29 +5,39 @@
  * A segment is one memfd, sealed against shrinking and growing before any
  * trainer sees it (a trainer that could truncate it would make the daemon
  * fault while assembling), mapped read-write in the daemon and published as
- * (segment fd, offset) per tensor.  Segments are never reused for another
- * rank: a trainer that kept a mapping after release must not see anyone
- * else's tensors.  Used only from the daemon's loop thread.
+ * (segment fd, offset) per tensor.  Used only from the daemon's loop
+ * thread.
+ *
+ * The pool is warm: a segment released by its rank is kept for that same
+ * job member (job and rank) and handed back to it, and to nobody else, by
+ * its next export that fits in it (pool_segment_new with that owner): no
+ * new memfd and no fresh pages, whose first touch costs more than the copy
+ * into them.  Its bytes are then the owner's earlier tensors: the engine
+ * overwrites every tensor and zeroes only the bytes between and after them
+ * (engine.h, dst_warm).  A trainer that kept a mapping of it past its
+ * release sees its own next tensors appear in it, never another rank's or
+ * job's: segments are never handed to another owner.  Kept segments are
+ * counted in pool_used (and pool_kept, which status calls pool_warm), and
+ * freed when the owner leaves or its job ends (pool_owner_gone), or
+ * earlier when another allocation needs the room.
  *
  * On the CUDA backend a segment is device memory on the owner's GPU
  * instead (daemon/cuda/gpu.h, gpu_segment_new): its own allocation,
- * published as one IPC handle.  A released device segment is kept for its
- * owner (pool_segment_put) and handed back to that owner only, the same
- * job member (job and rank), by its next export that fits in it: the same
- * IPC handle, no new cudaMalloc.  It is freed when the owner leaves or the
- * job ends (pool_owner_gone), or earlier when another allocation on its GPU
- * needs the room.  Device bytes (in use and kept) are counted in pool_used
- * and bounded per GPU by the device capacity (gpu_pool_capacity), not by
- * the pool's capacity, which is host memory.
+ * published as one IPC handle, kept and handed back the same way (the
+ * same IPC handle, no new cudaMalloc), and freed early when another
+ * allocation on its GPU needs the room.  Device bytes (in use and kept)
+ * are counted in pool_used and bounded per GPU by the device capacity
+ * (gpu_pool_capacity), not by the pool's capacity, which is host memory.
  *
  * A host segment's pages outlive the daemon's own use of it while a trainer
  * still holds what it was given (a descriptor, a mapping, or a copy of the
  * descriptor it passed on), and the daemon wrote them, so they are charged
  * to it.  So each segment the daemon shares is watched with inotify, and
- * at its release the daemon closes its own descriptor and mapping: the
- * kernel reports the end of the memfd's file when the last descriptor and
- * mapping of it are gone, in any process.  A released segment stays
- * counted in pool_used (and pool_held) until then.
+ * when the daemon lets it go (its owner gone, or evicted, or an owner-less
+ * segment released) it closes its own descriptor and mapping: the kernel
+ * reports the end of the memfd's file when the last descriptor and mapping
+ * of it are gone, in any process.  Such a segment stays counted in
+ * pool_used (and pool_held) until then.
  */
 #ifndef SP_DAEMON_POOL_H
 #define SP_DAEMON_POOL_H
@@ -54,12 +64,16 @@ struct pool_segment {
   struct gpu *gpu;         /* a device segment's backend, else NULL */
   struct gpu_segment *dev; /* a device segment, else NULL */
   int device;              /* a device segment's local ordinal */
-  const void *owner;       /* a device segment's owner (a job member) */
-  struct pool_segment *next; /* kept device segments; watched host ones */
-  /* A shared host segment: its inotify watch (-1 when none), and whether
-   * the daemon released it and only waits for its file's end (fd is -1
-   * then). */
+  const void *owner;       /* its owner (a job member), or NULL */
+  struct pool_segment *next; /* kept segments */
+  /* Handed back from the kept segments: its bytes are its owner's earlier
+   * tensors, and its pages are present. */
+  bool warm;
+  /* A shared host segment: its inotify watch (-1 when none), the next
+   * watched one, and whether the daemon let it go and only waits for its
+   * file's end (fd is -1 then). */
   int wd;
+  struct pool_segment *watch_next;
   bool released;
 };
 
@@ -74,24 +88,34 @@ void pool_destroy(struct pool *pool);
  * not hold the loop. */
 void pool_free_on_workers(struct pool *pool, uv_loop_t *loop);
 
-/* A zero-filled segment of size bytes; SP_EPOOL beyond the capacity. */
-int pool_segment_new(struct pool *pool, uint64_t size,
+/* Whether new host segments ask for transparent huge pages (madvise
+ * MADV_HUGEPAGE; the kernel grants them where shmem_enabled allows). */
+void pool_use_huge_pages(struct pool *pool, bool on);
+
+/* A host segment of at least size bytes for owner: the smallest one this
+ * owner released earlier that fits (warm set), else a new zero-filled one
+ * of size bytes, kept segments of any owner freed first when the capacity
+ * has no room for it.  SP_EPOOL beyond the capacity.  A NULL owner gets a
+ * new segment that is freed, never kept, at its release. */
+int pool_segment_new(struct pool *pool, uint64_t size, const void *owner,
                      struct pool_segment **out);
 /* A segment of at least size bytes on local GPU device for owner: one
- * this owner released earlier on that GPU when one is large enough (its
- * bytes are this owner's earlier tensors; the engine zeroes it before
- * assembling), else a new one.  SP_EPOOL beyond the device capacity or
+ * this owner released earlier on that GPU when one is large enough (warm
+ * set: its bytes are this owner's earlier tensors; the engine zeroes it
+ * before assembling), else a new one.  SP_EPOOL beyond the device capacity or
  * when the GPU has no room (after freeing kept segments of that GPU), with
  * a sentence in msg. */
 int pool_segment_new_device(struct pool *pool, struct gpu *gpu, int device,
                             uint64_t size, const void *owner,
                             struct pool_segment **out, char *msg,
                             size_t msglen);
-/* Frees a segment now.  NULL is allowed. */
+/* Frees a segment that will not be kept: a host segment that was shared
+ * is let go and counted on while its rank still maps it (a warm one, or
+ * one whose export failed after its reply began).  NULL is allowed. */
 void pool_segment_free(struct pool *pool, struct pool_segment *segment);
-/* Returns a released segment: a device segment is kept for its owner's
- * next export; a host segment is freed, or, once shared, counted on until
- * its file ends (no descriptor or mapping of it is left anywhere).  NULL is
+/* Returns a released segment: one with an owner is kept for its owner's
+ * next export; another is freed, or, once shared, counted on until its
+ * file ends (no descriptor or mapping of it is left anywhere).  NULL is
  * allowed. */
 void pool_segment_put(struct pool *pool, struct pool_segment *segment);
 /* A new open file description of a host segment for its rank (read-write,
@@ -105,11 +129,13 @@ int pool_watch_fd(const struct pool *pool);
 void pool_collect(struct pool *pool);
 /* Bytes of released host segments their ranks still hold. */
 uint64_t pool_held(const struct pool *pool);
-/* Frees every segment kept for owner (it left, or its job ended). */
+/* Lets go of every segment kept for owner (it left, or its job ended):
+ * freed, or counted on while its rank still maps it. */
 void pool_owner_gone(struct pool *pool, const void *owner);
-/* Device segments kept for reuse, and device bytes per GPU (for status
- * and tests). */
+/* Segments kept for reuse (host and device), their bytes, and device
+ * bytes per GPU (for status and tests). */
 size_t pool_kept_count(const struct pool *pool);
+uint64_t pool_kept(const struct pool *pool);
 uint64_t pool_device_used(const struct pool *pool, int device);
 uint64_t pool_gpu_capacity(const struct pool *pool);
 

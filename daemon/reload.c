@@ -25,6 +25,7 @@
 #include "daemon/config.h"
 #include "daemon/log.h"
 #include "daemon/notify.h"
+#include "daemon/pool.h"
 #include "daemon/reload.h"
 #include "daemon/server.h"
 
@@ -141,6 +142,7 @@ void reload_run(struct server *srv) {
     *srv->cfg = next;
     log_set_level(next.log_level);
     srv->engine_threads = server_engine_threads(&next);
+    pool_use_huge_pages(srv->pool, next.pool_huge_pages);
     /* What was read, as the start line says it: a default file that does
      * not exist was not read, and the defaults and flags were applied. */
     char source[PATH_MAX + 96];

@@ -13,6 +13,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <signal.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -387,8 +388,12 @@ static int finish_loop(uv_loop_t *loop) {
 uint32_t server_engine_threads(const struct config *cfg) {
   if (cfg->engine_threads > 0)
     return cfg->engine_threads;
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  return cpus >= 4 ? 4 : cpus > 1 ? (uint32_t)cpus : 1;
+  /* The CPUs this daemon may run on (a cpuset or taskset may give it fewer
+   * than the machine has), at most the engine's 64. */
+  cpu_set_t set;
+  int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+                                                          : 1;
+  return cpus > 64 ? 64 : cpus > 1 ? (uint32_t)cpus : 1;
 }
 
 int server_run(const struct config_origin *origin, struct config *cfg,
@@ -458,6 +463,7 @@ int server_run(const struct config_origin *origin, struct config *cfg,
   srv.listen_poll.data = &srv;
   uv_poll_start(&srv.listen_poll, UV_READABLE, on_listen);
   pool_free_on_workers(srv.pool, &loop);
+  pool_use_huge_pages(srv.pool, cfg->pool_huge_pages);
   loopwatch_start(&srv);
   start_watchdog(&srv);
   start_pool_watch(&srv);

@@ -129,7 +129,7 @@ void server_stop(struct server *srv, bool at_once, int job_code, int code,
  * descriptor and closes it, so that the listener stops being readable;
  * false when no spare descriptor could be had. */
 bool server_shed(struct server *srv, int listen_fd);
-/* engine_threads resolved: 0 means min(4, online CPUs). */
+/* engine_threads resolved: 0 means the CPUs the daemon may run on. */
 uint32_t server_engine_threads(const struct config *cfg);
 
 #endif /* SP_DAEMON_SERVER_H */

@@ -18,7 +18,7 @@
 void status_pack(struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
   /* Segments whose ranks closed them are freed before they are counted. */
   pool_collect(srv->pool);
-  sp_msgbuf_begin(mb, "status", id, 15);
+  sp_msgbuf_begin(mb, "status", id, 16);
   msgpack_packer *pk = &mb->pk;
   sp_pack_kv_str(pk, "daemon_version", SP_VERSION);
   sp_pack_kv_u64(pk, "protocol_version", SP_PROTOCOL_VERSION);
@@ -43,6 +43,9 @@ void status_pack(struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
   sp_pack_kv_u64(pk, "pool_capacity", pool_capacity(srv->pool));
   /* Released segments their ranks still hold (part of pool_used). */
   sp_pack_kv_u64(pk, "pool_held", pool_held(srv->pool));
+  /* Released segments kept for their owners' next exports (part of
+   * pool_used). */
+  sp_pack_kv_u64(pk, "pool_warm", pool_kept(srv->pool));
   /* Where other daemons reach this one ("" when peer_listen is off). */
   sp_pack_kv_str(pk, "peer_address", srv->peer_address);
   /* Stopping: new work is refused while running exports finish. */

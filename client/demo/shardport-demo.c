@@ -10,7 +10,8 @@
  * replicated and plain tensors, experts held whole by one rank, in bfloat16
  * and float32, several tensors per memfd storage at aligned offsets.  Each
  * rank registers, exports, checks every tensor it owns against the
- * original, releases, checks that its registered memory is byte for byte
+ * original, releases (as many times as --exports says: a job that exports
+ * every few steps), checks that its registered memory is byte for byte
  * what it wrote, and leaves; then it sends rank 0 what it owned, and rank 0
  * checks that every key was owned exactly once and prints one summary line.
  *
@@ -43,6 +44,8 @@
 #define ALIGN 64
 /* Bytes that fill a storage between tensors: they must survive too. */
 #define FILLER 0xa5
+/* Exports one run may make in a row (--exports). */
+#define MAX_EXPORTS 16
 
 /* ---- options ---- */
 
@@ -57,6 +60,7 @@ struct opts {
   uint64_t max_bytes;
   uint32_t timeout_ms;
   const char *status_cmd;
+  uint32_t exports;
   bool machine;
 };
 
@@ -79,9 +83,13 @@ static void usage(FILE *f) {
           "daemon's)\n"
           "      --status-cmd CMD run CMD with /bin/sh once while the export "
           "moves data\n"
+          "      --exports N      export, check and release N times in a "
+          "row (default 1,\n"
+          "                       at most %d); the summary gives the first "
+          "and the last\n"
           "      --machine        print the summary as key=value pairs\n"
           "  -h, --help           this text\n",
-          MAX_RANKS, MAX_NODES);
+          MAX_RANKS, MAX_NODES, MAX_EXPORTS);
 }
 
 static int parse_u64(const char *s, uint64_t max, uint64_t *out) {
@@ -95,7 +103,7 @@ static int parse_u64(const char *s, uint64_t max, uint64_t *out) {
 }
 
 static int parse_opts(int argc, char **argv, struct opts *o) {
-  enum { MAX_KEYS = 256, MAX_BYTES, TIMEOUT, STATUS_CMD, MACHINE };
+  enum { MAX_KEYS = 256, MAX_BYTES, TIMEOUT, STATUS_CMD, EXPORTS, MACHINE };
   static const struct option longopts[] = {
       {"ranks", required_argument, NULL, 'r'},
       {"scale", required_argument, NULL, 'S'},
@@ -104,11 +112,12 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
       {"max-bytes", required_argument, NULL, MAX_BYTES},
       {"timeout-ms", required_argument, NULL, TIMEOUT},
       {"status-cmd", required_argument, NULL, STATUS_CMD},
+      {"exports", required_argument, NULL, EXPORTS},
       {"machine", no_argument, NULL, MACHINE},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
-  *o = (struct opts){.ranks = 4, .scale = 1.0};
+  *o = (struct opts){.ranks = 4, .scale = 1.0, .exports = 1};
   int c;
   uint64_t v;
   while ((c = getopt_long(argc, argv, "r:S:s:h", longopts, NULL)) != -1) {
@@ -146,6 +155,11 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
       break;
     case STATUS_CMD:
       o->status_cmd = optarg;
+      break;
+    case EXPORTS:
+      if (parse_u64(optarg, MAX_EXPORTS, &v) < 0 || v == 0)
+        return -1;
+      o->exports = (uint32_t)v;
       break;
     case MACHINE:
       o->machine = true;
@@ -438,7 +452,8 @@ static void free_rank(struct rank_state *s) {
 
 struct result {
   int ok;
-  double t_start, t_end; /* CLOCK_MONOTONIC around sp_export, seconds */
+  /* CLOCK_MONOTONIC around each sp_export, seconds. */
+  double t_start[MAX_EXPORTS], t_end[MAX_EXPORTS];
   uint64_t owned, owned_bytes, identity_bytes;
   char error[512];
 };
@@ -653,8 +668,10 @@ static int verify_tensor(const struct key *k, const sp_owned_tensor *t,
   return 0;
 }
 
+/* Checks every tensor of set and marks it in owned (nkeys entries: none
+ * twice); the first export's (count) is what the rank reports. */
 static int verify_owned(const struct rank_state *s, const sp_owned_set *set,
-                        uint8_t *owned, struct result *r) {
+                        uint8_t *owned, bool count, struct result *r) {
   for (size_t i = 0; i < set->ntensors; i++) {
     const sp_owned_tensor *t = &set->tensors[i];
     uint32_t index;
@@ -666,6 +683,8 @@ static int verify_owned(const struct rank_state *s, const sp_owned_set *set,
     owned[index] = 1;
     if (verify_tensor(k, t, r) < 0)
       return -1;
+    if (!count)
+      continue;
     r->owned++;
     r->owned_bytes += nbytes(k);
     if (t->identity)
@@ -699,6 +718,7 @@ static int run_rank(const struct opts *o, const struct model *m,
   struct rank_state s = {.m = m, .rank = rank};
   sp_client *c = NULL;
   sp_owned_set *set = NULL;
+  uint8_t *again = NULL;
   int rc = -1, e;
   if (plan_rank(&s) < 0) {
     fail(r, "out of memory");
@@ -738,33 +758,44 @@ static int run_rank(const struct opts *o, const struct model *m,
   if (register_all(c, &s, r) < 0)
     goto out;
 
+  again = calloc(s.m->nkeys, 1);
+  if (again == NULL) {
+    fail(r, "out of memory");
+    goto out;
+  }
   sp_export_opts eo = {.max_keys = o->max_keys, .max_bytes = o->max_bytes,
                        .timeout_ms = o->timeout_ms};
   if (pr) {
     eo.progress = on_progress;
     eo.progress_arg = pr;
   }
-  r->t_start = now_s();
-  e = sp_export(c, &eo, &set);
-  r->t_end = now_s();
-  if (pr && pr->tty)
-    fprintf(stderr, "\r\033[K");
-  /* An export too quick to catch moving still shows its status, done. */
-  if (e == 0 && pr && pr->status_cmd && !pr->status_done) {
-    pr->status_done = true;
-    run_status(pr->status_cmd);
-  }
-  if (e < 0) {
-    fail_sp(r, c, "export", e);
-    goto out;
-  }
-  if (verify_owned(&s, set, owned, r) < 0)
-    goto out;
-  e = sp_release(c, set);
-  set = NULL;
-  if (e < 0) {
-    fail_sp(r, c, "release", e);
-    goto out;
+  for (uint32_t x = 0; x < o->exports; x++) {
+    r->t_start[x] = now_s();
+    e = sp_export(c, &eo, &set);
+    r->t_end[x] = now_s();
+    if (pr && pr->tty)
+      fprintf(stderr, "\r\033[K");
+    /* An export too quick to catch moving still shows its status, done. */
+    if (e == 0 && pr && pr->status_cmd && !pr->status_done) {
+      pr->status_done = true;
+      run_status(pr->status_cmd);
+    }
+    if (e < 0) {
+      fail_sp(r, c, "export", e);
+      goto out;
+    }
+    /* The first export's keys are the rank's; a later one's are checked
+     * as carefully. */
+    if (x > 0)
+      memset(again, 0, s.m->nkeys);
+    if (verify_owned(&s, set, x == 0 ? owned : again, x == 0, r) < 0)
+      goto out;
+    e = sp_release(c, set);
+    set = NULL;
+    if (e < 0) {
+      fail_sp(r, c, "release", e);
+      goto out;
+    }
   }
   if (verify_storages(&s, r) < 0)
     goto out;
@@ -777,6 +808,7 @@ out:
   if (set)
     sp_release(c, set);
   sp_close(c);
+  free(again);
   free_rank(&s);
   r->ok = rc == 0;
   return rc;
@@ -840,6 +872,7 @@ int main(int argc, char **argv) {
   }
 
   int ticket_out[MAX_RANKS];
+  ticket_out[0] = -1; /* rank 0 passes the ticket, it takes none */
   for (uint32_t i = 1; i < o.ranks; i++)
     ticket_out[i] = ticket_pipe[i][1];
   struct progress pr = {.tty = isatty(STDERR_FILENO) && !o.machine,
@@ -879,16 +912,24 @@ int main(int argc, char **argv) {
 
   /* Every key owned by exactly one rank. */
   uint64_t total_bytes = 0, identity_bytes = 0, max_owned = 0;
-  double last_start = 0, last_end = 0;
+  /* Each export runs once every rank has asked: from the last request to
+   * the last rank holding its tensors. */
+  double secs[MAX_EXPORTS] = {0};
+  for (uint32_t x = 0; x < o.exports && ok; x++) {
+    double last_start = 0, last_end = 0;
+    for (uint32_t i = 0; i < o.ranks; i++) {
+      if (results[i].t_start[x] > last_start)
+        last_start = results[i].t_start[x];
+      if (results[i].t_end[x] > last_end)
+        last_end = results[i].t_end[x];
+    }
+    secs[x] = last_end - last_start;
+  }
   for (uint32_t i = 0; i < o.ranks && ok; i++) {
     total_bytes += results[i].owned_bytes;
     identity_bytes += results[i].identity_bytes;
     if (results[i].owned_bytes > max_owned)
       max_owned = results[i].owned_bytes;
-    if (results[i].t_start > last_start)
-      last_start = results[i].t_start;
-    if (results[i].t_end > last_end)
-      last_end = results[i].t_end;
   }
   for (size_t k = 0; k < m.nkeys && ok; k++)
     if (owned[k] != 1) {
@@ -902,9 +943,7 @@ int main(int argc, char **argv) {
     ok = false;
   }
   if (ok) {
-    /* The export runs once every rank has asked: from the last request to
-     * the last rank holding its tensors. */
-    double secs = last_end - last_start;
+    double first = secs[0], last = secs[o.exports - 1];
     /* The figures status and the daemon's log show for the export: the
      * bytes moved into the pool (keys already whole where they are move
      * nothing), in the same units. */
@@ -913,23 +952,26 @@ int main(int argc, char **argv) {
     sp_format_bytes(m.bytes, model, sizeof model);
     sp_format_bytes(moved, moved_text, sizeof moved_text);
     sp_format_bytes(identity_bytes, in_place, sizeof in_place);
-    sp_format_bytes(secs > 0 ? (uint64_t)((double)moved / secs) : 0, rate,
+    sp_format_bytes(first > 0 ? (uint64_t)((double)moved / first) : 0, rate,
                     sizeof rate);
     if (o.machine)
       printf("ranks=%u keys=%zu bytes=%llu pool_bytes=%llu "
              "identity_bytes=%llu max_rank_bytes=%llu seconds=%.6f "
-             "verified=1 nodes=%u\n",
+             "verified=1 nodes=%u exports=%u seconds_last=%.6f\n",
              o.ranks, m.nkeys, (unsigned long long)m.bytes,
              (unsigned long long)(m.bytes - identity_bytes),
              (unsigned long long)identity_bytes,
-             (unsigned long long)max_owned, secs,
-             o.nsockets > 1 ? o.nsockets : 1);
+             (unsigned long long)max_owned, first,
+             o.nsockets > 1 ? o.nsockets : 1, o.exports, last);
     else
       printf("shardport-demo: %u ranks%s exported %zu keys of %s (%s "
              "already whole where they were): moved %s in %.3f s (%s/s); "
              "every owned tensor verified OK\n",
              o.ranks, o.nsockets > 1 ? " on several daemons" : "", m.nkeys,
-             model, in_place, moved_text, secs, rate);
+             model, in_place, moved_text, first, rate);
+    if (!o.machine && o.exports > 1)
+      printf("shardport-demo: %u exports in a row, the last in %.3f s\n",
+             o.exports, last);
   }
   free(owned);
   free(theirs);

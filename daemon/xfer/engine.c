@@ -7,20 +7,33 @@
  * wakes the loop through the notify callback (a uv_async_send).
  *
  * Each round is cut into items that its copying threads take in turn: a
- * slice of at most ENGINE_CHUNK bytes of whole dim-0 rows of one move, or,
- * for a key with affine replicas, all of that key's moves to its owner
- * (replicas are compared with what an earlier holder wrote, so they run in
- * order on one thread, on the owner's node: moves packed for another node
- * are plain slices).  Threads look at the cancel flag between items, so
- * a lost rank stops an export within milliseconds.  The owners' segments
- * are populated first, by the same threads: a fresh memfd page costs a
- * fault on first write, which populating in bulk avoids.
+ * slice of whole dim-0 rows of one large move, a run of small whole moves
+ * kept together, or, for a key with affine replicas, all of that key's
+ * moves to its owner (replicas are compared with what an earlier holder
+ * wrote, so they run in order on one thread, on the owner's node: moves
+ * packed for another node are plain slices).  An item holds about a
+ * quarter of the round's bytes per thread (between ENGINE_MIN_CHUNK and
+ * ENGINE_CHUNK), so that every thread has work until the round's end and
+ * a small move costs no more than its copy.  Threads look at the cancel
+ * flag between items, so a lost rank stops an export within milliseconds.
+ *
+ * A fresh memfd page costs a fault and its zeroing on first write, more
+ * than the copy into it, so the segments are made present in bulk by the
+ * same threads (MADV_POPULATE_WRITE, or touching each page on kernels
+ * without it): round 1's tensors before it starts, and each next round's
+ * tensors as items after the current round's copies, so that threads done
+ * with their copies prepare the next round while the others finish (across
+ * nodes, before the exchange: it may receive into them ahead).  A
+ * segment kept from its owner's earlier export (dst_warm) needs none of
+ * that: its pages are present, every tensor is overwritten, and only the
+ * bytes between and after the tensors are zeroed.
  *
  * Reading a trainer's mapping can fault: a trainer that truncates its memfd
  * after registering it turns the daemon's next read into SIGBUS.  Copying
  * threads work under the SIGBUS guard (thread.h), which turns that fault
  * into a failed export naming the rank and key instead of a dead daemon.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -28,6 +41,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "daemon/xfer/copy.h"
 #include "daemon/xfer/engine.h"
@@ -36,23 +50,32 @@
 #include "daemon/xfer/thread.h"
 #include "shardport.h"
 
-/* The most bytes one item copies (or populates). */
+/* The most and the fewest bytes one item copies (or populates). */
 #define ENGINE_CHUNK (32u << 20)
+#define ENGINE_MIN_CHUNK (1u << 20)
+#define ENGINE_ITEMS_PER_THREAD 4
 #define ENGINE_MAX_THREADS 64
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
 
-enum item_kind { ITEM_POPULATE, ITEM_SLICE, ITEM_REPLICAS };
+enum item_kind {
+  ITEM_POPULATE, /* make addr[0..len) present */
+  ITEM_GAPS,     /* zero a warm segment's bytes outside its tensors */
+  ITEM_SLICE,    /* rows [row, row + rows) of one move */
+  ITEM_MOVES,    /* nmoves whole moves */
+  ITEM_REPLICAS  /* one key's nmoves moves to its owner, in order */
+};
 
 struct engine_item {
   enum item_kind kind;
   const struct plan_move *move; /* the slice's move, or a run's first */
-  size_t nmoves;                /* ITEM_REPLICAS */
+  size_t nmoves;                /* ITEM_MOVES, ITEM_REPLICAS */
   int64_t row, rows;            /* ITEM_SLICE: dim-0 rows */
   uint8_t *addr;                /* ITEM_POPULATE */
   size_t len;
+  uint32_t rank; /* ITEM_GAPS: the owner */
 };
 
 /* One copying thread's own state. */
@@ -252,6 +275,45 @@ static void report_fault(struct worker *w, const void *fault) {
               m->src, e->src[m->src][m->from->storage].sid, key->name);
 }
 
+/* Kernels before 5.14 refuse MADV_POPULATE_WRITE (EINVAL): pages are then
+ * touched one by one, once per page, by writing the zero they hold (only
+ * fresh segments are populated, and only the whole pages of a range, so
+ * that no page a copy may be writing is touched). */
+static atomic_bool populate_unsupported;
+
+static void populate(uint8_t *addr, size_t len) {
+  if (!atomic_load_explicit(&populate_unsupported, memory_order_relaxed)) {
+    if (madvise(addr, len, MADV_POPULATE_WRITE) == 0 || errno != EINVAL)
+      return;
+    atomic_store(&populate_unsupported, true);
+  }
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  for (size_t off = 0; off < len; off += page)
+    ((volatile uint8_t *)addr)[off] = 0;
+}
+
+/* Zeroes the bytes of rank's warm segment that no tensor of this export
+ * covers: between the tensors (laid out in key order, publish.h) and after
+ * the last one. */
+static void zero_gaps(struct engine *e, uint32_t rank) {
+  const struct plan *plan = e->plan;
+  uint8_t *base = e->dst[rank];
+  uint64_t at = 0;
+  for (size_t k = 0; k < plan->nkeys; k++) {
+    const struct plan_key *key = &plan->keys[k];
+    if (key->owner != rank ||
+        (key->kind != PLAN_KEY_MOVE && key->kind != PLAN_KEY_EMPTY))
+      continue;
+    uint64_t off = e->key_offset[k];
+    if (off > at)
+      memset(base + at, 0, (size_t)(off - at));
+    if (off + key->nbytes > at)
+      at = off + key->nbytes;
+  }
+  if (e->dst_size[rank] > at)
+    memset(base + at, 0, (size_t)(e->dst_size[rank] - at));
+}
+
 /* Takes the round's items until none is left or the run stops. */
 static void take_items(void *arg) {
   struct worker *w = arg;
@@ -264,14 +326,25 @@ static void take_items(void *arg) {
     switch (it->kind) {
     case ITEM_POPULATE:
       w->current = NULL;
-      /* Best effort: without it (old kernels) pages fault in as written. */
-      madvise(it->addr, it->len, MADV_POPULATE_WRITE);
+      populate(it->addr, it->len);
       atomic_fetch_add_explicit(&e->bytes_prepared, it->len,
+                                memory_order_relaxed);
+      break;
+    case ITEM_GAPS:
+      w->current = NULL;
+      zero_gaps(e, it->rank);
+      atomic_fetch_add_explicit(&e->bytes_prepared, e->dst_size[it->rank],
                                 memory_order_relaxed);
       break;
     case ITEM_SLICE:
       w->current = it->move;
       copy_slice(w, it->move, it->row, it->rows);
+      break;
+    case ITEM_MOVES:
+      for (size_t k = 0; k < it->nmoves; k++) {
+        w->current = it->move + k;
+        copy_slice(w, it->move + k, 0, move_rows(it->move + k, e->plan));
+      }
       break;
     case ITEM_REPLICAS:
       run_replicas(w, it);
@@ -339,9 +412,13 @@ enum cut_kind { CUT_ASSEMBLE, CUT_PACK };
 
 /* A round's moves as items: when assembling, a key's run of moves to one
  * owner (sorted by owner, key, source, piece) is one item when it holds
- * replicas; every other move is cut into slices of whole rows. */
+ * replicas; a move larger than the chunk is cut into slices of whole rows;
+ * consecutive smaller ones are kept together up to the chunk. */
 static void cut_moves(struct engine *e, enum cut_kind kind,
                       const struct plan_move *moves, size_t n) {
+  uint64_t chunk = e->chunk;
+  size_t run = 0;         /* small moves gathered: moves[i - run .. i) */
+  uint64_t run_bytes = 0;
   for (size_t i = 0; i < n;) {
     size_t j = i;
     bool replicas = false;
@@ -351,6 +428,12 @@ static void cut_moves(struct engine *e, enum cut_kind kind,
       j++;
     }
     if (replicas && kind == CUT_ASSEMBLE) {
+      if (run > 0)
+        add_item(e, (struct engine_item){.kind = ITEM_MOVES,
+                                         .move = &moves[i - run],
+                                         .nmoves = run});
+      run = 0;
+      run_bytes = 0;
       add_item(e, (struct engine_item){.kind = ITEM_REPLICAS,
                                        .move = &moves[i],
                                        .nmoves = j - i});
@@ -358,10 +441,28 @@ static void cut_moves(struct engine *e, enum cut_kind kind,
       continue;
     }
     for (; i < j; i++) {
+      if (moves[i].nbytes <= chunk) {
+        if (run > 0 && run_bytes + moves[i].nbytes > chunk) {
+          add_item(e, (struct engine_item){.kind = ITEM_MOVES,
+                                           .move = &moves[i - run],
+                                           .nmoves = run});
+          run = 0;
+          run_bytes = 0;
+        }
+        run++;
+        run_bytes += moves[i].nbytes;
+        continue;
+      }
+      if (run > 0)
+        add_item(e, (struct engine_item){.kind = ITEM_MOVES,
+                                         .move = &moves[i - run],
+                                         .nmoves = run});
+      run = 0;
+      run_bytes = 0;
       int64_t rows = move_rows(&moves[i], e->plan);
       uint64_t row_bytes = moves[i].nbytes / (uint64_t)rows;
-      int64_t per = row_bytes > 0 && row_bytes < ENGINE_CHUNK
-                        ? (int64_t)(ENGINE_CHUNK / row_bytes)
+      int64_t per = row_bytes > 0 && row_bytes < chunk
+                        ? (int64_t)(chunk / row_bytes)
                         : 1;
       for (int64_t r = 0; r < rows; r += per)
         add_item(e,
@@ -371,31 +472,96 @@ static void cut_moves(struct engine *e, enum cut_kind kind,
                                       .rows = rows - r < per ? rows - r : per});
     }
   }
+  if (run > 0)
+    add_item(e, (struct engine_item){.kind = ITEM_MOVES,
+                                     .move = &moves[n - run],
+                                     .nmoves = run});
 }
 
-static void cut_populate(struct engine *e) {
-  for (uint32_t r = 0; r < e->plan->world; r++)
-    for (uint64_t at = 0; at < e->dst_size[r]; at += ENGINE_CHUNK) {
-      uint64_t len = e->dst_size[r] - at;
-      add_item(e, (struct engine_item){
-                      .kind = ITEM_POPULATE,
-                      .addr = e->dst[r] + at,
-                      .len = len < ENGINE_CHUNK ? len : ENGINE_CHUNK});
+/* A range of a fresh segment to make present, as items of at most a chunk,
+ * reduced to the whole pages inside it (a page at its edge may hold a
+ * tensor of another round, which a copy may be writing). */
+static void add_populate(struct engine *e, uint8_t *addr, uint64_t len) {
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  uintptr_t from = ((uintptr_t)addr + page - 1) & ~(page - 1);
+  uintptr_t to = ((uintptr_t)addr + len) & ~(page - 1);
+  for (uintptr_t at = from; at < to; at += e->chunk) {
+    uintptr_t n = to - at < e->chunk ? to - at : e->chunk;
+    add_item(e, (struct engine_item){
+                    .kind = ITEM_POPULATE, .addr = (uint8_t *)at, .len = n});
+  }
+}
+
+/* The tensors round (0-based) assembles in this node's fresh segments,
+ * made present; tensors of one owner that touch (no padding between them,
+ * so no other round's tensor either) are one range. */
+static void cut_populate(struct engine *e, size_t round) {
+  if (round >= e->plan->nrounds)
+    return;
+  const struct plan *plan = e->plan;
+  const struct plan_round *rd = &plan->rounds[round];
+  uint32_t owner = PLAN_NONE;
+  uint64_t from = 0, to = 0;
+  for (size_t i = 0; i <= rd->nkeys; i++) {
+    const struct plan_key *key =
+        i < rd->nkeys ? &plan->keys[plan->transfer[rd->first + i]] : NULL;
+    uint64_t off = key != NULL ? e->key_offset[key - plan->keys] : 0;
+    if (key != NULL && key->owner == owner && off == to) {
+      to = off + key->nbytes;
+      continue;
     }
+    if (owner != PLAN_NONE && to > from)
+      add_populate(e, e->dst[owner] + from, to - from);
+    owner = PLAN_NONE;
+    if (key == NULL || e->dst[key->owner] == NULL ||
+        (e->dst_warm != NULL && e->dst_warm[key->owner]))
+      continue;
+    owner = key->owner;
+    from = off;
+    to = off + key->nbytes;
+  }
 }
 
-/* Builds the items of one step: populating the segments (round < 0), or
- * copying the moves a[0..na) and b[0..nb) of a round. */
+/* Before round 1: round 1's tensors made present in fresh segments, and
+ * warm segments' bytes outside their tensors zeroed. */
+static void cut_prepare(struct engine *e) {
+  for (uint32_t r = 0; r < e->plan->world; r++)
+    if (e->dst[r] != NULL && e->dst_warm != NULL && e->dst_warm[r])
+      add_item(e, (struct engine_item){.kind = ITEM_GAPS, .rank = r});
+  cut_populate(e, 0);
+}
+
+/* The bytes one item holds in a round of bytes: about
+ * ENGINE_ITEMS_PER_THREAD items per thread, within the chunk bounds. */
+static uint64_t chunk_for(const struct engine *e, uint64_t bytes) {
+  uint64_t c = bytes / ((uint64_t)e->threads * ENGINE_ITEMS_PER_THREAD);
+  return c < ENGINE_MIN_CHUNK ? ENGINE_MIN_CHUNK
+         : c > ENGINE_CHUNK   ? ENGINE_CHUNK
+                              : c;
+}
+
+/* Builds the items of one step: preparing the segments (round < 0), or
+ * copying the moves a[0..na) and b[0..nb) of a round, followed by making
+ * the next round's tensors present when ahead is set. */
 static int cut(struct engine *e, long round, enum cut_kind kind,
                const struct plan_move *a, size_t na, const struct plan_move *b,
-               size_t nb) {
+               size_t nb, bool ahead) {
+  uint64_t bytes = 0;
+  if (round >= 0)
+    bytes = e->plan->rounds[round].nbytes;
+  else
+    for (uint32_t r = 0; r < e->plan->world; r++)
+      bytes += e->dst_size[r];
+  e->chunk = chunk_for(e, bytes);
   for (int pass = 0; pass < 2; pass++) {
     e->nitems = 0;
     if (round < 0) {
-      cut_populate(e);
+      cut_prepare(e);
     } else {
       cut_moves(e, kind, a, na);
       cut_moves(e, kind, b, nb);
+      if (ahead)
+        cut_populate(e, (size_t)round + 1);
     }
     if (pass == 0) {
       e->items = malloc((e->nitems > 0 ? e->nitems : 1) * sizeof *e->items);
@@ -403,6 +569,15 @@ static int cut(struct engine *e, long round, enum cut_kind kind,
         return engine_fail(e, SP_ENOMEM, "out of memory cutting round %ld",
                            round + 1);
     }
+  }
+  if (round < 0) {
+    /* Progress counts the segments whole: what no item of this step
+     * prepares (later rounds' tensors, padding) counts as prepared now. */
+    uint64_t later = bytes;
+    for (size_t i = 0; i < e->nitems; i++)
+      later -= e->items[i].kind == ITEM_GAPS ? e->dst_size[e->items[i].rank]
+                                              : e->items[i].len;
+    atomic_fetch_add_explicit(&e->bytes_prepared, later, memory_order_relaxed);
   }
   return 0;
 }
@@ -431,8 +606,10 @@ static void run_remote_round(struct engine *e, size_t round,
   const struct plan_move *lists[3] = {rr.pack, rr.early, rr.late};
   size_t counts[3] = {rr.npack, rr.nearly, rr.nlate};
   for (int step = 0; step < 3 && !stopped(e); step++) {
+    /* The next round's tensors are made present before the exchange,
+     * which may receive into them ahead (remote.c). */
     if (cut(e, (long)round, step == 0 ? CUT_PACK : CUT_ASSEMBLE, lists[step],
-            counts[step], NULL, 0) != 0)
+            counts[step], NULL, 0, step == 0) != 0)
       return;
     run_items(e, workers, step == 1 ? exchange : NULL);
     free(e->items);
@@ -474,7 +651,7 @@ int engine_run(struct engine *e) {
       const struct plan_round *rd = r >= 0 ? &e->plan->rounds[r] : NULL;
       if (cut(e, r, CUT_ASSEMBLE, rd != NULL ? rd->local : NULL,
               rd != NULL ? rd->nlocal : 0, rd != NULL ? rd->moves : NULL,
-              rd != NULL ? rd->nmoves : 0) != 0)
+              rd != NULL ? rd->nmoves : 0, true) != 0)
         break;
       run_items(e, workers, NULL);
     }

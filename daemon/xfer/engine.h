@@ -47,6 +47,9 @@ struct engine {
   const struct xfer_storage *const *src; /* [world]: each rank's storages */
   uint8_t *const *dst;                   /* [world]: owner's segment */
   const uint64_t *dst_size;              /* [world] */
+  /* [world]: a segment kept from its owner's earlier export (pool.h):
+   * present pages holding that owner's earlier tensors.  NULL: none. */
+  const bool *dst_warm;
   const uint64_t *key_offset;            /* [nkeys]: publish_layout offsets */
   uint32_t threads;                      /* copying threads, at least 1 */
   uint32_t round_delay_ms;               /* test seam */
@@ -78,6 +81,7 @@ struct engine {
   /* The current round's work, shared by its copying threads. */
   struct engine_item *items;
   size_t nitems;
+  uint64_t chunk; /* the bytes one item holds */
   _Atomic size_t next_item;
   _Atomic bool failed;
   pthread_mutex_t fail_lock;

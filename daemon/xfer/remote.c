@@ -27,7 +27,17 @@
  * The round's local moves (both ranks on this node) are copied by the
  * engine's threads while the exchange runs on the engine's own thread
  * (engine.c); xfer_exchange() serves every peer at once from that one
- * thread.  The exchange reports every byte it moves, so that a slow peer is
+ * thread.
+ *
+ * Rounds overlap on the wire: while a round is exchanged, each peer's
+ * byte stream goes on into the next round's, as far as that round's moves
+ * go straight (from a trainer's storage, into an owner's tensor; its
+ * tensors are made present before, engine.c), up to its first move that
+ * goes through staging, which waits for its round.  Those bytes are
+ * optional (stream.h): the round ends when its own bytes are moved, and
+ * the next round starts where its stream stopped.  Tensors of different
+ * rounds are different keys, so a byte moved ahead never lands where the
+ * current round writes, and staging still holds one round at most.  The exchange reports every byte it moves, so that a slow peer is
  * never mistaken for a lost one; a peer that moves nothing for the export's
  * timeout, or whose connection ends, fails the export naming that node.
  */
@@ -81,6 +91,15 @@ struct remote {
   size_t staging_cap;
   uint8_t *deferred; /* [nkeys]: a replica key whose moves run late */
   _Atomic uint64_t *bytes_moved;
+  /* Per peer: the regions of the round's own bytes in send and recv (the
+   * rest are the next round's), those bytes, and how many of them were
+   * moved ahead, during the previous round. */
+  size_t *own_send, *own_recv;
+  uint64_t *own_send_bytes, *own_recv_bytes;
+  uint64_t *ahead_sent, *ahead_recv;
+  /* Per peer, while the next round's regions are listed: whether a move
+   * through staging was met, after which its stream waits. */
+  bool *stop_send, *stop_recv;
 };
 
 static int grow_moves(struct plan_move **a, uint64_t **off, size_t *cap,
@@ -210,8 +229,20 @@ int remote_new(const struct remote_setup *s, struct remote **out) {
   r->seen_sent = calloc(s->nnodes, sizeof *r->seen_sent);
   r->seen_recv = calloc(s->nnodes, sizeof *r->seen_recv);
   r->deferred = calloc(s->plan->nkeys > 0 ? s->plan->nkeys : 1, 1);
+  r->own_send = calloc(s->nnodes, sizeof *r->own_send);
+  r->own_recv = calloc(s->nnodes, sizeof *r->own_recv);
+  r->own_send_bytes = calloc(s->nnodes, sizeof *r->own_send_bytes);
+  r->own_recv_bytes = calloc(s->nnodes, sizeof *r->own_recv_bytes);
+  r->ahead_sent = calloc(s->nnodes, sizeof *r->ahead_sent);
+  r->ahead_recv = calloc(s->nnodes, sizeof *r->ahead_recv);
+  r->stop_send = calloc(s->nnodes, sizeof *r->stop_send);
+  r->stop_recv = calloc(s->nnodes, sizeof *r->stop_recv);
   if (r->peers == NULL || r->send == NULL || r->recv == NULL || r->xp == NULL ||
-      r->seen_sent == NULL || r->seen_recv == NULL || r->deferred == NULL) {
+      r->seen_sent == NULL || r->seen_recv == NULL || r->deferred == NULL ||
+      r->own_send == NULL || r->own_recv == NULL ||
+      r->own_send_bytes == NULL || r->own_recv_bytes == NULL ||
+      r->ahead_sent == NULL || r->ahead_recv == NULL ||
+      r->stop_send == NULL || r->stop_recv == NULL) {
     remote_free(r);
     return SP_ENOMEM;
   }
@@ -259,6 +290,14 @@ void remote_free(struct remote *r) {
   free(r->order_off);
   free(r->staging);
   free(r->deferred);
+  free(r->own_send);
+  free(r->own_recv);
+  free(r->own_send_bytes);
+  free(r->own_recv_bytes);
+  free(r->ahead_sent);
+  free(r->ahead_recv);
+  free(r->stop_send);
+  free(r->stop_recv);
   free(r);
 }
 
@@ -381,9 +420,34 @@ static int split_local(struct remote *r, const struct plan_round *rd) {
   return 0;
 }
 
-/* The round's iovecs, walking the buckets as classify() did. */
-static int build_iovs(struct remote *r, const struct plan_round *rd) {
+/* Where a move this node sends (out) leaves from, or one it receives
+ * lands, and its runs there; whether it goes straight, an iovec per run,
+ * rather than through staging. */
+static bool move_direct(const struct remote *r, const struct plan_move *m,
+                        bool out, struct runs *rs, uint8_t **base) {
+  size_t esz = esize_of(r, m);
+  struct sp_view sv;
+  struct plan_region dr;
+  plan_moves_regions(r->plan, m, &sv, &dr);
+  if (out) {
+    runs_of(sv.ndim, sv.shape, sv.stride, esz, rs);
+    *base = (uint8_t *)r->src[m->src][m->from->storage].data +
+            (size_t)sv.offset * esz;
+    return runs_direct(rs);
+  }
+  runs_of(dr.ndim, dr.shape, dr.stride, esz, rs);
+  *base = r->dst[m->dst] + r->key_offset[m->key] + (size_t)dr.offset * esz;
+  return runs_direct(rs) && !(m->flags & PLAN_MOVE_REPLICA);
+}
+
+/* A round's iovecs, walking the buckets as classify() did.  ahead: the
+ * next round's, after the current round's, each peer's stream only up to
+ * its first move through staging. */
+static int build_iovs(struct remote *r, const struct plan_round *rd,
+                      bool ahead) {
   size_t staged = 0;
+  for (uint32_t n = 0; ahead && n < r->nnodes; n++)
+    r->stop_send[n] = r->stop_recv[n] = false;
   for (size_t b = 0; b < rd->nbuckets; b++) {
     const struct plan_bucket *bk = &rd->buckets[b];
     uint32_t sn = node_of(r, bk->src), dn = node_of(r, bk->dst);
@@ -392,26 +456,18 @@ static int build_iovs(struct remote *r, const struct plan_round *rd) {
     if (out == in)
       continue;
     struct iovvec *v = out ? &r->send[dn] : &r->recv[sn];
-    for (size_t i = bk->first; i < bk->first + bk->nmoves; i++) {
+    bool *stop = out ? &r->stop_send[dn] : &r->stop_recv[sn];
+    for (size_t i = bk->first; i < bk->first + bk->nmoves && !(ahead && *stop);
+         i++) {
       const struct plan_move *m = &rd->moves[i];
-      size_t esz = esize_of(r, m);
-      struct sp_view sv;
-      struct plan_region dr;
       struct runs rs;
       uint8_t *base;
-      bool direct;
-      plan_moves_regions(r->plan, m, &sv, &dr);
-      if (out) {
-        runs_of(sv.ndim, sv.shape, sv.stride, esz, &rs);
-        direct = runs_direct(&rs);
-        base = (uint8_t *)r->src[m->src][m->from->storage].data +
-               (size_t)sv.offset * esz;
-      } else {
-        runs_of(dr.ndim, dr.shape, dr.stride, esz, &rs);
-        direct = runs_direct(&rs) && !(m->flags & PLAN_MOVE_REPLICA);
-        base = r->dst[m->dst] + r->key_offset[m->key] + (size_t)dr.offset * esz;
+      bool direct = move_direct(r, m, out, &rs, &base);
+      if (!direct && ahead) {
+        *stop = true;
+        continue;
       }
-      int rc = direct ? push_runs(v, base, &rs, esz, m)
+      int rc = direct ? push_runs(v, base, &rs, esize_of(r, m), m)
                       : iov_push(v, r->staging + r->order_off[staged++],
                                  (size_t)m->nbytes, m);
       if (rc != 0)
@@ -419,6 +475,13 @@ static int build_iovs(struct remote *r, const struct plan_round *rd) {
     }
   }
   return 0;
+}
+
+static uint64_t iovs_bytes(const struct iovvec *v, size_t from, size_t to) {
+  uint64_t n = 0;
+  for (size_t i = from; i < to; i++)
+    n += v->v[i].iov_len;
+  return n;
 }
 
 int remote_round(struct remote *r, size_t round, struct remote_round *out,
@@ -444,7 +507,15 @@ int remote_round(struct remote *r, size_t round, struct remote_round *out,
   if (rc == 0)
     rc = sort_late(r);
   if (rc == 0)
-    rc = build_iovs(r, rd);
+    rc = build_iovs(r, rd, false);
+  for (uint32_t n = 0; rc == 0 && n < r->nnodes; n++) {
+    r->own_send[n] = r->send[n].n;
+    r->own_recv[n] = r->recv[n].n;
+    r->own_send_bytes[n] = iovs_bytes(&r->send[n], 0, r->send[n].n);
+    r->own_recv_bytes[n] = iovs_bytes(&r->recv[n], 0, r->recv[n].n);
+  }
+  if (rc == 0 && round + 1 < r->plan->nrounds)
+    rc = build_iovs(r, &r->plan->rounds[round + 1], true);
   if (rc != 0) {
     snprintf(msg, msglen,
              "out of memory preparing round %zu of export %" PRIu64 " (%" PRIu64
@@ -521,11 +592,18 @@ int remote_exchange(struct remote *r, const atomic_bool *cancel,
     struct xfer_peer *p = &r->xp[n];
     *p = (struct xfer_peer){
         .sock = r->peers[n].sock,
-        .send = {.iov = r->send[n].v, .n = r->send[n].n},
-        .recv = {.iov = r->recv[n].v, .n = r->recv[n].n},
+        .send = {.iov = r->send[n].v,
+                 .n = r->send[n].n,
+                 .optional = r->send[n].n - r->own_send[n]},
+        .recv = {.iov = r->recv[n].v,
+                 .n = r->recv[n].n,
+                 .optional = r->recv[n].n - r->own_recv[n]},
     };
+    /* What the previous round moved of this one's. */
+    xfer_iovs_skip(&p->send, r->ahead_sent[n]);
+    xfer_iovs_skip(&p->recv, r->ahead_recv[n]);
     r->seen_sent[n] = r->seen_recv[n] = 0;
-    if ((p->send.n > 0 || p->recv.n > 0) && p->sock < 0) {
+    if ((r->own_send[n] > 0 || r->own_recv[n] > 0) && p->sock < 0) {
       r->ops.node_lost(r->ops.arg, n, r->peers[n].addr, r->export_id, 0, msg,
                        msglen);
       *lost_node = n;
@@ -538,7 +616,17 @@ int remote_exchange(struct remote *r, const atomic_bool *cancel,
                              .arg = r};
   size_t failed = 0;
   int rc = xfer_exchange(r->xp, r->nnodes, &watch, &failed);
-  if (rc == 0 || rc == 1)
+  if (rc == 0) {
+    /* Beyond this round's own bytes, the next round's moved ahead. */
+    for (uint32_t n = 0; n < r->nnodes; n++) {
+      r->ahead_sent[n] =
+          r->xp[n].sent - (r->own_send_bytes[n] - r->ahead_sent[n]);
+      r->ahead_recv[n] =
+          r->xp[n].received - (r->own_recv_bytes[n] - r->ahead_recv[n]);
+    }
+    return 0;
+  }
+  if (rc == 1)
     return rc;
   if (rc == SP_ENOMEM) {
     snprintf(msg, msglen, "out of memory exchanging export %" PRIu64,

@@ -14,6 +14,11 @@
 
 static bool iovs_finished(const struct xfer_iovs *v) { return v->next >= v->n; }
 
+/* Regions left that the exchange must move. */
+static bool iovs_needed(const struct xfer_iovs *v) {
+  return v->next < v->n - v->optional;
+}
+
 /* Skips empty regions so that a list of only empty ones counts as moved. */
 static void iovs_skip_empty(struct xfer_iovs *v) {
   while (v->next < v->n && v->iov[v->next].iov_len == v->done) {
@@ -43,6 +48,11 @@ static void iovs_advance(struct xfer_iovs *v, size_t bytes) {
     bytes -= step;
     iovs_skip_empty(v);
   }
+}
+
+void xfer_iovs_skip(struct xfer_iovs *v, uint64_t bytes) {
+  iovs_skip_empty(v);
+  iovs_advance(v, (size_t)bytes);
 }
 
 /* One non-blocking write or read: bytes moved, 0 when the socket is not
@@ -110,7 +120,7 @@ int xfer_exchange(struct xfer_peer *peers, size_t npeers,
         events |= POLLIN;
       pfd[i] = (struct pollfd){.fd = events ? peers[i].sock : -1,
                                .events = events};
-      if (events) {
+      if (iovs_needed(&peers[i].send) || iovs_needed(&peers[i].recv)) {
         busy++;
         *failed = i;
       }

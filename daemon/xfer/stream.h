@@ -20,10 +20,13 @@
 
 #include "daemon/xfer/layer.h"
 
-/* A list of regions and how far it has been moved. */
+/* A list of regions and how far it has been moved.  The last optional
+ * regions are moved only while the exchange lasts for the others (the next
+ * round's, moved ahead): the exchange ends without them. */
 struct xfer_iovs {
   struct iovec *iov;
   size_t n;
+  size_t optional;
   size_t next; /* first region not yet fully moved */
   size_t done; /* bytes of iov[next] already moved */
 };
@@ -50,8 +53,12 @@ struct xfer_watch {
 
 #define XFER_POLL_MS 100
 
+/* Marks the first bytes of the list as moved (they were, ahead of it). */
+void xfer_iovs_skip(struct xfer_iovs *v, uint64_t bytes);
+
 /*
- * Moves every region of every peer.  Returns 0 when all are moved; 1 when
+ * Moves every region of every peer, and of the optional ones what the
+ * sockets take meanwhile.  Returns 0 when all are moved; 1 when
  * cancelled; SP_ETIMEOUT after idle_timeout_ms without progress; SP_ECLOSED
  * or SP_EIO when a peer's connection ends or fails, with *failed set to that
  * peer's index (for SP_ETIMEOUT, to a peer that still had bytes to move);

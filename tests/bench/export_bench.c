@@ -1,13 +1,24 @@
 /*
- * export_bench.c - export throughput and the daemon's memory on one node.
+ * export_bench.c - export throughput, the daemon's memory and its status
+ * latency on one node.
  *
  * For 2 and 4 ranks, a fresh shardportd serves shardport-demo (the main
- * job: the same synthetic model, every owned tensor verified) and the
- * bench reads the demo's figures (--machine).  Throughput is the model's
- * bytes over the export's time (from the last rank's request to the last
- * rank holding its tensors), reported as a fraction of single-thread memcpy
- * bandwidth measured in the same run over the same byte count (and, for
- * context, memcpy into pages never touched, as a fresh pool is).  Memory:
+ * job: the same synthetic model, every owned tensor verified) exporting
+ * five times in a row (--exports 5, the weight-sync pattern), and the
+ * bench reads the demo's figures (--machine).  Throughput is the bytes
+ * assembled in the pool (the model less the tensors already whole where
+ * they are, which are published in place and not copied) over an export's
+ * time (from the last rank's request to the last
+ * rank holding its tensors), for the first export (fresh pool segments)
+ * and the fifth (segments kept from the fourth: the warm pool), each
+ * reported as a fraction of single-thread memcpy bandwidth measured in the
+ * same run over the same byte count, and the first also against memcpy
+ * into pages never touched, as a fresh pool is.  Status latency: a client
+ * asks for status back to back (every 2 ms) from before the demo starts
+ * until half a second after it ends (its exports, releases and leaving,
+ * whose segments' freeing follows); the worst answer is shown beside the
+ * median and the worst answers of the idle daemon, measured first (on a
+ * loaded machine the idle worst is the scheduler's share).  Memory:
  * while the export runs, the daemon's /proc status (VmRSS, RssAnon,
  * RssShmem) and its pool use (sp_status) are sampled; VmHWM is read after.
  * The pool (memfd segments the daemon maps) and the trainers' storages (which
@@ -38,6 +49,8 @@
 #define MIB (1024.0 * 1024.0)
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define MAX_RUNS 9
+/* Exports in a row per run: the last is the repeated export. */
+#define EXPORTS "5"
 
 static double now_s(void) {
   struct timespec ts;
@@ -48,16 +61,29 @@ static double now_s(void) {
 /* Single-thread memcpy bandwidth over bytes, in bytes per second, between
  * two buffers of that size.  warm: both buffers touched before (the limit:
  * the best of three); fresh: into pages never touched, so that the page
- * faults and zeroing a fresh pool costs are in it too. */
-static void memcpy_bps(uint64_t bytes, double *warm, double *fresh) {
-  *warm = *fresh = 0;
+ * faults and zeroing a fresh pool costs are in it too; fresh_huge: the
+ * same into memory that asked for transparent huge pages (anonymous
+ * memory: what huge pages would spare the pool's first touch where the
+ * kernel grants them to shared memory too; 0 when the mapping failed). */
+static void memcpy_bps(uint64_t bytes, double *warm, double *fresh,
+                       double *fresh_huge) {
+  *warm = *fresh = *fresh_huge = 0;
   char *src = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   char *dst = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  char *huge = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (src == MAP_FAILED || dst == MAP_FAILED)
     goto out;
   memset(src, 1, bytes);
+  if (huge != MAP_FAILED) {
+    madvise(huge, bytes, MADV_HUGEPAGE);
+    double th = now_s();
+    memcpy(huge, src, bytes);
+    __asm__ volatile("" : : "r"(huge) : "memory");
+    *fresh_huge = (double)bytes / (now_s() - th);
+  }
   double t0 = now_s();
   memcpy(dst, src, bytes);
   __asm__ volatile("" : : "r"(dst) : "memory");
@@ -76,6 +102,19 @@ out:
     munmap(src, bytes);
   if (dst != MAP_FAILED)
     munmap(dst, bytes);
+  if (huge != MAP_FAILED)
+    munmap(huge, bytes);
+}
+
+/* A sysfs setting's line, or "unknown". */
+static void read_setting(const char *path, char *buf, size_t len) {
+  snprintf(buf, len, "unknown");
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return;
+  if (fgets(buf, (int)len, f) != NULL)
+    buf[strcspn(buf, "\n")] = '\0';
+  fclose(f);
 }
 
 /* What the demo printed with --machine. */
@@ -83,18 +122,20 @@ struct demo_figures {
   unsigned ranks;
   size_t keys;
   unsigned long long bytes, pool_bytes, identity_bytes, max_rank_bytes;
-  double seconds;
+  double seconds; /* the first export */
   int verified;
+  unsigned nodes, exports;
+  double seconds_last; /* the last export */
 };
 
 static int parse_figures(const char *line, struct demo_figures *f) {
   return sscanf(line,
                 "ranks=%u keys=%zu bytes=%llu pool_bytes=%llu "
                 "identity_bytes=%llu max_rank_bytes=%llu seconds=%lf "
-                "verified=%d",
+                "verified=%d nodes=%u exports=%u seconds_last=%lf",
                 &f->ranks, &f->keys, &f->bytes, &f->pool_bytes,
                 &f->identity_bytes, &f->max_rank_bytes, &f->seconds,
-                &f->verified) == 8
+                &f->verified, &f->nodes, &f->exports, &f->seconds_last) == 11
              ? 0
              : -1;
 }
@@ -106,7 +147,33 @@ struct sampler {
   atomic_bool stop;
   long rss_kb, anon_kb, shmem_kb; /* peaks */
   uint64_t pool_used;             /* peak */
+  double idle_status_s, idle_worst_s; /* median and worst, before */
+  double worst_status_s;          /* while and after it runs */
+  uint64_t loop_busy_us;          /* the daemon's longest loop iteration */
 };
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* One status call's latency in seconds (0 when it failed), its pool use
+ * in *pool_used and the daemon's longest loop iteration since the previous
+ * status in *busy_us. */
+static double timed_status(sp_client *c, uint64_t *pool_used,
+                           uint64_t *busy_us) {
+  sp_status_info *st = NULL;
+  double t0 = now_s();
+  if (c == NULL || sp_status(c, &st) != 0)
+    return 0;
+  double t = now_s() - t0;
+  *pool_used = st->pool_used;
+  *busy_us = st->loop_max_busy_us;
+  sp_status_free(st);
+  return t;
+}
+
+#define IDLE_SAMPLES 101
 
 static void *sample(void *p) {
   struct sampler *s = p;
@@ -120,12 +187,14 @@ static void *sample(void *p) {
       s->anon_kb = v;
     if ((v = sp_test_vm_kb(s->daemon, "RssShmem")) > s->shmem_kb)
       s->shmem_kb = v;
-    sp_status_info *st = NULL;
-    if (c && sp_status(c, &st) == 0) {
-      if (st->pool_used > s->pool_used)
-        s->pool_used = st->pool_used;
-      sp_status_free(st);
-    }
+    uint64_t used = 0, busy = 0;
+    double t = timed_status(c, &used, &busy);
+    if (used > s->pool_used)
+      s->pool_used = used;
+    if (busy > s->loop_busy_us)
+      s->loop_busy_us = busy;
+    if (t > s->worst_status_s)
+      s->worst_status_s = t;
     struct timespec ts = {0, 2 * 1000 * 1000};
     nanosleep(&ts, NULL);
   }
@@ -148,8 +217,8 @@ static int run_demo(const char *demo, const char *socket, unsigned ranks,
     dup2(out[1], STDOUT_FILENO);
     close(out[0]);
     close(out[1]);
-    execl(demo, demo, "--ranks", nranks, "--socket", socket, "--machine",
-          (char *)NULL);
+    execl(demo, demo, "--ranks", nranks, "--socket", socket, "--exports",
+          EXPORTS, "--machine", (char *)NULL);
     _exit(127);
   }
   close(out[1]);
@@ -173,7 +242,23 @@ static int run_demo(const char *demo, const char *socket, unsigned ranks,
 struct run {
   struct demo_figures f;
   double hwm_mib, rss_mib, anon_mib, shmem_mib, pool_mib;
+  double idle_status_s, idle_worst_s, worst_status_s;
+  uint64_t loop_busy_us;
 };
+
+/* The idle daemon's median status latency, and its worst in *worst. */
+static double idle_status(const char *socket, double *worst) {
+  double t[IDLE_SAMPLES];
+  sp_client *c = NULL;
+  sp_connect(socket, &c);
+  uint64_t used, busy;
+  for (int i = 0; i < IDLE_SAMPLES; i++)
+    t[i] = timed_status(c, &used, &busy);
+  sp_close(c);
+  qsort(t, IDLE_SAMPLES, sizeof t[0], cmp_double);
+  *worst = t[IDLE_SAMPLES - 1];
+  return t[IDLE_SAMPLES / 2];
+}
 
 static int one_run(const char *demo, unsigned ranks, struct run *r) {
   static const char *const args[] = {"--log-level", "warn", NULL};
@@ -185,13 +270,19 @@ static int one_run(const char *demo, unsigned ranks, struct run *r) {
   long shmem0 = sp_test_vm_kb(d.pid, "RssShmem");
   long rss0 = sp_test_vm_kb(d.pid, "VmRSS");
   struct sampler s = {.daemon = d.pid, .socket = d.socket};
+  r->idle_status_s = idle_status(d.socket, &r->idle_worst_s);
   pthread_t th;
   int rc = pthread_create(&th, NULL, sample, &s);
   if (rc == 0) {
     rc = run_demo(demo, d.socket, ranks, &r->f);
+    /* Right after: the last segments' freeing. */
+    struct timespec after = {0, 500 * 1000 * 1000};
+    nanosleep(&after, NULL);
     atomic_store(&s.stop, true);
     pthread_join(th, NULL);
   }
+  r->worst_status_s = s.worst_status_s;
+  r->loop_busy_us = s.loop_busy_us;
   long hwm = sp_test_vm_kb(d.pid, "VmHWM");
   sp_test_daemon_stop(&d);
   if (rc != 0)
@@ -202,12 +293,6 @@ static int one_run(const char *demo, unsigned ranks, struct run *r) {
   r->shmem_mib = (double)(s.shmem_kb - shmem0) / 1024.0;
   r->pool_mib = (double)s.pool_used / MIB;
   return 0;
-}
-
-static int cmp_time(const void *a, const void *b) {
-  double x = ((const struct run *)a)->f.seconds,
-         y = ((const struct run *)b)->f.seconds;
-  return (x > y) - (x < y);
 }
 
 int main(int argc, char **argv) {
@@ -221,13 +306,26 @@ int main(int argc, char **argv) {
     runs = 3;
   static const unsigned rank_counts[] = {2, 4};
 
-  printf("export on one node: shardport-demo, %d runs per rank count "
-         "(median by time; memory the largest of the runs)\n\n", runs);
-  printf("| ranks | keys | model | export | throughput | memcpy, 1 thread "
-         "| ratio | memcpy into fresh pages | owned in pool | pool peak "
-         "| RSS peak above base | of it anon | of it shmem |\n");
-  printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-         "\n");
+  char shmem[128], anon_thp[128];
+  read_setting("/sys/kernel/mm/transparent_hugepage/shmem_enabled", shmem,
+               sizeof shmem);
+  read_setting("/sys/kernel/mm/transparent_hugepage/enabled", anon_thp,
+               sizeof anon_thp);
+  printf("export on one node: shardport-demo, %d runs per rank count of "
+         "%s exports in a row each (median by time; memory and status "
+         "latency the largest of the runs)\n"
+         "transparent huge pages: shared memory %s, anonymous %s (the pool "
+         "asks for them: pool_huge_pages)\n\n",
+         runs, EXPORTS, shmem, anon_thp);
+  printf("| ranks | assembled | memcpy, 1 thread | memcpy into fresh pages "
+         "| into fresh huge pages "
+         "| first export | ratio to memcpy | ratio to fresh pages "
+         "| fifth export | ratio to memcpy | owned in pool | pool peak "
+         "| RSS peak above base | of it anon | status, idle median "
+         "| status, idle worst | status, worst during and after "
+         "| loop busy at most |\n");
+  printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:"
+         "|---:|---:|---:|---:|---:|\n");
   for (size_t i = 0; i < sizeof rank_counts / sizeof rank_counts[0]; i++) {
     struct run r[MAX_RUNS];
     for (int k = 0; k < runs; k++)
@@ -236,26 +334,42 @@ int main(int argc, char **argv) {
                 rank_counts[i]);
         return 1;
       }
-    double hwm = 0, anon = 0, shmem = 0, pool = 0;
+    double hwm = 0, anon = 0, pool = 0, idle = 0, idle_worst = 0, worst = 0;
+    uint64_t busy = 0;
+    double first[MAX_RUNS], last[MAX_RUNS];
     for (int k = 0; k < runs; k++) {
       hwm = r[k].hwm_mib > hwm ? r[k].hwm_mib : hwm;
       anon = r[k].anon_mib > anon ? r[k].anon_mib : anon;
-      shmem = r[k].shmem_mib > shmem ? r[k].shmem_mib : shmem;
       pool = r[k].pool_mib > pool ? r[k].pool_mib : pool;
+      idle = r[k].idle_status_s > idle ? r[k].idle_status_s : idle;
+      idle_worst =
+          r[k].idle_worst_s > idle_worst ? r[k].idle_worst_s : idle_worst;
+      worst = r[k].worst_status_s > worst ? r[k].worst_status_s : worst;
+      busy = r[k].loop_busy_us > busy ? r[k].loop_busy_us : busy;
+      first[k] = r[k].f.seconds;
+      last[k] = r[k].f.seconds_last;
     }
-    qsort(r, (size_t)runs, sizeof r[0], cmp_time);
-    const struct demo_figures *f = &r[runs / 2].f;
-    double bps = (double)f->bytes / f->seconds;
-    double mbps, fresh;
-    memcpy_bps(f->bytes, &mbps, &fresh);
+    qsort(first, (size_t)runs, sizeof first[0], cmp_double);
+    qsort(last, (size_t)runs, sizeof last[0], cmp_double);
+    const struct demo_figures *f = &r[0].f;
+    double t_first = first[runs / 2], t_last = last[runs / 2];
+    double mbps, fresh, fresh_huge;
+    memcpy_bps(f->pool_bytes, &mbps, &fresh, &fresh_huge);
+    double bps_first = (double)f->pool_bytes / t_first;
+    double bps_last = (double)f->pool_bytes / t_last;
     double owned = (double)f->pool_bytes / MIB;
-    printf("| %u | %zu | %.1f MiB | %.3f s | %.2f GiB/s | %.2f GiB/s | %.2f "
-           "| %.2f GiB/s | %.1f MiB | %.1f MiB (%.2fx) | %.1f MiB (%.2fx) "
-           "| %.1f MiB | %.1f MiB |\n",
-           f->ranks, f->keys, (double)f->bytes / MIB, f->seconds, bps / GIB,
-           mbps / GIB, mbps > 0 ? bps / mbps : 0.0, fresh / GIB, owned, pool,
+    printf("| %u | %.1f MiB | %.2f GiB/s | %.2f GiB/s | %.2f GiB/s "
+           "| %.2f GiB/s "
+           "| %.2f | %.2f | %.2f GiB/s | %.2f | %.1f MiB | %.1f MiB (%.2fx) "
+           "| %.1f MiB (%.2fx) | %.1f MiB | %.2f ms | %.2f ms | %.2f ms "
+           "| %.2f ms |\n",
+           f->ranks, (double)f->pool_bytes / MIB, mbps / GIB, fresh / GIB,
+           fresh_huge / GIB, bps_first / GIB, mbps > 0 ? bps_first / mbps : 0.0,
+           fresh > 0 ? bps_first / fresh : 0.0, bps_last / GIB,
+           mbps > 0 ? bps_last / mbps : 0.0, owned, pool,
            owned > 0 ? pool / owned : 0.0, hwm, owned > 0 ? hwm / owned : 0.0,
-           anon, shmem);
+           anon, idle * 1e3, idle_worst * 1e3, worst * 1e3,
+           (double)busy / 1e3);
     fflush(stdout);
   }
   return 0;

@@ -453,6 +453,7 @@ START_TEST(print_config_defaults) {
            "max_user_mapped_bytes = 8T\n"
            "engine_threads = 0\n"
            "compare_replicas = yes\n"
+           "pool_huge_pages = yes\n"
            "drain_timeout = 1m\n"
            "export_history = 8\n"
            "peer_listen = none\n"

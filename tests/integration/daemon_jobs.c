@@ -641,6 +641,38 @@ static void two_ranks(struct rank *rk, size_t skip1) {
   }
 }
 
+/* Waits until the daemon's pool_used, pool_held and pool_warm are want,
+ * want_held and want_kept. */
+static void wait_pool(int sock, uint64_t want, uint64_t want_held,
+                      uint64_t want_kept) {
+  uint64_t used = UINT64_MAX, held = UINT64_MAX, kept = UINT64_MAX;
+  for (int i = 0;
+       i < 200 && (used != want || held != want_held || kept != want_kept);
+       i++) {
+    if (i > 0)
+      usleep(10000);
+    struct sp_msgbuf mb;
+    struct sp_test_reply r;
+    uint64_t id = next_id++;
+    sp_msgbuf_begin(&mb, "status", id, 0);
+    ck_assert_int_eq(call(sock, &mb, id, NULL, 0, &r), 0);
+    ck_assert_int_eq(sp_msg_get_u64(&r.map, "pool_used", false, &used), 0);
+    ck_assert_int_eq(sp_msg_get_u64(&r.map, "pool_held", false, &held), 0);
+    ck_assert_int_eq(sp_msg_get_u64(&r.map, "pool_warm", false, &kept), 0);
+    sp_test_reply_free(&r);
+  }
+  ck_assert_uint_eq(used, want);
+  ck_assert_uint_eq(held, want_held);
+  ck_assert_uint_eq(kept, want_kept);
+}
+
+static void leave(int sock) {
+  struct sp_msgbuf mb;
+  uint64_t id = next_id++;
+  sp_msgbuf_begin(&mb, "leave", id, 0);
+  ck_assert_int_eq(call(sock, &mb, id, NULL, 0, NULL), 0);
+}
+
 /* ---- tests ------------------------------------------------------------- */
 
 START_TEST(export_two_ranks) {
@@ -664,41 +696,25 @@ START_TEST(export_two_ranks) {
     status_job(rk[0].sock, phase, sizeof phase, &used, NULL, NULL, NULL, 0);
     ck_assert_str_eq(phase, "published");
     ck_assert_uint_gt(used, 0);
+    size_t sizes[2] = {pub[0].segment_size, pub[1].segment_size};
     for (uint32_t r = 0; r < 2; r++) {
       ck_assert_int_eq(release(rk[r].sock, pub[r].export_id), 0);
       ck_assert_int_eq(release(rk[r].sock, pub[r].export_id), SP_ENOEXPORT);
       published_free(&pub[r]);
     }
-    status_job(rk[0].sock, phase, sizeof phase, &used, NULL, NULL, NULL, 0);
-    ck_assert_uint_eq(used, 0);
+    /* Released segments are kept for their ranks' next export, and
+     * counted while kept. */
+    wait_pool(rk[0].sock, sizes[0] + sizes[1], 0, sizes[0] + sizes[1]);
+    if (round == 1) {
+      /* A rank that leaves takes its kept segment with it. */
+      leave(rk[1].sock);
+      wait_pool(rk[0].sock, sizes[0], 0, sizes[0]);
+    }
   }
-  struct sp_msgbuf mb;
-  uint64_t id = next_id++;
-  sp_msgbuf_begin(&mb, "leave", id, 0);
-  ck_assert_int_eq(call(rk[1].sock, &mb, id, NULL, 0, NULL), 0);
   for (uint32_t r = 0; r < 2; r++)
     rank_close(&rk[r]);
 }
 END_TEST
-
-/* Waits until the daemon's pool_used (and pool_held) is want. */
-static void wait_pool_used(int sock, uint64_t want, uint64_t want_held) {
-  uint64_t used = UINT64_MAX, held = UINT64_MAX;
-  for (int i = 0; i < 200 && (used != want || held != want_held); i++) {
-    if (i > 0)
-      usleep(10000);
-    struct sp_msgbuf mb;
-    struct sp_test_reply r;
-    uint64_t id = next_id++;
-    sp_msgbuf_begin(&mb, "status", id, 0);
-    ck_assert_int_eq(call(sock, &mb, id, NULL, 0, &r), 0);
-    ck_assert_int_eq(sp_msg_get_u64(&r.map, "pool_used", false, &used), 0);
-    ck_assert_int_eq(sp_msg_get_u64(&r.map, "pool_held", false, &held), 0);
-    sp_test_reply_free(&r);
-  }
-  ck_assert_uint_eq(used, want);
-  ck_assert_uint_eq(held, want_held);
-}
 
 /* Pool memory comes back when a rank's connection closes unreleased, once
  * the rank no longer maps it either. */
@@ -722,12 +738,12 @@ START_TEST(close_returns_pool_memory) {
   check_model(rk, pub);
   int sock = sp_test_connect_hello(daemon_.socket);
   uint64_t mapped = pub[0].segment_size + pub[1].segment_size;
-  wait_pool_used(sock, mapped, mapped);
+  wait_pool(sock, mapped, mapped, 0);
   status_job(sock, phase, sizeof phase, &used, NULL, NULL, NULL, 0);
   ck_assert_str_eq(phase, "");
   published_free(&pub[0]);
   published_free(&pub[1]);
-  wait_pool_used(sock, 0, 0);
+  wait_pool(sock, 0, 0, 0);
   close(sock);
   rank_close(&rk[0]);
   rank_close(&rk[1]);
@@ -761,11 +777,17 @@ START_TEST(kept_segment_counted_until_closed) {
     ck_assert_int_eq(release(rk[r].sock, pub[r].export_id), 0);
     published_free(&pub[r]);
   }
-  wait_pool_used(rk[0].sock, size0 + size1, size0 + size1);
+  /* Kept for the ranks until they leave; then held while they map them. */
+  wait_pool(rk[0].sock, size0 + size1, 0, size0 + size1);
+  int sock = sp_test_connect_hello(daemon_.socket);
+  leave(rk[0].sock);
+  leave(rk[1].sock);
+  wait_pool(sock, size0 + size1, size0 + size1, 0);
   ck_assert_int_eq(munmap(kept_map, size1), 0);
-  wait_pool_used(rk[0].sock, size0, size0);
+  wait_pool(sock, size0, size0, 0);
   close(kept_fd);
-  wait_pool_used(rk[0].sock, 0, 0);
+  wait_pool(sock, 0, 0, 0);
+  close(sock);
   for (uint32_t r = 0; r < 2; r++)
     rank_close(&rk[r]);
 }
@@ -797,9 +819,128 @@ START_TEST(reopened_segment_counted_until_closed) {
     ck_assert_int_eq(release(rk[r].sock, pub[r].export_id), 0);
     published_free(&pub[r]);
   }
-  wait_pool_used(rk[0].sock, size0, size0);
+  int sock = sp_test_connect_hello(daemon_.socket);
+  leave(rk[0].sock);
+  leave(rk[1].sock);
+  wait_pool(sock, size0, size0, 0);
   close(kept_fd);
-  wait_pool_used(rk[0].sock, 0, 0);
+  wait_pool(sock, 0, 0, 0);
+  close(sock);
+  for (uint32_t r = 0; r < 2; r++)
+    rank_close(&rk[r]);
+}
+END_TEST
+
+static ino_t segment_inode(const struct published *p) {
+  struct stat st;
+  ck_assert_int_ge(p->segment_fd, 0);
+  ck_assert_int_eq(fstat(p->segment_fd, &st), 0);
+  return st.st_ino;
+}
+
+/* Fills the whole of a published segment, tensors and the bytes between
+ * and after them, with a byte no tensor of the model holds there: what a
+ * trainer may do with the read-write descriptor it was given. */
+static void scribble(const struct published *p) {
+  uint8_t *w = mmap(NULL, p->segment_size, PROT_READ | PROT_WRITE, MAP_SHARED,
+                    p->segment_fd, 0);
+  ck_assert_ptr_ne(w, MAP_FAILED);
+  memset(w, 0xAB, p->segment_size);
+  munmap(w, p->segment_size);
+}
+
+/* Every byte of p's segment that none of its tensors covers is zero. */
+static void check_gaps_zero(const struct published *p) {
+  uint8_t *covered = calloc(p->segment_size, 1);
+  ck_assert_ptr_nonnull(covered);
+  for (size_t i = 0; i < p->n; i++) {
+    const struct owned *w = &p->t[i];
+    if (w->identity)
+      continue;
+    size_t k = 0;
+    while (k < NKEYS && strcmp(model[k].name, w->key) != 0)
+      k++;
+    ck_assert_uint_lt(k, NKEYS);
+    uint64_t nbytes = numel(&model[k]) * model[k].esz;
+    ck_assert_uint_le(w->byte_offset + nbytes, p->segment_size);
+    memset(covered + w->byte_offset, 1, (size_t)nbytes);
+  }
+  size_t gaps = 0;
+  for (size_t b = 0; b < p->segment_size; b++)
+    if (!covered[b]) {
+      gaps++;
+      ck_assert_msg(p->segment[b] == 0, "byte %zu of the segment is 0x%02x",
+                    b, p->segment[b]);
+    }
+  /* The model leaves padding between its tensors: the check saw some. */
+  ck_assert_uint_gt(gaps, 0);
+  free(covered);
+}
+
+/* The warm pool: a released segment comes back to the same rank of the
+ * same job, with every tensor rewritten and every other byte zeroed, and
+ * never to another rank, even one that needs a segment of that size
+ * while the other's is kept (docs/operations.md, "The warm pool"). */
+START_TEST(released_segment_reused_by_its_rank_only) {
+  struct rank rk[2];
+  struct published first[2], second[2], third[2];
+  char msg[1024];
+  two_ranks(rk, NKEYS);
+  uint64_t id0 = send_export(rk[0].sock, false, 10000, 0);
+  uint64_t id1 = send_export(rk[1].sock, false, 10000, 0);
+  ck_assert_int_eq(
+      read_export(rk[0].sock, id0, &first[0], msg, sizeof msg, NULL), 0);
+  ck_assert_int_eq(
+      read_export(rk[1].sock, id1, &first[1], msg, sizeof msg, NULL), 0);
+  ino_t ino0 = segment_inode(&first[0]), ino1 = segment_inode(&first[1]);
+  size_t size0 = first[0].segment_size, size1 = first[1].segment_size;
+  /* Rank 1 spoils its segment and releases it; rank 0 keeps its own. */
+  scribble(&first[1]);
+  ck_assert_int_eq(release(rk[1].sock, first[1].export_id), 0);
+  published_free(&first[1]);
+  wait_pool(rk[0].sock, size0 + size1, 0, size1);
+
+  id0 = send_export(rk[0].sock, false, 10000, 0);
+  id1 = send_export(rk[1].sock, false, 10000, 0);
+  ck_assert_int_eq(
+      read_export(rk[0].sock, id0, &second[0], msg, sizeof msg, NULL), 0);
+  ck_assert_int_eq(
+      read_export(rk[1].sock, id1, &second[1], msg, sizeof msg, NULL), 0);
+  /* Rank 0 needed a segment while only rank 1's was kept: a new one. */
+  ck_assert_uint_ne(segment_inode(&second[0]), ino0);
+  ck_assert_uint_ne(segment_inode(&second[0]), ino1);
+  ck_assert_uint_eq(segment_inode(&second[1]), ino1);
+  check_model(rk, second);
+  check_gaps_zero(&second[1]);
+  wait_pool(rk[0].sock, 2 * size0 + size1, 0, 0);
+
+  /* Everything released: each rank gets one of its own back. */
+  ino_t ino0b = segment_inode(&second[0]);
+  scribble(&first[0]);
+  scribble(&second[0]);
+  ck_assert_int_eq(release(rk[0].sock, first[0].export_id), 0);
+  ck_assert_int_eq(release(rk[0].sock, second[0].export_id), 0);
+  ck_assert_int_eq(release(rk[1].sock, second[1].export_id), 0);
+  for (uint32_t r = 0; r < 2; r++) {
+    published_free(&first[r]);
+    published_free(&second[r]);
+  }
+  wait_pool(rk[0].sock, 2 * size0 + size1, 0, 2 * size0 + size1);
+  id0 = send_export(rk[0].sock, false, 10000, 0);
+  id1 = send_export(rk[1].sock, false, 10000, 0);
+  ck_assert_int_eq(
+      read_export(rk[0].sock, id0, &third[0], msg, sizeof msg, NULL), 0);
+  ck_assert_int_eq(
+      read_export(rk[1].sock, id1, &third[1], msg, sizeof msg, NULL), 0);
+  ino_t ino0c = segment_inode(&third[0]);
+  ck_assert(ino0c == ino0 || ino0c == ino0b);
+  ck_assert_uint_eq(segment_inode(&third[1]), ino1);
+  check_model(rk, third);
+  check_gaps_zero(&third[0]);
+  check_gaps_zero(&third[1]);
+  wait_pool(rk[0].sock, 2 * size0 + size1, 0, size0);
+  for (uint32_t r = 0; r < 2; r++)
+    published_free(&third[r]);
   for (uint32_t r = 0; r < 2; r++)
     rank_close(&rk[r]);
 }
@@ -1341,6 +1482,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, close_returns_pool_memory);
   tcase_add_test(tc, kept_segment_counted_until_closed);
   tcase_add_test(tc, reopened_segment_counted_until_closed);
+  tcase_add_test(tc, released_segment_reused_by_its_rank_only);
   tcase_add_test(tc, registration_refusals);
   tcase_add_test(tc, join_refusals);
   tcase_add_test(tc, export_twice_and_unknown_release);

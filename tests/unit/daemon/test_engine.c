@@ -2,10 +2,13 @@
  * test_engine.c - the engine runs a real plan's rounds from read-only
  * registry mappings into owner segments: every assembled tensor equals the
  * unsharded original, replicas are compared and a differing one is
- * refused, a cancel stops it, and a truncated trainer file fails the export
- * instead of killing the process.
+ * refused, a cancel stops it, a truncated trainer file fails the export
+ * instead of killing the process, and a warm segment (kept from its
+ * owner's earlier export) gets its tensors rewritten and every other byte
+ * zeroed.
  */
 #include <check.h>
+#include <inttypes.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -258,6 +261,55 @@ START_TEST(large_shard_in_slices) {
 }
 END_TEST
 
+/* Segments full of an earlier export's bytes (here 0xAB everywhere, and
+ * larger than this export needs): every tensor is assembled over them and
+ * every byte outside the tensors is zero again, with one to three
+ * threads over several rounds. */
+START_TEST(warm_segments_rewritten_and_gaps_zeroed) {
+  struct tmodel m;
+  struct run run;
+  build_model(&m);
+  run_setup(&run, &m, 3, 0);
+  uint64_t size[TMODEL_MAX_RANKS];
+  bool warm[TMODEL_MAX_RANKS];
+  for (uint32_t r = 0; r < m.world; r++) {
+    /* A kept segment of a larger earlier export: a tail to zero too. */
+    size[r] = run.layout.seg_size[r] > 0 ? run.layout.seg_size[r] + 4096 : 0;
+    warm[r] = size[r] > 0;
+    if (size[r] == 0)
+      continue;
+    free(run.seg[r]);
+    run.seg[r] = aligned_alloc(PUBLISH_ALIGN,
+                               (size[r] + PUBLISH_ALIGN - 1) &
+                                   ~(uint64_t)(PUBLISH_ALIGN - 1));
+    memset(run.seg[r], 0xAB, size[r]);
+  }
+  run.e.dst_size = size;
+  run.e.dst_warm = warm;
+  run.e.threads = (uint32_t)_i + 1;
+  ck_assert_int_eq(engine_run(&run.e), 0);
+  tmodel_check(&m, run.plan, &run.layout, run.seg);
+  for (uint32_t r = 0; r < m.world; r++) {
+    if (size[r] == 0)
+      continue;
+    uint8_t *covered = calloc(size[r], 1);
+    for (size_t k = 0; k < run.plan->nkeys; k++) {
+      const struct plan_key *key = &run.plan->keys[k];
+      if (key->owner == r &&
+          (key->kind == PLAN_KEY_MOVE || key->kind == PLAN_KEY_EMPTY))
+        memset(covered + run.layout.offset[k], 1, key->nbytes);
+    }
+    for (uint64_t b = 0; b < size[r]; b++)
+      if (!covered[b])
+        ck_assert_msg(run.seg[r][b] == 0, "rank %u byte %" PRIu64 ": 0x%02x",
+                      r, b, run.seg[r][b]);
+    free(covered);
+  }
+  run_free(&run, m.world);
+  free_model(&m);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("daemon-engine");
   TCase *tc = tcase_create("engine");
@@ -269,6 +321,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, thread_reports_rounds_and_end);
   tcase_add_test(tc, truncated_source_fails_the_run);
   tcase_add_test(tc, large_shard_in_slices);
+  tcase_add_loop_test(tc, warm_segments_rewritten_and_gaps_zeroed, 0, 3);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -2,7 +2,8 @@
  * test_stream.c - the all-peers exchange over socket pairs: full-duplex
  * volume without deadlock, scatter/gather of many regions, and the ways an
  * exchange ends early (peer closed, silent peer, cancel), while a slow peer
- * is not mistaken for a lost one.
+ * is not mistaken for a lost one; and rounds that overlap (optional
+ * regions: the next round's, moved ahead as far as the peer takes them).
  */
 #include <check.h>
 #include <fcntl.h>
@@ -204,6 +205,87 @@ START_TEST(cancel_stops_the_exchange) {
 }
 END_TEST
 
+/* A round ends when its own bytes are moved, whatever of the next round's
+ * (optional) the peer has not taken: here it takes none. */
+START_TEST(optional_regions_do_not_hold_the_round) {
+  int sv[2];
+  nonblocking_pair(sv);
+  size_t own = 1u << 20, next = 16u << 20;
+  uint8_t *out = pattern(own + next, 4), *in = calloc(1, own);
+  struct iovec send[2] = {{out, own}, {out + own, next}};
+  struct iovec recv = {in, own};
+  struct side a = {
+      .peer = {.sock = sv[0], .send = {.iov = send, .n = 2, .optional = 1}}};
+  struct side b = {.peer = {.sock = sv[1], .recv = {&recv, 1}}};
+  pthread_t t;
+  pthread_create(&t, NULL, run_side, &b);
+  run_side(&a);
+  pthread_join(t, NULL);
+  ck_assert_int_eq(a.rc, 0);
+  ck_assert_int_eq(b.rc, 0);
+  ck_assert_mem_eq(in, out, own);
+  /* The socket took some of the next round, not all 16 MiB of it. */
+  ck_assert_uint_ge(a.peer.sent, own);
+  ck_assert_uint_lt(a.peer.sent, own + next);
+  free(out), free(in);
+  close(sv[0]), close(sv[1]);
+}
+END_TEST
+
+/* Two rounds on one stream, each side listing the next round's regions
+ * after its own: the second exchange starts where the first left the
+ * stream (xfer_iovs_skip), and every byte lands where the plan says,
+ * although the sides cut the stream at other boundaries. */
+START_TEST(rounds_overlap_on_one_stream) {
+  int sv[2];
+  nonblocking_pair(sv);
+  size_t r1 = 3u << 20, r2 = 5u << 20;
+  uint8_t *a_out = pattern(r1 + r2, 5), *b_out = pattern(r1, 6);
+  uint8_t *b_in = calloc(1, r1 + r2), *a_in = calloc(1, r1);
+  /* Round 1: A sends r1 and B sends r1 back; A goes on into round 2. */
+  struct iovec a_send[3] = {{a_out, r1}, {a_out + r1, r2 / 2},
+                            {a_out + r1 + r2 / 2, r2 - r2 / 2}};
+  struct iovec b_send = {b_out, r1}, a_recv = {a_in, r1};
+  /* B cuts round 1 elsewhere; round 2 follows as its optional region. */
+  struct iovec b_recv1[3] = {{b_in, r1 / 3},
+                             {b_in + r1 / 3, r1 - r1 / 3},
+                             {b_in + r1, r2}};
+  struct side a = {.peer = {.sock = sv[0],
+                            .send = {.iov = a_send, .n = 3, .optional = 2},
+                            .recv = {&a_recv, 1}}};
+  struct side b = {.peer = {.sock = sv[1],
+                            .send = {&b_send, 1},
+                            .recv = {.iov = b_recv1, .n = 3, .optional = 1}}};
+  pthread_t t;
+  pthread_create(&t, NULL, run_side, &b);
+  run_side(&a);
+  pthread_join(t, NULL);
+  ck_assert_int_eq(a.rc, 0);
+  ck_assert_int_eq(b.rc, 0);
+  ck_assert_mem_eq(a_in, b_out, r1);
+  uint64_t a_ahead = a.peer.sent - r1, b_ahead = b.peer.received - r1;
+  ck_assert_uint_le(b_ahead, a_ahead);
+  /* Round 2: its own regions, less what moved ahead. */
+  struct iovec a_send2[2] = {{a_out + r1, r2 / 2},
+                             {a_out + r1 + r2 / 2, r2 - r2 / 2}};
+  struct iovec b_recv2 = {b_in + r1, r2};
+  struct side a2 = {.peer = {.sock = sv[0], .send = {a_send2, 2}}};
+  struct side b2 = {.peer = {.sock = sv[1], .recv = {&b_recv2, 1}}};
+  xfer_iovs_skip(&a2.peer.send, a_ahead);
+  xfer_iovs_skip(&b2.peer.recv, b_ahead);
+  pthread_create(&t, NULL, run_side, &b2);
+  run_side(&a2);
+  pthread_join(t, NULL);
+  ck_assert_int_eq(a2.rc, 0);
+  ck_assert_int_eq(b2.rc, 0);
+  ck_assert_uint_eq(a_ahead + a2.peer.sent, r2);
+  ck_assert_uint_eq(b_ahead + b2.peer.received, r2);
+  ck_assert_mem_eq(b_in, a_out, r1 + r2);
+  free(a_out), free(b_out), free(a_in), free(b_in);
+  close(sv[0]), close(sv[1]);
+}
+END_TEST
+
 START_TEST(nothing_to_move_returns_at_once) {
   struct iovec empty = {NULL, 0};
   struct xfer_peer peer = {.sock = -1, .send = {&empty, 1}};
@@ -223,6 +305,8 @@ int main(void) {
   tcase_add_test(tc, a_silent_peer_times_out);
   tcase_add_test(tc, a_slow_peer_is_not_a_lost_peer);
   tcase_add_test(tc, cancel_stops_the_exchange);
+  tcase_add_test(tc, optional_regions_do_not_hold_the_round);
+  tcase_add_test(tc, rounds_overlap_on_one_stream);
   tcase_add_test(tc, nothing_to_move_returns_at_once);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
