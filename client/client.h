@@ -59,6 +59,7 @@ struct sp_client {
   /* The connection is a rank of a job (join answered, no leave since): a
    * connection that ends then ends the job for this process. */
   bool joined;
+  uint32_t rank; /* the rank it joined as */
   /* The job this connection joined: its storages and its live exports. */
   struct client_storages storages;
   struct client_export *exports;
@@ -146,5 +147,16 @@ void client_job_clear(sp_job_status *job);
  * when the daemon has released them all (leave, close).  The caller's sets
  * stay allocated until sp_release, which then only frees them. */
 void client_exports_detach(sp_client *c);
+/* sp_export, or with save_limit > 0 the export of a save (client/save.c):
+ * its reply also numbers the checkpoint's files.  *request_id (optional)
+ * receives the export request's id, which the daemon's word about the
+ * save carries until the rank reports its first step. */
+int client_export_run(sp_client *client, const sp_export_opts *opts,
+                      uint64_t save_limit, sp_owned_set **out,
+                      uint64_t *request_id);
+/* A save's set: the checkpoint's file count, in *file each tensor's file
+ * (in the set's order), in *total_size the checkpoint's tensor bytes. */
+uint32_t client_export_files(const sp_owned_set *set, const uint32_t **file,
+                             uint64_t *total_size);
 
 #endif /* SP_CLIENT_CLIENT_H */

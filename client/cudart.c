@@ -50,6 +50,13 @@ __attribute__((format(printf, 3, 4))) static int say(sp_client *c, int code,
   X(cudaIpcOpenEventHandle)                                                    \
   X(cudaEventSynchronize)                                                      \
   X(cudaEventDestroy)                                                          \
+  X(cudaEventCreateWithFlags)                                                  \
+  X(cudaEventRecord)                                                           \
+  X(cudaStreamCreateWithFlags)                                                 \
+  X(cudaStreamDestroy)                                                         \
+  X(cudaMemcpyAsync)                                                           \
+  X(cudaMallocHost)                                                            \
+  X(cudaFreeHost)                                                              \
   X(cudaGetDriverEntryPointByVersion)
 
 #define DRV(X)                                                                 \
@@ -309,6 +316,83 @@ void client_cuda_close(void *ptr) {
     rt.cudaIpcCloseMemHandle(ptr);
 }
 
+/* Two pinned buffers, a stream that copies into them and an event per
+ * buffer that says when its copies are done (client/save.c). */
+struct client_cuda_stage {
+  int ordinal;
+  cudaStream_t stream;
+  cudaEvent_t done[2];
+  void *buf[2];
+};
+
+int client_cuda_stage_new(sp_client *c, int ordinal, uint64_t size,
+                          struct client_cuda_stage **out) {
+  int rc = ready(c);
+  if (rc < 0)
+    return rc;
+  struct client_cuda_stage *s = calloc(1, sizeof *s);
+  if (!s)
+    return SP_ENOMEM;
+  s->ordinal = ordinal;
+  *out = s;
+  cudaError_t err = rt.cudaSetDevice(ordinal);
+  if (err != cudaSuccess)
+    return cuda_fail(c, err, "cudaSetDevice");
+  if ((err = rt.cudaStreamCreateWithFlags(&s->stream,
+                                          cudaStreamNonBlocking)) !=
+      cudaSuccess)
+    return cuda_fail(c, err, "cudaStreamCreateWithFlags");
+  for (int b = 0; b < 2; b++) {
+    if ((err = rt.cudaEventCreateWithFlags(&s->done[b],
+                                           cudaEventDisableTiming)) !=
+        cudaSuccess)
+      return cuda_fail(c, err, "cudaEventCreateWithFlags");
+    if ((err = rt.cudaMallocHost(&s->buf[b], (size_t)size)) != cudaSuccess)
+      return cuda_fail(c, err, "cudaMallocHost of the save's staging");
+  }
+  return 0;
+}
+
+int client_cuda_stage_copy(sp_client *c, struct client_cuda_stage *s, int b,
+                           uint64_t offset, const void *src, uint64_t len) {
+  cudaError_t err = rt.cudaMemcpyAsync((char *)s->buf[b] + offset, src,
+                                       (size_t)len, cudaMemcpyDeviceToHost,
+                                       s->stream);
+  return err == cudaSuccess ? 0 : cuda_fail(c, err, "cudaMemcpyAsync");
+}
+
+int client_cuda_stage_mark(sp_client *c, struct client_cuda_stage *s, int b) {
+  cudaError_t err = rt.cudaEventRecord(s->done[b], s->stream);
+  return err == cudaSuccess ? 0 : cuda_fail(c, err, "cudaEventRecord");
+}
+
+int client_cuda_stage_wait(sp_client *c, struct client_cuda_stage *s, int b,
+                           void **host) {
+  cudaError_t err = rt.cudaEventSynchronize(s->done[b]);
+  if (err != cudaSuccess)
+    return cuda_fail(c, err, "cudaEventSynchronize");
+  *host = s->buf[b];
+  return 0;
+}
+
+void client_cuda_stage_free(struct client_cuda_stage *s) {
+  if (!s)
+    return;
+  if (s->stream) {
+    rt.cudaSetDevice(s->ordinal);
+    for (int b = 0; b < 2; b++) {
+      if (s->done[b])
+        rt.cudaEventSynchronize(s->done[b]);
+      if (s->done[b])
+        rt.cudaEventDestroy(s->done[b]);
+      if (s->buf[b])
+        rt.cudaFreeHost(s->buf[b]);
+    }
+    rt.cudaStreamDestroy(s->stream);
+  }
+  free(s);
+}
+
 #else /* !SP_HAVE_CUDA */
 
 static int unsupported(sp_client *c) {
@@ -350,5 +434,30 @@ int client_cuda_open(sp_client *c, int ordinal,
 }
 
 void client_cuda_close(void *ptr) { (void)ptr; }
+
+int client_cuda_stage_new(sp_client *c, int ordinal, uint64_t size,
+                          struct client_cuda_stage **out) {
+  (void)ordinal, (void)size, (void)out;
+  return unsupported(c);
+}
+
+int client_cuda_stage_copy(sp_client *c, struct client_cuda_stage *s, int b,
+                           uint64_t offset, const void *src, uint64_t len) {
+  (void)s, (void)b, (void)offset, (void)src, (void)len;
+  return unsupported(c);
+}
+
+int client_cuda_stage_mark(sp_client *c, struct client_cuda_stage *s, int b) {
+  (void)s, (void)b;
+  return unsupported(c);
+}
+
+int client_cuda_stage_wait(sp_client *c, struct client_cuda_stage *s, int b,
+                           void **host) {
+  (void)s, (void)b, (void)host;
+  return unsupported(c);
+}
+
+void client_cuda_stage_free(struct client_cuda_stage *s) { (void)s; }
 
 #endif

@@ -50,4 +50,21 @@ int client_cuda_open(sp_client *c, int ordinal,
                      uint64_t size, void **ptr);
 void client_cuda_close(void *ptr);
 
+/* A save's staging for tensors on a GPU (client/save.c): two pinned host
+ * buffers of size bytes on ordinal's GPU, filled by device-to-host copies
+ * on a stream of their own.  copy queues len bytes from device src into
+ * buffer b at offset; mark records that buffer b's copies are all queued;
+ * wait blocks until they are done and gives the buffer.  A buffer is not
+ * copied into again before it was waited for.  free (NULL allowed) waits
+ * for what is in flight. */
+struct client_cuda_stage;
+int client_cuda_stage_new(sp_client *c, int ordinal, uint64_t size,
+                          struct client_cuda_stage **out);
+int client_cuda_stage_copy(sp_client *c, struct client_cuda_stage *s, int b,
+                           uint64_t offset, const void *src, uint64_t len);
+int client_cuda_stage_mark(sp_client *c, struct client_cuda_stage *s, int b);
+int client_cuda_stage_wait(sp_client *c, struct client_cuda_stage *s, int b,
+                           void **host);
+void client_cuda_stage_free(struct client_cuda_stage *s);
+
 #endif /* SP_CLIENT_CUDART_H */

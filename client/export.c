@@ -18,6 +18,7 @@
  * out (client/cudart.c).
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -59,6 +60,12 @@ struct client_export {
   struct segment *segments;
   size_t nsegments;
   size_t cap_tensors;
+  /* A save: the checkpoint's file count and each tensor's file, in the
+   * set's order (client/save.c). */
+  bool save;
+  uint32_t nfiles;
+  uint64_t total_size;
+  uint32_t *file;
 };
 
 /* The reply being assembled. */
@@ -97,6 +104,7 @@ static void unmap_segments(struct client_export *e) {
 
 static void free_export(struct client_export *e) {
   unmap_segments(e);
+  free(e->file);
   for (size_t i = 0; i < e->set.ntensors; i++) {
     free((char *)(uintptr_t)e->set.tensors[i].key);
     free((char *)(uintptr_t)e->set.tensors[i].device);
@@ -147,12 +155,17 @@ static int check_opts(const sp_export_opts *o) {
  * one shows the export is alive, and the wait for the next frame starts
  * again from it. */
 static uint64_t begin_request(sp_client *c, struct sp_msgbuf *mb,
-                              const sp_export_opts *o) {
+                              const sp_export_opts *o, uint64_t save_limit) {
   uint32_t n = 1 + (o->ngroups > 0) + (o->max_keys > 0) + (o->max_bytes > 0) +
-               (o->timeout_ms > 0);
+               (o->timeout_ms > 0) + (save_limit > 0);
   uint64_t id = client_begin(c, mb, "export", n);
   msgpack_packer *pk = &mb->pk;
   sp_pack_kv_bool(pk, "progress", true);
+  if (save_limit > 0) {
+    sp_pack_str(pk, "save");
+    msgpack_pack_map(pk, 1);
+    sp_pack_kv_u64(pk, "max_shard_bytes", save_limit);
+  }
   if (o->ngroups > 0) {
     sp_pack_str(pk, "groups");
     msgpack_pack_array(pk, o->ngroups);
@@ -448,6 +461,15 @@ static int on_part(struct export_rx *rx, struct client_reply *reply) {
     rx->have_id = true;
     e->set.export_id = export_id;
     rx->parts = parts;
+    if (e->save) {
+      uint64_t files;
+      if (sp_msg_get_u64(map, "files", false, &files) != 0 ||
+          files > UINT32_MAX ||
+          sp_msg_get_u64(map, "total_size", false, &e->total_size) != 0)
+        return refuse(rx->c, "a save's part 0 does not say how many files "
+                      "and bytes the checkpoint has");
+      e->nfiles = (uint32_t)files;
+    }
   }
   if (part > 0 && cuda_segments)
     return refuse(rx->c, "part %llu lists device segments",
@@ -469,6 +491,12 @@ static int on_part(struct export_rx *rx, struct client_reply *reply) {
     if (!t)
       return SP_ENOMEM;
     e->set.tensors = t;
+    if (e->save) {
+      uint32_t *f = realloc(e->file, cap * sizeof *f);
+      if (!f)
+        return SP_ENOMEM;
+      e->file = f;
+    }
     e->cap_tensors = cap;
   }
   for (uint32_t i = 0; i < tensors->size; i++) {
@@ -478,21 +506,49 @@ static int on_part(struct export_rx *rx, struct client_reply *reply) {
     if (rc < 0)
       return rc;
     e->set.ntensors++;
+    if (e->save) {
+      uint64_t file;
+      if (sp_msg_get_u64(&tensors->ptr[i], "file", false, &file) != 0 ||
+          file >= e->nfiles)
+        return refuse(rx->c, "tensor \"%s\" of a save names no file of the "
+                      "checkpoint's %" PRIu32, t->key, e->nfiles);
+      e->file[e->set.ntensors - 1] = (uint32_t)file;
+    }
   }
   rx->next_part++;
   return 0;
 }
 
+/* A tensor and its file, sorted together. */
+struct sorted_tensor {
+  sp_owned_tensor t;
+  uint32_t file;
+};
+
 static int cmp_key(const void *a, const void *b) {
-  return strcmp(((const sp_owned_tensor *)a)->key,
-                ((const sp_owned_tensor *)b)->key);
+  return strcmp(((const struct sorted_tensor *)a)->t.key,
+                ((const struct sorted_tensor *)b)->t.key);
 }
 
-/* Sorts the set by key; a key listed twice is the daemon's mistake. */
+/* Sorts the set by key (a save's files with their tensors); a key listed
+ * twice is the daemon's mistake. */
 static int finish_set(struct export_rx *rx) {
-  sp_owned_set *s = &rx->e->set;
-  if (s->ntensors > 0)
-    qsort(s->tensors, s->ntensors, sizeof *s->tensors, cmp_key);
+  struct client_export *e = rx->e;
+  sp_owned_set *s = &e->set;
+  if (s->ntensors > 1) {
+    struct sorted_tensor *all = malloc(s->ntensors * sizeof *all);
+    if (!all)
+      return SP_ENOMEM;
+    for (size_t i = 0; i < s->ntensors; i++)
+      all[i] = (struct sorted_tensor){s->tensors[i], e->save ? e->file[i] : 0};
+    qsort(all, s->ntensors, sizeof *all, cmp_key);
+    for (size_t i = 0; i < s->ntensors; i++) {
+      s->tensors[i] = all[i].t;
+      if (e->save)
+        e->file[i] = all[i].file;
+    }
+    free(all);
+  }
   for (size_t i = 1; i < s->ntensors; i++)
     if (strcmp(s->tensors[i].key, s->tensors[i - 1].key) == 0)
       return refuse(rx->c, "tensor \"%s\" is listed twice", s->tensors[i].key);
@@ -535,8 +591,9 @@ static int send_release(sp_client *c, uint64_t export_id) {
   return rc;
 }
 
-SP_EXPORT int sp_export(sp_client *client, const sp_export_opts *opts,
-                        sp_owned_set **out) {
+int client_export_run(sp_client *client, const sp_export_opts *opts,
+                      uint64_t save_limit, sp_owned_set **out,
+                      uint64_t *request_id) {
   static const sp_export_opts defaults;
   if (!opts)
     opts = &defaults;
@@ -545,10 +602,13 @@ SP_EXPORT int sp_export(sp_client *client, const sp_export_opts *opts,
   struct client_export *e = calloc(1, sizeof *e);
   if (!e)
     return SP_ENOMEM;
+  e->save = save_limit > 0;
   struct export_rx rx = {.c = client, .e = e};
 
   struct sp_msgbuf mb;
-  uint64_t id = begin_request(client, &mb, opts);
+  uint64_t id = begin_request(client, &mb, opts, save_limit);
+  if (request_id)
+    *request_id = id;
   int rc = client_start(client, &mb, id);
   if (rc == 0) {
     /* The daemon waits up to timeout_ms for the other ranks and for
@@ -581,6 +641,19 @@ SP_EXPORT int sp_export(sp_client *client, const sp_export_opts *opts,
   client->exports = e;
   *out = &e->set;
   return 0;
+}
+
+SP_EXPORT int sp_export(sp_client *client, const sp_export_opts *opts,
+                        sp_owned_set **out) {
+  return client_export_run(client, opts, 0, out, NULL);
+}
+
+uint32_t client_export_files(const sp_owned_set *set, const uint32_t **file,
+                             uint64_t *total_size) {
+  const struct client_export *e = (const struct client_export *)set;
+  *file = e->file;
+  *total_size = e->total_size;
+  return e->nfiles;
 }
 
 SP_EXPORT int sp_release(sp_client *client, sp_owned_set *set) {

@@ -57,6 +57,7 @@ SP_EXPORT int sp_job_join(sp_client *client, const sp_ticket *ticket,
     return rc;
   client_reply_release(&reply);
   client->joined = true;
+  client->rank = rank;
   return 0;
 }
 

@@ -167,6 +167,12 @@ int client_decode_job(const msgpack_object *o, sp_job_status *job) {
   if (rc == 0 && (rc = sp_msg_get_u64(o, "bytes_to_prepare", true,
                                       &job->bytes_to_prepare)) == 1)
     rc = 0;
+  if (rc == 0 && (rc = sp_msg_get_u64(o, "bytes_written", true,
+                                      &job->bytes_written)) == 1)
+    rc = 0;
+  if (rc == 0 && (rc = sp_msg_get_u64(o, "bytes_to_write", true,
+                                      &job->bytes_to_write)) == 1)
+    rc = 0;
   return rc;
 }
 

@@ -58,6 +58,7 @@
 #include "daemon/job.h"
 #include "daemon/joblist.h"
 #include "daemon/log.h"
+#include "daemon/save.h"
 #include "daemon/metrics.h"
 #include "daemon/peer.h"
 #include "daemon/quota.h"
@@ -128,7 +129,8 @@ static int op_status(struct conn *c, const struct sp_msg_head *head,
                      const msgpack_object *map, struct sp_frame *frame);
 
 /* The dispatch table.  A handler replies itself and returns 0, or returns a
- * negative code that is sent back as an error reply.  Messages that do not
+ * negative code that is sent back as an error reply; save_progress, a
+ * notification, is never answered (docs/protocol.md).  Messages that do not
  * declare takes_fds have their fds closed before the handler runs.  Those
  * that declare new_work start something a stopping daemon would only have
  * to break: while it drains (drain.c) they are answered daemon_stopping
@@ -154,6 +156,8 @@ static const struct op {
     {"tensor_add", false, true, job_op_tensor_add, &registration_tensors_op},
     {"export", false, true, export_op_request, &export_ask_op},
     {"release", false, false, export_op_release},
+    {"save_step", false, false, save_op_step},
+    {"save_progress", false, false, save_op_progress},
     {"jobs", false, false, joblist_op_jobs},
     {"job_status", false, false, joblist_op_job_status},
     {"job_abort", false, false, abort_op_job_abort},

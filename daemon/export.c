@@ -17,6 +17,9 @@
  *               thread runs the rounds (engine.c).
  *   publishing  each rank's owned tensors are streamed to it in parts, no
  *               faster than its connection takes them.
+ *   writing     a save only (save.c): the owners write their files and
+ *               meet at the commit's barriers; the export ends when the
+ *               last one is passed.
  *   published / failed   the outcome, kept for status.
  *
  * Fail closed and together: a refusal or failure sends every rank of the
@@ -51,6 +54,7 @@
 #include "daemon/xfer/remote.h"
 #include "daemon/xfer/replicas.h"
 #include "daemon/xfer/thread.h"
+#include "daemon/save.h"
 #include "proto/fail.h"
 #include "proto/monotonic.h"
 #include "proto/text.h"
@@ -85,6 +89,10 @@ struct export {
   uint32_t max_keys;
   uint64_t max_bytes;
   uint32_t timeout_ms; /* the smallest the ranks asked for */
+  /* A save: its files' limit (0 for an export), and once planned its
+   * numbering and commit (save.c). */
+  uint64_t save_limit;
+  struct save *save;
   struct export_rank *ranks;
   bool failed;
   int fail_code; /* the code it failed with, once failed */
@@ -148,6 +156,8 @@ const char *export_phase_name(enum job_phase phase) {
     return "moving";
   case JOB_PUBLISHING:
     return "publishing";
+  case JOB_WRITING:
+    return "writing";
   case JOB_PUBLISHED:
     return "published";
   case JOB_FAILED:
@@ -282,6 +292,7 @@ static void free_export(struct export *ex) {
     er->m->in_export = false;
   }
   replicas_free(&ex->replicas);
+  save_free(ex->save);
   /* The plan borrows the gathered metadata: it goes first. */
   plan_free(ex->new_plan);
   publish_layout_free(&ex->new_layout);
@@ -396,6 +407,8 @@ static void fail_export_as(struct export *ex, int code, const char *message,
           ex->id, job->error);
   atomic_store(&ex->engine.cancel, true);
   atomic_store(&ex->plan_stop, true);
+  /* The owners writing a save hear it too, whatever they wait for. */
+  save_fail(ex->save, code, message);
   for (uint32_t r = 0; r < job->world; r++) {
     struct export_rank *er = &ex->ranks[r];
     if (er->answered)
@@ -818,6 +831,16 @@ static void on_conn_drained(struct conn *c, void *arg) {
   job_wake(arg);
 }
 
+/* The bytes of the tensors rank r owns: what it writes in a save, where
+ * every key is written, tied ones too (docs/checkpoints.md). */
+static uint64_t owned_bytes(const struct export *ex, uint32_t r) {
+  uint64_t n = 0;
+  for (size_t i = ex->layout->owned_first[r]; i < ex->layout->owned_first[r + 1];
+       i++)
+    n += ex->plan->keys[ex->layout->owned[i]].nbytes;
+  return n;
+}
+
 /* Queues the next parts of each rank's reply while its connection has room
  * for a whole part; the rest goes when it has drained. */
 static void pump(struct export *ex) {
@@ -844,9 +867,12 @@ static void pump(struct export *ex) {
           .handle = er->device_info.handle,
           .event = er->device_info.event,
           .size = er->device_info.size};
+      struct save_files files =
+          ex->save != NULL ? save_files(ex->save) : (struct save_files){0};
       publish_pack(ex->plan, ex->layout, &er->m->reg, r, er->request_id, ex->id,
                    p, er->nparts, er->part_first[p], end,
-                   er->device_segment ? &dev : NULL, &mb);
+                   er->device_segment ? &dev : NULL,
+                   ex->save != NULL ? &files : NULL, &mb);
       /* A reply that cannot be built would leave the rank waiting: its
        * connection closes instead, which it sees at once. */
       struct sp_frame_tx *tx = calloc(1, sizeof *tx);
@@ -873,7 +899,12 @@ static void pump(struct export *ex) {
     }
     if (er->m->conn == NULL || er->next_part == er->nparts) {
       er->answered = true;
-      er->m->in_export = false;
+      if (ex->save != NULL)
+        /* A save's owner goes on to write: it stays in the export. */
+        save_rank_published(ex->save, r, er->request_id,
+                            owned_bytes(ex, r));
+      else
+        er->m->in_export = false;
       if (er->m->conn != NULL)
         conn_on_drained(er->m->conn, NULL, NULL);
     } else {
@@ -939,6 +970,20 @@ static void start_publishing(struct export *ex) {
   pump(ex);
 }
 
+/* A save numbers its files from the plan it runs, and refuses a dtype
+ * safetensors cannot name, before anything moves (save.c).  0, or fails
+ * the export. */
+static int prepare_save(struct export *ex, const struct plan *plan) {
+  if (ex->save_limit == 0)
+    return 0;
+  char msg[SP_ERRMSG_MAX + 1];
+  int rc = save_new(ex->job, ex->id, plan, ex->save_limit, &ex->save, msg,
+                    sizeof msg);
+  if (rc != 0)
+    fail_export(ex, rc, msg);
+  return rc;
+}
+
 /* Moves a running export on after its thread finished or its connections
  * drained. */
 static void step(struct export *ex) {
@@ -962,6 +1007,9 @@ static void step(struct export *ex) {
       fail_export(ex, ex->plan_rc, ex->plan_msg);
       break;
     }
+    if (prepare_save(ex, ex->reuse_plan ? ex->job->cached_plan
+                                        : ex->new_plan) != 0)
+      break;
     if (!ex->reuse_plan) {
       ex->job->plan_digest = ex->new_plan->digest;
       ex->job->has_plan_digest = true;
@@ -1013,6 +1061,15 @@ static void step(struct export *ex) {
     for (uint32_t r = 0; r < ex->job->world; r++)
       if (!ex->ranks[r].answered)
         return;
+    if (ex->save != NULL && !ex->failed) {
+      ex->phase = JOB_WRITING;
+      progress_all(ex);
+      return;
+    }
+    break;
+  case JOB_WRITING:
+    if (!ex->failed && !save_pump(ex->save))
+      return;
     break;
   default:
     break;
@@ -1032,6 +1089,7 @@ static void member_ask(const void *ctx, uint32_t r, struct gather_ask *out) {
   out->max_keys = m->ask.max_keys;
   out->max_bytes = m->ask.max_bytes;
   out->timeout_ms = m->ask.timeout_ms;
+  out->save_limit = m->ask.save_limit;
   out->deadline_ms = m->ask_deadline_ms;
 }
 
@@ -1069,6 +1127,7 @@ static struct export *begin_export(struct job *job, struct mesh_export *mx,
   job->next_export_id = id + 1;
   ex->max_keys = o->max_keys;
   ex->max_bytes = o->max_bytes;
+  ex->save_limit = o->save_limit;
   ex->timeout_ms = o->timeout_ms;
   ex->started_ms = monotonic_ms();
   for (uint32_t r = 0; r < job->world; r++) {
@@ -1163,7 +1222,8 @@ static void maybe_start(struct job *job) {
   }
   ex->reuse_plan = cache_applies(ex);
   if (ex->reuse_plan && !ex->compare) {
-    start_moving(ex);
+    if (prepare_save(ex, job->cached_plan) == 0)
+      start_moving(ex);
     if (ex->failed && !ex->thread_alive)
       finish(ex);
     return;
@@ -1186,8 +1246,14 @@ void export_member_lost(struct job *job, struct job_member *m) {
   snprintf(stopping, sizeof stopping, "shardportd is stopping; job %s ends",
            job->hex);
   struct export *ex = job->running;
-  if (ex != NULL && !ex->ranks[m->rank].answered) {
-    if (ex->phase < JOB_PUBLISHING) {
+  if (ex != NULL)
+    save_rank_gone(ex->save, m->rank);
+  /* A save needs every rank until its commit is passed: one lost while
+   * it writes fails it everywhere; one that leaves once it has its last
+   * reply fails nothing. */
+  bool saving = ex != NULL && ex->save_limit != 0 && !save_committed(ex->save);
+  if (ex != NULL && (!ex->ranks[m->rank].answered || saving)) {
+    if (ex->phase < JOB_PUBLISHING || saving) {
       char during[64], msg[SP_ERRMSG_MAX + 1];
       snprintf(during, sizeof during, " during export %" PRIu64, ex->id);
       job_departure_text(job, m->rank, m->disconnected, during, m->refused,
@@ -1260,6 +1326,15 @@ void export_tick(struct job *job) {
     }
     progress_all(ex);
   }
+  if (ex->phase == JOB_WRITING && !ex->failed &&
+      now - save_progress_ms(ex->save) > ex->timeout_ms) {
+    char msg[200];
+    snprintf(msg, sizeof msg,
+             "export %" PRIu64 " of job %s: the save's ranks on this daemon "
+             "wrote and reported nothing for %" PRIu32 " ms",
+             ex->id, job->hex, ex->timeout_ms);
+    fail_export(ex, SP_ETIMEOUT, msg);
+  }
   if (ex->phase == JOB_PUBLISHING && now - ex->progress_ms > ex->timeout_ms) {
     /* A rank that does not read its reply would hold the job forever. */
     for (uint32_t r = 0; r < job->world; r++) {
@@ -1288,14 +1363,16 @@ void export_view(const struct job *job, struct export_view *out) {
     out->phase = ex->failed ? JOB_FAILED : ex->phase;
     out->export_id = ex->id;
     out->rounds = plan_rounds(ex);
-    out->round = ex->phase == JOB_MOVING       ? atomic_load(&ex->engine.round)
-                 : ex->phase == JOB_PUBLISHING ? out->rounds
-                                               : 0;
+    /* A save's writing comes after every round. */
+    bool moved = ex->phase == JOB_PUBLISHING || ex->phase == JOB_WRITING;
+    out->round = ex->phase == JOB_MOVING ? atomic_load(&ex->engine.round)
+                 : moved                 ? out->rounds
+                                         : 0;
     /* Before round 1 the engine prepares the owners' segments; on a big
      * first export that is most of the time, and must not read as a
      * stall. */
     out->bytes_to_prepare = ex->bytes_to_prepare;
-    out->bytes_prepared = out->round > 0 || ex->phase == JOB_PUBLISHING
+    out->bytes_prepared = out->round > 0 || moved
                               ? ex->bytes_to_prepare
                               : atomic_load(&ex->engine.bytes_prepared);
     if (out->phase == JOB_MOVING && out->round == 0)
@@ -1304,6 +1381,8 @@ void export_view(const struct job *job, struct export_view *out) {
     out->bytes_moved =
         ex->phase >= JOB_MOVING ? atomic_load(&ex->engine.bytes_moved) : 0;
     out->rate_bps = ex->rate_bps;
+    if (ex->save != NULL)
+      save_bytes(ex->save, &out->bytes_written, &out->bytes_to_write);
     for (uint32_t r = 0; r < job->world; r++)
       out->pool_used +=
           ex->ranks[r].segment != NULL ? ex->ranks[r].segment->size : 0;
@@ -1436,17 +1515,14 @@ int export_op_release(struct conn *c, const struct sp_msg_head *head,
 
 /* The wing's callbacks (daemon/mesh/mesh.h, struct mesh_ops). */
 static int on_mesh_start(struct job *job, struct mesh_export *mx,
-                         uint64_t export_id, uint32_t max_keys,
-                         uint64_t max_bytes, uint32_t timeout_ms, char *msg,
-                         size_t msglen) {
+                         uint64_t export_id, const struct gather_options *o,
+                         char *msg, size_t msglen) {
   if (job->running != NULL) {
     snprintf(msg, msglen, "job %s is still running export %" PRIu64,
              job->hex, job->running->id);
     return SP_ESTATE;
   }
-  struct gather_options o = {
-      .max_keys = max_keys, .max_bytes = max_bytes, .timeout_ms = timeout_ms};
-  struct export *ex = begin_export(job, mx, export_id, &o);
+  struct export *ex = begin_export(job, mx, export_id, o);
   if (ex == NULL) {
     snprintf(msg, msglen, "out of memory starting the export");
     return SP_ENOMEM;
@@ -1512,6 +1588,17 @@ void export_fail_asks(struct job *job, int code, const char *message) {
     fail_gather(job, code, message);
 }
 
+struct save *export_save(const struct job *job) {
+  return job->running != NULL ? job->running->save : NULL;
+}
+
+void export_fail_running(struct job *job, int code, const char *message) {
+  if (job->running == NULL)
+    return;
+  fail_export(job->running, code, message);
+  job_wake(job);
+}
+
 /* What the wing calls back: the job's own functions, and the export's
  * above (one table, handed to the wing in srv->mesh_ops). */
 const struct mesh_ops export_mesh_ops = {
@@ -1535,4 +1622,5 @@ const struct mesh_ops export_mesh_ops = {
     .fail = on_mesh_fail,
     .fail_asks = export_fail_asks,
     .any_asked = export_any_asked,
+    .commit = save_commit,
 };

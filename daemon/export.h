@@ -52,6 +52,8 @@ struct export_view {
   /* The owners' segments on this node, and how much of them the engine
    * has prepared (phase allocating). */
   uint64_t bytes_prepared, bytes_to_prepare;
+  /* A save: the bytes this daemon's ranks wrote, and will. */
+  uint64_t bytes_written, bytes_to_write;
   double rate_bps;
   uint64_t pool_used;
 };
@@ -66,6 +68,11 @@ bool export_any_asked(const struct job *job);
  * on every node) and the ranks waiting for one, with code and message:
  * an abort, a drain that ran out of time. */
 void export_abort(struct job *job, int code, const char *message);
+/* The running export's save (daemon/save.h), or NULL. */
+struct save *export_save(const struct job *job);
+/* Fails the running export on every rank, and across nodes on every node
+ * (a save's rank that could not write, save.c). */
+void export_fail_running(struct job *job, int code, const char *message);
 /* The wing's way back into jobs and exports (daemon/mesh/mesh.h), which
  * the server hands it. */
 struct mesh_ops;

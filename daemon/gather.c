@@ -30,6 +30,20 @@ int gather_agree(const struct gather_ranks *g, const struct config *cfg,
     if (r == 0) {
       out->max_keys = keys;
       out->max_bytes = bytes;
+      out->save_limit = a.save_limit;
+    } else if (a.save_limit != out->save_limit) {
+      if (out->save_limit == 0 || a.save_limit == 0)
+        snprintf(msg, msglen,
+                 "ranks disagree on what to do: rank 0 asked for %s, rank "
+                 "%" PRIu32 " for %s",
+                 out->save_limit ? "a save" : "an export", r,
+                 a.save_limit ? "a save" : "an export");
+      else
+        snprintf(msg, msglen,
+                 "ranks disagree on the save's max_shard_bytes: rank 0 "
+                 "asked %" PRIu64 ", rank %" PRIu32 " asked %" PRIu64,
+                 out->save_limit, r, a.save_limit);
+      return SP_EINVAL;
     } else if (keys != out->max_keys || bytes != out->max_bytes) {
       snprintf(msg, msglen,
                "ranks disagree on the export options: rank 0 asked max_keys "

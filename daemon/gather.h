@@ -25,6 +25,8 @@ struct gather_ask {
   uint32_t max_keys;
   uint64_t max_bytes;
   uint32_t timeout_ms;
+  /* A save's file limit (daemon/save.h), or 0: an export. */
+  uint64_t save_limit;
   /* When its ask times out (set when asked). */
   uint64_t deadline_ms;
 };
@@ -41,10 +43,12 @@ struct gather_options {
   uint32_t max_keys;
   uint64_t max_bytes;
   uint32_t timeout_ms; /* the smallest any rank asked for */
+  uint64_t save_limit; /* every rank's alike: a save, or 0 */
 };
 
 /* Every rank asked: their options, or SP_EINVAL with a sentence naming
- * rank 0's and those of the first rank that differs. */
+ * rank 0's and those of the first rank that differs (whether, and with
+ * which limit, they save included). */
 int gather_agree(const struct gather_ranks *g, const struct config *cfg,
                  struct gather_options *out, char *msg, size_t msglen);
 /* Some ranks asked, not all, and the first of their deadlines passed by

@@ -695,7 +695,7 @@ void job_pack(const struct job *job, msgpack_packer *pk, uint32_t extra) {
   export_view(job, &v);
   job_count_ranks(job, &joined, &asked);
   bool failed = v.phase == JOB_FAILED;
-  msgpack_pack_map(pk, (failed ? 18 : 17) + extra);
+  msgpack_pack_map(pk, (failed ? 20 : 19) + extra);
   sp_pack_kv_str(pk, "job_id", job->hex);
   sp_pack_kv_str(pk, "phase", export_phase_name(v.phase));
   if (failed)
@@ -710,6 +710,8 @@ void job_pack(const struct job *job, msgpack_packer *pk, uint32_t extra) {
   sp_pack_kv_u64(pk, "bytes_total", v.bytes_total);
   sp_pack_kv_u64(pk, "bytes_prepared", v.bytes_prepared);
   sp_pack_kv_u64(pk, "bytes_to_prepare", v.bytes_to_prepare);
+  sp_pack_kv_u64(pk, "bytes_written", v.bytes_written);
+  sp_pack_kv_u64(pk, "bytes_to_write", v.bytes_to_write);
   sp_pack_kv_f64(pk, "rate_bps", v.rate_bps);
   sp_pack_kv_u64(pk, "pool_used", v.pool_used);
   /* Every daemon of a job across nodes shows the same digest. */

@@ -35,6 +35,7 @@ enum job_phase {
   JOB_ALLOCATING,
   JOB_MOVING,     /* the engine runs the rounds */
   JOB_PUBLISHING, /* replies streaming to the owners */
+  JOB_WRITING,    /* a save: the owners write their files (save.c) */
   JOB_PUBLISHED,  /* the last export succeeded */
   JOB_FAILED,     /* the last export failed (job->error) */
 };

@@ -15,7 +15,8 @@
  *
  * Reply: a rank's owned keys in name order, cut into parts that each fit a
  * frame (docs/protocol.md, "export").  Only keys the plan gives to that
- * rank are ever listed.
+ * rank are ever listed.  A save's reply also names each tensor's file and,
+ * in part 0, how many files the checkpoint has.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@
 #include "daemon/publish.h"
 #include "daemon/registry.h"
 #include "proto/tensor.h"
+#include "daemon/save.h"
 #include "shardport.h"
 
 void publish_layout_free(struct publish_layout *l) {
@@ -99,14 +101,14 @@ static const struct plan_key *published_as(const struct plan *plan,
 /* An upper bound of one tensor map's packed size: each field name, a str
  * header of at most 5 bytes, an integer of at most 9. */
 static uint64_t tensor_bound(const struct plan_key *key) {
-  return 128 + strlen(key->name) + 18u * key->ndim;
+  return 144 + strlen(key->name) + 18u * key->ndim;
 }
 
 /* The msgpack items one tensor map adds to a frame as the wire check
- * counts them: its place in the tensors array, its six pairs (two items
- * each), and the shape and stride entries. */
+ * counts them: its place in the tensors array, its six pairs (seven in a
+ * save; two items each), and the shape and stride entries. */
 static uint64_t tensor_items(const struct plan_key *key) {
-  return 1 + 2 * 6 + 2u * key->ndim;
+  return 1 + 2 * 7 + 2u * key->ndim;
 }
 
 int publish_parts(const struct plan *plan, const struct publish_layout *l,
@@ -152,11 +154,14 @@ int publish_parts(const struct plan *plan, const struct publish_layout *l,
 
 static void pack_tensor(msgpack_packer *pk, const struct plan *plan,
                         const struct publish_layout *l,
-                        const struct registry *owner, uint32_t k) {
+                        const struct registry *owner,
+                        const struct save_files *files, uint32_t k) {
   const struct plan_key *key = &plan->keys[k];
   const struct plan_key *as = published_as(plan, key);
-  msgpack_pack_map(pk, 6);
+  msgpack_pack_map(pk, files != NULL ? 7 : 6);
   sp_pack_kv_str(pk, "key", key->name);
+  if (files != NULL)
+    sp_pack_kv_u64(pk, "file", files->file[k]);
   sp_pack_kv_str(pk, "dtype", sp_dtype_name(key->dtype));
   sp_pack_kv_dims(pk, "shape", key->shape, key->ndim);
   if (as->kind == PLAN_KEY_IDENTITY) {
@@ -195,11 +200,14 @@ void publish_pack(const struct plan *plan, const struct publish_layout *l,
                   const struct registry *owner, uint32_t rank,
                   uint64_t request_id, uint64_t export_id, size_t part,
                   size_t nparts, size_t first, size_t end,
-                  const struct publish_device *dev, struct sp_msgbuf *mb) {
+                  const struct publish_device *dev,
+                  const struct save_files *files, struct sp_msgbuf *mb) {
   bool segment_list = part == 0;
   bool device_list = segment_list && dev != NULL;
+  bool file_count = segment_list && files != NULL;
   sp_msgbuf_begin(mb, "export", request_id,
-                  4 + (segment_list ? 1 : 0) + (device_list ? 1 : 0));
+                  4 + (segment_list ? 1 : 0) + (device_list ? 1 : 0) +
+                      (file_count ? 2 : 0));
   sp_pack_kv_u64(&mb->pk, "export_id", export_id);
   sp_pack_kv_u64(&mb->pk, "part", part);
   sp_pack_kv_u64(&mb->pk, "parts", nparts);
@@ -211,8 +219,12 @@ void publish_pack(const struct plan *plan, const struct publish_layout *l,
     msgpack_pack_array(&mb->pk, 1);
     pack_device_segment(&mb->pk, dev);
   }
+  if (file_count) {
+    sp_pack_kv_u64(&mb->pk, "files", files->nfiles);
+    sp_pack_kv_u64(&mb->pk, "total_size", files->total_size);
+  }
   sp_pack_str(&mb->pk, "tensors");
   msgpack_pack_array(&mb->pk, (uint32_t)(end - first));
   for (size_t i = first; i < end; i++)
-    pack_tensor(&mb->pk, plan, l, owner, l->owned[i]);
+    pack_tensor(&mb->pk, plan, l, owner, files, l->owned[i]);
 }

@@ -47,11 +47,15 @@ struct publish_device {
 
 /* Packs one part of rank's export reply; owner is rank's registry (for
  * identity tensors' sids); dev is the rank's segment when it is on a GPU
- * (part 0 lists it in cuda_segments and carries no descriptor), else NULL. */
+ * (part 0 lists it in cuda_segments and carries no descriptor), else NULL;
+ * files is a save's numbering (daemon/save.h: each tensor's file, and in
+ * part 0 the file count and total bytes), or NULL for an export. */
+struct save_files;
 void publish_pack(const struct plan *plan, const struct publish_layout *l,
                   const struct registry *owner, uint32_t rank,
                   uint64_t request_id, uint64_t export_id, size_t part,
                   size_t nparts, size_t first, size_t end,
-                  const struct publish_device *dev, struct sp_msgbuf *mb);
+                  const struct publish_device *dev,
+                  const struct save_files *files, struct sp_msgbuf *mb);
 
 #endif /* SP_DAEMON_PUBLISH_H */

@@ -594,6 +594,20 @@ int request_parse_export(const msgpack_object *map, struct req_export *out,
     return sp_failf(msg, msglen, SP_EBADMSG, "\"progress\" must be a bool");
   if (rc == 1)
     out->progress = false;
+  const msgpack_object *save;
+  rc = sp_msg_get_map(map, "save", true, &save);
+  if (rc < 0)
+    return sp_failf(msg, msglen, SP_EBADMSG,
+                    "\"save\" must be a map of the save's options");
+  if (rc == 0) {
+    if ((rc = get_uint(save, "max_shard_bytes", false, UINT64_MAX, &v,
+                       "save: ", msg, msglen)) < 0)
+      return rc;
+    if (v == 0)
+      return sp_failf(msg, msglen, SP_EINVAL,
+                      "save: \"max_shard_bytes\" must be 1 or more");
+    out->save_limit = v;
+  }
   rc = sp_msg_get_array(map, "groups", true, &groups);
   if (rc < 0)
     return sp_failf(msg, msglen, SP_EBADMSG,

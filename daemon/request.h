@@ -103,6 +103,9 @@ struct req_export {
   uint32_t timeout_ms; /* 0: the daemon's default */
   bool progress;
   struct req_groups groups;
+  /* 0: an export; else a save (daemon/save.h) whose files hold at most
+   * this many bytes of tensors. */
+  uint64_t save_limit;
 };
 
 /* Each returns 0, or a negative code with a sentence in msg naming the

@@ -108,7 +108,11 @@ extern "C" {
   X(DAEMONSTOPPING, 102, "daemon_stopping",                                    \
     "shardportd is stopping and takes no new jobs, ranks or exports")          \
   X(DAEMONRESTARTED, 103, "daemon_restarted",                                  \
-    "shardportd stopped or restarted; the job is gone, create it again")
+    "shardportd stopped or restarted; the job is gone, create it again")      \
+  /* checkpoints */                                                            \
+  X(EXISTS, 120, "checkpoint_exists",                                          \
+    "a checkpoint exists in that directory already")                           \
+  X(WRITE, 121, "write_failed", "a rank could not write its checkpoint files")
 
 typedef enum sp_error {
 #define SP_ERROR_ENUM(name, num, wire, msg) SP_E##name = -(num),
@@ -189,7 +193,7 @@ typedef struct sp_node_status {
 typedef struct sp_job_status {
   char *job_id;         /* hex id */
   char *phase;          /* waiting, planning, allocating, moving, publishing,
-                           published, failed */
+                           writing (a save), published, failed */
   char *error;          /* set when phase is failed, else NULL */
   uint32_t world;       /* ranks in the job */
   uint32_t joined;      /* ranks joined on this daemon's view */
@@ -211,6 +215,10 @@ typedef struct sp_job_status {
    * how much of them is prepared (phase allocating: before round 1). */
   uint64_t bytes_prepared;
   uint64_t bytes_to_prepare;
+  /* A save (phase writing): the tensor bytes this daemon's ranks have
+   * written to their files, and will write. */
+  uint64_t bytes_written;
+  uint64_t bytes_to_write;
 } sp_job_status;
 
 typedef struct sp_status_info {
@@ -469,11 +477,16 @@ typedef struct sp_group {
 
 /* Valid during the callback only. */
 typedef struct sp_progress {
-  const char *phase; /* waiting, planning, moving, publishing */
+  const char *phase; /* waiting, planning, moving, publishing; writing in a
+                        save (sp_save) */
   uint32_t round;
   uint32_t rounds;
   uint64_t bytes_moved;
   uint64_t bytes_total;
+  /* A save: the tensor bytes this rank has written to its files so far,
+   * and will write in all (0 outside phase writing). */
+  uint64_t bytes_written;
+  uint64_t bytes_to_write;
 } sp_progress;
 
 typedef void (*sp_progress_fn)(const sp_progress *progress, void *arg);
@@ -539,6 +552,69 @@ SP_EXPORT int sp_export(sp_client *client, const sp_export_opts *opts,
  * freed (client is not used then); otherwise client must be the one that
  * exported it (SP_EINVAL, nothing freed). */
 SP_EXPORT int sp_release(sp_client *client, sp_owned_set *set);
+
+/* ---- checkpoints (docs/checkpoints.md) ---- */
+
+/* One string of a checkpoint's __metadata__. */
+typedef struct sp_metadata {
+  const char *key;
+  const char *value;
+} sp_metadata;
+
+/* The most tensor bytes of one file when sp_save_opts names none: 5 GiB. */
+#define SP_SAVE_DEFAULT_SHARD_BYTES (UINT64_C(5) << 30)
+
+typedef struct sp_save_opts {
+  /* The most tensor bytes one file holds (0: 5 GiB); a tensor larger than
+   * that alone gets a file of its own.  Every rank must pass the same. */
+  uint64_t max_shard_bytes;
+  /* Strings every file's __metadata__ holds after {"format": "pt"}:
+   * UTF-8 keys and values, the key "format" and repeated keys refused. */
+  size_t nmetadata;
+  const sp_metadata *metadata;
+  /* 1: replace a checkpoint already in the directory (its index is
+   * removed before any file of the new one takes a final name); 0: refuse
+   * with SP_EEXISTS on every rank. */
+  int overwrite;
+  /* The export's options: groups, rounds, timeout_ms and the progress
+   * callback, which also hears phase writing. */
+  sp_export_opts export_opts;
+} sp_save_opts;
+
+/* What sp_save wrote. */
+typedef struct sp_save_result {
+  uint32_t files;       /* files this rank wrote */
+  uint32_t total_files; /* files of the whole checkpoint */
+  uint64_t bytes;       /* tensor bytes this rank wrote */
+  uint64_t total_bytes; /* tensor bytes of the whole checkpoint (the
+                           index's total_size) */
+  double seconds;       /* from the call to the index being durable */
+  int wrote_index;      /* 1 on the rank that wrote the index (rank 0) */
+} sp_save_result;
+
+/*
+ * Saves the job's tensors as a Hugging Face checkpoint in dir: safetensors
+ * files and model.safetensors.index.json.  A collective: every rank of the
+ * job calls it with the same dir and options, after registering.  It
+ * exports, and each owner writes the tensors it owns into files of its
+ * own (in parallel, on every node, with this process's permissions),
+ * releases the export, and once every rank's files are durable under
+ * their final names rank 0 writes the index; then every rank returns.
+ * Files are written under temporary names, fsynced and renamed only when
+ * every rank's are durable, and the index comes last, so a failure on any
+ * rank, node or daemon fails the save on every rank with one error and
+ * leaves no index and no incomplete file under a final name
+ * (docs/checkpoints.md).  dir is made when missing (mode 0777 less the
+ * umask).
+ *
+ * Errors: the export's (sp_export), SP_EEXISTS when dir holds a checkpoint
+ * and opts->overwrite is 0, SP_EWRITE when a rank could not write
+ * (sp_last_message names the rank, the file and the system's reason),
+ * SP_EDTYPE for a key whose dtype safetensors cannot name, SP_EINVAL for
+ * bad options.  out (optional) is filled on success.
+ */
+SP_EXPORT int sp_save(sp_client *client, const char *dir,
+                      const sp_save_opts *opts, sp_save_result *out);
 
 #ifdef __cplusplus
 }

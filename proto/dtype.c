@@ -9,11 +9,12 @@
 struct dtype_entry {
   const char *name;
   uint32_t size;
+  const char *safetensors;
 };
 
 static const struct dtype_entry dtype_table[SP_DTYPE_COUNT] = {
-    [SP_DTYPE_INVALID] = {"invalid", 0},
-#define SP_DTYPE_ENTRY(name, str, size) [SP_DTYPE_##name] = {str, size},
+    [SP_DTYPE_INVALID] = {"invalid", 0, NULL},
+#define SP_DTYPE_ENTRY(name, str, size, st) [SP_DTYPE_##name] = {str, size, st},
     SP_DTYPE_MAP(SP_DTYPE_ENTRY)
 #undef SP_DTYPE_ENTRY
 };
@@ -46,4 +47,10 @@ uint32_t sp_dtype_size(enum sp_dtype dtype) {
   if ((unsigned)dtype >= SP_DTYPE_COUNT)
     return 0;
   return dtype_table[dtype].size;
+}
+
+const char *sp_dtype_safetensors_name(enum sp_dtype dtype) {
+  if ((unsigned)dtype >= SP_DTYPE_COUNT)
+    return NULL;
+  return dtype_table[dtype].safetensors;
 }

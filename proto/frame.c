@@ -163,15 +163,17 @@ int sp_frame_rx_read(struct sp_frame_rx *rx, int sock, struct sp_frame *out) {
                          .msg_control = control.buf,
                          .msg_controllen = sizeof control.buf};
     ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    bool between_frames = rx->header_have == 0 && rx->nfds == 0;
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
+      return 0;
+    /* A peer that died with bytes of ours unread resets the connection
+     * instead of closing it: between frames that is the same end. */
     if (n < 0)
-      return errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK ? 0
-                                                                      : SP_EIO;
+      return errno == ECONNRESET && between_frames ? SP_ECLOSED : SP_EIO;
     if (!take_fds(rx, &msg))
       return SP_ETOOMANYFDS;
-    if (n == 0) {
-      bool between_frames = rx->header_have == 0 && rx->nfds == 0;
+    if (n == 0)
       return between_frames ? SP_ECLOSED : SP_EIO;
-    }
     taken += (size_t)n;
     if (rx->header_have < SP_FRAME_HEADER)
       rx->header_have += (size_t)n;

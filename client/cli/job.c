@@ -74,6 +74,12 @@ static void print_head(FILE *out, const sp_job_detail *d) {
     snprintf(line, sizeof line, "%s of %s of the pool", a, b);
     row(out, "prepared", line);
   }
+  if (job->bytes_to_write > 0 && strcmp(job->phase, "writing") == 0) {
+    sp_format_bytes(job->bytes_written, a, sizeof a);
+    sp_format_bytes(job->bytes_to_write, b, sizeof b);
+    snprintf(line, sizeof line, "%s of %s of the checkpoint", a, b);
+    row(out, "written", line);
+  }
   snprintf(line, sizeof line, "%llu finished", (unsigned long long)d->exports);
   row(out, "exports", line);
   status_print_nodes(out, job);

@@ -57,6 +57,12 @@ static void print_progress_notes(FILE *out, const sp_job_status *job) {
     sp_format_bytes(job->bytes_to_prepare, total, sizeof total);
     fprintf(out, "    preparing the pool: %s of %s\n", done, total);
   }
+  if (job->bytes_to_write > 0 && strcmp(job->phase, "writing") == 0) {
+    char done[32], total[32];
+    sp_format_bytes(job->bytes_written, done, sizeof done);
+    sp_format_bytes(job->bytes_to_write, total, sizeof total);
+    fprintf(out, "    writing the checkpoint: %s of %s\n", done, total);
+  }
   if (job->asked > 0 && strcmp(job->phase, "waiting") == 0)
     fprintf(out, "    asked: %u of %u ranks (`shardport status JOB` shows "
             "which)\n",
@@ -205,6 +211,8 @@ void status_json_job_fields(FILE *out, const sp_job_status *job) {
   json_u64(out, "export_id", job->export_id);
   json_u64(out, "bytes_prepared", job->bytes_prepared);
   json_u64(out, "bytes_to_prepare", job->bytes_to_prepare);
+  json_u64(out, "bytes_written", job->bytes_written);
+  json_u64(out, "bytes_to_write", job->bytes_to_write);
   json_u64(out, "node", job->node);
   fputs(",\"nodes\":[", out);
   for (size_t n = 0; n < job->nnodes; n++) {

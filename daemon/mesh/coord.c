@@ -12,6 +12,7 @@
 
 #include "daemon/gather.h"
 #include "daemon/mesh/internal.h"
+#include "daemon/save.h"
 #include "shardport.h"
 
 static void coord_fail(struct mesh *ms, uint64_t gather, int code,
@@ -66,6 +67,7 @@ static void coord_rank_ask(const void *ctx, uint32_t r,
                              .max_keys = a->max_keys,
                              .max_bytes = a->max_bytes,
                              .timeout_ms = a->timeout_ms,
+                             .save_limit = a->save_limit,
                              .deadline_ms = a->deadline_ms};
 }
 
@@ -90,6 +92,7 @@ static int coord_roster(struct mesh *ms, struct nodemsg *p) {
     snprintf(p->nodes[p->nnodes - 1].addr, NODE_ADDR_MAX, "%s", n->addr);
     n->in_export = true;
     n->planned = n->moved = false;
+    n->saved = 0;
     n->heard_ms = ms->ops->now_ms();
   }
   return 0;
@@ -143,6 +146,7 @@ static void coord_announce(struct mesh *ms, const struct nodemsg *p,
   ms->cexport_gather = ms->cgather;
   ms->cexport_id = p->export_id;
   ms->ctimeout = p->timeout_ms;
+  ms->csave_limit = p->save_limit;
   for (size_t i = 0; i < p->nnodes; i++)
     inbox_to_node(ms, p->nodes[i].node, p, metas, job->world);
 }
@@ -167,6 +171,7 @@ static void coord_gather_complete(struct mesh *ms) {
                       .max_keys = o.max_keys,
                       .max_bytes = o.max_bytes,
                       .timeout_ms = o.timeout_ms,
+                      .save_limit = o.save_limit,
                       .world = job->world,
                       .rank_nodes = ms->rank_node};
   struct nodeblob **metas = malloc(job->world * sizeof *metas);
@@ -209,6 +214,7 @@ static void coord_ask(struct mesh *ms, struct mesh_node *n,
   *a = (struct mesh_ask){.asked = true,
                          .max_keys = m->max_keys,
                          .max_bytes = m->max_bytes,
+                         .save_limit = m->save_limit,
                          .timeout_ms = m->timeout_ms,
                          .deadline_ms = ms->ops->now_ms() + t,
                          .meta = nodeblob_ref(blob)};
@@ -331,6 +337,36 @@ static void coord_moved(struct mesh *ms, struct mesh_node *n,
   for (uint32_t i = 0; i < ms->nnodes; i++)
     if (ms->nodes[i] != NULL && ms->nodes[i]->in_export)
       inbox_to_node(ms, i, &pub, NULL, 0);
+  if (ms->csave_limit != 0) {
+    /* A save goes on: its owners write, and the root holds the commit. */
+    ms->cstate = COORD_SAVING;
+    return;
+  }
+  coord_export_over(ms);
+  if (ms->nasked == ms->job->world)
+    coord_gather_complete(ms);
+}
+
+/* A save's commit: step s is passed once every node of the export has
+ * reported it, and the root tells them all (daemon/save.h). */
+static void coord_saved(struct mesh *ms, struct mesh_node *n,
+                        const struct nodemsg *m) {
+  if (ms->cstate != COORD_SAVING || m->gather != ms->cexport_gather ||
+      !n->in_export || m->step != n->saved + 1)
+    return;
+  n->saved = m->step;
+  for (uint32_t i = 0; i < ms->nnodes; i++)
+    if (ms->nodes[i] != NULL && ms->nodes[i]->in_export &&
+        ms->nodes[i]->saved < m->step)
+      return;
+  struct nodemsg commit = {.op = NODEMSG_COMMIT,
+                           .gather = ms->cexport_gather,
+                           .step = m->step};
+  for (uint32_t i = 0; i < ms->nnodes; i++)
+    if (ms->nodes[i] != NULL && ms->nodes[i]->in_export)
+      inbox_to_node(ms, i, &commit, NULL, 0);
+  if (m->step < SAVE_STEPS)
+    return;
   coord_export_over(ms);
   if (ms->nasked == ms->job->world)
     coord_gather_complete(ms);
@@ -368,6 +404,9 @@ void coord_handle(struct mesh *ms, uint32_t from, const struct nodemsg *m,
     break;
   case NODEMSG_MOVED:
     coord_moved(ms, n, m);
+    break;
+  case NODEMSG_SAVED:
+    coord_saved(ms, n, m);
     break;
   case NODEMSG_FAIL:
     coord_fail_msg(ms, m);

@@ -66,6 +66,8 @@ struct mesh_node {
    * rank's digests of the replicated and plain keys (none when it
    * compares none). */
   bool in_export, planned, moved;
+  /* A save: the last step of its commit the node's ranks all reported. */
+  uint32_t saved;
   uint64_t digest;
   uint32_t replica_rank;
   size_t nreplicas;
@@ -98,6 +100,7 @@ struct mesh_ask {
   bool asked;
   uint32_t max_keys;
   uint64_t max_bytes;
+  uint64_t save_limit;
   uint32_t timeout_ms;
   uint64_t deadline_ms;
   struct nodeblob *meta;
@@ -110,6 +113,7 @@ struct mesh_export {
   uint32_t world;
   uint32_t max_keys, timeout_ms;
   uint64_t max_bytes;
+  uint64_t save_limit; /* a save (daemon/save.h), or 0 */
   uint32_t *rank_nodes;
   struct nodemsg_node *nodes;
   size_t nnodes;
@@ -171,7 +175,9 @@ struct mesh {
   struct mesh_ask *asks;
   uint32_t nasked;
   uint64_t cgather;
-  enum { COORD_IDLE, COORD_PLANNING, COORD_MOVING } cstate;
+  /* SAVING: a save's owners write and pass its commit (daemon/save.h). */
+  enum { COORD_IDLE, COORD_PLANNING, COORD_MOVING, COORD_SAVING } cstate;
+  uint64_t csave_limit;
   uint64_t cexport_gather, cexport_id;
   uint32_t ctimeout;
   uint64_t next_export_id;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "daemon/mesh/internal.h"
+#include "daemon/save.h"
 #include "shardport.h"
 
 void mesh_asks(struct job *job) {
@@ -47,6 +48,7 @@ void mesh_asks(struct job *job) {
                         .rank = r,
                         .max_keys = m->ask.max_keys,
                         .max_bytes = m->ask.max_bytes,
+                        .save_limit = m->ask.save_limit,
                         .timeout_ms = m->ask.timeout_ms};
     nodeblob_unref(ms->sent_meta[r]);
     ms->sent_meta[r] = nodeblob_ref(meta);
@@ -136,6 +138,15 @@ void mesh_moved(struct job *job) {
   inbox_to_root(ms, &m, NULL);
 }
 
+void mesh_saved(struct job *job, uint32_t step) {
+  struct mesh *ms = job->mesh;
+  if (ms->current == NULL)
+    return;
+  struct nodemsg m = {.op = NODEMSG_SAVED, .gather = ms->current->gather,
+                      .step = step};
+  inbox_to_root(ms, &m, NULL);
+}
+
 void mesh_failed(struct job *job, int code, const char *message) {
   struct mesh *ms = job->mesh;
   if (ms->current == NULL)
@@ -209,8 +220,11 @@ void mesh_try_start(struct job *job) {
   char msg[SP_ERRMSG_MAX + 1];
   /* Current first: a failure while starting reports this export. */
   ms->current = mx;
-  int rc = ms->ops->start(job, mx, mx->export_id, mx->max_keys, mx->max_bytes,
-                          mx->timeout_ms, msg, sizeof msg);
+  struct gather_options o = {.max_keys = mx->max_keys,
+                             .max_bytes = mx->max_bytes,
+                             .timeout_ms = mx->timeout_ms,
+                             .save_limit = mx->save_limit};
+  int rc = ms->ops->start(job, mx, mx->export_id, &o, msg, sizeof msg);
   if (rc != 0) {
     ms->current = NULL;
     refuse_start(ms, mx, rc, msg);
@@ -273,6 +287,7 @@ static void member_plan(struct mesh *ms, const struct nodemsg *m,
   mx->world = m->world;
   mx->max_keys = m->max_keys;
   mx->max_bytes = m->max_bytes;
+  mx->save_limit = m->save_limit;
   mx->timeout_ms = m->timeout_ms;
   mx->comm_gen = m->comm_gen;
   memcpy(mx->nccl_id, m->comm_gen > 0 ? m->nccl_id : job->nccl_id,
@@ -338,8 +353,17 @@ void member_handle(struct mesh *ms, const struct nodemsg *m,
     break;
   case NODEMSG_PUBLISH:
     if (ms->current != NULL && ms->current->gather == m->gather) {
-      ms->current->published = true;
+      /* A save is not over until the last step of its commit. */
+      ms->current->published = ms->current->save_limit == 0;
       ms->ops->publish(job);
+    }
+    break;
+  case NODEMSG_COMMIT:
+    if (ms->current != NULL && ms->current->gather == m->gather &&
+        ms->current->save_limit != 0) {
+      if (m->step == SAVE_STEPS)
+        ms->current->published = true;
+      ms->ops->commit(job, m->step);
     }
     break;
   case NODEMSG_FAIL:

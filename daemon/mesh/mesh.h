@@ -13,6 +13,7 @@
 
 #include <msgpack.h>
 
+#include "daemon/gather.h"
 #include "daemon/layer.h"
 #include "daemon/request.h"
 #include "proto/msg.h"
@@ -96,8 +97,7 @@ struct mesh_ops {
    * resolved: 0 (the export owns mx), or a code and a message to fail it
    * everywhere with (mx stays the caller's). */
   int (*start)(struct job *job, struct mesh_export *mx, uint64_t export_id,
-               uint32_t max_keys, uint64_t max_bytes, uint32_t timeout_ms,
-               char *msg, size_t msglen);
+               const struct gather_options *o, char *msg, size_t msglen);
   /* The root's go (every node planned alike; differ: but two nodes'
    * copies of a replicated key differ, and the export is refused) and
    * publish (every node moved its data). */
@@ -110,6 +110,9 @@ struct mesh_ops {
    * warn when there are any; whether any waits. */
   void (*fail_asks)(struct job *job, int code, const char *message);
   bool (*any_asked)(const struct job *job);
+  /* A save: every node's ranks reported step of its commit (the root's
+   * word, daemon/save.h). */
+  void (*commit)(struct job *job, uint32_t step);
 };
 
 /* ---- jobs across nodes (the wing's files, internal.h says which) ---- */
@@ -154,6 +157,8 @@ int mesh_plan_input(struct mesh_export *mx, struct plan_input *in, char *msg,
 void mesh_planned(struct job *job, uint64_t digest,
                   const struct replica_digests *replicas);
 void mesh_moved(struct job *job);
+/* A save: every rank of this node reported step of its commit. */
+void mesh_saved(struct job *job, uint32_t step);
 void mesh_failed(struct job *job, int code, const char *message);
 /* The data plane lost node: on the root, the node leaves the job as if its
  * control link had closed, so that its ranks no longer keep the job alive

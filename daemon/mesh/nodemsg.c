@@ -23,6 +23,7 @@
 #include "daemon/netaddr.h"
 #include "proto/fail.h"
 #include "proto/tensor.h"
+#include "daemon/save.h"
 #include "proto/wire.h"
 #include "shardport.h"
 
@@ -36,6 +37,7 @@ static const struct {
     {NODEMSG_ASK, "ask"},          {NODEMSG_PLAN, "plan"},
     {NODEMSG_PLANNED, "planned"},  {NODEMSG_GO, "go"},
     {NODEMSG_MOVED, "moved"},      {NODEMSG_PUBLISH, "publish"},
+    {NODEMSG_SAVED, "saved"},      {NODEMSG_COMMIT, "commit"},
     {NODEMSG_FAIL, "fail"},        {NODEMSG_BEAT, "beat"},
     {NODEMSG_BYE, "bye"},          {NODEMSG_ERROR, "error"},
     {NODEMSG_ABORT, "abort"},
@@ -282,6 +284,10 @@ static int parse_options(const msgpack_object *map, struct nodemsg *m,
       (rc = get_u32(map, "timeout_ms", REQ_MAX_TIMEOUT_MS, &m->timeout_ms,
                     msg, msglen)) != 0)
     return rc;
+  /* Optional: a save's file limit (daemon/save.h); absent for an export. */
+  if (sp_msg_field(map, "save") != NULL &&
+      (rc = get_u(map, "save", UINT64_MAX, &m->save_limit, msg, msglen)) != 0)
+    return rc;
   return 0;
 }
 
@@ -400,6 +406,16 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
   case NODEMSG_PUBLISH:
   case NODEMSG_BEAT:
     return get_u(map, "gather", UINT64_MAX, &m->gather, msg, msglen);
+  case NODEMSG_SAVED:
+  case NODEMSG_COMMIT:
+    if ((rc = get_u(map, "gather", UINT64_MAX, &m->gather, msg, msglen)) != 0)
+      return rc;
+    if ((rc = get_u32(map, "step", SAVE_STEPS, &m->step, msg, msglen)) != 0)
+      return rc;
+    if (m->step == 0)
+      return sp_failf(msg, msglen, SP_EINVAL, "\"step\" is 0: steps count "
+                      "from 1");
+    return 0;
   case NODEMSG_FAIL:
     if ((rc = get_u(map, "gather", UINT64_MAX, &m->gather, msg, msglen)) != 0)
       return rc;
@@ -433,9 +449,9 @@ static uint32_t fields_of(const struct nodemsg *m) {
   case NODEMSG_LEFT:
     return m->message[0] != '\0' ? 3 : 2;
   case NODEMSG_ASK:
-    return 5;
+    return 5 + (m->save_limit > 0);
   case NODEMSG_PLAN:
-    return m->comm_gen > 0 ? 9 : 7;
+    return (m->comm_gen > 0 ? 9 : 7) + (m->save_limit > 0);
   case NODEMSG_PLANNED:
     return 2 + (m->code != 0) + (m->nreplicas > 0 ? 2 : 0);
   case NODEMSG_GO:
@@ -444,6 +460,9 @@ static uint32_t fields_of(const struct nodemsg *m) {
   case NODEMSG_PUBLISH:
   case NODEMSG_BEAT:
     return 1;
+  case NODEMSG_SAVED:
+  case NODEMSG_COMMIT:
+    return 2;
   case NODEMSG_FAIL:
     return 3;
   case NODEMSG_ERROR:
@@ -527,6 +546,8 @@ void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
     sp_pack_kv_u64(pk, "max_keys", m->max_keys);
     sp_pack_kv_u64(pk, "max_bytes", m->max_bytes);
     sp_pack_kv_u64(pk, "timeout_ms", m->timeout_ms);
+    if (m->save_limit > 0)
+      sp_pack_kv_u64(pk, "save", m->save_limit);
     break;
   case NODEMSG_PLAN:
     sp_pack_kv_u64(pk, "gather", m->gather);
@@ -534,6 +555,8 @@ void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
     sp_pack_kv_u64(pk, "max_keys", m->max_keys);
     sp_pack_kv_u64(pk, "max_bytes", m->max_bytes);
     sp_pack_kv_u64(pk, "timeout_ms", m->timeout_ms);
+    if (m->save_limit > 0)
+      sp_pack_kv_u64(pk, "save", m->save_limit);
     if (m->comm_gen > 0) {
       sp_pack_kv_u64(pk, "comm_gen", m->comm_gen);
       sp_pack_str(pk, "nccl_id");
@@ -578,6 +601,11 @@ void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
   case NODEMSG_PUBLISH:
   case NODEMSG_BEAT:
     sp_pack_kv_u64(pk, "gather", m->gather);
+    break;
+  case NODEMSG_SAVED:
+  case NODEMSG_COMMIT:
+    sp_pack_kv_u64(pk, "gather", m->gather);
+    sp_pack_kv_u64(pk, "step", m->step);
     break;
   case NODEMSG_FAIL:
     sp_pack_kv_u64(pk, "gather", m->gather);

@@ -31,6 +31,8 @@ enum nodemsg_op {
   NODEMSG_GO,
   NODEMSG_MOVED,
   NODEMSG_PUBLISH,
+  NODEMSG_SAVED,     /* a save: a node's ranks all reported a step */
+  NODEMSG_COMMIT,    /* a save: every node's did; the root's answer */
   NODEMSG_FAIL,
   NODEMSG_BEAT,
   NODEMSG_BYE,
@@ -63,6 +65,10 @@ struct nodemsg {
   uint64_t gather, export_id;
   uint32_t max_keys, timeout_ms;
   uint64_t max_bytes;
+  /* ask, plan: a save's file limit (0: an export); saved, commit: the step
+   * of the save's commit (daemon/save.h). */
+  uint64_t save_limit;
+  uint32_t step;
   size_t nnodes;
   struct nodemsg_node *nodes; /* plan: owned */
   uint32_t *rank_nodes;       /* plan: [world], owned */

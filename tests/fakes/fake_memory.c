@@ -259,6 +259,26 @@ cudaError_t cudaFree(void *devPtr) {
   return cudaSuccess;
 }
 
+/* Page-locked host memory (CUDA Runtime API, "cudaMallocHost" and
+ * "cudaFreeHost"): ordinary host memory here, which copies reach as they
+ * reach any host memory; what is modelled is that it must come back
+ * through cudaFreeHost, and that a failed allocation says so. */
+cudaError_t cudaMallocHost(void **ptr, size_t size) {
+  FAKE_READY();
+  if (ptr == NULL)
+    return fake_error(cudaErrorInvalidValue);
+  *ptr = malloc(size > 0 ? size : 1);
+  return *ptr != NULL ? cudaSuccess : fake_error(cudaErrorMemoryAllocation);
+}
+
+cudaError_t cudaFreeHost(void *ptr) {
+  FAKE_READY();
+  /* As cudaFree, it waits for the device's work first. */
+  fake_sync_all_streams();
+  free(ptr);
+  return cudaSuccess;
+}
+
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes,
                                      const void *ptr) {
   FAKE_READY();

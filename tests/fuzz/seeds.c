@@ -226,6 +226,12 @@ static void requests(void) {
   sp_pack_str(&mb.pk, "a.weight");
   sp_pack_str(&mb.pk, "f.columns");
   write_msgbuf("request", "export", &mb);
+  sp_msgbuf_begin(&mb, "export", 13, 2);
+  sp_pack_kv_bool(&mb.pk, "progress", true);
+  sp_pack_str(&mb.pk, "save");
+  msgpack_pack_map(&mb.pk, 1);
+  sp_pack_kv_u64(&mb.pk, "max_shard_bytes", 5ull << 30);
+  write_msgbuf("request", "export_save", &mb);
   sp_msgbuf_begin(&mb, "release", 12, 1);
   sp_pack_kv_u64(&mb.pk, "export_id", 3);
   write_msgbuf("request", "release", &mb);
@@ -334,6 +340,12 @@ static void node_messages(void) {
                        .max_bytes = 1u << 20,
                        .timeout_ms = 2000};
   node_message("ask", &m);
+  m.save_limit = 1u << 30;
+  node_message("ask_save", &m);
+  m = (struct nodemsg){.op = NODEMSG_SAVED, .gather = 7, .step = 2};
+  node_message("saved", &m);
+  m = (struct nodemsg){.op = NODEMSG_COMMIT, .gather = 7, .step = 3};
+  node_message("commit", &m);
   snprintf(nodes[0].addr, NODE_ADDR_MAX, "10.0.0.1:1");
   snprintf(nodes[1].addr, NODE_ADDR_MAX, "[::1]:2");
   m = (struct nodemsg){.op = NODEMSG_PLAN,

@@ -24,7 +24,11 @@
 #      "nodes" of one job: every round's moves between them go through NCCL,
 #      each owner's tensors checked byte for byte, two exports;
 #   5. bench: an export's throughput against cudaMemcpy device-to-device
-#      bandwidth measured in the same run.
+#      bandwidth measured in the same run;
+#   6. save: two trainer processes save device tensors as a checkpoint
+#      through the library's pinned staging (docs/checkpoints.md), read
+#      back by the tests' own reader and, where it is installed, by the
+#      safetensors library (tests/python/test_cuda_fake.py, on the GPUs).
 # The last line is the summary to record in docs/gpu-runs.md.  Exit status
 # 0 when every step that ran passed, 1 otherwise, 77 without a GPU.
 #
@@ -166,6 +170,18 @@ else
 fi
 kill "$bench_daemon" 2>/dev/null
 wait "$bench_daemon" 2>/dev/null
+
+# 6. a save of device tensors, read back
+src=$(cd "$(dirname "$0")/../.." && pwd)
+if SHARDPORTD=$daemon SHARDPORT_LIB=$build/client/libshardport.so.0 \
+    PYTHONPATH=$src/client/python:$src/tests/python timeout 300 \
+    python3 "$src/tests/python/test_cuda_fake.py" \
+    CudaFakeTest.test_save_device_memory >"$work/save.log" 2>&1; then
+  step save PASS
+else
+  cat "$work/save.log"
+  step save FAIL "see above"
+fi
 
 echo "shardport GPU run $(date -u +%Y-%m-%d): ${ngpus} x ${gpu_name:-unknown GPU}" \
   "(driver ${driver:-?}):$summary; $bench_line"

@@ -61,6 +61,8 @@ int main(void) {
   FIELD(sp_job_status, export_id);
   FIELD(sp_job_status, bytes_prepared);
   FIELD(sp_job_status, bytes_to_prepare);
+  FIELD(sp_job_status, bytes_written);
+  FIELD(sp_job_status, bytes_to_write);
   END();
 
   BEGIN(sp_status_info);
@@ -134,6 +136,30 @@ int main(void) {
   FIELD(sp_progress, rounds);
   FIELD(sp_progress, bytes_moved);
   FIELD(sp_progress, bytes_total);
+  FIELD(sp_progress, bytes_written);
+  FIELD(sp_progress, bytes_to_write);
+  END();
+
+  BEGIN(sp_metadata);
+  FIELD(sp_metadata, key);
+  FIELD(sp_metadata, value);
+  END();
+
+  BEGIN(sp_save_opts);
+  FIELD(sp_save_opts, max_shard_bytes);
+  FIELD(sp_save_opts, nmetadata);
+  FIELD(sp_save_opts, metadata);
+  FIELD(sp_save_opts, overwrite);
+  FIELD(sp_save_opts, export_opts);
+  END();
+
+  BEGIN(sp_save_result);
+  FIELD(sp_save_result, files);
+  FIELD(sp_save_result, total_files);
+  FIELD(sp_save_result, bytes);
+  FIELD(sp_save_result, total_bytes);
+  FIELD(sp_save_result, seconds);
+  FIELD(sp_save_result, wrote_index);
   END();
 
   BEGIN(sp_export_opts);

@@ -9,8 +9,14 @@ PyTorch's own CUDA path (tensors.py: _share_cuda_() of a CUDA tensor, the
 owned tensors over device memory) needs a GPU and a CUDA build of PyTorch;
 tests/gpu/run.sh is where that can run.
 
+A save (docs/checkpoints.md) writes the same ranks' device tensors into a
+checkpoint through the library's pinned staging: the assembled tensors
+and an identity tensor with a transposed view, in many small writes (the
+test seam's), read back with the tests' own reader of the format.
+
 usage: test_cuda_fake.py               the test (meson runs it)
        test_cuda_fake.py rank R SOCKET TICKET_HEX [METRICS_URL]
+       test_cuda_fake.py save R SOCKET TICKET_HEX DIR
                                       one rank (internal)
 """
 
@@ -36,6 +42,26 @@ PREFIX = 256       # bytes of the allocation before the shard
 
 def original():
     return bytes((i * 7 + 3) % 251 for i in range(ROWS * COLS * 4))
+
+
+BIG = (256, 300)      # float32, rows split as BIG_SPLIT
+BIG_SPLIT = (100, 156)
+T_MEM = (6, 4)        # rank 1's expert "t": this memory, viewed transposed
+
+
+def original_big():
+    return bytes((i * 13 + 5) % 253 for i in range(BIG[0] * BIG[1] * 4))
+
+
+def t_memory():
+    return bytes((i * 3 + 1) % 247 for i in range(T_MEM[0] * T_MEM[1] * 4))
+
+
+def t_expected():
+    """The transposed view's elements in row-major order."""
+    mem, rows, cols = t_memory(), T_MEM[0], T_MEM[1]
+    return b"".join(mem[(j * cols + i) * 4:(j * cols + i) * 4 + 4]
+                    for i in range(cols) for j in range(rows))
 
 
 def pool_used(metrics_url):
@@ -108,6 +134,69 @@ def rank_main(rank, socket, ticket, metrics_url=None):
         client.leave()
 
 
+def cuda_runtime():
+    """The fake runtime (SHARDPORT_CUDART_LIB), or on a GPU machine
+    (tests/gpu/run.sh) the real one."""
+    if os.environ.get("SHARDPORT_CUDART_LIB"):
+        return ctypes.CDLL(os.environ["SHARDPORT_CUDART_LIB"])
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            pass
+    raise RuntimeError("no CUDA runtime to load")
+
+
+def save_rank_main(rank, socket, ticket, directory):
+    """One rank of a save: its shards of "w" and "big" (and on rank 1 the
+    expert "t", a transposed view) in device memory, saved.  The ranks
+    share the GPUs there are."""
+    rt = cuda_runtime()
+    vp = ctypes.c_void_p
+    rt.cudaMalloc.argtypes = [ctypes.POINTER(vp), ctypes.c_size_t]
+    rt.cudaMemcpyAsync.argtypes = [vp, vp, ctypes.c_size_t, ctypes.c_int, vp]
+    rt.cudaStreamSynchronize.argtypes = [vp]
+    count = ctypes.c_int()
+    assert rt.cudaGetDeviceCount(ctypes.byref(count)) == 0
+    ordinal = rank % count.value
+    assert rt.cudaSetDevice(ordinal) == 0
+    rows, big_rows = SPLIT[rank], BIG_SPLIT[rank]
+    w = original()[sum(SPLIT[:rank]) * COLS * 4:][:rows * COLS * 4]
+    big = original_big()[sum(BIG_SPLIT[:rank]) * BIG[1] * 4:][
+        :big_rows * BIG[1] * 4]
+    t = t_memory() if rank == 1 else b""
+    mem = w + big + t
+    base = ctypes.c_void_p()
+    assert rt.cudaMalloc(ctypes.byref(base), len(mem)) == 0
+    assert rt.cudaMemcpyAsync(base, ctypes.c_char_p(mem), len(mem), 1,
+                              None) == 0
+    assert rt.cudaStreamSynchronize(None) == 0
+    with shardport.Client(socket) as client:
+        client.join(ticket, rank, 2, client.cuda_device_name(ordinal))
+        client.register_storages([shardport.StorageDesc(
+            id=1, fd=-1, offset=0, length=len(mem), addr=base.value,
+            kind="cuda")])
+        tensors = [
+            shardport.TensorDesc(key="w", storage=1, dtype="float32",
+                                 shape=(rows, COLS), stride=(COLS, 1),
+                                 offset=0, placement="shard0",
+                                 global_shape=(ROWS, COLS)),
+            shardport.TensorDesc(key="big", storage=1, dtype="float32",
+                                 shape=(big_rows, BIG[1]),
+                                 stride=(BIG[1], 1), offset=len(w) // 4,
+                                 placement="shard0", global_shape=BIG)]
+        if rank == 1:
+            tensors.append(shardport.TensorDesc(
+                key="t", storage=1, dtype="float32",
+                shape=(T_MEM[1], T_MEM[0]), stride=(1, T_MEM[1]),
+                offset=(len(w) + len(big)) // 4, placement="expert",
+                global_shape=(T_MEM[1], T_MEM[0])))
+        client.register_tensors(tensors)
+        result = client.save(directory, max_shard_bytes=1 << 20)
+        print("saved %d %d" % (result.files, result.bytes), flush=True)
+        client.leave()
+
+
 def export_two_ranks(test, d, metrics_url=None):
     """Both ranks export the tensor through daemon d and check it; their
     outputs."""
@@ -128,6 +217,48 @@ def export_two_ranks(test, d, metrics_url=None):
 
 
 class CudaFakeTest(unittest.TestCase):
+
+    def test_save_device_memory(self):
+        import safetensors_reader
+        workdir = tempfile.mkdtemp(prefix="sp-cuda-save-")
+        ckpt = os.path.join(workdir, "ckpt")
+        try:
+            with harness.daemon("--backend", "cuda") as d:
+                with shardport.Client(d.socket) as client:
+                    ticket = client.create_job(2)
+                # Small writes (the test seam), so that many chunks pass
+                # through both staging buffers.
+                env = dict(os.environ, SHARDPORT_TEST_SAVE_DELAY_MS="1")
+                procs = [subprocess.Popen(
+                    [sys.executable, __file__, "save", str(r), d.socket,
+                     ticket.hex(), ckpt], stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, text=True, env=env)
+                    for r in range(2)]
+                outs = [p.communicate(timeout=120)[0] for p in procs]
+                for r, (p, out) in enumerate(zip(procs, outs)):
+                    self.assertEqual(p.returncode, 0, "rank %d: %s" % (r, out))
+            _, tensors, _, total = safetensors_reader.read_checkpoint(ckpt)
+            self.assertEqual(tensors["w"], ("F32", (ROWS, COLS), original()))
+            self.assertEqual(tensors["big"], ("F32", BIG, original_big()))
+            self.assertEqual(tensors["t"],
+                             ("F32", (T_MEM[1], T_MEM[0]), t_expected()))
+            self.assertEqual(total, sum(len(v[2]) for v in tensors.values()))
+            try:
+                from safetensors.numpy import load_file
+            except ImportError:
+                return
+            # Where the format's own library is installed (a GPU machine,
+            # tests/gpu/run.sh), it reads the same bytes.
+            index = os.path.join(ckpt, safetensors_reader.INDEX)
+            with open(index) as f:
+                files = set(json.load(f)["weight_map"].values())
+            loaded = {}
+            for name in files:
+                loaded.update(load_file(os.path.join(ckpt, name)))
+            self.assertEqual({k: v.tobytes() for k, v in loaded.items()},
+                             {k: v[2] for k, v in tensors.items()})
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
 
     def test_two_ranks_export_device_memory(self):
         with harness.daemon("--backend", "cuda") as d:
@@ -175,7 +306,10 @@ class CudaFakeTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "rank":
+    if len(sys.argv) > 1 and sys.argv[1] == "save":
+        save_rank_main(int(sys.argv[2]), sys.argv[3],
+                       bytes.fromhex(sys.argv[4]), sys.argv[5])
+    elif len(sys.argv) > 1 and sys.argv[1] == "rank":
         rank_main(int(sys.argv[2]), sys.argv[3], bytes.fromhex(sys.argv[4]),
                   *sys.argv[5:6])
     else:

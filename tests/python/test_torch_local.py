@@ -338,6 +338,15 @@ class TerminalProgressTest(unittest.TestCase):
         self.assertIn("3.0 MiB / 8.0 MiB (37%)", tty.getvalue())
         self.assertTrue(tty.getvalue().endswith("\n"))
 
+    def test_a_save_shows_the_bytes_written(self):
+        tty = self.Tty()
+        shown = TerminalProgress(tty)
+        shown(Progress("writing", 0, 0, 0, 0, bytes_written=1 << 20,
+                       bytes_to_write=4 << 20))
+        shown.close()
+        self.assertIn("writing", tty.getvalue())
+        self.assertIn("1.0 MiB / 4.0 MiB written (25%)", tty.getvalue())
+
     def test_drawn_on_rank_0_only(self):
         from shardport.export import _terminal_progress
         with mock.patch.object(TerminalProgress, "wanted", lambda: True):

@@ -18,15 +18,16 @@ docs/python.md.
 from . import errors
 from ._lib import path as library_path
 from .client import (Client, JobStatus, NodeStatus, OwnedSet, OwnedTensor,
-                     Progress, Status, StorageDesc, TensorDesc, default_socket)
+                     Progress, SaveResult, Status, StorageDesc, TensorDesc,
+                     default_socket)
 from .errors import ShardportError
-from .export import Export, Job, export_state_dict
+from .export import Export, Job, export_state_dict, save_state_dict
 from .placements import Piece, Placement
 
 __all__ = [
     "Client", "Export", "Job", "JobStatus", "NodeStatus", "OwnedSet",
     "OwnedTensor",
-    "Piece", "Placement", "Progress", "ShardportError", "Status", "StorageDesc",
-    "TensorDesc", "default_socket", "errors", "export_state_dict",
-    "library_path",
+    "Piece", "Placement", "Progress", "SaveResult", "ShardportError",
+    "Status", "StorageDesc", "TensorDesc", "default_socket", "errors",
+    "export_state_dict", "library_path", "save_state_dict",
 ]

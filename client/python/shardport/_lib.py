@@ -82,6 +82,8 @@ class sp_job_status(ctypes.Structure):
         ("export_id", ctypes.c_uint64),
         ("bytes_prepared", ctypes.c_uint64),
         ("bytes_to_prepare", ctypes.c_uint64),
+        ("bytes_written", ctypes.c_uint64),
+        ("bytes_to_write", ctypes.c_uint64),
     ]
 
 
@@ -185,6 +187,8 @@ class sp_progress(ctypes.Structure):
         ("rounds", ctypes.c_uint32),
         ("bytes_moved", ctypes.c_uint64),
         ("bytes_total", ctypes.c_uint64),
+        ("bytes_written", ctypes.c_uint64),
+        ("bytes_to_write", ctypes.c_uint64),
     ]
 
 
@@ -201,6 +205,34 @@ class sp_export_opts(ctypes.Structure):
         ("timeout_ms", ctypes.c_uint32),
         ("progress", sp_progress_fn),
         ("progress_arg", ctypes.c_void_p),
+    ]
+
+
+class sp_metadata(ctypes.Structure):
+    _fields_ = [
+        ("key", ctypes.c_char_p),
+        ("value", ctypes.c_char_p),
+    ]
+
+
+class sp_save_opts(ctypes.Structure):
+    _fields_ = [
+        ("max_shard_bytes", ctypes.c_uint64),
+        ("nmetadata", ctypes.c_size_t),
+        ("metadata", ctypes.POINTER(sp_metadata)),
+        ("overwrite", ctypes.c_int),
+        ("export_opts", sp_export_opts),
+    ]
+
+
+class sp_save_result(ctypes.Structure):
+    _fields_ = [
+        ("files", ctypes.c_uint32),
+        ("total_files", ctypes.c_uint32),
+        ("bytes", ctypes.c_uint64),
+        ("total_bytes", ctypes.c_uint64),
+        ("seconds", ctypes.c_double),
+        ("wrote_index", ctypes.c_int),
     ]
 
 
@@ -267,6 +299,9 @@ _PROTOTYPES = {
                   [_client_p, ctypes.POINTER(sp_export_opts),
                    ctypes.POINTER(ctypes.POINTER(sp_owned_set))]),
     "sp_release": (ctypes.c_int, [_client_p, ctypes.POINTER(sp_owned_set)]),
+    "sp_save": (ctypes.c_int,
+                [_client_p, ctypes.c_char_p, ctypes.POINTER(sp_save_opts),
+                 ctypes.POINTER(sp_save_result)]),
 }
 
 

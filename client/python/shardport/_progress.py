@@ -31,7 +31,11 @@ class TerminalProgress:
         line = "shardport: %-10s" % p.phase
         if p.rounds:
             line += " round %d/%d" % (p.round, p.rounds)
-        if p.bytes_total:
+        if p.bytes_to_write:
+            line += "  %s / %s written (%d%%)" % (
+                _size(p.bytes_written), _size(p.bytes_to_write),
+                100 * p.bytes_written // p.bytes_to_write)
+        elif p.bytes_total:
             line += "  %s / %s (%d%%)" % (
                 _size(p.bytes_moved), _size(p.bytes_total),
                 100 * p.bytes_moved // p.bytes_total)

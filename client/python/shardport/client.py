@@ -6,8 +6,9 @@ The tensor layer (tensors.py, export.py) is built on top of this one.
 """
 
 import ctypes
+import os
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, Mapping, Optional, Sequence, Tuple
 
 from . import _lib, errors
 from .errors import ShardportError, error_for
@@ -40,6 +41,10 @@ class JobStatus:
     plan_digest: Optional[str] = None
     node: int = 0
     nodes: Tuple[NodeStatus, ...] = ()
+    # A save (phase "writing"): the tensor bytes this daemon's ranks
+    # wrote to their files, and will write.
+    bytes_written: int = 0
+    bytes_to_write: int = 0
 
 
 @dataclass(frozen=True)
@@ -101,12 +106,28 @@ class TensorDesc:
 
 @dataclass(frozen=True)
 class Progress:
-    """Where an export stands (sp_progress)."""
+    """Where an export stands (sp_progress).  In a save, phase "writing"
+    counts the bytes this rank wrote to its files, and will write."""
     phase: str
     round: int
     rounds: int
     bytes_moved: int
     bytes_total: int
+    bytes_written: int = 0
+    bytes_to_write: int = 0
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """What a save wrote (sp_save_result): this rank's files and tensor
+    bytes, the whole checkpoint's, the seconds it took, and whether this
+    rank wrote the index."""
+    files: int
+    total_files: int
+    bytes: int
+    total_bytes: int
+    seconds: float
+    wrote_index: bool
 
 
 @dataclass(frozen=True)
@@ -275,6 +296,8 @@ class Client:
                           bytes_moved=j.bytes_moved,
                           bytes_total=j.bytes_total, rate_bps=j.rate_bps,
                           plan_digest=_text(j.plan_digest), node=j.node,
+                          bytes_written=j.bytes_written,
+                          bytes_to_write=j.bytes_to_write,
                           nodes=tuple(
                               NodeStatus(node=n.node,
                                          address=_text(n.address),
@@ -407,6 +430,73 @@ class Client:
         self._check(_lib.fn.sp_register_tensors(self._live(), array,
                                                 len(tensors)))
 
+    def _export_opts(self, groups, max_keys, max_bytes, timeout, progress,
+                     raised, keep):
+        """sp_export_opts for groups and the rest; keep holds what the
+        struct points to while the call runs."""
+        group_keys = [(ctypes.c_char_p * len(g))(*(k.encode() for k in g))
+                      for g in groups]
+        group_array = (_lib.sp_group * len(group_keys))(*(
+            _lib.sp_group(nkeys=len(keys), keys=keys) for keys in group_keys))
+        keep.extend([group_keys, group_array])
+        opts = _lib.sp_export_opts(
+            ngroups=len(group_keys), groups=group_array,
+            max_keys=max_keys, max_bytes=max_bytes,
+            timeout_ms=0 if timeout is None else int(round(timeout * 1000)))
+        if progress is not None:
+            def report(p, _arg):
+                # ctypes cannot carry an exception through C; keep the first
+                # one and stop calling the callback.
+                if raised:
+                    return
+                c = p.contents
+                try:
+                    progress(Progress(phase=_text(c.phase), round=c.round,
+                                      rounds=c.rounds,
+                                      bytes_moved=c.bytes_moved,
+                                      bytes_total=c.bytes_total,
+                                      bytes_written=c.bytes_written,
+                                      bytes_to_write=c.bytes_to_write))
+                except BaseException as exc:  # re-raised after the call
+                    raised.append(exc)
+            opts.progress = _lib.sp_progress_fn(report)
+            keep.append(opts.progress)
+        return opts
+
+    def save(self, path, max_shard_bytes: int = 5 * 2**30,
+             metadata: Optional[Mapping] = None, overwrite: bool = False,
+             groups: Sequence[Sequence[str]] = (), max_keys: int = 0,
+             max_bytes: int = 0, timeout: Optional[float] = None,
+             progress: Optional[Callable[[Progress], None]] = None
+             ) -> SaveResult:
+        """Saves the job's tensors as a Hugging Face checkpoint in path
+        (sp_save): a collective, every rank with the same path and
+        options.  metadata: strings every file's __metadata__ holds besides
+        {"format": "pt"}; overwrite: replace a checkpoint already there
+        (else errors.CheckpointExists).  The rest as for export."""
+        raised, keep = [], []
+        opts = _lib.sp_save_opts(
+            max_shard_bytes=max_shard_bytes, overwrite=1 if overwrite else 0,
+            export_opts=self._export_opts(groups, max_keys, max_bytes,
+                                          timeout, progress, raised, keep))
+        entries = [(str(k).encode(), str(v).encode())
+                   for k, v in (metadata or {}).items()]
+        if entries:
+            array = (_lib.sp_metadata * len(entries))(*(
+                _lib.sp_metadata(key=k, value=v) for k, v in entries))
+            keep.append(array)
+            opts.nmetadata, opts.metadata = len(entries), array
+        result = _lib.sp_save_result()
+        rc = _lib.fn.sp_save(self._live(), os.fsencode(path),
+                             ctypes.byref(opts), ctypes.byref(result))
+        if raised:
+            raise raised[0]
+        self._check(rc)
+        return SaveResult(files=result.files, total_files=result.total_files,
+                          bytes=result.bytes, total_bytes=result.total_bytes,
+                          seconds=result.seconds,
+                          wrote_index=bool(result.wrote_index))
+
     def export(self, groups: Sequence[Sequence[str]] = (),
                max_keys: int = 0, max_bytes: int = 0,
                timeout: Optional[float] = None,
@@ -423,30 +513,9 @@ class Client:
         published tensors are released.
         """
         handle = self._live()
-        group_keys = [(ctypes.c_char_p * len(g))(*(k.encode() for k in g))
-                      for g in groups]
-        group_array = (_lib.sp_group * len(group_keys))(*(
-            _lib.sp_group(nkeys=len(keys), keys=keys) for keys in group_keys))
-        opts = _lib.sp_export_opts(
-            ngroups=len(group_keys), groups=group_array,
-            max_keys=max_keys, max_bytes=max_bytes,
-            timeout_ms=0 if timeout is None else int(round(timeout * 1000)))
-        raised = []
-        if progress is not None:
-            def report(p, _arg):
-                # ctypes cannot carry an exception through C; keep the first
-                # one and stop calling the callback.
-                if raised:
-                    return
-                c = p.contents
-                try:
-                    progress(Progress(phase=_text(c.phase), round=c.round,
-                                      rounds=c.rounds,
-                                      bytes_moved=c.bytes_moved,
-                                      bytes_total=c.bytes_total))
-                except BaseException as exc:  # re-raised after sp_export
-                    raised.append(exc)
-            opts.progress = _lib.sp_progress_fn(report)
+        raised, keep = [], []
+        opts = self._export_opts(groups, max_keys, max_bytes, timeout,
+                                 progress, raised, keep)
         out = ctypes.POINTER(_lib.sp_owned_set)()
         rc = _lib.fn.sp_export(handle, ctypes.byref(opts), ctypes.byref(out))
         if raised:
@@ -471,4 +540,5 @@ class Client:
 
 
 __all__ = ["Client", "default_socket", "Status", "JobStatus", "StorageDesc", "TensorDesc",
-           "Progress", "OwnedSet", "OwnedTensor", "ShardportError"]
+           "Progress", "SaveResult", "OwnedSet", "OwnedTensor",
+           "ShardportError"]

@@ -170,13 +170,7 @@ class Job:
                 close_job):
         if self._registration is None:
             raise errors.BadState("register the state dict before exporting")
-        if self._registration.cuda_devices:
-            # The daemon reads the registered device memory as soon as every
-            # rank asked: whatever this process's streams still write into
-            # it must be done first (docs/protocol.md, storage_add).
-            import torch
-            for index in self._registration.cuda_devices:
-                torch.cuda.synchronize(index)
+        self._synchronize()
         shown = None
         if progress is None:
             progress = shown = _terminal_progress(self.rank)
@@ -188,6 +182,40 @@ class Job:
             if shown is not None:
                 shown.close()
         return Export(self, owned, close_job)
+
+    def save(self, path, *, max_shard_bytes=5 * 2**30, metadata=None,
+             overwrite=False, groups=(), progress=None, timeout=None,
+             max_keys=0, max_bytes=0):
+        """Saves the registered state dict as a Hugging Face checkpoint in
+        path: safetensors files written by each owner and rank 0's
+        model.safetensors.index.json (docs/checkpoints.md).  A collective:
+        every rank calls it with the same path and options.  Returns the
+        shardport.SaveResult of this rank.  progress as for export (the
+        terminal line also shows the bytes written)."""
+        if self._registration is None:
+            raise errors.BadState("register the state dict before saving")
+        self._synchronize()
+        shown = None
+        if progress is None:
+            progress = shown = _terminal_progress(self.rank)
+        try:
+            return self.client.save(
+                path, max_shard_bytes=max_shard_bytes, metadata=metadata,
+                overwrite=overwrite, groups=groups, max_keys=max_keys,
+                max_bytes=max_bytes, timeout=timeout,
+                progress=progress or None)
+        finally:
+            if shown is not None:
+                shown.close()
+
+    def _synchronize(self):
+        if self._registration.cuda_devices:
+            # The daemon reads the registered device memory as soon as every
+            # rank asked: whatever this process's streams still write into
+            # it must be done first (docs/protocol.md, storage_add).
+            import torch
+            for index in self._registration.cuda_devices:
+                torch.cuda.synchronize(index)
 
     def close(self):
         self.client.close()
@@ -294,3 +322,37 @@ def export_state_dict(state_dict, placements=None, *, groups=(),
     except BaseException:
         job.close()
         raise
+
+
+def save_state_dict(state_dict, path, placements=None, max_shard_bytes=5 * 2**30,
+                    metadata=None, *, overwrite=False, groups=(),
+                    progress=None, timeout=None, socket=None,
+                    default_placement=None):
+    """Saves a sharded state dict as a Hugging Face checkpoint in one call;
+    collective over torch.distributed's default group, like
+    export_state_dict.
+
+    Every owner writes the whole tensors it owns into safetensors files of
+    its own in path (in parallel, never gathered on one rank), and rank 0
+    writes model.safetensors.index.json once every file of every rank is
+    durable (docs/checkpoints.md).  max_shard_bytes bounds one file's
+    tensor bytes (a larger tensor gets a file of its own); metadata maps
+    strings to strings for every file's __metadata__; overwrite replaces a
+    checkpoint already in path (else errors.CheckpointExists on every
+    rank).  Placements, groups, progress, timeout and socket as for
+    export_state_dict.  Returns this rank's shardport.SaveResult; the job
+    is left afterwards.
+    """
+    from .tensors import Registration
+    device = next((v.device for v in state_dict.values()
+                   if getattr(v, "is_cuda", False)), None)
+    registration = Registration(state_dict, placements,
+                                _torch_distributed().get_world_size(),
+                                default_placement, timeout=timeout)
+    job = Job.from_torch_distributed(socket=socket, timeout=timeout,
+                                     device=device)
+    with job:
+        job._register(registration)
+        return job.save(path, max_shard_bytes=max_shard_bytes,
+                        metadata=metadata, overwrite=overwrite, groups=groups,
+                        progress=progress, timeout=timeout)

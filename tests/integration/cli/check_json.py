@@ -86,6 +86,8 @@ JOB = {
     "export_id": is_uint,
     "bytes_prepared": is_uint,
     "bytes_to_prepare": is_uint,
+    "bytes_written": is_uint,
+    "bytes_to_write": is_uint,
     "node": is_uint,
     "nodes": lambda v: type(v) is list,
 }
@@ -159,7 +161,7 @@ def check_status(obj, socket):
             check_fields(node, NODE, f"jobs[{i}].nodes[{k}]")
     if obj["socket"] != socket:
         raise Bad(f"socket {obj['socket']!r} != {socket!r}")
-    if obj["protocol_version"] != 2 or obj["uptime_s"] < 0:
+    if obj["protocol_version"] != 3 or obj["uptime_s"] < 0:
         raise Bad("implausible values")
 
 
@@ -216,12 +218,13 @@ def check_fake(obj):
          "joined": 8, "round": 3, "rounds": 10, "bytes_moved": 1 << 20,
          "bytes_total": 1 << 30, "rate_bps": 5e8, "plan_digest": None,
          "asked": 0, "export_id": 0, "bytes_prepared": 0,
-         "bytes_to_prepare": 0, "node": 0, "nodes": []},
+         "bytes_to_prepare": 0, "bytes_written": 0, "bytes_to_write": 0,
+         "node": 0, "nodes": []},
         {"job_id": "a1", "phase": "failed", "error": "rank 3 lost",
          "world": 2, "joined": 1, "round": 0, "rounds": 0, "bytes_moved": 0,
          "bytes_total": 0, "rate_bps": 0, "plan_digest": None, "asked": 0,
          "export_id": 0, "bytes_prepared": 0, "bytes_to_prepare": 0,
-         "node": 0, "nodes": []},
+         "bytes_written": 0, "bytes_to_write": 0, "node": 0, "nodes": []},
     ]
     if jobs != want_jobs:
         raise Bad(f"jobs {jobs!r} != {want_jobs!r}")

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/save.h"
 #include "proto/wire.h"
 #include "shardport.h"
 #include "tests/unit/daemon/tmodel.h"
@@ -158,7 +159,7 @@ START_TEST(parts_fit_and_list_only_owned) {
       size_t end = p + 1 < nparts ? first[p + 1] : l.owned_first[r + 1];
       struct sp_msgbuf mb;
       publish_pack(plan, &l, &m.reg[r], r, 77, 5, p, nparts, first[p], end,
-                   NULL, &mb);
+                   NULL, NULL, &mb);
       msgpack_zone zone;
       msgpack_object map;
       size_t len;
@@ -215,7 +216,11 @@ START_TEST(parts_fit_and_list_only_owned) {
     ck_assert_uint_eq(listed, l.owned_first[r + 1] - l.owned_first[r]);
     free(first);
     /* With few items allowed, parts are cut by items too, and each one
-     * passes the wire check of a peer with those limits. */
+     * passes the wire check of a peer with those limits, a save's reply
+     * (a file per tensor) included where one tensor's map fits at all. */
+    uint32_t *file_of = calloc(plan->nkeys, sizeof *file_of);
+    ck_assert_ptr_nonnull(file_of);
+    struct save_files files = {.file = file_of, .nfiles = 1};
     static const uint32_t item_limits[] = {16, 64, 1000};
     for (size_t li = 0; li < 3; li++) {
       struct sp_limits limits;
@@ -229,7 +234,7 @@ START_TEST(parts_fit_and_list_only_owned) {
         size_t end = p + 1 < nparts ? first[p + 1] : l.owned_first[r + 1];
         struct sp_msgbuf mb;
         publish_pack(plan, &l, &m.reg[r], r, 1, 1, p, nparts, first[p], end,
-                     NULL, &mb);
+                     NULL, li > 0 && p % 2 == 0 ? &files : NULL, &mb);
         ck_assert_int_eq(
             sp_wire_check((const uint8_t *)mb.sbuf.data + SP_FRAME_HEADER,
                           mb.sbuf.size - SP_FRAME_HEADER, &limits),
@@ -242,6 +247,7 @@ START_TEST(parts_fit_and_list_only_owned) {
         ck_assert_uint_gt(nparts, listed / 6);
       free(first);
     }
+    free(file_of);
   }
   publish_layout_free(&l);
   plan_free(plan);

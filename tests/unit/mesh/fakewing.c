@@ -424,9 +424,8 @@ static void fake_answer_ask(struct job_member *m, int code,
 }
 
 static int fake_start(struct job *job, struct mesh_export *mx,
-                      uint64_t export_id, uint32_t max_keys,
-                      uint64_t max_bytes, uint32_t timeout_ms, char *msg,
-                      size_t msglen) {
+                      uint64_t export_id, const struct gather_options *o,
+                      char *msg, size_t msglen) {
   F.starts++;
   if (F.start_rc != 0) {
     snprintf(msg, msglen, "the export cannot start");
@@ -436,9 +435,9 @@ static int fake_start(struct job *job, struct mesh_export *mx,
   ck_assert_ptr_null(F.mx);
   F.mx = mx;
   F.start_id = export_id;
-  F.start_keys = max_keys;
-  F.start_bytes = max_bytes;
-  F.start_timeout = timeout_ms;
+  F.start_keys = o->max_keys;
+  F.start_bytes = o->max_bytes;
+  F.start_timeout = o->timeout_ms;
   for (uint32_t r = 0; r < job->world; r++)
     if (job->members[r] != NULL && job->members[r]->asked) {
       job->members[r]->asked = false;
@@ -474,6 +473,11 @@ static void fake_fail_asks(struct job *job, int code, const char *message) {
       job->members[r]->asked = false;
 }
 
+static void fake_commit(struct job *job, uint32_t step) {
+  (void)job;
+  F.committed = step;
+}
+
 static bool fake_any_asked(const struct job *job) {
   for (uint32_t r = 0; r < job->world; r++)
     if (job->members[r] != NULL && job->members[r]->asked)
@@ -502,6 +506,7 @@ static const struct mesh_ops fake_ops = {
     .fail = fake_fail,
     .fail_asks = fake_fail_asks,
     .any_asked = fake_any_asked,
+    .commit = fake_commit,
 };
 
 /* ---- the daemon ---- */

@@ -60,6 +60,8 @@ struct fake {
   int wakes, ends, terminates, admits, returned, answers;
   int terminate_code, answer_code;
   int starts, start_rc;
+  /* The last step of a save's commit the root announced (commit). */
+  uint32_t committed;
   struct mesh_export *mx;
   uint64_t start_id, start_bytes;
   uint32_t start_keys, start_timeout;

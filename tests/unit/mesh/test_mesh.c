@@ -2,9 +2,9 @@
  * test_mesh.c - the across-nodes wing's steps, driven with fake links and
  * a fake job and export (fakewing.h), without processes: the root's side
  * (hellos, joins, the gather and its options and deadline, the plan,
- * digests, go, moved, publish, a node lost) and a member's (its join
- * through the root, its asks, the plan it checks, its data link, planned,
- * go, moved, publish, its root lost).  docs/protocol.md ("Between
+ * digests, go, moved, publish, a save's commit, a node lost) and a
+ * member's (its join through the root, its asks, the plan it checks, its
+ * data link, planned, go, moved, publish, its root lost).  docs/protocol.md ("Between
  * daemons") is what the messages are checked against.
  */
 #include <check.h>
@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "shardport.h"
+#include "daemon/save.h"
 #include "tests/unit/mesh/fakewing.h"
 
 #define NODE1_ADDR "10.0.0.2:7000"
@@ -261,6 +262,72 @@ START_TEST(root_gathers_plans_and_publishes) {
   mesh_advance(job);
   ck_assert_int_eq(F.publishes, 1);
   ck_assert_int_eq(F.fails, 0);
+}
+END_TEST
+
+/* A save (docs/checkpoints.md): the plan carries the ranks' one limit,
+ * and after publish the root holds the commit, one step at a time: it
+ * tells every node a step only once every node's ranks reported it. */
+START_TEST(root_holds_a_saves_commit) {
+  struct nodelink *l;
+  struct job *job = root_with_two_nodes(&l);
+  fake_ask(job->members[0], 0, 0);
+  job->members[0]->ask.save_limit = 4096;
+  mesh_asks(job);
+  mesh_advance(job);
+  struct nodemsg a = {.op = NODEMSG_ASK, .gather = 1, .rank = 1,
+                      .save_limit = 4096};
+  fake_deliver(l, &a);
+  fake_deliver_blob(l, node1_meta, sizeof node1_meta);
+  const struct nodemsg *p = fake_last(l, NODEMSG_PLAN);
+  ck_assert_ptr_nonnull(p);
+  ck_assert_uint_eq(p->save_limit, 4096);
+  mesh_advance(job);
+  ck_assert_int_eq(F.starts, 1);
+  struct replica_digests none = {0};
+  mesh_planned(job, 0x77, &none);
+  node_planned(l, 0x77);
+  node_data_link_up(job);
+  mesh_advance(job);
+  ck_assert_int_eq(F.gos, 1);
+  mesh_moved(job);
+  struct nodemsg moved = msg_of(NODEMSG_MOVED, 1);
+  fake_deliver(l, &moved);
+  mesh_advance(job);
+  ck_assert_int_eq(F.publishes, 1);
+  for (uint32_t step = 1; step <= SAVE_STEPS; step++) {
+    mesh_saved(job, step);
+    mesh_advance(job);
+    /* The root's own node reported; node 1 has not. */
+    ck_assert_uint_eq(fake_count(l, NODEMSG_COMMIT), step - 1);
+    ck_assert_uint_eq(F.committed, step - 1);
+    struct nodemsg saved = {.op = NODEMSG_SAVED, .gather = 1, .step = step};
+    fake_deliver(l, &saved);
+    const struct nodemsg *c = fake_last(l, NODEMSG_COMMIT);
+    ck_assert_uint_eq(fake_count(l, NODEMSG_COMMIT), step);
+    ck_assert_uint_eq(c->step, step);
+    mesh_advance(job);
+    ck_assert_uint_eq(F.committed, step);
+  }
+  ck_assert_int_eq(F.fails, 0);
+}
+END_TEST
+
+/* Ranks that disagree on whether to save fail the gather everywhere. */
+START_TEST(root_fails_a_gather_of_a_save_and_an_export) {
+  struct nodelink *l;
+  struct job *job = root_with_two_nodes(&l);
+  fake_ask(job->members[0], 0, 0);
+  job->members[0]->ask.save_limit = 4096;
+  mesh_asks(job);
+  mesh_advance(job);
+  node_asks(l, 1, 1, 0);
+  ck_assert_uint_eq(fake_count(l, NODEMSG_PLAN), 0);
+  const struct nodemsg *f = fake_last(l, NODEMSG_FAIL);
+  ck_assert_ptr_nonnull(f);
+  ck_assert_int_eq(f->code, SP_EINVAL);
+  ck_assert_str_eq(f->message, "ranks disagree on what to do: rank 0 asked "
+                               "for a save, rank 1 for an export");
 }
 END_TEST
 
@@ -652,6 +719,8 @@ static Suite *mesh_suite(void) {
   tcase_add_test(root, root_joins_a_node_and_its_rank);
   tcase_add_test(root, root_refuses_a_rank_joined_twice);
   tcase_add_test(root, root_refuses_a_node_without_the_secret);
+  tcase_add_test(root, root_holds_a_saves_commit);
+  tcase_add_test(root, root_fails_a_gather_of_a_save_and_an_export);
   tcase_add_test(root, root_gathers_plans_and_publishes);
   tcase_add_test(root, root_fails_different_plans_everywhere);
   tcase_add_test(root, root_fails_a_gather_whose_ranks_disagree);
