@@ -13,6 +13,12 @@
  * ranks (the job is gone with the daemon), daemon_stopping to the others.
  * A second signal stops at once, as before draining existed.
  *
+ * A GPU whose context a sticky CUDA error ended (an illegal address, a
+ * launch failure) cannot be used again by this process, so the daemon
+ * drains the same way, once, and then exits with failure: systemd's
+ * Restart=on-failure starts a fresh one with fresh contexts.  Until then
+ * the other GPUs finish their running exports.
+ *
  * The service manager is told how long the stop may take
  * (EXTEND_TIMEOUT_USEC), so that a drain_timeout longer than the unit's
  * TimeoutStopSec is not cut short by SIGKILL.
@@ -20,7 +26,9 @@
 #include <inttypes.h>
 #include <stdio.h>
 
+#include "daemon/backend.h"
 #include "daemon/conn.h"
+#include "daemon/cuda/gpu.h"
 #include "daemon/drain.h"
 #include "daemon/export.h"
 #include "daemon/job.h"
@@ -108,6 +116,28 @@ void drain_begin(struct server *srv, const char *why) {
   }
   srv->drain_deadline_ms = monotonic_ms() + srv->cfg->drain_timeout_ms;
   uv_timer_start(&srv->drain_timer, on_drain_tick, 0, DRAIN_TICK_MS);
+}
+
+void drain_check_gpus(struct server *srv) {
+  struct gpu *gpu = srv->backend->gpu;
+  if (gpu == NULL)
+    return;
+  char why[SP_ERRMSG_MAX + 1];
+  int failed = 0;
+  for (int d = gpu_failure(gpu, 0, why, sizeof why); d >= 0;
+       d = gpu_failure(gpu, d + 1, why, sizeof why))
+    if (++failed > srv->gpus_failed)
+      log_msg(LOG_LEVEL_ERROR,
+              "%s; a restart of shardportd is needed: it stops once the "
+              "running exports finished and exits with failure, so that "
+              "its service manager starts it again",
+              why);
+  if (failed <= srv->gpus_failed)
+    return;
+  srv->gpus_failed = failed;
+  srv->exit_failure = true;
+  if (!srv->draining)
+    drain_begin(srv, "GPU failed");
 }
 
 bool drain_refuse(struct server *srv, struct conn *c, uint64_t id,

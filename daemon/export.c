@@ -38,6 +38,7 @@
 #include "daemon/comms.h"
 #include "daemon/config.h"
 #include "daemon/conn.h"
+#include "daemon/drain.h"
 #include "daemon/export.h"
 #include "daemon/export_run.h"
 #include "daemon/gather.h"
@@ -237,6 +238,9 @@ static void fail_export_as(struct export *ex, int code, const char *message,
     if (er->m->conn != NULL)
       conn_send_error(er->m->conn, er->request_id, code, "%s", message);
   }
+  /* A GPU whose context the failure ended drains the daemon to restart. */
+  if (code == SP_EBACKEND)
+    drain_check_gpus(job->srv);
 }
 
 bool export_any_asked(const struct job *job) {

@@ -491,5 +491,5 @@ int server_run(const struct config_origin *origin, struct config *cfg,
   if (srv.reserve_fd >= 0)
     close(srv.reserve_fd);
   log_msg(LOG_LEVEL_INFO, "stopped");
-  return rc == 0 ? 0 : -1;
+  return rc == 0 && !srv.exit_failure ? 0 : -1;
 }

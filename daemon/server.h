@@ -48,6 +48,10 @@ struct server {
   uv_timer_t drain_timer;
   uint64_t drain_deadline_ms;
   bool stopping;
+  /* GPUs a sticky CUDA error ended (drain.c, drain_check_gpus): how many
+   * were reported, and whether the daemon exits with failure for it. */
+  int gpus_failed;
+  bool exit_failure;
   /* Kept open so that accept() can be answered even at EMFILE. */
   int reserve_fd;
   struct log_limit accept_log;

@@ -6,6 +6,8 @@
  */
 #include "build_config.h"
 #include "daemon/backend.h"
+#include "daemon/cuda/gpu.h"
+#include "daemon/drain.h"
 #include "daemon/job.h"
 #include "daemon/loopwatch.h"
 #include "daemon/pool.h"
@@ -25,9 +27,17 @@ void status_pack(struct server *srv, uint64_t id, struct sp_msgbuf *mb) {
   for (size_t i = 0; i < backend_nbuilt; i++)
     sp__pack_str(pk, backend_built[i]);
   sp__pack_kv_str(pk, "backend_active", srv->backend->active);
-  sp__pack_kv_str(pk, "backend_reason", srv->backend->reason);
+  /* A GPU a sticky error ended: the reason says so, and that the daemon
+   * is draining to restart (drain.c). */
+  drain_check_gpus(srv);
+  char failure[SP_ERRMSG_MAX + 1];
+  struct gpu *gpu = srv->backend->gpu;
+  sp__pack_kv_str(pk, "backend_reason",
+                 gpu != NULL && gpu_failure(gpu, 0, failure, sizeof failure) >= 0
+                     ? failure
+                     : srv->backend->reason);
   sp__pack_kv_f64(pk, "uptime_s",
-                  (double)(uv_hrtime() - srv->started_ns) / 1e9);
+                 (double)(uv_hrtime() - srv->started_ns) / 1e9);
   sp__pack_kv_u64(pk, "clients", srv->nclients);
   sp__pack_kv_u64(pk, "pool_used", pool_used(srv->pool));
   sp__pack_kv_u64(pk, "pool_capacity", pool_capacity(srv->pool));

@@ -301,10 +301,29 @@ static int issue_moves(struct runner *r, const struct plan_move *moves,
  * every node (each sees the same plan): moves between nodes need the
  * job's communicators (daemon/comms.c makes them for every job across nodes;
  * this is the guard that nothing else reaches the engine). */
+/* Refuses a device a sticky error ended (gpu_failure): no copy may run on
+ * it, or read from it. */
+static int check_device(struct runner *r, int device) {
+  char why[SP_ERRMSG_MAX + 1];
+  if (gpu_failure(r->run->gpu, device, why, sizeof why) != device)
+    return 0;
+  return run_fail(r->e, SP_EBACKEND, "%s", why);
+}
+
 static int check_plan(struct runner *r) {
   const struct plan *plan = r->e->plan;
+  for (uint32_t rank = 0; rank < plan->world; rank++)
+    if (r->run->segments[rank] != NULL &&
+        check_device(r, gpu_segment_info(r->run->segments[rank])->device) != 0)
+      return r->e->rc;
   for (size_t k = 0; k < plan->nrounds; k++) {
     const struct plan_round *rd = &plan->rounds[k];
+    for (size_t i = 0; i < rd->nlocal; i++) {
+      const struct plan_move *m = &rd->local[i];
+      if (is_local(r, m->src) &&
+          check_device(r, r->e->src[m->src][m->from->storage].gpu.device) != 0)
+        return r->e->rc;
+    }
     if (rd->nmoves > 0 && r->run->comms == NULL)
       return run_fail(r->e, SP_EUNSUPPORTED,
                       "key '%s' moves between nodes, but this node has no "
@@ -579,12 +598,16 @@ int gpu_engine_run(struct engine *e) {
   const struct gpu *gpu = r.run->gpu;
   e->rc = 0;
   e->msg[0] = '\0';
+  char why[SP_ERRMSG_MAX + 1];
   for (int d = 0; d < gpu->ndevices && e->rc == 0; d++) {
+    /* A failed device gets no event: check_plan refuses a plan that
+     * touches it, and nothing else runs there. */
+    if (gpu_failure(gpu, d, why, sizeof why) == d)
+      continue;
     r.a->cudaSetDevice(d);
     cudaError_t err =
         r.a->cudaEventCreateWithFlags(&r.events[d], cudaEventDisableTiming);
     if (err != cudaSuccess) {
-      char why[SP_ERRMSG_MAX + 1];
       gpu_cuda_fail(gpu, err, "cudaEventCreateWithFlags", why, sizeof why);
       run_fail(e, SP_EBACKEND, "%s", why);
     }

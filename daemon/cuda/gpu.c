@@ -3,21 +3,81 @@
  * the per-GPU copy streams; see gpu.h.
  */
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "daemon/cuda/internal.h"
+#include "proto/fail.h"
 #include "shardport.h"
+
+/* The errors driver_types.h (CUDA 13.0) documents as leaving "the process
+ * in an inconsistent state" where "any further CUDA work will return the
+ * same error". */
+static bool is_sticky(cudaError_t err) {
+  switch ((int)err) {
+  case 226: /* cudaErrorContained */
+  case 700: /* cudaErrorIllegalAddress */
+  case 702: /* cudaErrorLaunchTimeout */
+  case 710: /* cudaErrorAssert */
+  case 714: /* cudaErrorHardwareStackError */
+  case 715: /* cudaErrorIllegalInstruction */
+  case 716: /* cudaErrorMisalignedAddress */
+  case 717: /* cudaErrorInvalidAddressSpace */
+  case 718: /* cudaErrorInvalidPc */
+  case 719: /* cudaErrorLaunchFailure */
+  case 721: /* cudaErrorTensorMemoryLeak */
+  case 810: /* cudaErrorMpsClientTerminated */
+  case 911: /* cudaErrorExternalDevice */
+    return true;
+  default:
+    return false;
+  }
+}
+
+static int failure_sentence(const struct gpu *gpu, int device, int err,
+                            char *why, size_t whylen) {
+  return sp__failf(why, whylen, SP_EBACKEND,
+                  "%s failed with CUDA error %d (%s), which ends its CUDA "
+                  "context: shardportd takes no CUDA work on it until it "
+                  "restarts",
+                  gpu->devices[device].name, err,
+                  gpu->api.cudaGetErrorString((cudaError_t)err));
+}
 
 int gpu_cuda_fail(const struct gpu *gpu, cudaError_t err, const char *what,
                   char *msg, size_t msglen) {
-  return cuda_api_cuda_error(&gpu->api, err, what, msg, msglen);
+  int device = -1;
+  if (!is_sticky(err) || gpu->api.cudaGetDevice(&device) != cudaSuccess ||
+      device < 0 || device >= gpu->ndevices)
+    return cuda_api_cuda_error(&gpu->api, err, what, msg, msglen);
+  int healthy = 0;
+  atomic_compare_exchange_strong(&gpu->faults[device], &healthy, (int)err);
+  char why[SP_ERRMSG_MAX / 2];
+  failure_sentence(gpu, device, (int)err, why, sizeof why);
+  return sp__failf(msg, msglen, SP_EBACKEND, "%s: %s", what, why);
+}
+
+int gpu_failure(const struct gpu *gpu, int from, char *why, size_t whylen) {
+  for (int d = from < 0 ? 0 : from; d < gpu->ndevices; d++) {
+    int err = atomic_load(&gpu->faults[d]);
+    if (err != 0) {
+      failure_sentence(gpu, d, err, why, whylen);
+      return d;
+    }
+  }
+  return -1;
 }
 
 int gpu_set_device(const struct gpu *gpu, int device, char *msg,
                    size_t msglen) {
+  int fault = device >= 0 && device < gpu->ndevices
+                  ? atomic_load(&gpu->faults[device])
+                  : 0;
+  if (fault != 0)
+    return failure_sentence(gpu, device, fault, msg, msglen);
   cudaError_t err = gpu->api.cudaSetDevice(device);
   if (err == cudaSuccess)
     return 0;
@@ -83,6 +143,12 @@ int gpu_open(struct gpu **out, char *why, size_t whylen) {
     return count;
   }
   gpu->ndevices = count;
+  gpu->faults = calloc((size_t)count, sizeof *gpu->faults);
+  if (gpu->faults == NULL) {
+    cuda_api_unload(&gpu->api);
+    free(gpu);
+    return sp__failf(why, whylen, SP_ENOMEM, "out of memory");
+  }
   pthread_mutex_init(&gpu->imports_lock, NULL);
   for (int d = 0; d < count; d++) {
     gpu->devices[d].info = info[d];
@@ -117,6 +183,7 @@ void gpu_close(struct gpu *gpu) {
   destroy_streams(gpu);
   pthread_mutex_destroy(&gpu->imports_lock);
   cuda_api_unload(&gpu->api);
+  free(gpu->faults);
   free(gpu);
 }
 

@@ -65,6 +65,17 @@ const char *gpu_device_name(const struct gpu *gpu, int device);
 /* The 16 bytes of a local ordinal's UUID. */
 const uint8_t *gpu_device_uuid(const struct gpu *gpu, int device);
 
+/* ---- gpu.c: GPUs whose context a sticky error ended -------------------- */
+
+/* After an illegal address, a launch failure and the other errors that
+ * driver_types.h documents as "any further CUDA work will return the same
+ * error", the device's context is gone until the process restarts.  The
+ * backend marks the device failed when a call answers one, and refuses
+ * every new storage, segment and export on it.  gpu_failure gives the
+ * first such device (from device from on), with one sentence naming it
+ * and the error, or -1 when there is none. */
+int gpu_failure(const struct gpu *gpu, int from, char *why, size_t whylen);
+
 /* ---- handle.c: what a trainer sends ------------------------------------ */
 
 /* The cudaIpcMemHandle_t inside handle bytes as trainers send them: either
@@ -90,9 +101,10 @@ enum gpu_storage_kind {
 
 /* Opens bytes [offset, offset + length) of an allocation on local GPU
  * device: by its IPC handle (kind GPU_STORAGE_IPC, handle) or its cuMem
- * descriptor (GPU_STORAGE_FD, fd; the caller keeps the fd).  Each
+ * descriptor (GPU_STORAGE_FD, fd; the caller keeps the fd).  Each IPC
  * allocation is opened once per daemon process and its mapping shared by
- * every storage in it (counted); a storage that reaches past the end of
+ * every storage in it (counted); each storage registered by descriptor is
+ * mapped on its own, since descriptors cannot be told apart (storage.c); a storage that reaches past the end of
  * its allocation is refused (SP_EBADFD).  A cuMem allocation is mapped
  * read-only: the daemon never writes a trainer's memory. */
 int gpu_storage_open(struct gpu *gpu, int device, enum gpu_storage_kind kind,

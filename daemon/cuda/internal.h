@@ -6,6 +6,7 @@
 #define SP_DAEMON_CUDA_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -30,16 +31,25 @@ struct gpu {
   struct cuda_api api;
   int ndevices;
   struct gpu_device devices[GPU_MAX_DEVICES];
+  /* Per device: the sticky CUDA error that ended its context, 0 while it
+   * is healthy ([ndevices], gpu.c).  Set by any thread whose call failed
+   * so, read by every one, hence atomic; behind a pointer so that the
+   * functions given a const struct gpu can record it. */
+  _Atomic int *faults;
   /* The allocations storages are opened from, each once (storage.c). */
   pthread_mutex_t imports_lock;
   struct gpu_import *imports;
   size_t nimports;
 };
 
-/* "<what>: CUDA error …" into msg; SP_EBACKEND. */
+/* "<what>: CUDA error …" into msg; SP_EBACKEND.  A sticky error (one that
+ * ends the context, gpu_error_is_sticky) also marks the calling thread's
+ * current device failed, which is the device the call worked on, and the
+ * sentence names it and says that the daemon must restart. */
 int gpu_cuda_fail(const struct gpu *gpu, cudaError_t err, const char *what,
                   char *msg, size_t msglen);
-/* cudaSetDevice(device) on the calling thread: 0 or SP_EBACKEND. */
+/* cudaSetDevice(device) on the calling thread: 0 or SP_EBACKEND, also
+ * when a sticky error ended device's context (gpu_failure's sentence). */
 int gpu_set_device(const struct gpu *gpu, int device, char *msg,
                    size_t msglen);
 

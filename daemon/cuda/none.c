@@ -27,6 +27,14 @@ int gpu_device_count(const struct gpu *gpu) {
   return 0;
 }
 
+int gpu_failure(const struct gpu *gpu, int from, char *why, size_t whylen) {
+  (void)gpu;
+  (void)from;
+  (void)why;
+  (void)whylen;
+  return -1;
+}
+
 int gpu_find_device(const struct gpu *gpu, const char *name, size_t len) {
   (void)gpu;
   (void)name;

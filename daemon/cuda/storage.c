@@ -7,8 +7,12 @@
  * under another device fails; DESIGN section 8.5), so every allocation is
  * opened once and its mapping shared by all the storages in it, whatever
  * rank or job registered them, with a count of its users.  A cuMem
- * descriptor (expandable segments) is imported, mapped at a new address
- * range and given read-only access: the daemon only ever reads a trainer's
+ * descriptor (expandable segments) has no identity of its own: it is an
+ * open of the driver's control device, so the descriptors of any two
+ * allocations have one st_dev and st_ino (docs/fakes.md), and nothing
+ * tells from the descriptor which allocation it names.  Every storage
+ * registered by descriptor is therefore imported, mapped at a new address
+ * range of its own and given read-only access: the daemon only ever reads a trainer's
  * memory, and for these allocations the hardware enforces it (where the
  * driver refuses a read-only mapping, it is mapped read-write like an IPC
  * mapping).  IPC mappings cannot be made read-only; there the engine's
@@ -18,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "proto/fail.h"
 #include "daemon/cuda/internal.h"
@@ -29,27 +32,21 @@ struct gpu_import {
   enum gpu_storage_kind kind;
   int device;
   uint8_t handle[GPU_IPC_HANDLE_BYTES]; /* IPC */
-  dev_t st_dev;                         /* FD: the descriptor's file */
-  ino_t st_ino;
   CUmemGenericAllocationHandle mem;     /* FD: the imported allocation */
   uint8_t *base;
   uint64_t size; /* bytes usable from base */
   size_t refs;
 };
 
-static struct gpu_import *find(struct gpu *gpu, enum gpu_storage_kind kind,
-                               int device, const uint8_t *handle,
-                               const struct stat *st, uint64_t need) {
-  for (struct gpu_import *im = gpu->imports; im != NULL; im = im->next) {
-    if (im->kind != kind || im->device != device)
-      continue;
-    if (kind == GPU_STORAGE_IPC &&
+/* The opened IPC allocation of handle on device, if any.  Only IPC
+ * handles are looked up: a cuMem descriptor names no allocation the daemon
+ * could compare. */
+static struct gpu_import *find_ipc(struct gpu *gpu, int device,
+                                   const uint8_t *handle) {
+  for (struct gpu_import *im = gpu->imports; im != NULL; im = im->next)
+    if (im->kind == GPU_STORAGE_IPC && im->device == device &&
         memcmp(im->handle, handle, GPU_IPC_HANDLE_BYTES) == 0)
       return im;
-    if (kind == GPU_STORAGE_FD && im->st_dev == st->st_dev &&
-        im->st_ino == st->st_ino && im->size >= need)
-      return im;
-  }
   return NULL;
 }
 
@@ -97,6 +94,29 @@ static int open_ipc(struct gpu *gpu, struct gpu_import *im, char *msg,
   return 0;
 }
 
+/* The read-only access descriptors of a cuMem mapping on device: access
+ * is per device (cuMemSetAccess), and a copy reads through the GPU whose
+ * stream runs it, which is the owner's GPU (copy.c), so every GPU that can
+ * reach device directly is granted as well as device itself.  A GPU
+ * without peer access to it gets none: its copies would be an illegal
+ * address (docs/gpu.md, Storages).  Returns how many. */
+static size_t readers(struct gpu *gpu, int device, CUmemAccessDesc *out) {
+  size_t n = 0;
+  for (int d = 0; d < gpu->ndevices; d++) {
+    int can = d == device;
+    if (!can && gpu->api.cudaDeviceCanAccessPeer(&can, d, device) != cudaSuccess) {
+      gpu->api.cudaGetLastError();
+      can = 0;
+    }
+    if (can)
+      out[n++] = (CUmemAccessDesc){
+          .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = d},
+          .flags = CU_MEM_ACCESS_FLAGS_PROT_READ,
+      };
+  }
+  return n;
+}
+
 /* Imports a cuMem descriptor and maps need bytes of it read-only. */
 static int open_fd(struct gpu *gpu, struct gpu_import *im, int fd,
                    uint64_t need, char *msg, size_t msglen) {
@@ -128,17 +148,16 @@ static int open_fd(struct gpu *gpu, struct gpu_import *im, int fd,
     what = "cuMemMap";
     res = a->cuMemMap(ptr, size, 0, im->mem, 0);
     if (res == CUDA_SUCCESS) {
-      CUmemAccessDesc access = {
-          .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = im->device},
-          .flags = CU_MEM_ACCESS_FLAGS_PROT_READ,
-      };
+      CUmemAccessDesc access[GPU_MAX_DEVICES];
+      size_t naccess = readers(gpu, im->device, access);
       what = "cuMemSetAccess";
-      res = a->cuMemSetAccess(ptr, size, &access, 1);
+      res = a->cuMemSetAccess(ptr, size, access, naccess);
       if (res == CUDA_ERROR_INVALID_VALUE || res == CUDA_ERROR_NOT_SUPPORTED) {
         /* A driver that offers no read-only device mapping: read-write,
          * as an IPC mapping is; the engine still only copies from it. */
-        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        res = a->cuMemSetAccess(ptr, size, &access, 1);
+        for (size_t i = 0; i < naccess; i++)
+          access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        res = a->cuMemSetAccess(ptr, size, access, naccess);
       }
       if (res != CUDA_SUCCESS)
         a->cuMemUnmap(ptr, size);
@@ -177,17 +196,13 @@ int gpu_storage_open(struct gpu *gpu, int device, enum gpu_storage_kind kind,
                      uint64_t offset, uint64_t length, struct gpu_mapping *out,
                      char *msg, size_t msglen) {
   memset(out, 0, sizeof *out);
-  struct stat st;
-  memset(&st, 0, sizeof st);
-  if (kind == GPU_STORAGE_FD && fstat(fd, &st) != 0)
-    return sp__failf(msg, msglen, SP_EBADFD,
-                     "the cuMem descriptor cannot be read");
   uint64_t need = offset + length;
   int rc = gpu_set_device(gpu, device, msg, msglen);
   if (rc != 0)
     return rc;
   pthread_mutex_lock(&gpu->imports_lock);
-  struct gpu_import *im = find(gpu, kind, device, handle, &st, need);
+  struct gpu_import *im =
+      kind == GPU_STORAGE_IPC ? find_ipc(gpu, device, handle) : NULL;
   bool fresh = im == NULL;
   if (fresh) {
     im = calloc(1, sizeof *im);
@@ -196,8 +211,6 @@ int gpu_storage_open(struct gpu *gpu, int device, enum gpu_storage_kind kind,
     } else {
       im->kind = kind;
       im->device = device;
-      im->st_dev = st.st_dev;
-      im->st_ino = st.st_ino;
       if (kind == GPU_STORAGE_IPC)
         memcpy(im->handle, handle, GPU_IPC_HANDLE_BYTES);
       rc = kind == GPU_STORAGE_IPC ? open_ipc(gpu, im, msg, msglen)

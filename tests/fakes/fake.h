@@ -30,6 +30,8 @@ struct fake_config {
   unsigned delay_us;      /* SHARDPORT_FAKE_DELAY_US before each stream op */
   bool poison;            /* fill new device memory with FAKE_POISON_BYTE */
   bool p2p;               /* SHARDPORT_FAKE_P2P: peer access possible */
+  int fault_phys;         /* SHARDPORT_FAKE_FAULT: the device, -1 none */
+  long fault_nth;         /* and which of its copies faults (1-based) */
 };
 
 #define FAKE_POISON_BYTE 0xa5
@@ -48,6 +50,24 @@ const struct fake_config *fake_config(cudaError_t *err);
       return fake_error(ready_);                                               \
   } while (0)
 
+/* Sticky errors (fake_cudart.c).  A fault on a device (an illegal address)
+ * ends its context: from then on every call that works on that device
+ * answers the same error, as the CUDA headers document for
+ * cudaErrorIllegalAddress.  fake_fault records it on a physical device;
+ * fake_sticky answers it, cudaSuccess for a healthy device or -1. */
+void fake_fault(int phys, cudaError_t err);
+cudaError_t fake_sticky(int phys);
+
+/* FAKE_READY, then the sticky error of the current device's context: the
+ * first thing every call that works on a device does. */
+#define FAKE_LIVE()                                                            \
+  do {                                                                         \
+    FAKE_READY();                                                              \
+    cudaError_t sticky_ = fake_sticky(fake_physical(fake_current_device()));   \
+    if (sticky_ != cudaSuccess)                                                \
+      return fake_error(sticky_);                                              \
+  } while (0)
+
 /* The calling thread's current device (a visible ordinal). */
 int fake_current_device(void);
 
@@ -62,10 +82,12 @@ int fake_ordinal(int physical);
 enum fake_access { FAKE_READ = 1, FAKE_WRITE = 2 };
 
 /* cudaSuccess when [ptr, ptr + len) lies in one device allocation (or
- * mapping) that allows the access.  With must_be_device false, memory
+ * mapping) that allows the access from physical device phys (a cuMem
+ * mapping allows what cuMemSetAccess granted that device; -1: the host's
+ * view, what any device was granted).  With must_be_device false, memory
  * outside every allocation counts as host memory and passes. */
 cudaError_t fake_check_range(const void *ptr, size_t len, int access,
-                             bool must_be_device);
+                             bool must_be_device, int phys);
 
 /* Waits for every stream of the process to drain (fake_stream.c); what
  * cudaFree and the unmap calls do before memory goes away. */

@@ -17,8 +17,11 @@
  *   SHARDPORT_FAKE_POISON    0 leaves new device memory zeroed instead of
  *                            filled with 0xa5 (real memory is not zeroed).
  *   SHARDPORT_FAKE_P2P       0 makes peer access unsupported.
+ *   SHARDPORT_FAKE_FAULT     PHYS:N: the Nth copy or memset on physical
+ *                            device PHYS is an illegal address (sticky).
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,6 +123,16 @@ static void config_init(void) {
   config.delay_us = delay <= 0 ? 0 : (unsigned)delay;
   config.poison = fake_env_long("SHARDPORT_FAKE_POISON", 1) != 0;
   config.p2p = fake_env_long("SHARDPORT_FAKE_P2P", 1) != 0;
+  config.fault_phys = -1;
+  const char *fault = getenv("SHARDPORT_FAKE_FAULT");
+  int phys;
+  long nth;
+  char end;
+  if (fault != NULL && sscanf(fault, "%d:%ld%c", &phys, &nth, &end) == 2 &&
+      phys >= 0 && phys < FAKE_MAX_GPUS && nth > 0) {
+    config.fault_phys = phys;
+    config.fault_nth = nth;
+  }
   if (gpus <= 0) {
     /* What libcudart answers on a machine without the NVIDIA driver. */
     config.init_error = cudaErrorInsufficientDriver;
@@ -137,6 +150,21 @@ const struct fake_config *fake_config(cudaError_t *err) {
 }
 
 int fake_current_device(void) { return current_device; }
+
+/* Per physical device: the error that ended its context, 0 while healthy.
+ * Atomic, since stream workers and callers on any thread read it. */
+static _Atomic int sticky[FAKE_MAX_GPUS];
+
+void fake_fault(int phys, cudaError_t err) {
+  int healthy = cudaSuccess;
+  if (phys >= 0 && phys < FAKE_MAX_GPUS)
+    atomic_compare_exchange_strong(&sticky[phys], &healthy, (int)err);
+}
+
+cudaError_t fake_sticky(int phys) {
+  return phys >= 0 && phys < FAKE_MAX_GPUS ? (cudaError_t)atomic_load(&sticky[phys])
+                                           : cudaSuccess;
+}
 
 cudaError_t fake_error(cudaError_t err) {
   if (err != cudaSuccess)
@@ -201,6 +229,7 @@ const char *cudaGetErrorString(cudaError_t error) {
   case cudaErrorNotReady: return "device not ready";
   case cudaErrorPeerAccessAlreadyEnabled: return "peer access is already enabled";
   case cudaErrorNotSupported: return "operation not supported";
+  case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
   default: return "unrecognized error code";
   }
 }

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -47,7 +48,8 @@ struct region {
   size_t map_len;
   int phys;
   enum region_kind kind;
-  int access;       /* FAKE_READ | FAKE_WRITE */
+  int access;       /* FAKE_READ | FAKE_WRITE; REGION_VMM: of any device */
+  int dev_access[FAKE_MAX_GPUS]; /* REGION_VMM: per physical device */
   int fd;           /* REGION_MALLOC: the memfd, kept for IPC export */
   uint64_t ino;     /* REGION_MALLOC and REGION_IPC: the memfd's inode */
   pid_t exporter;   /* REGION_IPC */
@@ -137,7 +139,7 @@ static void region_remove(struct region *r) {
 }
 
 cudaError_t fake_check_range(const void *ptr, size_t len, int access,
-                             bool must_be_device) {
+                             bool must_be_device, int phys) {
   if (len == 0)
     return cudaSuccess;
   pthread_mutex_lock(&mem.lock);
@@ -147,7 +149,9 @@ cudaError_t fake_check_range(const void *ptr, size_t len, int access,
     err = must_be_device ? cudaErrorInvalidValue : cudaSuccess;
   else if (len > r->size - ((uintptr_t)ptr - r->base))
     err = cudaErrorInvalidValue;
-  else if ((r->access & access) != access)
+  else if (((r->kind == REGION_VMM && phys >= 0 ? r->dev_access[phys]
+                                                  : r->access) &
+            access) != access)
     err = cudaErrorIllegalAddress;
   pthread_mutex_unlock(&mem.lock);
   return err;
@@ -156,7 +160,7 @@ cudaError_t fake_check_range(const void *ptr, size_t len, int access,
 cudaError_t spfake_check_device_range(const void *ptr, size_t len,
                                       bool write) {
   return fake_check_range(ptr, len, write ? FAKE_READ | FAKE_WRITE : FAKE_READ,
-                          true);
+                          true, fake_physical(fake_current_device()));
 }
 
 /* A memfd of size bytes, filled with the poison byte unless disabled. */
@@ -191,7 +195,7 @@ static bool budget_take(int phys, size_t size) {
 }
 
 cudaError_t cudaMalloc(void **devPtr, size_t size) {
-  FAKE_READY();
+  FAKE_LIVE();
   if (devPtr == NULL)
     return fake_error(cudaErrorInvalidValue);
   if (size == 0) {
@@ -300,7 +304,7 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes,
 /* The handle of the allocation that contains devPtr: the base's handle for
  * any pointer inside it, as with real CUDA; the caller sends the offset. */
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr) {
-  FAKE_READY();
+  FAKE_LIVE();
   const struct fake_config *cfg = fake_config(NULL);
   if (handle == NULL)
     return fake_error(cudaErrorInvalidValue);
@@ -351,7 +355,7 @@ static bool ipc_reopen(const struct ipc_mem_wire *w, int dev, void **devPtr,
  * under another device is refused (docs/fakes.md explains the choice). */
 cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle,
                                  unsigned int flags) {
-  FAKE_READY();
+  FAKE_LIVE();
   const struct fake_config *cfg = fake_config(NULL);
   if (devPtr == NULL || (flags & ~(unsigned)cudaIpcMemLazyEnablePeerAccess) != 0)
     return fake_error(cudaErrorInvalidValue);
@@ -550,6 +554,43 @@ CUresult fake_cuMemRelease(CUmemGenericAllocationHandle handle) {
   return a != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* An exported descriptor stands for the allocation the way a real one does:
+ * with no identity of its own.  The real driver's descriptor is an open of
+ * its control device, so every one has the same st_dev and st_ino; the
+ * fake's is an eventfd (all eventfds share the kernel's one anonymous
+ * inode), and its counter, which travels with the open file description
+ * through SCM_RIGHTS and dup, names the exporter's memfd: pid, descriptor
+ * number and the low bits of its inode.  The counter is read back from
+ * /proc/self/fdinfo, which leaves it unchanged. */
+#define VMM_FD_BITS 20
+#define VMM_INO_BITS 21
+#define VMM_PID_BITS 22
+
+static uint64_t vmm_token(pid_t pid, int fd, uint64_t ino) {
+  return (uint64_t)pid << (VMM_FD_BITS + VMM_INO_BITS) |
+         (uint64_t)fd << VMM_INO_BITS |
+         (ino & (((uint64_t)1 << VMM_INO_BITS) - 1));
+}
+
+/* The token of an exported descriptor; false when fd is no eventfd. */
+static bool vmm_token_read(int fd, uint64_t *token) {
+  char path[64], line[128];
+  snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
+  FILE *f = fopen(path, "re");
+  if (f == NULL)
+    return false;
+  bool found = false;
+  while (!found && fgets(line, sizeof(line), f) != NULL) {
+    unsigned long long v;
+    if (sscanf(line, "eventfd-count: %llx", &v) == 1) {
+      *token = v;
+      found = true;
+    }
+  }
+  fclose(f);
+  return found;
+}
+
 /* The fd is a new descriptor the caller owns and closes. */
 CUresult fake_cuMemExportToShareableHandle(void *shareableHandle,
                                            CUmemGenericAllocationHandle handle,
@@ -560,44 +601,65 @@ CUresult fake_cuMemExportToShareableHandle(void *shareableHandle,
     return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&mem.lock);
   struct vmm_alloc *a = alloc_find(handle);
-  int fd = a != NULL && a->exportable ? fcntl(a->fd, F_DUPFD_CLOEXEC, 0) : -1;
+  bool ok = a != NULL && a->exportable;
+  struct stat st;
+  uint64_t token = 0;
+  if (ok && fstat(a->fd, &st) == 0 && getpid() < (1 << VMM_PID_BITS) &&
+      a->fd < (1 << VMM_FD_BITS))
+    token = vmm_token(getpid(), a->fd, (uint64_t)st.st_ino);
   pthread_mutex_unlock(&mem.lock);
-  if (a == NULL || !a->exportable)
+  if (!ok)
     return CUDA_ERROR_INVALID_VALUE;
+  int fd = token != 0 ? eventfd(0, EFD_CLOEXEC) : -1;
   if (fd < 0)
     return CUDA_ERROR_OUT_OF_MEMORY;
+  if (write(fd, &token, sizeof(token)) != (ssize_t)sizeof(token)) {
+    close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   *(int *)shareableHandle = fd;
   return CUDA_SUCCESS;
 }
 
-/* The fd stays the caller's; the handle holds its own duplicate. */
+/* The fd stays the caller's; the handle holds its own open of the
+ * exporter's memfd. */
 CUresult fake_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
                                              void *osHandle,
                                              CUmemAllocationHandleType shHandleType) {
   if (handle == NULL || shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
     return CUDA_ERROR_INVALID_VALUE;
-  int fd = (int)(intptr_t)osHandle;
+  uint64_t token;
+  if (!vmm_token_read((int)(intptr_t)osHandle, &token))
+    return CUDA_ERROR_INVALID_VALUE;
+  pid_t pid = (pid_t)(token >> (VMM_FD_BITS + VMM_INO_BITS));
+  int src = (int)(token >> VMM_INO_BITS & ((1u << VMM_FD_BITS) - 1));
+  uint64_t ino_low = token & (((uint64_t)1 << VMM_INO_BITS) - 1);
   char link[64], target[128];
-  snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+  snprintf(link, sizeof(link), "/proc/%d/fd/%d", (int)pid, src);
   ssize_t n = readlink(link, target, sizeof(target) - 1);
   if (n <= 0)
     return CUDA_ERROR_INVALID_VALUE;
   target[n] = '\0';
   unsigned node;
   int phys;
-  struct stat st;
   if (sscanf(target, "/memfd:spfake-vmm-%u-%d", &node, &phys) != 2 ||
-      node != fake_config(NULL)->node || phys < 0 || phys >= FAKE_MAX_GPUS ||
-      fstat(fd, &st) != 0 || st.st_size <= 0)
+      node != fake_config(NULL)->node || phys < 0 || phys >= FAKE_MAX_GPUS)
     return CUDA_ERROR_INVALID_VALUE;
-  int dup = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (dup < 0)
-    return CUDA_ERROR_OUT_OF_MEMORY;
+  int fd = open(link, O_RDWR | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  /* The descriptor number may have been reused since the export. */
+  if (fstat(fd, &st) != 0 || st.st_size <= 0 ||
+      ((uint64_t)st.st_ino & (((uint64_t)1 << VMM_INO_BITS) - 1)) != ino_low) {
+    close(fd);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   pthread_mutex_lock(&mem.lock);
-  struct vmm_alloc *a = alloc_add(dup, (size_t)st.st_size, phys, true, false);
+  struct vmm_alloc *a = alloc_add(fd, (size_t)st.st_size, phys, true, false);
   pthread_mutex_unlock(&mem.lock);
   if (a == NULL) {
-    close(dup);
+    close(fd);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   *handle = (CUmemGenericAllocationHandle)(uintptr_t)a;
@@ -727,36 +789,54 @@ CUresult fake_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
   return res;
 }
 
-/* The range must be whole mappings; access is process-wide in the fake:
- * the widest access any descriptor grants applies. */
+/* The range must be whole mappings.  Access is per device, as documented:
+ * each descriptor sets what its device may do, and a copy a device runs
+ * may touch only what that device was granted (fake_check_range).  The
+ * host's view, which the fake's copies go through, gets the widest access
+ * any device has. */
 CUresult fake_cuMemSetAccess(CUdeviceptr ptr, size_t size,
                              const CUmemAccessDesc *desc, size_t count) {
   uintptr_t p = (uintptr_t)ptr;
   if (desc == NULL || count == 0 || size == 0)
     return CUDA_ERROR_INVALID_VALUE;
-  int access = 0;
+  int set[FAKE_MAX_GPUS];
+  for (int d = 0; d < FAKE_MAX_GPUS; d++)
+    set[d] = -1;
   for (size_t i = 0; i < count; i++) {
     if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
       return CUDA_ERROR_INVALID_VALUE;
-    if (fake_physical(desc[i].location.id) < 0)
+    int phys = fake_physical(desc[i].location.id);
+    if (phys < 0)
       return CUDA_ERROR_INVALID_DEVICE;
     if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ)
-      access |= FAKE_READ;
+      set[phys] = FAKE_READ;
     else if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
-      access |= FAKE_READ | FAKE_WRITE;
-    else if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE)
+      set[phys] = FAKE_READ | FAKE_WRITE;
+    else if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE)
+      set[phys] = 0;
+    else
       return CUDA_ERROR_INVALID_VALUE;
   }
-  int prot = (access & FAKE_WRITE)  ? PROT_READ | PROT_WRITE
-             : (access & FAKE_READ) ? PROT_READ
-                                    : PROT_NONE;
   pthread_mutex_lock(&mem.lock);
-  CUresult res = whole_mappings(p, size) && mprotect((void *)p, size, prot) == 0
-                     ? CUDA_SUCCESS
-                     : CUDA_ERROR_INVALID_VALUE;
-  for (size_t i = 0; res == CUDA_SUCCESS && i < mem.n; i++)
-    if (is_mapping_within(mem.v[i], p, size))
-      mem.v[i]->access = access;
+  CUresult res = whole_mappings(p, size) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; res == CUDA_SUCCESS && i < mem.n; i++) {
+    struct region *r = mem.v[i];
+    if (!is_mapping_within(r, p, size))
+      continue;
+    int any = 0;
+    for (int d = 0; d < FAKE_MAX_GPUS; d++) {
+      if (set[d] >= 0)
+        r->dev_access[d] = set[d];
+      any |= r->dev_access[d];
+    }
+    int prot = (any & FAKE_WRITE)  ? PROT_READ | PROT_WRITE
+               : (any & FAKE_READ) ? PROT_READ
+                                   : PROT_NONE;
+    if (mprotect((void *)r->base, r->size, prot) != 0)
+      res = CUDA_ERROR_INVALID_VALUE;
+    else
+      r->access = any;
+  }
   pthread_mutex_unlock(&mem.lock);
   return res;
 }

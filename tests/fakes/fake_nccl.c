@@ -19,11 +19,18 @@
  *                                   "error" (that launch fails with
  *                                   ncclSystemError), "exit" (the process
  *                                   exits with status 3 there, as a crash
- *                                   would) or "hang" (that group's ops never
- *                                   run, as with a stuck GPU); a fourth
+ *                                   would), "hang" (that group's ops never
+ *                                   run, as with a stuck GPU) or
+ *                                   "mismatch" (its sends announce one
+ *                                   element more than the receiver posted);
+ *                                   a fourth
  *                                   field ":once" makes it fire once in
  *                                   the process (a communicator made
  *                                   later, after the abort, runs clean).
+ *   SHARDPORT_FAKE_NCCL_MISMATCH    "hang": a mismatched send and receive
+ *                                   hang until an abort, as on real NCCL;
+ *                                   otherwise (the default) both ranks get
+ *                                   ncclInvalidUsage.
  */
 #include <errno.h>
 #include <poll.h>
@@ -52,11 +59,18 @@ struct hello {
   int32_t rank, nranks;
 };
 
-enum fault_action { FAULT_NONE, FAULT_ERROR, FAULT_EXIT, FAULT_HANG };
+enum fault_action {
+  FAULT_NONE,
+  FAULT_ERROR,
+  FAULT_EXIT,
+  FAULT_HANG,
+  FAULT_MISMATCH
+};
 
 static struct {
   pthread_once_t once;
   unsigned long timeout_ms;
+  bool mismatch_hangs; /* SHARDPORT_FAKE_NCCL_MISMATCH=hang */
   size_t n;
   struct {
     int rank;
@@ -80,6 +94,8 @@ static _Atomic uint64_t next_comm_id = 1;
 static void settings_init(void) {
   long t = fake_env_long("SHARDPORT_FAKE_NCCL_TIMEOUT_MS", 30000);
   settings.timeout_ms = t <= 0 ? 30000 : (unsigned long)t;
+  const char *m = getenv("SHARDPORT_FAKE_NCCL_MISMATCH");
+  settings.mismatch_hangs = m != NULL && strcmp(m, "hang") == 0;
   const char *s = getenv("SHARDPORT_FAKE_NCCL_FAIL");
   while (s != NULL && *s != '\0' && settings.n < MAX_FAULTS) {
     char when[16], action[16];
@@ -89,7 +105,8 @@ static void settings_init(void) {
     enum fault_action a = strcmp(action, "error") == 0  ? FAULT_ERROR
                           : strcmp(action, "exit") == 0 ? FAULT_EXIT
                           : strcmp(action, "hang") == 0 ? FAULT_HANG
-                                                        : FAULT_NONE;
+                          : strcmp(action, "mismatch") == 0 ? FAULT_MISMATCH
+                                                            : FAULT_NONE;
     unsigned w = strcmp(when, "init") == 0 ? 0 : (unsigned)strtoul(when, NULL, 10);
     s += used;
     bool once = strncmp(s, ":once", 5) == 0;
@@ -105,6 +122,11 @@ static void settings_init(void) {
     if (*s == ',')
       s++;
   }
+}
+
+bool fake_nccl_mismatch_hangs(void) {
+  pthread_once(&settings.once, settings_init);
+  return settings.mismatch_hangs;
 }
 
 static enum fault_action fault_at(int rank, unsigned when) {
@@ -494,9 +516,11 @@ static ncclResult_t launch_faults(struct nop **ops, size_t n) {
         _exit(3);
       if (a == FAULT_ERROR)
         engine_fail(c, ncclSystemError);
-      for (size_t j = i; j < n && a == FAULT_HANG; j++)
-        if (ops[j]->comm == c)
-          ops[j]->hang = true;
+      for (size_t j = i; j < n && (a == FAULT_HANG || a == FAULT_MISMATCH); j++)
+        if (ops[j]->comm == c) {
+          ops[j]->hang = a == FAULT_HANG;
+          ops[j]->skew = a == FAULT_MISMATCH;
+        }
     }
     if (c->error != ncclSuccess || !c->registered) {
       ops[i]->state = NOP_FAILED;

@@ -97,6 +97,8 @@ struct nop {
   cudaStream_t stream;
   enum nop_state state;
   bool hang;          /* fault injection: never reaches its stream */
+  bool skew;          /* fault injection: its sends announce one element
+                       * more than they carry (a mismatched message) */
   struct xfer *xfers;
   size_t nxfers, pending;
   void **contrib;     /* allreduce: each peer's contribution */
@@ -179,6 +181,11 @@ void engine_fail(struct fcomm *c, ncclResult_t err);
 void engine_wake(void);
 
 size_t fake_nccl_type_size(ncclDataType_t dtype);
+
+/* SHARDPORT_FAKE_NCCL_MISMATCH=hang: a mismatched send and receive are
+ * left unmatched, hanging until an abort, as on real NCCL; otherwise both
+ * ranks get ncclInvalidUsage (fake_nccl.c). */
+bool fake_nccl_mismatch_hangs(void);
 
 #pragma GCC visibility pop
 

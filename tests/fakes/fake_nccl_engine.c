@@ -113,7 +113,7 @@ static void queue_frame(struct fcomm *c, int peer, enum frame_type type,
     f->hdr.kind = (uint8_t)x->kind;
     f->hdr.dtype = (uint8_t)x->dtype;
     f->hdr.redop = (uint8_t)x->redop;
-    f->hdr.count = x->count;
+    f->hdr.count = x->count + (type == FRAME_RTS && x->op->skew);
   }
   if (type == FRAME_DATA) {
     f->payload = x->sbuf;
@@ -241,6 +241,10 @@ static void match_peer(struct fcomm *c, int peer, enum xfer_kind kind) {
     struct rts *r = ptrq_peek(&p->rts[kind]);
     struct xfer *x = ptrq_peek(&p->recvs[kind]);
     if (!same_message(x, r->count, r->dtype, r->redop)) {
+      /* Real NCCL checks nothing: the pair waits for data that never fits
+       * until the communicator is aborted. */
+      if (fake_nccl_mismatch_hangs())
+        return;
       queue_frame(c, peer, FRAME_MISMATCH, NULL, r->seq);
       engine_fail(c, ncclInvalidUsage);
       return;

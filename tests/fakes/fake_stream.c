@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +65,7 @@ struct op {
 struct fake_stream {
   struct fake_stream *next; /* every stream whose worker still runs */
   bool is_default;
+  int phys;                 /* the physical device whose work it queues */
   bool destroyed;           /* under reg.lock: the handle is gone */
   pthread_mutex_t lock;
   pthread_cond_t cond;
@@ -198,6 +200,7 @@ static struct fake_stream *stream_new(bool is_default) {
   if (s == NULL)
     return NULL;
   s->is_default = is_default;
+  s->phys = fake_physical(fake_current_device());
   pthread_mutex_init(&s->lock, NULL);
   pthread_cond_init(&s->cond, NULL);
   atomic_init(&s->refs, 2);
@@ -240,11 +243,29 @@ static struct fake_stream *stream_get(cudaStream_t handle) {
   return s;
 }
 
+/* The physical device of a stream, -1 for no stream. */
+static int stream_phys(cudaStream_t handle) {
+  struct fake_stream *s = stream_get(handle);
+  if (s == NULL)
+    return -1;
+  int phys = s->phys;
+  stream_unref(s);
+  return phys;
+}
+
+/* Queues op on the stream, unless the stream's device has faulted: its
+ * context is gone, and so is any work for it. */
 static cudaError_t stream_push(cudaStream_t handle, struct op *op) {
   struct fake_stream *s = stream_get(handle);
   if (s == NULL) {
     free(op);
     return fake_error(cudaErrorInvalidResourceHandle);
+  }
+  cudaError_t sticky = fake_sticky(s->phys);
+  if (sticky != cudaSuccess) {
+    stream_unref(s);
+    free(op);
+    return fake_error(sticky);
   }
   pthread_mutex_lock(&s->lock);
   op->next = NULL;
@@ -293,7 +314,7 @@ void fake_sync_all_streams(void) {
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags) {
-  FAKE_READY();
+  FAKE_LIVE();
   if (pStream == NULL || (flags & ~(unsigned)cudaStreamNonBlocking) != 0)
     return fake_error(cudaErrorInvalidValue);
   struct fake_stream *s = stream_new(false);
@@ -330,7 +351,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  FAKE_READY();
+  FAKE_LIVE();
   struct fake_stream *s = stream_get(stream);
   if (s == NULL)
     return fake_error(cudaErrorInvalidResourceHandle);
@@ -349,10 +370,24 @@ static struct op *op_new(enum op_kind kind) {
   return op;
 }
 
+/* SHARDPORT_FAKE_FAULT: whether this copy or memset on physical device
+ * phys is the one that faults, as a kernel's bad access would. */
+static _Atomic long device_ops[FAKE_MAX_GPUS];
+
+static bool injected_fault(int phys) {
+  const struct fake_config *cfg = fake_config(NULL);
+  return phys == cfg->fault_phys &&
+         atomic_fetch_add(&device_ops[phys], 1) + 1 == cfg->fault_nth;
+}
+
 /* What each copy direction requires of its pointers: device memory where
- * the direction says so, and every device range inside one allocation. */
+ * the direction says so, every device range inside one allocation, and
+ * each reachable from the device whose stream runs the copy.  A range that
+ * device was not granted is an illegal address, which ends its context
+ * (sticky), as the fault would on a GPU. */
 static cudaError_t check_copy(void *dst, const void *src, size_t dlen,
-                              size_t slen, enum cudaMemcpyKind kind) {
+                              size_t slen, enum cudaMemcpyKind kind,
+                              cudaStream_t stream) {
   bool dst_dev, src_dev;
   switch (kind) {
   case cudaMemcpyHostToHost: dst_dev = src_dev = false; break;
@@ -364,16 +399,23 @@ static cudaError_t check_copy(void *dst, const void *src, size_t dlen,
   }
   if (kind == cudaMemcpyHostToHost)
     return cudaSuccess;
-  cudaError_t err = fake_check_range(dst, dlen, FAKE_WRITE, dst_dev);
+  int phys = stream_phys(stream);
+  if (phys < 0)
+    return cudaErrorInvalidResourceHandle;
+  cudaError_t err = fake_check_range(dst, dlen, FAKE_WRITE, dst_dev, phys);
   if (err == cudaSuccess)
-    err = fake_check_range(src, slen, FAKE_READ, src_dev);
+    err = fake_check_range(src, slen, FAKE_READ, src_dev, phys);
+  if (err == cudaSuccess && injected_fault(phys))
+    err = cudaErrorIllegalAddress;
+  if (err == cudaErrorIllegalAddress)
+    fake_fault(phys, err);
   return err;
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
                             enum cudaMemcpyKind kind, cudaStream_t stream) {
-  FAKE_READY();
-  cudaError_t err = check_copy(dst, src, count, count, kind);
+  FAKE_LIVE();
+  cudaError_t err = check_copy(dst, src, count, count, kind, stream);
   if (err != cudaSuccess)
     return fake_error(err);
   struct op *op = op_new(OP_COPY);
@@ -401,14 +443,14 @@ static bool pitched_extent(size_t pitch, size_t width, size_t height,
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
                               size_t spitch, size_t width, size_t height,
                               enum cudaMemcpyKind kind, cudaStream_t stream) {
-  FAKE_READY();
+  FAKE_LIVE();
   if (dpitch < width || spitch < width)
     return fake_error(cudaErrorInvalidPitchValue);
   size_t dlen, slen;
   if (!pitched_extent(dpitch, width, height, &dlen) ||
       !pitched_extent(spitch, width, height, &slen))
     return fake_error(cudaErrorInvalidValue);
-  cudaError_t err = check_copy(dst, src, dlen, slen, kind);
+  cudaError_t err = check_copy(dst, src, dlen, slen, kind, stream);
   if (err != cudaSuccess)
     return fake_error(err);
   struct op *op = op_new(OP_COPY2D);
@@ -426,10 +468,11 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
 cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src,
                                 int srcDevice, size_t count,
                                 cudaStream_t stream) {
-  FAKE_READY();
+  FAKE_LIVE();
   if (fake_physical(dstDevice) < 0 || fake_physical(srcDevice) < 0)
     return fake_error(cudaErrorInvalidDevice);
-  cudaError_t err = check_copy(dst, src, count, count, cudaMemcpyDeviceToDevice);
+  cudaError_t err = check_copy(dst, src, count, count, cudaMemcpyDeviceToDevice,
+                               stream);
   if (err != cudaSuccess)
     return fake_error(err);
   struct op *op = op_new(OP_COPY);
@@ -443,8 +486,15 @@ cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src,
 
 cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count,
                             cudaStream_t stream) {
-  FAKE_READY();
-  cudaError_t err = fake_check_range(devPtr, count, FAKE_WRITE, true);
+  FAKE_LIVE();
+  int phys = stream_phys(stream);
+  if (phys < 0)
+    return fake_error(cudaErrorInvalidResourceHandle);
+  cudaError_t err = fake_check_range(devPtr, count, FAKE_WRITE, true, phys);
+  if (err == cudaSuccess && injected_fault(phys))
+    err = cudaErrorIllegalAddress;
+  if (err == cudaErrorIllegalAddress)
+    fake_fault(phys, err);
   if (err != cudaSuccess)
     return fake_error(err);
   struct op *op = op_new(OP_SET);
@@ -458,7 +508,7 @@ cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count,
 
 cudaError_t spfake_stream_enqueue(cudaStream_t stream, void (*fn)(void *),
                                   void *arg) {
-  FAKE_READY();
+  FAKE_LIVE();
   struct op *op = op_new(OP_HOST);
   if (op == NULL)
     return fake_error(cudaErrorMemoryAllocation);
@@ -487,7 +537,7 @@ static void event_register(struct fake_event *ev) {
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
-  FAKE_READY();
+  FAKE_LIVE();
   const unsigned known = cudaEventBlockingSync | cudaEventDisableTiming |
                          cudaEventInterprocess;
   if (event == NULL || (flags & ~known) != 0 ||
@@ -544,7 +594,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  FAKE_READY();
+  FAKE_LIVE();
   struct fake_event *ev = event_get(event);
   if (ev == NULL)
     return fake_error(cudaErrorInvalidResourceHandle);
@@ -570,7 +620,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 
 /* "Not ready" is an answer, not an error: it is not recorded as one. */
 cudaError_t cudaEventQuery(cudaEvent_t event) {
-  FAKE_READY();
+  FAKE_LIVE();
   struct fake_event *ev = event_get(event);
   if (ev == NULL)
     return fake_error(cudaErrorInvalidResourceHandle);
@@ -581,7 +631,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  FAKE_READY();
+  FAKE_LIVE();
   struct fake_event *ev = event_get(event);
   if (ev == NULL)
     return fake_error(cudaErrorInvalidResourceHandle);
@@ -592,7 +642,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event,
                                 unsigned int flags) {
-  FAKE_READY();
+  FAKE_LIVE();
   if (flags != 0)
     return fake_error(cudaErrorInvalidValue);
   struct fake_event *ev = event_get(event);
@@ -613,7 +663,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event,
 
 cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle,
                                   cudaEvent_t event) {
-  FAKE_READY();
+  FAKE_LIVE();
   const struct fake_config *cfg = fake_config(NULL);
   if (handle == NULL)
     return fake_error(cudaErrorInvalidValue);
@@ -637,7 +687,7 @@ cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle,
  * local event created with cudaEventDisableTiming, as documented. */
 cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *event,
                                    cudaIpcEventHandle_t handle) {
-  FAKE_READY();
+  FAKE_LIVE();
   const struct fake_config *cfg = fake_config(NULL);
   struct ipc_event_wire w;
   memcpy(&w, handle.reserved, sizeof(w));

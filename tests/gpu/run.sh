@@ -173,7 +173,11 @@ wait "$bench_daemon" 2>/dev/null
 
 # 6. a save of device tensors, read back
 src=$(cd "$(dirname "$0")/../.." && pwd)
-if SHARDPORTD=$daemon SHARDPORT_LIB=$build/client/libshardport.so.0 \
+# SHARDPORT_TEST_PYTHON_ENV: settings for python3 alone (the sanitizer
+# build's preload, from tests/gpu/meson.build), unquoted to split them.
+# shellcheck disable=SC2086
+if env ${SHARDPORT_TEST_PYTHON_ENV:-} \
+    SHARDPORTD=$daemon SHARDPORT_LIB=$build/client/libshardport.so.0 \
     PYTHONPATH=$src/client/python:$src/tests/python timeout 300 \
     python3 "$src/tests/python/test_cuda_fake.py" \
     CudaFakeTest.test_save_device_memory >"$work/save.log" 2>&1; then

@@ -42,6 +42,8 @@ int main(int argc, char **argv) {
       .nodes_again = add_case(s, "nodes-again", world_nodes_start_launch_error,
                               world_nodes_stop, 120),
       .selection = add_case(s, "selection", NULL, NULL, 60),
+      .gpu_fault = add_case(s, "gpu-fault", world_faulty_gpu_start,
+                            world_daemon_stop, 120),
   };
   /* This order keeps each case's tests in the order they always ran. */
   test_selection_add(&c);

@@ -53,6 +53,25 @@ START_TEST(every_registration_kind_across_shared_gpus) {
 }
 END_TEST
 
+START_TEST(cumem_allocations_sharing_a_gpu_are_mapped_apart) {
+  /* All four ranks register their shards by cuMem descriptor, two on each
+   * GPU: the descriptors have one inode (docs/fakes.md), and each of the
+   * four allocations must still be its own mapping in the daemon. */
+  struct scenario sc = {.world = 4,
+                        .nkeys = world_nmixed,
+                        .keys = world_mixed_keys,
+                        .gpus = 2,
+                        .modes = {MODE_FD, MODE_FD, MODE_FD, MODE_FD}};
+  struct world w;
+  world_run(&sc, &w);
+  world_assert_exported(&w, &sc);
+  world_free(&w, &sc);
+  for (int i = 0; i < 100 && world_device_mappings() != 0; i++)
+    usleep(20000);
+  ck_assert_int_eq(world_device_mappings(), 0);
+}
+END_TEST
+
 START_TEST(large_strided_tensors) {
   /* Big enough that copies are many 2-D slabs, uneven shards. */
   static const struct tkey keys[] = {
@@ -172,6 +191,37 @@ static void next_job_is_served(void) {
   world_free(&w, &sc);
 }
 
+START_TEST(a_sticky_error_fails_the_export_and_restarts_the_daemon) {
+  /* GPU 1's first copy is an illegal address, which ends its context: the
+   * export fails on every rank with backend and a sentence naming the GPU
+   * and the error, status says why, and the daemon drains and exits with
+   * failure so that systemd starts a fresh one. */
+  struct scenario sc = {.world = 4,
+                        .nkeys = world_nmixed,
+                        .keys = world_mixed_keys,
+                        .gpus = 2,
+                        .modes = {MODE_PTR, MODE_PTR, MODE_PTR, MODE_PTR}};
+  struct world w;
+  world_run(&sc, &w);
+  for (uint32_t i = 0; i < sc.world; i++) {
+    ck_assert_msg(w.rep[i].export_rc == SP_EBACKEND, "rank %u: %s: %s (%s)", i,
+                  sp_strerror(w.rep[i].export_rc), w.rep[i].message,
+                  w.rep[i].failure);
+    ck_assert_msg(strstr(w.rep[i].message, "cuda:GPU-") != NULL &&
+                      strstr(w.rep[i].message, "CUDA error 700") != NULL &&
+                      strstr(w.rep[i].message, "restarts") != NULL,
+                  "rank %u: %s", i, w.rep[i].message);
+  }
+  world_free(&w, &sc);
+  /* With every export done the daemon stops by itself, with failure. */
+  int status = sp_test_wait(world_node0.pid, 20000);
+  ck_assert_msg(status == 3, "shardportd exited with %d, not 3 (failure)",
+                status);
+  world_node0.pid = 0;
+  sp_test_rmdir(world_node0.dir);
+}
+END_TEST
+
 START_TEST(rank_killed_mid_round) {
   enum { N = 48 };
   static struct tkey keys[N];
@@ -208,8 +258,11 @@ END_TEST
 void test_exports_add(const struct gpu_cases *c) {
   tcase_add_test(c->export, device_pointers_one_gpu_each);
   tcase_add_test(c->export, every_registration_kind_across_shared_gpus);
+  tcase_add_test(c->export, cumem_allocations_sharing_a_gpu_are_mapped_apart);
   tcase_add_test(c->export, large_strided_tensors);
   tcase_add_test(c->pool, segments_reused_by_their_owner);
   tcase_add_test(c->small_pool, device_pool_capacity_refused_on_every_rank);
   tcase_add_test(c->faults, rank_killed_mid_round);
+  tcase_add_test(c->gpu_fault,
+                 a_sticky_error_fails_the_export_and_restarts_the_daemon);
 }

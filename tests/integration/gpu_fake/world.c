@@ -173,6 +173,12 @@ void world_daemon_start_slow(void) {
   unsetenv("SHARDPORTD_TEST_ROUND_DELAY_MS");
 }
 
+void world_faulty_gpu_start(void) {
+  setenv("SHARDPORT_FAKE_FAULT", "1:1", 1);
+  world_daemon_start();
+  unsetenv("SHARDPORT_FAKE_FAULT");
+}
+
 void world_daemon_stop(void) {
   if (world_node0.pid > 0)
     ck_assert_int_eq(sp_test_daemon_stop(&world_node0), 0);

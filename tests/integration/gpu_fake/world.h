@@ -55,6 +55,9 @@ int world_test_gpus(void);
 void world_daemon_start(void);
 void world_daemon_start_slow(void);
 void world_daemon_stop(void);
+/* One daemon on the CUDA backend whose GPU 1 faults at its first copy
+ * (SHARDPORT_FAKE_FAULT, docs/fakes.md): an illegal address, sticky. */
+void world_faulty_gpu_start(void);
 void world_small_pool_start(void);
 void world_small_pool_stop(void);
 /* Two daemons as two fake nodes (SHARDPORT_FAKE_NODE 0 and 1), both

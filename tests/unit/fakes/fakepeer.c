@@ -15,6 +15,8 @@
  *   event-consume MEM EVENT LEN BYTE       wait for EVENT on a stream, then
  *                                          read MEM: all BYTE
  *   vmm-import SIZE EXPECT WRITE           import the cuMem fd passed as 3
+ *   vmm-fault                              cuMem access per device; a fault
+ *                                          is sticky on its device only
  *   streams                                stream and event order, in-process
  *   malloc-limit                           SHARDPORT_FAKE_MEM_MB=4 is honoured
  *   nccl SCENARIO ID NRANKS RANKS [ARG]    one process of an NCCL scenario;
@@ -254,6 +256,67 @@ static int cmd_vmm_import(char **argv) {
   DRV(api.cuMemUnmap(va, size));
   DRV(api.cuMemRelease(h));
   DRV(api.cuMemAddressFree(va, size));
+  ok();
+}
+
+#define EXPECT_ERR(call, want)                                                 \
+  do {                                                                         \
+    cudaError_t e_ = (call);                                                   \
+    if (e_ != (want))                                                          \
+      fail("%s: CUDA error %d, expected %d", #call, (int)e_, (int)(want));     \
+  } while (0)
+
+static int cmd_vmm_fault(void) {
+  load();
+  CUmemAllocationProp prop = {
+      .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+      .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+  const size_t size = 2u << 20;
+  CUmemGenericAllocationHandle h;
+  CUdeviceptr va;
+  DRV(api.cuMemCreate(&h, size, &prop, 0));
+  DRV(api.cuMemAddressReserve(&va, size, 0, 0, 0));
+  DRV(api.cuMemMap(va, size, 0, h, 0));
+  void *buf0, *buf1;
+  cudaStream_t s0, s1;
+  CUDA(api.cudaSetDevice(0));
+  CUDA(api.cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
+  CUDA(api.cudaMalloc(&buf0, 4096));
+  CUDA(api.cudaSetDevice(1));
+  CUDA(api.cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  CUDA(api.cudaMalloc(&buf1, 4096));
+  /* Only device 0 is granted; device 1, which reads the mapping in a copy
+   * on its stream, is not. */
+  CUmemAccessDesc acc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+                         .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  DRV(api.cuMemSetAccess(va, size, &acc, 1));
+  CUDA(api.cudaSetDevice(0));
+  CUDA(api.cudaMemsetAsync((void *)va, 0x5a, size, s0));
+  CUDA(api.cudaMemcpyAsync(buf0, (void *)va, 4096, cudaMemcpyDefault, s0));
+  CUDA(api.cudaStreamSynchronize(s0));
+  CUDA(api.cudaSetDevice(1));
+  EXPECT_ERR(api.cudaMemcpyAsync(buf1, (void *)va, 4096, cudaMemcpyDefault, s1),
+             cudaErrorIllegalAddress);
+  /* Sticky: every later call on device 1 answers the same error, even once
+   * the last error was read. */
+  EXPECT_ERR(api.cudaGetLastError(), cudaErrorIllegalAddress);
+  void *more;
+  EXPECT_ERR(api.cudaMalloc(&more, 4096), cudaErrorIllegalAddress);
+  EXPECT_ERR(api.cudaStreamSynchronize(s1), cudaErrorIllegalAddress);
+  EXPECT_ERR(api.cudaMemcpyAsync(buf1, buf1, 16, cudaMemcpyDefault, s1),
+             cudaErrorIllegalAddress);
+  if (strcmp(api.cudaGetErrorString(cudaErrorIllegalAddress),
+             "an illegal memory access was encountered") != 0)
+    fail("cudaErrorIllegalAddress is \"%s\"",
+         api.cudaGetErrorString(cudaErrorIllegalAddress));
+  /* A stream of device 1 refuses work whatever device is current. */
+  CUDA(api.cudaSetDevice(0));
+  EXPECT_ERR(api.cudaMemcpyAsync(buf0, buf0, 16, cudaMemcpyDefault, s1),
+             cudaErrorIllegalAddress);
+  /* Device 0's context is untouched. */
+  CUDA(api.cudaMemcpyAsync(buf0, (void *)va, 4096, cudaMemcpyDefault, s0));
+  CUDA(api.cudaStreamSynchronize(s0));
+  CUDA(api.cudaMalloc(&more, 4096));
   ok();
 }
 
@@ -824,6 +887,8 @@ int main(int argc, char **argv) {
     return cmd_event_consume(args);
   if (strcmp(cmd, "vmm-import") == 0)
     return cmd_vmm_import(args);
+  if (strcmp(cmd, "vmm-fault") == 0)
+    return cmd_vmm_fault();
   if (strcmp(cmd, "streams") == 0)
     return cmd_streams();
   if (strcmp(cmd, "malloc-limit") == 0)

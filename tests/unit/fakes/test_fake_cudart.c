@@ -14,6 +14,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/cuda/api.h"
@@ -290,10 +291,10 @@ START_TEST(cumem_memory_travels_as_a_posix_fd) {
   ck_assert_int_eq(api.cuMemMap(va, size, 0, h, 0), CUDA_SUCCESS);
   ck_assert_int_eq(api.cuMemMap(va, size, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
 
-  /* Mapped is not yet accessible. */
+  /* That a new mapping is not yet accessible is cuda_faults_are_sticky's:
+   * the illegal access would end this process's context. */
   cudaStream_t s;
   CUDA_OK(api.cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  ck_assert_int_eq(api.cudaMemsetAsync((void *)va, 0, 16, s), cudaErrorIllegalAddress);
   CUmemAccessDesc acc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
                          .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
   ck_assert_int_eq(api.cuMemSetAccess(va, size, &acc, 1), CUDA_SUCCESS);
@@ -330,6 +331,66 @@ START_TEST(cumem_memory_travels_as_a_posix_fd) {
   ck_assert_int_eq(api.cuMemRelease(h), CUDA_SUCCESS);
   ck_assert_int_eq(api.cuMemAddressFree(va, size), CUDA_SUCCESS);
   CUDA_OK(api.cudaStreamDestroy(s));
+}
+END_TEST
+
+/* A real cuMem descriptor is an open of the driver's control device: two
+ * allocations' descriptors have one st_dev and st_ino, so nothing may tell
+ * allocations apart by fstat.  Each still imports its own bytes. */
+START_TEST(cumem_fds_have_no_identity_of_their_own) {
+  CUmemAllocationProp prop = {
+      .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+      .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+      .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+  const size_t size = 2u << 20;
+  const int fill[2] = {0x11, 0x22};
+  CUmemGenericAllocationHandle h[2];
+  CUdeviceptr va[2];
+  int fd[2];
+  struct stat st[2];
+  CUmemAccessDesc acc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+                         .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  cudaStream_t s;
+  CUDA_OK(api.cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int i = 0; i < 2; i++) {
+    ck_assert_int_eq(api.cuMemCreate(&h[i], size, &prop, 0), CUDA_SUCCESS);
+    ck_assert_int_eq(api.cuMemAddressReserve(&va[i], size, 0, 0, 0), CUDA_SUCCESS);
+    ck_assert_int_eq(api.cuMemMap(va[i], size, 0, h[i], 0), CUDA_SUCCESS);
+    ck_assert_int_eq(api.cuMemSetAccess(va[i], size, &acc, 1), CUDA_SUCCESS);
+    CUDA_OK(api.cudaMemsetAsync((void *)va[i], fill[i], size, s));
+    ck_assert_int_eq(api.cuMemExportToShareableHandle(
+                         &fd[i], h[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                     CUDA_SUCCESS);
+    ck_assert_int_eq(fstat(fd[i], &st[i]), 0);
+  }
+  CUDA_OK(api.cudaStreamSynchronize(s));
+  ck_assert_uint_eq(st[0].st_dev, st[1].st_dev);
+  ck_assert_uint_eq(st[0].st_ino, st[1].st_ino);
+  char sizes[32], expect[8], out[4096];
+  snprintf(sizes, sizeof(sizes), "%zu", size);
+  for (int i = 0; i < 2; i++) {
+    snprintf(expect, sizeof(expect), "0x%02x", fill[i]);
+    int rc = peer_run((const char *[]){"vmm-import", sizes, expect, expect, NULL},
+                      NULL, fd[i], 10000, out, sizeof(out));
+    ck_assert_msg(rc == 0, "allocation %d: status %d: %s", i, rc, out);
+    close(fd[i]);
+    ck_assert_int_eq(api.cuMemUnmap(va[i], size), CUDA_SUCCESS);
+    ck_assert_int_eq(api.cuMemRelease(h[i]), CUDA_SUCCESS);
+    ck_assert_int_eq(api.cuMemAddressFree(va[i], size), CUDA_SUCCESS);
+  }
+  CUDA_OK(api.cudaStreamDestroy(s));
+}
+END_TEST
+
+/* Access to a cuMem mapping is per device, and touching it from a device
+ * without access is an illegal address that ends that device's context
+ * (every later call on it fails alike) and no other device's.  In a peer
+ * process, whose context may die. */
+START_TEST(cumem_access_is_per_device_and_faults_are_sticky) {
+  char out[4096];
+  int rc = peer_run((const char *[]){"vmm-fault", NULL}, NULL, -1, 10000, out,
+                    sizeof(out));
+  ck_assert_msg(rc == 0, "status %d: %s", rc, out);
 }
 END_TEST
 
@@ -377,6 +438,8 @@ int main(void) {
   tcase_add_test(tc, streams_run_in_order_and_events_order_streams);
   tcase_add_test(tc, an_interprocess_event_orders_work_in_another_process);
   tcase_add_test(tc, cumem_memory_travels_as_a_posix_fd);
+  tcase_add_test(tc, cumem_fds_have_no_identity_of_their_own);
+  tcase_add_test(tc, cumem_access_is_per_device_and_faults_are_sticky);
   tcase_add_test(tc, the_memory_limit_is_per_device);
   tcase_add_test(tc, driver_entry_points_follow_the_documented_contract);
   suite_add_tcase(s, tc);

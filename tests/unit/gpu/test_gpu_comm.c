@@ -40,10 +40,11 @@ struct node_run {
 };
 
 /* Runs nodes gpunode processes to the end; fault_env (or NULL) is added
- * to node fault_node's environment. */
-static void run_nodes(int nodes, const char *exports, const char *timeout_ms,
-                      int fault_node, const char *fault_env,
-                      struct node_run *runs, int started) {
+ * to node fault_node's environment, every_env (or NULL) to every node's. */
+static void run_nodes_with(int nodes, const char *exports,
+                           const char *timeout_ms, int fault_node,
+                           const char *fault_env, const char *every_env,
+                           struct node_run *runs, int started) {
   struct child ch[MAX_NODES];
   char n[8], node_arg[MAX_NODES][12], node_env[MAX_NODES][32], tmo[64];
   snprintf(n, sizeof n, "%d", nodes);
@@ -54,7 +55,12 @@ static void run_nodes(int nodes, const char *exports, const char *timeout_ms,
     char *argv[] = {getenv("GPUNODE"), id_hex, n, node_arg[i],
                     (char *)exports, NULL};
     char *env[] = {node_env[i], tmo, "SHARDPORT_FAKE_GPUS=2",
+                   (char *)every_env,
                    i == fault_node ? (char *)fault_env : NULL, NULL};
+    if (every_env == NULL) {
+      env[3] = env[4];
+      env[4] = NULL;
+    }
     ck_assert_int_eq(child_start(&ch[i], argv, env, -1), 0);
   }
   for (int i = 0; i < started; i++) {
@@ -62,6 +68,13 @@ static void run_nodes(int nodes, const char *exports, const char *timeout_ms,
     runs[i].status = child_finish(&ch[i], 60000, runs[i].out,
                                   sizeof runs[i].out);
   }
+}
+
+static void run_nodes(int nodes, const char *exports, const char *timeout_ms,
+                      int fault_node, const char *fault_env,
+                      struct node_run *runs, int started) {
+  run_nodes_with(nodes, exports, timeout_ms, fault_node, fault_env, NULL, runs,
+                 started);
 }
 
 /* Lines of s that begin with what. */
@@ -158,6 +171,42 @@ START_TEST(hung_launch_times_out) {
 }
 END_TEST
 
+#define MISMATCH_ROUND_1 "SHARDPORT_FAKE_NCCL_FAIL=0:2:mismatch,1:2:mismatch"
+
+START_TEST(mismatched_round_is_an_error_by_default) {
+  /* Node 0's round-1 sends (ranks 0 and 1, launch 2 after the warm-up)
+   * announce one element more than their receivers posted: the fake's
+   * default mode reports it at once. */
+  struct node_run runs[2];
+  run_nodes(2, "1", "8000", 0, MISMATCH_ROUND_1, runs, 2);
+  assert_survivors_fail(runs, 2, -1, "mismatch");
+  ck_assert_msg(strstr(runs[0].out, "invalid usage") ||
+                    strstr(runs[1].out, "invalid usage"),
+                "%s / %s", runs[0].out, runs[1].out);
+}
+END_TEST
+
+START_TEST(mismatched_round_hangs_until_the_watchdog_aborts) {
+  /* The same mismatch where, as on real NCCL, nothing reports it: the
+   * sends and receives wait for each other forever, and only the round's
+   * watchdog ends it (no progress within the timeout, then abort). */
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  struct node_run runs[2];
+  run_nodes_with(2, "1", "1500", 0, MISMATCH_ROUND_1,
+                 "SHARDPORT_FAKE_NCCL_MISMATCH=hang", runs, 2);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  assert_survivors_fail(runs, 2, -1, "mismatch hang");
+  ck_assert_msg(!strstr(runs[0].out, "invalid usage") &&
+                    !strstr(runs[1].out, "invalid usage"),
+                "%s / %s", runs[0].out, runs[1].out);
+  ck_assert_msg(strstr(runs[0].out, "no progress") ||
+                    strstr(runs[1].out, "no progress"),
+                "%s / %s", runs[0].out, runs[1].out);
+  ck_assert_int_lt(t1.tv_sec - t0.tv_sec, 30);
+}
+END_TEST
+
 START_TEST(missing_node_fails_creation) {
   struct node_run runs[1];
   run_nodes(2, "1", "1000", -1, NULL, runs, 1);
@@ -177,6 +226,8 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, node_dies_mid_round);
   tcase_add_test(tc, launch_error_aborts_everywhere);
   tcase_add_test(tc, hung_launch_times_out);
+  tcase_add_test(tc, mismatched_round_is_an_error_by_default);
+  tcase_add_test(tc, mismatched_round_hangs_until_the_watchdog_aborts);
   tcase_add_test(tc, missing_node_fails_creation);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
