@@ -604,6 +604,7 @@ static void on_worker_done(uv_work_t *work, int status) {
   struct worker_frame *w = work->data;
   (void)status; /* never cancelled: uv_cancel is not called */
   w->decoded = true;
+  stage_decoded(w->c->srv, &w->item);
   if (w->c->closed || w->c->draining)
     drop_frame(w);
   else

@@ -28,6 +28,7 @@
 #include "daemon/pool.h"
 #include "daemon/reload.h"
 #include "daemon/server.h"
+#include "daemon/stage.h"
 
 /* The keys that take a restart. */
 static const char *const restart_keys[] = {
@@ -140,6 +141,7 @@ void reload_run(struct server *srv) {
             "nothing changed", err);
   } else {
     *srv->cfg = next;
+    stage_bound_changed(srv);
     log_set_level(next.log_level);
     srv->engine_threads = server_engine_threads(&next);
     pool_use_huge_pages(srv->pool, next.pool_huge_pages);

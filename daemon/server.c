@@ -385,15 +385,19 @@ static int finish_loop(uv_loop_t *loop) {
   return rc;
 }
 
-uint32_t server_engine_threads(const struct config *cfg) {
-  if (cfg->engine_threads > 0)
-    return cfg->engine_threads;
-  /* The CPUs this daemon may run on (a cpuset or taskset may give it fewer
-   * than the machine has), at most the engine's 64. */
+uint32_t server_cpus(void) {
   cpu_set_t set;
   int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
                                                           : 1;
-  return cpus > 64 ? 64 : cpus > 1 ? (uint32_t)cpus : 1;
+  return cpus > 1 ? (uint32_t)cpus : 1;
+}
+
+uint32_t server_engine_threads(const struct config *cfg) {
+  if (cfg->engine_threads > 0)
+    return cfg->engine_threads;
+  /* At most the engine's 64. */
+  uint32_t cpus = server_cpus();
+  return cpus > 64 ? 64 : cpus;
 }
 
 int server_run(const struct config_origin *origin, struct config *cfg,

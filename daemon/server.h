@@ -129,6 +129,9 @@ void server_stop(struct server *srv, bool at_once, int job_code, int code,
  * descriptor and closes it, so that the listener stops being readable;
  * false when no spare descriptor could be had. */
 bool server_shed(struct server *srv, int listen_fd);
+/* The CPUs this daemon may run on (a cpuset or taskset may give it fewer
+ * than the machine has), at least one. */
+uint32_t server_cpus(void);
 /* engine_threads resolved: 0 means the CPUs the daemon may run on. */
 uint32_t server_engine_threads(const struct config *cfg);
 

@@ -20,6 +20,14 @@
  * the loop serves one of them per iteration (an idle handle, which makes
  * the loop poll without waiting in between, so every other client is
  * served between two turns).
+ *
+ * And the CPUs: frames are decoded on workers at most one fewer at once
+ * than the CPUs the daemon may run on (at least one), so that the loop
+ * keeps a CPU of its own.  Decoding a frame takes a worker's whole CPU;
+ * with as many decoding as the thread pool has threads, 32 clients sending
+ * one 6 MiB frame each on two CPUs left the loop waiting for a CPU
+ * nearly nine seconds of ten, and a status answer took up to 372 ms
+ * (docs/benchmarks.md, "Many clients' large frames at once").
  */
 #include <stdlib.h>
 #include <uv.h>
@@ -35,6 +43,7 @@ struct stage {
   bool idle_on;
   bool closed;
   uint64_t bytes; /* of the frames taken in, until given back */
+  unsigned decoding, max_decoding; /* frames taken in, not yet decoded */
   struct stage_item *waiting, *waiting_tail;
   struct stage_item *queued, *queued_tail;
 };
@@ -74,6 +83,8 @@ int stage_init(struct server *srv) {
     return SP_EINTERNAL;
   }
   st->idle.data = srv;
+  uint32_t cpus = server_cpus();
+  st->max_decoding = cpus > 2 ? cpus - 1 : 1;
   srv->stage = st;
   return 0;
 }
@@ -83,13 +94,35 @@ int stage_init(struct server *srv) {
 static bool fits(const struct server *srv, uint64_t bytes) {
   const struct stage *st = srv->stage;
   uint64_t cap = srv->cfg->max_staged_bytes;
-  return st->closed || st->bytes == 0 ||
-         (st->bytes <= cap && bytes <= cap - st->bytes);
+  if (st->closed)
+    return true;
+  return st->decoding < st->max_decoding &&
+         (st->bytes == 0 || (st->bytes <= cap && bytes <= cap - st->bytes));
 }
 
 static void take(struct server *srv, struct stage_item *it) {
   srv->stage->bytes += it->bytes;
+  srv->stage->decoding++;
   it->where = STAGE_TAKEN;
+  it->decoding = true;
+}
+
+/* Takes in the waiting items, in the order they came, while they fit. */
+static void take_waiting(struct server *srv) {
+  struct stage *st = srv->stage;
+  while (st->waiting != NULL && fits(srv, st->waiting->bytes)) {
+    struct stage_item *next = st->waiting;
+    unlink_item(&st->waiting, &st->waiting_tail, next);
+    take(srv, next);
+    next->go(next);
+  }
+}
+
+static void end_decoding(struct stage *st, struct stage_item *it) {
+  if (it->decoding) {
+    it->decoding = false;
+    st->decoding--;
+  }
 }
 
 bool stage_take(struct server *srv, struct stage_item *it, uint64_t bytes) {
@@ -144,19 +177,22 @@ void stage_remove(struct server *srv, struct stage_item *it) {
   it->where = it->where == STAGE_WAITING ? STAGE_NONE : STAGE_TAKEN;
 }
 
+void stage_decoded(struct server *srv, struct stage_item *it) {
+  end_decoding(srv->stage, it);
+  take_waiting(srv);
+}
+
 void stage_give_back(struct server *srv, struct stage_item *it) {
   struct stage *st = srv->stage;
   if (it->where != STAGE_TAKEN)
     return;
   st->bytes -= it->bytes;
+  end_decoding(st, it);
   it->where = STAGE_NONE;
-  while (st->waiting != NULL && fits(srv, st->waiting->bytes)) {
-    struct stage_item *next = st->waiting;
-    unlink_item(&st->waiting, &st->waiting_tail, next);
-    take(srv, next);
-    next->go(next);
-  }
+  take_waiting(srv);
 }
+
+void stage_bound_changed(struct server *srv) { take_waiting(srv); }
 
 void stage_close(struct server *srv) {
   struct stage *st = srv->stage;

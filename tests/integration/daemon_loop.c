@@ -19,8 +19,10 @@
  * connection has ended, however fast the machine.
  */
 #include <check.h>
+#include <dirent.h>
 #include <poll.h>
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -103,6 +105,36 @@ static void release_gate(int held) {
   while ((fd = open_gate()) >= 0) {
     close(fd);
     ck_assert_msg(sp_now_ns() < deadline, "the worker stayed at the gate");
+    usleep(1000);
+  }
+}
+
+/* How many of the daemon's descriptors are the gate: one per worker past
+ * its open, that is, one per frame at the gate while the test holds it. */
+static int at_gate(void) {
+  char dir[64], link[320], target[300];
+  snprintf(dir, sizeof dir, "/proc/%d/fd", (int)daemon_.pid);
+  DIR *d = opendir(dir);
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    snprintf(link, sizeof link, "%s/%s", dir, e->d_name);
+    ssize_t len = readlink(link, target, sizeof target - 1);
+    if (len <= 0)
+      continue;
+    target[len] = '\0';
+    n += strcmp(target, gate) == 0;
+  }
+  closedir(d);
+  return n;
+}
+
+/* Waits until n frames are at the held gate; fails if they never come. */
+static void wait_at_gate(int n) {
+  uint64_t deadline = sp_now_ns() + (uint64_t)SP_TEST_TIMEOUT_MS * 1000000;
+  while (at_gate() != n) {
+    ck_assert_msg(sp_now_ns() < deadline,
+                  "%d frame(s) at the gate, not %d", at_gate(), n);
     usleep(1000);
   }
 }
@@ -369,6 +401,30 @@ static void expect_served(int sock, uint64_t id) {
   sp_test_reply_free(&r);
 }
 
+/* Reads both frames' replies, each accepted, letting every frame past the
+ * gate each time it stops there (before its decoding and its steps). */
+static void expect_both_served(int first, uint64_t first_id, int second,
+                               uint64_t second_id) {
+  int done = 0;
+  while (done < 2) {
+    struct pollfd p[2] = {{.fd = first, .events = POLLIN},
+                          {.fd = second, .events = POLLIN}};
+    int n = poll(p, 2, 10);
+    ck_assert_int_ge(n, 0);
+    if (n > 0) {
+      if (p[0].revents & POLLIN)
+        expect_served(first, first_id);
+      if (p[1].revents & POLLIN)
+        expect_served(second, second_id);
+      done += (p[0].revents & POLLIN ? 1 : 0) + (p[1].revents & POLLIN ? 1 : 0);
+      continue;
+    }
+    int fd = open_gate();
+    if (fd >= 0)
+      close(fd);
+  }
+}
+
 /* With one frame's worth of max_staged_bytes, the frames of two more
  * clients wait undecoded behind the first, held at the gate.  One of them
  * closes its socket meanwhile (unread while its frame waits, the close is
@@ -394,25 +450,7 @@ START_TEST(frames_wait_their_turn) {
   close(gone);
   ck_assert_int_eq(sp_ping(creator, NULL), 0);
   close(held);
-  /* Each frame stops at the gate before its decoding and its steps. */
-  int done = 0;
-  while (done < 2) {
-    struct pollfd p[2] = {{.fd = first, .events = POLLIN},
-                          {.fd = second, .events = POLLIN}};
-    int n = poll(p, 2, 10);
-    ck_assert_int_ge(n, 0);
-    if (n > 0) {
-      if (p[0].revents & POLLIN)
-        expect_served(first, first_id);
-      if (p[1].revents & POLLIN)
-        expect_served(second, second_id);
-      done += (p[0].revents & POLLIN ? 1 : 0) + (p[1].revents & POLLIN ? 1 : 0);
-      continue;
-    }
-    int fd = open_gate();
-    if (fd >= 0)
-      close(fd);
-  }
+  expect_both_served(first, first_id, second, second_id);
   close(first);
   close(second);
   sp_close(creator);
@@ -451,6 +489,110 @@ START_TEST(stopped_while_waiting) {
   close(first);
   close(second);
   sp_close(creator);
+}
+END_TEST
+
+/* Lets the next daemon run on two CPUs at most (it takes this thread's
+ * affinity), so that its large frames decode one at a time.  Returns the
+ * affinity to give back (restore_cpus). */
+static cpu_set_t two_cpus(void) {
+  cpu_set_t was, two;
+  ck_assert_int_eq(sched_getaffinity(0, sizeof was, &was), 0);
+  CPU_ZERO(&two);
+  for (int cpu = 0, kept = 0; cpu < CPU_SETSIZE && kept < 2; cpu++)
+    if (CPU_ISSET(cpu, &was)) {
+      CPU_SET(cpu, &two);
+      kept++;
+    }
+  ck_assert_int_eq(sched_setaffinity(0, sizeof two, &two), 0);
+  return was;
+}
+
+static void restore_cpus(const cpu_set_t *was) {
+  ck_assert_int_eq(sched_setaffinity(0, sizeof *was, was), 0);
+}
+
+/* Sends frame id on sock, and waits until the daemon has read all of it
+ * (each ping takes a turn of the loop). */
+static void send_and_settle(sp_client *creator, int sock, uint64_t id) {
+  send_large_storage_add(sock, id);
+  for (int i = 0; i < 100; i++)
+    ck_assert_int_eq(sp_ping(creator, NULL), 0);
+}
+
+/* On two CPUs a second large frame is not decoded while the first is, so
+ * that the loop keeps a CPU of its own (docs/operations.md, "Large
+ * frames"): with the first held at the gate before its decoding, the
+ * second, all read and within max_staged_bytes, stays away from it (as
+ * many frames as the thread pool had threads decoded at once).  Both are
+ * served once the gate lets them go. */
+START_TEST(one_decoding_at_a_time_on_two_cpus) {
+  cpu_set_t was = two_cpus();
+  start_gated();
+  restore_cpus(&was);
+  sp_client *creator = NULL;
+  ck_assert_int_eq(sp_connect(daemon_.socket, &creator), 0);
+  int first = raw_rank(creator), second = raw_rank(creator);
+  uint64_t first_id = next_id++, second_id = next_id++;
+  send_large_storage_add(first, first_id);
+  int held = hold_gate();
+  wait_at_gate(1);
+  send_and_settle(creator, second, second_id);
+  /* A worker given the second frame opens the gate at once: the test
+   * holds its other end. */
+  usleep(500 * 1000);
+  ck_assert_msg(at_gate() == 1, "%d frames decoding at once on two CPUs",
+                at_gate());
+  close(held);
+  expect_both_served(first, first_id, second, second_id);
+  close(first);
+  close(second);
+  sp_close(creator);
+  stop();
+  remove_gate();
+}
+END_TEST
+
+/* A reload that raises max_staged_bytes takes in a frame that waited for
+ * it at once, not when the frame before it is done: the first frame, held
+ * between two of its steps, holds all of the old bound; after the reload
+ * the second comes to the gate to be decoded while the first is still
+ * held. */
+START_TEST(reload_raising_the_bound_takes_waiting_frames) {
+  char dir[256], path[300];
+  ck_assert_int_eq(sp_test_mkdtemp(dir, sizeof dir), 0);
+  snprintf(path, sizeof path, "%s/shardportd.conf", dir);
+  ck_assert_int_eq(
+      sp_test_write_file(path, REG_CONF "max_staged_bytes = 64K\n"), 0);
+  ck_assert_int_eq(sp_test_mkdtemp(gate_dir, sizeof gate_dir), 0);
+  snprintf(gate, sizeof gate, "%s/gate", gate_dir);
+  ck_assert_int_eq(mkfifo(gate, 0600), 0);
+  setenv("SHARDPORTD_TEST_WORKER_GATE", gate, 1);
+  const char *args[] = {"--config", path, NULL};
+  ck_assert_int_eq(sp_test_daemon_start(&daemon_, args), 0);
+  unsetenv("SHARDPORTD_TEST_WORKER_GATE");
+  sp_client *creator = NULL;
+  ck_assert_int_eq(sp_connect(daemon_.socket, &creator), 0);
+  int first = raw_rank(creator), second = raw_rank(creator);
+  uint64_t first_id = next_id++, second_id = next_id++;
+  send_large_storage_add(first, first_id);
+  release_gate(hold_gate()); /* decoded, and the first step served */
+  int held = hold_gate();
+  wait_at_gate(1);
+  send_and_settle(creator, second, second_id);
+  ck_assert_int_eq(at_gate(), 1);
+  ck_assert_int_eq(
+      sp_test_write_file(path, REG_CONF "max_staged_bytes = 64M\n"), 0);
+  ck_assert_int_eq(kill(daemon_.pid, SIGHUP), 0);
+  wait_at_gate(2);
+  close(held);
+  expect_both_served(first, first_id, second, second_id);
+  close(first);
+  close(second);
+  sp_close(creator);
+  stop();
+  remove_gate();
+  sp_test_rmdir(dir);
 }
 END_TEST
 
@@ -512,6 +654,8 @@ int main(void) {
   tcase_add_test(tc, staged_frames_are_bounded_daemon_wide);
   tcase_add_test(tc, frames_wait_their_turn);
   tcase_add_test(tc, stopped_while_waiting);
+  tcase_add_test(tc, one_decoding_at_a_time_on_two_cpus);
+  tcase_add_test(tc, reload_raising_the_bound_takes_waiting_frames);
   tcase_add_test(tc, large_export_leaves_the_loop_free);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
