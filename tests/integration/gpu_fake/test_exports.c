@@ -24,11 +24,7 @@ START_TEST(device_pointers_one_gpu_each) {
   world_run(&sc, &w);
   world_assert_exported(&w, &sc);
   world_free(&w, &sc);
-  /* Every segment freed and every opened allocation closed once the ranks
-   * released and left. */
-  for (int i = 0; i < 100 && world_device_mappings() != 0; i++)
-    usleep(20000);
-  ck_assert_int_eq(world_device_mappings(), 0);
+  world_assert_mappings_closed();
 }
 END_TEST
 
@@ -47,9 +43,7 @@ START_TEST(every_registration_kind_across_shared_gpus) {
   world_run(&sc, &w);
   world_assert_exported(&w, &sc);
   world_free(&w, &sc);
-  for (int i = 0; i < 100 && world_device_mappings() != 0; i++)
-    usleep(20000);
-  ck_assert_int_eq(world_device_mappings(), 0);
+  world_assert_mappings_closed();
 }
 END_TEST
 
@@ -66,9 +60,7 @@ START_TEST(cumem_allocations_sharing_a_gpu_are_mapped_apart) {
   world_run(&sc, &w);
   world_assert_exported(&w, &sc);
   world_free(&w, &sc);
-  for (int i = 0; i < 100 && world_device_mappings() != 0; i++)
-    usleep(20000);
-  ck_assert_int_eq(world_device_mappings(), 0);
+  world_assert_mappings_closed();
 }
 END_TEST
 
@@ -125,9 +117,7 @@ START_TEST(segments_reused_by_their_owner) {
   }
   ck_assert_int_gt(owners, 1);
   world_free(&w, &sc);
-  for (int i = 0; i < 100 && world_device_mappings() != 0; i++)
-    usleep(20000);
-  ck_assert_int_eq(world_device_mappings(), 0);
+  world_assert_mappings_closed();
 }
 END_TEST
 
@@ -166,9 +156,7 @@ START_TEST(device_pool_capacity_refused_on_every_rank) {
   world_run(&ok, &w);
   world_assert_exported(&w, &ok);
   world_free(&w, &ok);
-  for (int i = 0; i < 100 && world_device_mappings() != 0; i++)
-    usleep(20000);
-  ck_assert_int_eq(world_device_mappings(), 0);
+  world_assert_mappings_closed();
 }
 END_TEST
 

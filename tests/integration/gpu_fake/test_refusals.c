@@ -133,9 +133,7 @@ START_TEST(refusals) {
   ck_assert_int_eq(solo_run(unknown_gpu), 0);
   ck_assert_int_eq(solo_run(bad_storages), 0);
   ck_assert_int_eq(solo_run(cpu_and_gpu_ranks_do_not_mix), 0);
-  for (int i = 0; i < 100 && world_device_mappings() != 0; i++)
-    usleep(20000);
-  ck_assert_int_eq(world_device_mappings(), 0);
+  world_assert_mappings_closed();
 }
 END_TEST
 

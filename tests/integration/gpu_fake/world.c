@@ -162,6 +162,12 @@ int world_device_mappings(void) {
   return n;
 }
 
+void world_assert_mappings_closed(void) {
+  for (int i = 0; i < 100 && world_device_mappings() != 0; i++)
+    usleep(20000);
+  ck_assert_int_eq(world_device_mappings(), 0);
+}
+
 void world_daemon_start(void) {
   const char *args[] = {"--backend", "cuda", NULL};
   ck_assert_int_eq(sp_test_daemon_start(&world_node0, args), 0);

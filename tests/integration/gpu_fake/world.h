@@ -44,6 +44,9 @@ void world_assert_exported(struct world *w, const struct scenario *sc);
 /* Device allocations world_node0 has mapped now: its own segments and the
  * trainers' allocations it opened (the fake backs each with a memfd). */
 int world_device_mappings(void);
+/* Every segment of world_node0 freed and every allocation it opened closed,
+ * waiting up to 2 s for the ranks' releases and departures to reach it. */
+void world_assert_mappings_closed(void);
 /* How many lines of node's log (world_nodes_start_logged) hold what. */
 int world_log_count(int node, const char *what);
 /* The GPUs this run has: SP_TEST_GPUS on hardware, 4 on the fakes. */
