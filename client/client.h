@@ -147,12 +147,23 @@ void client_job_clear(sp_job_status *job);
  * when the daemon has released them all (leave, close).  The caller's sets
  * stay allocated until sp_release, which then only frees them. */
 void client_exports_detach(sp_client *c);
-/* sp_export, or with save_limit > 0 the export of a save (client/save.c):
- * its reply also numbers the checkpoint's files.  *request_id (optional)
+/* A save's part of the export request (docs/protocol.md, export "save"):
+ * what every rank must ask alike, which the daemon compares, and this
+ * rank's own refusal (code < 0, with its sentence), which fails the save
+ * on every rank before anything moves. */
+struct client_save_ask {
+  uint64_t limit; /* the most tensor bytes of one file, 1 or more */
+  bool overwrite;
+  uint64_t directory, metadata; /* digests, client/save.c */
+  int refused;
+  const char *refusal;
+};
+/* sp_export, or with save the export of a save (client/save.c): its reply
+ * also numbers the checkpoint's files.  *request_id (optional)
  * receives the export request's id, which the daemon's word about the
  * save carries until the rank reports its first step. */
 int client_export_run(sp_client *client, const sp_export_opts *opts,
-                      uint64_t save_limit, sp_owned_set **out,
+                      const struct client_save_ask *save, sp_owned_set **out,
                       uint64_t *request_id);
 /* A save's set: the checkpoint's file count, in *file each tensor's file
  * (in the set's order), in *total_size the checkpoint's tensor bytes. */

@@ -155,16 +155,24 @@ static int check_opts(const sp_export_opts *o) {
  * one shows the export is alive, and the wait for the next frame starts
  * again from it. */
 static uint64_t begin_request(sp_client *c, struct sp_msgbuf *mb,
-                              const sp_export_opts *o, uint64_t save_limit) {
+                              const sp_export_opts *o,
+                              const struct client_save_ask *save) {
   uint32_t n = 1 + (o->ngroups > 0) + (o->max_keys > 0) + (o->max_bytes > 0) +
-               (o->timeout_ms > 0) + (save_limit > 0);
+               (o->timeout_ms > 0) + (save != NULL);
   uint64_t id = client_begin(c, mb, "export", n);
   msgpack_packer *pk = &mb->pk;
   sp__pack_kv_bool(pk, "progress", true);
-  if (save_limit > 0) {
+  if (save != NULL) {
     sp__pack_str(pk, "save");
-    msgpack_pack_map(pk, 1);
-    sp__pack_kv_u64(pk, "max_shard_bytes", save_limit);
+    msgpack_pack_map(pk, save->refused < 0 ? 6 : 4);
+    sp__pack_kv_u64(pk, "max_shard_bytes", save->limit);
+    sp__pack_kv_bool(pk, "overwrite", save->overwrite);
+    sp__pack_kv_u64(pk, "directory", save->directory);
+    sp__pack_kv_u64(pk, "metadata", save->metadata);
+    if (save->refused < 0) {
+      sp__pack_kv_str(pk, "error", sp_err_name(save->refused));
+      sp__pack_kv_str(pk, "message", save->refusal);
+    }
   }
   if (o->ngroups > 0) {
     sp__pack_str(pk, "groups");
@@ -592,8 +600,8 @@ static int send_release(sp_client *c, uint64_t export_id) {
 }
 
 int client_export_run(sp_client *client, const sp_export_opts *opts,
-                      uint64_t save_limit, sp_owned_set **out,
-                      uint64_t *request_id) {
+                      const struct client_save_ask *save,
+                      sp_owned_set **out, uint64_t *request_id) {
   static const sp_export_opts defaults;
   if (!opts)
     opts = &defaults;
@@ -602,11 +610,11 @@ int client_export_run(sp_client *client, const sp_export_opts *opts,
   struct client_export *e = calloc(1, sizeof *e);
   if (!e)
     return SP_ENOMEM;
-  e->save = save_limit > 0;
+  e->save = save != NULL;
   struct export_rx rx = {.c = client, .e = e};
 
   struct sp_msgbuf mb;
-  uint64_t id = begin_request(client, &mb, opts, save_limit);
+  uint64_t id = begin_request(client, &mb, opts, save);
   if (request_id)
     *request_id = id;
   int rc = client_start(client, &mb, id);
@@ -645,7 +653,7 @@ int client_export_run(sp_client *client, const sp_export_opts *opts,
 
 SP_EXPORT int sp_export(sp_client *client, const sp_export_opts *opts,
                         sp_owned_set **out) {
-  return client_export_run(client, opts, 0, out, NULL);
+  return client_export_run(client, opts, NULL, out, NULL);
 }
 
 uint32_t client_export_files(const sp_owned_set *set, const uint32_t **file,

@@ -130,6 +130,10 @@ int st_header(const struct st_tensor *tensors, size_t n,
     return SP_ENOMEM;
   }
   uint64_t json = out->len - 8;
+  if (json > ST_MAX_HEADER) {
+    st_buf_free(out);
+    return SP_ELIMIT;
+  }
   for (int i = 0; i < 8; i++)
     out->data[i] = (char)(uint8_t)(json >> (8 * i));
   return 0;

@@ -31,10 +31,15 @@ struct st_tensor {
   uint64_t nbytes;
 };
 
+/* The largest JSON header safetensors' own reader accepts (its
+ * MAX_HEADER_SIZE): a file with a larger one cannot be loaded. */
+#define ST_MAX_HEADER 100000000u
+
 /* The file's first bytes: the 8-byte length, then the JSON header with
  * __metadata__ ({"format": "pt"} and the caller's strings) and each
  * tensor's dtype, shape and data_offsets, padded with spaces to a multiple
- * of 8.  0, SP_EDTYPE for a dtype safetensors cannot name, or SP_ENOMEM. */
+ * of 8.  0, SP_EDTYPE for a dtype safetensors cannot name, SP_ELIMIT for
+ * a header longer than ST_MAX_HEADER, or SP_ENOMEM. */
 int st_header(const struct st_tensor *tensors, size_t n,
               const sp_metadata *metadata, size_t nmetadata,
               struct st_buf *out);

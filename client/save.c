@@ -25,12 +25,14 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -39,6 +41,7 @@
 #include "client/cudart.h"
 #include "client/safetensors.h"
 #include "proto/dtype.h"
+#include "proto/text.h"
 #include "proto/view.h"
 
 /* The most bytes written by one write(), and the size of a staging
@@ -54,6 +57,7 @@
 /* The barriers of the commit (docs/protocol.md, save_step). */
 #define SAVE_STEPS 3u
 #define INDEX_NAME "model.safetensors.index.json"
+#define LOCK_NAME ".model.safetensors.lock"
 
 struct save_file {
   uint32_t index;
@@ -68,6 +72,7 @@ struct saver {
   sp_client *c;
   const sp_save_opts *o;
   int dirfd;
+  int lockfd; /* rank 0: the directory's lock, held for the whole save */
   const char *dir;
   uint64_t export_request;
   uint64_t export_id;
@@ -117,20 +122,7 @@ static int sys_fail(struct saver *sv, const char *what, const char *name) {
 
 /* ---- options ---- */
 
-static bool utf8_valid(const char *s) {
-  const unsigned char *p = (const unsigned char *)s;
-  while (*p) {
-    int n = *p < 0x80 ? 0 : (*p & 0xe0) == 0xc0 ? 1 : (*p & 0xf0) == 0xe0 ? 2
-                         : (*p & 0xf8) == 0xf0 ? 3 : -1;
-    if (n < 0 || (n == 1 && *p < 0xc2))
-      return false;
-    p++;
-    for (int i = 0; i < n; i++, p++)
-      if ((*p & 0xc0) != 0x80)
-        return false;
-  }
-  return true;
-}
+static bool utf8_valid(const char *s) { return sp__utf8_valid(s, strlen(s)); }
 
 static int check_opts(sp_client *c, const char *dir, const sp_save_opts *o) {
   if (!dir || !dir[0])
@@ -171,6 +163,57 @@ static int make_dir(sp_client *c, const char *dir) {
     if (was == '\0')
       return 0;
   }
+}
+
+/* FNV-1a over len bytes, on from h: the digests of what every rank must
+ * ask alike.  They only need to tell apart what a job's own ranks pass by
+ * mistake, so no keyed hash is needed. */
+static uint64_t digest(uint64_t h, const void *data, size_t len) {
+  const unsigned char *p = data;
+  for (size_t i = 0; i < len; i++) {
+    h ^= p[i];
+    h *= UINT64_C(0x100000001b3);
+  }
+  return h;
+}
+
+#define DIGEST_SEED UINT64_C(0xcbf29ce484222325)
+
+/* The metadata's digest: one per entry, NUL bytes between key and value,
+ * summed, so that the order in which a rank lists them does not matter
+ * (check_opts refused repeated keys). */
+static uint64_t metadata_digest(const sp_save_opts *o) {
+  uint64_t sum = o->nmetadata;
+  for (size_t i = 0; i < o->nmetadata; i++) {
+    const sp_metadata *m = &o->metadata[i];
+    uint64_t h = digest(DIGEST_SEED, m->key, strlen(m->key) + 1);
+    sum += digest(h, m->value, strlen(m->value) + 1);
+  }
+  return sum;
+}
+
+/* What the rank needs before it asks: its options checked, the directory
+ * made and opened, and the digests of the directory (as this process
+ * resolves it, symbolic links followed) and the metadata.  0, or this
+ * rank's refusal with its sentence in c->message. */
+static int prepare(struct saver *sv, const char *dir,
+                   struct client_save_ask *ask) {
+  int rc = check_opts(sv->c, dir, sv->o);
+  if (rc == 0)
+    rc = make_dir(sv->c, dir);
+  if (rc < 0)
+    return rc;
+  sv->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (sv->dirfd < 0)
+    return say(sv->c, SP_EWRITE, "save: cannot open directory %s: %s", dir,
+               strerror(errno));
+  char real[PATH_MAX];
+  if (!realpath(dir, real))
+    return say(sv->c, SP_EWRITE, "save: cannot resolve directory %s: %s",
+               dir, strerror(errno));
+  ask->directory = digest(DIGEST_SEED, real, strlen(real));
+  ask->metadata = metadata_digest(sv->o);
+  return 0;
 }
 
 /* ---- talking to the daemon while writing ---- */
@@ -409,6 +452,20 @@ static int write_tensor(struct saver *sv, int fd, const struct save_file *f,
   return rc;
 }
 
+/* A new file of the save, under its temporary name.  The name is this
+ * process's and this export's: what is there already is left by an
+ * earlier process of the same pid, or put in the way (a symbolic link to
+ * a file elsewhere), and goes; the file is made anew, never through a
+ * link. */
+static int create_new(struct saver *sv, const char *name) {
+  unlinkat(sv->dirfd, name, 0);
+  int fd = openat(sv->dirfd, name,
+                  O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+  if (fd < 0)
+    return sys_fail(sv, "cannot create", name);
+  return fd;
+}
+
 static int write_file(struct saver *sv, struct save_file *f) {
   const sp_owned_tensor *ts = &sv->set->tensors[f->first];
   struct st_tensor *st = malloc((f->n > 0 ? f->n : 1) * sizeof *st);
@@ -429,13 +486,17 @@ static int write_file(struct saver *sv, struct save_file *f) {
   if (rc == SP_EDTYPE)
     return say(sv->c, rc, "save: a tensor of %s has a dtype safetensors "
                "cannot name", f->final);
+  if (rc == SP_ELIMIT)
+    return say(sv->c, rc, "save: the header of %s would be larger than the "
+               "%u bytes safetensors readers accept: its %zu keys' names "
+               "are too long together; save with a smaller max_shard_bytes",
+               f->final, ST_MAX_HEADER, f->n);
   if (rc < 0)
     return rc;
-  int fd = openat(sv->dirfd, f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                  0666);
+  int fd = create_new(sv, f->tmp);
   if (fd < 0) {
     st_buf_free(&header);
-    return sys_fail(sv, "cannot create", f->tmp);
+    return fd;
   }
   f->created = true;
   rc = write_all(sv, fd, f, header.data, header.len, false);
@@ -478,6 +539,47 @@ static int sync_dir(struct saver *sv) {
   if (fsync(sv->dirfd) != 0)
     return sys_fail(sv, "cannot fsync", ".");
   return 0;
+}
+
+/* Rank 0, for the whole of its save: one save at a time in a directory.
+ * Two at once would rename their files over each other's, and each index
+ * could name the other's files.  The lock file goes when the save ends;
+ * a lock taken on a file another save just removed is taken again. */
+static int take_lock(struct saver *sv) {
+  for (int tries = 0; tries < 3; tries++) {
+    int fd = openat(sv->dirfd, LOCK_NAME,
+                    O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0)
+      return sys_fail(sv, "cannot create", LOCK_NAME);
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      int err = errno;
+      close(fd);
+      errno = err;
+      if (err == EWOULDBLOCK)
+        return say(sv->c, SP_EBUSY, "save: another save into %s is running "
+                   "(it holds %s/%s); wait until it ends, or save elsewhere",
+                   sv->dir, sv->dir, LOCK_NAME);
+      return sys_fail(sv, "cannot lock", LOCK_NAME);
+    }
+    struct stat held, named;
+    if (fstat(fd, &held) == 0 &&
+        fstatat(sv->dirfd, LOCK_NAME, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+        held.st_dev == named.st_dev && held.st_ino == named.st_ino) {
+      sv->lockfd = fd;
+      return 0;
+    }
+    close(fd);
+  }
+  return say(sv->c, SP_EBUSY, "save: other saves into %s keep starting and "
+             "ending; wait until they end, or save elsewhere", sv->dir);
+}
+
+static void drop_lock(struct saver *sv) {
+  if (sv->lockfd < 0)
+    return;
+  unlinkat(sv->dirfd, LOCK_NAME, 0);
+  close(sv->lockfd);
+  sv->lockfd = -1;
 }
 
 /* Rank 0, before it reports step 1: an index in the way is refused, or
@@ -623,10 +725,9 @@ static int write_index(struct saver *sv, struct st_buf *index) {
   snprintf(f.final, sizeof f.final, INDEX_NAME);
   snprintf(f.tmp, sizeof f.tmp, "." INDEX_NAME ".%ld-%" PRIu64 ".tmp",
            (long)getpid(), sv->export_id);
-  int fd = openat(sv->dirfd, f.tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                  0666);
+  int fd = create_new(sv, f.tmp);
   if (fd < 0)
-    return sys_fail(sv, "cannot create", f.tmp);
+    return fd;
   rc = write_all(sv, fd, &f, index->data, index->len, false);
   if (rc == 0 && fsync(fd) != 0)
     rc = sys_fail(sv, "cannot fsync", f.tmp);
@@ -668,6 +769,8 @@ static int run(struct saver *sv, sp_save_result *res) {
   struct st_buf index = {0};
   bool rank0 = sv->c->rank == 0;
   int rc = group_files(sv);
+  if (rc == 0 && rank0)
+    rc = take_lock(sv);
   if (rc == 0 && rank0)
     rc = clear_index(sv);
   for (size_t i = 0; rc == 0 && i < sv->nmine; i++)
@@ -713,10 +816,11 @@ static int run(struct saver *sv, sp_save_result *res) {
     }
   }
   st_buf_free(&index);
-  if (rc < 0) {
+  if (rc < 0)
     clean_up(sv);
+  drop_lock(sv);
+  if (rc < 0)
     return rc;
-  }
   res->files = (uint32_t)sv->nmine;
   res->total_files = sv->nfiles;
   res->bytes = sv->written;
@@ -733,26 +837,32 @@ SP_EXPORT int sp_save(sp_client *client, const char *dir,
   if (!client)
     return SP_EINVAL;
   uint64_t started = now_ms();
-  int rc = check_opts(client, dir, opts);
-  if (rc == 0)
-    rc = make_dir(client, dir);
-  if (rc < 0)
-    return rc;
-  struct saver sv = {.c = client, .o = opts, .dir = dir, .chunk = SAVE_CHUNK};
+  struct saver sv = {.c = client, .o = opts, .dir = dir, .chunk = SAVE_CHUNK,
+                     .dirfd = -1, .lockfd = -1};
   /* The test seam of docs/checkpoints.md: each write waits this long. */
   const char *delay = getenv("SHARDPORT_TEST_SAVE_DELAY_MS");
   if (delay && delay[0]) {
     sv.delay_ms = (uint32_t)strtoul(delay, NULL, 10);
     sv.chunk = SAVE_TEST_CHUNK;
   }
-  sv.dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (sv.dirfd < 0)
-    return say(client, SP_EWRITE, "save: cannot open directory %s: %s", dir,
-               strerror(errno));
-  uint64_t limit = opts->max_shard_bytes ? opts->max_shard_bytes
-                                         : SP_SAVE_DEFAULT_SHARD_BYTES;
-  rc = client_export_run(client, &opts->export_opts, limit, &sv.set,
-                         &sv.export_request);
+  /* This rank's own refusal (its options, a directory it cannot make or
+   * open) goes with its request rather than back to the caller alone: the
+   * daemon then fails the save on every rank with it, and no rank waits
+   * for one that gave up. */
+  struct client_save_ask ask = {
+      .limit = opts->max_shard_bytes ? opts->max_shard_bytes
+                                     : SP_SAVE_DEFAULT_SHARD_BYTES,
+      .overwrite = opts->overwrite != 0};
+  char refusal[sizeof client->message];
+  client->message[0] = '\0';
+  ask.refused = prepare(&sv, dir, &ask);
+  memcpy(refusal, client->message, sizeof refusal);
+  ask.refusal = refusal[0] ? refusal : sp_strerror(ask.refused);
+  int rc = client_export_run(client, &opts->export_opts, &ask, &sv.set,
+                             &sv.export_request);
+  if (rc == 0 && ask.refused < 0)
+    rc = say(client, SP_EBADMSG, "save: the daemon published a save this "
+             "rank refused");
   if (rc == 0) {
     sv.export_id = sv.set->export_id;
     sv.nfiles = client_export_files(sv.set, &sv.file, &sv.total_size);
@@ -767,6 +877,7 @@ SP_EXPORT int sp_save(sp_client *client, const char *dir,
   client_cuda_stage_free(sv.stage);
   free(sv.host_stage);
   free(sv.files);
-  close(sv.dirfd);
+  if (sv.dirfd >= 0)
+    close(sv.dirfd);
   return rc;
 }

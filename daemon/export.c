@@ -512,7 +512,7 @@ static void member_ask(const void *ctx, uint32_t r, struct gather_ask *out) {
   out->max_keys = m->ask.max_keys;
   out->max_bytes = m->ask.max_bytes;
   out->timeout_ms = m->ask.timeout_ms;
-  out->save_limit = m->ask.save_limit;
+  out->save = m->ask.save;
   out->deadline_ms = m->ask_deadline_ms;
 }
 

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "daemon/layer.h"
+#include "daemon/request.h"
 
 struct config;
 
@@ -25,8 +26,8 @@ struct gather_ask {
   uint32_t max_keys;
   uint64_t max_bytes;
   uint32_t timeout_ms;
-  /* A save's file limit (daemon/save.h), or 0: an export. */
-  uint64_t save_limit;
+  /* A save's options (save.limit 0: an export), and the rank's refusal. */
+  struct req_save save;
   /* When its ask times out (set when asked). */
   uint64_t deadline_ms;
 };
@@ -47,8 +48,10 @@ struct gather_options {
 };
 
 /* Every rank asked: their options, or SP_EINVAL with a sentence naming
- * rank 0's and those of the first rank that differs (whether, and with
- * which limit, they save included). */
+ * rank 0's and those of the first rank that differs (whether they save,
+ * and the save's limit, overwrite, directory and metadata included); a
+ * rank's own refusal of a save comes first, with its code and its words
+ * naming the rank. */
 int gather_agree(const struct gather_ranks *g, const struct config *cfg,
                  struct gather_options *out, char *msg, size_t msglen);
 /* Some ranks asked, not all, and the first of their deadlines passed by

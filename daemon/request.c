@@ -65,19 +65,6 @@ static int get_dims(const msgpack_object *map, const char *key, uint32_t *ndim,
   return 0;
 }
 
-bool request_utf8_valid(const char *s, size_t len) {
-  const unsigned char *p = (const unsigned char *)s;
-  while (len > 0) {
-    uint32_t cp;
-    size_t n = sp__utf8_len(p, len, &cp);
-    if (n == 0 || cp == 0)
-      return false;
-    p += n;
-    len -= n;
-  }
-  return true;
-}
-
 /* A key: 1 to REQ_MAX_KEY bytes of UTF-8 without NUL. */
 static int check_key(const char *s, size_t len, const char *where, char *msg,
                      size_t msglen) {
@@ -85,7 +72,7 @@ static int check_key(const char *s, size_t len, const char *where, char *msg,
     return sp__failf(msg, msglen, SP_EINVAL,
                      "%sa key must have 1 to %u bytes, not %zu", where,
                      REQ_MAX_KEY, len);
-  if (!request_utf8_valid(s, len))
+  if (!sp__utf8_valid(s, len))
     return sp__failf(msg, msglen, SP_EINVAL,
                      "%sthe key is not UTF-8 without NUL bytes", where);
   return 0;
@@ -571,6 +558,45 @@ void request_groups_free(struct req_groups *g) {
   memset(g, 0, sizeof *g);
 }
 
+/* The export's "save" map: the options every rank must ask alike, and the
+ * rank's refusal, "error" (a code's wire name) and "message" together. */
+static int parse_save(const msgpack_object *save, struct req_save *out,
+                      char *msg, size_t msglen) {
+  uint64_t v;
+  int rc;
+  if ((rc = get_uint(save, "max_shard_bytes", false, UINT64_MAX, &v,
+                     "save: ", msg, msglen)) < 0)
+    return rc;
+  if (v == 0)
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "save: \"max_shard_bytes\" must be 1 or more");
+  out->limit = v;
+  if (sp__msg_get_bool(save, "overwrite", false, &out->overwrite) != 0 ||
+      sp__msg_get_u64(save, "directory", false, &out->directory) != 0 ||
+      sp__msg_get_u64(save, "metadata", false, &out->metadata) != 0)
+    return sp__failf(msg, msglen, SP_EBADMSG,
+                     "save: needs \"overwrite\" (bool), \"directory\" and "
+                     "\"metadata\" (uints, the digests)");
+  const char *code_name, *why;
+  size_t code_len, why_len;
+  int has_error = sp__msg_get_str(save, "error", true, &code_name, &code_len);
+  int has_why = sp__msg_get_str(save, "message", true, &why, &why_len);
+  if (has_error < 0 || has_why < 0 || (has_error == 0) != (has_why == 0))
+    return sp__failf(msg, msglen, SP_EBADMSG,
+                     "save: \"error\" (a code's wire name) and \"message\" "
+                     "(str) come together");
+  if (has_error != 0)
+    return 0;
+  out->refused = sp__error_from_name(code_name, code_len);
+  if (out->refused == SP_EINTERNAL)
+    out->refused = SP_EINVAL;
+  char text[REQ_MAX_REFUSAL + 1];
+  snprintf(text, sizeof text, "%.*s",
+           (int)(why_len < REQ_MAX_REFUSAL ? why_len : REQ_MAX_REFUSAL), why);
+  sp__text_sanitize(text, out->refusal, sizeof out->refusal);
+  return 0;
+}
+
 int request_parse_export(const msgpack_object *map, struct req_export *out,
                          char *msg, size_t msglen) {
   uint64_t v;
@@ -599,15 +625,8 @@ int request_parse_export(const msgpack_object *map, struct req_export *out,
   if (rc < 0)
     return sp__failf(msg, msglen, SP_EBADMSG,
                     "\"save\" must be a map of the save's options");
-  if (rc == 0) {
-    if ((rc = get_uint(save, "max_shard_bytes", false, UINT64_MAX, &v,
-                       "save: ", msg, msglen)) < 0)
-      return rc;
-    if (v == 0)
-      return sp__failf(msg, msglen, SP_EINVAL,
-                      "save: \"max_shard_bytes\" must be 1 or more");
-    out->save_limit = v;
-  }
+  if (rc == 0 && (rc = parse_save(save, &out->save, msg, msglen)) < 0)
+    return rc;
   rc = sp__msg_get_array(map, "groups", true, &groups);
   if (rc < 0)
     return sp__failf(msg, msglen, SP_EBADMSG,

@@ -23,6 +23,8 @@
 #define REQ_MAX_PER_RANK 1048576u
 #define REQ_MAX_DEVICE 64u
 #define REQ_MAX_TIMEOUT_MS 86400000u
+/* The bytes of a rank's own refusal of a save that travel to every rank. */
+#define REQ_MAX_REFUSAL 512u
 
 #define JOB_ID_BYTES 16
 #define JOB_SECRET_BYTES 16
@@ -97,15 +99,27 @@ struct req_groups {
   size_t blob_len;
 };
 
+/* A save's options as one rank asked (docs/protocol.md, export "save"):
+ * what every rank must ask alike (the file limit, overwrite, and digests
+ * of the directory and the metadata, client/save.c), and the rank's own
+ * refusal, a code and its words, when it cannot take part. */
+struct req_save {
+  uint64_t limit; /* 0: an export */
+  bool overwrite;
+  uint64_t directory, metadata;
+  int refused; /* 0, or a negative code */
+  char refusal[REQ_MAX_REFUSAL + 1];
+};
+
 struct req_export {
   uint32_t max_keys;   /* 0: the planner's default */
   uint64_t max_bytes;  /* 0: the daemon's default */
   uint32_t timeout_ms; /* 0: the daemon's default */
   bool progress;
   struct req_groups groups;
-  /* 0: an export; else a save (daemon/save.h) whose files hold at most
-   * this many bytes of tensors. */
-  uint64_t save_limit;
+  /* save.limit 0: an export; else a save (daemon/save.h) whose files
+   * hold at most that many bytes of tensors. */
+  struct req_save save;
 };
 
 /* Each returns 0, or a negative code with a sentence in msg naming the
@@ -142,7 +156,5 @@ int request_parse_job_ref(const msgpack_object *map,
 int request_parse_jobs(const msgpack_object *map,
                        char after[2 * JOB_ID_BYTES + 1], char *msg,
                        size_t msglen);
-/* UTF-8 without NUL bytes, overlong forms or surrogates. */
-bool request_utf8_valid(const char *s, size_t len);
 
 #endif /* SP_DAEMON_REQUEST_H */

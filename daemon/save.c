@@ -65,6 +65,13 @@ int save_new(struct job *job, uint64_t export_id, const struct plan *plan,
                       "save: key \"%.512s\" is %s, which safetensors has no "
                       "dtype for; convert it before saving",
                       plan->keys[k].name, sp__dtype_name(plan->keys[k].dtype));
+  /* A tensor of that name would be a second "__metadata__" in the
+   * file's header, which loaders refuse or read as the metadata. */
+  if (plan_find_key(plan, SAVE_RESERVED_KEY) != PLAN_NONE)
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "save: a key is named \"" SAVE_RESERVED_KEY "\", the "
+                     "name safetensors keeps for a file's metadata; rename "
+                     "it before saving");
   struct save *s = calloc(1, sizeof *s);
   size_t n = plan->nkeys > 0 ? plan->nkeys : 1;
   uint32_t *owner = malloc(n * sizeof *owner);

@@ -37,6 +37,8 @@
 #include "proto/frame.h"
 #include "proto/msg.h"
 
+/* The one key a save refuses: safetensors keeps it for the metadata. */
+#define SAVE_RESERVED_KEY "__metadata__"
 /* The barriers of the commit. */
 #define SAVE_STEPS 3u
 /* Keys of the weight map per reply frame: 4,096 keys of at most 1,024
@@ -56,7 +58,8 @@ struct save_files {
 
 /* A save of export_id under plan with files of at most limit bytes: the
  * numbering, and SP_EDTYPE (with msg naming the key) for a key whose dtype
- * safetensors cannot name, or SP_ENOMEM. */
+ * safetensors cannot name, SP_EINVAL for a key named SAVE_RESERVED_KEY,
+ * or SP_ENOMEM. */
 int save_new(struct job *job, uint64_t export_id, const struct plan *plan,
              uint64_t limit, struct save **out, char *msg, size_t msglen);
 void save_free(struct save *s);

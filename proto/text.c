@@ -50,6 +50,19 @@ size_t sp__utf8_len(const unsigned char *s, size_t n, uint32_t *cp) {
   return len;
 }
 
+bool sp__utf8_valid(const char *s, size_t len) {
+  const unsigned char *p = (const unsigned char *)s;
+  while (len > 0) {
+    uint32_t cp;
+    size_t n = sp__utf8_len(p, len, &cp);
+    if (n == 0 || cp == 0)
+      return false;
+    p += n;
+    len -= n;
+  }
+  return true;
+}
+
 /* C0 controls, DEL and the C1 controls (U+0080..U+009F) all steer a
  * terminal. */
 static int is_control(uint32_t cp) {

@@ -67,7 +67,7 @@ static void coord_rank_ask(const void *ctx, uint32_t r,
                              .max_keys = a->max_keys,
                              .max_bytes = a->max_bytes,
                              .timeout_ms = a->timeout_ms,
-                             .save_limit = a->save_limit,
+                             .save = a->save,
                              .deadline_ms = a->deadline_ms};
 }
 
@@ -214,7 +214,7 @@ static void coord_ask(struct mesh *ms, struct mesh_node *n,
   *a = (struct mesh_ask){.asked = true,
                          .max_keys = m->max_keys,
                          .max_bytes = m->max_bytes,
-                         .save_limit = m->save_limit,
+                         .save = m->save,
                          .timeout_ms = m->timeout_ms,
                          .deadline_ms = ms->ops->now_ms() + t,
                          .meta = nodeblob_ref(blob)};

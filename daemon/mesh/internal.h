@@ -100,7 +100,7 @@ struct mesh_ask {
   bool asked;
   uint32_t max_keys;
   uint64_t max_bytes;
-  uint64_t save_limit;
+  struct req_save save;
   uint32_t timeout_ms;
   uint64_t deadline_ms;
   struct nodeblob *meta;

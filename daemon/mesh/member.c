@@ -48,7 +48,7 @@ void mesh_asks(struct job *job) {
                         .rank = r,
                         .max_keys = m->ask.max_keys,
                         .max_bytes = m->ask.max_bytes,
-                        .save_limit = m->ask.save_limit,
+                        .save = m->ask.save,
                         .timeout_ms = m->ask.timeout_ms};
     nodeblob_unref(ms->sent_meta[r]);
     ms->sent_meta[r] = nodeblob_ref(meta);

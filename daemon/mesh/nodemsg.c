@@ -296,6 +296,37 @@ static int parse_options(const msgpack_object *map, struct nodemsg *m,
   return 0;
 }
 
+/* An ask's save (its limit read as "save" by parse_options): the options
+ * every rank must ask alike and, "code" and "message" together, the
+ * rank's refusal. */
+static int parse_ask_save(const msgpack_object *map, struct nodemsg *m,
+                          char *msg, size_t msglen) {
+  m->save.limit = m->save_limit;
+  m->save_limit = 0;
+  if (m->save.limit == 0)
+    return 0;
+  int rc;
+  if (sp__msg_get_bool(map, "save_overwrite", false, &m->save.overwrite) !=
+          0 ||
+      (rc = get_u(map, "save_directory", UINT64_MAX, &m->save.directory, msg,
+                  msglen)) != 0 ||
+      (rc = get_u(map, "save_metadata", UINT64_MAX, &m->save.metadata, msg,
+                  msglen)) != 0)
+    return sp__failf(msg, msglen, SP_EBADMSG,
+                     "a save's ask needs \"save_overwrite\" (bool), "
+                     "\"save_directory\" and \"save_metadata\" (uints)");
+  if (sp__msg_field(map, "code") == NULL)
+    return 0;
+  if ((rc = get_code(map, &m->save.refused, msg, msglen)) != 0 ||
+      (rc = get_message(map, m->message, msg, msglen)) != 0)
+    return rc;
+  if (m->save.refused >= 0)
+    m->save.refused = SP_EINVAL;
+  snprintf(m->save.refusal, sizeof m->save.refusal, "%.*s",
+           (int)REQ_MAX_REFUSAL, m->message);
+  return 0;
+}
+
 int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
                   struct nodemsg *m, char *msg, size_t msglen) {
   memset(m, 0, sizeof *m);
@@ -371,7 +402,9 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
         (rc = get_u32(map, "rank", REQ_MAX_WORLD - 1, &m->rank, msg,
                       msglen)) != 0)
       return rc;
-    return parse_options(map, m, msg, msglen);
+    if ((rc = parse_options(map, m, msg, msglen)) != 0)
+      return rc;
+    return parse_ask_save(map, m, msg, msglen);
   case NODEMSG_PLAN:
     if ((rc = get_u(map, "gather", UINT64_MAX, &m->gather, msg, msglen)) !=
             0 ||
@@ -454,7 +487,7 @@ static uint32_t fields_of(const struct nodemsg *m) {
   case NODEMSG_LEFT:
     return m->message[0] != '\0' ? 3 : 2;
   case NODEMSG_ASK:
-    return 5 + (m->save_limit > 0);
+    return 5 + (m->save.limit > 0 ? 4 : 0) + (m->save.refused < 0 ? 2 : 0);
   case NODEMSG_PLAN:
     return (m->comm_gen > 0 ? 9 : 7) + (m->save_limit > 0);
   case NODEMSG_PLANNED:
@@ -551,8 +584,16 @@ void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
     sp__pack_kv_u64(pk, "max_keys", m->max_keys);
     sp__pack_kv_u64(pk, "max_bytes", m->max_bytes);
     sp__pack_kv_u64(pk, "timeout_ms", m->timeout_ms);
-    if (m->save_limit > 0)
-      sp__pack_kv_u64(pk, "save", m->save_limit);
+    if (m->save.limit > 0) {
+      sp__pack_kv_u64(pk, "save", m->save.limit);
+      sp__pack_kv_bool(pk, "save_overwrite", m->save.overwrite);
+      sp__pack_kv_u64(pk, "save_directory", m->save.directory);
+      sp__pack_kv_u64(pk, "save_metadata", m->save.metadata);
+    }
+    if (m->save.refused < 0) {
+      sp__pack_kv_str(pk, "code", sp_err_name(m->save.refused));
+      sp__pack_kv_str(pk, "message", m->save.refusal);
+    }
     break;
   case NODEMSG_PLAN:
     sp__pack_kv_u64(pk, "gather", m->gather);

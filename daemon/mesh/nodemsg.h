@@ -65,9 +65,11 @@ struct nodemsg {
   uint64_t gather, export_id;
   uint32_t max_keys, timeout_ms;
   uint64_t max_bytes;
-  /* ask, plan: a save's file limit (0: an export); saved, commit: the step
+  /* plan: a save's file limit (0: an export); saved, commit: the step
    * of the save's commit (daemon/save.h). */
   uint64_t save_limit;
+  /* ask: the rank's save options and refusal (save.limit 0: an export). */
+  struct req_save save;
   uint32_t step;
   size_t nnodes;
   struct nodemsg_node *nodes; /* plan: owned */

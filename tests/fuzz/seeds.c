@@ -341,8 +341,12 @@ static void node_messages(void) {
                        .max_bytes = 1u << 20,
                        .timeout_ms = 2000};
   node_message("ask", &m);
-  m.save_limit = 1u << 30;
+  m.save = (struct req_save){.limit = 1u << 30, .overwrite = true,
+                             .directory = 0x1234, .metadata = 0x5678};
   node_message("ask_save", &m);
+  m.save.refused = SP_EWRITE;
+  snprintf(m.save.refusal, sizeof m.save.refusal, "save: cannot open");
+  node_message("ask_save_refused", &m);
   m = (struct nodemsg){.op = NODEMSG_SAVED, .gather = 7, .step = 2};
   node_message("saved", &m);
   m = (struct nodemsg){.op = NODEMSG_COMMIT, .gather = 7, .step = 3};

@@ -184,6 +184,18 @@ def _text(raw):
     return None if raw is None else raw.decode("utf-8", "replace")
 
 
+def _c_string(value, what):
+    """value as the C library takes a string: a str without NUL characters
+    (which C would cut the string at), in UTF-8; a save's metadata is
+    strings only, as safetensors' is."""
+    if not isinstance(value, str):
+        raise TypeError("save: %s is of type %s, not a str" % (
+            what, type(value).__name__))
+    if "\0" in value:
+        raise ValueError("save: %s holds a NUL character" % what)
+    return value.encode("utf-8")
+
+
 def _dims(values, what, key):
     if len(values) > _lib.SP_MAX_DIMS:
         raise errors.InvalidArgument(
@@ -479,15 +491,20 @@ class Client:
             max_shard_bytes=max_shard_bytes, overwrite=1 if overwrite else 0,
             export_opts=self._export_opts(groups, max_keys, max_bytes,
                                           timeout, progress, raised, keep))
-        entries = [(str(k).encode(), str(v).encode())
+        entries = [(_c_string(k, "a metadata key"),
+                    _c_string(v, "the metadata value of %r" % (k,)))
                    for k, v in (metadata or {}).items()]
+        where = os.fsencode(path)
+        if b"\0" in where:
+            raise ValueError("save: the path %r holds a NUL character"
+                             % (path,))
         if entries:
             array = (_lib.sp_metadata * len(entries))(*(
                 _lib.sp_metadata(key=k, value=v) for k, v in entries))
             keep.append(array)
             opts.nmetadata, opts.metadata = len(entries), array
         result = _lib.sp_save_result()
-        rc = _lib.fn.sp_save(self._live(), os.fsencode(path),
+        rc = _lib.fn.sp_save(self._live(), where,
                              ctypes.byref(opts), ctypes.byref(result))
         if raised:
             raise raised[0]

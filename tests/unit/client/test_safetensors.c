@@ -54,6 +54,46 @@ START_TEST(unnamed_dtype_is_refused) {
 }
 END_TEST
 
+/* The header of one F32 tensor [1] named by a key of n 'k's: the length
+ * of its JSON without the padding, or -1 when st_header refuses it
+ * (freeing everything). */
+static long header_with_key(size_t n) {
+  static const int64_t shape[] = {1};
+  char *key = malloc(n + 1);
+  ck_assert_ptr_nonnull(key);
+  memset(key, 'k', n);
+  key[n] = '\0';
+  struct st_tensor t = {.key = key, .dtype = SP_DTYPE_FLOAT32, .ndim = 1,
+                        .shape = shape, .nbytes = 4};
+  struct st_buf b;
+  int rc = st_header(&t, 1, NULL, 0, &b);
+  free(key);
+  if (rc == SP_ELIMIT) {
+    ck_assert_ptr_null(b.data);
+    return -1;
+  }
+  ck_assert_int_eq(rc, 0);
+  long len = (long)le64(b.data);
+  ck_assert_uint_eq(b.len, 8 + (size_t)len);
+  while (b.data[8 + len - 1] == ' ')
+    len--;
+  st_buf_free(&b);
+  return len;
+}
+
+/* safetensors' reader refuses a header past ST_MAX_HEADER bytes: one of
+ * exactly that many is written, one byte more (8 with the padding) is
+ * refused. */
+START_TEST(header_limit_at_its_edge) {
+  long small = header_with_key(1000);
+  /* A multiple of 8: the header at the limit needs no padding. */
+  ck_assert_int_eq(ST_MAX_HEADER % 8, 0);
+  size_t edge = 1000 + (size_t)(ST_MAX_HEADER - (unsigned long)small);
+  ck_assert_int_eq(header_with_key(edge), (long)ST_MAX_HEADER);
+  ck_assert_int_eq(header_with_key(edge + 1), -1);
+}
+END_TEST
+
 START_TEST(file_names_and_index) {
   char name[64];
   st_file_name(0, 1, name, sizeof name);
@@ -82,6 +122,7 @@ int main(void) {
   tcase_add_test(tc, header_bytes_and_padding);
   tcase_add_test(tc, unnamed_dtype_is_refused);
   tcase_add_test(tc, file_names_and_index);
+  tcase_add_test(tc, header_limit_at_its_edge);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -272,11 +272,11 @@ START_TEST(root_holds_a_saves_commit) {
   struct nodelink *l;
   struct job *job = root_with_two_nodes(&l);
   fake_ask(job->members[0], 0, 0);
-  job->members[0]->ask.save_limit = 4096;
+  job->members[0]->ask.save.limit = 4096;
   mesh_asks(job);
   mesh_advance(job);
   struct nodemsg a = {.op = NODEMSG_ASK, .gather = 1, .rank = 1,
-                      .save_limit = 4096};
+                      .save = {.limit = 4096}};
   fake_deliver(l, &a);
   fake_deliver_blob(l, node1_meta, sizeof node1_meta);
   const struct nodemsg *p = fake_last(l, NODEMSG_PLAN);
@@ -318,7 +318,7 @@ START_TEST(root_fails_a_gather_of_a_save_and_an_export) {
   struct nodelink *l;
   struct job *job = root_with_two_nodes(&l);
   fake_ask(job->members[0], 0, 0);
-  job->members[0]->ask.save_limit = 4096;
+  job->members[0]->ask.save.limit = 4096;
   mesh_asks(job);
   mesh_advance(job);
   node_asks(l, 1, 1, 0);
@@ -328,6 +328,77 @@ START_TEST(root_fails_a_gather_of_a_save_and_an_export) {
   ck_assert_int_eq(f->code, SP_EINVAL);
   ck_assert_str_eq(f->message, "ranks disagree on what to do: rank 0 asked "
                                "for a save, rank 1 for an export");
+}
+END_TEST
+
+/* Node 1's rank asks for a save with save (its limit 4096 like rank 0's);
+ * the root's answer: the gather's failure, which every node hears. */
+static const struct nodemsg *save_gather_failure(const struct req_save *save,
+                                                 const struct req_save *theirs) {
+  struct nodelink *l;
+  struct job *job = root_with_two_nodes(&l);
+  fake_ask(job->members[0], 0, 0);
+  job->members[0]->ask.save = *save;
+  mesh_asks(job);
+  mesh_advance(job);
+  struct nodemsg a = {.op = NODEMSG_ASK, .gather = 1, .rank = 1,
+                      .save = *theirs};
+  fake_deliver(l, &a);
+  fake_deliver_blob(l, node1_meta, sizeof node1_meta);
+  ck_assert_uint_eq(fake_count(l, NODEMSG_PLAN), 0);
+  const struct nodemsg *f = fake_last(l, NODEMSG_FAIL);
+  ck_assert_ptr_nonnull(f);
+  return f;
+}
+
+/* What ranks on different nodes must pass alike travels with their asks
+ * and is compared by the root: the directory, the metadata, overwrite. */
+START_TEST(root_fails_a_save_whose_ranks_disagree_across_nodes) {
+  struct req_save mine = {.limit = 4096, .directory = 11, .metadata = 22};
+  struct req_save theirs = mine;
+  theirs.directory = 12;
+  const struct nodemsg *f = save_gather_failure(&mine, &theirs);
+  ck_assert_int_eq(f->code, SP_EINVAL);
+  ck_assert_str_eq(f->message, "ranks disagree on the save's directory: "
+                               "ranks 0 and 1 name different ones (after "
+                               "following symbolic links and their own "
+                               "working directories)");
+}
+END_TEST
+
+START_TEST(root_fails_a_save_whose_ranks_pass_other_metadata) {
+  struct req_save mine = {.limit = 4096, .directory = 11, .metadata = 22};
+  struct req_save theirs = mine;
+  theirs.metadata = 23;
+  const struct nodemsg *f = save_gather_failure(&mine, &theirs);
+  ck_assert_int_eq(f->code, SP_EINVAL);
+  ck_assert_str_eq(f->message, "ranks disagree on the save's metadata: "
+                               "ranks 0 and 1 passed different strings");
+}
+END_TEST
+
+START_TEST(root_fails_a_save_whose_ranks_disagree_on_overwrite) {
+  struct req_save mine = {.limit = 4096, .directory = 11, .metadata = 22};
+  struct req_save theirs = mine;
+  theirs.overwrite = true;
+  const struct nodemsg *f = save_gather_failure(&mine, &theirs);
+  ck_assert_int_eq(f->code, SP_EINVAL);
+  ck_assert_str_eq(f->message, "ranks disagree on the save's overwrite: "
+                               "rank 0 asked false, rank 1 true");
+}
+END_TEST
+
+/* A rank that cannot take part says why in its ask; every node hears its
+ * code and words, naming it. */
+START_TEST(root_fails_a_save_a_rank_of_another_node_refused) {
+  struct req_save mine = {.limit = 4096, .directory = 11, .metadata = 22};
+  struct req_save theirs = {.limit = 4096, .refused = SP_EWRITE};
+  snprintf(theirs.refusal, sizeof theirs.refusal,
+           "save: cannot make directory /x: Permission denied");
+  const struct nodemsg *f = save_gather_failure(&mine, &theirs);
+  ck_assert_int_eq(f->code, SP_EWRITE);
+  ck_assert_str_eq(f->message, "the save was refused by rank 1: save: cannot "
+                               "make directory /x: Permission denied");
 }
 END_TEST
 
@@ -721,6 +792,10 @@ static Suite *mesh_suite(void) {
   tcase_add_test(root, root_refuses_a_node_without_the_secret);
   tcase_add_test(root, root_holds_a_saves_commit);
   tcase_add_test(root, root_fails_a_gather_of_a_save_and_an_export);
+  tcase_add_test(root, root_fails_a_save_whose_ranks_disagree_across_nodes);
+  tcase_add_test(root, root_fails_a_save_whose_ranks_pass_other_metadata);
+  tcase_add_test(root, root_fails_a_save_whose_ranks_disagree_on_overwrite);
+  tcase_add_test(root, root_fails_a_save_a_rank_of_another_node_refused);
   tcase_add_test(root, root_gathers_plans_and_publishes);
   tcase_add_test(root, root_fails_different_plans_everywhere);
   tcase_add_test(root, root_fails_a_gather_whose_ranks_disagree);

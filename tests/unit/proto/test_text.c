@@ -24,6 +24,19 @@ START_TEST(utf8_lengths) {
 }
 END_TEST
 
+/* What a key or a checkpoint's string may be: no NUL, no surrogate, no
+ * overlong form, nothing past U+10FFFF, no sequence cut short. */
+START_TEST(utf8_valid_strings) {
+  ck_assert(sp__utf8_valid("caf\xc3\xa9 \xf0\x9f\x98\x80\x7f", 11));
+  ck_assert(sp__utf8_valid("", 0));
+  ck_assert(!sp__utf8_valid("a\0b", 3));
+  ck_assert(!sp__utf8_valid("\xed\xa0\x80", 3));
+  ck_assert(!sp__utf8_valid("\xe0\x80\xaf", 3));
+  ck_assert(!sp__utf8_valid("\xf4\x90\x80\x80", 4));
+  ck_assert(!sp__utf8_valid("\xc3", 1));
+}
+END_TEST
+
 START_TEST(sanitize_for_terminal) {
   char buf[64];
   sp__text_sanitize("host", buf, sizeof buf);
@@ -64,6 +77,7 @@ int main(void) {
   Suite *s = suite_create("proto-text");
   TCase *tc = tcase_create("text");
   tcase_add_test(tc, utf8_lengths);
+  tcase_add_test(tc, utf8_valid_strings);
   tcase_add_test(tc, sanitize_for_terminal);
   tcase_add_test(tc, sanitize_peer_bytes);
   suite_add_tcase(s, tc);
