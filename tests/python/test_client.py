@@ -43,6 +43,20 @@ class ClientTest(unittest.TestCase):
         self.assertGreaterEqual(status.uptime_s, 0)
         self.assertEqual(status.jobs, ())
 
+    def test_save_refuses_strings_c_cannot_take(self):
+        # C would cut a string at a NUL, and safetensors' metadata is
+        # strings only: refused before anything is written or asked.
+        with tempfile.TemporaryDirectory() as d, \
+                shardport.Client(self.socket) as client:
+            path = os.path.join(d, "ckpt")
+            with self.assertRaisesRegex(TypeError, "of type int, not a str"):
+                client.save(path, metadata={"step": 1})
+            with self.assertRaisesRegex(ValueError, "NUL"):
+                client.save(path, metadata={"a\0b": "v"})
+            with self.assertRaisesRegex(ValueError, "NUL"):
+                client.save(path + "\0more")
+            self.assertEqual(os.listdir(d), [])
+
     def test_default_socket_from_environment(self):
         saved = os.environ.get("SHARDPORT_SOCKET")
         os.environ["SHARDPORT_SOCKET"] = self.socket

@@ -1,0 +1,255 @@
+"""Saves attacked: key names, options the ranks disagree on, paths, a file
+system that refuses, names in the way and two saves into one directory
+(docs/checkpoints.md).  Starts a private shardportd and the ranks
+(save_attack_worker.py); what they wrote is read back with the strict
+reader (safetensors_reader.py).
+
+    test_save_attacks.py SCENARIO
+
+  names      keys that JSON must escape (quotes, backslash, control
+             characters, DEL), non-ASCII, "/" and a 1,024-byte key read
+             back exactly; a key named __metadata__ refused on every rank
+  disagree   ranks that pass another directory, metadata, overwrite or
+             limit, and a rank that refuses its own options or cannot make
+             the directory: every rank fails at once with one sentence
+             naming the ranks; a relative path and a symbolic link that
+             resolve alike are one directory
+  faults     a rank whose files may not grow (EFBIG): every rank fails
+             with its words, nothing left under a final name or a
+             temporary one, and the next save succeeds; symbolic links
+             planted at the temporary names are never followed; a second
+             save into a directory while one runs is refused on its every
+             rank; a directory holding the files of a save that died
+             before its index is saved into, its stale temporary files
+             removed
+
+Exits 77 (skipped), loudly, when PyTorch cannot be imported.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import harness
+
+torch = harness.require_torch()
+
+import safetensors_reader  # noqa: E402
+import save_attack_worker  # noqa: E402
+import shardport  # noqa: E402
+
+DEADLINE = 200
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                      "save_attack_worker.py")
+
+
+class Ranks:
+    """One job's ranks, started from a spec, running save_attack_worker."""
+
+    def __init__(self, workdir, name, world, sock, env=None, **spec):
+        self.outdir = os.path.join(workdir, name + "-out")
+        os.makedirs(self.outdir)
+        self.world = world
+        spec.update(world=world, socket=sock, outdir=self.outdir,
+                    init_file=os.path.join(self.outdir, "dist-init"))
+        self.spec = spec
+        path = os.path.join(self.outdir, "spec.json")
+        with open(path, "w") as f:
+            json.dump(spec, f)
+        self.procs = []
+        for rank in range(world):
+            log = open(os.path.join(self.outdir, "rank%d.log" % rank), "w+")
+            self.procs.append((subprocess.Popen(
+                [sys.executable, "-X", "faulthandler", WORKER, path,
+                 str(rank)], stdout=log, stderr=subprocess.STDOUT,
+                env=dict(os.environ, **(env or {}))), log))
+
+    def results(self):
+        """Each rank's result, once every rank has ended."""
+        deadline = time.monotonic() + DEADLINE
+        out = {}
+        for rank, (proc, log) in enumerate(self.procs):
+            try:
+                proc.wait(max(1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.seek(0)
+            text = log.read()
+            log.close()
+            path = os.path.join(self.outdir, "%d.json" % rank)
+            assert os.path.exists(path), "rank %d wrote no result:\n%s" % (
+                rank, text)
+            with open(path) as f:
+                out[rank] = json.load(f)
+        return out
+
+
+def save(workdir, name, world, sock, **spec):
+    return Ranks(workdir, name, world, sock, **spec).results()
+
+
+def verify(path, world, res, keys=()):
+    """path holds the test model, byte for byte, and nothing hidden."""
+    assert all(r["ok"] for r in res.values()), res
+    _, tensors, _, _ = safetensors_reader.read_checkpoint(path)
+    _, _, whole = save_attack_worker.model(world, 0, keys)
+    assert set(tensors) == set(whole), sorted(set(tensors) ^ set(whole))
+    for key, value in whole.items():
+        dtype, shape, data = tensors[key]
+        assert (dtype, shape) == ("F32", tuple(value.shape)), (key, dtype)
+        assert data == value.contiguous().numpy().tobytes(), key
+    hidden = [n for n in os.listdir(path) if n.startswith(".")]
+    assert not hidden, hidden
+
+
+def failed_alike(res, error, *words):
+    """Every rank failed with error and one message holding words."""
+    assert all(not r["ok"] and r["error"] == error for r in res.values()), res
+    messages = {r["message"] for r in res.values()}
+    assert len(messages) == 1, messages
+    message = messages.pop()
+    for w in words:
+        assert w in message, (w, message)
+    return message
+
+
+def nothing_saved(path):
+    """What a failed save leaves: no index, no file under a final name or a
+    temporary one."""
+    names = os.listdir(path) if os.path.isdir(path) else []
+    assert not names, names
+
+
+NAMES = ['quote"d', "back\\slash", "ctl\x01\x1f\x7f", "tab\tnew\nline",
+         "caf\u00e9.\u2028.\U0001f600", "a/b/../c", "k" * 1024]
+
+
+def names(workdir):
+    with harness.daemon() as d:
+        path = os.path.join(workdir, "names")
+        verify(path, 3, save(workdir, "names", 3, d.socket, path=path,
+                             keys=NAMES), NAMES)
+        path = os.path.join(workdir, "reserved")
+        res = save(workdir, "reserved", 3, d.socket, path=path,
+                   keys=["__metadata__"])
+        failed_alike(res, "invalid_argument", '"__metadata__"',
+                     "rename it")
+        nothing_saved(path)
+
+
+def disagree(workdir):
+    with harness.daemon() as d:
+        base = os.path.join(workdir, "ckpt")
+        elsewhere = os.path.join(workdir, "elsewhere")
+        os.makedirs(elsewhere)
+        cases = [
+            ({"metadata": {"step": "2"}}, "invalid_argument",
+             "the save's metadata: ranks 0 and 1"),
+            ({"overwrite": True}, "invalid_argument",
+             "the save's overwrite: rank 0 asked false, rank 1 true"),
+            ({"path": base + "-other"}, "invalid_argument",
+             "the save's directory: ranks 0 and 1"),
+            ({"limit": 4096}, "invalid_argument",
+             "max_shard_bytes: rank 0 asked 5368709120, rank 1 asked 4096"),
+            # The same relative path from another working directory.
+            ({"path": "ckpt", "cwd": elsewhere}, "invalid_argument",
+             "the save's directory: ranks 0 and 1"),
+            # The rank's own refusals, which it used to keep to itself
+            # while the others waited for it until the timeout.
+            ({"metadata": {"format": "other"}}, "invalid_argument",
+             "refused by rank 1: save: the metadata key \"format\""),
+            ({"path": os.path.join(workdir, "file", "under")}, "write_failed",
+             "refused by rank 1: save: cannot make directory"),
+            ({"path": "/" + "x" * 5000}, "invalid_argument",
+             "refused by rank 1: save: the directory's name is too long"),
+        ]
+        with open(os.path.join(workdir, "file"), "w"):
+            pass
+        for i, (theirs, error, words) in enumerate(cases):
+            ranks = [{}, theirs, {}]
+            res = save(workdir, "case%d" % i, 3, d.socket, path=base,
+                       cwd=workdir, metadata={"step": "1"}, ranks=ranks,
+                       timeout=30)
+            failed_alike(res, error, words)
+            nothing_saved(base)
+        # A relative path and a symbolic link to the directory are the
+        # directory itself.
+        os.symlink(base, base + "-link")
+        ranks = [{"path": "ckpt"}, {"path": base + "-link"}, {}]
+        verify(base, 3, save(workdir, "alias", 3, d.socket, path=base,
+                             cwd=workdir, ranks=ranks))
+
+
+def faults(workdir):
+    with harness.daemon() as d:
+        # Rank 1's files may not grow past 1,000 bytes: its write fails
+        # with EFBIG, as on a full file system.
+        path = os.path.join(workdir, "efbig")
+        keys = ["k%d" % i for i in range(6)]
+        res = save(workdir, "efbig", 3, d.socket, path=path, keys=keys,
+                   ranks=[{}, {"fsize": 64}, {}])
+        failed_alike(res, "write_failed", "rank 1", "File too large")
+        nothing_saved(path)
+        verify(path, 3, save(workdir, "efbig-again", 3, d.socket, path=path,
+                             keys=keys), keys)
+        # Links at every temporary name a rank could use point at a file
+        # the save must never write through them.
+        victim = os.path.join(workdir, "victim")
+        with open(victim, "w") as f:
+            f.write("not a checkpoint")
+        path = os.path.join(workdir, "links")
+        res = save(workdir, "links", 1, d.socket, path=path, links=victim)
+        with open(victim) as f:
+            assert f.read() == "not a checkpoint", "written through a link"
+        verify(path, 1, res)
+        # A second save into a directory a save is writing is refused on
+        # every rank of its job; the first one completes.
+        path = os.path.join(workdir, "busy")
+        # Each key's write waits 100 ms: the first save writes for 15 s.
+        keys = ["k%03d" % i for i in range(300)]
+        first = Ranks(workdir, "first", 2, d.socket, path=path, keys=keys,
+                      env={"SHARDPORT_TEST_SAVE_DELAY_MS": "100"})
+        wait_writing(d.socket)
+        second = save(workdir, "second", 2, d.socket, path=path)
+        failed_alike(second, "busy", "another save into %s is running"
+                     % path)
+        verify(path, 2, first.results(), keys)
+        # What a save that died after renaming its files leaves (final
+        # names, no index, a temporary file of a killed process) is no
+        # checkpoint: a save goes ahead and removes the stale file.
+        path = os.path.join(workdir, "partial")
+        os.makedirs(path)
+        stale = os.path.join(path, ".model-00001-of-00002.safetensors.1-0.tmp")
+        for name in ("model-00001-of-00002.safetensors", stale):
+            with open(os.path.join(path, name), "wb") as f:
+                f.write(b"\0" * 100)
+        verify(path, 2, save(workdir, "partial", 2, d.socket, path=path))
+
+
+def wait_writing(sock):
+    """Returns once a job at sock shows its ranks writing."""
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        with shardport.Client(sock) as c:
+            jobs = c.status().jobs
+        if any(j.phase == "writing" and j.bytes_written for j in jobs):
+            return
+        assert time.monotonic() < deadline, "the save never started writing"
+        time.sleep(0.01)
+
+
+SCENARIOS = {"names": names, "disagree": disagree, "faults": faults}
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="sp-save-attacks-") as workdir:
+        SCENARIOS[sys.argv[1]](workdir)
+    print("%s: ok" % sys.argv[1])
+
+
+if __name__ == "__main__":
+    main()
