@@ -10,7 +10,8 @@ ranks[RANK] (a map per rank) may change for this rank: path, metadata,
 overwrite, limit, cwd (the rank's working directory), fsize (a limit on
 the size of a file the rank writes, RLIMIT_FSIZE) and links (a file: the
 rank plants a symbolic link to it at each temporary name its save could
-use, docs/checkpoints.md).
+use, docs/checkpoints.md); again (once the save failed, the same job
+saves again with the rank's file size unlimited: "again" in the result).
 """
 
 import json
@@ -32,16 +33,22 @@ def mine(spec, name, rank, default=None):
 
 def model(world, rank, keys):
     """The test's model: "w" (uneven rows) and one small tensor per extra
-    key, every rank holding its dim-0 shard."""
+    key, every rank holding its dim-0 shard; a key that starts with
+    "scalar." is a 0-dim tensor every rank holds (replicated)."""
     state, placements, whole = {}, {}, {}
     g = torch.Generator().manual_seed(99)
     names = ["w"] + list(keys)
     for i, key in enumerate(names):
-        full = torch.randn(2 * world + 1 if i == 0 else world, 3,
-                           generator=g)
+        if key.startswith("scalar."):
+            full = torch.randn((), generator=g)
+            state[key], placements[key] = full.clone(), "replicated"
+        else:
+            full = torch.randn(2 * world + 1 if i == 0 else world, 3,
+                               generator=g)
+            state[key] = full.tensor_split(world)[rank].clone()
+            placements[key] = shardport.Placement("shard0",
+                                                  tuple(full.shape))
         whole[key] = full
-        state[key] = full.tensor_split(world)[rank].clone()
-        placements[key] = shardport.Placement("shard0", tuple(full.shape))
     return state, placements, whole
 
 
@@ -88,13 +95,20 @@ def main():
                 # with EFBIG.
                 resource.setrlimit(resource.RLIMIT_FSIZE,
                                    (fsize, unlimited[1]))
+            options = dict(
+                max_shard_bytes=mine(spec, "limit", rank, 5 * 2**30),
+                metadata=mine(spec, "metadata", rank),
+                overwrite=mine(spec, "overwrite", rank, False),
+                timeout=timeout, progress=False)
             try:
-                result = job.save(
-                    path, max_shard_bytes=mine(spec, "limit", rank,
-                                               5 * 2**30),
-                    metadata=mine(spec, "metadata", rank),
-                    overwrite=mine(spec, "overwrite", rank, False),
-                    timeout=timeout, progress=False)
+                result = job.save(path, **options)
+            except shardport.ShardportError as exc:
+                if not mine(spec, "again", rank):
+                    raise
+                resource.setrlimit(resource.RLIMIT_FSIZE, unlimited)
+                again = job.save(path, **options)
+                out["again"] = {"files": again.files, "bytes": again.bytes}
+                raise exc
             finally:
                 resource.setrlimit(resource.RLIMIT_FSIZE, unlimited)
         out.update(ok=True, files=result.files, bytes=result.bytes)

@@ -8,7 +8,8 @@ reader (safetensors_reader.py).
 
   names      keys that JSON must escape (quotes, backslash, control
              characters, DEL), non-ASCII, "/" and a 1,024-byte key read
-             back exactly; a key named __metadata__ refused on every rank
+             back exactly; 0-dim tensors and a limit of one byte; a key
+             named __metadata__ refused on every rank
   disagree   ranks that pass another directory, metadata, overwrite or
              limit, and a rank that refuses its own options or cannot make
              the directory: every rank fails at once with one sentence
@@ -16,7 +17,7 @@ reader (safetensors_reader.py).
              resolve alike are one directory
   faults     a rank whose files may not grow (EFBIG): every rank fails
              with its words, nothing left under a final name or a
-             temporary one, and the next save succeeds; symbolic links
+             temporary one, and the same job saves again; symbolic links
              planted at the temporary names are never followed; a second
              save into a directory while one runs is refused on its every
              rank; a directory holding the files of a save that died
@@ -133,6 +134,14 @@ def names(workdir):
         path = os.path.join(workdir, "names")
         verify(path, 3, save(workdir, "names", 3, d.socket, path=path,
                              keys=NAMES), NAMES)
+        # The smallest limit: every key with bytes in a file of its own;
+        # 0-dim tensors (shape []) on the replicas' owner.
+        path = os.path.join(workdir, "sizes")
+        keys = ["scalar.a", "scalar.b", "k0", "k1"]
+        res = save(workdir, "sizes", 3, d.socket, path=path, keys=keys,
+                   limit=1)
+        verify(path, 3, res, keys)
+        assert sum(r["files"] for r in res.values()) == 5, res
         path = os.path.join(workdir, "reserved")
         res = save(workdir, "reserved", 3, d.socket, path=path,
                    keys=["__metadata__"])
@@ -191,11 +200,16 @@ def faults(workdir):
         path = os.path.join(workdir, "efbig")
         keys = ["k%d" % i for i in range(6)]
         res = save(workdir, "efbig", 3, d.socket, path=path, keys=keys,
-                   ranks=[{}, {"fsize": 64}, {}])
+                   ranks=[{}, {"fsize": 64}, {}], again=True)
+        failed_alike(res, "write_failed", "rank 1", "File too large")
+        # The same job, the limit lifted, saves again into the directory.
+        verify(path, 3, {r: dict(v["again"], ok=True)
+                         for r, v in res.items()}, keys)
+        path = os.path.join(workdir, "efbig-nothing")
+        res = save(workdir, "efbig-nothing", 3, d.socket, path=path,
+                   keys=keys, ranks=[{}, {"fsize": 64}, {}])
         failed_alike(res, "write_failed", "rank 1", "File too large")
         nothing_saved(path)
-        verify(path, 3, save(workdir, "efbig-again", 3, d.socket, path=path,
-                             keys=keys), keys)
         # Links at every temporary name a rank could use point at a file
         # the save must never write through them.
         victim = os.path.join(workdir, "victim")
