@@ -741,8 +741,9 @@ static int write_index(struct saver *sv, struct st_buf *index) {
 }
 
 /* Once the index is durable, every file of this save has its final name:
- * a temporary file of the checkpoint still in the directory is what a
- * process killed in an earlier save left, and goes now. */
+ * a temporary file of the checkpoint still in the directory, or an old
+ * index moved aside, is what a process killed in an earlier save left,
+ * and goes now. */
 static void remove_stale(struct saver *sv) {
   int fd = dup(sv->dirfd);
   DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
@@ -751,13 +752,21 @@ static void remove_stale(struct saver *sv) {
       close(fd);
     return;
   }
+  static const char aside[] = "." INDEX_NAME ".", replaced[] = ".replaced";
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
-    size_t n = strlen(e->d_name);
-    if (n > 4 && strcmp(e->d_name + n - 4, ".tmp") == 0 &&
-        (strncmp(e->d_name, ".model-", 7) == 0 ||
-         strncmp(e->d_name, ".model.safetensors", 18) == 0))
-      unlinkat(sv->dirfd, e->d_name, 0);
+    const char *name = e->d_name;
+    size_t n = strlen(name);
+    bool temporary = n > 4 && strcmp(name + n - 4, ".tmp") == 0 &&
+                     (strncmp(name, ".model-", 7) == 0 ||
+                      strncmp(name, ".model.safetensors", 18) == 0);
+    /* An old index a rank 0 that died moved aside, which no index names
+     * now. */
+    bool old_index = n > sizeof aside + sizeof replaced - 2 &&
+                     strncmp(name, aside, sizeof aside - 1) == 0 &&
+                     strcmp(name + n - (sizeof replaced - 1), replaced) == 0;
+    if (temporary || old_index)
+      unlinkat(sv->dirfd, name, 0);
   }
   closedir(d);
 }

@@ -10,7 +10,8 @@ ranks[RANK] (a map per rank) may change for this rank: path, metadata,
 overwrite, limit, cwd (the rank's working directory), fsize (a limit on
 the size of a file the rank writes, RLIMIT_FSIZE) and links (a file: the
 rank plants a symbolic link to it at each temporary name its save could
-use, docs/checkpoints.md); again (once the save failed, the same job
+use, docs/checkpoints.md); delay_ms (the test seam's
+SHARDPORT_TEST_SAVE_DELAY_MS for this rank's save); again (once the save failed, the same job
 saves again with the rank's file size unlimited: "again" in the result).
 """
 
@@ -81,6 +82,9 @@ def main():
     if links:
         plant_links(path, links, world)
     sock = mine(spec, "socket", rank)
+    delay = mine(spec, "delay_ms", rank)
+    if delay:
+        os.environ["SHARDPORT_TEST_SAVE_DELAY_MS"] = str(delay)
     fsize = mine(spec, "fsize", rank)
     unlimited = resource.getrlimit(resource.RLIMIT_FSIZE)
     out = {"rank": rank}

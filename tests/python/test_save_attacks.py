@@ -20,7 +20,9 @@ reader (safetensors_reader.py).
              temporary one, and the same job saves again; symbolic links
              planted at the temporary names are never followed; a second
              save into a directory while one runs is refused on its every
-             rank; a directory holding the files of a save that died
+             rank; rank 0 killed at the commit's first barrier leaves the
+             old checkpoint's files whole and its index aside, which the
+             next save removes; a directory holding the files of a save that died
              before its index is saved into, its stale temporary files
              removed
 
@@ -68,8 +70,9 @@ class Ranks:
                  str(rank)], stdout=log, stderr=subprocess.STDOUT,
                 env=dict(os.environ, **(env or {}))), log))
 
-    def results(self):
-        """Each rank's result, once every rank has ended."""
+    def results(self, killed=()):
+        """Each rank's result, once every rank has ended (but those
+        killed, which wrote none)."""
         deadline = time.monotonic() + DEADLINE
         out = {}
         for rank, (proc, log) in enumerate(self.procs):
@@ -81,6 +84,8 @@ class Ranks:
             log.seek(0)
             text = log.read()
             log.close()
+            if rank in killed:
+                continue
             path = os.path.join(self.outdir, "%d.json" % rank)
             assert os.path.exists(path), "rank %d wrote no result:\n%s" % (
                 rank, text)
@@ -232,6 +237,26 @@ def faults(workdir):
         failed_alike(second, "busy", "another save into %s is running"
                      % path)
         verify(path, 2, first.results(), keys)
+        # Rank 0 killed while it waits at the commit's first barrier, the
+        # old index moved aside (overwrite): the others fail, the old
+        # files stay whole and the old index hidden, until the next save.
+        path = os.path.join(workdir, "barrier")
+        keys = ["k%03d" % i for i in range(60)]
+        verify(path, 3, save(workdir, "barrier-old", 3, d.socket, path=path,
+                             keys=keys), keys)
+        slow = Ranks(workdir, "barrier", 3, d.socket, path=path, keys=keys,
+                     overwrite=True, ranks=[{}, {"delay_ms": 200}, {}])
+        wait_writing(d.socket)
+        slow.procs[0][0].kill()
+        failed_alike(slow.results(killed=(0,)), "rank_lost", "rank 0")
+        names = os.listdir(path)
+        assert safetensors_reader.INDEX not in names, names
+        assert [n for n in names if n.endswith(".replaced")], names
+        for n in names:
+            if n.endswith(".safetensors"):
+                safetensors_reader.read_file(os.path.join(path, n))
+        verify(path, 3, save(workdir, "barrier-new", 3, d.socket, path=path,
+                             keys=keys), keys)
         # What a save that died after renaming its files leaves (final
         # names, no index, a temporary file of a killed process) is no
         # checkpoint: a save goes ahead and removes the stale file.
