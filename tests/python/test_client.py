@@ -57,6 +57,14 @@ class ClientTest(unittest.TestCase):
                 client.save(path + "\0more")
             self.assertEqual(os.listdir(d), [])
 
+    def test_a_key_with_nul_is_refused_not_cut(self):
+        desc = shardport.TensorDesc(
+            key="embed\0.weight", storage=1, dtype="float32", shape=(1,),
+            stride=(1,), offset=0, placement="replicated", global_shape=(1,))
+        with shardport.Client(self.socket) as client:
+            with self.assertRaisesRegex(errors.InvalidArgument, "NUL"):
+                client.register_tensors([desc])
+
     def test_default_socket_from_environment(self):
         saved = os.environ.get("SHARDPORT_SOCKET")
         os.environ["SHARDPORT_SOCKET"] = self.socket

@@ -425,6 +425,10 @@ class Client:
                 raise errors.UnsupportedLayout(
                     "%s: unknown placement %r (expected one of %s)"
                     % (t.key, t.placement, ", ".join(_PLACEMENTS)))
+            if "\0" in t.key:
+                # C would cut the key at it, and register another name.
+                raise errors.InvalidArgument(
+                    "%r: a key cannot hold a NUL character" % (t.key,))
             slot.key = t.key.encode()
             slot.storage = t.storage
             slot.dtype = t.dtype.encode()
