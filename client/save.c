@@ -86,6 +86,8 @@ struct saver {
   uint64_t reported_ms, reported_bytes;
   uint64_t chunk;
   uint32_t delay_ms;
+  /* When sp_save was called, by the clock file times are kept in. */
+  struct timespec called;
   /* Rank 0: the old index, moved aside under this name (overwrite). */
   bool index_aside;
   char aside[SAVE_NAME_MAX];
@@ -741,7 +743,7 @@ static int write_index(struct saver *sv, struct st_buf *index) {
 }
 
 /* Once the index is durable, every file of this save has its final name:
- * a temporary file of the checkpoint still in the directory, or an old
+ * a temporary file of the checkpoint older than this save, or an old
  * index moved aside, is what a process killed in an earlier save left,
  * and goes now. */
 static void remove_stale(struct saver *sv) {
@@ -765,7 +767,14 @@ static void remove_stale(struct saver *sv) {
     bool old_index = n > sizeof aside + sizeof replaced - 2 &&
                      strncmp(name, aside, sizeof aside - 1) == 0 &&
                      strcmp(name + n - (sizeof replaced - 1), replaced) == 0;
-    if (temporary || old_index)
+    /* Only what is older than this save: a file written since is a
+     * later save's, whose rank 0 took the lock once this one's let go. */
+    struct stat st;
+    if ((temporary || old_index) &&
+        fstatat(sv->dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        (st.st_mtim.tv_sec < sv->called.tv_sec ||
+         (st.st_mtim.tv_sec == sv->called.tv_sec &&
+          st.st_mtim.tv_nsec < sv->called.tv_nsec)))
       unlinkat(sv->dirfd, name, 0);
   }
   closedir(d);
@@ -848,6 +857,7 @@ SP_EXPORT int sp_save(sp_client *client, const char *dir,
   uint64_t started = now_ms();
   struct saver sv = {.c = client, .o = opts, .dir = dir, .chunk = SAVE_CHUNK,
                      .dirfd = -1, .lockfd = -1};
+  clock_gettime(CLOCK_REALTIME, &sv.called);
   /* The test seam of docs/checkpoints.md: each write waits this long. */
   const char *delay = getenv("SHARDPORT_TEST_SAVE_DELAY_MS");
   if (delay && delay[0]) {

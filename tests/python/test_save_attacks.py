@@ -24,7 +24,7 @@ reader (safetensors_reader.py).
              old checkpoint's files whole and its index aside, which the
              next save removes; a directory holding the files of a save that died
              before its index is saved into, its stale temporary files
-             removed
+             removed and those of a later save kept
 
 Exits 77 (skipped), loudly, when PyTorch cannot be imported.
 """
@@ -260,13 +260,22 @@ def faults(workdir):
         # What a save that died after renaming its files leaves (final
         # names, no index, a temporary file of a killed process) is no
         # checkpoint: a save goes ahead and removes the stale file.
+        # A temporary file written since the save began is a later save's
+        # (this one's lock released), and stays.
         path = os.path.join(workdir, "partial")
         os.makedirs(path)
-        stale = os.path.join(path, ".model-00001-of-00002.safetensors.1-0.tmp")
-        for name in ("model-00001-of-00002.safetensors", stale):
+        stale = ".model-00001-of-00002.safetensors.1-0.tmp"
+        later = ".model-00002-of-00002.safetensors.2-0.tmp"
+        for name in ("model-00001-of-00002.safetensors", stale, later):
             with open(os.path.join(path, name), "wb") as f:
                 f.write(b"\0" * 100)
-        verify(path, 2, save(workdir, "partial", 2, d.socket, path=path))
+        now = time.time()
+        os.utime(os.path.join(path, stale), (now - 60, now - 60))
+        os.utime(os.path.join(path, later), (now + 3600, now + 3600))
+        res = save(workdir, "partial", 2, d.socket, path=path)
+        assert os.listdir(path).count(later) == 1, os.listdir(path)
+        os.unlink(os.path.join(path, later))
+        verify(path, 2, res)
 
 
 def wait_writing(sock):
