@@ -688,6 +688,27 @@ static void trainer_piece_on_no_box(struct tjob *job, struct tcons *cons) {
   tjob_affine(job, "rr", SP_DTYPE_UINT8, 2, shape, numel, pieces, npieces);
   tcons_whole(cons, 1, "rr", SP_DTYPE_UINT8, 2, shape);
 }
+/* Rank 0 lists row 0 as a replica it shares with rank 1, which does not
+ * list it: exports take rank 0's copy, but the holder chosen to send the
+ * set {0, 1} to consumers is rank 1. */
+static void replica_its_sender_lacks(struct tjob *job, struct tcons *cons) {
+  static uint32_t both[2] = {0, 1}, one[1] = {1};
+  static struct affine_piece p[2];
+  static const struct affine_piece *pieces[2] = {&p[0], &p[1]};
+  const int64_t shape[2] = {2, 2};
+  const uint64_t numel[2] = {2, 2};
+  const size_t npieces[2] = {1, 1};
+  for (int r = 0; r < 2; r++)
+    p[r] = (struct affine_piece){.ndim = 2,
+                                 .shape = {1, 2},
+                                 .src_stride = {2, 1},
+                                 .dst_offset = 2 * r,
+                                 .dst_stride = {2, 1},
+                                 .nholders = r == 0 ? 2 : 1,
+                                 .holders = r == 0 ? both : one};
+  tjob_affine(job, "rp", SP_DTYPE_UINT8, 2, shape, numel, pieces, npieces);
+  tcons_whole(cons, 1, "rp", SP_DTYPE_UINT8, 2, shape);
+}
 
 struct refusal {
   const char *name;
@@ -749,6 +770,9 @@ static const struct refusal refusals[] = {
      "key 'c' is registered by rank 0 but not by rank 1"},
     {"no box", trainer_piece_on_no_box, SP_EUNSUPPORTED,
      "key 'rr': piece 0 of rank 0 lands on no box of the whole tensor"},
+    {"replica", replica_its_sender_lacks, SP_EUNSUPPORTED,
+     "key 'rp': the holders chosen to send its replicas leave out element "
+     "[0, 0]"},
 };
 
 /* Each refusal has its code and sentence, the same whatever order the
