@@ -200,39 +200,50 @@ static int affine_sources(const struct consume_trainers *tr, uint32_t k,
   return out != NULL ? 0 : check_chosen(tr, k, *n, msg, msglen);
 }
 
-int consume_sources_of_key(const struct consume_trainers *tr, uint32_t k,
-                           struct consume_box *out, size_t *n, char *msg,
-                           size_t msglen) {
+/* Dense keys have one entry per rank, in rank order; an expert one. */
+static void dense_sources(const struct consume_trainers *tr, uint32_t k,
+                          struct consume_box *out, size_t *n) {
   const struct plan_index *ix = &tr->ix;
   const struct plan_key *key = &tr->keys.keys[k];
   int64_t row = 0;
 
-  *n = 0;
-  if (key->placement == PLAN_AFFINE)
-    return affine_sources(tr, k, out, n, msg, msglen);
-  /* Dense keys have one entry per rank, in rank order; an expert one. */
   for (size_t slot = ix->first[k]; slot < ix->first[k + 1]; slot++) {
     const struct plan_key_in *e = ix->entry[slot];
     uint32_t rank = ix->entry_rank[slot];
     struct consume_box box;
     bool sends = true;
-    switch (key->placement) {
-    case PLAN_SHARD0:
+    if (key->placement == PLAN_SHARD0) {
       whole_box(e, rank, &box);
       box.start[0] = row;
       row += e->view.shape[0];
       sends = e->view.shape[0] > 0;
-      break;
-    case PLAN_EXPERT:
+    } else if (key->placement == PLAN_EXPERT) {
       whole_box(e, rank, &box);
-      break;
-    default:
+    } else {
       sends = replica_slice(key, e, rank, ix->world, &box);
-      break;
     }
     if (sends && out != NULL)
       out[*n] = box;
     *n += sends;
   }
-  return 0;
+}
+
+int consume_sources_of_key(const struct consume_trainers *tr, uint32_t k,
+                           struct consume_box *out, size_t *n, char *msg,
+                           size_t msglen) {
+  *n = 0;
+  /* No default: a new placement must say here how it is sent. */
+  switch (tr->keys.keys[k].placement) {
+  case PLAN_AFFINE:
+    return affine_sources(tr, k, out, n, msg, msglen);
+  case PLAN_SHARD0:
+  case PLAN_EXPERT:
+  case PLAN_REPLICATED:
+  case PLAN_PLAIN:
+    dense_sources(tr, k, out, n);
+    return 0;
+  }
+  return sp__failf(msg, msglen, SP_EUNSUPPORTED,
+                   "key '%s' has a placement consumers cannot take",
+                   tr->keys.keys[k].name);
 }

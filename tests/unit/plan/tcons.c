@@ -123,7 +123,8 @@ static struct consume_target *add_target(struct tcons *cons, uint32_t consumer,
   t->part = part;
   t->dtype = dtype;
   t->ndim = ndim;
-  memcpy(t->shape, shape, ndim * sizeof *shape);
+  for (uint32_t d = 0; d < ndim; d++)
+    t->shape[d] = shape[d];
   return t;
 }
 
@@ -205,7 +206,8 @@ const struct consume_input *tcons_input(struct tcons *cons,
     for (size_t s = 0; s < c->nstorages; s++)
       c->flat[s] = c->storages[s].s;
     c->shuffled = xrealloc(NULL, c->ntargets * sizeof *c->shuffled);
-    memcpy(c->shuffled, c->targets, c->ntargets * sizeof *c->targets);
+    for (size_t t = 0; t < c->ntargets; t++)
+      c->shuffled[t] = c->targets[t];
     for (size_t t = c->ntargets; seed != 0 && t > 1; t--) {
       size_t j = (size_t)(rand_next(&seed) % t);
       struct consume_target x = c->shuffled[t - 1];

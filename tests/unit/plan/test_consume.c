@@ -191,15 +191,16 @@ START_TEST(replicated_plain_and_expert_keys) {
   struct tjob *job = tjob_new(4);
   struct tcons *cons = tcons_new(2);
   const int64_t rshape[2] = {9, 3}, pshape[1] = {2}, eshape[2] = {3, 3};
+  const int64_t *scalar = rshape; /* 0-d: no dim is read */
   struct consume_plan *plan;
 
   tjob_whole(job, "rep", PLAN_REPLICATED, SP_DTYPE_FLOAT32, 2, rshape);
   tjob_whole(job, "plain", PLAN_PLAIN, SP_DTYPE_UINT8, 1, pshape);
-  tjob_whole(job, "scalar", PLAN_REPLICATED, SP_DTYPE_FLOAT64, 0, NULL);
+  tjob_whole(job, "scalar", PLAN_REPLICATED, SP_DTYPE_FLOAT64, 0, scalar);
   tjob_expert(job, 2, "expert", SP_DTYPE_BFLOAT16, 2, eshape);
   tcons_whole(cons, 0, "rep", SP_DTYPE_FLOAT32, 2, rshape);
   tcons_whole(cons, 0, "plain", SP_DTYPE_UINT8, 1, pshape);
-  tcons_whole(cons, 0, "scalar", SP_DTYPE_FLOAT64, 0, NULL);
+  tcons_whole(cons, 0, "scalar", SP_DTYPE_FLOAT64, 0, scalar);
   tcons_shard(cons, 1, "expert", SP_DTYPE_BFLOAT16, 2, eshape, 1, 3);
   tcons_shard(cons, 1, "rep", SP_DTYPE_FLOAT32, 2, rshape, 0, 9);
   plan = push_and_compare(job, cons);
