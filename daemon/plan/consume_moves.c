@@ -12,14 +12,15 @@
  * Rounds walk the keys with traffic in name order with the export's rules
  * (rounds.c): a round closes before a key that would make it hold more than
  * max_keys keys or more than max_bytes of traffic, and a larger key travels
- * alone.  Within a round, moves to a consumer on the sender's node are
- * local copies, listed by (sender, consumer) for the senders and by
- * (consumer, sender) for the consumers; the others are bucketed by
- * (sender, consumer, device type, dtype), each bucket's moves by key and
- * destination, and both sides read one bucket's moves in the same order,
- * so a send and its receive agree on length and layout.  Sorting is by
- * fields only: in a valid plan no two moves share a key, consumer, storage
- * and destination offset (consume_alias.c), so the order is total.
+ * alone.  Within a round, moves are generated key by key in name order,
+ * each key's by destination box (consumer, then the consumer's pieces in
+ * its order) and then sending rank, and sorted stably by counting sorts,
+ * so a round costs O(moves + world + consumers).  Moves to a consumer on
+ * the sender's node are local copies, listed by (sender, consumer) for the
+ * senders and by (consumer, sender) for the consumers; the others are
+ * bucketed by (sender, consumer, device type, dtype), and both sides read
+ * one bucket's moves in the same order, so a send and its receive agree on
+ * length and layout.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -173,53 +174,42 @@ static int fill_keys(const struct consume_trainers *tr,
   return rc;
 }
 
-static int cmp_u32(uint32_t a, uint32_t b) { return a < b ? -1 : a > b; }
+enum move_field { BY_SRC, BY_DST, BY_CODE };
 
-/* After the side fields: key, destination storage and offset. */
-static int cmp_rest(const struct consume_move *a, const struct consume_move *b) {
-  int c = cmp_u32(a->key, b->key);
-  if (c == 0)
-    c = cmp_u32(a->dst_storage, b->dst_storage);
-  if (c == 0)
-    c = a->to.offset < b->to.offset ? -1 : a->to.offset > b->to.offset;
-  return c;
+#define CODES ((uint32_t)SP_DEVICE_TYPE_COUNT * (uint32_t)SP_DTYPE_COUNT)
+
+static uint32_t move_code(const struct consume_move *m) {
+  return m->device_type * (uint32_t)SP_DTYPE_COUNT + (uint32_t)m->from.dtype;
 }
 
-static int cmp_code(const struct consume_move *a,
-                    const struct consume_move *b) {
-  int c = cmp_u32(a->device_type, b->device_type);
-  return c != 0 ? c : cmp_u32((uint32_t)a->from.dtype, (uint32_t)b->from.dtype);
+static uint32_t field_of(const struct consume_move *m, enum move_field f) {
+  switch (f) {
+  case BY_SRC:
+    return m->src;
+  case BY_DST:
+    return m->dst;
+  default:
+    return move_code(m);
+  }
 }
 
-static int by_src(const void *pa, const void *pb) {
-  const struct consume_move *a = pa, *b = pb;
-  int c = cmp_u32(a->src, b->src);
-  if (c == 0)
-    c = cmp_u32(a->dst, b->dst);
-  return c != 0 ? c : cmp_rest(a, b);
-}
-
-static int by_dst(const void *pa, const void *pb) {
-  const struct consume_move *a = pa, *b = pb;
-  int c = cmp_u32(a->dst, b->dst);
-  if (c == 0)
-    c = cmp_u32(a->src, b->src);
-  return c != 0 ? c : cmp_rest(a, b);
-}
-
-static int by_bucket(const void *pa, const void *pb) {
-  const struct consume_move *a = pa, *b = pb;
-  int c = cmp_u32(a->src, b->src);
-  if (c == 0)
-    c = cmp_u32(a->dst, b->dst);
-  if (c == 0)
-    c = cmp_code(a, b);
-  return c != 0 ? c : cmp_rest(a, b);
+/* Stable counting sort of in[0..n) by field into out; count has range + 1
+ * entries. */
+static void sort_moves(const struct consume_move *in, size_t n,
+                       enum move_field f, size_t *count, uint32_t range,
+                       struct consume_move *out) {
+  memset(count, 0, ((size_t)range + 1) * sizeof *count);
+  for (size_t i = 0; i < n; i++)
+    count[field_of(&in[i], f) + 1]++;
+  for (uint32_t v = 0; v < range; v++)
+    count[v + 1] += count[v];
+  for (size_t i = 0; i < n; i++)
+    out[count[field_of(&in[i], f)]++] = in[i];
 }
 
 static bool same_bucket(const struct consume_move *a,
                         const struct consume_move *b) {
-  return a->src == b->src && a->dst == b->dst && cmp_code(a, b) == 0;
+  return a->src == b->src && a->dst == b->dst && move_code(a) == move_code(b);
 }
 
 static int make_buckets(struct consume_round *round) {
@@ -284,51 +274,72 @@ static void index_sides(const struct consume_plan *plan,
   }
 }
 
+/* Buffers every round reuses: the moves as generated, a sorting buffer and
+ * the counting sorts' counters. */
+struct scratch {
+  struct consume_move *all;
+  struct consume_move *tmp;
+  size_t cap;
+  size_t *count;
+};
+
+static int scratch_fit(struct scratch *sc, size_t n) {
+  if (n <= sc->cap)
+    return 0;
+  free(sc->all);
+  free(sc->tmp);
+  sc->all = malloc(n * sizeof *sc->all);
+  sc->tmp = malloc(n * sizeof *sc->tmp);
+  sc->cap = sc->all != NULL && sc->tmp != NULL ? n : 0;
+  return sc->cap == n ? 0 : SP_ENOMEM;
+}
+
 static int build_round(const struct sources *src,
                        const struct consume_wants *wants,
-                       struct consume_plan *plan, struct consume_round *round) {
-  size_t total = 0, at = 0;
-  struct consume_move *all;
+                       struct consume_plan *plan, struct consume_round *round,
+                       struct scratch *sc) {
+  size_t total = 0, at = 0, nlocal = 0, nremote = 0;
 
   for (size_t i = 0; i < round->nkeys; i++)
     total += key_moves(plan, src, wants, plan->transfer[round->first + i], NULL);
-  all = malloc((total > 0 ? total : 1) * sizeof *all);
-  if (all == NULL)
+  if (scratch_fit(sc, total) != 0)
     return SP_ENOMEM;
   for (size_t i = 0; i < round->nkeys; i++) {
     uint32_t k = plan->transfer[round->first + i];
     plan->keys[k].round = (uint32_t)(round - plan->rounds);
-    at += key_moves(plan, src, wants, k, all + at);
+    at += key_moves(plan, src, wants, k, sc->all + at);
   }
-  for (size_t i = 0; i < total; i++)
-    round->nlocal += plan->rank_node[all[i].src] == plan->consumer_node[all[i].dst];
-  round->nmoves = total - round->nlocal;
-  round->local = malloc((round->nlocal > 0 ? round->nlocal : 1) *
-                        sizeof *round->local);
-  round->local_dst = malloc((round->nlocal > 0 ? round->nlocal : 1) *
-                            sizeof *round->local_dst);
-  round->moves = malloc((round->nmoves > 0 ? round->nmoves : 1) *
-                        sizeof *round->moves);
+  /* Local moves to the front of all, in generation order; remote ones to
+   * tmp. */
+  for (size_t i = 0; i < total; i++) {
+    if (plan->rank_node[sc->all[i].src] == plan->consumer_node[sc->all[i].dst])
+      sc->all[nlocal++] = sc->all[i];
+    else
+      sc->tmp[nremote++] = sc->all[i];
+  }
+  round->nlocal = nlocal;
+  round->nmoves = nremote;
+  round->local = malloc((nlocal > 0 ? nlocal : 1) * sizeof *round->local);
+  round->local_dst =
+      malloc((nlocal > 0 ? nlocal : 1) * sizeof *round->local_dst);
+  round->moves = malloc((nremote > 0 ? nremote : 1) * sizeof *round->moves);
   round->ranks = calloc(plan->world, sizeof *round->ranks);
   round->consumers = calloc(plan->nconsumers, sizeof *round->consumers);
   if (round->local == NULL || round->local_dst == NULL ||
       round->moves == NULL || round->ranks == NULL ||
-      round->consumers == NULL) {
-    free(all);
+      round->consumers == NULL)
     return SP_ENOMEM;
-  }
-  round->nlocal = round->nmoves = 0;
-  for (size_t i = 0; i < total; i++) {
-    if (plan->rank_node[all[i].src] == plan->consumer_node[all[i].dst])
-      round->local[round->nlocal++] = all[i];
-    else
-      round->moves[round->nmoves++] = all[i];
-  }
-  free(all);
-  memcpy(round->local_dst, round->local, round->nlocal * sizeof *round->local);
-  qsort(round->local, round->nlocal, sizeof *round->local, by_src);
-  qsort(round->local_dst, round->nlocal, sizeof *round->local_dst, by_dst);
-  qsort(round->moves, round->nmoves, sizeof *round->moves, by_bucket);
+  /* Each pass is stable: the last leaves its field as the primary order,
+   * the passes before it next, generation order last. */
+  sort_moves(sc->tmp, nremote, BY_CODE, sc->count, CODES, round->moves);
+  sort_moves(round->moves, nremote, BY_DST, sc->count, plan->nconsumers,
+             sc->tmp);
+  sort_moves(sc->tmp, nremote, BY_SRC, sc->count, plan->world, round->moves);
+  sort_moves(sc->all, nlocal, BY_DST, sc->count, plan->nconsumers, sc->tmp);
+  sort_moves(sc->tmp, nlocal, BY_SRC, sc->count, plan->world, round->local);
+  sort_moves(sc->all, nlocal, BY_SRC, sc->count, plan->world, sc->tmp);
+  sort_moves(sc->tmp, nlocal, BY_DST, sc->count, plan->nconsumers,
+             round->local_dst);
   if (make_buckets(round) != 0)
     return SP_ENOMEM;
   index_sides(plan, round);
@@ -367,6 +378,11 @@ static size_t cut_rounds(struct consume_plan *plan,
 static int make_rounds(const struct sources *src,
                        const struct consume_wants *wants,
                        struct consume_plan *plan, char *msg, size_t msglen) {
+  uint32_t range =
+      plan->world > plan->nconsumers ? plan->world : plan->nconsumers;
+  struct scratch sc = {0};
+  int rc = 0;
+
   for (size_t k = 0; k < plan->nkeys; k++)
     plan->ntransfer += plan->keys[k].traffic > 0;
   plan->transfer = malloc((plan->ntransfer > 0 ? plan->ntransfer : 1) *
@@ -380,15 +396,21 @@ static int make_rounds(const struct sources *src,
   plan->nrounds = cut_rounds(plan, NULL);
   plan->rounds =
       calloc(plan->nrounds > 0 ? plan->nrounds : 1, sizeof *plan->rounds);
-  if (plan->rounds == NULL) {
+  sc.count = malloc(((size_t)(range > CODES ? range : CODES) + 1) *
+                    sizeof *sc.count);
+  if (plan->rounds == NULL || sc.count == NULL) {
     plan->nrounds = 0;
+    free(sc.count);
     return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   }
   cut_rounds(plan, plan->rounds);
-  for (size_t r = 0; r < plan->nrounds; r++)
-    if (build_round(src, wants, plan, &plan->rounds[r]) != 0)
-      return sp__failf(msg, msglen, SP_ENOMEM,
-                       "out of memory building round moves");
+  for (size_t r = 0; r < plan->nrounds && rc == 0; r++)
+    rc = build_round(src, wants, plan, &plan->rounds[r], &sc);
+  free(sc.all);
+  free(sc.tmp);
+  free(sc.count);
+  if (rc != 0)
+    return sp__failf(msg, msglen, rc, "out of memory building round moves");
   return 0;
 }
 
