@@ -114,7 +114,7 @@ void consume_plan_free(struct consume_plan *plan) {
     free(round->recv_order);
     free(round->moves);
     free(round->local);
-    free(round->local_dst);
+    free(round->local_order);
     free(round->ranks);
     free(round->consumers);
   }

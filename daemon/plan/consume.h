@@ -172,10 +172,10 @@ struct consume_round {
   struct consume_move *moves; /* between nodes, bucket after bucket */
   size_t nlocal;
   struct consume_move *local;     /* within a node, by (src, dst) */
-  struct consume_move *local_dst; /* the same, by (dst, src) */
+  size_t *local_order; /* indices into local, by (dst, src) */
   struct consume_side *ranks;     /* [world]: sends, and local copies */
   struct consume_side *consumers; /* [nconsumers]: receives by recv_order,
-                                     local moves by local_dst */
+                                     local moves by local_order */
 };
 
 struct consume_plan {

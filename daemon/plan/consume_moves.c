@@ -106,11 +106,17 @@ static bool intersect(const struct consume_box *s, const struct consume_box *t,
   return true;
 }
 
-/* Wanted key i's moves into out (when not NULL); their number. */
+/* Where key_moves hands each move it makes, in generation order. */
+struct sink {
+  void (*take)(struct sink *sink, const struct consume_move *m);
+  size_t at; /* moves taken so far */
+};
+
+/* Wanted key i's moves, each to sink (when not NULL); their number. */
 static size_t key_moves(const struct consume_plan *plan,
                         const struct sources *src,
                         const struct consume_wants *wants, size_t i,
-                        struct consume_move *out) {
+                        struct sink *sink) {
   size_t n = 0;
 
   for (size_t b = wants->first[i]; b < wants->first[i + 1]; b++)
@@ -121,58 +127,68 @@ static size_t key_moves(const struct consume_plan *plan,
       m.key = (uint32_t)i;
       m.device_type = plan->keys[i].device_type;
       m.bucket_offset = 0;
-      if (out != NULL)
-        out[n] = m;
+      if (sink != NULL) {
+        sink->take(sink, &m);
+        sink->at++;
+      }
       n++;
     }
   return n;
 }
 
+/* Adds each move's bytes to its key's traffic and its consumer's total. */
+struct bytes_sink {
+  struct sink sink;
+  struct consume_plan *plan;
+  bool overflow;
+};
+
+static void take_bytes(struct sink *sink, const struct consume_move *m) {
+  struct bytes_sink *bs = (struct bytes_sink *)sink;
+  struct consume_key *key = &bs->plan->keys[m->key];
+  uint64_t *received = &bs->plan->received[m->dst];
+
+  bs->overflow = bs->overflow ||
+                 __builtin_add_overflow(key->traffic, m->nbytes,
+                                        &key->traffic) ||
+                 __builtin_add_overflow(*received, m->nbytes, received);
+}
+
 static int fill_keys(const struct consume_trainers *tr,
                      const struct consume_wants *wants, const struct sources *src,
                      struct consume_plan *plan, char *msg, size_t msglen) {
-  struct consume_move *scratch = NULL;
-  size_t cap = 0;
-  int rc = 0;
+  struct bytes_sink bs = {{take_bytes, 0}, plan, false};
 
   plan->keys = calloc(wants->nkeys > 0 ? wants->nkeys : 1, sizeof *plan->keys);
   if (plan->keys == NULL)
     return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   plan->nkeys = wants->nkeys;
-  for (size_t i = 0; i < wants->nkeys && rc == 0; i++) {
+  for (size_t i = 0; i < wants->nkeys; i++) {
     const struct plan_key *k = &tr->keys.keys[wants->key[i]];
     struct consume_key *key = &plan->keys[i];
-    size_t n;
     *key = (struct consume_key){.name = k->name,
                                 .dtype = k->dtype,
                                 .device_type = k->device_type,
                                 .ndim = k->ndim,
                                 .round = PLAN_NONE};
     memcpy(key->shape, k->shape, sizeof key->shape);
-    n = key_moves(plan, src, wants, i, NULL);
-    if (n > cap) {
-      free(scratch);
-      cap = n;
-      scratch = malloc(cap * sizeof *scratch);
-      if (scratch == NULL) {
-        rc = sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
-        break;
-      }
-    }
-    key_moves(plan, src, wants, i, scratch);
-    for (size_t m = 0; m < n && rc == 0; m++)
-      if (__builtin_add_overflow(key->traffic, scratch[m].nbytes,
-                                 &key->traffic) ||
-          __builtin_add_overflow(plan->received[scratch[m].dst],
-                                 scratch[m].nbytes,
-                                 &plan->received[scratch[m].dst]))
-        rc = sp__failf(msg, msglen, SP_EOVERFLOW,
+    key_moves(plan, src, wants, i, &bs.sink);
+    if (bs.overflow)
+      return sp__failf(msg, msglen, SP_EOVERFLOW,
                        "key '%s': the bytes its consumers want overflow",
                        key->name);
   }
-  free(scratch);
-  return rc;
+  return 0;
 }
+
+/* What a move is sorted by, packed small: the sorts permute these and the
+ * moves are then made once more, straight into their places. */
+struct move_tag {
+  uint32_t src;
+  uint32_t dst;
+  uint32_t code;
+  bool local;
+};
 
 enum move_field { BY_SRC, BY_DST, BY_CODE };
 
@@ -182,29 +198,29 @@ static uint32_t move_code(const struct consume_move *m) {
   return m->device_type * (uint32_t)SP_DTYPE_COUNT + (uint32_t)m->from.dtype;
 }
 
-static uint32_t field_of(const struct consume_move *m, enum move_field f) {
+static uint32_t field_of(const struct move_tag *t, enum move_field f) {
   switch (f) {
   case BY_SRC:
-    return m->src;
+    return t->src;
   case BY_DST:
-    return m->dst;
+    return t->dst;
   default:
-    return move_code(m);
+    return t->code;
   }
 }
 
-/* Stable counting sort of in[0..n) by field into out; count has range + 1
- * entries. */
-static void sort_moves(const struct consume_move *in, size_t n,
-                       enum move_field f, size_t *count, uint32_t range,
-                       struct consume_move *out) {
+/* Stable counting sort of the moves tags[in[0..n)] by field, as indices
+ * into out; count has range + 1 entries. */
+static void sort_tags(const struct move_tag *tags, const size_t *in, size_t n,
+                      enum move_field f, size_t *count, uint32_t range,
+                      size_t *out) {
   memset(count, 0, ((size_t)range + 1) * sizeof *count);
   for (size_t i = 0; i < n; i++)
-    count[field_of(&in[i], f) + 1]++;
+    count[field_of(&tags[in[i]], f) + 1]++;
   for (uint32_t v = 0; v < range; v++)
     count[v + 1] += count[v];
   for (size_t i = 0; i < n; i++)
-    out[count[field_of(&in[i], f)]++] = in[i];
+    out[count[field_of(&tags[in[i]], f)]++] = in[i];
 }
 
 static bool same_bucket(const struct consume_move *a,
@@ -247,18 +263,20 @@ static int make_buckets(struct consume_round *round) {
 }
 
 /* recv_order: the buckets by (consumer, sender, code), which is their own
- * order with consumer first, and each side's runs. */
+ * order with consumer first (one stable pass by consumer); and each side's
+ * runs. */
 static void index_sides(const struct consume_plan *plan,
-                        struct consume_round *round) {
-  size_t at = 0;
-
+                        struct consume_round *round, size_t *count) {
+  memset(count, 0, ((size_t)plan->nconsumers + 1) * sizeof *count);
+  for (size_t b = 0; b < round->nbuckets; b++)
+    count[round->buckets[b].dst + 1]++;
   for (uint32_t c = 0; c < plan->nconsumers; c++) {
-    round->consumers[c].bucket_first = at;
-    for (size_t b = 0; b < round->nbuckets; b++)
-      if (round->buckets[b].dst == c)
-        round->recv_order[at++] = (uint32_t)b;
-    round->consumers[c].nbuckets = at - round->consumers[c].bucket_first;
+    count[c + 1] += count[c];
+    round->consumers[c].bucket_first = count[c];
+    round->consumers[c].nbuckets = count[c + 1] - count[c];
   }
+  for (size_t b = 0; b < round->nbuckets; b++)
+    round->recv_order[count[round->buckets[b].dst]++] = (uint32_t)b;
   for (size_t b = 0; b < round->nbuckets; b++) {
     struct consume_side *s = &round->ranks[round->buckets[b].src];
     if (s->nbuckets++ == 0)
@@ -266,7 +284,8 @@ static void index_sides(const struct consume_plan *plan,
   }
   for (size_t i = 0; i < round->nlocal; i++) {
     struct consume_side *s = &round->ranks[round->local[i].src];
-    struct consume_side *c = &round->consumers[round->local_dst[i].dst];
+    struct consume_side *c =
+        &round->consumers[round->local[round->local_order[i]].dst];
     if (s->nlocal++ == 0)
       s->local_first = i;
     if (c->nlocal++ == 0)
@@ -274,11 +293,12 @@ static void index_sides(const struct consume_plan *plan,
   }
 }
 
-/* Buffers every round reuses: the moves as generated, a sorting buffer and
- * the counting sorts' counters. */
+/* Buffers every round reuses: the tags, two index arrays for the sorts,
+ * and the counting sorts' counters. */
 struct scratch {
-  struct consume_move *all;
-  struct consume_move *tmp;
+  struct move_tag *tags;
+  size_t *idx;
+  size_t *tmp;
   size_t cap;
   size_t *count;
 };
@@ -286,63 +306,131 @@ struct scratch {
 static int scratch_fit(struct scratch *sc, size_t n) {
   if (n <= sc->cap)
     return 0;
-  free(sc->all);
+  free(sc->tags);
+  free(sc->idx);
   free(sc->tmp);
-  sc->all = malloc(n * sizeof *sc->all);
+  sc->tags = malloc(n * sizeof *sc->tags);
+  sc->idx = malloc(n * sizeof *sc->idx);
   sc->tmp = malloc(n * sizeof *sc->tmp);
-  sc->cap = sc->all != NULL && sc->tmp != NULL ? n : 0;
+  sc->cap = sc->tags != NULL && sc->idx != NULL && sc->tmp != NULL ? n : 0;
   return sc->cap == n ? 0 : SP_ENOMEM;
+}
+
+/* The first pass: each move's tag, in generation order. */
+struct tag_sink {
+  struct sink sink;
+  const struct consume_plan *plan;
+  struct move_tag *tags;
+};
+
+static void take_tag(struct sink *sink, const struct consume_move *m) {
+  struct tag_sink *ts = (struct tag_sink *)sink;
+  ts->tags[sink->at] = (struct move_tag){
+      .src = m->src,
+      .dst = m->dst,
+      .code = move_code(m),
+      .local = ts->plan->rank_node[m->src] == ts->plan->consumer_node[m->dst]};
+}
+
+/* The second pass: each move to its place, place[g] for generation index
+ * g, in round->local or round->moves. */
+struct place_sink {
+  struct sink sink;
+  const struct move_tag *tags;
+  const size_t *place;
+  struct consume_round *round;
+};
+
+static void take_place(struct sink *sink, const struct consume_move *m) {
+  struct place_sink *ps = (struct place_sink *)sink;
+  struct consume_move *to =
+      ps->tags[sink->at].local ? ps->round->local : ps->round->moves;
+  to[ps->place[sink->at]] = *m;
+}
+
+/* Sorts the generation indices of the local (or remote) tags by fields
+ * f[0..nf), least significant first, and records each one's place. */
+static size_t sort_places(struct scratch *sc, size_t total, bool local,
+                          const enum move_field *f, const uint32_t *range,
+                          size_t nf, size_t *place) {
+  size_t n = 0;
+  size_t *from = sc->idx, *to = sc->tmp;
+
+  for (size_t g = 0; g < total; g++)
+    if (sc->tags[g].local == local)
+      sc->idx[n++] = g;
+  for (size_t i = 0; i < nf; i++) {
+    size_t *swap;
+    sort_tags(sc->tags, from, n, f[i], sc->count, range[i], to);
+    swap = from;
+    from = to;
+    to = swap;
+  }
+  for (size_t i = 0; i < n; i++)
+    place[from[i]] = i;
+  return n;
 }
 
 static int build_round(const struct sources *src,
                        const struct consume_wants *wants,
                        struct consume_plan *plan, struct consume_round *round,
-                       struct scratch *sc) {
-  size_t total = 0, at = 0, nlocal = 0, nremote = 0;
+                       struct scratch *sc, size_t **place) {
+  /* Each pass is stable: the last leaves its field as the primary order,
+   * the passes before it next, generation order last. */
+  static const enum move_field remote_by[3] = {BY_CODE, BY_DST, BY_SRC};
+  static const enum move_field local_by[2] = {BY_DST, BY_SRC};
+  const uint32_t remote_range[3] = {CODES, plan->nconsumers, plan->world};
+  const uint32_t local_range[2] = {plan->nconsumers, plan->world};
+  struct tag_sink ts = {{take_tag, 0}, plan, NULL};
+  struct place_sink ps = {{take_place, 0}, NULL, NULL, round};
+  size_t total = 0;
 
   for (size_t i = 0; i < round->nkeys; i++)
     total += key_moves(plan, src, wants, plan->transfer[round->first + i], NULL);
   if (scratch_fit(sc, total) != 0)
     return SP_ENOMEM;
+  free(*place);
+  *place = malloc((total > 0 ? total : 1) * sizeof **place);
+  if (*place == NULL)
+    return SP_ENOMEM;
+  ts.tags = sc->tags;
   for (size_t i = 0; i < round->nkeys; i++) {
     uint32_t k = plan->transfer[round->first + i];
     plan->keys[k].round = (uint32_t)(round - plan->rounds);
-    at += key_moves(plan, src, wants, k, sc->all + at);
+    key_moves(plan, src, wants, k, &ts.sink);
   }
-  /* Local moves to the front of all, in generation order; remote ones to
-   * tmp. */
-  for (size_t i = 0; i < total; i++) {
-    if (plan->rank_node[sc->all[i].src] == plan->consumer_node[sc->all[i].dst])
-      sc->all[nlocal++] = sc->all[i];
-    else
-      sc->tmp[nremote++] = sc->all[i];
-  }
-  round->nlocal = nlocal;
-  round->nmoves = nremote;
-  round->local = malloc((nlocal > 0 ? nlocal : 1) * sizeof *round->local);
-  round->local_dst =
-      malloc((nlocal > 0 ? nlocal : 1) * sizeof *round->local_dst);
-  round->moves = malloc((nremote > 0 ? nremote : 1) * sizeof *round->moves);
+  round->nmoves =
+      sort_places(sc, total, false, remote_by, remote_range, 3, *place);
+  round->nlocal = sort_places(sc, total, true, local_by, local_range, 2,
+                              *place);
+  round->local =
+      malloc((round->nlocal > 0 ? round->nlocal : 1) * sizeof *round->local);
+  round->local_order = malloc((round->nlocal > 0 ? round->nlocal : 1) *
+                              sizeof *round->local_order);
+  round->moves =
+      malloc((round->nmoves > 0 ? round->nmoves : 1) * sizeof *round->moves);
   round->ranks = calloc(plan->world, sizeof *round->ranks);
   round->consumers = calloc(plan->nconsumers, sizeof *round->consumers);
-  if (round->local == NULL || round->local_dst == NULL ||
+  if (round->local == NULL || round->local_order == NULL ||
       round->moves == NULL || round->ranks == NULL ||
       round->consumers == NULL)
     return SP_ENOMEM;
-  /* Each pass is stable: the last leaves its field as the primary order,
-   * the passes before it next, generation order last. */
-  sort_moves(sc->tmp, nremote, BY_CODE, sc->count, CODES, round->moves);
-  sort_moves(round->moves, nremote, BY_DST, sc->count, plan->nconsumers,
-             sc->tmp);
-  sort_moves(sc->tmp, nremote, BY_SRC, sc->count, plan->world, round->moves);
-  sort_moves(sc->all, nlocal, BY_DST, sc->count, plan->nconsumers, sc->tmp);
-  sort_moves(sc->tmp, nlocal, BY_SRC, sc->count, plan->world, round->local);
-  sort_moves(sc->all, nlocal, BY_SRC, sc->count, plan->world, sc->tmp);
-  sort_moves(sc->tmp, nlocal, BY_DST, sc->count, plan->nconsumers,
-             round->local_dst);
+  ps.tags = sc->tags;
+  ps.place = *place;
+  for (size_t i = 0; i < round->nkeys; i++)
+    key_moves(plan, src, wants, plan->transfer[round->first + i], &ps.sink);
+  /* The local moves by (consumer, sender): they are in (sender, consumer)
+   * order, so one stable pass by consumer over their tags does it. */
+  for (size_t i = 0; i < round->nlocal; i++) {
+    sc->tags[i] = (struct move_tag){.src = round->local[i].src,
+                                    .dst = round->local[i].dst};
+    sc->idx[i] = i;
+  }
+  sort_tags(sc->tags, sc->idx, round->nlocal, BY_DST, sc->count,
+            plan->nconsumers, round->local_order);
   if (make_buckets(round) != 0)
     return SP_ENOMEM;
-  index_sides(plan, round);
+  index_sides(plan, round, sc->count);
   return 0;
 }
 
@@ -381,6 +469,7 @@ static int make_rounds(const struct sources *src,
   uint32_t range =
       plan->world > plan->nconsumers ? plan->world : plan->nconsumers;
   struct scratch sc = {0};
+  size_t *place = NULL;
   int rc = 0;
 
   for (size_t k = 0; k < plan->nkeys; k++)
@@ -405,8 +494,10 @@ static int make_rounds(const struct sources *src,
   }
   cut_rounds(plan, plan->rounds);
   for (size_t r = 0; r < plan->nrounds && rc == 0; r++)
-    rc = build_round(src, wants, plan, &plan->rounds[r], &sc);
-  free(sc.all);
+    rc = build_round(src, wants, plan, &plan->rounds[r], &sc, &place);
+  free(place);
+  free(sc.tags);
+  free(sc.idx);
   free(sc.tmp);
   free(sc.count);
   if (rc != 0)

@@ -21,7 +21,8 @@
  * one buffer (consume.h), and reports it as a multiple of the export's
  * planning on the same trainers: rows into columns make every trainer's
  * shard meet every consumer's, so a push has world x consumers moves per
- * key.
+ * key.  Its peak memory is counted from before the export's planning, so
+ * it is the larger of the two.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -78,7 +79,7 @@ static void *xcalloc(size_t n, size_t size) {
 static int run_consumers(const struct bench_case *c,
                          const struct plan_input *in, const int64_t *rows,
                          const int64_t *cols, char *const *names,
-                         double export_s) {
+                         double export_s, long rss0) {
   uint32_t n = c->consumers;
   struct consume_in *cin = xcalloc(n, sizeof *cin);
   struct consume_storage *storages = xcalloc(n, sizeof *storages);
@@ -139,10 +140,11 @@ static int run_consumers(const struct bench_case *c,
   for (size_t i = 0; i < plan->nrounds; i++)
     moves += plan->rounds[i].nmoves + plan->rounds[i].nlocal;
   printf("push %6u keys x %5u ranks into %2u consumers: %7.3f s (%5.1f x "
-         "the export's planning), %3zu rounds, %8zu moves, digest %016" PRIx64
-         "\n",
-         c->keys, c->world, n, t1 - t0, (t1 - t0) / export_s, plan->nrounds,
-         moves, plan->digest);
+         "the export's planning), peak +%7.1f MiB, %3zu rounds, %8zu moves, "
+         "digest %016" PRIx64 "\n",
+         c->keys, c->world, n, t1 - t0, (t1 - t0) / export_s,
+         (double)(maxrss_kib() - rss0) / 1024.0, plan->nrounds, moves,
+         plan->digest);
   fflush(stdout);
   consume_plan_free(plan);
   free(cin);
@@ -243,7 +245,7 @@ static int run_case(const struct bench_case *c) {
   fflush(stdout);
   plan_free(plan);
   if (c->consumers > 0)
-    rc = run_consumers(c, &in, rows, cols, names, t1 - t0);
+    rc = run_consumers(c, &in, rows, cols, names, t1 - t0, rss0);
   for (uint32_t r = 0; r < world; r++)
     free((void *)ranks[r].keys);
   for (uint32_t k = 0; k < nkeys; k++)

@@ -411,8 +411,9 @@ void tcons_push(struct tcons *cons, const struct tdata *data,
      * senders at each move's bucket offset and unpacked by the consumer in
      * its receive order. */
     for (size_t i = 0; i < round->nlocal; i++) {
-      uint8_t *packed = xrealloc(NULL, round->local_dst[i].nbytes);
-      carry(cons, data, &round->local_dst[i], packed);
+      const struct consume_move *m = &round->local[round->local_order[i]];
+      uint8_t *packed = xrealloc(NULL, m->nbytes);
+      carry(cons, data, m, packed);
       free(packed);
     }
     for (uint32_t c = 0; c < plan->nconsumers; c++) {

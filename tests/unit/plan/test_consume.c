@@ -64,7 +64,8 @@ static void check_structure(const struct consume_plan *plan) {
       ck_assert_uint_eq(plan->rank_node[round->local[i].src],
                         plan->consumer_node[round->local[i].dst]);
       bytes += round->local[i].nbytes;
-      received[round->local_dst[i].dst] += round->local_dst[i].nbytes;
+      received[round->local[round->local_order[i]].dst] +=
+          round->local[round->local_order[i]].nbytes;
     }
     ck_assert_uint_eq(bytes, round->nbytes);
     if (round->nkeys > 1)
@@ -83,7 +84,7 @@ static void check_structure(const struct consume_plan *plan) {
       for (size_t i = s->bucket_first; i < s->bucket_first + s->nbuckets; i++)
         ck_assert_uint_eq(round->buckets[round->recv_order[i]].dst, c);
       for (size_t i = s->local_first; i < s->local_first + s->nlocal; i++)
-        ck_assert_uint_eq(round->local_dst[i].dst, c);
+        ck_assert_uint_eq(round->local[round->local_order[i]].dst, c);
       recvs += s->nbuckets;
       lrecv += s->nlocal;
     }
