@@ -18,8 +18,11 @@ static struct consume_plan *build(struct tjob *job, struct tcons *cons,
                                   uint64_t seed) {
   struct consume_plan *plan;
   char msg[512];
-  int rc = consume_plan_build(tcons_input(cons, tjob_input(job, 0, seed), seed),
-                              &plan, msg, sizeof msg);
+  /* A seed also lists the trainers from another rank on, as the daemon of
+   * that rank would. */
+  int rc = consume_plan_build(
+      tcons_input(cons, tjob_input(job, (uint32_t)(seed % 7), seed), seed),
+      &plan, msg, sizeof msg);
   ck_assert_msg(rc == 0, "%d: %s", rc, msg);
   return plan;
 }
@@ -27,8 +30,9 @@ static struct consume_plan *build(struct tjob *job, struct tcons *cons,
 static int refuse(struct tjob *job, struct tcons *cons, uint64_t seed,
                   char *msg, size_t msglen) {
   struct consume_plan *plan = NULL;
-  int rc = consume_plan_build(tcons_input(cons, tjob_input(job, 0, seed), seed),
-                              &plan, msg, msglen);
+  int rc = consume_plan_build(
+      tcons_input(cons, tjob_input(job, (uint32_t)(seed % 7), seed), seed),
+      &plan, msg, msglen);
   ck_assert_ptr_null(plan);
   return rc;
 }
