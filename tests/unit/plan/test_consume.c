@@ -671,6 +671,15 @@ static void consumers_alias(struct tjob *job, struct tcons *cons) {
   t = tcons_whole(cons, 1, "c", SP_DTYPE_FLOAT32, 2, base_shape);
   t->storage = s1;
 }
+/* One byte of memory 9 is consumer 0's and consumer 1's 0-d target. */
+static void scalars_alias(struct tjob *job, struct tcons *cons) {
+  for (uint32_t c = 0; c < 2; c++) {
+    struct consume_target *t =
+        tcons_whole(cons, c, "s", SP_DTYPE_UINT8, 0, base_shape);
+    t->storage = tcons_storage_in(cons, c, 9, 0, 1);
+  }
+  tjob_whole(job, "s", PLAN_PLAIN, SP_DTYPE_UINT8, 0, base_shape);
+}
 static void trainers_disagree(struct tjob *job, struct tcons *cons) {
   (void)cons;
   tjob_drop(job, 1, "c");
@@ -772,6 +781,9 @@ static const struct refusal refusals[] = {
     {"alias", consumers_alias, SP_EDOUBLEWRITE,
      "the targets of consumer 0 for key 'b' and of consumer 1 for key 'c' "
      "share byte 40 of one buffer"},
+    {"scalars alias", scalars_alias, SP_EDOUBLEWRITE,
+     "the targets of consumer 0 for key 's' and of consumer 1 for key 's' "
+     "share byte 0 of one buffer"},
     {"trainers", trainers_disagree, SP_EKEYSET,
      "key 'c' is registered by rank 0 but not by rank 1"},
     {"no box", trainer_piece_on_no_box, SP_EUNSUPPORTED,
