@@ -188,6 +188,12 @@ struct consume_target *tcons_pieces(struct tcons *cons, uint32_t consumer,
   return t;
 }
 
+uint32_t tcons_count(const struct tcons *cons) { return cons->n; }
+
+size_t tcons_target_count(const struct tcons *cons, uint32_t consumer) {
+  return cons->c[consumer].ntargets;
+}
+
 struct consume_target *tcons_target(struct tcons *cons, uint32_t consumer,
                                     size_t i) {
   return &cons->c[consumer].targets[i];

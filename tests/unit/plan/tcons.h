@@ -52,6 +52,9 @@ struct consume_target *tcons_pieces(struct tcons *cons, uint32_t consumer,
                                     size_t npieces,
                                     const struct consume_piece *pieces);
 
+/* The consumers, and how many targets consumer has. */
+uint32_t tcons_count(const struct tcons *cons);
+size_t tcons_target_count(const struct tcons *cons, uint32_t consumer);
 /* Consumer's i-th target, valid until the next one is added to it. */
 struct consume_target *tcons_target(struct tcons *cons, uint32_t consumer,
                                     size_t i);

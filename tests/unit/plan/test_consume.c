@@ -532,6 +532,95 @@ START_TEST(random_layouts_deliver_every_byte) {
 }
 END_TEST
 
+/* Changes one field of one destination of one consumer (an offset, a
+ * stride, a size, a box's start, a shard's dim, a storage's length) to a
+ * nearby value; false when the consumer has nothing to change. */
+static bool corrupt(struct tcons *cons, uint32_t nconsumers, uint64_t *seed) {
+  uint32_t c = (uint32_t)(tjob_rand(seed) % nconsumers);
+  struct consume_target *t;
+  struct sp_view *view;
+  int64_t delta = (int64_t)(tjob_rand(seed) % 5) - 2;
+
+  t = tcons_target_count(cons, c) > 0
+          ? tcons_target(cons, c, tjob_rand(seed) % tcons_target_count(cons, c))
+          : NULL;
+  if (t == NULL || t->ndim == 0)
+    return false;
+  view = &t->view;
+  if (t->part == CONSUME_PIECES) {
+    struct consume_piece *p;
+    if (t->npieces == 0)
+      return false;
+    p = (struct consume_piece *)&t->pieces[tjob_rand(seed) % t->npieces];
+    if (tjob_rand(seed) % 3 == 0) {
+      p->start[tjob_rand(seed) % t->ndim] += delta != 0 ? delta : 1;
+      return true;
+    }
+    view = &p->dst;
+  }
+  switch (tjob_rand(seed) % 5) {
+  case 0:
+    view->offset += delta != 0 ? delta : 1;
+    break;
+  case 1:
+    view->stride[tjob_rand(seed) % t->ndim] += delta != 0 ? delta : 1;
+    break;
+  case 2:
+    view->shape[tjob_rand(seed) % t->ndim] += delta != 0 ? delta : 1;
+    break;
+  case 3:
+    t->dim = (uint32_t)(tjob_rand(seed) % (t->ndim + 1));
+    break;
+  default: {
+    /* Shorter than the buffer behind it, never longer. */
+    struct consume_storage *st = tcons_storage_at(
+        cons, c,
+        t->part == CONSUME_PIECES ? t->pieces[0].storage : t->storage);
+    st->nbytes -= st->nbytes < 2 ? st->nbytes : 1 + tjob_rand(seed) % 2;
+    break;
+  }
+  }
+  return true;
+}
+
+/* The consumers' side of the seed 003 property: a corrupted target layout
+ * is refused, or it is still a layout the consumers asked for and every
+ * byte lands where the oracle says, none elsewhere (ASan sees a write past
+ * a buffer). */
+START_TEST(corrupted_targets_are_refused_or_delivered_exactly) {
+  uint64_t seed = 0xc0debadu + (uint64_t)_i * 104729u;
+  int refused = 0, delivered = 0;
+
+  for (int n = 0; n < 40; n++) {
+    struct tjob *job;
+    struct tcons *cons;
+    struct consume_plan *plan;
+    char msg[512];
+    int rc;
+    random_job(&seed, &job, &cons);
+    plan = build(job, cons, 0);
+    consume_plan_free(plan);
+    if (corrupt(cons, tcons_count(cons), &seed)) {
+      rc = consume_plan_build(tcons_input(cons, tjob_input(job, 0, 0), 0),
+                              &plan, msg, sizeof msg);
+      if (rc == 0) {
+        consume_plan_free(plan);
+        consume_plan_free(push_and_compare(job, cons));
+        delivered++;
+      } else {
+        ck_assert_ptr_null(plan);
+        ck_assert_uint_gt(strlen(msg), 0);
+        refused++;
+      }
+    }
+    tcons_free(cons);
+    tjob_free(job);
+  }
+  ck_assert_int_gt(refused, 0);
+  ck_assert_int_gt(delivered, 0);
+}
+END_TEST
+
 /* The job every refusal spoils one thing of: keys a, b and c of shape
  * (4, 3) in rows over 2 trainers; consumers 0 and 1 hold a's columns 1
  * and 2 (their targets 0), consumer 0 holds b whole (its target 1). */
@@ -929,6 +1018,8 @@ int main(void) {
   tcase_add_test(tc, the_digest_ignores_order_and_sees_layouts);
   tcase_add_test(tc, a_stopped_plan_times_out);
   tcase_add_loop_test(tc, random_layouts_deliver_every_byte, 0, 8);
+  tcase_add_loop_test(tc, corrupted_targets_are_refused_or_delivered_exactly,
+                      0, 8);
   tcase_add_loop_test(tc, every_refusal, 0,
                       (int)(sizeof refusals / sizeof refusals[0]));
   tcase_add_test(tc, consumers_each_once);
