@@ -36,8 +36,9 @@
  * expert, an affine piece whose destination is a box) against every
  * destination box.  Each element travels once, from one sender: a key every
  * rank holds whole (replicated, plain) is sent by all of them, rank r its
- * r-th slice of dim 0, and a replicated affine piece by one of its holders,
- * chosen from the piece's offset, so the senders share the bandwidth.  Moves
+ * r-th slice of dim 0, and the replicated affine pieces of one set of
+ * holders by one rank of the set, chosen from the set (consume_sources.c),
+ * so the senders share the bandwidth.  Moves
  * to a consumer on its sender's node are local copies; the others are
  * bucketed per (sender, consumer, device type, dtype) as an export's are.
  * Rounds walk the wanted keys in name order with the export's rules
