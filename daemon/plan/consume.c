@@ -75,8 +75,8 @@ int consume_plan_build(const struct consume_input *in,
     msg[0] = '\0';
   rc = trainers_validate(in->trainers, &tr, msg, msglen);
   if (rc == 0) {
-    by_index = calloc(in->nconsumers > 0 ? in->nconsumers : 1,
-                      sizeof *by_index);
+    by_index =
+        calloc(in->nconsumers > 0 ? in->nconsumers : 1, sizeof *by_index);
     plan = calloc(1, sizeof *plan);
     if (by_index == NULL || plan == NULL)
       rc = sp__failf(msg, msglen, SP_ENOMEM, "out of memory");

@@ -173,7 +173,7 @@ struct consume_round {
   struct consume_move *moves; /* between nodes, bucket after bucket */
   size_t nlocal;
   struct consume_move *local;     /* within a node, by (src, dst) */
-  size_t *local_order; /* indices into local, by (dst, src) */
+  size_t *local_order;            /* indices into local, by (dst, src) */
   struct consume_side *ranks;     /* [world]: sends, and local copies */
   struct consume_side *consumers; /* [nconsumers]: receives by recv_order,
                                      local moves by local_order */
@@ -183,7 +183,7 @@ struct consume_plan {
   uint32_t world;
   uint32_t nconsumers;
   uint32_t max_keys;
-  uint64_t max_bytes; /* UINT64_MAX when no budget was given */
+  uint64_t max_bytes;      /* UINT64_MAX when no budget was given */
   uint64_t *rank_node;     /* [world] */
   uint64_t *consumer_node; /* [nconsumers] */
   uint64_t *received;      /* [nconsumers]: bytes each consumer receives */

@@ -94,11 +94,11 @@ static bool to_bytes(const struct consume_box *box,
     bb->shape[n] = size;
     bb->stride[n++] = 1;
   }
-  *out = (struct cover_box){
-      .offset = (int64_t)s->memory_offset + box->view.offset * size,
-      .ndim = n,
-      .shape = bb->shape,
-      .stride = bb->stride};
+  *out = (struct cover_box){.offset = (int64_t)s->memory_offset +
+                                      box->view.offset * size,
+                            .ndim = n,
+                            .shape = bb->shape,
+                            .stride = bb->stride};
   sp__view_extent(n, bb->shape, bb->stride, out->offset, &extent);
   *end = extent;
   return true;
@@ -150,8 +150,8 @@ static int check_group(const struct alias_ctx *ax, const struct mem_ref *order,
   }
   rc = cover_check(boxes, n, limit, false, ax->tr->ix.stop, &defect, NULL);
   if (rc == SP_EDOUBLEWRITE)
-    name_sides(ax, order[defect.box].box, order[defect.other].box, defect.element,
-               msg, msglen, &rc);
+    name_sides(ax, order[defect.box].box, order[defect.other].box,
+               defect.element, msg, msglen, &rc);
   else if (rc == SP_ETIMEOUT)
     rc = sp__failf(msg, msglen, rc, "planning was stopped");
   else if (rc != 0)

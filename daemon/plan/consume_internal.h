@@ -47,12 +47,12 @@ int consume_sources_of_key(const struct consume_trainers *tr, uint32_t k,
 
 struct consume_wants {
   size_t nkeys;
-  uint32_t *key;       /* [nkeys]: trainer key indices, in name order */
-  size_t *first;       /* [nkeys + 1] */
+  uint32_t *key;           /* [nkeys]: trainer key indices, in name order */
+  size_t *first;           /* [nkeys + 1] */
   struct consume_box *box; /* key i: box[first[i] .. first[i+1]), by
                               consumer, then target piece; side is the
                               consumer */
-  uint32_t *box_key;   /* [total]: the trainer key of each box */
+  uint32_t *box_key;       /* [total]: the trainer key of each box */
 };
 
 /* by_index[c] is consumer c's input once consume_targets_check returns 0. */

@@ -148,15 +148,16 @@ static void take_bytes(struct sink *sink, const struct consume_move *m) {
   struct consume_key *key = &bs->plan->keys[m->key];
   uint64_t *received = &bs->plan->received[m->dst];
 
-  bs->overflow = bs->overflow ||
-                 __builtin_add_overflow(key->traffic, m->nbytes,
-                                        &key->traffic) ||
-                 __builtin_add_overflow(*received, m->nbytes, received);
+  bs->overflow =
+      bs->overflow ||
+      __builtin_add_overflow(key->traffic, m->nbytes, &key->traffic) ||
+      __builtin_add_overflow(*received, m->nbytes, received);
 }
 
 static int fill_keys(const struct consume_trainers *tr,
-                     const struct consume_wants *wants, const struct sources *src,
-                     struct consume_plan *plan, char *msg, size_t msglen) {
+                     const struct consume_wants *wants,
+                     const struct sources *src, struct consume_plan *plan,
+                     char *msg, size_t msglen) {
   struct bytes_sink bs = {{take_bytes, 0}, plan, false};
 
   plan->keys = calloc(wants->nkeys > 0 ? wants->nkeys : 1, sizeof *plan->keys);
@@ -235,8 +236,7 @@ static int make_buckets(struct consume_round *round) {
   for (size_t i = 0; i < round->nmoves; i++)
     nb += i == 0 || !same_bucket(&round->moves[i - 1], &round->moves[i]);
   round->buckets = calloc(nb > 0 ? nb : 1, sizeof *round->buckets);
-  round->recv_order =
-      malloc((nb > 0 ? nb : 1) * sizeof *round->recv_order);
+  round->recv_order = malloc((nb > 0 ? nb : 1) * sizeof *round->recv_order);
   if (round->buckets == NULL || round->recv_order == NULL)
     return SP_ENOMEM;
   round->nbuckets = nb;
@@ -386,7 +386,8 @@ static int build_round(const struct sources *src,
   size_t total = 0;
 
   for (size_t i = 0; i < round->nkeys; i++)
-    total += key_moves(plan, src, wants, plan->transfer[round->first + i], NULL);
+    total +=
+        key_moves(plan, src, wants, plan->transfer[round->first + i], NULL);
   if (scratch_fit(sc, total) != 0)
     return SP_ENOMEM;
   free(*place);
@@ -401,8 +402,8 @@ static int build_round(const struct sources *src,
   }
   round->nmoves =
       sort_places(sc, total, false, remote_by, remote_range, 3, *place);
-  round->nlocal = sort_places(sc, total, true, local_by, local_range, 2,
-                              *place);
+  round->nlocal =
+      sort_places(sc, total, true, local_by, local_range, 2, *place);
   round->local =
       malloc((round->nlocal > 0 ? round->nlocal : 1) * sizeof *round->local);
   round->local_order = malloc((round->nlocal > 0 ? round->nlocal : 1) *
@@ -412,8 +413,7 @@ static int build_round(const struct sources *src,
   round->ranks = calloc(plan->world, sizeof *round->ranks);
   round->consumers = calloc(plan->nconsumers, sizeof *round->consumers);
   if (round->local == NULL || round->local_order == NULL ||
-      round->moves == NULL || round->ranks == NULL ||
-      round->consumers == NULL)
+      round->moves == NULL || round->ranks == NULL || round->consumers == NULL)
     return SP_ENOMEM;
   ps.tags = sc->tags;
   ps.place = *place;
@@ -485,8 +485,8 @@ static int make_rounds(const struct sources *src,
   plan->nrounds = cut_rounds(plan, NULL);
   plan->rounds =
       calloc(plan->nrounds > 0 ? plan->nrounds : 1, sizeof *plan->rounds);
-  sc.count = malloc(((size_t)(range > CODES ? range : CODES) + 1) *
-                    sizeof *sc.count);
+  sc.count =
+      malloc(((size_t)(range > CODES ? range : CODES) + 1) * sizeof *sc.count);
   if (plan->rounds == NULL || sc.count == NULL) {
     plan->nrounds = 0;
     free(sc.count);

@@ -131,8 +131,8 @@ static bool piece_sent(const struct affine_piece *p, uint32_t rank,
 }
 
 /* The pieces chosen write every element of the whole tensor once. */
-static int check_chosen(const struct consume_trainers *tr, uint32_t k,
-                        size_t n, char *msg, size_t msglen) {
+static int check_chosen(const struct consume_trainers *tr, uint32_t k, size_t n,
+                        char *msg, size_t msglen) {
   const struct plan_index *ix = &tr->ix;
   const struct plan_key *key = &tr->keys.keys[k];
   struct cover_box *boxes = malloc((n > 0 ? n : 1) * sizeof *boxes);
@@ -164,14 +164,13 @@ static int check_chosen(const struct consume_trainers *tr, uint32_t k,
     return sp__failf(msg, msglen, rc, "%s",
                      rc == SP_ETIMEOUT ? "planning was stopped"
                                        : "out of memory");
-  plan_refuse_index(key->ndim, key->shape, defect.element, where,
-                    sizeof where);
+  plan_refuse_index(key->ndim, key->shape, defect.element, where, sizeof where);
   return sp__failf(msg, msglen, SP_EUNSUPPORTED,
                    "key '%s': the holders chosen to send its replicas %s "
                    "element %s; consumers need every holder of a replica to "
                    "list all of it",
-                   key->name,
-                   rc == SP_EUNCOVERED ? "leave out" : "write twice", where);
+                   key->name, rc == SP_EUNCOVERED ? "leave out" : "write twice",
+                   where);
 }
 
 static int affine_sources(const struct consume_trainers *tr, uint32_t k,

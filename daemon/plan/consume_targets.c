@@ -60,8 +60,7 @@ static int index_consumers(const struct consume_input *in,
                      "consumer %u is outside the job's %u consumers", outside,
                      in->nconsumers);
   if (twice != PLAN_NONE)
-    return sp__failf(msg, msglen, SP_ERANK, "consumer %u joined twice",
-                     twice);
+    return sp__failf(msg, msglen, SP_ERANK, "consumer %u joined twice", twice);
   return 0;
 }
 
@@ -165,13 +164,12 @@ static int check_target(const struct plan_key *key, const struct consume_in *c,
     for (uint32_t d = 0; d < key->ndim; d++)
       if (t->view.shape[d] != key->shape[d] &&
           (t->part == CONSUME_WHOLE || d != t->dim))
-        return sp__failf(msg, msglen,
-                         t->part == CONSUME_WHOLE ? SP_ESHAPE : SP_ETILING,
-                         "consumer %u's %s of key '%s' has %lld in dim %u, "
-                         "the key %lld",
-                         c->index, consume_part_name(t->part), key->name,
-                         (long long)t->view.shape[d], d,
-                         (long long)key->shape[d]);
+        return sp__failf(
+            msg, msglen, t->part == CONSUME_WHOLE ? SP_ESHAPE : SP_ETILING,
+            "consumer %u's %s of key '%s' has %lld in dim %u, "
+            "the key %lld",
+            c->index, consume_part_name(t->part), key->name,
+            (long long)t->view.shape[d], d, (long long)key->shape[d]);
     return 0;
   case CONSUME_PIECES:
     return check_pieces(key, c, t, msg, msglen);
@@ -301,8 +299,8 @@ static int gather_wants(const struct consume_trainers *tr, struct ref *refs,
     int rc;
     while (j < nrefs && refs[j].key == refs[i].key)
       j++;
-    rc = check_tiling(&tr->keys.keys[refs[i].key], refs + i, j - i, msg,
-                      msglen);
+    rc =
+        check_tiling(&tr->keys.keys[refs[i].key], refs + i, j - i, msg, msglen);
     if (rc != 0)
       return rc;
     nbox = fill_boxes(refs + i, j - i, out->box + out->first[k]);
@@ -318,8 +316,7 @@ static int gather_wants(const struct consume_trainers *tr, struct ref *refs,
 int consume_targets_check(const struct consume_input *in,
                           const struct consume_trainers *tr,
                           const struct consume_in **by_index,
-                          struct consume_wants *out, char *msg,
-                          size_t msglen) {
+                          struct consume_wants *out, char *msg, size_t msglen) {
   struct ref *refs;
   size_t nrefs = 0, at = 0;
   int rc;

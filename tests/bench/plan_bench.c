@@ -83,8 +83,8 @@ static int run_consumers(const struct bench_case *c,
   uint32_t n = c->consumers;
   struct consume_in *cin = xcalloc(n, sizeof *cin);
   struct consume_storage *storages = xcalloc(n, sizeof *storages);
-  struct consume_target *targets = xcalloc((size_t)n * c->keys,
-                                           sizeof *targets);
+  struct consume_target *targets =
+      xcalloc((size_t)n * c->keys, sizeof *targets);
   struct consume_input input = {
       .trainers = in, .nconsumers = n, .nconsumer_in = n, .consumers = cin};
   struct consume_plan *plan;
@@ -101,17 +101,18 @@ static int run_consumers(const struct bench_case *c,
        * cols * (i + 1)^2 / n^2. */
       int64_t lo = cols[k] * i * i / ((int64_t)n * n);
       int64_t hi = cols[k] * (i + 1) * (i + 1) / ((int64_t)n * n);
-      *t = (struct consume_target){
-          .key = names[k],
-          .part = CONSUME_SHARD,
-          .dtype = k % 3 == 0 ? SP_DTYPE_FLOAT32 : SP_DTYPE_BFLOAT16,
-          .ndim = 2,
-          .shape = {rows[k], cols[k]},
-          .dim = 1,
-          .view = {.ndim = 2,
-                   .shape = {rows[k], hi - lo},
-                   .stride = {hi - lo, 1},
-}};
+      *t = (struct consume_target){.key = names[k],
+                                   .part = CONSUME_SHARD,
+                                   .dtype = k % 3 == 0 ? SP_DTYPE_FLOAT32
+                                                       : SP_DTYPE_BFLOAT16,
+                                   .ndim = 2,
+                                   .shape = {rows[k], cols[k]},
+                                   .dim = 1,
+                                   .view = {
+                                       .ndim = 2,
+                                       .shape = {rows[k], hi - lo},
+                                       .stride = {hi - lo, 1},
+                                   }};
       uint32_t size = sp__dtype_size(t->dtype);
       /* Shards of both dtypes back to back, each at a whole element. */
       offset = (offset + size - 1) / size * size;

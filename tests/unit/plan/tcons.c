@@ -100,8 +100,8 @@ uint32_t tcons_storage_in(struct tcons *cons, uint32_t consumer,
 
 uint32_t tcons_storage(struct tcons *cons, uint32_t consumer, uint64_t nbytes) {
   /* Memory objects the tests name themselves are below 1 << 32. */
-  return tcons_storage_in(cons, consumer, (1ull << 32) + cons->next_memory++,
-                          0, nbytes);
+  return tcons_storage_in(cons, consumer, (1ull << 32) + cons->next_memory++, 0,
+                          nbytes);
 }
 
 struct consume_storage *tcons_storage_at(struct tcons *cons, uint32_t consumer,
@@ -456,8 +456,8 @@ static int64_t shard_start(const struct tcons *cons, uint32_t c,
   return start;
 }
 
-uint64_t tcons_compare(struct tcons *cons, const struct tdata *data,
-                       char *msg, size_t msglen) {
+uint64_t tcons_compare(struct tcons *cons, const struct tdata *data, char *msg,
+                       size_t msglen) {
   uint64_t wrong = 0;
 
   for (uint32_t c = 0; c < cons->n; c++) {
@@ -489,8 +489,7 @@ uint64_t tcons_compare(struct tcons *cons, const struct tdata *data,
         if (wrong++ == 0)
           snprintf(msg, msglen,
                    "consumer %u storage %zu byte %llu: %#x, want %#x", c, s,
-                   (unsigned long long)b, tc->storages[s].bytes[b],
-                   want[s][b]);
+                   (unsigned long long)b, tc->storages[s].bytes[b], want[s][b]);
       }
       free(want[s]);
     }

@@ -81,7 +81,7 @@ void tcons_push(struct tcons *cons, const struct tdata *data,
  * each target's elements from the unsharded tensors, every other byte
  * TCONS_UNTOUCHED.  Returns the bytes that differ (0: all right) and
  * describes the first in msg. */
-uint64_t tcons_compare(struct tcons *cons, const struct tdata *data,
-                       char *msg, size_t msglen);
+uint64_t tcons_compare(struct tcons *cons, const struct tdata *data, char *msg,
+                       size_t msglen);
 
 #endif /* SP_TESTS_UNIT_PLAN_TCONS_H */

@@ -473,8 +473,8 @@ static void random_job(uint64_t *seed, struct tjob **out_job,
       shape[d] = (int64_t)(tjob_rand(seed) % 7);
     left = shape[0];
     for (uint32_t r = 0; r + 1 < world; r++) {
-      rows[r] = left > 0 ? (int64_t)(tjob_rand(seed) % (uint64_t)(left + 1))
-                         : 0;
+      rows[r] =
+          left > 0 ? (int64_t)(tjob_rand(seed) % (uint64_t)(left + 1)) : 0;
       left -= rows[r];
     }
     rows[world - 1] = left;
@@ -574,8 +574,7 @@ static bool corrupt(struct tcons *cons, uint32_t nconsumers, uint64_t *seed) {
   default: {
     /* Shorter than the buffer behind it, never longer. */
     struct consume_storage *st = tcons_storage_at(
-        cons, c,
-        t->part == CONSUME_PIECES ? t->pieces[0].storage : t->storage);
+        cons, c, t->part == CONSUME_PIECES ? t->pieces[0].storage : t->storage);
     st->nbytes -= st->nbytes < 2 ? st->nbytes : 1 + tjob_rand(seed) % 2;
     break;
   }
@@ -895,8 +894,8 @@ START_TEST(every_refusal) {
   plan = build(job, cons, 0);
   consume_plan_free(plan);
   r->spoil(job, cons);
-  ck_assert_msg(refuse(job, cons, 0, first, sizeof first) == r->code,
-                "%s: %s", r->name, first);
+  ck_assert_msg(refuse(job, cons, 0, first, sizeof first) == r->code, "%s: %s",
+                r->name, first);
   ck_assert_msg(strstr(first, r->says) != NULL, "%s: '%s'", r->name, first);
   ck_assert_int_eq(refuse(job, cons, 99, again, sizeof again), r->code);
   ck_assert_str_eq(first, again);
@@ -982,8 +981,8 @@ START_TEST(affine_trainer_layouts) {
     tcons_shard(cons, 1, "p", SP_DTYPE_INT32, l.ndim, l.shape, l.ndim - 1,
                 cols - cols / 3);
     tcons_whole(cons, 2, "p", SP_DTYPE_INT32, l.ndim, l.shape);
-    rc = consume_plan_build(tcons_input(cons, tjob_input(job, 0, 0), 0),
-                            &plan, msg, sizeof msg);
+    rc = consume_plan_build(tcons_input(cons, tjob_input(job, 0, 0), 0), &plan,
+                            msg, sizeof msg);
     if (rc == 0) {
       consume_plan_free(plan);
       consume_plan_free(push_and_compare(job, cons));
@@ -1018,8 +1017,8 @@ int main(void) {
   tcase_add_test(tc, the_digest_ignores_order_and_sees_layouts);
   tcase_add_test(tc, a_stopped_plan_times_out);
   tcase_add_loop_test(tc, random_layouts_deliver_every_byte, 0, 8);
-  tcase_add_loop_test(tc, corrupted_targets_are_refused_or_delivered_exactly,
-                      0, 8);
+  tcase_add_loop_test(tc, corrupted_targets_are_refused_or_delivered_exactly, 0,
+                      8);
   tcase_add_loop_test(tc, every_refusal, 0,
                       (int)(sizeof refusals / sizeof refusals[0]));
   tcase_add_test(tc, consumers_each_once);
