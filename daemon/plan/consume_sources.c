@@ -25,13 +25,19 @@
  *               inside the shape.  Any other piece is refused.
  *
  * This is the only file of the consumer side that reads the trainers'
- * registrations (layout.h), and it reads them through the index.
+ * registrations (layout.h), and holding_of is where it reads them.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "shardport.h"
 #include "daemon/plan/consume_internal.h"
+
+/* Entry slot of the index: what its rank holds of the key. */
+static void holding_of(const struct plan_index *ix, size_t slot,
+                       struct plan_key_in *out) {
+  *out = *ix->entry[slot];
+}
 
 static void whole_box(const struct plan_key_in *e, uint32_t rank,
                       struct consume_box *out) {
@@ -145,7 +151,9 @@ static int check_chosen(const struct consume_trainers *tr, uint32_t k, size_t n,
   if (boxes == NULL)
     return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   for (size_t slot = ix->first[k]; slot < ix->first[k + 1]; slot++) {
-    const struct plan_key_in *e = ix->entry[slot];
+    struct plan_key_in held;
+    const struct plan_key_in *e = &held;
+    holding_of(ix, slot, &held);
     for (size_t pi = 0; pi < e->npieces; pi++) {
       const struct affine_piece *p = &e->pieces[pi];
       if (piece_sent(p, ix->entry_rank[slot], ix->world))
@@ -180,8 +188,10 @@ static int affine_sources(const struct consume_trainers *tr, uint32_t k,
   const struct plan_key *key = &tr->keys.keys[k];
 
   for (size_t slot = ix->first[k]; slot < ix->first[k + 1]; slot++) {
-    const struct plan_key_in *e = ix->entry[slot];
+    struct plan_key_in held;
+    const struct plan_key_in *e = &held;
     uint32_t rank = ix->entry_rank[slot];
+    holding_of(ix, slot, &held);
     for (size_t pi = 0; pi < e->npieces; pi++) {
       struct consume_box box;
       if (!piece_sent(&e->pieces[pi], rank, ix->world))
@@ -207,10 +217,12 @@ static void dense_sources(const struct consume_trainers *tr, uint32_t k,
   int64_t row = 0;
 
   for (size_t slot = ix->first[k]; slot < ix->first[k + 1]; slot++) {
-    const struct plan_key_in *e = ix->entry[slot];
+    struct plan_key_in held;
+    const struct plan_key_in *e = &held;
     uint32_t rank = ix->entry_rank[slot];
     struct consume_box box;
     bool sends = true;
+    holding_of(ix, slot, &held);
     if (key->placement == PLAN_SHARD0) {
       whole_box(e, rank, &box);
       box.start[0] = row;

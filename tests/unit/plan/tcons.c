@@ -297,7 +297,17 @@ struct tdata {
   size_t *nstorages;
 };
 
-static void fill_affine(struct tdata *data, uint32_t rank,
+/* Rank ri's holdings of the input: their number, and the i-th one with its
+ * key's name (the one place the tests' data reads the registrations). */
+static size_t holdings(const struct plan_rank_in *ri) { return ri->nkeys; }
+
+static const char *holding_at(const struct plan_rank_in *ri, size_t i,
+                              struct plan_key_in *out) {
+  *out = ri->keys[i];
+  return ri->keys[i].name;
+}
+
+static void fill_affine(struct tdata *data, uint32_t rank, const char *name,
                         const struct plan_key_in *e) {
   uint32_t size = sp__dtype_size(e->view.dtype);
   uint8_t *buf = data->bytes[rank][e->storage];
@@ -315,9 +325,24 @@ static void fill_affine(struct tdata *data, uint32_t rank,
       }
       for (uint32_t b = 0; b < size; b++)
         buf[(uint64_t)src * size + b] =
-            full_byte(e->name, data->values, (uint64_t)dst * size + b);
+            full_byte(name, data->values, (uint64_t)dst * size + b);
     } while (next_index(p->ndim, p->shape, idx));
   }
+}
+
+/* Where rank r's rows of the shard0 key name start: after the rows of the
+ * ranks before it. */
+static int64_t rows_before(const struct plan_rank_in *const *by_rank,
+                           uint32_t r, const char *name) {
+  int64_t start = 0;
+
+  for (uint32_t q = 0; q < r; q++)
+    for (size_t j = 0; j < holdings(by_rank[q]); j++) {
+      struct plan_key_in h;
+      if (strcmp(holding_at(by_rank[q], j, &h), name) == 0)
+        start += h.view.shape[0];
+    }
+  return start;
 }
 
 struct tdata *tdata_new(const struct plan_input *trainers, uint64_t values) {
@@ -342,24 +367,20 @@ struct tdata *tdata_new(const struct plan_input *trainers, uint64_t values) {
       memset(data->bytes[r][s], 0, ri->storages[s].nbytes);
     }
   }
-  /* shard0 rows start after those of the ranks before: keys are walked
-   * rank by rank in rank order, a running row count per key name. */
   for (uint32_t r = 0; r < data->world; r++) {
     const struct plan_rank_in *ri = by_rank[r];
-    for (size_t k = 0; k < ri->nkeys; k++) {
-      const struct plan_key_in *e = &ri->keys[k];
+    for (size_t k = 0; k < holdings(ri); k++) {
+      struct plan_key_in e;
+      const char *name = holding_at(ri, k, &e);
       int64_t start[SP_MAX_DIMS] = {0};
-      if (e->placement == PLAN_AFFINE) {
-        fill_affine(data, r, e);
+      if (e.placement == PLAN_AFFINE) {
+        fill_affine(data, r, name, &e);
         continue;
       }
-      if (e->placement == PLAN_SHARD0)
-        for (uint32_t q = 0; q < r; q++)
-          for (size_t j = 0; j < by_rank[q]->nkeys; j++)
-            if (strcmp(by_rank[q]->keys[j].name, e->name) == 0)
-              start[0] += by_rank[q]->keys[j].view.shape[0];
-      box_to_view(e->name, values, e->ndim, e->shape, start, &e->view,
-                  data->bytes[r][e->storage]);
+      if (e.placement == PLAN_SHARD0)
+        start[0] = rows_before(by_rank, r, name);
+      box_to_view(name, values, e.ndim, e.shape, start, &e.view,
+                  data->bytes[r][e.storage]);
     }
   }
   free(by_rank);
