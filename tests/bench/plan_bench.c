@@ -15,14 +15,6 @@
  * O(entries + keys log keys).  The limit measured in the same run is one
  * pass over the gathered metadata, key by key across the ranks as the
  * planner reads it: planning is reported as a multiple of that pass.
- *
- * A case with consumers also plans a push of every key into that many
- * tensor-parallel consumers, each holding uneven columns of every key in
- * one buffer (consume.h), and reports it as a multiple of the export's
- * planning on the same trainers: rows into columns make every trainer's
- * shard meet every consumer's, so a push has world x consumers moves per
- * key.  Its peak memory is counted from before the export's planning, so
- * it is the larger of the two.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -33,13 +25,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "daemon/plan/consume.h"
 #include "daemon/plan/plan.h"
 
 struct bench_case {
   uint32_t keys;
   uint32_t world;
-  uint32_t consumers; /* 0: no push planned */
 };
 
 static double now_s(void) {
@@ -72,86 +62,6 @@ static void *xcalloc(size_t n, size_t size) {
     exit(1);
   }
   return p;
-}
-
-/* Plans a push of every key into c->consumers consumers holding uneven
- * column shards, and prints it against the export's planning time. */
-static int run_consumers(const struct bench_case *c,
-                         const struct plan_input *in, const int64_t *rows,
-                         const int64_t *cols, char *const *names,
-                         double export_s, long rss0) {
-  uint32_t n = c->consumers;
-  struct consume_in *cin = xcalloc(n, sizeof *cin);
-  struct consume_storage *storages = xcalloc(n, sizeof *storages);
-  struct consume_target *targets =
-      xcalloc((size_t)n * c->keys, sizeof *targets);
-  struct consume_input input = {
-      .trainers = in, .nconsumers = n, .nconsumer_in = n, .consumers = cin};
-  struct consume_plan *plan;
-  size_t moves = 0;
-  char msg[512];
-  double t0, t1;
-  int rc;
-
-  for (uint32_t i = 0; i < n; i++) {
-    uint64_t offset = 0;
-    for (uint32_t k = 0; k < c->keys; k++) {
-      struct consume_target *t = &targets[(size_t)i * c->keys + k];
-      /* Columns cut unevenly: consumer i ends at column
-       * cols * (i + 1)^2 / n^2. */
-      int64_t lo = cols[k] * i * i / ((int64_t)n * n);
-      int64_t hi = cols[k] * (i + 1) * (i + 1) / ((int64_t)n * n);
-      *t = (struct consume_target){.key = names[k],
-                                   .part = CONSUME_SHARD,
-                                   .dtype = k % 3 == 0 ? SP_DTYPE_FLOAT32
-                                                       : SP_DTYPE_BFLOAT16,
-                                   .ndim = 2,
-                                   .shape = {rows[k], cols[k]},
-                                   .dim = 1,
-                                   .view = {
-                                       .ndim = 2,
-                                       .shape = {rows[k], hi - lo},
-                                       .stride = {hi - lo, 1},
-                                   }};
-      uint32_t size = sp__dtype_size(t->dtype);
-      /* Shards of both dtypes back to back, each at a whole element. */
-      offset = (offset + size - 1) / size * size;
-      t->view.dtype = t->dtype;
-      t->view.offset = (int64_t)(offset / size);
-      offset += (uint64_t)(rows[k] * (hi - lo)) * size;
-    }
-    storages[i] = (struct consume_storage){
-        .device = {.type = SP_DEVICE_CUDA, .index = (int32_t)(i % 8)},
-        .nbytes = offset,
-        .memory = i + 1};
-    cin[i] = (struct consume_in){.index = i,
-                                 .node = 1000 + i / 8,
-                                 .nstorages = 1,
-                                 .storages = &storages[i],
-                                 .ntargets = c->keys,
-                                 .targets = &targets[(size_t)i * c->keys]};
-  }
-  t0 = now_s();
-  rc = consume_plan_build(&input, &plan, msg, sizeof msg);
-  t1 = now_s();
-  if (rc != 0) {
-    fprintf(stderr, "plan_bench: push refused: %s\n", msg);
-    return 1;
-  }
-  for (size_t i = 0; i < plan->nrounds; i++)
-    moves += plan->rounds[i].nmoves + plan->rounds[i].nlocal;
-  printf("push %6u keys x %5u ranks into %2u consumers: %7.3f s (%5.1f x "
-         "the export's planning), peak +%7.1f MiB, %3zu rounds, %8zu moves, "
-         "digest %016" PRIx64 "\n",
-         c->keys, c->world, n, t1 - t0, (t1 - t0) / export_s,
-         (double)(maxrss_kib() - rss0) / 1024.0, plan->nrounds, moves,
-         plan->digest);
-  fflush(stdout);
-  consume_plan_free(plan);
-  free(cin);
-  free(storages);
-  free(targets);
-  return 0;
 }
 
 static int run_case(const struct bench_case *c) {
@@ -245,8 +155,6 @@ static int run_case(const struct bench_case *c) {
          plan->nrounds, moves, buckets, plan->digest, sink % 10);
   fflush(stdout);
   plan_free(plan);
-  if (c->consumers > 0)
-    rc = run_consumers(c, &in, rows, cols, names, t1 - t0, rss0);
   for (uint32_t r = 0; r < world; r++)
     free((void *)ranks[r].keys);
   for (uint32_t k = 0; k < nkeys; k++)
@@ -256,24 +164,20 @@ static int run_case(const struct bench_case *c) {
   free(cols);
   free(ranks);
   free(storages);
-  return rc;
+  return 0;
 }
 
 int main(int argc, char **argv) {
   static const struct bench_case cases[] = {
-      {100000, 64, 0}, {1000, 1024, 0}, {1024, 1024, 0}, {1000, 256, 0},
-      {1000, 512, 0},  {1000, 64, 8},   {1000, 256, 4},
+      {100000, 64}, {1000, 1024}, {1024, 1024}, {1000, 256}, {1000, 512},
   };
   size_t ncases = sizeof cases / sizeof cases[0];
   int failed = 0;
 
-  /* "plan_bench 1000 1024" runs one case in this process, and
-   * "plan_bench 1000 64 8" plans a push into 8 consumers after it. */
-  if (argc == 3 || argc == 4) {
+  /* "plan_bench 1000 1024" runs one case in this process. */
+  if (argc == 3) {
     struct bench_case c = {(uint32_t)strtoul(argv[1], NULL, 10),
-                           (uint32_t)strtoul(argv[2], NULL, 10),
-                           argc == 4 ? (uint32_t)strtoul(argv[3], NULL, 10)
-                                     : 0};
+                           (uint32_t)strtoul(argv[2], NULL, 10)};
     return run_case(&c);
   }
   for (size_t i = 0; i < ncases; i++) {
