@@ -18,9 +18,9 @@ reader (safetensors_reader.py).
   faults     a rank whose files may not grow (EFBIG): every rank fails
              with its words, nothing left under a final name or a
              temporary one, and the same job saves again; symbolic links
-             planted at the temporary names are never followed; a second
-             save into a directory while one runs is refused on its every
-             rank; rank 0 killed at the commit's first barrier leaves the
+             planted at the temporary names are never followed; a save
+             into a directory whose lock another save holds is refused on
+             its every rank; rank 0 killed at the commit's first barrier leaves the
              old checkpoint's files whole and its index aside, which the
              next save removes; a directory holding the files of a save that died
              before its index is saved into, its stale temporary files
@@ -29,6 +29,7 @@ reader (safetensors_reader.py).
 Exits 77 (skipped), loudly, when PyTorch cannot be imported.
 """
 
+import fcntl
 import json
 import os
 import subprocess
@@ -184,17 +185,17 @@ def disagree(workdir):
         with open(os.path.join(workdir, "file"), "w"):
             pass
         for i, (theirs, error, words) in enumerate(cases):
-            ranks = [{}, theirs, {}]
-            res = save(workdir, "case%d" % i, 3, d.socket, path=base,
+            ranks = [{}, theirs]
+            res = save(workdir, "case%d" % i, 2, d.socket, path=base,
                        cwd=workdir, metadata={"step": "1"}, ranks=ranks,
-                       timeout=30)
+                       timeout=60)
             failed_alike(res, error, words)
             nothing_saved(base)
         # A relative path and a symbolic link to the directory are the
         # directory itself.
         os.symlink(base, base + "-link")
-        ranks = [{"path": "ckpt"}, {"path": base + "-link"}, {}]
-        verify(base, 3, save(workdir, "alias", 3, d.socket, path=base,
+        ranks = [{"path": "ckpt"}, {"path": base + "-link"}]
+        verify(base, 2, save(workdir, "alias", 2, d.socket, path=base,
                              cwd=workdir, ranks=ranks))
 
 
@@ -225,18 +226,20 @@ def faults(workdir):
         with open(victim) as f:
             assert f.read() == "not a checkpoint", "written through a link"
         verify(path, 1, res)
-        # A second save into a directory a save is writing is refused on
-        # every rank of its job; the first one completes.
+        # A save into a directory whose lock another save's rank 0 holds
+        # (the test holds it here) is refused on every rank, before any
+        # file takes a final name; once it is free, the save goes ahead
+        # and removes the lock file.
         path = os.path.join(workdir, "busy")
-        # Each key's write waits 100 ms: the first save writes for 15 s.
-        keys = ["k%03d" % i for i in range(300)]
-        first = Ranks(workdir, "first", 2, d.socket, path=path, keys=keys,
-                      env={"SHARDPORT_TEST_SAVE_DELAY_MS": "100"})
-        wait_writing(d.socket)
-        second = save(workdir, "second", 2, d.socket, path=path)
-        failed_alike(second, "busy", "another save into %s is running"
-                     % path)
-        verify(path, 2, first.results(), keys)
+        os.makedirs(path)
+        with open(os.path.join(path, ".model.safetensors.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            res = save(workdir, "busy", 2, d.socket, path=path)
+            failed_alike(res, "busy", "another save into %s is running"
+                         % path)
+            assert os.listdir(path) == [".model.safetensors.lock"], \
+                os.listdir(path)
+        verify(path, 2, save(workdir, "free", 2, d.socket, path=path))
         # Rank 0 killed while it waits at the commit's first barrier, the
         # old index moved aside (overwrite): the others fail, the old
         # files stay whole and the old index hidden, until the next save.
