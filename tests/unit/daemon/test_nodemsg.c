@@ -223,6 +223,20 @@ START_TEST(messages_round_trip) {
   ck_assert_uint_eq(out.timeout_ms, 2000);
   nodemsg_free(&out);
 
+  /* A save's ask: what every rank must ask alike, and a refusal. */
+  in.save = (struct req_save){.limit = 4096, .overwrite = true,
+                              .directory = UINT64_MAX, .metadata = 5,
+                              .refused = SP_EWRITE};
+  snprintf(in.save.refusal, sizeof in.save.refusal, "save: cannot open");
+  ck_assert_int_eq(round_trip(&in, &out), 0);
+  ck_assert_uint_eq(out.save.limit, 4096);
+  ck_assert(out.save.overwrite);
+  ck_assert_uint_eq(out.save.directory, UINT64_MAX);
+  ck_assert_uint_eq(out.save.metadata, 5);
+  ck_assert_int_eq(out.save.refused, SP_EWRITE);
+  ck_assert_str_eq(out.save.refusal, "save: cannot open");
+  nodemsg_free(&out);
+
   struct nodemsg_node nodes[2] = {{.node = 0, .node_id = 1},
                                   {.node = 2, .node_id = 8}};
   snprintf(nodes[0].addr, NODE_ADDR_MAX, "10.0.0.1:1");
@@ -388,6 +402,16 @@ static void ask_long_timeout(msgpack_packer *pk) {
   sp__pack_kv_u64(pk, "max_keys", 0);
   sp__pack_kv_u64(pk, "max_bytes", 0);
   sp__pack_kv_u64(pk, "timeout_ms", REQ_MAX_TIMEOUT_MS + 1);
+}
+
+/* A save's ask without the options every rank must ask alike. */
+static void ask_save_bare(msgpack_packer *pk) {
+  sp__pack_kv_u64(pk, "gather", 1);
+  sp__pack_kv_u64(pk, "rank", 0);
+  sp__pack_kv_u64(pk, "max_keys", 0);
+  sp__pack_kv_u64(pk, "max_bytes", 0);
+  sp__pack_kv_u64(pk, "timeout_ms", 0);
+  sp__pack_kv_u64(pk, "save", 4096);
 }
 
 static void plan_head(msgpack_packer *pk) {
@@ -616,6 +640,9 @@ START_TEST(messages_refused) {
                    SP_EINVAL);
   ck_assert_int_eq(parse_crafted("ask", 5, ask_long_timeout, why, sizeof why),
                    SP_EINVAL);
+  ck_assert_int_eq(parse_crafted("ask", 6, ask_save_bare, why, sizeof why),
+                   SP_EBADMSG);
+  ck_assert_ptr_nonnull(strstr(why, "save_overwrite"));
   ck_assert_int_eq(parse_crafted("plan", 7, plan_unlisted_node, why,
                                  sizeof why),
                    SP_EINVAL);

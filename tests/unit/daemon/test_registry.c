@@ -431,6 +431,60 @@ START_TEST(export_options) {
 }
 END_TEST
 
+/* A save's options: the limit, overwrite and the digests, all needed; a
+ * rank's refusal with its code, its words bounded and made text. */
+static void pack_save(struct msg *m, uint32_t n) {
+  msg_begin(m, "export", 1);
+  sp__pack_str(&m->mb.pk, "save");
+  msgpack_pack_map(&m->mb.pk, n);
+  sp__pack_kv_u64(&m->mb.pk, "max_shard_bytes", 4096);
+  if (n < 4)
+    return;
+  sp__pack_kv_bool(&m->mb.pk, "overwrite", true);
+  sp__pack_kv_u64(&m->mb.pk, "directory", 7);
+  sp__pack_kv_u64(&m->mb.pk, "metadata", 8);
+}
+
+START_TEST(export_save_options) {
+  struct msg m;
+  struct req_export a;
+  char err[256];
+  pack_save(&m, 4);
+  ck_assert_int_eq(request_parse_export(msg_decode(&m), &a, err, sizeof err),
+                   0);
+  ck_assert_uint_eq(a.save.limit, 4096);
+  ck_assert(a.save.overwrite);
+  ck_assert_uint_eq(a.save.directory, 7);
+  ck_assert_uint_eq(a.save.metadata, 8);
+  ck_assert_int_eq(a.save.refused, 0);
+  msg_free(&m);
+  pack_save(&m, 1);
+  ck_assert_int_eq(request_parse_export(msg_decode(&m), &a, err, sizeof err),
+                   SP_EBADMSG);
+  ck_assert_ptr_nonnull(strstr(err, "overwrite"));
+  msg_free(&m);
+  char words[2000];
+  memset(words, 'w', sizeof words - 1);
+  words[0] = '\x1b';
+  words[sizeof words - 1] = '\0';
+  pack_save(&m, 6);
+  sp__pack_kv_str(&m.mb.pk, "error", "write_failed");
+  sp__pack_kv_str(&m.mb.pk, "message", words);
+  ck_assert_int_eq(request_parse_export(msg_decode(&m), &a, err, sizeof err),
+                   0);
+  ck_assert_int_eq(a.save.refused, SP_EWRITE);
+  ck_assert_int_eq(strncmp(a.save.refusal, "\\x1bwww", 7), 0);
+  ck_assert_uint_ge(strlen(a.save.refusal), REQ_MAX_REFUSAL - 8);
+  ck_assert_uint_le(strlen(a.save.refusal), REQ_MAX_REFUSAL);
+  msg_free(&m);
+  pack_save(&m, 5);
+  sp__pack_kv_str(&m.mb.pk, "error", "write_failed");
+  ck_assert_int_eq(request_parse_export(msg_decode(&m), &a, err, sizeof err),
+                   SP_EBADMSG);
+  msg_free(&m);
+}
+END_TEST
+
 /* ---- the registry over memfds ------------------------------------------ */
 
 /* The permissions /proc/self/maps shows for the mapping holding p. */
@@ -1123,6 +1177,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, storage_bounds);
   tcase_add_test(tc, tensor_bounds);
   tcase_add_test(tc, export_options);
+  tcase_add_test(tc, export_save_options);
   suite_add_tcase(s, tc);
   tc = tcase_create("registry");
   /* storages_inside_mappings_while_resized takes a few seconds under load
