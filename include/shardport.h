@@ -607,11 +607,19 @@ typedef struct sp_save_result {
  * (docs/checkpoints.md).  dir is made when missing (mode 0777 less the
  * umask).
  *
+ * Every rank's dir (as it resolves it), max_shard_bytes, metadata and
+ * overwrite are compared before anything moves; a rank whose options or
+ * directory are bad still takes part, and every rank fails with its
+ * error.
+ *
  * Errors: the export's (sp_export), SP_EEXISTS when dir holds a checkpoint
  * and opts->overwrite is 0, SP_EWRITE when a rank could not write
  * (sp_last_message names the rank, the file and the system's reason),
- * SP_EDTYPE for a key whose dtype safetensors cannot name, SP_EINVAL for
- * bad options.  out (optional) is filled on success.
+ * SP_EDTYPE for a key whose dtype safetensors cannot name, SP_EBUSY while
+ * another save into dir runs, SP_ELIMIT for a file whose header would
+ * pass safetensors' 100,000,000 bytes, SP_EINVAL for bad options, ranks
+ * whose options differ, or a key named __metadata__.  out (optional) is
+ * filled on success.
  */
 SP_EXPORT int sp_save(sp_client *client, const char *dir,
                       const sp_save_opts *opts, sp_save_result *out);
