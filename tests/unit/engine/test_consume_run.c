@@ -341,6 +341,7 @@ static void truncated(bool trainer, char *msg, size_t msglen) {
   struct tdata *data = tdata_new(tjob_input(job, 0, 0), 5);
   struct sides s = sides_new(cons, data, 2);
   uint8_t *map;
+  tcons_clear(cons);
   if (trainer) {
     map = truncated_mapping(tdata_bytes(data, 1, 0), 2 * 4 * 4, PROT_READ);
     s.src[1][0].data = map;
