@@ -10,8 +10,8 @@
  * storages as the registry keeps them (read-only mappings, engine.h's
  * struct xfer_storage) and each consumer's storages as writable mappings
  * of exactly the buffers it granted.  Nothing else is written.  The moves
- * between nodes (the plan's buckets) are not this run's: they travel over
- * the mesh's data links.
+ * between nodes (the plan's buckets) are not this run's: consume_pack.h
+ * packs and unpacks them, and the mesh's data links carry the bytes.
  */
 #ifndef SP_DAEMON_XFER_CONSUME_RUN_H
 #define SP_DAEMON_XFER_CONSUME_RUN_H

@@ -6,7 +6,9 @@
  * (tests/unit/plan/tcons.h), on one thread and several, with large moves
  * cut into slices; moves sent from other nodes left alone; a trainer's or
  * a consumer's file truncated under the run failing it with the rank, the
- * consumer and the key named.
+ * consumer and the key named.  Across nodes, the buckets packed by their
+ * senders and unpacked by their consumers (daemon/xfer/consume_pack.h)
+ * complete every consumer's bytes, on nodes with trainers and without.
  */
 #include <check.h>
 #include <stdio.h>
@@ -16,6 +18,7 @@
 #include <unistd.h>
 
 #include "daemon/plan/consume.h"
+#include "daemon/xfer/consume_pack.h"
 #include "daemon/xfer/consume_run.h"
 #include "shardport.h"
 #include "tests/unit/plan/tcons.h"
@@ -326,6 +329,208 @@ static uint8_t *truncated_mapping(const uint8_t *bytes, size_t n, int prot) {
   return map;
 }
 
+/* Every node's local run, then every bucket packed from its sender's
+ * storages and unpacked into its consumer's buffers, for two sets of
+ * values; every consumer byte compared with the oracle. */
+static void push_across_nodes(struct tjob *job, uint32_t world,
+                              struct tcons *cons, const uint64_t *nodes,
+                              size_t nnodes) {
+  struct consume_plan *plan = build(job, cons);
+  char msg[512];
+  size_t buckets = 0;
+
+  for (uint64_t values = 1; values <= 2; values++) {
+    struct tdata *data = tdata_new(tjob_input(job, 0, 0), values);
+    struct sides s = sides_new(cons, data, world);
+    tcons_clear(cons);
+    for (size_t n = 0; n < nnodes; n++) {
+      struct consume_run run = {.plan = plan,
+                                .node = nodes[n],
+                                .src =
+                                    (const struct xfer_storage *const *)s.src,
+                                .dst = (uint8_t *const *const *)s.dst,
+                                .threads = 2};
+      ck_assert_int_eq(consume_run_local(&run), 0);
+    }
+    for (size_t r = 0; r < plan->nrounds; r++)
+      for (size_t b = 0; b < plan->rounds[r].nbuckets; b++) {
+        const struct consume_bucket *bk = &plan->rounds[r].buckets[b];
+        uint8_t *staging = malloc(bk->nbytes);
+        ck_assert_ptr_nonnull(staging);
+        ck_assert_int_eq(
+            consume_pack(plan, r, b, s.src[bk->src], staging, msg, sizeof msg),
+            0);
+        ck_assert_int_eq(consume_unpack(plan, r, b, staging, s.dst[bk->dst],
+                                        msg, sizeof msg),
+                         0);
+        free(staging);
+        buckets++;
+      }
+    ck_assert_msg(tcons_compare(cons, data, msg, sizeof msg) == 0, "%s", msg);
+    sides_free(&s);
+    tdata_free(data);
+  }
+  ck_assert_uint_gt(buckets, 0);
+  consume_plan_free(plan);
+}
+
+/* Ranks 0 and 1 and consumer 0 on node 10, ranks 2 and 3 on node 11,
+ * consumer 1 on node 12 where no trainer is: rows into columns, a
+ * replicated key, an expert, and q, k, v into one fused buffer each, with
+ * strided destinations. */
+START_TEST(buckets_between_nodes_complete_every_consumer) {
+  struct tjob *job = tjob_new(4);
+  struct tcons *cons = tcons_new(2);
+  const int64_t shape[2] = {9, 6}, rows[4] = {3, 0, 4, 2};
+  const int64_t qshape[2] = {8, 4}, kvshape[2] = {4, 4};
+  const int64_t qrows[4] = {2, 2, 2, 2}, kvrows[4] = {1, 2, 0, 1};
+  const int64_t rshape[2] = {5, 3}, eshape[1] = {7};
+  const uint64_t nodes[3] = {10, 11, 12};
+
+  for (uint32_t r = 0; r < 4; r++)
+    tjob_node(job, r, 10 + r / 2);
+  tcons_node(cons, 0, 10);
+  tcons_node(cons, 1, 12);
+  tjob_shard0(job, "w", SP_DTYPE_FLOAT32, 2, shape, rows);
+  tcons_shard(cons, 0, "w", SP_DTYPE_FLOAT32, 2, shape, 1, 2);
+  tcons_shard(cons, 1, "w", SP_DTYPE_FLOAT32, 2, shape, 1, 4);
+  tjob_whole(job, "rep", PLAN_REPLICATED, SP_DTYPE_INT16, 2, rshape);
+  tcons_whole(cons, 1, "rep", SP_DTYPE_INT16, 2, rshape);
+  tjob_expert(job, 3, "expert", SP_DTYPE_UINT8, 1, eshape);
+  tcons_whole(cons, 0, "expert", SP_DTYPE_UINT8, 1, eshape);
+  tjob_shard0(job, "q", SP_DTYPE_FLOAT16, 2, qshape, qrows);
+  tjob_shard0(job, "k", SP_DTYPE_FLOAT16, 2, kvshape, kvrows);
+  tjob_shard0(job, "v", SP_DTYPE_FLOAT16, 2, kvshape, kvrows);
+  for (uint32_t c = 0; c < 2; c++) {
+    uint32_t fused = tcons_storage(cons, c, (4 + 2 + 2) * 4 * 2);
+    const char *names[3] = {"q", "k", "v"};
+    const int64_t part[3] = {4, 2, 2}, at[3] = {0, 16, 24};
+    for (int i = 0; i < 3; i++) {
+      struct consume_piece piece = {.start = {part[i] * c, 0},
+                                    .storage = fused,
+                                    .dst = {.dtype = SP_DTYPE_FLOAT16,
+                                            .ndim = 2,
+                                            .shape = {part[i], 4},
+                                            .stride = {4, 1},
+                                            .offset = at[i]}};
+      tcons_pieces(cons, c, names[i], SP_DTYPE_FLOAT16, 2,
+                   i == 0 ? qshape : kvshape, 1, &piece);
+    }
+  }
+  push_across_nodes(job, 4, cons, nodes, 3);
+  tcons_free(cons);
+  tjob_free(job);
+}
+END_TEST
+
+/* The bytes between nodes are each move's elements in row-major order of
+ * its shape, what the other node's daemon unpacks: rank 0's contiguous
+ * (3, 5) tensor packs as its own bytes for consumer 0, and columns 1..3
+ * of it, for consumer 1, as those rows' runs. */
+START_TEST(a_bucket_is_row_major) {
+  struct tjob *job = tjob_new(1);
+  struct tcons *cons = tcons_new(2);
+  const int64_t shape[2] = {3, 5}, rows[1] = {3};
+  char msg[256];
+
+  tjob_shard0(job, "w", SP_DTYPE_INT16, 2, shape, rows);
+  tcons_whole(cons, 0, "w", SP_DTYPE_INT16, 2, shape);
+  struct consume_piece piece = {.start = {0, 1},
+                                .storage = tcons_storage(cons, 1, 3 * 3 * 2),
+                                .dst = {.dtype = SP_DTYPE_INT16,
+                                        .ndim = 2,
+                                        .shape = {3, 3},
+                                        .stride = {3, 1}}};
+  tcons_pieces(cons, 1, "w", SP_DTYPE_INT16, 2, shape, 1, &piece);
+  tjob_node(job, 0, 1);
+  tcons_node(cons, 0, 2);
+  tcons_node(cons, 1, 2);
+  struct consume_plan *plan = build(job, cons);
+  struct tdata *data = tdata_new(tjob_input(job, 0, 0), 9);
+  struct sides s = sides_new(cons, data, 1);
+  const uint8_t *w = tdata_bytes(data, 0, 0);
+  uint8_t whole[30], columns[18];
+
+  memcpy(whole, w, sizeof whole);
+  for (int r = 0; r < 3; r++)
+    memcpy(columns + 6 * r, w + (r * 5 + 1) * 2, 6);
+  /* One bucket per consumer, one move each. */
+  const struct consume_round *round = &plan->rounds[0];
+  ck_assert_uint_eq(round->nbuckets, 2);
+  for (size_t b = 0; b < 2; b++) {
+    const struct consume_bucket *bk = &round->buckets[b];
+    uint8_t packed[30];
+    ck_assert_uint_eq(bk->nmoves, 1);
+    ck_assert_uint_eq(bk->nbytes, bk->dst == 0 ? 30 : 18);
+    ck_assert_int_eq(
+        consume_pack(plan, 0, b, s.src[0], packed, msg, sizeof msg), 0);
+    if (bk->dst == 0)
+      ck_assert_mem_eq(packed, whole, sizeof whole);
+    else
+      ck_assert_mem_eq(packed, columns, sizeof columns);
+  }
+  sides_free(&s);
+  tdata_free(data);
+  consume_plan_free(plan);
+  tcons_free(cons);
+  tjob_free(job);
+}
+END_TEST
+
+/* Rank 0 on node 1 packs for consumer 0 on node 2, whose buffer or the
+ * rank's storage is truncated: the bucket fails naming both sides. */
+static void truncated_bucket(bool trainer, char *msg, size_t msglen) {
+  struct tjob *job = tjob_new(1);
+  struct tcons *cons = tcons_new(1);
+  const int64_t shape[2] = {4, 4}, rows[1] = {4};
+  long page = sysconf(_SC_PAGESIZE);
+
+  tjob_shard0(job, "layer.w", SP_DTYPE_FLOAT32, 2, shape, rows);
+  tcons_whole(cons, 0, "layer.w", SP_DTYPE_FLOAT32, 2, shape);
+  tjob_node(job, 0, 1);
+  tcons_node(cons, 0, 2);
+  struct consume_plan *plan = build(job, cons);
+  struct tdata *data = tdata_new(tjob_input(job, 0, 0), 5);
+  struct sides s = sides_new(cons, data, 1);
+  uint8_t staging[64], *map;
+  tcons_clear(cons);
+  ck_assert_uint_eq(plan->rounds[0].nbuckets, 1);
+  ck_assert_uint_eq(plan->rounds[0].buckets[0].nbytes, sizeof staging);
+  if (trainer) {
+    map = truncated_mapping(tdata_bytes(data, 0, 0), 64, PROT_READ);
+    s.src[0][0].data = map;
+    ck_assert_int_eq(consume_pack(plan, 0, 0, s.src[0], staging, msg, msglen),
+                     SP_EBADFD);
+  } else {
+    map =
+        truncated_mapping(tcons_bytes(cons, 0, 0), 64, PROT_READ | PROT_WRITE);
+    s.dst[0][0] = map;
+    ck_assert_int_eq(consume_pack(plan, 0, 0, s.src[0], staging, msg, msglen),
+                     0);
+    ck_assert_int_eq(consume_unpack(plan, 0, 0, staging, s.dst[0], msg, msglen),
+                     SP_EBADFD);
+  }
+  munmap(map, (size_t)page);
+  sides_free(&s);
+  tdata_free(data);
+  consume_plan_free(plan);
+  tcons_free(cons);
+  tjob_free(job);
+}
+
+START_TEST(a_truncated_file_fails_its_bucket) {
+  char msg[SP_ERRMSG_MAX + 1];
+  truncated_bucket(true, msg, sizeof msg);
+  ck_assert_str_eq(msg, "rank 0's storage could not be read for key 'layer.w' "
+                        "or a key after it in its bucket to consumer 0 (was "
+                        "its file truncated after it was registered?)");
+  truncated_bucket(false, msg, sizeof msg);
+  ck_assert_str_eq(msg, "consumer 0's buffers could not be written for key "
+                        "'layer.w' or a key after it in its bucket from rank 0 "
+                        "(was a file truncated after it was registered?)");
+}
+END_TEST
+
 /* Two ranks' rows into one consumer's whole tensor on one node, with
  * rank 1's storage or the consumer's buffer truncated under the run. */
 static void truncated(bool trainer, char *msg, size_t msglen) {
@@ -429,6 +634,9 @@ int main(void) {
                  a_trainer_file_truncated_fails_naming_rank_key_and_consumer);
   tcase_add_test(tc, a_consumer_file_truncated_fails_naming_consumer_and_key);
   tcase_add_test(tc, a_cancelled_run_copies_nothing);
+  tcase_add_test(tc, buckets_between_nodes_complete_every_consumer);
+  tcase_add_test(tc, a_truncated_file_fails_its_bucket);
+  tcase_add_test(tc, a_bucket_is_row_major);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
