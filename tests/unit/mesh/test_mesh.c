@@ -138,7 +138,8 @@ static void node_data_link_up(struct job *job) {
   struct nodemsg h = {.op = NODEMSG_DATA,
                       .version = NODE_PROTOCOL_VERSION,
                       .node = 1,
-                      .node_id = NODE1_ID};
+                      .node_id = NODE1_ID,
+                      .streams = 1};
   memcpy(h.job, job->id, JOB_ID_BYTES);
   memset(h.nonce, 0x6b, sizeof h.nonce);
   peerauth_proof(job->secret, PEERAUTH_DIALER, PEERAUTH_DATA, job->id,
