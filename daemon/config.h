@@ -36,7 +36,7 @@
 #define CONFIG_DEFAULT_PEER_HANDSHAKES 64u
 /* Connections per pair of nodes (peer_streams): the default, and the most
  * (REMOTE_STREAMS_MAX, daemon/xfer/remote.h). */
-#define CONFIG_DEFAULT_PEER_STREAMS 1u
+#define CONFIG_DEFAULT_PEER_STREAMS 2u
 #define CONFIG_MAX_PEER_STREAMS 8u
 #define CONFIG_DEFAULT_DRAIN_TIMEOUT_MS 60000u
 #define CONFIG_DEFAULT_EXPORT_HISTORY 8u
