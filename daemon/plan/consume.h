@@ -64,11 +64,12 @@ enum consume_part {
   CONSUME_PIECES,
 };
 
-/* A buffer a consumer granted.  Storages with equal devices and equal
- * `memory` are parts of one memory object (one memfd, one CUDA
- * allocation), this one starting memory_offset bytes into it: the daemon
- * that mapped them fills both, and the planner refuses destinations that
- * share a byte of one object. */
+/* A buffer a consumer granted.  Storages of consumers on one node with
+ * equal devices and equal `memory` are parts of one memory object (one
+ * memfd, one CUDA allocation), this one starting memory_offset bytes into
+ * it: the daemon that mapped them fills both, and the planner refuses
+ * destinations that share a byte of one object.  Ids on different nodes
+ * never name one object. */
 struct consume_storage {
   struct sp_device device;
   uint64_t nbytes;

@@ -6,14 +6,14 @@
  * two targets of one consumer (q and k laid over each other in a fused
  * buffer), or targets of two consumers whose storages are one memfd or one
  * CUDA allocation.  Storages name their memory (consume_storage.memory, on
- * their device), so the destinations are grouped by memory object and each
- * group is swept as byte boxes by cover.c, exactly and in memory
- * proportional to the destinations.  A view's elements become bytes by
- * folding the element size into its stride-1 axis, or, when it has none,
- * into one more axis of `size` bytes.  Element strides that clear the axes
- * before them (sp__view_check_overlap, which every destination passed)
- * still clear them once multiplied by the size, so the boxes are what
- * cover_check takes.
+ * their device and their consumer's node), so the destinations are grouped
+ * by memory object and each group is swept as byte boxes by cover.c,
+ * exactly and in memory proportional to the destinations.  A view's
+ * elements become bytes by folding the element size into its stride-1
+ * axis, or, when it has none, into one more axis of `size` bytes.  Element
+ * strides that clear the axes before them (sp__view_check_overlap, which
+ * every destination passed) still clear them once multiplied by the size,
+ * so the boxes are what cover_check takes.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -38,16 +38,22 @@ static const struct consume_storage *box_storage(const struct alias_ctx *ax,
   return &ax->by_index[box->side]->storages[box->storage];
 }
 
-/* A destination with the memory object it lies in, to sort by. */
+/* A destination with the memory object it lies in, to sort by: the
+ * object is named by its consumer's node, its device and its id, since the
+ * ids a daemon gives its consumers' memory (a memfd's inode) mean nothing
+ * on another node, and host memory on two nodes has one device. */
 struct mem_ref {
   const struct consume_storage *s;
+  uint64_t node;
   size_t box;
 };
 
-static int memory_cmp(const struct consume_storage *a,
-                      const struct consume_storage *b) {
+static int memory_cmp(const struct mem_ref *ra, const struct mem_ref *rb) {
+  const struct consume_storage *a = ra->s, *b = rb->s;
   int c;
 
+  if (ra->node != rb->node)
+    return ra->node < rb->node ? -1 : 1;
   if (a->device.type != b->device.type)
     return a->device.type < b->device.type ? -1 : 1;
   if (a->device.index != b->device.index)
@@ -60,7 +66,7 @@ static int memory_cmp(const struct consume_storage *a,
 
 static int by_memory(const void *pa, const void *pb) {
   const struct mem_ref *a = pa, *b = pb;
-  int c = memory_cmp(a->s, b->s);
+  int c = memory_cmp(a, b);
   if (c != 0)
     return c;
   return a->box < b->box ? -1 : a->box > b->box;
@@ -176,13 +182,14 @@ int consume_alias_check(const struct consume_trainers *tr,
     goto out;
   }
   for (size_t i = 0; i < total; i++)
-    order[i] = (struct mem_ref){box_storage(&ax, i), i};
+    order[i] = (struct mem_ref){box_storage(&ax, i),
+                                by_index[wants->box[i].side]->node, i};
   qsort(order, total, sizeof *order, by_memory);
   /* A group of one destination cannot alias: its view reaches no element
    * twice (sp__view_check). */
   for (size_t i = 0; i < total && rc == 0;) {
     size_t j = i + 1;
-    while (j < total && memory_cmp(order[i].s, order[j].s) == 0)
+    while (j < total && memory_cmp(&order[i], &order[j]) == 0)
       j++;
     if (j - i > 1)
       rc = check_group(&ax, order + i, j - i, bb, boxes, msg, msglen);

@@ -426,12 +426,33 @@ static void carry(struct tcons *cons, const struct tdata *data,
           false);
 }
 
-void tcons_push(struct tcons *cons, const struct tdata *data,
-                const struct consume_plan *plan) {
+void tcons_clear(struct tcons *cons) {
   for (uint32_t c = 0; c < cons->n; c++)
     for (size_t s = 0; s < cons->c[c].nstorages; s++)
       memset(cons->c[c].storages[s].bytes, TCONS_UNTOUCHED,
              cons->c[c].storages[s].s.nbytes);
+}
+
+uint8_t *tcons_bytes(struct tcons *cons, uint32_t consumer, uint32_t storage) {
+  return cons->c[consumer].storages[storage].bytes;
+}
+
+size_t tcons_storage_count(const struct tcons *cons, uint32_t consumer) {
+  return cons->c[consumer].nstorages;
+}
+
+const uint8_t *tdata_bytes(const struct tdata *data, uint32_t rank,
+                           uint32_t storage) {
+  return data->bytes[rank][storage];
+}
+
+size_t tdata_storage_count(const struct tdata *data, uint32_t rank) {
+  return data->nstorages[rank];
+}
+
+void tcons_push(struct tcons *cons, const struct tdata *data,
+                const struct consume_plan *plan) {
+  tcons_clear(cons);
   for (size_t r = 0; r < plan->nrounds; r++) {
     const struct consume_round *round = &plan->rounds[r];
     /* Local moves as the consumers list them; buckets packed by their

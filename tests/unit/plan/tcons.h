@@ -72,6 +72,16 @@ struct tdata;
 struct tdata *tdata_new(const struct plan_input *trainers, uint64_t values);
 void tdata_free(struct tdata *data);
 
+/* Fills every consumer buffer with TCONS_UNTOUCHED. */
+void tcons_clear(struct tcons *cons);
+/* Consumer's storage's bytes, and rank's storage's bytes of data: for an
+ * engine under test, which carries the moves itself. */
+uint8_t *tcons_bytes(struct tcons *cons, uint32_t consumer, uint32_t storage);
+size_t tcons_storage_count(const struct tcons *cons, uint32_t consumer);
+const uint8_t *tdata_bytes(const struct tdata *data, uint32_t rank,
+                           uint32_t storage);
+size_t tdata_storage_count(const struct tdata *data, uint32_t rank);
+
 /* Carries every move of every round of plan into the consumers' buffers,
  * which it first fills with TCONS_UNTOUCHED. */
 void tcons_push(struct tcons *cons, const struct tdata *data,

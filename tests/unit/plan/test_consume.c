@@ -749,18 +749,22 @@ static void targets_overlap(struct tjob *job, struct tcons *cons) {
   one_piece(cons, 1, "b", 0, 1, s, 0);
   one_piece(cons, 1, "c", 0, 1, s, 2);
 }
-/* Consumer 0's b at bytes 0-47 of memory 7, consumer 1's c from byte 40. */
+/* Consumer 0's b at bytes 0-47 of memory 7, consumer 1's c from byte 40,
+ * both consumers on node 0. */
 static void consumers_alias(struct tjob *job, struct tcons *cons) {
   uint32_t s0 = tcons_storage_in(cons, 0, 7, 0, 48);
   uint32_t s1 = tcons_storage_in(cons, 1, 7, 40, 48);
   struct consume_target *t;
   (void)job;
+  tcons_node(cons, 1, 0);
   b_whole(cons)->storage = s0;
   t = tcons_whole(cons, 1, "c", SP_DTYPE_FLOAT32, 2, base_shape);
   t->storage = s1;
 }
-/* One byte of memory 9 is consumer 0's and consumer 1's 0-d target. */
+/* One byte of memory 9 is consumer 0's and consumer 1's 0-d target, both
+ * on node 0. */
 static void scalars_alias(struct tjob *job, struct tcons *cons) {
+  tcons_node(cons, 1, 0);
   for (uint32_t c = 0; c < 2; c++) {
     struct consume_target *t =
         tcons_whole(cons, c, "s", SP_DTYPE_UINT8, 0, base_shape);
@@ -952,6 +956,24 @@ START_TEST(one_memory_id_on_two_devices_does_not_alias) {
 }
 END_TEST
 
+/* One memory id on two nodes is two buffers: a daemon names its own
+ * consumers' memory (a memfd's inode), and another node's daemon may give
+ * the same id to other memory. */
+START_TEST(one_memory_id_on_two_nodes_does_not_alias) {
+  struct tjob *job;
+  struct tcons *cons;
+  struct consume_plan *plan;
+
+  base_job(&job, &cons);
+  consumers_alias(job, cons);
+  tcons_node(cons, 1, 1);
+  plan = build(job, cons, 0);
+  consume_plan_free(plan);
+  tcons_free(cons);
+  tjob_free(job);
+}
+END_TEST
+
 /* The affine layouts of the planner's property test (tgen.h) as trainers:
  * a layout whose pieces all land on boxes delivers every byte to consumers
  * holding column shards and a whole copy; one with a piece on no box is
@@ -1023,6 +1045,7 @@ int main(void) {
                       (int)(sizeof refusals / sizeof refusals[0]));
   tcase_add_test(tc, consumers_each_once);
   tcase_add_test(tc, one_memory_id_on_two_devices_does_not_alias);
+  tcase_add_test(tc, one_memory_id_on_two_nodes_does_not_alias);
   tcase_add_test(tc, affine_trainer_layouts);
   suite_add_tcase(s, tc);
   sr = srunner_create(s);
