@@ -16,6 +16,7 @@
  */
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,7 +72,13 @@ static struct {
   struct vmm_alloc *allocs;
   struct reservation *reservations;
   size_t used[FAKE_MAX_GPUS]; /* bytes per physical device */
+  /* NCCL operations in flight per physical device (spfake_kernels). */
+  _Atomic int kernels[FAKE_MAX_GPUS];
 } mem = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* What cudaMemGetInfo reports as a device's total memory when
+ * SHARDPORT_FAKE_MEM_MB sets no limit: an H100's 80 GiB. */
+#define FAKE_TOTAL_MEM ((size_t)80 << 30)
 
 /* The legacy IPC memory handle's bytes (CUDA_IPC_HANDLE_SIZE of them). */
 struct ipc_mem_wire {
@@ -238,7 +245,10 @@ cudaError_t cudaMalloc(void **devPtr, size_t size) {
 }
 
 /* Like the real cudaFree, waits for the device's work first, so that no
- * queued copy touches memory that is gone. */
+ * queued copy touches memory that is gone.  Freeing while NCCL operations
+ * are in flight on the device is what NCCL warns can deadlock (cudaFree
+ * synchronises the device while NCCL kernels wait for their peers): the
+ * fake ends the process, loudly, rather than sometimes hang. */
 cudaError_t cudaFree(void *devPtr) {
   FAKE_READY();
   if (devPtr == NULL)
@@ -248,6 +258,14 @@ cudaError_t cudaFree(void *devPtr) {
   if (r == NULL || r->base != (uintptr_t)devPtr || r->kind != REGION_MALLOC) {
     pthread_mutex_unlock(&mem.lock);
     return fake_error(cudaErrorInvalidValue);
+  }
+  if (atomic_load(&mem.kernels[r->phys]) > 0) {
+    fprintf(stderr,
+            "fake CUDA: cudaFree(%p) on physical device %d while %d NCCL "
+            "operation(s) are in flight there, which can deadlock on a GPU "
+            "(docs/fakes.md)\n",
+            devPtr, r->phys, atomic_load(&mem.kernels[r->phys]));
+    abort();
   }
   region_remove(r);
   mem.used[r->phys] -= r->size;
@@ -277,6 +295,55 @@ cudaError_t cudaFreeHost(void *ptr) {
   fake_sync_all_streams();
   free(ptr);
   return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {
+  FAKE_LIVE();
+  if (free == NULL || total == NULL)
+    return fake_error(cudaErrorInvalidValue);
+  size_t limit = fake_config(NULL)->mem_limit;
+  size_t all = limit != 0 ? limit : FAKE_TOTAL_MEM;
+  pthread_mutex_lock(&mem.lock);
+  size_t used = mem.used[fake_physical(fake_current_device())];
+  pthread_mutex_unlock(&mem.lock);
+  *total = all;
+  *free = used < all ? all - used : 0;
+  return cudaSuccess;
+}
+
+bool spfake_device_identity(int ordinal, uint64_t *id) {
+  cudaError_t err;
+  const struct fake_config *cfg = fake_config(&err);
+  int phys = fake_physical(ordinal);
+  if (err != cudaSuccess || phys < 0)
+    return false;
+  *id = (uint64_t)cfg->node << 32 | (uint64_t)phys;
+  return true;
+}
+
+cudaError_t spfake_device_charge(int ordinal, size_t bytes) {
+  int phys = fake_physical(ordinal);
+  if (phys < 0)
+    return cudaErrorInvalidDevice;
+  pthread_mutex_lock(&mem.lock);
+  bool ok = budget_take(phys, bytes);
+  pthread_mutex_unlock(&mem.lock);
+  return ok ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+void spfake_device_uncharge(int ordinal, size_t bytes) {
+  int phys = fake_physical(ordinal);
+  if (phys < 0)
+    return;
+  pthread_mutex_lock(&mem.lock);
+  mem.used[phys] -= bytes;
+  pthread_mutex_unlock(&mem.lock);
+}
+
+void spfake_kernels(int ordinal, int delta) {
+  int phys = fake_physical(ordinal);
+  if (phys >= 0)
+    atomic_fetch_add(&mem.kernels[phys], delta);
 }
 
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes,
