@@ -590,6 +590,22 @@ int job_op_join(struct conn *c, const struct sp_msg_head *head,
                                  ? "the host"
                                  : "a GPU",
                              req.rank, req.device);
+  /* A job across nodes moves data between nodes through NCCL, one rank
+   * per GPU: NCCL does not support one device as two ranks of a
+   * communicator (it may hang; docs/gpu.md).  Merging two ranks' buckets
+   * into one NCCL rank is not done, so the second rank is refused here,
+   * before anything is set up. */
+  for (uint32_t r = 0; job->mesh != NULL && device >= 0 && r < job->world; r++)
+    if (job->members[r] != NULL && !job->members[r]->lost &&
+        job->members[r]->reg.gpu != NULL && job->members[r]->reg.device == device)
+      return conn_send_error(c, head->id, SP_EINVAL,
+                             "join: rank %" PRIu32 " of job %s is on %s "
+                             "already; a job across nodes takes one rank "
+                             "per GPU (one NCCL rank each), so rank %" PRIu32
+                             " needs a GPU of its own",
+                             r, job->hex,
+                             gpu_device_name(srv->backend->gpu, device),
+                             req.rank);
   if (job->mesh != NULL) {
     /* Every rank of a job across nodes joins once, as its root decides. */
     rc = mesh_join(job, c, head, &req, device);

@@ -248,14 +248,12 @@ struct node_state {
 
 static void node_free(struct node_state *ns) {
   gpu_comms_free(ns->comms);
-  const struct cuda_api *a = &ns->gpu->api;
   for (uint32_t r = 0; r < MAX_WORLD; r++) {
     gpu_segment_free(ns->gpu, ns->segs[r]);
     for (size_t i = 0; ns->src[r] != NULL && i < ns->nsrc[r]; i++)
-      if (ns->src[r][i].gpu.data != NULL) {
-        a->cudaSetDevice(ns->src[r][i].gpu.device);
-        a->cudaFree((void *)ns->src[r][i].gpu.data);
-      }
+      /* As the daemon frees: not under NCCL work still being aborted. */
+      gpu_device_free(ns->gpu, ns->src[r][i].gpu.device,
+                      (void *)ns->src[r][i].gpu.data);
     free(ns->src[r]);
   }
   if (ns->have_layout)
@@ -411,7 +409,7 @@ int main(int argc, char **argv) {
     fail("error setting up: %s", msg, 2);
     goto out;
   }
-  int rc = gpu_comms_create(ns.gpu, id, world, ns.local, ns.nlocal,
+  int rc = gpu_comms_create(ns.gpu, id, world, ns.local, ns.nlocal, ns.plan,
                             timeout_ms, &ns.comms, msg, sizeof msg);
   if (rc != 0) {
     ns.comms = NULL;
