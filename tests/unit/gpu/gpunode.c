@@ -27,7 +27,8 @@
  * checked byte for byte ("self ok").  GPUNODE_ID2=HEX runs a second job of
  * the same ranks at the same time, on its own communicators (made from
  * that id) and segments, each job's exports on a thread of its own, as
- * two jobs' engines run in a daemon.  GPUNODE_MEMCHECK=1 fails ("fail ...")
+ * two jobs' engines run in a daemon; the first job exports 2 * EXPORTS
+ * times, and each job frees its segments once its exports are over.  GPUNODE_MEMCHECK=1 fails ("fail ...")
  * when the exports took device memory that cudaMemGetInfo counts beyond
  * what the warmed communicators had taken.
  */
@@ -431,6 +432,12 @@ static void *run_exports(void *arg) {
     printf("ok %d %ld\n", n, verified);
     fflush(stdout);
   }
+  /* Done, the job frees its segments, as a daemon frees those of ranks
+   * that leave, while another job's rounds may still run. */
+  for (uint32_t r = 0; r < MAX_WORLD; r++) {
+    gpu_segment_free(ns->gpu, x->js->segs[r]);
+    x->js->segs[r] = NULL;
+  }
   x->status = 0;
   return NULL;
 }
@@ -513,8 +520,12 @@ int main(int argc, char **argv) {
   struct exports ex[MAX_JOBS];
   pthread_t threads[MAX_JOBS];
   for (int j = 0; j < ns.njobs; j++) {
+    /* The first job exports twice as often, so that the second one ends
+     * (and frees) while the first one's rounds run. */
     ex[j] = (struct exports){.ns = &ns, .js = &ns.jobs[j], .node = node,
-                             .timeout_ms = timeout_ms, .count = exports};
+                             .timeout_ms = timeout_ms,
+                             .count = j == 0 && ns.njobs > 1 ? 2 * exports
+                                                             : exports};
     if (j > 0 && pthread_create(&threads[j], NULL, run_exports, &ex[j]) != 0) {
       status = fail("fail %s", "no thread for the second job", 1);
       goto out;
@@ -534,10 +545,10 @@ int main(int argc, char **argv) {
   for (size_t i = 0; memcheck != NULL && strcmp(memcheck, "1") == 0 &&
                      i < ns.nlocal;
        i++)
-    if (after[i] != warm_free[i]) {
-      printf("fail the exports took %zd bytes of device memory on GPU %d "
+    if (after[i] < warm_free[i]) {
+      printf("fail the exports took %zu bytes of device memory on GPU %d "
              "beyond the warmed communicators'\n",
-             (ssize_t)(warm_free[i] - after[i]), ns.local[i].device);
+             warm_free[i] - after[i], ns.local[i].device);
       status = 1;
       goto out;
     }
