@@ -157,12 +157,14 @@ if [ "$ngpus" -ge 2 ]; then
   node0=$!
   id=""
   id2=""
+  # Node 0 prints "id2" after "id": once the second is there, so is the
+  # first.
   for _ in $(seq 1 300); do
-    id=$(sed -n 's/^id //p' "$work/node0.log")
     id2=$(sed -n 's/^id2 //p' "$work/node0.log")
     [ -n "$id2" ] && break
     sleep 0.1
   done
+  id=$(sed -n 's/^id //p' "$work/node0.log")
   GPUNODE_GPUS=1 GPUNODE_ID2=$id2 CUDA_VISIBLE_DEVICES=$second timeout 300 \
     "$gpunode" "$id" 2 1 2 >"$work/node1.log" 2>&1
   rc1=$?
