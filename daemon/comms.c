@@ -27,7 +27,8 @@ void comms_want_rank(struct comms_want *w, uint32_t r,
                                               .device = m->reg.device};
 }
 
-/* Aborted, not finalized: a peer's may be gone. */
+/* Aborted, not finalized: a peer's may be gone.  Both on a helper
+ * thread: whoever drops them (the loop, too) does not wait. */
 static void drop(struct job *job) {
   gpu_comms_abort(job->gpu_comms);
   gpu_comms_free(job->gpu_comms);
