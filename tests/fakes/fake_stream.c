@@ -398,8 +398,11 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   uint64_t target = s->enqueued;
   pthread_mutex_unlock(&s->lock);
   stream_drain(s, target);
+  /* A fault of the work it waited for is reported here, as the
+   * asynchronous error it is on a GPU. */
+  cudaError_t sticky = fake_sticky(s->phys);
   stream_unref(s);
-  return cudaSuccess;
+  return fake_error(sticky);
 }
 
 static struct op *op_new(enum op_kind kind) {
