@@ -600,9 +600,10 @@ int gpu_engine_run(struct engine *e) {
   e->msg[0] = '\0';
   char why[SP_ERRMSG_MAX + 1];
   for (int d = 0; d < gpu->ndevices && e->rc == 0; d++) {
-    /* A failed device gets no event: check_plan refuses a plan that
-     * touches it, and nothing else runs there. */
-    if (gpu_failure(gpu, d, why, sizeof why) == d)
+    /* A failed or skipped device gets no event: check_plan refuses a
+     * plan that touches it (nothing registers there), and nothing else
+     * runs there. */
+    if (!gpu_device_usable(gpu, d))
       continue;
     r.a->cudaSetDevice(d);
     cudaError_t err =

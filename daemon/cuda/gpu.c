@@ -71,8 +71,17 @@ int gpu_failure(const struct gpu *gpu, int from, char *why, size_t whylen) {
   return -1;
 }
 
+bool gpu_device_usable(const struct gpu *gpu, int device) {
+  return gpu->devices[device].skipped[0] == '\0' &&
+         atomic_load(&gpu->faults[device]) == 0;
+}
+
 int gpu_set_device(const struct gpu *gpu, int device, char *msg,
                    size_t msglen) {
+  if (device >= 0 && device < gpu->ndevices &&
+      gpu->devices[device].skipped[0] != '\0')
+    return sp__failf(msg, msglen, SP_EBACKEND, "%s is not served: %s",
+                     gpu->devices[device].name, gpu->devices[device].skipped);
   int fault = device >= 0 && device < gpu->ndevices
                   ? atomic_load(&gpu->faults[device])
                   : 0;
@@ -91,11 +100,11 @@ int gpu_set_device(const struct gpu *gpu, int device, char *msg,
  * slower but correct, so a refusal is not an error. */
 static void enable_peers(struct gpu *gpu) {
   for (int a = 0; a < gpu->ndevices; a++) {
-    if (gpu->api.cudaSetDevice(a) != cudaSuccess)
+    if (!gpu_device_usable(gpu, a) || gpu->api.cudaSetDevice(a) != cudaSuccess)
       continue;
     for (int b = 0; b < gpu->ndevices; b++) {
       int can = 0;
-      if (a == b ||
+      if (a == b || !gpu_device_usable(gpu, b) ||
           gpu->api.cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || !can)
         continue;
       cudaError_t err = gpu->api.cudaDeviceEnablePeerAccess(b, 0);
@@ -112,6 +121,29 @@ static void destroy_streams(struct gpu *gpu) {
       gpu->api.cudaStreamDestroy(gpu->devices[d].stream);
       gpu->devices[d].stream = NULL;
     }
+}
+
+/* A GPU in exclusive-process mode takes one process's context at a time,
+ * and one in prohibited mode none (driver_types.h, cudaComputeMode): a
+ * context of the daemon's would keep every trainer off the first, and the
+ * second has no use.  Such a GPU is skipped before any context is made on
+ * it, with the reason status shows.  Returns how many GPUs are served. */
+static int skip_unshared(struct gpu *gpu) {
+  int served = 0;
+  for (int d = 0; d < gpu->ndevices; d++) {
+    struct gpu_device *dev = &gpu->devices[d];
+    if (dev->info.compute_mode == cudaComputeModeExclusiveProcess)
+      snprintf(dev->skipped, sizeof dev->skipped,
+               "it is in exclusive-process compute mode, where a context of "
+               "shardportd's would keep the trainers off it (nvidia-smi "
+               "--compute-mode=DEFAULT shares it)");
+    else if (dev->info.compute_mode == cudaComputeModeProhibited)
+      snprintf(dev->skipped, sizeof dev->skipped,
+               "it is in prohibited compute mode: no process may use it");
+    else
+      served++;
+  }
+  return served;
 }
 
 int gpu_open(struct gpu **out, char *why, size_t whylen) {
@@ -158,8 +190,17 @@ int gpu_open(struct gpu **out, char *why, size_t whylen) {
              (int)(sizeof gpu->devices[d].name - sizeof "cuda:"),
              info[d].uuid_str);
   }
+  if (skip_unshared(gpu) == 0) {
+    rc = sp__failf(why, whylen, SP_EBACKEND,
+                   "no GPU can be served: %s %s", gpu->devices[0].name,
+                   gpu->devices[0].skipped);
+    gpu_close(gpu);
+    return rc;
+  }
   enable_peers(gpu);
   for (int d = 0; d < count && rc == 0; d++) {
+    if (gpu->devices[d].skipped[0] != '\0')
+      continue;
     rc = gpu_set_device(gpu, d, why, whylen);
     if (rc == 0) {
       cudaError_t err = gpu->api.cudaStreamCreateWithFlags(
@@ -194,6 +235,11 @@ void gpu_describe(const struct gpu *gpu, char *out, size_t outlen) {
     used += (size_t)snprintf(out + used, outlen - used, "%s%s",
                              d > 0 ? ", " : "",
                              gpu->devices[d].info.uuid_str);
+  for (int d = 0; d < gpu->ndevices && used < outlen; d++)
+    if (gpu->devices[d].skipped[0] != '\0')
+      used += (size_t)snprintf(out + used, outlen - used, "; %s skipped: %s",
+                               gpu->devices[d].info.uuid_str,
+                               gpu->devices[d].skipped);
   const struct cuda_api *a = &gpu->api;
   if (used < outlen)
     snprintf(out + used, outlen - used,

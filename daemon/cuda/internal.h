@@ -25,6 +25,10 @@ struct gpu_device {
   /* The stream every copy into this GPU's segments is issued on, so that
    * zeroing a segment, assembling it and recording its event are ordered. */
   cudaStream_t stream;
+  /* Why shardportd leaves this GPU alone ("" when it serves it): its
+   * compute mode lets no context of the daemon's share it (gpu.c).  Set
+   * once by gpu_open; no context is ever made on a skipped GPU. */
+  char skipped[160];
 };
 
 struct gpu {
@@ -49,9 +53,14 @@ struct gpu {
 int gpu_cuda_fail(const struct gpu *gpu, cudaError_t err, const char *what,
                   char *msg, size_t msglen);
 /* cudaSetDevice(device) on the calling thread: 0 or SP_EBACKEND, also
- * when a sticky error ended device's context (gpu_failure's sentence). */
+ * when a sticky error ended device's context (gpu_failure's sentence) or
+ * the GPU is skipped (its reason). */
 int gpu_set_device(const struct gpu *gpu, int device, char *msg,
                    size_t msglen);
+
+/* Whether the engine may work on device: neither skipped nor failed.  A
+ * call on a skipped GPU would make the context its compute mode forbids. */
+bool gpu_device_usable(const struct gpu *gpu, int device);
 
 /* The interprocess event the engine records on the segment's GPU stream
  * once the segment's tensors are assembled (segment.c). */
