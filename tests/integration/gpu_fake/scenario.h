@@ -83,6 +83,10 @@ struct scenario {
   /* When set, each rank waits after joining and registering until this
    * file exists before it asks for its first export. */
   const char *gate;
+  /* Each rank talks to the daemon from a thread of its own that has no
+   * CUDA context, as an asynchronous checkpoint thread does, and checks at
+   * the end that the library made a context on no GPU but the rank's. */
+  bool library_thread;
 };
 
 struct report {

@@ -64,6 +64,26 @@ START_TEST(cumem_allocations_sharing_a_gpu_are_mapped_apart) {
 }
 END_TEST
 
+START_TEST(a_thread_without_a_context_registers_and_exports) {
+  /* Every rank uses the library from a thread that never touched CUDA
+   * (an asynchronous checkpoint thread): its registrations need a context
+   * for the driver's address lookup, and its exports must make none on a
+   * GPU the rank never used (restoring "device 0" would, since CUDA 12;
+   * docs/fakes.md).  Ranks 1 and 3 sit on GPU 1 and never use GPU 0. */
+  struct scenario sc = {.world = 4,
+                        .nkeys = world_nmixed,
+                        .keys = world_mixed_keys,
+                        .gpus = 2,
+                        .library_thread = true,
+                        .modes = {MODE_PTR, MODE_PTR, MODE_FD, MODE_FD}};
+  struct world w;
+  world_run(&sc, &w);
+  world_assert_exported(&w, &sc);
+  world_free(&w, &sc);
+  world_assert_mappings_closed();
+}
+END_TEST
+
 START_TEST(large_strided_tensors) {
   /* Big enough that copies are many 2-D slabs, uneven shards. */
   static const struct tkey keys[] = {
@@ -248,6 +268,7 @@ void test_exports_add(const struct gpu_cases *c) {
   tcase_add_test(c->export, every_registration_kind_across_shared_gpus);
   tcase_add_test(c->export, cumem_allocations_sharing_a_gpu_are_mapped_apart);
   tcase_add_test(c->export, large_strided_tensors);
+  tcase_add_test(c->export, a_thread_without_a_context_registers_and_exports);
   tcase_add_test(c->pool, segments_reused_by_their_owner);
   tcase_add_test(c->small_pool, device_pool_capacity_refused_on_every_rank);
   tcase_add_test(c->faults, rank_killed_mid_round);
