@@ -23,7 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "daemon/comms.h"
 #include "daemon/conn.h"
@@ -113,20 +115,23 @@ static void on_job_handle_closed(uv_handle_t *handle) {
   free(job);
 }
 
-/* Releases the member's published exports, returning their pool memory
- * (counted on while the rank still holds it, pool.h). */
+/* Gives back the exports the member never released: the rank may still
+ * have them open, so their pool memory stays counted until it let go
+ * (pool.h). */
 static void member_release_all(struct job_member *m) {
   struct pool *pool = m->job->srv->pool;
   while (m->published != NULL) {
     struct job_published *p = m->published;
     m->published = p->next;
-    pool_segment_put(pool, p->segment);
+    pool_segment_abandon(pool, p->segment, m->pidfd);
     free(p);
   }
 }
 
 static void member_free(struct job_member *m) {
   member_release_all(m);
+  if (m->pidfd >= 0)
+    close(m->pidfd);
   /* The device segments kept for its next export go now. */
   pool_owner_gone(m->job->srv->pool, m);
   request_groups_free(&m->ask.groups);
@@ -617,6 +622,12 @@ struct job_member *job_admit(struct job *job, struct conn *c,
   m->conn = c;
   m->rank = req->rank;
   m->user = user;
+  /* Taken now, while the process is surely the rank's (a pid may be
+   * reused once it ended); without one (a kernel before 5.3), an export
+   * the rank never released is freed when it leaves. */
+  m->pidfd = conn_peer(c)->pid > 0
+                 ? (int)syscall(SYS_pidfd_open, conn_peer(c)->pid, 0)
+                 : -1;
   registry_init(&m->reg, req->device_type);
   m->reg.quota = &quota_registry_ops;
   m->reg.quota_arg = user;

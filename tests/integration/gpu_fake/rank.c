@@ -13,7 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "shardport.h"
@@ -464,6 +467,68 @@ static uint32_t contexts(struct rank *r) {
   return have;
 }
 
+/* close_holding: once every rank of the daemon left (each closed its
+ * connection), the daemon still counts the device bytes this rank owns
+ * and holds open. */
+static void check_held(struct rank *r, const char *socket,
+                       const sp_owned_set *set) {
+  bool holds_segment = false;
+  for (size_t i = 0; i < set->ntensors; i++)
+    holds_segment = holds_segment ||
+                    (!set->tensors[i].identity && set->tensors[i].data != NULL);
+  sp_client *c;
+  if (sp_connect(socket, &c) < 0) {
+    failf(r, "cannot connect for status");
+    return;
+  }
+  bool left = false;
+  for (int waited = 0; !left && waited < WAIT_MS; waited += 10) {
+    sp_job_list *jobs;
+    if (sp_jobs(c, &jobs) < 0)
+      break;
+    left = true;
+    for (size_t j = 0; j < jobs->njobs; j++)
+      left = left && jobs->jobs[j].joined == 0;
+    sp_job_list_free(jobs);
+    if (!left)
+      usleep(10000);
+  }
+  sp_status_info *st;
+  if (!left)
+    failf(r, "the ranks' departures never reached the daemon");
+  else if (sp_status(c, &st) < 0)
+    failf(r, "status failed");
+  else {
+    if (holds_segment && st->pool_used == 0)
+      failf(r, "the daemon counts no pool memory in use while this rank "
+               "holds its segment open");
+    sp_status_free(st);
+  }
+  sp_close(c);
+}
+
+/* Shuts down this process's connection to the daemon at socket under the
+ * library, as a connection that breaks: the daemon sees the rank gone
+ * while the library still has the rank's export open. */
+static void break_connection(struct rank *r, const char *socket) {
+  DIR *dir = opendir("/proc/self/fd");
+  int broken = 0;
+  for (struct dirent *de; dir != NULL && (de = readdir(dir)) != NULL;) {
+    int fd = atoi(de->d_name);
+    struct sockaddr_un peer;
+    socklen_t len = sizeof peer;
+    if (de->d_name[0] != '.' &&
+        getpeername(fd, (struct sockaddr *)&peer, &len) == 0 &&
+        peer.sun_family == AF_UNIX && strcmp(peer.sun_path, socket) == 0 &&
+        shutdown(fd, SHUT_RDWR) == 0)
+      broken++;
+  }
+  if (dir != NULL)
+    closedir(dir);
+  if (broken != 1)
+    failf(r, "found %d connections to the daemon to break", broken);
+}
+
 /* What a rank does with the daemon: join, register, export, check,
  * release, leave. */
 struct session {
@@ -541,6 +606,12 @@ static void *run_session(void *arg) {
       return NULL;
     }
     verify(r, set);
+    if (sc->close_holding) {
+      break_connection(r, s->socket);
+      check_held(r, s->socket, set);
+      sp_release(c, set);
+      return NULL;
+    }
     for (size_t i = 0; i < set->ntensors && e < 4; i++)
       if (!set->tensors[i].identity && set->tensors[i].data != NULL) {
         r->rep.seg_inode[e] = inode_at(set->tensors[i].data);

@@ -87,6 +87,12 @@ struct scenario {
    * CUDA context, as an asynchronous checkpoint thread does, and checks at
    * the end that the library made a context on no GPU but the rank's. */
   bool library_thread;
+  /* After its first export each rank's connection breaks (the rank shuts
+   * its socket down under the library) while it still holds what it owns,
+   * and the rank checks that the daemon, once every rank left, still
+   * counts that memory in pool_used: freeing it while the rank has it
+   * open is undefined (docs/fakes.md). */
+  bool close_holding;
 };
 
 struct report {

@@ -84,6 +84,24 @@ START_TEST(a_thread_without_a_context_registers_and_exports) {
 }
 END_TEST
 
+START_TEST(an_unreleased_segment_lives_while_its_rank_holds_it) {
+  /* Each rank leaves by closing its connection while it still holds its
+   * export (the ranks check the daemon's count then); the segments are
+   * freed once the rank processes ended. */
+  struct scenario sc = {.world = 4,
+                        .nkeys = world_nmixed,
+                        .keys = world_mixed_keys,
+                        .gpus = 2,
+                        .close_holding = true,
+                        .modes = {MODE_PTR, MODE_TORCH, MODE_FD, MODE_RAW}};
+  struct world w;
+  world_run(&sc, &w);
+  world_assert_exported(&w, &sc);
+  world_free(&w, &sc);
+  world_assert_mappings_closed();
+}
+END_TEST
+
 START_TEST(large_strided_tensors) {
   /* Big enough that copies are many 2-D slabs, uneven shards. */
   static const struct tkey keys[] = {
@@ -269,6 +287,7 @@ void test_exports_add(const struct gpu_cases *c) {
   tcase_add_test(c->export, cumem_allocations_sharing_a_gpu_are_mapped_apart);
   tcase_add_test(c->export, large_strided_tensors);
   tcase_add_test(c->export, a_thread_without_a_context_registers_and_exports);
+  tcase_add_test(c->export, an_unreleased_segment_lives_while_its_rank_holds_it);
   tcase_add_test(c->pool, segments_reused_by_their_owner);
   tcase_add_test(c->small_pool, device_pool_capacity_refused_on_every_rank);
   tcase_add_test(c->faults, rank_killed_mid_round);
