@@ -13,8 +13,8 @@
 #     daemon at all each get an error naming the path, where it came from,
 #     and what to do.
 #   system-socket.sh SHARDPORTD SHARDPORT_CLI PYTHON3 PYTHONPATH_DIR LIBSHARDPORT
-# Needs root and unshare(1); where either is missing it says so and exits
-# 77 (skipped).
+# Needs root and unshare(1), and a build that the user nobody can reach;
+# where any is missing it says so and exits 77 (skipped).
 set -euo pipefail
 
 if [ -z "${SP_IN_NAMESPACE:-}" ]; then
@@ -23,6 +23,15 @@ if [ -z "${SP_IN_NAMESPACE:-}" ]; then
     echo "SKIPPED: system-socket needs root and unshare(1) for a private mount namespace"
     exit 77
   fi
+  # The test runs the build's programs as nobody; a build under a private
+  # directory (mktemp -d makes mode 0700) keeps nobody out of them.
+  for built in "$2" "$5" "$4/shardport/__init__.py"; do
+    if ! setpriv --reuid=nobody --regid=nogroup --clear-groups test -r "$built"; then
+      echo "SKIPPED: system-socket runs the build as nobody, who cannot reach $built (a directory above it keeps others out)" >&2
+      echo "SKIPPED: system-socket runs the build as nobody, who cannot reach $built (a directory above it keeps others out)"
+      exit 77
+    fi
+  done
   exec unshare -m --propagation private env SP_IN_NAMESPACE=1 "$0" "$@"
 fi
 
