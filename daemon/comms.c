@@ -45,7 +45,7 @@ static bool join_set_fits(const struct job *job, const struct comms_want *w) {
  * it. */
 static int warm_join_set(struct job *job, const struct comms_want *w,
                          char *msg, size_t msglen) {
-  int rc = gpu_comms_warm(job->gpu_comms, w->timeout_ms, msg, msglen);
+  int rc = gpu_comms_warm(job->gpu_comms, w->plan, w->timeout_ms, msg, msglen);
   if (rc != 0) {
     gpu_comms_free(job->gpu_comms);
     job->gpu_comms = NULL;
@@ -92,8 +92,18 @@ static int make_generation(struct job *job, const struct comms_want *w,
              job->hex);
     return SP_EBACKEND;
   }
+  /* The sets dropped before are aborted on helper threads: the new ones
+   * (maybe of the same id) start once those ended, within the timeout. */
+  if (!gpu_comms_wait_ended(w->gpu, w->timeout_ms)) {
+    snprintf(msg, msglen,
+             "job %s: earlier NCCL communicators on this node did not end "
+             "within %" PRIu32 " ms (ncclCommAbort blocks)",
+             job->hex, w->timeout_ms);
+    return SP_ETIMEOUT;
+  }
   int rc = gpu_comms_create(w->gpu, w->id, job->world, w->ranks, w->n,
-                            w->timeout_ms, &job->gpu_comms, msg, msglen);
+                            w->plan, w->timeout_ms, &job->gpu_comms, msg,
+                            msglen);
   if (rc == 0) {
     job->gpu_comms_gen = w->gen;
     log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),

@@ -18,6 +18,7 @@
  * registration) until that rank joins again: an export its ranks ask for
  * meanwhile fails at once with rank_lost, never after a timeout.
  */
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -595,6 +596,22 @@ int job_op_join(struct conn *c, const struct sp_msg_head *head,
                                  ? "the host"
                                  : "a GPU",
                              req.rank, req.device);
+  /* A job across nodes moves data between nodes through NCCL, one rank
+   * per GPU: NCCL does not support one device as two ranks of a
+   * communicator (it may hang; docs/gpu.md).  Merging two ranks' buckets
+   * into one NCCL rank is not done, so the second rank is refused here,
+   * before anything is set up. */
+  for (uint32_t r = 0; job->mesh != NULL && device >= 0 && r < job->world; r++)
+    if (job->members[r] != NULL && !job->members[r]->lost &&
+        job->members[r]->reg.gpu != NULL && job->members[r]->reg.device == device)
+      return conn_send_error(c, head->id, SP_EINVAL,
+                             "join: rank %" PRIu32 " of job %s is on %s "
+                             "already; a job across nodes takes one rank "
+                             "per GPU (one NCCL rank each), so rank %" PRIu32
+                             " needs a GPU of its own",
+                             r, job->hex,
+                             gpu_device_name(srv->backend->gpu, device),
+                             req.rank);
   if (job->mesh != NULL) {
     /* Every rank of a job across nodes joins once, as its root decides. */
     rc = mesh_join(job, c, head, &req, device);
@@ -604,6 +621,23 @@ int job_op_join(struct conn *c, const struct sp_msg_head *head,
   if (job_admit(job, c, head->id, &req, device) == NULL)
     return conn_send_error(c, head->id, SP_ENOMEM, "join: out of memory");
   return 0;
+}
+
+/* A descriptor that tells when process pid ends (pool.h), taken at the
+ * join while the process is surely the rank's (a pid may be reused once it
+ * ended): its pidfd, or where the kernel gives none (before Linux 5.3, and
+ * under valgrind, which does not know the call) its /proc directory; -1
+ * when neither can be had, and then an export the rank never released is
+ * freed when it leaves. */
+static int process_handle(pid_t pid) {
+  if (pid <= 0)
+    return -1;
+  int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+  if (fd >= 0)
+    return fd;
+  char path[32];
+  snprintf(path, sizeof path, "/proc/%d", (int)pid);
+  return open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 }
 
 struct job_member *job_admit(struct job *job, struct conn *c,
@@ -622,12 +656,7 @@ struct job_member *job_admit(struct job *job, struct conn *c,
   m->conn = c;
   m->rank = req->rank;
   m->user = user;
-  /* Taken now, while the process is surely the rank's (a pid may be
-   * reused once it ended); without one (a kernel before 5.3), an export
-   * the rank never released is freed when it leaves. */
-  m->pidfd = conn_peer(c)->pid > 0
-                 ? (int)syscall(SYS_pidfd_open, conn_peer(c)->pid, 0)
-                 : -1;
+  m->pidfd = process_handle(conn_peer(c)->pid);
   registry_init(&m->reg, req->device_type);
   m->reg.quota = &quota_registry_ops;
   m->reg.quota_arg = user;

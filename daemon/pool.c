@@ -11,6 +11,7 @@
 #include <sys/epoll.h>
 #include <sys/inotify.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/log.h"
@@ -410,10 +411,13 @@ void pool_segment_abandon(struct pool *pool, struct pool_segment *segment,
     return;
   }
   struct epoll_event ev = {.events = EPOLLIN};
-  segment->pidfd =
-      pidfd >= 0 && pool->poll_fd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1;
-  if (segment->pidfd >= 0 &&
-      epoll_ctl(pool->poll_fd, EPOLL_CTL_ADD, segment->pidfd, &ev) != 0) {
+  segment->pidfd = pidfd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1;
+  struct stat st;
+  segment->pid_dir = segment->pidfd >= 0 && fstat(segment->pidfd, &st) == 0 &&
+                     S_ISDIR(st.st_mode);
+  if (segment->pidfd >= 0 && !segment->pid_dir &&
+      (pool->poll_fd < 0 ||
+       epoll_ctl(pool->poll_fd, EPOLL_CTL_ADD, segment->pidfd, &ev) != 0)) {
     close(segment->pidfd);
     segment->pidfd = -1;
   }
@@ -427,12 +431,20 @@ void pool_segment_abandon(struct pool *pool, struct pool_segment *segment,
   pool->held += segment->size;
 }
 
+/* Whether an abandoned segment's rank process ended: its pidfd is
+ * readable, or its /proc directory lost its entries. */
+static bool holder_process_gone(const struct pool_segment *seg) {
+  if (seg->pid_dir)
+    return faccessat(seg->pidfd, "stat", F_OK, 0) != 0;
+  struct pollfd pfd = {.fd = seg->pidfd, .events = POLLIN};
+  return poll(&pfd, 1, 0) > 0;
+}
+
 /* Frees the abandoned device segments whose ranks' processes ended. */
 static void collect_abandoned(struct pool *pool) {
   for (struct pool_segment **p = &pool->abandoned; *p != NULL;) {
     struct pool_segment *seg = *p;
-    struct pollfd pfd = {.fd = seg->pidfd, .events = POLLIN};
-    if (poll(&pfd, 1, 0) <= 0) {
+    if (!holder_process_gone(seg)) {
       p = &seg->abandoned_next;
       continue;
     }

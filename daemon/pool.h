@@ -45,7 +45,9 @@
  * has open is undefined, and the driver keeps it taken until that process
  * closes it (docs/fakes.md).  Such a segment is freed only once the rank's
  * process is gone, which its pidfd (taken when it joined) says, and stays
- * counted in pool_used and pool_held until then.  A released one was
+ * counted in pool_used and pool_held until then.  Where the kernel gives
+ * no pidfd, a descriptor of the process's /proc directory stands in; it
+ * cannot be polled, so it is looked at whenever the pool collects.  A released one was
  * closed by its rank before the release was sent (client/export.c), so
  * it is kept or freed at once.
  */
@@ -86,9 +88,10 @@ struct pool_segment {
   struct pool_segment *watch_next;
   bool released;
   /* A device segment its rank never released: the rank process's pidfd,
-   * which turns readable when it ends (-1 otherwise), and the next such
-   * segment. */
+   * which turns readable when it ends, or its /proc directory (-1
+   * otherwise), and the next such segment. */
   int pidfd;
+  bool pid_dir;
   struct pool_segment *abandoned_next;
 };
 
@@ -135,8 +138,9 @@ void pool_segment_free(struct pool *pool, struct pool_segment *segment);
 void pool_segment_put(struct pool *pool, struct pool_segment *segment);
 /* A published segment its rank never released: a host one is put (its
  * file says when the rank let go); a device one waits, counted, until the
- * rank's process, whose pidfd is given (the pool takes its own duplicate),
- * has ended.  Without a pidfd (-1) it is freed at once.  NULL is allowed. */
+ * rank's process, whose pidfd or /proc directory is given (the pool takes
+ * its own duplicate), has ended.  Without one (-1) it is freed at once.
+ * NULL is allowed. */
 void pool_segment_abandon(struct pool *pool, struct pool_segment *segment,
                           int pidfd);
 /* A new open file description of a host segment for its rank (read-write,

@@ -68,6 +68,9 @@
   X(cudaDeviceEnablePeerAccess)                                                \
   X(cudaMalloc)                                                                \
   X(cudaFree)                                                                  \
+  X(cudaMallocHost)                                                            \
+  X(cudaFreeHost)                                                              \
+  X(cudaMemGetInfo)                                                            \
   X(cudaPointerGetAttributes)                                                  \
   X(cudaMemcpyAsync)                                                           \
   X(cudaMemcpy2DAsync)                                                         \

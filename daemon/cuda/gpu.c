@@ -182,6 +182,7 @@ int gpu_open(struct gpu **out, char *why, size_t whylen) {
     return sp__failf(why, whylen, SP_ENOMEM, "out of memory");
   }
   pthread_mutex_init(&gpu->imports_lock, NULL);
+  gpu_nccl_init(gpu);
   for (int d = 0; d < count; d++) {
     gpu->devices[d].info = info[d];
     /* A UUID string is "GPU-" and 36 characters: the precision only tells
@@ -220,6 +221,10 @@ int gpu_open(struct gpu **out, char *why, size_t whylen) {
 
 void gpu_close(struct gpu *gpu) {
   if (gpu == NULL)
+    return;
+  /* A helper still ending communicators runs NCCL's code: the libraries
+   * stay loaded, and the process exits around it. */
+  if (!gpu_nccl_fini(gpu))
     return;
   destroy_streams(gpu);
   pthread_mutex_destroy(&gpu->imports_lock);

@@ -31,6 +31,22 @@ struct gpu_device {
   char skipped[160];
 };
 
+/* Who may issue NCCL work on each GPU and what waits for it to end
+ * (ncclwork.c). */
+struct gpu_nccl {
+  /* Per device: held from ncclGroupStart to ncclGroupEnd, and while the
+   * counts below change or a free is decided. */
+  pthread_mutex_t lock[GPU_MAX_DEVICES];
+  /* Per device: groups launched whose work is not yet seen over. */
+  unsigned inflight[GPU_MAX_DEVICES];
+  /* Per device: frees waiting until inflight is 0. */
+  struct deferred_free *frees[GPU_MAX_DEVICES];
+  /* Helper threads ending communicators, and their end. */
+  pthread_mutex_t reap_lock;
+  pthread_cond_t reap_done;
+  unsigned reapers;
+};
+
 struct gpu {
   struct cuda_api api;
   int ndevices;
@@ -44,7 +60,32 @@ struct gpu {
   pthread_mutex_t imports_lock;
   struct gpu_import *imports;
   size_t nimports;
+  struct gpu_nccl nccl;
 };
+
+/* ---- ncclwork.c: NCCL's threads and device memory ---- */
+
+void gpu_nccl_init(struct gpu *gpu);
+/* Waits (bounded) for the helper threads still ending communicators and
+ * runs the frees still deferred; false when a helper did not finish, and
+ * then nothing may be unloaded. */
+bool gpu_nccl_fini(struct gpu *gpu);
+/* Locks (and unlocks) the devices' NCCL locks, each once, in ascending
+ * order: a thread issues a group only while it holds every device the
+ * group's communicators are on. */
+void gpu_nccl_lock(struct gpu *gpu, const int *devices, size_t n);
+void gpu_nccl_unlock(struct gpu *gpu, const int *devices, size_t n);
+/* A group was launched on the devices (call with their locks held); its
+ * work is over (or aborted): frees deferred meanwhile run when the last
+ * work on a device ends.  Each begin is matched by one end. */
+void gpu_nccl_begin(struct gpu *gpu, const int *devices, size_t n);
+void gpu_nccl_end(struct gpu *gpu, const int *devices, size_t n);
+/* cudaFree(ptr) of device memory, deferred while NCCL work is in flight
+ * on the device.  NULL is allowed. */
+void gpu_device_free(struct gpu *gpu, int device, void *ptr);
+/* Runs fn(arg) on a helper thread of its own (ncclCommAbort and
+ * ncclCommDestroy may block): the caller does not wait. */
+void gpu_nccl_reap(struct gpu *gpu, void (*fn)(void *), void *arg);
 
 /* "<what>: CUDA error …" into msg; SP_EBACKEND.  A sticky error (one that
  * ends the context, gpu_error_is_sticky) also marks the calling thread's

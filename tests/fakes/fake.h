@@ -169,6 +169,22 @@ FAKE_EXPORT cudaError_t spfake_stream_enqueue(cudaStream_t stream,
  * when not a number.  Shared with the fake NCCL. */
 FAKE_EXPORT long fake_env_long(const char *name, long dflt);
 
+/* The hooks through which the fake NCCL's own device memory and kernels
+ * are seen by the runtime (fake_memory.c), as NCCL's are on a real GPU.
+ * spfake_device_identity gives the machine and physical index of a
+ * visible ordinal ((node << 32) | physical), what NCCL tells a duplicate
+ * GPU by.  spfake_device_charge takes bytes of a device's memory for
+ * NCCL's connection buffers (cudaErrorMemoryAllocation beyond the limit),
+ * spfake_device_uncharge gives them back; cudaMemGetInfo counts them.
+ * spfake_kernels counts NCCL operations in flight on a device (delta +1
+ * when one is handed to its stream, -1 when it finished or failed):
+ * cudaFree of that device's memory while one is, which can deadlock on a
+ * GPU, ends the process with a message (docs/fakes.md). */
+FAKE_EXPORT bool spfake_device_identity(int ordinal, uint64_t *id);
+FAKE_EXPORT cudaError_t spfake_device_charge(int ordinal, size_t bytes);
+FAKE_EXPORT void spfake_device_uncharge(int ordinal, size_t bytes);
+FAKE_EXPORT void spfake_kernels(int ordinal, int delta);
+
 /* The hook NCCL's pointer checks use: cudaSuccess when [ptr, ptr + len) is
  * device memory of one allocation that allows reading (and writing). */
 FAKE_EXPORT cudaError_t spfake_check_device_range(const void *ptr, size_t len,

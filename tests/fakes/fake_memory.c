@@ -16,6 +16,7 @@
  */
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +85,8 @@ static struct {
   struct held *held;
   size_t used[FAKE_MAX_GPUS]; /* bytes per physical device, held ones too */
   uint64_t last_id;
+  /* NCCL operations in flight per physical device (spfake_kernels). */
+  _Atomic int kernels[FAKE_MAX_GPUS];
 } mem = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* Held shared by a stream worker while an operation touches device memory,
@@ -337,14 +340,35 @@ cudaError_t cudaMalloc(void **devPtr, size_t size) {
 
 /* Like the real cudaFree ("may perform implicit synchronization", in the
  * header), waits for the process's streams first, so that no queued copy
- * touches memory that is gone. */
+ * touches memory that is gone.  Freeing while NCCL operations are in
+ * flight on the device is what NCCL warns can deadlock (cudaFree
+ * synchronises the device while NCCL kernels wait for their peers): the
+ * fake ends the process, loudly, rather than sometimes hang, before it
+ * waits. */
 cudaError_t cudaFree(void *devPtr) {
   FAKE_READY();
   if (devPtr == NULL)
     return cudaSuccess;
-  fake_sync_all_streams();
   pthread_mutex_lock(&mem.lock);
   struct region *r = region_find((uintptr_t)devPtr);
+  bool valid = r != NULL && r->base == (uintptr_t)devPtr &&
+               r->kind == REGION_MALLOC;
+  int phys = valid ? r->phys : -1;
+  pthread_mutex_unlock(&mem.lock);
+  if (!valid)
+    return fake_error(cudaErrorInvalidValue);
+  if (atomic_load(&mem.kernels[phys]) > 0) {
+    fprintf(stderr,
+            "fake CUDA: cudaFree(%p) on physical device %d while %d NCCL "
+            "operation(s) are in flight there, which can deadlock on a GPU "
+            "(docs/fakes.md)\n",
+            devPtr, phys, atomic_load(&mem.kernels[phys]));
+    abort();
+  }
+  fake_sync_all_streams();
+  pthread_mutex_lock(&mem.lock);
+  /* Another thread may have freed it meanwhile. */
+  r = region_find((uintptr_t)devPtr);
   if (r == NULL || r->base != (uintptr_t)devPtr || r->kind != REGION_MALLOC) {
     pthread_mutex_unlock(&mem.lock);
     return fake_error(cudaErrorInvalidValue);
@@ -385,6 +409,41 @@ cudaError_t cudaFreeHost(void *ptr) {
   fake_sync_all_streams();
   free(ptr);
   return cudaSuccess;
+}
+
+bool spfake_device_identity(int ordinal, uint64_t *id) {
+  cudaError_t err;
+  const struct fake_config *cfg = fake_config(&err);
+  int phys = fake_physical(ordinal);
+  if (err != cudaSuccess || phys < 0)
+    return false;
+  *id = (uint64_t)cfg->node << 32 | (uint64_t)phys;
+  return true;
+}
+
+cudaError_t spfake_device_charge(int ordinal, size_t bytes) {
+  int phys = fake_physical(ordinal);
+  if (phys < 0)
+    return cudaErrorInvalidDevice;
+  pthread_mutex_lock(&mem.lock);
+  bool ok = budget_take(phys, bytes);
+  pthread_mutex_unlock(&mem.lock);
+  return ok ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+void spfake_device_uncharge(int ordinal, size_t bytes) {
+  int phys = fake_physical(ordinal);
+  if (phys < 0)
+    return;
+  pthread_mutex_lock(&mem.lock);
+  mem.used[phys] -= bytes;
+  pthread_mutex_unlock(&mem.lock);
+}
+
+void spfake_kernels(int ordinal, int delta) {
+  int phys = fake_physical(ordinal);
+  if (phys >= 0)
+    atomic_fetch_add(&mem.kernels[phys], delta);
 }
 
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes,
