@@ -78,6 +78,7 @@
   X(cudaMemsetAsync)                                                           \
   X(cudaStreamCreateWithFlags)                                                 \
   X(cudaStreamSynchronize)                                                     \
+  X(cudaStreamQuery)                                                           \
   X(cudaStreamDestroy)                                                         \
   X(cudaStreamWaitEvent)                                                       \
   X(cudaEventCreateWithFlags)                                                  \

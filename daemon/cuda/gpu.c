@@ -1,6 +1,6 @@
 /*
  * gpu.c - the CUDA backend's devices: loading, probing, peer access and
- * the per-GPU copy streams; see gpu.h.
+ * the copy streams the engine's runs take; see gpu.h.
  */
 #include <stdarg.h>
 #include <stdbool.h>
@@ -114,13 +114,71 @@ static void enable_peers(struct gpu *gpu) {
   }
 }
 
+struct gpu_stream {
+  struct gpu_stream *next;
+  int device;
+  cudaStream_t stream;
+};
+
+int gpu_stream_take(struct gpu *gpu, int device, cudaStream_t *out,
+                    char *msg, size_t msglen) {
+  pthread_mutex_lock(&gpu->streams_lock);
+  for (struct gpu_stream **p = &gpu->spare_streams; *p != NULL;
+       p = &(*p)->next) {
+    struct gpu_stream *gs = *p;
+    if (gs->device != device ||
+        gpu->api.cudaStreamQuery(gs->stream) != cudaSuccess)
+      continue;
+    *p = gs->next;
+    pthread_mutex_unlock(&gpu->streams_lock);
+    *out = gs->stream;
+    free(gs);
+    return 0;
+  }
+  pthread_mutex_unlock(&gpu->streams_lock);
+  /* A busy one was given back by a run that gave up: its work is not this
+   * run's to wait for. */
+  gpu->api.cudaGetLastError();
+  int rc = gpu_set_device(gpu, device, msg, msglen);
+  if (rc != 0)
+    return rc;
+  cudaError_t err = gpu->api.cudaStreamCreateWithFlags(out, cudaStreamNonBlocking);
+  return err == cudaSuccess
+             ? 0
+             : gpu_cuda_fail(gpu, err, "cudaStreamCreateWithFlags", msg, msglen);
+}
+
+void gpu_stream_give(struct gpu *gpu, int device, cudaStream_t stream) {
+  struct gpu_stream *gs = malloc(sizeof *gs);
+  if (gs == NULL) {
+    /* Not kept: what it still runs ends before it goes. */
+    gpu->api.cudaStreamSynchronize(stream);
+    gpu->api.cudaStreamDestroy(stream);
+    return;
+  }
+  *gs = (struct gpu_stream){.device = device, .stream = stream};
+  pthread_mutex_lock(&gpu->streams_lock);
+  gs->next = gpu->spare_streams;
+  gpu->spare_streams = gs;
+  pthread_mutex_unlock(&gpu->streams_lock);
+}
+
+void gpu_streams_drain(struct gpu *gpu) {
+  pthread_mutex_lock(&gpu->streams_lock);
+  for (struct gpu_stream *gs = gpu->spare_streams; gs != NULL; gs = gs->next)
+    if (gpu->api.cudaStreamSynchronize(gs->stream) != cudaSuccess)
+      gpu->api.cudaGetLastError();
+  pthread_mutex_unlock(&gpu->streams_lock);
+}
+
 static void destroy_streams(struct gpu *gpu) {
-  for (int d = 0; d < gpu->ndevices; d++)
-    if (gpu->devices[d].stream != NULL) {
-      gpu->api.cudaSetDevice(d);
-      gpu->api.cudaStreamDestroy(gpu->devices[d].stream);
-      gpu->devices[d].stream = NULL;
-    }
+  while (gpu->spare_streams != NULL) {
+    struct gpu_stream *gs = gpu->spare_streams;
+    gpu->spare_streams = gs->next;
+    gpu->api.cudaSetDevice(gs->device);
+    gpu->api.cudaStreamDestroy(gs->stream);
+    free(gs);
+  }
 }
 
 /* A GPU in exclusive-process mode takes one process's context at a time,
@@ -182,6 +240,7 @@ int gpu_open(struct gpu **out, char *why, size_t whylen) {
     return sp__failf(why, whylen, SP_ENOMEM, "out of memory");
   }
   pthread_mutex_init(&gpu->imports_lock, NULL);
+  pthread_mutex_init(&gpu->streams_lock, NULL);
   gpu_nccl_init(gpu);
   for (int d = 0; d < count; d++) {
     gpu->devices[d].info = info[d];
@@ -202,14 +261,8 @@ int gpu_open(struct gpu **out, char *why, size_t whylen) {
   for (int d = 0; d < count && rc == 0; d++) {
     if (gpu->devices[d].skipped[0] != '\0')
       continue;
+    /* The GPU's context is made now, not in the first export. */
     rc = gpu_set_device(gpu, d, why, whylen);
-    if (rc == 0) {
-      cudaError_t err = gpu->api.cudaStreamCreateWithFlags(
-          &gpu->devices[d].stream, cudaStreamNonBlocking);
-      if (err != cudaSuccess)
-        rc = gpu_cuda_fail(gpu, err, "cudaStreamCreateWithFlags", why,
-                           whylen);
-    }
   }
   if (rc != 0) {
     gpu_close(gpu);
@@ -227,6 +280,7 @@ void gpu_close(struct gpu *gpu) {
   if (!gpu_nccl_fini(gpu))
     return;
   destroy_streams(gpu);
+  pthread_mutex_destroy(&gpu->streams_lock);
   pthread_mutex_destroy(&gpu->imports_lock);
   cuda_api_unload(&gpu->api);
   free(gpu->faults);

@@ -181,20 +181,14 @@ static int open_fd(struct gpu *gpu, struct gpu_import *im, int fd,
 
 /* Neither cuMemUnmap nor cudaIpcCloseMemHandle waits for the copies still
  * queued on the memory it takes away (docs/fakes.md): a copy that runs
- * after it reads an unmapped address and ends its GPU's context.  Any
- * GPU's copy stream may read an import (copy.c issues on the owner's), so
- * every one is drained first.  An export waits for its own work before it
- * ends, so this finds them idle but on the paths that gave up waiting. */
-static void drain_readers(struct gpu *gpu) {
-  for (int d = 0; d < gpu->ndevices; d++)
-    if (gpu->devices[d].stream != NULL &&
-        gpu->api.cudaStreamSynchronize(gpu->devices[d].stream) != cudaSuccess)
-      gpu->api.cudaGetLastError();
-}
-
+ * after it reads an unmapped address and ends its GPU's context.  A run of
+ * the engine reads an import only while its storage is registered, and
+ * waits for its own copies before it gives its streams back, but one that
+ * gave up waiting gives them back busy: every stream given back is drained
+ * first. */
 static void close_import(struct gpu *gpu, struct gpu_import *im) {
   const struct cuda_api *a = &gpu->api;
-  drain_readers(gpu);
+  gpu_streams_drain(gpu);
   a->cudaSetDevice(im->device);
   if (im->kind == GPU_STORAGE_IPC) {
     a->cudaIpcCloseMemHandle(im->base);

@@ -405,6 +405,22 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   return fake_error(sticky);
 }
 
+/* "Not ready" is an answer, not an error: it is not recorded as one. */
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  FAKE_LIVE();
+  struct fake_stream *s = stream_get(stream);
+  if (s == NULL)
+    return fake_error(cudaErrorInvalidResourceHandle);
+  pthread_mutex_lock(&s->lock);
+  bool idle = s->done == s->enqueued;
+  pthread_mutex_unlock(&s->lock);
+  cudaError_t sticky = fake_sticky(s->phys);
+  stream_unref(s);
+  if (sticky != cudaSuccess)
+    return fake_error(sticky);
+  return idle ? cudaSuccess : cudaErrorNotReady;
+}
+
 static struct op *op_new(enum op_kind kind) {
   struct op *op = calloc(1, sizeof(*op));
   if (op != NULL)

@@ -579,7 +579,7 @@ static void *run_session(void *arg) {
     }
   }
   sp_export_opts eo = {.max_keys = sc->max_keys,
-                       .timeout_ms = 20000,
+                       .timeout_ms = sc->timeout_ms ? sc->timeout_ms : 20000,
                        .progress = on_progress,
                        .progress_arg = r};
   for (uint32_t e = 0; e < (sc->exports ? sc->exports : 1); e++) {

@@ -93,6 +93,9 @@ struct scenario {
    * counts that memory in pool_used: freeing it while the rank has it
    * open is undefined (docs/fakes.md). */
   bool close_holding;
+  /* The export's timeout (sp_export_opts.timeout_ms), which is also how
+   * long a round may make no progress on the GPUs; 0: 20 s. */
+  uint32_t timeout_ms;
 };
 
 struct report {

@@ -200,6 +200,12 @@ void world_faulty_gpu_start(void) {
   unsetenv("SHARDPORT_FAKE_FAULT");
 }
 
+void world_slow_gpus_start(void) {
+  setenv("SHARDPORT_FAKE_DELAY_US", "5000", 1);
+  world_daemon_start();
+  unsetenv("SHARDPORT_FAKE_DELAY_US");
+}
+
 void world_daemon_stop(void) {
   if (world_node0.pid > 0)
     ck_assert_int_eq(sp_test_daemon_stop(&world_node0), 0);

@@ -48,21 +48,25 @@ static int cumem_fd(struct gpu *gpu, size_t size,
 }
 
 /* Queues a copy of the whole mapping into a segment (slow: the test runs
- * with SHARDPORT_FAKE_DELAY_US), closes the storage at once, and checks
- * that the copy ran on memory still mapped: the close waited for it. */
+ * with SHARDPORT_FAKE_DELAY_US) on a stream that is given back still busy,
+ * as a run of the engine that gave up waiting gives its streams back;
+ * closes the storage at once; and checks that the copy ran on memory still
+ * mapped: the close waited for it. */
 static void copy_then_close(struct gpu *gpu, struct gpu_mapping *m,
                             size_t len) {
   struct gpu_segment *seg;
   char why[SP_ERRMSG_MAX + 1];
   ck_assert_int_eq(gpu_segment_new(gpu, 0, len, &seg, why, sizeof why), 0);
+  cudaStream_t stream;
+  ck_assert_int_eq(gpu_stream_take(gpu, 0, &stream, why, sizeof why), 0);
   struct xfer_box box = {.ndim = 1, .elem_size = 1, .shape = {(int64_t)len},
                          .src_stride = {1}, .dst_stride = {1}};
-  ck_assert_int_eq(gpu_box_copy(gpu, gpu->devices[0].stream,
-                                gpu_segment_info(seg)->ptr, m->data, &box, why,
-                                sizeof why),
+  ck_assert_int_eq(gpu_box_copy(gpu, stream, gpu_segment_info(seg)->ptr,
+                                m->data, &box, why, sizeof why),
                    0);
+  gpu_stream_give(gpu, 0, stream);
   gpu_storage_close(gpu, m);
-  CUDA_OK(gpu->api.cudaStreamSynchronize(gpu->devices[0].stream));
+  CUDA_OK(gpu->api.cudaStreamSynchronize(stream));
   ck_assert_int_eq(gpu_failure(gpu, 0, why, sizeof why), -1);
   gpu_segment_free(gpu, seg);
 }
