@@ -4,7 +4,8 @@
  *
  * One thread issues everything.  Each round's local moves are copied
  * straight from the trainers' storages (opened IPC or cuMem mappings) into
- * the owners' segments, on the owner GPU's stream, all issued before any
+ * the owners' segments, on this run's stream of the owner's GPU (no other
+ * job's copies queue there; gpu_stream_take), all issued before any
  * is waited for (batched: the GPU's copy engines run them back to back);
  * under unified addressing a copy between two GPUs is a peer copy, direct
  * where peer access was enabled and staged by the runtime elsewhere.  The
