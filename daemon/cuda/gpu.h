@@ -172,11 +172,10 @@ struct gpu_run {
  * then per round the local moves as batched device-to-device and peer
  * copies (cudaMemcpy2DAsync for strided boxes, cudaMemcpyAsync for dense
  * ones) on the run's own stream of each owner's GPU, the moves between
- * nodes as one NCCL
- * group of sends and receives, and events polled until the round is done,
- * while e->cancel, the communicators' async errors and the round's
- * deadline are watched.  Updates e->round and e->bytes_moved as struct
- * engine documents; returns e->rc. */
+ * nodes as one NCCL group of sends and receives, and events polled until
+ * the round is done, while e->cancel, the communicators' async errors and
+ * the round's deadline are watched.  Updates e->round and e->bytes_moved
+ * as struct engine documents; returns e->rc. */
 int gpu_engine_run(struct engine *e);
 
 /* ---- comm.c: NCCL between nodes ----------------------------------------- */
