@@ -11,18 +11,6 @@
 
 #include "daemon/plan/internal.h"
 
-static void hash_str(struct plan_hash *h, const char *s) {
-  size_t len = strlen(s);
-
-  plan_hash_u64(h, len);
-  for (size_t i = 0; i < len; i += 8) {
-    uint64_t word = 0;
-    for (size_t j = 0; j < 8 && i + j < len; j++)
-      word |= (uint64_t)(uint8_t)s[i + j] << (8 * j);
-    plan_hash_u64(h, word);
-  }
-}
-
 static void hash_dims(struct plan_hash *h, uint32_t ndim,
                       const int64_t *values) {
   for (uint32_t d = 0; d < ndim; d++)
@@ -30,7 +18,7 @@ static void hash_dims(struct plan_hash *h, uint32_t ndim,
 }
 
 static void hash_key(struct plan_hash *h, const struct plan_key *key) {
-  hash_str(h, key->name);
+  plan_hash_str(h, key->name);
   plan_hash_u64(h, key->placement);
   plan_hash_u64(h, key->dtype);
   plan_hash_u64(h, key->device_type);

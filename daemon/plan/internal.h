@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "daemon/plan/layout.h"
 #include "daemon/plan/plan.h"
@@ -140,6 +141,19 @@ static inline void plan_hash_u64(struct plan_hash *h, uint64_t v) {
   uint64_t x = h->state ^ (v * 0xc2b2ae3d27d4eb4full);
   h->state = ((x << 31) | (x >> 33)) * 0x9e3779b185ebca87ull;
   h->words++;
+}
+
+/* A string as its length and then its bytes, eight to a word. */
+static inline void plan_hash_str(struct plan_hash *h, const char *s) {
+  size_t len = strlen(s);
+
+  plan_hash_u64(h, len);
+  for (size_t i = 0; i < len; i += 8) {
+    uint64_t word = 0;
+    for (size_t j = 0; j < 8 && i + j < len; j++)
+      word |= (uint64_t)(uint8_t)s[i + j] << (8 * j);
+    plan_hash_u64(h, word);
+  }
 }
 
 static inline uint64_t plan_hash_final(const struct plan_hash *h) {

@@ -246,7 +246,8 @@ const struct plan_input *tjob_input(struct tjob *job, uint32_t first,
     if (seed != 0) {
       uint64_t state = seed * 1000003u + r;
       tr->shuffled = xrealloc(tr->shuffled, tr->nkeys * sizeof *tr->keys);
-      memcpy(tr->shuffled, tr->keys, tr->nkeys * sizeof *tr->keys);
+      for (size_t j = 0; j < tr->nkeys; j++)
+        tr->shuffled[j] = tr->keys[j];
       for (size_t j = tr->nkeys; j > 1; j--) {
         size_t k = (size_t)(tjob_rand(&state) % j);
         struct plan_key_in t = tr->shuffled[j - 1];
