@@ -167,7 +167,8 @@ static void job_destroy(struct job *job) {
   mesh_free(job->mesh);
   job->mesh = NULL;
   /* Finalized and destroyed (idle peers see a goodbye, not an error), or
-   * aborted when that does not finish (gpu_comms_free bounds it). */
+   * aborted when that does not finish, on a helper thread: the loop does
+   * not wait (docs/gpu.md, Threads). */
   gpu_comms_free(job->gpu_comms);
   job->gpu_comms = NULL;
   uv_close((uv_handle_t *)&job->tick, on_job_handle_closed);

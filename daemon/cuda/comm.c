@@ -282,23 +282,18 @@ static void measure(const struct plan_round *rd, uint32_t rank,
 static int grow_staging(struct gpu_comms *c, struct comm_rank *cr,
                         uint64_t need, char *msg, size_t msglen);
 
-/* Whether local rank i sends to (or receives from) peer in some round of
- * the plan. */
-static bool plan_peer(const struct plan *plan, uint32_t rank, uint32_t peer,
-                      bool send) {
+/* Marks the peers rank sends to (sends[p]) and receives from (recvs[p])
+ * in some round of the plan; NULL: a plan of no rounds. */
+static void plan_peers(const struct plan *plan, uint32_t rank, bool *sends,
+                       bool *recvs) {
   for (size_t k = 0; plan != NULL && k < plan->nrounds; k++) {
     const struct plan_round *rd = &plan->rounds[k];
     const struct plan_rank_round *pr = &rd->ranks[rank];
-    size_t n = send ? pr->nsend : pr->nrecv;
-    for (size_t b = 0; b < n; b++) {
-      const struct plan_bucket *bk =
-          send ? &rd->buckets[pr->send_first + b]
-               : &rd->buckets[rd->recv_order[pr->recv_first + b]];
-      if ((send ? bk->dst : bk->src) == peer)
-        return true;
-    }
+    for (size_t b = 0; b < pr->nsend; b++)
+      sends[rd->buckets[pr->send_first + b].dst] = true;
+    for (size_t b = 0; b < pr->nrecv; b++)
+      recvs[rd->buckets[rd->recv_order[pr->recv_first + b]].src] = true;
   }
-  return false;
 }
 
 /* The staging each local rank needs for the plan's largest round (its
@@ -329,20 +324,27 @@ static int warm_up(struct gpu_comms *c, const struct plan *plan,
     rc = grow_staging(c, &c->ranks[i], staging_need(c, i, plan), msg, msglen);
   if (rc != 0)
     return rc;
+  bool *peers = calloc(2 * (size_t)c->world * c->n, sizeof *peers);
+  if (peers == NULL)
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory warming up");
+  for (size_t i = 0; i < c->n; i++)
+    plan_peers(plan, c->ranks[i].id.rank, peers + 2 * i * c->world,
+               peers + (2 * i + 1) * c->world);
   int devices[GPU_MAX_DEVICES];
   size_t ndev = comm_devices(c, devices);
   gpu_nccl_lock(c->gpu, devices, ndev);
   ncclResult_t res = a->ncclGroupStart();
   for (size_t i = 0; i < c->n && res == ncclSuccess; i++) {
     struct comm_rank *cr = &c->ranks[i];
+    const bool *sends = peers + 2 * i * c->world, *recvs = sends + c->world;
     a->cudaSetDevice(cr->id.device);
     for (uint32_t p = 0; p < c->world && res == ncclSuccess; p++) {
       if (p == cr->id.rank)
         continue;
-      if (plan_peer(plan, cr->id.rank, p, true))
+      if (sends[p])
         res = a->ncclSend(cr->staging + p, 1, ncclUint8, (int)p, cr->comm,
                           cr->stream);
-      if (res == ncclSuccess && plan_peer(plan, cr->id.rank, p, false))
+      if (res == ncclSuccess && recvs[p])
         res = a->ncclRecv(cr->staging + c->world + p, 1, ncclUint8, (int)p,
                           cr->comm, cr->stream);
     }
@@ -350,6 +352,7 @@ static int warm_up(struct gpu_comms *c, const struct plan *plan,
   ncclResult_t end = a->ncclGroupEnd();
   work_begins(c, devices, ndev);
   gpu_nccl_unlock(c->gpu, devices, ndev);
+  free(peers);
   if (res == ncclSuccess)
     res = end;
   if (res != ncclSuccess && res != ncclInProgress)
@@ -489,6 +492,14 @@ int gpu_comms_warm(struct gpu_comms *c, const struct plan *plan,
   return rc;
 }
 
+int gpu_comms_fit(struct gpu_comms *c, const struct plan *plan, char *msg,
+                  size_t msglen) {
+  int rc = 0;
+  for (size_t i = 0; i < c->n && rc == 0; i++)
+    rc = grow_staging(c, &c->ranks[i], staging_need(c, i, plan), msg, msglen);
+  return rc;
+}
+
 int gpu_comms_create(struct gpu *gpu, const uint8_t id[GPU_NCCL_ID_BYTES],
                      uint32_t world, const struct gpu_comm_rank *ranks,
                      size_t nranks, const struct plan *plan,
@@ -598,15 +609,15 @@ int gpu_comms_query(struct gpu_comms *c, char *msg, size_t msglen) {
   return pending ? 1 : 0;
 }
 
-/* Staging of at least need bytes; the last round's work is done. */
+/* Staging of at least need bytes, between exports: the old buffer is
+ * freed once no NCCL work is in flight on its device (ncclwork.c). */
 static int grow_staging(struct gpu_comms *c, struct comm_rank *cr,
                         uint64_t need, char *msg, size_t msglen) {
   if (need <= cr->staging_size)
     return 0;
   const struct cuda_api *a = &c->gpu->api;
+  gpu_device_free(c->gpu, cr->id.device, cr->staging);
   a->cudaSetDevice(cr->id.device);
-  if (cr->staging != NULL)
-    a->cudaFree(cr->staging);
   cr->staging = NULL;
   cr->staging_size = 0;
   uint64_t size = need < (1u << 20) ? (1u << 20) : need;

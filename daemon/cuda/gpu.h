@@ -219,6 +219,12 @@ int gpu_comms_add(struct gpu_comms *comms, const struct gpu_comm_rank *ranks,
 int gpu_comms_poll(struct gpu_comms *comms, char *msg, size_t msglen);
 int gpu_comms_warm(struct gpu_comms *comms, const struct plan *plan,
                    uint32_t timeout_ms, char *msg, size_t msglen);
+/* Grows the staging of warmed communicators kept for another export to
+ * what plan's largest round needs (between exports; no NCCL call, so no
+ * new peer is connected: a plan that adds peers connects them in its
+ * first round).  0, or a code with msg. */
+int gpu_comms_fit(struct gpu_comms *comms, const struct plan *plan,
+                  char *msg, size_t msglen);
 /* Whether the set holds rank; whether it holds exactly these ranks on
  * these devices. */
 bool gpu_comms_holds(const struct gpu_comms *comms, uint32_t rank);

@@ -137,6 +137,13 @@ int gpu_comms_warm(struct gpu_comms *comms, const struct plan *plan,
   return SP_EBACKEND;
 }
 
+int gpu_comms_fit(struct gpu_comms *comms, const struct plan *plan,
+                  char *msg, size_t msglen) {
+  (void)comms, (void)plan;
+  snprintf(msg, msglen, "this build has no CUDA backend");
+  return SP_EBACKEND;
+}
+
 bool gpu_comms_holds(const struct gpu_comms *comms, uint32_t rank) {
   (void)comms, (void)rank;
   return false;

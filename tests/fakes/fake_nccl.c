@@ -65,8 +65,10 @@ static const char id_magic[8] = "SPFKNCCL";
 struct hello {
   uint32_t magic;
   int32_t rank, nranks;
+  uint32_t zero;   /* sent as 0: the struct has no padding to leak */
   uint64_t device; /* spfake_device_identity: which GPU of which machine */
 };
+_Static_assert(sizeof(struct hello) == 24, "struct hello has no padding");
 
 enum fault_action {
   FAULT_NONE,
@@ -303,7 +305,7 @@ static ncclResult_t connect_lower(struct fcomm *c, int peer, uint64_t deadline) 
     if (fd < 0)
       return ncclSystemError;
     if (connect(fd, (struct sockaddr *)&a, alen) == 0) {
-      struct hello mine = {WIRE_MAGIC, c->rank, c->nranks, c->device_id},
+      struct hello mine = {WIRE_MAGIC, c->rank, c->nranks, 0, c->device_id},
                    theirs;
       if (!io_all(fd, &mine, sizeof(mine), true, deadline, &c->abort_flag) ||
           !io_all(fd, &theirs, sizeof(theirs), false, deadline, &c->abort_flag)) {
@@ -341,7 +343,7 @@ static ncclResult_t accept_higher(struct fcomm *c, int lfd, uint64_t deadline) {
     int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0)
       continue;
-    struct hello mine = {WIRE_MAGIC, c->rank, c->nranks, c->device_id},
+    struct hello mine = {WIRE_MAGIC, c->rank, c->nranks, 0, c->device_id},
                  theirs;
     if (!io_all(fd, &theirs, sizeof(theirs), false, deadline, &c->abort_flag) ||
         !io_all(fd, &mine, sizeof(mine), true, deadline, &c->abort_flag)) {

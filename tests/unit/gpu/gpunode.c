@@ -26,7 +26,8 @@
  * communicators are warm, a round of sends of every local rank to itself,
  * checked byte for byte ("self ok").  GPUNODE_ID2=HEX runs a second job of
  * the same ranks at the same time, on its own communicators (made from
- * that id) and segments, each job's exports on a thread of its own, as
+ * that id; "-" makes it here and prints "id2 HEX" after "id HEX") and
+ * segments, each job's exports on a thread of its own, as
  * two jobs' engines run in a daemon; the first job exports 2 * EXPORTS
  * times, and each job frees its segments once its exports are over.  GPUNODE_MEMCHECK=1 fails ("fail ...")
  * when the exports took device memory that cudaMemGetInfo counts beyond
@@ -481,7 +482,8 @@ int main(int argc, char **argv) {
   for (size_t i = 0; !make_id && i < GPU_NCCL_ID_BYTES; i++)
     if (sscanf(argv[1] + 2 * i, "%2hhx", &id[i]) != 1)
       return fail("bad id %s", argv[1], 64);
-  for (size_t i = 0; id2 != NULL && i < GPU_NCCL_ID_BYTES; i++)
+  bool make_id2 = id2 != NULL && strcmp(id2, "-") == 0;
+  for (size_t i = 0; id2 != NULL && !make_id2 && i < GPU_NCCL_ID_BYTES; i++)
     if (sscanf(id2 + 2 * i, "%2hhx", &ids[1][i]) != 1)
       return fail("bad id %s", id2, 64);
   uint32_t nodes = (uint32_t)atoi(argv[2]);
@@ -506,6 +508,17 @@ int main(int argc, char **argv) {
     printf("id ");
     for (size_t i = 0; i < GPU_NCCL_ID_BYTES; i++)
       printf("%02x", id[i]);
+    printf("\n");
+    fflush(stdout);
+  }
+  if (make_id2) {
+    if (gpu_comms_unique_id(ns.gpu, ids[1], msg, sizeof msg) != 0) {
+      fail("error %s", msg, 2);
+      goto out;
+    }
+    printf("id2 ");
+    for (size_t i = 0; i < GPU_NCCL_ID_BYTES; i++)
+      printf("%02x", ids[1][i]);
     printf("\n");
     fflush(stdout);
   }
