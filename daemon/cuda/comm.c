@@ -251,8 +251,18 @@ static int wait_all(struct gpu_comms *c, uint64_t deadline, const char *what,
   }
 }
 
+/* Where each bucket starts in staging: NCCL moves a buffer fastest when it
+ * is aligned (its kernels load 16 bytes at a time and more), and a bucket
+ * of an odd dtype or count would leave the next one unaligned, so every
+ * bucket takes a whole number of these. */
+#define STAGING_ALIGN 256
+
+static uint64_t slot_bytes(const struct plan_bucket *b) {
+  return (b->nbytes + STAGING_ALIGN - 1) / STAGING_ALIGN * STAGING_ALIGN;
+}
+
 /* The round's buckets of one local rank: its sends, then its receives, at
- * consecutive offsets of its staging. */
+ * consecutive aligned offsets of its staging (slot_bytes). */
 struct rank_round {
   const struct plan_rank_round *pr;
   uint64_t send_bytes, recv_bytes;
@@ -263,10 +273,10 @@ static void measure(const struct plan_round *rd, uint32_t rank,
   out->pr = &rd->ranks[rank];
   out->send_bytes = out->recv_bytes = 0;
   for (size_t b = 0; b < out->pr->nsend; b++)
-    out->send_bytes += rd->buckets[out->pr->send_first + b].nbytes;
+    out->send_bytes += slot_bytes(&rd->buckets[out->pr->send_first + b]);
   for (size_t b = 0; b < out->pr->nrecv; b++)
     out->recv_bytes +=
-        rd->buckets[rd->recv_order[out->pr->recv_first + b]].nbytes;
+        slot_bytes(&rd->buckets[rd->recv_order[out->pr->recv_first + b]]);
 }
 
 static int grow_staging(struct gpu_comms *c, struct comm_rank *cr,
@@ -679,7 +689,7 @@ const uint8_t *gpu_comms_received(const struct gpu_comms *c,
           &rd->buckets[rd->recv_order[rr.pr->recv_first + k]];
       if (m >= rd->moves + b->first && m < rd->moves + b->first + b->nmoves)
         return cr->staging + off + m->bucket_offset;
-      off += b->nbytes;
+      off += slot_bytes(b);
     }
   }
   return NULL;
@@ -715,7 +725,7 @@ int gpu_comms_round(struct gpu_comms *c, const struct engine *e,
     for (size_t k = 0; k < rr[i].pr->nsend && rc == 0; k++) {
       const struct plan_bucket *b = &rd->buckets[rr[i].pr->send_first + k];
       rc = copy_bucket(c, cr, e, rd, b, cr->staging + off, true, msg, msglen);
-      off += b->nbytes;
+      off += slot_bytes(b);
     }
   }
   /* One group of all local ranks' sends and receives, in the plan's order:
@@ -734,14 +744,14 @@ int gpu_comms_round(struct gpu_comms *c, const struct engine *e,
         const struct plan_bucket *b = &rd->buckets[rr[i].pr->send_first + k];
         res = a->ncclSend(cr->staging + off, b->nbytes, ncclUint8, (int)b->dst,
                           cr->comm, cr->stream);
-        off += b->nbytes;
+        off += slot_bytes(b);
       }
       for (size_t k = 0; k < rr[i].pr->nrecv && res == ncclSuccess; k++) {
         const struct plan_bucket *b =
             &rd->buckets[rd->recv_order[rr[i].pr->recv_first + k]];
         res = a->ncclRecv(cr->staging + off, b->nbytes, ncclUint8, (int)b->src,
                           cr->comm, cr->stream);
-        off += b->nbytes;
+        off += slot_bytes(b);
       }
       if (res == ncclInProgress)
         res = ncclSuccess;
@@ -766,7 +776,7 @@ int gpu_comms_round(struct gpu_comms *c, const struct engine *e,
       const struct plan_bucket *b =
           &rd->buckets[rd->recv_order[rr[i].pr->recv_first + k]];
       rc = copy_bucket(c, cr, e, rd, b, cr->staging + off, false, msg, msglen);
-      off += b->nbytes;
+      off += slot_bytes(b);
     }
   }
   for (size_t i = 0; i < c->n && rc == 0; i++) {

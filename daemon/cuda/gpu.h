@@ -49,9 +49,11 @@ struct plan;
 /* ---- gpu.c: the backend ------------------------------------------------ */
 
 /* Loads the CUDA runtime and NCCL (daemon/cuda/api.h), probes every visible
- * GPU, enables peer access between the pairs that allow it and makes one
- * copy stream per GPU.  SP_EBACKEND with why when there is no usable GPU:
- * the sentence shardport status shows as the backend reason. */
+ * GPU, skips those whose compute mode forbids sharing them (no context is
+ * made there; the reason is in gpu_describe), enables peer access between
+ * the pairs that allow it and makes each served GPU's context.
+ * SP_EBACKEND with why when there is no usable GPU: the sentence
+ * shardport status shows as the backend reason. */
 int gpu_open(struct gpu **out, char *why, size_t whylen);
 /* Frees everything gpu_open made; every storage, segment and communicator
  * must have been released.  NULL is allowed. */
@@ -169,11 +171,11 @@ struct gpu_run {
 /* Runs every round of e->plan on the GPUs: the owners' segments zeroed,
  * then per round the local moves as batched device-to-device and peer
  * copies (cudaMemcpy2DAsync for strided boxes, cudaMemcpyAsync for dense
- * ones) on each owner GPU's stream, the moves between nodes as one NCCL
- * group of sends and receives, and events polled until the round is done,
- * while e->cancel, the communicators' async errors and the round's
- * deadline are watched.  Updates e->round and e->bytes_moved as struct
- * engine documents; returns e->rc. */
+ * ones) on the run's own stream of each owner's GPU, the moves between
+ * nodes as one NCCL group of sends and receives, and events polled until
+ * the round is done, while e->cancel, the communicators' async errors and
+ * the round's deadline are watched.  Updates e->round and e->bytes_moved
+ * as struct engine documents; returns e->rc. */
 int gpu_engine_run(struct engine *e);
 
 /* ---- comm.c: NCCL between nodes ----------------------------------------- */

@@ -22,9 +22,10 @@
 struct gpu_device {
   struct cuda_device_info info;
   char name[GPU_DEVICE_NAME_MAX]; /* "cuda:GPU-…" */
-  /* The stream every copy into this GPU's segments is issued on, so that
-   * zeroing a segment, assembling it and recording its event are ordered. */
-  cudaStream_t stream;
+  /* Why shardportd leaves this GPU alone ("" when it serves it): its
+   * compute mode lets no context of the daemon's share it (gpu.c).  Set
+   * once by gpu_open; no context is ever made on a skipped GPU. */
+  char skipped[160];
 };
 
 /* Who may issue NCCL work on each GPU and what waits for it to end
@@ -54,6 +55,10 @@ struct gpu {
    * so, read by every one, hence atomic; behind a pointer so that the
    * functions given a const struct gpu can record it. */
   _Atomic int *faults;
+  /* Copy streams no run holds now (gpu_stream_take), some maybe still
+   * working: a run that gave up waiting gives its streams back busy. */
+  pthread_mutex_t streams_lock;
+  struct gpu_stream *spare_streams;
   /* The allocations storages are opened from, each once (storage.c). */
   pthread_mutex_t imports_lock;
   struct gpu_import *imports;
@@ -92,9 +97,26 @@ void gpu_nccl_reap(struct gpu *gpu, void (*fn)(void *), void *arg);
 int gpu_cuda_fail(const struct gpu *gpu, cudaError_t err, const char *what,
                   char *msg, size_t msglen);
 /* cudaSetDevice(device) on the calling thread: 0 or SP_EBACKEND, also
- * when a sticky error ended device's context (gpu_failure's sentence). */
+ * when a sticky error ended device's context (gpu_failure's sentence) or
+ * the GPU is skipped (its reason). */
 int gpu_set_device(const struct gpu *gpu, int device, char *msg,
                    size_t msglen);
+
+/* The copy streams of the device engine (gpu.c).  Each run of the engine
+ * takes its own stream per GPU it copies on, so that one job's copies
+ * never queue behind another's and never count against its round's
+ * deadline; zeroing a segment, assembling it and recording its event are
+ * ordered on the one stream of its run.  A stream given back is kept for a
+ * later run, which takes only one that is idle.  gpu_streams_drain waits
+ * for every stream given back (storage.c: before memory is unmapped). */
+int gpu_stream_take(struct gpu *gpu, int device, cudaStream_t *out,
+                    char *msg, size_t msglen);
+void gpu_stream_give(struct gpu *gpu, int device, cudaStream_t stream);
+void gpu_streams_drain(struct gpu *gpu);
+
+/* Whether the engine may work on device: neither skipped nor failed.  A
+ * call on a skipped GPU would make the context its compute mode forbids. */
+bool gpu_device_usable(const struct gpu *gpu, int device);
 
 /* The interprocess event the engine records on the segment's GPU stream
  * once the segment's tensors are assembled (segment.c). */

@@ -19,11 +19,23 @@
  *                                          is sticky on its device only
  *   streams                                stream and event order, in-process
  *   malloc-limit                           SHARDPORT_FAKE_MEM_MB=4 is honoured
+ *   contexts                               primary contexts: which calls make
+ *                                          one, retain/push/pop, their memory
+ *                                          (SHARDPORT_FAKE_CTX_MB=64)
+ *   ctx-hold DEV                           a context on DEV, held until killed
+ *   ctx-refused DEV                        DEV refuses a context (another
+ *                                          process has it exclusive)
+ *   unmap-late                             a copy still queued when its
+ *                                          mapping is unmapped faults
+ *                                          (SHARDPORT_FAKE_DELAY_US=200000)
+ *   mem-hold HANDLE                        open an IPC handle, hold it until
+ *                                          killed
  *   nccl SCENARIO ID NRANKS RANKS [ARG]    one process of an NCCL scenario;
  *                                          RANKS is a comma list of the ranks
  *                                          this process holds
  * Numbers are decimal, handles and ids hex.
  */
+#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -318,6 +330,163 @@ static int cmd_vmm_fault(void) {
   CUDA(api.cudaStreamSynchronize(s0));
   CUDA(api.cudaMalloc(&more, 4096));
   ok();
+}
+
+/* A driver function fetched by name, as the backend fetches its own. */
+static void *driver(const char *name) {
+  void *fn = NULL;
+  enum cudaDriverEntryPointQueryResult st;
+  if (api.cudaGetDriverEntryPointByVersion(name, &fn, CUDA_API_DRIVER_ABI,
+                                           cudaEnableDefault, &st) !=
+          cudaSuccess ||
+      fn == NULL)
+    fail("no driver entry point %s", name);
+  return fn;
+}
+
+static int ctx_active(int dev) {
+  __typeof__(cuDevicePrimaryCtxGetState) *get_state =
+      driver("cuDevicePrimaryCtxGetState");
+  unsigned flags;
+  int active = -1;
+  DRV(get_state(dev, &flags, &active));
+  return active;
+}
+
+/* Device memory in use on the current device, as cudaMemGetInfo says. */
+static size_t used_memory(void) {
+  __typeof__(cudaMemGetInfo) *get_info = dlsym(api.cudart_handle, "cudaMemGetInfo");
+  if (get_info == NULL)
+    fail("no cudaMemGetInfo");
+  size_t free_b, total;
+  CUDA(get_info(&free_b, &total));
+  return total - free_b;
+}
+
+/* Run with SHARDPORT_FAKE_CTX_MB=64, in a process that has not touched a
+ * device yet. */
+static int cmd_contexts(void) {
+  load();
+  if (ctx_active(0) != 0 || ctx_active(1) != 0)
+    fail("a context exists before any device call");
+  /* Asking which device is current makes no context. */
+  int dev = -1;
+  CUDA(api.cudaGetDevice(&dev));
+  if (dev != 0 || ctx_active(0) != 0)
+    fail("cudaGetDevice made a context (device %d)", dev);
+  /* A driver call that needs a context has none. */
+  CUdeviceptr base;
+  size_t size;
+  if (api.cuMemGetAddressRange(&base, &size, (CUdeviceptr)(uintptr_t)&dev) !=
+      CUDA_ERROR_INVALID_CONTEXT)
+    fail("cuMemGetAddressRange without a context did not answer "
+         "CUDA_ERROR_INVALID_CONTEXT");
+  /* cudaSetDevice makes the device's primary context (CUDA 12), and only
+   * that one; it takes its memory. */
+  CUDA(api.cudaSetDevice(1));
+  if (ctx_active(1) != 1 || ctx_active(0) != 0)
+    fail("after cudaSetDevice(1): contexts %d %d", ctx_active(0),
+         ctx_active(1));
+  size_t used = used_memory();
+  if (used != (size_t)64 << 20)
+    fail("device 1 uses %zu bytes with only its context", used);
+  if (api.cuMemGetAddressRange(&base, &size, (CUdeviceptr)(uintptr_t)&dev) !=
+      CUDA_ERROR_NOT_FOUND)
+    fail("cuMemGetAddressRange with a context did not look the address up");
+  /* Retain and push make device 0 current without the runtime's own
+   * context; pop and release leave device 1 current and device 0 without
+   * a context. */
+  __typeof__(cuDevicePrimaryCtxRetain) *retain = driver("cuDevicePrimaryCtxRetain");
+  __typeof__(cuDevicePrimaryCtxRelease) *release = driver("cuDevicePrimaryCtxRelease");
+  __typeof__(cuCtxPushCurrent) *push = driver("cuCtxPushCurrent");
+  __typeof__(cuCtxPopCurrent) *pop = driver("cuCtxPopCurrent");
+  CUcontext ctx, popped;
+  DRV(retain(&ctx, 0));
+  if (ctx_active(0) != 1)
+    fail("a retained context is not active");
+  DRV(push(ctx));
+  CUDA(api.cudaGetDevice(&dev));
+  if (dev != 0)
+    fail("with device 0's context pushed, the current device is %d", dev);
+  DRV(pop(&popped));
+  if (popped != ctx)
+    fail("pop gave another context");
+  CUDA(api.cudaGetDevice(&dev));
+  if (dev != 1)
+    fail("after the pop, the current device is %d", dev);
+  DRV(release(0));
+  if (ctx_active(0) != 0)
+    fail("the last release left device 0's context active");
+  ok();
+}
+
+static int cmd_ctx_hold(char **argv) {
+  load();
+  CUDA(api.cudaSetDevice((int)num(argv[0])));
+  printf("held\n");
+  fflush(stdout);
+  sleep(20); /* the test kills this process */
+  fail("not stopped");
+}
+
+static int cmd_ctx_refused(char **argv) {
+  load();
+  int dev = (int)num(argv[0]);
+  int attr = -1;
+  CUDA(api.cudaDeviceGetAttribute(&attr, cudaDevAttrComputeMode, dev));
+  if (attr != cudaComputeModeExclusiveProcess)
+    fail("device %d's compute mode is %d", dev, attr);
+  EXPECT_ERR(api.cudaSetDevice(dev), cudaErrorDevicesUnavailable);
+  __typeof__(cuDevicePrimaryCtxRetain) *retain = driver("cuDevicePrimaryCtxRetain");
+  CUcontext ctx;
+  if (retain(&ctx, dev) != CUDA_ERROR_DEVICE_UNAVAILABLE)
+    fail("cuDevicePrimaryCtxRetain(%d) was not refused", dev);
+  ok();
+}
+
+/* Run with SHARDPORT_FAKE_DELAY_US=200000: the copy is still queued when
+ * the mapping goes. */
+static int cmd_unmap_late(void) {
+  load();
+  CUDA(api.cudaSetDevice(0));
+  CUmemAllocationProp prop = {
+      .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+      .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+  const size_t size = 2u << 20;
+  CUmemGenericAllocationHandle h;
+  CUdeviceptr va;
+  DRV(api.cuMemCreate(&h, size, &prop, 0));
+  DRV(api.cuMemAddressReserve(&va, size, 0, 0, 0));
+  DRV(api.cuMemMap(va, size, 0, h, 0));
+  CUmemAccessDesc acc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+                         .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  DRV(api.cuMemSetAccess(va, size, &acc, 1));
+  cudaStream_t s;
+  static unsigned char host[4096];
+  memset(host, 0x11, sizeof(host));
+  CUDA(api.cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CUDA(api.cudaMemcpyAsync(host, (void *)va, sizeof(host), cudaMemcpyDefault, s));
+  DRV(api.cuMemUnmap(va, size));
+  /* The copy ran after the unmap: an illegal address, sticky, and it
+   * copied nothing. */
+  EXPECT_ERR(api.cudaStreamSynchronize(s), cudaErrorIllegalAddress);
+  expect_bytes(host, sizeof(host), 0x11, "the late copy's destination");
+  DRV(api.cuMemAddressFree(va, size));
+  DRV(api.cuMemRelease(h));
+  ok();
+}
+
+static int cmd_mem_hold(char **argv) {
+  cudaIpcMemHandle_t h;
+  if (hex_decode(argv[0], &h, sizeof(h)) != 0)
+    fail("bad handle");
+  load();
+  void *p;
+  CUDA(api.cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess));
+  printf("open\n");
+  fflush(stdout);
+  sleep(20); /* the test kills this process */
+  fail("not stopped");
 }
 
 /* Run with SHARDPORT_FAKE_DELAY_US=100000: every stream operation waits
@@ -875,7 +1044,8 @@ int main(int argc, char **argv) {
   int nargs = argc - 2;
   struct { const char *name; int nargs; } need[] = {
       {"mem-open", 5}, {"mem-open-fails", 2}, {"event-consume", 4},
-      {"vmm-import", 3}};
+      {"vmm-import", 3}, {"ctx-hold", 1}, {"ctx-refused", 1},
+      {"mem-hold", 1}};
   for (size_t i = 0; i < sizeof(need) / sizeof(need[0]); i++)
     if (strcmp(cmd, need[i].name) == 0 && nargs < need[i].nargs)
       fail("%s needs %d arguments", cmd, need[i].nargs);
@@ -897,6 +1067,16 @@ int main(int argc, char **argv) {
     return cmd_streams();
   if (strcmp(cmd, "malloc-limit") == 0)
     return cmd_malloc_limit();
+  if (strcmp(cmd, "contexts") == 0)
+    return cmd_contexts();
+  if (strcmp(cmd, "ctx-hold") == 0)
+    return cmd_ctx_hold(args);
+  if (strcmp(cmd, "ctx-refused") == 0)
+    return cmd_ctx_refused(args);
+  if (strcmp(cmd, "unmap-late") == 0)
+    return cmd_unmap_late();
+  if (strcmp(cmd, "mem-hold") == 0)
+    return cmd_mem_hold(args);
   if (strcmp(cmd, "nccl") == 0)
     return cmd_nccl(nargs, args);
   fail("unknown command %s", cmd);

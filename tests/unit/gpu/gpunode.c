@@ -396,6 +396,31 @@ static void device_free(struct node_state *ns, size_t *free_bytes) {
   }
 }
 
+/* Whether every bucket received on this node starts aligned in its
+ * owner's staging (comm.c): NCCL moves aligned buffers fastest.  A bucket
+ * starts bucket_offset bytes before each of its moves. */
+static bool staging_aligned(const struct node_state *ns,
+                            const struct job_state *js, uint64_t node) {
+  for (size_t k = 0; k < ns->plan->nrounds; k++) {
+    const struct plan_round *rd = &ns->plan->rounds[k];
+    for (size_t i = 0; i < rd->nmoves; i++) {
+      const struct plan_move *m = &rd->moves[i];
+      if (ns->plan->node[m->dst] != node)
+        continue;
+      const uint8_t *at = gpu_comms_received(js->comms, rd, m);
+      if (at != NULL && (uintptr_t)(at - m->bucket_offset) % 256 != 0) {
+        printf("fail round %zu: the bucket of key %s starts at %p in "
+               "staging, not 256-byte aligned\n",
+               k + 1, ns->plan->keys[m->key].name,
+               (const void *)(at - m->bucket_offset));
+        fflush(stdout);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 /* One job's exports, one after the other, each verified. */
 struct exports {
   struct node_state *ns;
@@ -426,7 +451,8 @@ static void *run_exports(void *arg) {
       return NULL;
     }
     long verified = verify(ns, x->js, x->node);
-    if (verified < 0) {
+    if (verified < 0 || (x->js->comms != NULL &&
+                         !staging_aligned(ns, x->js, x->node))) {
       x->status = 1;
       return NULL;
     }
