@@ -65,6 +65,7 @@ void config_default(struct config *cfg) {
   cfg->engine_threads = 0;
   cfg->peer_timeout_ms = CONFIG_DEFAULT_PEER_TIMEOUT_MS;
   cfg->peer_handshakes = CONFIG_DEFAULT_PEER_HANDSHAKES;
+  cfg->peer_streams = CONFIG_DEFAULT_PEER_STREAMS;
   cfg->drain_timeout_ms = CONFIG_DEFAULT_DRAIN_TIMEOUT_MS;
   cfg->export_history = CONFIG_DEFAULT_EXPORT_HISTORY;
   cfg->metrics_connections = CONFIG_DEFAULT_METRICS_CONNECTIONS;
@@ -259,6 +260,7 @@ static const struct size_key size_keys[] = {
     {"max_user_mapped_bytes", 4096, UINT64_C(1) << 50},
     {"engine_threads", 0, 64},
     {"peer_handshakes", 1, 1u << 16},
+    {"peer_streams", 1, CONFIG_MAX_PEER_STREAMS},
     {"export_history", 0, CONFIG_MAX_EXPORT_HISTORY},
     {"metrics_connections", 1, CONFIG_MAX_METRICS_CONNECTIONS},
 };
@@ -316,6 +318,8 @@ static void store_size(struct config *cfg, const char *key, uint64_t v) {
     cfg->peer_timeout_ms = (uint32_t)v;
   else if (strcmp(key, "peer_handshakes") == 0)
     cfg->peer_handshakes = (uint32_t)v;
+  else if (strcmp(key, "peer_streams") == 0)
+    cfg->peer_streams = (uint32_t)v;
   else if (strcmp(key, "drain_timeout") == 0)
     cfg->drain_timeout_ms = (uint32_t)v;
   else if (strcmp(key, "export_history") == 0)
@@ -612,6 +616,7 @@ void config_print(const struct config *cfg, FILE *out) {
           cfg->peer_advertise_set ? cfg->peer_advertise : "none");
   print_duration(out, "peer_timeout", cfg->peer_timeout_ms);
   fprintf(out, "peer_handshakes = %" PRIu32 "\n", cfg->peer_handshakes);
+  fprintf(out, "peer_streams = %" PRIu32 "\n", cfg->peer_streams);
   fprintf(out, "metrics_listen = %s\n",
           cfg->metrics_listen_set ? cfg->metrics_listen : "none");
   fprintf(out, "metrics_connections = %" PRIu32 "\n",

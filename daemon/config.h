@@ -34,6 +34,10 @@
 #define CONFIG_DEFAULT_MAX_USER_MAPPED_BYTES (UINT64_C(8) << 40)
 #define CONFIG_DEFAULT_PEER_TIMEOUT_MS 10000u
 #define CONFIG_DEFAULT_PEER_HANDSHAKES 64u
+/* Connections per pair of nodes (peer_streams): the default, and the most
+ * (REMOTE_STREAMS_MAX, daemon/xfer/remote.h). */
+#define CONFIG_DEFAULT_PEER_STREAMS 2u
+#define CONFIG_MAX_PEER_STREAMS 8u
 #define CONFIG_DEFAULT_DRAIN_TIMEOUT_MS 60000u
 #define CONFIG_DEFAULT_EXPORT_HISTORY 8u
 #define CONFIG_MAX_EXPORT_HISTORY 256u
@@ -115,6 +119,9 @@ struct config {
   /* Links accepted from other daemons that have not yet proved who they
    * are, at most (nodelink.c). */
   uint32_t peer_handshakes;
+  /* Connections a node dials for each data link to a lower node; a pair
+   * of nodes moves its bytes over all of them (remote.c). */
+  uint32_t peer_streams;
   /* Where GET /metrics is served (off unless set; docs/operations.md,
    * "Monitoring"), and how many scrapers may be connected at once. */
   bool metrics_listen_set;

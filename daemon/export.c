@@ -461,6 +461,18 @@ static void step(struct export *ex) {
     }
     engine_join(&ex->engine);
     ex->thread_alive = false;
+    if (ex->mx != NULL) {
+      /* How far the rounds overlapped on the wire (remote.c), for who
+       * tunes or tests the data path: counted for the rounds that ended,
+       * whether or not the export did. */
+      struct log_fields fields = export_fields(ex, 0);
+      log_with(LOG_LEVEL_DEBUG, &fields,
+               "job %s: export %" PRIu64 ": %" PRIu32 " of %" PRIu32
+               " round(s) sent the next round's first bytes before their "
+               "own last local copy ended",
+               ex->job->hex, ex->id, ex->engine.rounds_overlapped,
+               export_rounds(ex));
+    }
     if (ex->failed)
       break;
     if (ex->engine.rc != 0) {

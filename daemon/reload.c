@@ -7,8 +7,8 @@
  * file, SHARDPORT_SOCKET, the flags), so a flag still wins over the file.
  * What the daemon set up once at start keeps its running value until a
  * restart: the socket and its group, the backend, the memory pool, the
- * listener for other daemons and the address it advertises, the watchdog,
- * the metrics endpoint.
+ * listener for other daemons, the address it advertises and the streams it
+ * dials per data link, the watchdog, the metrics endpoint.
  * Every other key applies from the next connection, job, export or frame.
  *
  * Which keys changed is found by comparing config_print of the running
@@ -34,7 +34,7 @@
 static const char *const restart_keys[] = {
     "socket",        "socket_group",      "backend",     "watchdog",
     "pool_capacity", "gpu_pool_capacity", "peer_listen", "peer_advertise",
-    "metrics_listen", "metrics_connections",
+    "peer_streams", "metrics_listen", "metrics_connections",
 };
 
 static bool needs_restart(const char *key) {

@@ -11,5 +11,7 @@
 #include <stdint.h>
 
 uint64_t monotonic_ms(void);
+/* The same clock in nanoseconds, to order events of different threads. */
+uint64_t monotonic_ns(void);
 
 #endif /* SP_PROTO_MONOTONIC_H */

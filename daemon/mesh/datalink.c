@@ -1,8 +1,11 @@
 /*
  * datalink.c - the data links between the nodes of a job, one per pair
- * (the higher node dials the lower), each a link only for its handshake
- * and then a bare socket for the exchanges (remote.c); kept for the job's
- * next exports while they stay alive.
+ * (the higher node dials the lower), each of peer_streams connections (the
+ * dialling node's setting, which it names in every handshake), each a link
+ * only for its handshake and then a bare socket for the exchanges
+ * (remote.c); kept for the job's next exports while they stay alive.
+ * Every stream is proven with the job's secret on its own, as a control
+ * link is (hello.c).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -13,6 +16,9 @@
 #include "daemon/mesh/internal.h"
 #include "shardport.h"
 
+_Static_assert(CONFIG_MAX_PEER_STREAMS == REMOTE_STREAMS_MAX,
+               "peer_streams is bounded by the streams an exchange serves");
+
 /* A socket kept between exports may have died quietly: one that reads as
  * closed, failed, or holding bytes nobody sent it in an export, goes. */
 static bool data_alive(int sock) {
@@ -22,18 +28,19 @@ static bool data_alive(int sock) {
 }
 
 static void on_data_detached(void *arg, int sock) {
-  struct mesh_node *n = arg;
-  n->dlink = NULL;
+  struct mesh_stream *st = arg;
+  struct mesh_node *n = st->node;
+  st->dlink = NULL;
   if (sock < 0) {
     datalink_fail(n, "the handshake did not finish");
     return;
   }
-  if (n->data >= 0)
-    close(n->data);
-  n->data = sock;
+  if (st->data >= 0)
+    close(st->data);
+  st->data = sock;
   log_with(LOG_LEVEL_DEBUG, LOG_JOB(n->mesh->job->hex),
-           "job %s: data link to node %u (%s) up", n->mesh->job->hex, n->node,
-           n->addr);
+           "job %s: data link to node %u (%s) up (stream %u of %u)",
+           n->mesh->job->hex, n->node, n->addr, st->index + 1, n->nstreams);
   member_send_planned(n->mesh);
 }
 
@@ -43,7 +50,8 @@ static void on_data_detached(void *arg, int sock) {
 static void on_data_frame(struct nodelink *l, void *arg,
                           const struct sp_msg_head *head,
                           const msgpack_object *map) {
-  struct mesh_node *n = arg;
+  struct mesh_stream *st = arg;
+  struct mesh_node *n = st->node;
   struct mesh *ms = n->mesh;
   struct nodemsg m;
   char why[256];
@@ -52,21 +60,24 @@ static void on_data_frame(struct nodelink *l, void *arg,
     bad = why;
   else if (m.op == NODEMSG_ERROR)
     bad = m.message;
-  else if (!n->dlink_hello_sent && m.op == NODEMSG_CHALLENGE &&
+  else if (!st->hello_sent && m.op == NODEMSG_CHALLENGE &&
            m.version != NODE_PROTOCOL_VERSION)
     bad = "protocol version mismatch";
-  else if (!n->dlink_hello_sent && m.op == NODEMSG_CHALLENGE) {
-    struct nodemsg h = {
-        .op = NODEMSG_DATA, .node = ms->self, .node_id = ms->srv->node_id};
+  else if (!st->hello_sent && m.op == NODEMSG_CHALLENGE) {
+    struct nodemsg h = {.op = NODEMSG_DATA,
+                        .node = ms->self,
+                        .node_id = ms->srv->node_id,
+                        .stream = st->index,
+                        .streams = n->nstreams};
     if (peerauth_nonce(h.nonce) != 0) {
       bad = "no random nonce";
     } else {
       hello_answer_challenge(l, ms->job, PEERAUTH_DATA, m.nonce, &h);
       inbox_send(l, &h);
-      n->dlink_hello_sent = true;
+      st->hello_sent = true;
       return;
     }
-  } else if (!n->dlink_hello_sent || m.op != NODEMSG_DATA || !m.reply)
+  } else if (!st->hello_sent || m.op != NODEMSG_DATA || !m.reply)
     bad = "a bad handshake";
   else if (!peerauth_equal(m.proof, nodelink_handshake(l)))
     bad = "it did not prove it knows the job's secret";
@@ -75,19 +86,19 @@ static void on_data_frame(struct nodelink *l, void *arg,
     snprintf(what, sizeof what, "%.500s", bad);
     nodemsg_free(&m);
     nodelink_close(l);
-    n->dlink = NULL;
+    st->dlink = NULL;
     datalink_fail(n, what);
     return;
   }
   nodelink_hello_done(l);
-  nodelink_detach(l, on_data_detached, n);
+  nodelink_detach(l, on_data_detached, st);
 }
 
 static void on_data_closed(struct nodelink *l, void *arg, int code) {
   (void)l;
-  struct mesh_node *n = arg;
-  n->dlink = NULL;
-  datalink_fail(n, sp_strerror(code));
+  struct mesh_stream *st = arg;
+  st->dlink = NULL;
+  datalink_fail(st->node, sp_strerror(code));
 }
 
 static const struct nodelink_ops data_ops = {
@@ -95,30 +106,45 @@ static const struct nodelink_ops data_ops = {
     .closed = on_data_closed,
 };
 
-/* The data links the export needs: dialled to lower nodes, awaited from
- * higher ones. */
+/* Before an export: a newer socket accepted while the last one moved
+ * takes the old one's place, and one that died quietly goes. */
+static void stream_refresh(struct mesh_stream *st) {
+  if (st->data_next >= 0) {
+    if (st->data >= 0)
+      close(st->data);
+    st->data = st->data_next;
+    st->data_next = -1;
+  }
+  if (st->data >= 0 && !data_alive(st->data)) {
+    close(st->data);
+    st->data = -1;
+  }
+}
+
+/* The data links the export needs: dialled to lower nodes (each stream
+ * that is not up), awaited from higher ones. */
 int datalink_ensure(struct mesh *ms, const struct mesh_export *mx) {
   for (size_t i = 0; i < mx->nnodes; i++) {
     struct mesh_node *n = mesh_node_get(ms, mx->nodes[i].node);
     if (n == NULL || n->node == ms->self)
       continue;
-    if (n->data_next >= 0) {
-      if (n->data >= 0)
-        close(n->data);
-      n->data = n->data_next;
-      n->data_next = -1;
-    }
-    if (n->data >= 0 && !data_alive(n->data)) {
-      close(n->data);
-      n->data = -1;
-    }
-    if (n->node > ms->self || n->data >= 0 || n->dlink != NULL)
+    for (uint32_t s = 0; s < REMOTE_STREAMS_MAX; s++)
+      stream_refresh(&n->streams[s]);
+    if (n->node > ms->self)
       continue;
-    n->dlink_hello_sent = false;
-    int rc = nodelink_connect(ms->srv, n->addr, &data_ops, n, &n->dlink);
-    if (rc != 0) {
-      n->dlink = NULL;
-      return (int)n->node + 1;
+    /* peer_streams takes a restart (reload.c): the count never changes
+     * under a link. */
+    n->nstreams = ms->srv->cfg->peer_streams;
+    for (uint32_t s = 0; s < n->nstreams; s++) {
+      struct mesh_stream *st = &n->streams[s];
+      if (st->data >= 0 || st->dlink != NULL)
+        continue;
+      st->hello_sent = false;
+      int rc = nodelink_connect(ms->srv, n->addr, &data_ops, st, &st->dlink);
+      if (rc != 0) {
+        st->dlink = NULL;
+        return (int)n->node + 1;
+      }
     }
   }
   return 0;
@@ -127,10 +153,22 @@ int datalink_ensure(struct mesh *ms, const struct mesh_export *mx) {
 bool datalink_ready(const struct mesh *ms, const struct mesh_export *mx) {
   for (size_t i = 0; i < mx->nnodes; i++) {
     const struct mesh_node *n = ms->nodes[mx->nodes[i].node];
-    if (n->node != ms->self && n->data < 0)
+    if (n->node == ms->self)
+      continue;
+    if (n->nstreams == 0)
       return false;
+    for (uint32_t s = 0; s < n->nstreams; s++)
+      if (n->streams[s].data < 0)
+        return false;
   }
   return true;
+}
+
+bool datalink_up(const struct mesh_node *n) {
+  for (uint32_t s = 0; s < n->nstreams; s++)
+    if (n->streams[s].data >= 0)
+      return true;
+  return false;
 }
 
 void datalink_fail(struct mesh_node *n, const char *why) {
@@ -147,23 +185,24 @@ void datalink_fail(struct mesh_node *n, const char *why) {
 }
 
 void datalink_accepted(void *arg, int sock) {
-  struct mesh_node *n = arg;
-  n->dlink = NULL;
+  struct mesh_stream *st = arg;
+  struct mesh_node *n = st->node;
+  st->dlink = NULL;
   if (sock < 0)
     return; /* the dialling node tries again, or its export fails */
   struct mesh_export *cur = n->mesh->current;
-  if (cur != NULL && cur->moving && n->data >= 0) {
+  if (cur != NULL && cur->moving && st->data >= 0) {
     /* The engine may be using the old one: swap at the next export. */
-    if (n->data_next >= 0)
-      close(n->data_next);
-    n->data_next = sock;
+    if (st->data_next >= 0)
+      close(st->data_next);
+    st->data_next = sock;
     return;
   }
-  if (n->data >= 0)
-    close(n->data);
-  n->data = sock;
+  if (st->data >= 0)
+    close(st->data);
+  st->data = sock;
   log_with(LOG_LEVEL_DEBUG, LOG_JOB(n->mesh->job->hex),
-           "job %s: data link from node %u (%s) up", n->mesh->job->hex, n->node,
-           n->addr);
+           "job %s: data link from node %u (%s) up (stream %u of %u)",
+           n->mesh->job->hex, n->node, n->addr, st->index + 1, n->nstreams);
   member_send_planned(n->mesh);
 }

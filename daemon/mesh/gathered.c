@@ -122,7 +122,8 @@ int mesh_remote(struct job *job, struct mesh_export *mx,
   if (peers == NULL)
     return SP_ENOMEM;
   for (uint32_t n = 0; n < nnodes; n++) {
-    peers[n].sock = -1;
+    for (uint32_t i = 0; i < REMOTE_STREAMS_MAX; i++)
+      peers[n].socks[i] = -1;
     struct mesh_node *node = mesh_node_get(ms, n);
     if (node == NULL)
       continue;
@@ -137,8 +138,11 @@ int mesh_remote(struct job *job, struct mesh_export *mx,
       peers[n].sent[1] = &mp->sent;
       peers[n].received[1] = &mp->received;
     }
-    if (n != ms->self && gathered_in_roster(mx, n))
-      peers[n].sock = node->data;
+    if (n != ms->self && gathered_in_roster(mx, n)) {
+      peers[n].nsocks = node->nstreams > 0 ? node->nstreams : 1;
+      for (uint32_t i = 0; i < node->nstreams; i++)
+        peers[n].socks[i] = node->streams[i].data;
+    }
   }
   struct remote_setup s = {
       .plan = plan,

@@ -98,14 +98,23 @@ static void hello_data(struct nodelink *l, const struct nodemsg *m,
   if (n->node_id != 0 && n->node_id != m->node_id)
     return refuse_link(l, SP_EINVAL, "node %u of job %s is another daemon",
                        m->node, job->hex);
+  /* A node dials as many streams as its peer_streams, which takes a
+   * restart, and a restarted daemon is another node: a count that changes
+   * is no daemon of this protocol. */
+  if (n->nstreams != 0 && n->nstreams != m->streams)
+    return refuse_link(l, SP_EINVAL, "node %u of job %s dials %u data "
+                       "streams, not %u", m->node, job->hex, m->streams,
+                       n->nstreams);
   n->node_id = m->node_id;
-  nodelink_close(n->dlink);
-  n->dlink = l;
+  n->nstreams = m->streams;
+  struct mesh_stream *st = &n->streams[m->stream];
+  nodelink_close(st->dlink);
+  st->dlink = l;
   nodelink_hello_done(l);
   struct nodemsg reply = {.op = NODEMSG_DATA, .reply = true};
   hello_listener_proof(job, l, PEERAUTH_DATA, m, &reply);
   inbox_send(l, &reply);
-  nodelink_detach(l, datalink_accepted, n);
+  nodelink_detach(l, datalink_accepted, st);
 }
 
 void hello_accepted(struct server *srv, struct nodelink *l) {

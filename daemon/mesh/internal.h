@@ -50,6 +50,17 @@
  * decide a gather before it gives up on it. */
 #define MESH_GRACE_MS 2000
 
+/* One connection of the data link to a node: a pair of nodes moves its
+ * bytes over peer_streams of them (remote.h). */
+struct mesh_stream {
+  struct mesh_node *node;
+  uint32_t index;
+  struct nodelink *dlink; /* in its handshake */
+  bool hello_sent;        /* dialled: its peer_data answered the challenge */
+  int data;               /* the socket, or -1 */
+  int data_next;          /* a newer one, taken at the next export */
+};
+
 struct mesh_node {
   struct mesh *mesh;
   uint32_t node;
@@ -57,10 +68,10 @@ struct mesh_node {
   char addr[NODE_ADDR_MAX];
   bool present;          /* part of the job now */
   struct nodelink *ctl;  /* root: the node's control link */
-  struct nodelink *dlink; /* a data link in its handshake */
-  bool dlink_hello_sent;  /* dialled: its peer_data answered the challenge */
-  int data;              /* the data socket, or -1 */
-  int data_next;         /* a newer one, taken at the next export */
+  /* The data link: how many streams (the dialling node's peer_streams, 0
+   * until one is dialled or accepted), and each. */
+  uint32_t nstreams;
+  struct mesh_stream streams[REMOTE_STREAMS_MAX];
   uint32_t nranks;       /* root: ranks joined there */
   /* Root: the node's part in the export being agreed, and its lowest
    * rank's digests of the replicated and plain keys (none when it
@@ -280,8 +291,11 @@ int datalink_ensure(struct mesh *ms, const struct mesh_export *mx);
 bool datalink_ready(const struct mesh *ms, const struct mesh_export *mx);
 /* A data link to n failed: the export it serves fails. */
 void datalink_fail(struct mesh_node *n, const char *why);
-/* A data link accepted from n finished its handshake (sock, or -1). */
+/* A stream of a data link accepted from a node finished its handshake
+ * (arg: its struct mesh_stream; sock, or -1). */
 void datalink_accepted(void *arg, int sock);
+/* Whether the node's data link has any stream up. */
+bool datalink_up(const struct mesh_node *n);
 
 /* ---- hello.c ---- */
 

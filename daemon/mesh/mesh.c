@@ -86,7 +86,9 @@ struct mesh_node *mesh_node_make(struct mesh *ms, uint32_t node) {
       return NULL;
     n->mesh = ms;
     n->node = node;
-    n->data = n->data_next = -1;
+    for (uint32_t i = 0; i < REMOTE_STREAMS_MAX; i++)
+      n->streams[i] = (struct mesh_stream){
+          .node = n, .index = i, .data = -1, .data_next = -1};
     snprintf(n->addr, sizeof n->addr, "?");
     ms->nodes[node] = n;
   }
@@ -94,13 +96,16 @@ struct mesh_node *mesh_node_make(struct mesh *ms, uint32_t node) {
 }
 
 void mesh_node_close_data(struct mesh_node *n) {
-  nodelink_close(n->dlink);
-  n->dlink = NULL;
-  if (n->data >= 0)
-    close(n->data);
-  if (n->data_next >= 0)
-    close(n->data_next);
-  n->data = n->data_next = -1;
+  for (uint32_t i = 0; i < REMOTE_STREAMS_MAX; i++) {
+    struct mesh_stream *st = &n->streams[i];
+    nodelink_close(st->dlink);
+    st->dlink = NULL;
+    if (st->data >= 0)
+      close(st->data);
+    if (st->data_next >= 0)
+      close(st->data_next);
+    st->data = st->data_next = -1;
+  }
 }
 
 struct mesh *mesh_alloc(struct job *job, bool root) {
@@ -267,7 +272,7 @@ void mesh_status_pack(const struct job *job, msgpack_packer *pk) {
     if (n == NULL || !n->present)
       continue;
     bool self = n->node == ms->self;
-    bool connected = self || n->data >= 0 || n->ctl != NULL ||
+    bool connected = self || datalink_up(n) || n->ctl != NULL ||
                      (n->node == 0 && ms->root_link != NULL && ms->hello_done);
     msgpack_pack_map(pk, 6);
     sp__pack_kv_u64(pk, "node", n->node);

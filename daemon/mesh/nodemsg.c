@@ -24,6 +24,7 @@
 #include "proto/fail.h"
 #include "proto/tensor.h"
 #include "daemon/save.h"
+#include "daemon/xfer/remote.h"
 #include "proto/wire.h"
 #include "shardport.h"
 
@@ -340,7 +341,19 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
       return rc;
     if (m->op == NODEMSG_HELLO)
       return get_addr(map, "addr", m->addr, msg, msglen);
-    return get_u32(map, "node", NODE_MAX_NODES - 1, &m->node, msg, msglen);
+    if ((rc = get_u32(map, "node", NODE_MAX_NODES - 1, &m->node, msg,
+                      msglen)) != 0 ||
+        (rc = get_u32(map, "streams", REMOTE_STREAMS_MAX, &m->streams, msg,
+                      msglen)) != 0 ||
+        (rc = get_u32(map, "stream", REMOTE_STREAMS_MAX - 1, &m->stream, msg,
+                      msglen)) != 0)
+      return rc;
+    if (m->streams == 0 || m->stream >= m->streams)
+      return sp__failf(msg, msglen, SP_EINVAL,
+                       "stream %" PRIu32 " of %" PRIu32
+                       " is not a stream of a data link",
+                       m->stream, m->streams);
+    return 0;
   case NODEMSG_JOIN:
     if (sp__msg_field(map, "rank") == NULL) {
       m->reply = true;
@@ -448,7 +461,7 @@ static uint32_t fields_of(const struct nodemsg *m) {
   case NODEMSG_HELLO:
     return m->reply ? 3 : 6;
   case NODEMSG_DATA:
-    return m->reply ? 1 : 6;
+    return m->reply ? 1 : 8;
   case NODEMSG_JOIN:
     return m->reply ? 0 : 3;
   case NODEMSG_LEFT:
@@ -527,10 +540,13 @@ void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
     sp__pack_str(pk, "proof");
     sp__pack_bin(pk, m->proof, PEERAUTH_PROOF_BYTES);
     sp__pack_kv_u64(pk, "node_id", m->node_id);
-    if (m->op == NODEMSG_HELLO)
+    if (m->op == NODEMSG_HELLO) {
       sp__pack_kv_str(pk, "addr", m->addr);
-    else
+    } else {
       sp__pack_kv_u64(pk, "node", m->node);
+      sp__pack_kv_u64(pk, "streams", m->streams);
+      sp__pack_kv_u64(pk, "stream", m->stream);
+    }
     break;
   case NODEMSG_JOIN:
     if (m->reply)

@@ -60,6 +60,9 @@ struct nodemsg {
   char addr[NODE_ADDR_MAX];
   uint64_t node_id;
   uint32_t node;
+  /* peer_data: which of the data link's streams this connection is, of
+   * how many (the dialler's peer_streams). */
+  uint32_t stream, streams;
   uint32_t rank, world, device_type;
   bool disconnected;
   uint64_t gather, export_id;

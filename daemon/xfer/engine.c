@@ -48,6 +48,7 @@
 #include "daemon/xfer/remote.h"
 #include "daemon/xfer/replicas.h"
 #include "daemon/xfer/thread.h"
+#include "proto/monotonic.h"
 #include "shardport.h"
 
 /* The most and the fewest bytes one item copies (or populates). */
@@ -314,6 +315,16 @@ static void zero_gaps(struct engine *e, uint32_t rank) {
     memset(base + at, 0, (size_t)(e->dst_size[rank] - at));
 }
 
+/* A copy ended: the round's last so far, unless another thread's ended
+ * later. */
+static void note_copy_end(struct engine *e) {
+  uint64_t now = monotonic_ns();
+  uint64_t seen = atomic_load_explicit(&e->copies_end_ns, memory_order_relaxed);
+  while (seen < now && !atomic_compare_exchange_weak(&e->copies_end_ns, &seen,
+                                                     now))
+    ;
+}
+
 /* Takes the round's items until none is left or the run stops. */
 static void take_items(void *arg) {
   struct worker *w = arg;
@@ -350,6 +361,8 @@ static void take_items(void *arg) {
       run_replicas(w, it);
       break;
     }
+    if (it->kind != ITEM_POPULATE && it->kind != ITEM_GAPS && e->remote != NULL)
+      note_copy_end(e);
   }
 }
 
@@ -605,6 +618,7 @@ static void run_remote_round(struct engine *e, size_t round,
   }
   const struct plan_move *lists[3] = {rr.pack, rr.early, rr.late};
   size_t counts[3] = {rr.npack, rr.nearly, rr.nlate};
+  atomic_store(&e->copies_end_ns, 0);
   for (int step = 0; step < 3 && !stopped(e); step++) {
     /* The next round's tensors are made present before the exchange,
      * which may receive into them ahead (remote.c). */
@@ -615,6 +629,9 @@ static void run_remote_round(struct engine *e, size_t round,
     free(e->items);
     e->items = NULL;
   }
+  uint64_t ahead = remote_ahead_began_ns(e->remote);
+  if (!stopped(e) && ahead != 0 && ahead < atomic_load(&e->copies_end_ns))
+    e->rounds_overlapped++;
 }
 
 static void pause_ms(struct engine *e, uint32_t ms) {
@@ -633,6 +650,7 @@ int engine_run(struct engine *e) {
   e->rc = 0;
   e->msg[0] = '\0';
   e->lost_node = PLAN_NONE;
+  e->rounds_overlapped = 0;
   atomic_store(&e->failed, false);
   pthread_mutex_init(&e->fail_lock, NULL);
   for (long r = -1; r < (long)e->plan->nrounds && !stopped(e); r++) {

@@ -77,12 +77,17 @@ struct engine {
   /* With rc SP_ENODELOST from the data plane: the node it lost, else
    * PLAN_NONE. */
   uint32_t lost_node;
+  /* Across nodes, valid once done: the rounds during whose exchange the
+   * next round's first byte left before the round's last local copy ended
+   * (rounds overlapping, remote.c). */
+  uint32_t rounds_overlapped;
   pthread_t thread;
   /* The current round's work, shared by its copying threads. */
   struct engine_item *items;
   size_t nitems;
   uint64_t chunk; /* the bytes one item holds */
   _Atomic size_t next_item;
+  _Atomic uint64_t copies_end_ns; /* when the round's last copy ended */
   _Atomic bool failed;
   pthread_mutex_t fail_lock;
 };

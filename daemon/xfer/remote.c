@@ -29,6 +29,14 @@
  * (engine.c); xfer_exchange() serves every peer at once from that one
  * thread.
  *
+ * A pair of nodes may move its bytes over several connections (streams):
+ * each round's byte stream of the pair, and each part of it moved ahead,
+ * is dealt over them in stripes of REMOTE_STRIPE_BYTES counted from that
+ * round's first byte, so both sides cut the same bytes the same way and
+ * each stream keeps its own order.  Each stream past the first is served
+ * by a thread of its own, so that the kernel's copies of a pair's bytes
+ * run on several CPUs; a stream that fails halts the others at once.
+ *
  * Rounds overlap on the wire: while a round is exchanged, each peer's
  * byte stream goes on into the next round's, as far as that round's moves
  * go straight (from a trainer's storage, into an owner's tensor; its
@@ -49,6 +57,8 @@
 
 #include "daemon/xfer/remote.h"
 #include "daemon/xfer/stream.h"
+#include "daemon/xfer/thread.h"
+#include "proto/monotonic.h"
 #include "shardport.h"
 
 /* Runs shorter than this (on average over a move) are packed: an iovec
@@ -76,10 +86,18 @@ struct remote {
   uint32_t timeout_ms;
   struct remote_ops ops;
   uint64_t bytes_total;
+  /* Streams: the most any peer has, and each peer's (at least 1).  The
+   * lists of stream s to peer n are at index s * nnodes + n of every
+   * per-list array below (nlists of them). */
+  uint32_t nstreams;
+  uint32_t *peer_streams; /* [nnodes] */
+  size_t nlists;
   /* The current round. */
-  struct iovvec *send, *recv; /* [nnodes] */
-  struct xfer_peer *xp;       /* [nnodes] */
-  uint64_t *seen_sent, *seen_recv;
+  struct iovvec *send, *recv; /* [nlists] */
+  struct xfer_peer *xp;       /* [nlists] */
+  /* Per peer, while a part of a round is listed: its bytes so far in each
+   * direction, which say the stripe (and stream) of the next. */
+  uint64_t *at_send, *at_recv;
   struct plan_move *pack, *early, *late;
   uint64_t *pack_off, *late_off;
   size_t npack, nearly, nlate, cap_pack, cap_early, cap_late;
@@ -91,12 +109,16 @@ struct remote {
   size_t staging_cap;
   uint8_t *deferred; /* [nkeys]: a replica key whose moves run late */
   _Atomic uint64_t *bytes_moved;
-  /* Per peer: the regions of the round's own bytes in send and recv (the
+  /* Per list: the regions of the round's own bytes in send and recv (the
    * rest are the next round's), those bytes, and how many of them were
    * moved ahead, during the previous round. */
   size_t *own_send, *own_recv;
   uint64_t *own_send_bytes, *own_recv_bytes;
   uint64_t *ahead_sent, *ahead_recv;
+  /* The exchange under way: the streams' halt flag, and when the first
+   * byte of the next round's left (0: none yet). */
+  atomic_bool halt;
+  _Atomic uint64_t ahead_began_ns;
   /* Per peer, while the next round's regions are listed: whether a move
    * through staging was met, after which its stream waits. */
   bool *stop_send, *stop_recv;
@@ -186,9 +208,35 @@ static bool runs_direct(const struct runs *rs) {
   return rs->count <= 1 || rs->run >= REMOTE_MIN_RUN;
 }
 
+/* Where a peer's bytes go, in one direction: the lists of its streams. */
+struct sink {
+  struct iovvec *lists; /* r->send or r->recv */
+  uint64_t *at;         /* the bytes listed so far in this part */
+  uint32_t peer, nnodes, nstreams;
+};
+
+/* A region of the pair's byte stream, dealt over its streams in stripes. */
+static int stripe_push(const struct sink *k, uint8_t *base, size_t len,
+                       const struct plan_move *m) {
+  while (len > 0) {
+    uint64_t stripe = *k->at / REMOTE_STRIPE_BYTES;
+    size_t room = REMOTE_STRIPE_BYTES - (size_t)(*k->at % REMOTE_STRIPE_BYTES);
+    size_t take = k->nstreams == 1 || len < room ? len : room;
+    size_t list = (size_t)(stripe % k->nstreams) * k->nnodes + k->peer;
+    int rc = iov_push(&k->lists[list], base, take, m);
+    if (rc != 0)
+      return rc;
+    base += take;
+    len -= take;
+    *k->at += take;
+  }
+  return 0;
+}
+
 /* An iovec per run, in row-major order of the box. */
-static int push_runs(struct iovvec *v, uint8_t *base, const struct runs *rs,
-                     size_t esz, const struct plan_move *m) {
+static int push_runs(const struct sink *k, uint8_t *base,
+                     const struct runs *rs, size_t esz,
+                     const struct plan_move *m) {
   int64_t idx[SP_MAX_DIMS] = {0};
   if (rs->run == 0)
     return 0;
@@ -196,7 +244,7 @@ static int push_runs(struct iovvec *v, uint8_t *base, const struct runs *rs,
     int64_t at = 0;
     for (uint32_t d = 0; d < rs->ndim; d++)
       at += idx[d] * rs->stride[d];
-    int rc = iov_push(v, base + (size_t)at * esz, (size_t)rs->run, m);
+    int rc = stripe_push(k, base + (size_t)at * esz, (size_t)rs->run, m);
     if (rc != 0)
       return rc;
     uint32_t d = rs->ndim;
@@ -222,23 +270,31 @@ int remote_new(const struct remote_setup *s, struct remote **out) {
   r->export_id = s->export_id;
   r->timeout_ms = s->timeout_ms;
   r->ops = s->ops;
+  r->nstreams = 1;
+  for (uint32_t n = 0; n < s->nnodes; n++)
+    if (s->peers[n].nsocks > r->nstreams)
+      r->nstreams = s->peers[n].nsocks;
+  size_t nl = (size_t)s->nnodes * r->nstreams;
+  r->nlists = nl;
   r->peers = calloc(s->nnodes, sizeof *r->peers);
-  r->send = calloc(s->nnodes, sizeof *r->send);
-  r->recv = calloc(s->nnodes, sizeof *r->recv);
-  r->xp = calloc(s->nnodes, sizeof *r->xp);
-  r->seen_sent = calloc(s->nnodes, sizeof *r->seen_sent);
-  r->seen_recv = calloc(s->nnodes, sizeof *r->seen_recv);
+  r->peer_streams = calloc(s->nnodes, sizeof *r->peer_streams);
+  r->at_send = calloc(s->nnodes, sizeof *r->at_send);
+  r->at_recv = calloc(s->nnodes, sizeof *r->at_recv);
+  r->send = calloc(nl, sizeof *r->send);
+  r->recv = calloc(nl, sizeof *r->recv);
+  r->xp = calloc(nl, sizeof *r->xp);
   r->deferred = calloc(s->plan->nkeys > 0 ? s->plan->nkeys : 1, 1);
-  r->own_send = calloc(s->nnodes, sizeof *r->own_send);
-  r->own_recv = calloc(s->nnodes, sizeof *r->own_recv);
-  r->own_send_bytes = calloc(s->nnodes, sizeof *r->own_send_bytes);
-  r->own_recv_bytes = calloc(s->nnodes, sizeof *r->own_recv_bytes);
-  r->ahead_sent = calloc(s->nnodes, sizeof *r->ahead_sent);
-  r->ahead_recv = calloc(s->nnodes, sizeof *r->ahead_recv);
+  r->own_send = calloc(nl, sizeof *r->own_send);
+  r->own_recv = calloc(nl, sizeof *r->own_recv);
+  r->own_send_bytes = calloc(nl, sizeof *r->own_send_bytes);
+  r->own_recv_bytes = calloc(nl, sizeof *r->own_recv_bytes);
+  r->ahead_sent = calloc(nl, sizeof *r->ahead_sent);
+  r->ahead_recv = calloc(nl, sizeof *r->ahead_recv);
   r->stop_send = calloc(s->nnodes, sizeof *r->stop_send);
   r->stop_recv = calloc(s->nnodes, sizeof *r->stop_recv);
-  if (r->peers == NULL || r->send == NULL || r->recv == NULL || r->xp == NULL ||
-      r->seen_sent == NULL || r->seen_recv == NULL || r->deferred == NULL ||
+  if (r->peers == NULL || r->peer_streams == NULL || r->at_send == NULL ||
+      r->at_recv == NULL || r->send == NULL || r->recv == NULL ||
+      r->xp == NULL || r->deferred == NULL ||
       r->own_send == NULL || r->own_recv == NULL ||
       r->own_send_bytes == NULL || r->own_recv_bytes == NULL ||
       r->ahead_sent == NULL || r->ahead_recv == NULL ||
@@ -247,6 +303,8 @@ int remote_new(const struct remote_setup *s, struct remote **out) {
     return SP_ENOMEM;
   }
   memcpy(r->peers, s->peers, s->nnodes * sizeof *r->peers);
+  for (uint32_t n = 0; n < s->nnodes; n++)
+    r->peer_streams[n] = s->peers[n].nsocks > 0 ? s->peers[n].nsocks : 1;
   /* What this node moves: the copies into its owners, and every byte it
    * sends or receives. */
   const struct plan *plan = s->plan;
@@ -268,20 +326,21 @@ int remote_new(const struct remote_setup *s, struct remote **out) {
 void remote_free(struct remote *r) {
   if (r == NULL)
     return;
-  for (uint32_t n = 0; r->send != NULL && n < r->nnodes; n++) {
-    free(r->send[n].v);
-    free(r->send[n].mv);
+  for (size_t l = 0; r->send != NULL && l < r->nlists; l++) {
+    free(r->send[l].v);
+    free(r->send[l].mv);
   }
-  for (uint32_t n = 0; r->recv != NULL && n < r->nnodes; n++) {
-    free(r->recv[n].v);
-    free(r->recv[n].mv);
+  for (size_t l = 0; r->recv != NULL && l < r->nlists; l++) {
+    free(r->recv[l].v);
+    free(r->recv[l].mv);
   }
   free(r->send);
   free(r->recv);
   free(r->xp);
-  free(r->seen_sent);
-  free(r->seen_recv);
   free(r->peers);
+  free(r->peer_streams);
+  free(r->at_send);
+  free(r->at_recv);
   free(r->pack);
   free(r->pack_off);
   free(r->early);
@@ -302,6 +361,10 @@ void remote_free(struct remote *r) {
 }
 
 uint64_t remote_bytes_total(const struct remote *r) { return r->bytes_total; }
+
+uint64_t remote_ahead_began_ns(const struct remote *r) {
+  return atomic_load(&r->ahead_began_ns);
+}
 
 /* ---- one round ---- */
 
@@ -446,8 +509,11 @@ static bool move_direct(const struct remote *r, const struct plan_move *m,
 static int build_iovs(struct remote *r, const struct plan_round *rd,
                       bool ahead) {
   size_t staged = 0;
-  for (uint32_t n = 0; ahead && n < r->nnodes; n++)
-    r->stop_send[n] = r->stop_recv[n] = false;
+  for (uint32_t n = 0; n < r->nnodes; n++) {
+    r->at_send[n] = r->at_recv[n] = 0;
+    if (ahead)
+      r->stop_send[n] = r->stop_recv[n] = false;
+  }
   for (size_t b = 0; b < rd->nbuckets; b++) {
     const struct plan_bucket *bk = &rd->buckets[b];
     uint32_t sn = node_of(r, bk->src), dn = node_of(r, bk->dst);
@@ -455,7 +521,12 @@ static int build_iovs(struct remote *r, const struct plan_round *rd,
     bool in = dn == r->self;
     if (out == in)
       continue;
-    struct iovvec *v = out ? &r->send[dn] : &r->recv[sn];
+    uint32_t peer = out ? dn : sn;
+    struct sink k = {.lists = out ? r->send : r->recv,
+                     .at = out ? &r->at_send[peer] : &r->at_recv[peer],
+                     .peer = peer,
+                     .nnodes = r->nnodes,
+                     .nstreams = r->peer_streams[peer]};
     bool *stop = out ? &r->stop_send[dn] : &r->stop_recv[sn];
     for (size_t i = bk->first; i < bk->first + bk->nmoves && !(ahead && *stop);
          i++) {
@@ -467,9 +538,9 @@ static int build_iovs(struct remote *r, const struct plan_round *rd,
         *stop = true;
         continue;
       }
-      int rc = direct ? push_runs(v, base, &rs, esize_of(r, m), m)
-                      : iov_push(v, r->staging + r->order_off[staged++],
-                                 (size_t)m->nbytes, m);
+      int rc = direct ? push_runs(&k, base, &rs, esize_of(r, m), m)
+                      : stripe_push(&k, r->staging + r->order_off[staged++],
+                                    (size_t)m->nbytes, m);
       if (rc != 0)
         return rc;
     }
@@ -490,8 +561,8 @@ int remote_round(struct remote *r, size_t round, struct remote_round *out,
   for (size_t i = 0; i < rd->nkeys; i++)
     r->deferred[r->plan->transfer[rd->first + i]] = 0;
   r->npack = r->nearly = r->nlate = r->norder = 0;
-  for (uint32_t n = 0; n < r->nnodes; n++)
-    r->send[n].n = r->recv[n].n = 0;
+  for (size_t l = 0; l < r->nlists; l++)
+    r->send[l].n = r->recv[l].n = 0;
   uint64_t staging;
   int rc = classify(r, rd, &staging);
   if (rc == 0 && staging > r->staging_cap) {
@@ -508,11 +579,11 @@ int remote_round(struct remote *r, size_t round, struct remote_round *out,
     rc = sort_late(r);
   if (rc == 0)
     rc = build_iovs(r, rd, false);
-  for (uint32_t n = 0; rc == 0 && n < r->nnodes; n++) {
-    r->own_send[n] = r->send[n].n;
-    r->own_recv[n] = r->recv[n].n;
-    r->own_send_bytes[n] = iovs_bytes(&r->send[n], 0, r->send[n].n);
-    r->own_recv_bytes[n] = iovs_bytes(&r->recv[n], 0, r->recv[n].n);
+  for (size_t l = 0; rc == 0 && l < r->nlists; l++) {
+    r->own_send[l] = r->send[l].n;
+    r->own_recv[l] = r->recv[l].n;
+    r->own_send_bytes[l] = iovs_bytes(&r->send[l], 0, r->send[l].n);
+    r->own_recv_bytes[l] = iovs_bytes(&r->recv[l], 0, r->recv[l].n);
   }
   if (rc == 0 && round + 1 < r->plan->nrounds)
     rc = build_iovs(r, &r->plan->rounds[round + 1], true);
@@ -566,66 +637,123 @@ static void add_bytes(_Atomic uint64_t *counter, uint64_t bytes) {
     atomic_fetch_add_explicit(counter, bytes, memory_order_relaxed);
 }
 
-static void on_progress(void *arg, uint64_t bytes) {
-  struct remote *r = arg;
+/* One stream of every peer, exchanged on one thread. */
+struct stream_run {
+  struct remote *r;
+  uint32_t stream;
+  const atomic_bool *cancel;
+  size_t failed; /* the peer, as xfer_exchange sets it */
+  int rc;
+  pthread_t thread;
+};
+
+static void on_progress(void *arg, size_t peer, bool sending,
+                        uint64_t bytes) {
+  const struct stream_run *sr = arg;
+  struct remote *r = sr->r;
   atomic_fetch_add_explicit(r->bytes_moved, bytes, memory_order_relaxed);
-  /* Which peer moved them: the one whose counters changed. */
-  for (uint32_t n = 0; n < r->nnodes; n++) {
-    const struct xfer_peer *p = &r->xp[n];
-    const struct remote_peer_setup *ps = &r->peers[n];
-    uint64_t sent = p->sent - r->seen_sent[n];
-    uint64_t received = p->received - r->seen_recv[n];
-    r->seen_sent[n] = p->sent;
-    r->seen_recv[n] = p->received;
-    for (int c = 0; c < REMOTE_PEER_COUNTERS; c++) {
-      add_bytes(ps->sent[c], sent);
-      add_bytes(ps->received[c], received);
+  const struct remote_peer_setup *ps = &r->peers[peer];
+  for (int c = 0; c < REMOTE_PEER_COUNTERS; c++)
+    add_bytes(sending ? ps->sent[c] : ps->received[c], bytes);
+  size_t l = (size_t)sr->stream * r->nnodes + peer;
+  /* Past the round's own bytes: the next round's first have left. */
+  if (sending && r->xp[l].sent > r->own_send_bytes[l] - r->ahead_sent[l] &&
+      atomic_load_explicit(&r->ahead_began_ns, memory_order_relaxed) == 0) {
+    uint64_t none = 0;
+    atomic_compare_exchange_strong(&r->ahead_began_ns, &none,
+                                   monotonic_ns());
+  }
+}
+
+static void run_stream(struct stream_run *sr) {
+  struct remote *r = sr->r;
+  struct xfer_watch watch = {.cancel = sr->cancel,
+                             .halt = &r->halt,
+                             .idle_timeout_ms = r->timeout_ms,
+                             .progress = on_progress,
+                             .arg = sr};
+  sr->failed = 0;
+  sr->rc = xfer_exchange(r->xp + (size_t)sr->stream * r->nnodes, r->nnodes,
+                         &watch, &sr->failed);
+}
+
+static void *stream_main(void *arg) {
+  run_stream(arg);
+  return NULL;
+}
+
+/* Runs every stream, the first on this thread; the first failure found
+ * (by stream) is the result, else a cancel, else 0. */
+static int exchange_streams(struct remote *r, const atomic_bool *cancel,
+                            size_t *failed_list) {
+  struct stream_run runs[REMOTE_STREAMS_MAX];
+  uint32_t spawned = 1;
+  atomic_store(&r->halt, false);
+  for (uint32_t s = 0; s < r->nstreams; s++)
+    runs[s] = (struct stream_run){.r = r, .stream = s, .cancel = cancel};
+  for (; spawned < r->nstreams; spawned++)
+    if (xfer_spawn(&runs[spawned].thread, stream_main, &runs[spawned]) != 0)
+      break;
+  if (spawned < r->nstreams) {
+    atomic_store(&r->halt, true);
+    runs[0].rc = SP_ENOMEM;
+  } else {
+    run_stream(&runs[0]);
+  }
+  for (uint32_t s = 1; s < spawned; s++)
+    pthread_join(runs[s].thread, NULL);
+  int rc = 0;
+  for (uint32_t s = 0; s < spawned; s++) {
+    if (runs[s].rc == 0 || (runs[s].rc == 1 && rc != 0))
+      continue;
+    if (rc == 0 || rc == 1) {
+      rc = runs[s].rc;
+      *failed_list = (size_t)s * r->nnodes + runs[s].failed;
     }
   }
+  return rc;
 }
 
 int remote_exchange(struct remote *r, const atomic_bool *cancel,
                     _Atomic uint64_t *bytes_moved, uint32_t *lost_node,
                     char *msg, size_t msglen) {
   r->bytes_moved = bytes_moved;
-  for (uint32_t n = 0; n < r->nnodes; n++) {
-    struct xfer_peer *p = &r->xp[n];
+  atomic_store(&r->ahead_began_ns, 0);
+  for (size_t l = 0; l < r->nlists; l++) {
+    uint32_t n = (uint32_t)(l % r->nnodes), s = (uint32_t)(l / r->nnodes);
+    struct xfer_peer *p = &r->xp[l];
     *p = (struct xfer_peer){
-        .sock = r->peers[n].sock,
-        .send = {.iov = r->send[n].v,
-                 .n = r->send[n].n,
-                 .optional = r->send[n].n - r->own_send[n]},
-        .recv = {.iov = r->recv[n].v,
-                 .n = r->recv[n].n,
-                 .optional = r->recv[n].n - r->own_recv[n]},
+        .sock = s < r->peers[n].nsocks ? r->peers[n].socks[s] : -1,
+        .send = {.iov = r->send[l].v,
+                 .n = r->send[l].n,
+                 .optional = r->send[l].n - r->own_send[l]},
+        .recv = {.iov = r->recv[l].v,
+                 .n = r->recv[l].n,
+                 .optional = r->recv[l].n - r->own_recv[l]},
     };
     /* What the previous round moved of this one's. */
-    xfer_iovs_skip(&p->send, r->ahead_sent[n]);
-    xfer_iovs_skip(&p->recv, r->ahead_recv[n]);
-    r->seen_sent[n] = r->seen_recv[n] = 0;
-    if ((r->own_send[n] > 0 || r->own_recv[n] > 0) && p->sock < 0) {
+    xfer_iovs_skip(&p->send, r->ahead_sent[l]);
+    xfer_iovs_skip(&p->recv, r->ahead_recv[l]);
+    if ((r->own_send[l] > 0 || r->own_recv[l] > 0) && p->sock < 0) {
       r->ops.node_lost(r->ops.arg, n, r->peers[n].addr, r->export_id, 0, msg,
                        msglen);
       *lost_node = n;
       return SP_ENODELOST;
     }
   }
-  struct xfer_watch watch = {.cancel = cancel,
-                             .idle_timeout_ms = r->timeout_ms,
-                             .progress = on_progress,
-                             .arg = r};
-  size_t failed = 0;
-  int rc = xfer_exchange(r->xp, r->nnodes, &watch, &failed);
+  size_t failed_list = 0;
+  int rc = exchange_streams(r, cancel, &failed_list);
   if (rc == 0) {
     /* Beyond this round's own bytes, the next round's moved ahead. */
-    for (uint32_t n = 0; n < r->nnodes; n++) {
-      r->ahead_sent[n] =
-          r->xp[n].sent - (r->own_send_bytes[n] - r->ahead_sent[n]);
-      r->ahead_recv[n] =
-          r->xp[n].received - (r->own_recv_bytes[n] - r->ahead_recv[n]);
+    for (size_t l = 0; l < r->nlists; l++) {
+      r->ahead_sent[l] =
+          r->xp[l].sent - (r->own_send_bytes[l] - r->ahead_sent[l]);
+      r->ahead_recv[l] =
+          r->xp[l].received - (r->own_recv_bytes[l] - r->ahead_recv[l]);
     }
     return 0;
   }
+  uint32_t failed = (uint32_t)(failed_list % r->nnodes);
   if (rc == 1)
     return rc;
   if (rc == SP_ENOMEM) {
@@ -634,8 +762,8 @@ int remote_exchange(struct remote *r, const atomic_bool *cancel,
     return rc;
   }
   if (rc == SP_EBADFD) {
-    const struct iovvec *v = &r->send[failed];
-    const struct plan_move *m = v->mv[r->xp[failed].send.next];
+    const struct iovvec *v = &r->send[failed_list];
+    const struct plan_move *m = v->mv[r->xp[failed_list].send.next];
     snprintf(msg, msglen,
              "rank %u's storage sid %u could not be read for key '%s' (was "
              "its file truncated after it was registered?)",
@@ -643,8 +771,8 @@ int remote_exchange(struct remote *r, const atomic_bool *cancel,
              r->plan->keys[m->key].name);
     return rc;
   }
-  *lost_node = (uint32_t)failed;
-  r->ops.node_lost(r->ops.arg, (uint32_t)failed, r->peers[failed].addr,
+  *lost_node = failed;
+  r->ops.node_lost(r->ops.arg, failed, r->peers[failed].addr,
                    r->export_id, rc, msg, msglen);
   return SP_ENODELOST;
 }

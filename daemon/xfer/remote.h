@@ -25,11 +25,22 @@
 /* Counters each peer's bytes add to (the node's, the metrics' of its
  * address). */
 #define REMOTE_PEER_COUNTERS 2
+/* The most connections (streams) one pair of nodes moves its bytes over
+ * (peer_streams, docs/operations.md). */
+#define REMOTE_STREAMS_MAX 8
+/* A pair's byte stream of each round is dealt over its streams in stripes
+ * of this many bytes, the first stripe to stream 0 (docs/protocol.md, "The
+ * data stream"): both sides cut the same bytes the same way whatever their
+ * runs in memory. */
+#define REMOTE_STRIPE_BYTES (64u << 10)
 
 struct remote;
 
 struct remote_peer_setup {
-  int sock; /* the data link, or -1 (this node, or none) */
+  /* The data link's streams, in the order of their handshakes; none for
+   * this node, or a peer without a link (its socks -1). */
+  int socks[REMOTE_STREAMS_MAX];
+  uint32_t nsocks;
   char addr[REMOTE_ADDR_MAX];
   /* Counters every byte sent to or received from the peer adds to; each
    * may be NULL. */
@@ -75,11 +86,15 @@ void remote_free(struct remote *r);
 uint64_t remote_bytes_total(const struct remote *r);
 int remote_round(struct remote *r, size_t round, struct remote_round *out,
                  char *msg, size_t msglen);
-/* Sends and receives the round's buckets; 0, 1 when cancelled, or a code
+/* Sends and receives the round's buckets, each pair's streams on a thread
+ * of their own past the first (this one); 0, 1 when cancelled, or a code
  * and a sentence (SP_ENODELOST names the node, also set in *lost_node). */
 int remote_exchange(struct remote *r, const atomic_bool *cancel,
                     _Atomic uint64_t *bytes_moved, uint32_t *lost_node,
                     char *msg, size_t msglen);
+/* When the last exchange sent its first byte of the next round's (moved
+ * ahead), in nanoseconds of CLOCK_MONOTONIC; 0 when it sent none. */
+uint64_t remote_ahead_began_ns(const struct remote *r);
 /* For a move of the round's lists that goes through staging: its bytes
  * there, and the view rewritten as the contiguous box; NULL otherwise. */
 const uint8_t *remote_source(const struct remote *r, const struct plan_move *m,

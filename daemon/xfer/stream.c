@@ -83,8 +83,8 @@ static ssize_t move_some(int sock, struct xfer_iovs *v, bool sending) {
 }
 
 /* Moves what one direction of one peer can move now and accounts for it. */
-static int step(struct xfer_peer *p, bool sending, const struct xfer_watch *watch,
-                uint64_t *last_progress) {
+static int step(struct xfer_peer *peers, struct xfer_peer *p, bool sending,
+                const struct xfer_watch *watch, uint64_t *last_progress) {
   struct xfer_iovs *v = sending ? &p->send : &p->recv;
   if (iovs_finished(v))
     return 0;
@@ -93,7 +93,7 @@ static int step(struct xfer_peer *p, bool sending, const struct xfer_watch *watc
     return (int)r;
   *(sending ? &p->sent : &p->received) += (uint64_t)r;
   if (watch->progress)
-    watch->progress(watch->arg, (uint64_t)r);
+    watch->progress(watch->arg, (size_t)(p - peers), sending, (uint64_t)r);
   *last_progress = monotonic_ms();
   return 0;
 }
@@ -101,8 +101,11 @@ static int step(struct xfer_peer *p, bool sending, const struct xfer_watch *watc
 int xfer_exchange(struct xfer_peer *peers, size_t npeers,
                   const struct xfer_watch *watch, size_t *failed) {
   struct pollfd *pfd = calloc(npeers ? npeers : 1, sizeof *pfd);
-  if (!pfd)
+  if (!pfd) {
+    if (watch->halt != NULL)
+      atomic_store(watch->halt, true);
     return SP_ENOMEM;
+  }
   for (size_t i = 0; i < npeers; i++) {
     iovs_skip_empty(&peers[i].send);
     iovs_skip_empty(&peers[i].recv);
@@ -127,7 +130,8 @@ int xfer_exchange(struct xfer_peer *peers, size_t npeers,
     }
     if (busy == 0)
       break;
-    if (watch->cancel && atomic_load(watch->cancel)) {
+    if ((watch->cancel && atomic_load(watch->cancel)) ||
+        (watch->halt && atomic_load(watch->halt))) {
       rc = 1;
       break;
     }
@@ -146,9 +150,9 @@ int xfer_exchange(struct xfer_peer *peers, size_t npeers,
       /* Read first: a peer that closed after sending its last bytes still
        * delivers them before the close is seen. */
       if (pfd[i].revents & (POLLIN | POLLHUP | POLLERR))
-        rc = step(&peers[i], false, watch, &last_progress);
+        rc = step(peers, &peers[i], false, watch, &last_progress);
       if (rc == 0 && pfd[i].revents & (POLLOUT | POLLHUP | POLLERR))
-        rc = step(&peers[i], true, watch, &last_progress);
+        rc = step(peers, &peers[i], true, watch, &last_progress);
       if (rc != 0)
         *failed = i;
     }
@@ -156,5 +160,7 @@ int xfer_exchange(struct xfer_peer *peers, size_t npeers,
       break;
   }
   free(pfd);
+  if (rc != 0 && rc != 1 && watch->halt != NULL)
+    atomic_store(watch->halt, true);
   return rc;
 }

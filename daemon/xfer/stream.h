@@ -46,8 +46,13 @@ struct xfer_watch {
   /* Give up when no byte moved in either direction for this long: a slow
    * peer keeps the exchange alive, a silent one ends it. */
   uint32_t idle_timeout_ms;
-  /* Called after every successful read or write with the bytes it moved. */
-  void (*progress)(void *arg, uint64_t bytes);
+  /* Shared by exchanges that run side by side on several threads (the
+   * streams of a node pair, remote.c): the first that fails sets it, and
+   * the others stop as if cancelled.  May be NULL. */
+  atomic_bool *halt;
+  /* Called after every successful read or write with the peer's index,
+   * its direction and the bytes it moved. */
+  void (*progress)(void *arg, size_t peer, bool sending, uint64_t bytes);
   void *arg;
 };
 
@@ -59,11 +64,12 @@ void xfer_iovs_skip(struct xfer_iovs *v, uint64_t bytes);
 /*
  * Moves every region of every peer, and of the optional ones what the
  * sockets take meanwhile.  Returns 0 when all are moved; 1 when
- * cancelled; SP_ETIMEOUT after idle_timeout_ms without progress; SP_ECLOSED
+ * cancelled or halted by a sibling; SP_ETIMEOUT after idle_timeout_ms without progress; SP_ECLOSED
  * or SP_EIO when a peer's connection ends or fails, with *failed set to that
  * peer's index (for SP_ETIMEOUT, to a peer that still had bytes to move);
  * SP_EBADFD when a region to send cannot be read (EFAULT), with *failed set
- * to the peer whose send.next is that region.
+ * to the peer whose send.next is that region.  Any result but 0 and 1 also
+ * sets watch->halt.
  */
 int xfer_exchange(struct xfer_peer *peers, size_t npeers,
                   const struct xfer_watch *watch, size_t *failed);

@@ -21,6 +21,10 @@
  * loaded machine the idle worst is the scheduler's share).  Memory:
  * while the export runs, the daemon's /proc status (VmRSS, RssAnon,
  * RssShmem) and its pool use (sp_status) are sampled; VmHWM is read after.
+ * The same status samples time each export's phases (the first sample
+ * that saw planning, allocating, moving and publishing for it), printed
+ * for the first and the fifth export of the median run: where their time
+ * went.
  * The pool (memfd segments the daemon maps) and the trainers' storages (which
  * it maps read-only and reads) are shared memory, so they count in RSS as
  * RssShmem; private staging shows in RssAnon.  The figures are compared
@@ -140,8 +144,21 @@ static int parse_figures(const char *line, struct demo_figures *f) {
              : -1;
 }
 
+enum { PH_PLANNING, PH_ALLOCATING, PH_MOVING, PH_PUBLISHING, NPHASES };
+static const char *const phase_names[NPHASES] = {"planning", "allocating",
+                                                 "moving", "publishing"};
+#define NEXPORTS 5
+
+/* When the samples first saw each phase of each export (0: never), and
+ * last saw the export under way. */
+struct phases {
+  double first_s[NEXPORTS][NPHASES];
+  double last_s[NEXPORTS];
+};
+
 /* Samples the daemon while the demo runs. */
 struct sampler {
+  struct phases ph;
   pid_t daemon;
   const char *socket;
   atomic_bool stop;
@@ -161,7 +178,7 @@ static int cmp_double(const void *a, const void *b) {
  * in *pool_used and the daemon's longest loop iteration since the previous
  * status in *busy_us. */
 static double timed_status(sp_client *c, uint64_t *pool_used,
-                           uint64_t *busy_us) {
+                           uint64_t *busy_us, struct phases *ph) {
   sp_status_info *st = NULL;
   double t0 = now_s();
   if (c == NULL || sp_status(c, &st) != 0)
@@ -169,6 +186,18 @@ static double timed_status(sp_client *c, uint64_t *pool_used,
   double t = now_s() - t0;
   *pool_used = st->pool_used;
   *busy_us = st->loop_max_busy_us;
+  for (size_t j = 0; ph != NULL && j < st->njobs; j++) {
+    const sp_job_status *js = &st->jobs[j];
+    if (js->export_id < 1 || js->export_id > NEXPORTS)
+      continue;
+    uint64_t e = js->export_id - 1;
+    for (int p = 0; p < NPHASES; p++)
+      if (strcmp(js->phase, phase_names[p]) == 0) {
+        if (ph->first_s[e][p] == 0)
+          ph->first_s[e][p] = t0;
+        ph->last_s[e] = t0;
+      }
+  }
   sp_status_free(st);
   return t;
 }
@@ -188,7 +217,7 @@ static void *sample(void *p) {
     if ((v = sp_test_vm_kb(s->daemon, "RssShmem")) > s->shmem_kb)
       s->shmem_kb = v;
     uint64_t used = 0, busy = 0;
-    double t = timed_status(c, &used, &busy);
+    double t = timed_status(c, &used, &busy, &s->ph);
     if (used > s->pool_used)
       s->pool_used = used;
     if (busy > s->loop_busy_us)
@@ -244,6 +273,7 @@ struct run {
   double hwm_mib, rss_mib, anon_mib, shmem_mib, pool_mib;
   double idle_status_s, idle_worst_s, worst_status_s;
   uint64_t loop_busy_us;
+  struct phases ph;
 };
 
 /* The idle daemon's median status latency, and its worst in *worst. */
@@ -253,7 +283,7 @@ static double idle_status(const char *socket, double *worst) {
   sp_connect(socket, &c);
   uint64_t used, busy;
   for (int i = 0; i < IDLE_SAMPLES; i++)
-    t[i] = timed_status(c, &used, &busy);
+    t[i] = timed_status(c, &used, &busy, NULL);
   sp_close(c);
   qsort(t, IDLE_SAMPLES, sizeof t[0], cmp_double);
   *worst = t[IDLE_SAMPLES - 1];
@@ -283,6 +313,7 @@ static int one_run(const char *demo, unsigned ranks, struct run *r) {
   }
   r->worst_status_s = s.worst_status_s;
   r->loop_busy_us = s.loop_busy_us;
+  r->ph = s.ph;
   long hwm = sp_test_vm_kb(d.pid, "VmHWM");
   sp_test_daemon_stop(&d);
   if (rc != 0)
@@ -295,6 +326,28 @@ static int one_run(const char *demo, unsigned ranks, struct run *r) {
   return 0;
 }
 
+/* Export e's phases: each lasts until the first sample that saw a later
+ * one (a short one may fall between two samples), the last until the
+ * export was last seen under way. */
+static void print_phases(const struct phases *ph, int e) {
+  for (int p = 0; p < NPHASES; p++) {
+    double end = ph->last_s[e];
+    for (int q = NPHASES - 1; q > p; q--)
+      if (ph->first_s[e][q] > 0)
+        end = ph->first_s[e][q];
+    if (ph->first_s[e][p] > 0)
+      printf(" %s %.0f ms,", phase_names[p], (end - ph->first_s[e][p]) * 1e3);
+    else
+      printf(" %s -,", phase_names[p]);
+  }
+}
+
+static int cmp_first(const void *a, const void *b) {
+  double x = ((const struct run *)a)->f.seconds,
+         y = ((const struct run *)b)->f.seconds;
+  return (x > y) - (x < y);
+}
+
 int main(int argc, char **argv) {
   const char *demo = getenv("SHARDPORT_DEMO");
   if (!demo || !getenv("SHARDPORTD")) {
@@ -305,6 +358,7 @@ int main(int argc, char **argv) {
   if (runs < 1 || runs > MAX_RUNS)
     runs = 3;
   static const unsigned rank_counts[] = {2, 4};
+  struct phases phase_lines[2];
 
   char shmem[128], anon_thp[128];
   read_setting("/sys/kernel/mm/transparent_hugepage/shmem_enabled", shmem,
@@ -370,7 +424,19 @@ int main(int argc, char **argv) {
            owned > 0 ? pool / owned : 0.0, hwm, owned > 0 ? hwm / owned : 0.0,
            anon, idle * 1e3, idle_worst * 1e3, worst * 1e3,
            (double)busy / 1e3);
+    /* Where the time went, in the run of the median first export. */
+    qsort(r, (size_t)runs, sizeof r[0], cmp_first);
+    phase_lines[i] = r[runs / 2].ph;
     fflush(stdout);
   }
+  printf("\nphases of the median run's first and fifth export (the first "
+         "status sample that saw each, every 2 ms):\n\n");
+  for (size_t i = 0; i < sizeof rank_counts / sizeof rank_counts[0]; i++)
+    for (int e = 0; e < NEXPORTS; e += NEXPORTS - 1) {
+      printf("- %u ranks, export %d:", rank_counts[i], e + 1);
+      print_phases(&phase_lines[i], e);
+      printf("\n");
+    }
+  printf("\n");
   return 0;
 }

@@ -9,7 +9,11 @@
  * status is sampled (every 2 ms) for the bytes its job sent to and
  * received from the other node; the exchange itself lasts from the first
  * sample that saw a byte move to the first that saw them all, which is
- * the exchange's own rate, beside the whole export's.
+ * the exchange's own rate, beside the whole export's.  The same samples
+ * time the export's phases on that daemon (the first sample that saw each
+ * of planning, allocating, moving and publishing), so that the export's
+ * time reads as where it went.  The two-daemon export runs with each pair
+ * of nodes over 1, 2 and 4 connections (peer_streams).
  *
  * The limits measured in the same run, with the same byte counts:
  *   - raw loopback TCP: a plain socket pair on 127.0.0.1 moving the
@@ -22,7 +26,8 @@
  * time against memcpy.  Printed, never asserted: these machines are
  * shared.
  *
- *   nodes_bench [RUNS]    (default 3 runs, the median by time shown)
+ *   nodes_bench [RUNS]    (default 3 runs of each, the median by time
+ *                          shown)
  *
  * $SHARDPORTD and $SHARDPORT_DEMO name the programs (meson sets them).
  */
@@ -220,13 +225,29 @@ static int run_demo(const char *demo, const char *const *sockets,
 
 /* The most bytes the first daemon's job sent to and received from the
  * other node, sampled while the demo runs. */
+enum { PH_PLANNING, PH_ALLOCATING, PH_MOVING, PH_PUBLISHING, PH_DONE,
+       NPHASES };
+static const char *const phase_names[NPHASES] = {
+    "planning", "allocating", "moving", "publishing", "published"};
+
 struct sampler {
   const char *socket;
   atomic_bool stop;
   uint64_t sent, received;
   /* When the first byte was seen, and when the most bytes were first. */
   double first_s, full_s;
+  /* When each phase was first seen (0: never), and the last sample that
+   * saw the job. */
+  double phase_s[NPHASES];
+  double last_s;
 };
+
+static void note_phase(struct sampler *s, const char *phase, double t) {
+  for (int p = 0; p < NPHASES; p++)
+    if (phase != NULL && strcmp(phase, phase_names[p]) == 0 &&
+        s->phase_s[p] == 0)
+      s->phase_s[p] = t;
+}
 
 static void *sample(void *arg) {
   struct sampler *s = arg;
@@ -237,7 +258,9 @@ static void *sample(void *arg) {
     double t = now_s();
     if (c && sp_status(c, &st) == 0) {
       uint64_t before = s->sent + s->received;
-      for (size_t j = 0; j < st->njobs; j++)
+      for (size_t j = 0; j < st->njobs; j++) {
+        note_phase(s, st->jobs[j].phase, t);
+        s->last_s = t;
         for (size_t n = 0; n < st->jobs[j].nnodes; n++) {
           const sp_node_status *nd = &st->jobs[j].nodes[n];
           if (nd->bytes_sent > s->sent)
@@ -245,6 +268,7 @@ static void *sample(void *arg) {
           if (nd->bytes_received > s->received)
             s->received = nd->bytes_received;
         }
+      }
       sp_status_free(st);
       uint64_t after = s->sent + s->received;
       if (before == 0 && after > 0)
@@ -263,12 +287,26 @@ struct run {
   struct figures f;
   uint64_t sent, received;
   double exchange_s;
+  /* Seconds in planning, allocating, moving, publishing (0: unseen). */
+  double phase_len[PH_DONE];
 };
 
-static int one_run(const char *demo, int ndaemons, struct run *r) {
+/* A configuration file setting peer_streams, in dir. */
+static int streams_conf(const char *dir, int streams, char *path,
+                        size_t len) {
+  snprintf(path, len, "%s/streams-%d.conf", dir, streams);
+  FILE *f = fopen(path, "we");
+  if (f == NULL)
+    return -1;
+  fprintf(f, "peer_streams = %d\n", streams);
+  return fclose(f);
+}
+
+static int one_run(const char *demo, int ndaemons, const char *conf,
+                   struct run *r) {
   static const char *const plain[] = {"--log-level", "warn", NULL};
-  static const char *const peers[] = {"--log-level", "warn", "--peer-listen",
-                                      "127.0.0.1:0", NULL};
+  const char *const peers[] = {"--log-level", "warn",   "--peer-listen",
+                               "127.0.0.1:0", "--config", conf, NULL};
   struct sp_test_daemon d[2];
   const char *sockets[2];
   int started = 0, rc = -1;
@@ -287,6 +325,15 @@ static int one_run(const char *demo, int ndaemons, struct run *r) {
   r->sent = s.sent;
   r->received = s.received;
   r->exchange_s = s.full_s - s.first_s;
+  /* A phase lasts until the first sample that saw a later one (a short
+   * one may fall between two samples), the last until the job was gone. */
+  for (int p = 0; p < PH_DONE; p++) {
+    double end = s.last_s;
+    for (int q = NPHASES - 1; q > p; q--)
+      if (s.phase_s[q] > 0)
+        end = s.phase_s[q];
+    r->phase_len[p] = s.phase_s[p] > 0 ? end - s.phase_s[p] : 0;
+  }
 out:
   for (int i = 0; i < started; i++)
     sp_test_daemon_stop(&d[i]);
@@ -299,6 +346,14 @@ static int cmp_time(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+static void print_phases(const struct run *r) {
+  for (int p = 0; p < PH_DONE; p++)
+    if (r->phase_len[p] > 0)
+      printf(" %s %.0f ms,", phase_names[p], r->phase_len[p] * 1e3);
+    else
+      printf(" %s -,", phase_names[p]);
+}
+
 int main(int argc, char **argv) {
   const char *demo = getenv("SHARDPORT_DEMO");
   if (!demo || !getenv("SHARDPORTD")) {
@@ -308,50 +363,81 @@ int main(int argc, char **argv) {
   int runs = argc > 1 ? atoi(argv[1]) : 3;
   if (runs < 1 || runs > MAX_RUNS)
     runs = 3;
-  struct run one[MAX_RUNS], two[MAX_RUNS];
-  for (int k = 0; k < runs; k++)
-    if (one_run(demo, 1, &one[k]) != 0 || one_run(demo, 2, &two[k]) != 0) {
+  static const int stream_counts[] = {1, 2, 4};
+  enum { NCOUNTS = sizeof stream_counts / sizeof stream_counts[0] };
+  char dir[256], confs[NCOUNTS][300];
+  if (sp_test_mkdtemp(dir, sizeof dir) != 0)
+    return 1;
+  for (int c = 0; c < NCOUNTS; c++)
+    if (streams_conf(dir, stream_counts[c], confs[c], sizeof confs[c]) != 0)
+      return 1;
+  struct run one[MAX_RUNS], two[NCOUNTS][MAX_RUNS];
+  for (int k = 0; k < runs; k++) {
+    if (one_run(demo, 1, NULL, &one[k]) != 0) {
       fprintf(stderr, "nodes_bench: a run failed\n");
       return 1;
     }
+    for (int c = 0; c < NCOUNTS; c++)
+      if (one_run(demo, 2, confs[c], &two[c][k]) != 0) {
+        fprintf(stderr, "nodes_bench: a run failed\n");
+        return 1;
+      }
+  }
+  sp_test_rmdir(dir);
   qsort(one, (size_t)runs, sizeof one[0], cmp_time);
-  qsort(two, (size_t)runs, sizeof two[0], cmp_time);
-  const struct run *o = &one[runs / 2], *t = &two[runs / 2];
-  uint64_t cross = t->sent + t->received;
-  double mbps = memcpy_bps(t->f.bytes);
-  double duplex = tcp_seconds(t->sent, t->received);
-  double oneway = tcp_seconds(cross, 0);
-  double export_bps = (double)t->f.bytes / t->f.seconds;
-  double cross_bps = (double)cross / t->f.seconds;
-  double raw_bps = duplex > 0 ? (double)cross / duplex : 0.0;
-  double exchange_bps = t->exchange_s > 0 ? (double)cross / t->exchange_s : 0;
+  const struct run *o = &one[runs / 2];
+  double mbps = memcpy_bps(o->f.bytes);
   printf("export across two daemons on loopback: shardport-demo, 4 ranks "
-         "(two per daemon), %d runs (median by time)\n\n", runs);
-  printf("| daemons | model | export | model / time | memcpy, 1 thread | "
-         "ratio | between nodes (A to B + B to A) | between nodes / time | "
-         "raw TCP, same bytes both ways at once | ratio | raw TCP, one "
-         "stream | ratio |\n");
-  printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-  printf("| 1 | %.1f MiB | %.3f s | %.2f GiB/s | %.2f GiB/s | %.2f | - | - | "
-         "- | - | - | - |\n",
+         "(two per daemon), %d runs of each (median by time)\n\n", runs);
+  printf("| daemons | streams | model | export | model / time | memcpy, 1 "
+         "thread | ratio | between nodes (A to B + B to A) | between nodes "
+         "/ time | raw TCP, same bytes both ways at once | ratio | raw TCP, "
+         "one stream | ratio | the exchange itself | its rate | ratio to raw "
+         "TCP, both ways |\n");
+  printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+         "---:|---:|---:|\n");
+  printf("| 1 | - | %.1f MiB | %.3f s | %.2f GiB/s | %.2f GiB/s | %.2f | - | "
+         "- | - | - | - | - | - | - | - |\n",
          (double)o->f.bytes / MIB, o->f.seconds,
          (double)o->f.bytes / o->f.seconds / GIB, mbps / GIB,
          mbps > 0 ? (double)o->f.bytes / o->f.seconds / mbps : 0.0);
-  printf("| 2 | %.1f MiB | %.3f s | %.2f GiB/s | %.2f GiB/s | %.2f | "
-         "%.1f MiB (%.1f + %.1f) | %.2f GiB/s | %.2f GiB/s | %.2f | "
-         "%.2f GiB/s | %.2f |\n",
-         (double)t->f.bytes / MIB, t->f.seconds, export_bps / GIB,
-         mbps / GIB, mbps > 0 ? export_bps / mbps : 0.0, (double)cross / MIB,
-         (double)t->sent / MIB, (double)t->received / MIB, cross_bps / GIB,
-         duplex > 0 ? (double)cross / duplex / GIB : 0.0,
-         duplex > 0 ? cross_bps / ((double)cross / duplex) : 0.0,
-         oneway > 0 ? (double)cross / oneway / GIB : 0.0,
-         oneway > 0 ? cross_bps / ((double)cross / oneway) : 0.0);
-  /* The rows above are the whole export; this is the exchange alone. */
-  printf("\nthe exchange itself (first byte to last, as status saw them "
-         "every 2 ms): %.3f s, %.2f GiB/s, %.2f of raw TCP both ways at "
-         "once (%.2f GiB/s)\n\n",
-         t->exchange_s, exchange_bps / GIB,
-         raw_bps > 0 ? exchange_bps / raw_bps : 0.0, raw_bps / GIB);
+  for (int c = 0; c < NCOUNTS; c++) {
+    qsort(two[c], (size_t)runs, sizeof two[c][0], cmp_time);
+    const struct run *t = &two[c][runs / 2];
+    uint64_t cross = t->sent + t->received;
+    /* The limits, measured again beside each row: the machine's load
+     * moves between rows. */
+    double duplex = tcp_seconds(t->sent, t->received);
+    double oneway = tcp_seconds(cross, 0);
+    double export_bps = (double)t->f.bytes / t->f.seconds;
+    double cross_bps = (double)cross / t->f.seconds;
+    double raw_bps = duplex > 0 ? (double)cross / duplex : 0.0;
+    double exchange_bps =
+        t->exchange_s > 0 ? (double)cross / t->exchange_s : 0;
+    printf("| 2 | %d | %.1f MiB | %.3f s | %.2f GiB/s | %.2f GiB/s | %.2f | "
+           "%.1f MiB (%.1f + %.1f) | %.2f GiB/s | %.2f GiB/s | %.2f | "
+           "%.2f GiB/s | %.2f | %.3f s | %.2f GiB/s | %.2f |\n",
+           stream_counts[c], (double)t->f.bytes / MIB, t->f.seconds,
+           export_bps / GIB, mbps / GIB, mbps > 0 ? export_bps / mbps : 0.0,
+           (double)cross / MIB, (double)t->sent / MIB,
+           (double)t->received / MIB, cross_bps / GIB, raw_bps / GIB,
+           raw_bps > 0 ? cross_bps / raw_bps : 0.0,
+           oneway > 0 ? (double)cross / oneway / GIB : 0.0,
+           oneway > 0 ? cross_bps / ((double)cross / oneway) : 0.0,
+           t->exchange_s, exchange_bps / GIB,
+           raw_bps > 0 ? exchange_bps / raw_bps : 0.0);
+  }
+  /* Where each export's time went, on the first daemon. */
+  printf("\nphases on the first daemon (the first status sample that saw "
+         "each, every 2 ms):\n\n");
+  printf("- 1 daemon:");
+  print_phases(o);
+  printf("\n");
+  for (int c = 0; c < NCOUNTS; c++) {
+    printf("- 2 daemons, %d stream(s):", stream_counts[c]);
+    print_phases(&two[c][runs / 2]);
+    printf(" the exchange %.0f ms\n", two[c][runs / 2].exchange_s * 1e3);
+  }
+  printf("\n");
   return 0;
 }

@@ -460,6 +460,7 @@ START_TEST(print_config_defaults) {
            "peer_advertise = none\n"
            "peer_timeout = 10s\n"
            "peer_handshakes = 64\n"
+           "peer_streams = 2\n"
            "metrics_listen = none\n"
            "metrics_connections = 64\n",
            uids, (unsigned)getegid());

@@ -42,11 +42,25 @@
 static struct sp_test_daemon daemons[MAXD];
 static int ndaemons;
 
-/* With logs: daemon i's stderr goes to logs[i], in log_dir. */
+/* With logs: daemon i's stderr goes to logs[i], in log_dir; at debug level
+ * when debug_logs is set. */
 static char log_dir[256], logs[MAXD][300];
+static bool debug_logs;
+/* A configuration file for every daemon (in log_dir), or none. */
+static char daemon_conf[300];
 
 static void start_daemons(int n, const char *round_delay_ms) {
-  static const char *const args[] = {"--peer-listen", "127.0.0.1:0", NULL};
+  const char *args[8] = {"--peer-listen", "127.0.0.1:0"};
+  int nargs = 2;
+  if (debug_logs) {
+    args[nargs++] = "--log-level";
+    args[nargs++] = "debug";
+  }
+  if (daemon_conf[0] != '\0') {
+    args[nargs++] = "--config";
+    args[nargs++] = daemon_conf;
+  }
+  args[nargs] = NULL;
   if (round_delay_ms != NULL)
     setenv("SHARDPORTD_TEST_ROUND_DELAY_MS", round_delay_ms, 1);
   for (int i = 0; i < n; i++) {
@@ -80,6 +94,24 @@ static void start2_logged(void) {
   start_daemons(2, NULL);
 }
 
+/* Logged at debug level, each pair of nodes over streams connections,
+ * rounds paused by round_delay_ms (NULL: none). */
+static void start2_streams(uint32_t streams, const char *round_delay_ms) {
+  ck_assert_int_eq(sp_test_mkdtemp(log_dir, sizeof log_dir), 0);
+  snprintf(daemon_conf, sizeof daemon_conf, "%s/d.conf", log_dir);
+  FILE *f = fopen(daemon_conf, "we");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "peer_streams = %u\n", streams);
+  ck_assert_int_eq(fclose(f), 0);
+  debug_logs = true;
+  start_daemons(2, round_delay_ms);
+}
+
+static void start2_three_streams(void) { start2_streams(3, NULL); }
+static void start2_three_streams_slow(void) { start2_streams(3, "150"); }
+static void start2_debug_slow(void) { start2_streams(1, "150"); }
+static void start2_debug(void) { start2_streams(1, NULL); }
+
 static void stop_all(void) {
   for (int i = 0; i < ndaemons; i++)
     if (daemons[i].pid > 0)
@@ -89,6 +121,8 @@ static void stop_all(void) {
   if (log_dir[0] != '\0')
     sp_test_rmdir(log_dir);
   log_dir[0] = '\0';
+  daemon_conf[0] = '\0';
+  debug_logs = false;
 }
 
 /* How many lines of daemon i's log hold words; *line gets the last. */
@@ -1024,6 +1058,156 @@ START_TEST(rank_gone_after_another_came_back_elsewhere) {
 }
 END_TEST
 
+/* ---- streams and overlapping rounds ---- */
+
+/* 24 keys of 512 rows of 4 KiB (2 MiB each), four to a round: six rounds.
+ * The planner deals them to ranks 0, 1, 2, 3 in turn (equal sizes, by
+ * name).  Spread evenly, half of every key crosses nodes, 1 MiB a key, in
+ * stripes over every stream; local-heavy, a key's rows lie on its owner's
+ * node but for one row from each rank of the other node, so that each
+ * round's local copies (4 MiB a node) outlast its exchange (16 KiB each
+ * way) by far. */
+static struct tkey wide_keys[24];
+static char wide_names[24][8];
+
+static struct scenario wide_scenario(bool local_heavy, uint32_t timeout_ms) {
+  for (int i = 0; i < 24; i++) {
+    snprintf(wide_names[i], sizeof wide_names[i], "w.%02d", i);
+    bool on_first = i % 4 < 2;
+    wide_keys[i] = K(.name = wide_names[i], .kind = SHARD0,
+                     .dtype = "float32", .es = 4, .ndim = 2,
+                     .shape = {512, 1024}, .parts = {128, 128, 128, 128});
+    if (local_heavy)
+      for (int r = 0; r < 4; r++)
+        wide_keys[i].parts[r] = (r < 2) == on_first ? 255 : 1;
+  }
+  return (struct scenario){.world = 4, .nkeys = 24, .keys = wide_keys,
+                           .max_keys = 4, .timeout_ms = timeout_ms};
+}
+
+/* Waits up to 10 s for a line of daemon i's log holding words, into
+ * line. */
+static void wait_log(int i, const char *words, char *line, size_t len) {
+  for (int tries = 0; tries < 400; tries++) {
+    if (log_count(i, words, line, len) > 0)
+      return;
+    sleep_ms(25);
+  }
+  ck_assert_msg(0, "daemon %d never logged \"%s\"", i, words);
+}
+
+static const char overlap_words[] =
+    "round(s) sent the next round's first bytes before their own last local "
+    "copy ended";
+
+/* The rounds of daemon i's last export, and how many of them sent the
+ * next round's first bytes before their own last local copy ended. */
+static void overlapped(int i, uint32_t *rounds, uint32_t *overlaps) {
+  char line[4096];
+  wait_log(i, overlap_words, line, sizeof line);
+  const char *at = strstr(line, ": export ");
+  ck_assert_ptr_nonnull(at);
+  unsigned long long id;
+  ck_assert_int_eq(sscanf(at, ": export %llu: %u of %u round(s)", &id,
+                          overlaps, rounds),
+                   3);
+}
+
+/* Each pair of nodes moves over three connections: every byte arrives, in
+ * order, over stripes dealt to all three, for two exports in a row (the
+ * second on the streams the first opened). */
+START_TEST(three_streams_carry_every_byte) {
+  struct scenario sc = wide_scenario(false, 0);
+  sc.exports = 2;
+  struct world w;
+  run_on(&sc, &w, 2);
+  for (uint32_t i = 0; i < sc.world; i++)
+    ck_assert_msg(w.rep[i].export_rc == 0, "rank %u: %s: %s (%s)", i,
+                  sp_err_name(w.rep[i].export_rc), w.rep[i].message,
+                  w.rep[i].failure);
+  trainer_free(&w, &sc);
+  /* Node 1 dials the root's node three times, once a stream, and the
+   * root hears each; the second export finds them up. */
+  char line[4096], words[64];
+  for (int k = 1; k <= 3; k++) {
+    snprintf(words, sizeof words, "up (stream %d of 3)", k);
+    ck_assert_int_eq(log_count(1, words, line, sizeof line), 1);
+    ck_assert_ptr_nonnull(strstr(line, "data link to node 0"));
+    ck_assert_int_eq(log_count(0, words, line, sizeof line), 1);
+    ck_assert_ptr_nonnull(strstr(line, "data link from node 1"));
+  }
+}
+END_TEST
+
+/* A daemon killed while three streams carry its pair's bytes: the other
+ * node's ranks fail with node_lost naming it, within seconds, and the
+ * root serves the next job. */
+START_TEST(three_streams_daemon_killed_mid_round) {
+  struct scenario sc = wide_scenario(false, 10000);
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  trainer_wait_moving(&w, 0);
+  kill_daemon(1, SIGKILL);
+  double t0 = now_s();
+  trainer_read_report(&w, &sc, 0);
+  trainer_read_report(&w, &sc, 1);
+  ck_assert_double_lt(now_s() - t0, 5.0);
+  trainer_finish(&w, &sc);
+  assert_node_lost(&w, 0, 1, 1);
+  trainer_free(&w, &sc);
+  assert_idle(0);
+}
+END_TEST
+
+/* Inside each daemon the rounds overlap: the next round's first bytes
+ * leave while the current round's local copies still run, in most of the
+ * six rounds of an export (the last has no next). */
+START_TEST(rounds_overlap_inside_each_daemon) {
+  struct scenario sc = wide_scenario(true, 0);
+  struct world w;
+  run_on(&sc, &w, 2);
+  for (uint32_t i = 0; i < sc.world; i++)
+    ck_assert_msg(w.rep[i].export_rc == 0, "rank %u: %s: %s (%s)", i,
+                  sp_err_name(w.rep[i].export_rc), w.rep[i].message,
+                  w.rep[i].failure);
+  trainer_free(&w, &sc);
+  for (int d = 0; d < 2; d++) {
+    uint32_t rounds, overlaps;
+    overlapped(d, &rounds, &overlaps);
+    ck_assert_uint_eq(rounds, 6);
+    ck_assert_msg(overlaps >= 1 && overlaps <= 5,
+                  "daemon %d: %u of %u rounds overlapped", d, overlaps,
+                  rounds);
+  }
+}
+END_TEST
+
+/* The rounds overlap until a fault: the node that outlives its peer,
+ * killed between rounds, counts overlapping rounds before it, and its
+ * ranks fail naming the lost node. */
+START_TEST(rounds_overlap_until_a_fault) {
+  struct scenario sc = wide_scenario(true, 10000);
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  trainer_wait_moving(&w, 0);
+  /* Rounds pause 150 ms each: three of the six are done. */
+  sleep_ms(450);
+  kill_daemon(1, SIGKILL);
+  trainer_read_report(&w, &sc, 0);
+  trainer_read_report(&w, &sc, 1);
+  trainer_finish(&w, &sc);
+  assert_node_lost(&w, 0, 1, 1);
+  trainer_free(&w, &sc);
+  uint32_t rounds, overlaps;
+  overlapped(0, &rounds, &overlaps);
+  ck_assert_uint_eq(rounds, 6);
+  ck_assert_msg(overlaps >= 1 && overlaps < 5,
+                "%u of %u rounds overlapped before the fault", overlaps,
+                rounds);
+  assert_idle(0);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   Suite *s = suite_create("nodes");
   TCase *exp = tcase_create("export");
@@ -1066,6 +1250,27 @@ int main(int argc, char **argv) {
   tcase_set_timeout(logged, 60);
   tcase_add_test(logged, gather_failure_logged_once);
   suite_add_tcase(s, logged);
+  TCase *streams = tcase_create("streams");
+  tcase_add_checked_fixture(streams, start2_three_streams, stop_all);
+  tcase_set_timeout(streams, 60);
+  tcase_add_test(streams, three_streams_carry_every_byte);
+  suite_add_tcase(s, streams);
+  TCase *streams_fault = tcase_create("streams-fault");
+  tcase_add_checked_fixture(streams_fault, start2_three_streams_slow,
+                            stop_all);
+  tcase_set_timeout(streams_fault, 60);
+  tcase_add_test(streams_fault, three_streams_daemon_killed_mid_round);
+  suite_add_tcase(s, streams_fault);
+  TCase *overlap = tcase_create("overlap");
+  tcase_add_checked_fixture(overlap, start2_debug, stop_all);
+  tcase_set_timeout(overlap, 60);
+  tcase_add_test(overlap, rounds_overlap_inside_each_daemon);
+  suite_add_tcase(s, overlap);
+  TCase *overlap_fault = tcase_create("overlap-fault");
+  tcase_add_checked_fixture(overlap_fault, start2_debug_slow, stop_all);
+  tcase_set_timeout(overlap_fault, 60);
+  tcase_add_test(overlap_fault, rounds_overlap_until_a_fault);
+  suite_add_tcase(s, overlap_fault);
   TCase *gone = tcase_create("departures");
   tcase_add_checked_fixture(gone, start2, stop_all);
   tcase_set_timeout(gone, 60);

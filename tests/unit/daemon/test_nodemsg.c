@@ -206,6 +206,18 @@ START_TEST(messages_round_trip) {
   ck_assert_mem_eq(out.proof, in.proof, sizeof in.proof);
   nodemsg_free(&out);
 
+  in = (struct nodemsg){.op = NODEMSG_DATA, .version = 5, .node = 3,
+                        .node_id = 9, .stream = 7, .streams = 8};
+  memcpy(in.job, id16, sizeof in.job);
+  memset(in.nonce, 0x55, sizeof in.nonce);
+  memset(in.proof, 0x66, sizeof in.proof);
+  ck_assert_int_eq(round_trip(&in, &out), 0);
+  ck_assert(!out.reply);
+  ck_assert_uint_eq(out.node, 3);
+  ck_assert_uint_eq(out.stream, 7);
+  ck_assert_uint_eq(out.streams, 8);
+  nodemsg_free(&out);
+
   in = (struct nodemsg){.op = NODEMSG_DATA, .reply = true};
   memset(in.proof, 0x44, sizeof in.proof);
   ck_assert_int_eq(round_trip(&in, &out), 0);
@@ -447,6 +459,31 @@ static void plan_tail(msgpack_packer *pk) {
 
 static const uint8_t id128[128];
 
+/* peer_data naming stream crafted_stream of crafted_streams. */
+static uint64_t crafted_stream, crafted_streams;
+
+static void data_streams(msgpack_packer *pk) {
+  uint8_t bytes[32] = {0};
+  sp__pack_kv_u64(pk, "version", 5);
+  sp__pack_str(pk, "job");
+  sp__pack_bin(pk, bytes, 16);
+  sp__pack_str(pk, "nonce");
+  sp__pack_bin(pk, bytes, 32);
+  sp__pack_str(pk, "proof");
+  sp__pack_bin(pk, bytes, 32);
+  sp__pack_kv_u64(pk, "node_id", 1);
+  sp__pack_kv_u64(pk, "node", 1);
+  sp__pack_kv_u64(pk, "streams", crafted_streams);
+  sp__pack_kv_u64(pk, "stream", crafted_stream);
+}
+
+static int parse_streams_of(uint64_t stream, uint64_t streams, char *why,
+                            size_t len) {
+  crafted_stream = stream;
+  crafted_streams = streams;
+  return parse_crafted("peer_data", 8, data_streams, why, len);
+}
+
 static void plan_gen_zero(msgpack_packer *pk) {
   plan_head(pk);
   sp__pack_kv_u64(pk, "comm_gen", 0);
@@ -595,6 +632,21 @@ START_TEST(replica_digests_bounded) {
   ck_assert_int_eq(parse_crafted("go", 2, go_differ_key_alone, why,
                                  sizeof why),
                    SP_EBADMSG);
+}
+END_TEST
+
+/* A data link's stream is one of 1 to 8, below their count. */
+START_TEST(data_streams_bounded) {
+  char why[256];
+  ck_assert_int_eq(parse_streams_of(0, 1, why, sizeof why), 0);
+  ck_assert_int_eq(parse_streams_of(7, 8, why, sizeof why), 0);
+  ck_assert_int_eq(parse_streams_of(0, 9, why, sizeof why), SP_EINVAL);
+  ck_assert_ptr_nonnull(strstr(why, "streams"));
+  ck_assert_int_eq(parse_streams_of(0, 0, why, sizeof why), SP_EINVAL);
+  ck_assert_ptr_nonnull(strstr(why, "not a stream"));
+  ck_assert_int_eq(parse_streams_of(2, 2, why, sizeof why), SP_EINVAL);
+  ck_assert_ptr_nonnull(strstr(why, "stream 2 of 2"));
+  ck_assert_int_eq(parse_streams_of(8, 8, why, sizeof why), SP_EINVAL);
 }
 END_TEST
 
@@ -807,6 +859,7 @@ int main(void) {
   tcase_add_test(tc, messages_round_trip);
   tcase_add_test(tc, replica_digests_bounded);
   tcase_add_test(tc, messages_refused);
+  tcase_add_test(tc, data_streams_bounded);
   tcase_add_test(tc, meta_rebuilds_the_registry);
   tcase_add_test(tc, meta_checks_views_again);
   suite_add_tcase(s, tc);

@@ -122,6 +122,56 @@ START_TEST(a_peer_that_closes_is_named) {
 }
 END_TEST
 
+/* One stream of a pair on a thread of its own, sharing halt. */
+struct sibling {
+  struct xfer_peer peer;
+  atomic_bool *halt;
+  int rc;
+};
+
+static void *run_sibling(void *arg) {
+  struct sibling *s = arg;
+  struct xfer_watch watch = {.halt = s->halt, .idle_timeout_ms = 10000};
+  size_t failed;
+  s->rc = xfer_exchange(&s->peer, 1, &watch, &failed);
+  return NULL;
+}
+
+/* Two streams of one pair, each exchanged on its own thread: when one's
+ * connection ends, it fails with closed and halts the other, which waits
+ * on a silent peer: halted (1), not timed out after its idle timeout; a
+ * halt set beforehand stops an exchange before it moves anything. */
+START_TEST(a_lost_stream_halts_its_siblings) {
+  int lost[2], silent[2];
+  nonblocking_pair(lost);
+  nonblocking_pair(silent);
+  uint8_t a[16], b[16];
+  struct iovec ra = {a, sizeof a}, rb = {b, sizeof b};
+  atomic_bool halt = false;
+  struct sibling one = {.peer = {.sock = lost[0], .recv = {&ra, 1}},
+                        .halt = &halt};
+  struct sibling two = {.peer = {.sock = silent[0], .recv = {&rb, 1}},
+                        .halt = &halt};
+  pthread_t t1, t2;
+  pthread_create(&t2, NULL, run_sibling, &two);
+  pthread_create(&t1, NULL, run_sibling, &one);
+  struct timespec pause = {0, 50 * 1000 * 1000};
+  nanosleep(&pause, NULL);
+  close(lost[1]);
+  pthread_join(t1, NULL);
+  pthread_join(t2, NULL);
+  ck_assert_int_eq(one.rc, SP_ECLOSED);
+  ck_assert_int_eq(two.rc, 1);
+  ck_assert(atomic_load(&halt));
+  struct sibling late = {.peer = {.sock = silent[0], .recv = {&rb, 1}},
+                         .halt = &halt};
+  run_sibling(&late);
+  ck_assert_int_eq(late.rc, 1);
+  ck_assert_uint_eq(late.peer.received, 0);
+  close(lost[0]), close(silent[0]), close(silent[1]);
+}
+END_TEST
+
 START_TEST(a_silent_peer_times_out) {
   int sv[2];
   nonblocking_pair(sv);
@@ -308,6 +358,7 @@ int main(void) {
   tcase_add_test(tc, optional_regions_do_not_hold_the_round);
   tcase_add_test(tc, rounds_overlap_on_one_stream);
   tcase_add_test(tc, nothing_to_move_returns_at_once);
+  tcase_add_test(tc, a_lost_stream_halts_its_siblings);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

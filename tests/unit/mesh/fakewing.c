@@ -146,9 +146,9 @@ const char *nodelink_peer(const struct nodelink *l) { return l->peer; }
 
 struct nodelink *fake_accept(void) { return link_new("10.0.0.9:40000"); }
 
-struct nodelink *fake_dialled(const char *addr) {
+struct nodelink *fake_dialled(const char *addr, size_t nth) {
   for (struct nodelink *l = F.links; l != NULL; l = l->next)
-    if (l->dialled && strcmp(l->peer, addr) == 0)
+    if (l->dialled && strcmp(l->peer, addr) == 0 && nth-- == 0)
       return l;
   return NULL;
 }

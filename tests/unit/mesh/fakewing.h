@@ -88,8 +88,9 @@ struct conn *fake_conn(void);
 
 /* A link another daemon opened to this one, before its challenge. */
 struct nodelink *fake_accept(void);
-/* The last link this daemon dialled to addr, or NULL. */
-struct nodelink *fake_dialled(const char *addr);
+/* The links this daemon dialled to addr, the last first (nth 0), or
+ * NULL past them. */
+struct nodelink *fake_dialled(const char *addr, size_t nth);
 /* What the peer sends on l, handled as nodelink.c would: a control frame
  * (the first frame of an accepted link goes to hello_first_frame), a blob. */
 void fake_deliver(struct nodelink *l, const struct nodemsg *m);

@@ -33,16 +33,15 @@ static void setup(void) {
 
 static void teardown(void) {
   fake_teardown();
-  /* sv[0] went to the wing with a data link, or is closed here. */
-  if (sv[0] >= 0)
-    close(sv[0]);
+  close(sv[0]);
   close(sv[1]);
 }
 
-/* The wing takes the socket: it closes it with the mesh. */
+/* A socket for one stream of a data link: the wing takes it and closes it
+ * with the mesh. */
 static int give_socket(void) {
-  int s = sv[0];
-  sv[0] = -1;
+  int s = dup(sv[0]);
+  ck_assert_int_ge(s, 0);
   return s;
 }
 
@@ -138,7 +137,8 @@ static void node_data_link_up(struct job *job) {
   struct nodemsg h = {.op = NODEMSG_DATA,
                       .version = NODE_PROTOCOL_VERSION,
                       .node = 1,
-                      .node_id = NODE1_ID};
+                      .node_id = NODE1_ID,
+                      .streams = 1};
   memcpy(h.job, job->id, JOB_ID_BYTES);
   memset(h.nonce, 0x6b, sizeof h.nonce);
   peerauth_proof(job->secret, PEERAUTH_DIALER, PEERAUTH_DATA, job->id,
@@ -484,7 +484,7 @@ static struct job *member_says_hello(struct conn *c, bool root_proof_ok,
   struct req_join req = {.rank = 1, .world = 2,
                          .device_type = SP_DEVICE_CPU};
   ck_assert_int_eq(mesh_join(job, c, &head, &req, 0), 1);
-  struct nodelink *r = fake_dialled(ROOT_ADDR);
+  struct nodelink *r = fake_dialled(ROOT_ADDR, 0);
   ck_assert_ptr_nonnull(r);
   struct nodemsg ch = {.op = NODEMSG_CHALLENGE,
                        .version = NODE_PROTOCOL_VERSION};
@@ -602,28 +602,39 @@ START_TEST(member_exports_in_the_roots_steps) {
   ck_assert_uint_eq(F.start_keys, 64);
   ck_assert_uint_eq(F.start_bytes, 1 << 20);
   ck_assert_uint_eq(F.start_timeout, 3000);
-  /* The higher node dials the lower: this node dials the root's. */
-  struct nodelink *d = fake_dialled(ROOT_ADDR);
-  ck_assert_ptr_ne(d, r);
+  /* The higher node dials the lower: this node dials the root's, once a
+   * stream (peer_streams), each proven on its own. */
+  uint32_t streams = F.cfg.peer_streams;
+  ck_assert_uint_ge(streams, 2);
+  ck_assert_ptr_eq(fake_dialled(ROOT_ADDR, streams), r);
   struct replica_digests none = {0};
   mesh_planned(job, 77, &none);
-  ck_assert_uint_eq(fake_count(r, NODEMSG_PLANNED), 0);
-  struct nodemsg ch = {.op = NODEMSG_CHALLENGE,
-                       .version = NODE_PROTOCOL_VERSION};
-  memset(ch.nonce, 0x44, sizeof ch.nonce);
-  fake_deliver(d, &ch);
-  const struct nodemsg *h = fake_last(d, NODEMSG_DATA);
-  ck_assert_ptr_nonnull(h);
-  ck_assert_uint_eq(h->node, 1);
-  uint8_t want[PEERAUTH_PROOF_BYTES];
-  peerauth_proof(job->secret, PEERAUTH_DIALER, PEERAUTH_DATA, job->id,
-                 ch.nonce, h->nonce, want);
-  ck_assert(peerauth_equal(want, h->proof));
-  struct nodemsg reply = {.op = NODEMSG_DATA, .reply = true};
-  peerauth_proof(job->secret, PEERAUTH_LISTENER, PEERAUTH_DATA, job->id,
-                 ch.nonce, h->nonce, reply.proof);
-  fake_deliver(d, &reply);
-  fake_detach(d, give_socket());
+  bool seen[REMOTE_STREAMS_MAX] = {false};
+  for (uint32_t i = 0; i < streams; i++) {
+    /* Planned waits for every stream. */
+    ck_assert_uint_eq(fake_count(r, NODEMSG_PLANNED), 0);
+    struct nodelink *d = fake_dialled(ROOT_ADDR, i);
+    struct nodemsg ch = {.op = NODEMSG_CHALLENGE,
+                         .version = NODE_PROTOCOL_VERSION};
+    memset(ch.nonce, 0x44 + (int)i, sizeof ch.nonce);
+    fake_deliver(d, &ch);
+    const struct nodemsg *h = fake_last(d, NODEMSG_DATA);
+    ck_assert_ptr_nonnull(h);
+    ck_assert_uint_eq(h->node, 1);
+    ck_assert_uint_eq(h->streams, streams);
+    ck_assert_uint_lt(h->stream, streams);
+    ck_assert(!seen[h->stream]);
+    seen[h->stream] = true;
+    uint8_t want[PEERAUTH_PROOF_BYTES];
+    peerauth_proof(job->secret, PEERAUTH_DIALER, PEERAUTH_DATA, job->id,
+                   ch.nonce, h->nonce, want);
+    ck_assert(peerauth_equal(want, h->proof));
+    struct nodemsg reply = {.op = NODEMSG_DATA, .reply = true};
+    peerauth_proof(job->secret, PEERAUTH_LISTENER, PEERAUTH_DATA, job->id,
+                   ch.nonce, h->nonce, reply.proof);
+    fake_deliver(d, &reply);
+    fake_detach(d, give_socket());
+  }
   const struct nodemsg *p = fake_last(r, NODEMSG_PLANNED);
   ck_assert_ptr_nonnull(p);
   ck_assert_uint_eq(p->gather, 1);
