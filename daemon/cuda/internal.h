@@ -38,10 +38,12 @@ struct gpu_nccl {
   unsigned inflight[GPU_MAX_DEVICES];
   /* Per device: frees waiting until inflight is 0. */
   struct deferred_free *frees[GPU_MAX_DEVICES];
-  /* Helper threads ending communicators, and their end. */
+  /* Helper threads ending communicators (running: reapers; all not yet
+   * joined: helpers), and their end. */
   pthread_mutex_t reap_lock;
   pthread_cond_t reap_done;
   unsigned reapers;
+  struct reap *helpers;
 };
 
 struct gpu {

@@ -30,6 +30,8 @@ struct deferred_free {
   void *ptr;
 };
 
+static void join_done(struct gpu *gpu);
+
 void gpu_nccl_init(struct gpu *gpu) {
   for (int d = 0; d < GPU_MAX_DEVICES; d++)
     pthread_mutex_init(&gpu->nccl.lock[d], NULL);
@@ -59,6 +61,9 @@ bool gpu_comms_wait_ended(struct gpu *gpu, uint32_t timeout_ms) {
 bool gpu_nccl_fini(struct gpu *gpu) {
   if (!gpu_comms_wait_ended(gpu, REAPERS_WAIT_MS))
     return false;
+  pthread_mutex_lock(&gpu->nccl.reap_lock);
+  join_done(gpu);
+  pthread_mutex_unlock(&gpu->nccl.reap_lock);
   for (int d = 0; d < GPU_MAX_DEVICES; d++) {
     for (struct deferred_free *f = gpu->nccl.frees[d], *next; f != NULL;
          f = next) {
@@ -149,46 +154,65 @@ void gpu_device_free(struct gpu *gpu, int device, void *ptr) {
   pthread_mutex_unlock(&gpu->nccl.lock[device]);
 }
 
+/* One helper thread: joined once it is done (by the next spawn, or at
+ * gpu_nccl_fini), so that none is still exiting when the process does. */
 struct reap {
+  struct reap *next;
   struct gpu *gpu;
   void (*fn)(void *);
   void *arg;
+  pthread_t thread;
+  bool done;
 };
 
 static void *reap_main(void *p) {
   struct reap *r = p;
   struct gpu *gpu = r->gpu;
   r->fn(r->arg);
-  free(r);
   pthread_mutex_lock(&gpu->nccl.reap_lock);
+  r->done = true;
   gpu->nccl.reapers--;
   pthread_cond_broadcast(&gpu->nccl.reap_done);
   pthread_mutex_unlock(&gpu->nccl.reap_lock);
   return NULL;
 }
 
+/* Joins the helpers that are done; reap_lock held, and released while
+ * joining. */
+static void join_done(struct gpu *gpu) {
+  for (struct reap **at = &gpu->nccl.helpers; *at != NULL;) {
+    struct reap *r = *at;
+    if (!r->done) {
+      at = &r->next;
+      continue;
+    }
+    *at = r->next;
+    pthread_mutex_unlock(&gpu->nccl.reap_lock);
+    pthread_join(r->thread, NULL);
+    free(r);
+    pthread_mutex_lock(&gpu->nccl.reap_lock);
+    at = &gpu->nccl.helpers;
+  }
+}
+
 void gpu_nccl_reap(struct gpu *gpu, void (*fn)(void *), void *arg) {
-  struct reap *r = malloc(sizeof *r);
-  pthread_attr_t attr;
-  pthread_t t;
+  struct reap *r = calloc(1, sizeof *r);
   bool started = false;
+  pthread_mutex_lock(&gpu->nccl.reap_lock);
+  join_done(gpu);
   if (r != NULL) {
     *r = (struct reap){.gpu = gpu, .fn = fn, .arg = arg};
-    pthread_mutex_lock(&gpu->nccl.reap_lock);
-    gpu->nccl.reapers++;
-    pthread_mutex_unlock(&gpu->nccl.reap_lock);
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    started = pthread_create(&t, &attr, reap_main, r) == 0;
-    pthread_attr_destroy(&attr);
-    if (!started) {
-      pthread_mutex_lock(&gpu->nccl.reap_lock);
-      gpu->nccl.reapers--;
-      pthread_mutex_unlock(&gpu->nccl.reap_lock);
-      free(r);
+    started = pthread_create(&r->thread, NULL, reap_main, r) == 0;
+    if (started) {
+      r->next = gpu->nccl.helpers;
+      gpu->nccl.helpers = r;
+      gpu->nccl.reapers++;
     }
   }
-  /* Without a thread, the caller ends them itself: late beats never. */
-  if (!started)
+  pthread_mutex_unlock(&gpu->nccl.reap_lock);
+  if (!started) {
+    free(r);
+    /* Without a thread, the caller ends them itself: late beats never. */
     fn(arg);
+  }
 }
