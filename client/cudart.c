@@ -9,6 +9,18 @@
  * functions come through cudaGetDriverEntryPointByVersion, so libcuda is
  * never named here.  Nothing is ever unloaded (RTLD_NODELETE): the runtime
  * does not support it.
+ *
+ * The library works on the trainer's threads, whatever their current
+ * device, and must not leave a context on a GPU the trainer never used:
+ * since CUDA 12, cudaSetDevice makes the device's primary context (about
+ * half a GiB of its memory), so setting a device and "restoring" the
+ * thread's previous one (device 0 on a thread that never chose one) makes
+ * a context there.  Each call that works on a GPU instead retains that
+ * GPU's primary context, which the trainer's own tensors there made
+ * already, pushes it for its calls and pops and releases it after
+ * (with_device): the driver's calls, cuMemGetAddressRange among them, then
+ * have the context they need, and the thread's current device is left as
+ * it was (docs/gpu.md).
  */
 #include "client/cudart.h"
 
@@ -62,7 +74,11 @@ __attribute__((format(printf, 3, 4))) static int say(sp_client *c, int code,
 #define DRV(X)                                                                 \
   X(cuDeviceGet)                                                               \
   X(cuDeviceGetUuid)                                                           \
-  X(cuMemGetAddressRange)
+  X(cuMemGetAddressRange)                                                      \
+  X(cuDevicePrimaryCtxRetain)                                                  \
+  X(cuDevicePrimaryCtxRelease)                                                 \
+  X(cuCtxPushCurrent)                                                          \
+  X(cuCtxPopCurrent)
 
 static struct {
 #define MEMBER(name) __typeof__(name) *name;
@@ -151,6 +167,39 @@ static int cuda_fail(sp_client *c, cudaError_t err, const char *what) {
              rt.cudaGetErrorString(err));
 }
 
+/* Makes GPU ordinal's primary context current on the calling thread
+ * (see the top of this file); end_device undoes it. */
+static CUresult enter_device(int ordinal) {
+  CUdevice dev;
+  CUcontext ctx;
+  CUresult res = rt.cuDeviceGet(&dev, ordinal);
+  if (res == CUDA_SUCCESS)
+    res = rt.cuDevicePrimaryCtxRetain(&ctx, dev);
+  if (res != CUDA_SUCCESS)
+    return res;
+  res = rt.cuCtxPushCurrent(ctx);
+  if (res != CUDA_SUCCESS)
+    rt.cuDevicePrimaryCtxRelease(dev);
+  return res;
+}
+
+/* enter_device, or SP_EBACKEND with the reason in c. */
+static int with_device(sp_client *c, int ordinal) {
+  CUresult res = enter_device(ordinal);
+  if (res != CUDA_SUCCESS)
+    return say(c, SP_EBACKEND, "making GPU %d's primary context current: "
+               "CUDA driver error %d", ordinal, (int)res);
+  return 0;
+}
+
+static void end_device(int ordinal) {
+  CUcontext ctx;
+  CUdevice dev;
+  rt.cuCtxPopCurrent(&ctx);
+  if (rt.cuDeviceGet(&dev, ordinal) == CUDA_SUCCESS)
+    rt.cuDevicePrimaryCtxRelease(dev);
+}
+
 static int uuid_name(sp_client *c, int ordinal,
                      char device[CLIENT_CUDA_DEVICE_MAX]) {
   CUdevice dev;
@@ -192,13 +241,10 @@ int client_cuda_device_of(sp_client *c, const void *addr,
   return rc;
 }
 
-int client_cuda_describe(sp_client *c, const void *addr,
-                         uint8_t handle[CLIENT_CUDA_HANDLE_BYTES],
-                         uint64_t *offset,
-                         char device[CLIENT_CUDA_DEVICE_MAX]) {
-  int rc = client_cuda_device_of(c, addr, device);
-  if (rc < 0)
-    return rc;
+/* The allocation behind addr on GPU ordinal, its context current. */
+static int describe_on(sp_client *c, const void *addr,
+                       uint8_t handle[CLIENT_CUDA_HANDLE_BYTES],
+                       uint64_t *offset) {
   CUdeviceptr base = 0;
   size_t size = 0;
   CUresult res =
@@ -221,6 +267,24 @@ int client_cuda_describe(sp_client *c, const void *addr,
   memcpy(handle, h.reserved, CLIENT_CUDA_HANDLE_BYTES);
   *offset = (uint64_t)((uintptr_t)addr - (uintptr_t)base);
   return 0;
+}
+
+int client_cuda_describe(sp_client *c, const void *addr,
+                         uint8_t handle[CLIENT_CUDA_HANDLE_BYTES],
+                         uint64_t *offset,
+                         char device[CLIENT_CUDA_DEVICE_MAX]) {
+  int ordinal = 0, rc = ready(c);
+  if (rc == 0)
+    rc = device_ordinal(c, addr, &ordinal);
+  if (rc == 0)
+    rc = uuid_name(c, ordinal, device);
+  if (rc == 0)
+    rc = with_device(c, ordinal);
+  if (rc < 0)
+    return rc;
+  rc = describe_on(c, addr, handle, offset);
+  end_device(ordinal);
+  return rc;
 }
 
 int client_cuda_name(sp_client *c, int ordinal,
@@ -260,25 +324,19 @@ int client_cuda_ordinal(sp_client *c, const char *device, int *ordinal) {
              "CUDA_VISIBLE_DEVICES)", device);
 }
 
-int client_cuda_open(sp_client *c, int ordinal,
-                     const uint8_t handle[CLIENT_CUDA_HANDLE_BYTES],
-                     const uint8_t event[CLIENT_CUDA_HANDLE_BYTES],
-                     uint64_t size, void **ptr) {
-  int rc = ready(c);
-  if (rc < 0)
-    return rc;
-  int current = 0;
-  cudaError_t err = rt.cudaGetDevice(&current);
-  if (err == cudaSuccess)
-    err = rt.cudaSetDevice(ordinal);
-  if (err != cudaSuccess)
-    return cuda_fail(c, err, "cudaSetDevice");
+/* Opens the export's segment and waits for its event, the segment's GPU's
+ * context current. */
+static int open_on(sp_client *c, const uint8_t handle[CLIENT_CUDA_HANDLE_BYTES],
+                   const uint8_t event[CLIENT_CUDA_HANDLE_BYTES],
+                   uint64_t size, void **ptr) {
   cudaIpcMemHandle_t mh;
   cudaIpcEventHandle_t eh;
   memcpy(mh.reserved, handle, CLIENT_CUDA_HANDLE_BYTES);
   memcpy(eh.reserved, event, CLIENT_CUDA_HANDLE_BYTES);
   void *p = NULL;
-  err = rt.cudaIpcOpenMemHandle(&p, mh, cudaIpcMemLazyEnablePeerAccess);
+  int rc = 0;
+  cudaError_t err =
+      rt.cudaIpcOpenMemHandle(&p, mh, cudaIpcMemLazyEnablePeerAccess);
   if (err != cudaSuccess) {
     rc = cuda_fail(c, err, "cudaIpcOpenMemHandle of the export's segment");
   } else {
@@ -305,15 +363,36 @@ int client_cuda_open(sp_client *c, int ordinal,
   }
   if (rc < 0 && p != NULL)
     rt.cudaIpcCloseMemHandle(p);
-  rt.cudaSetDevice(current);
   if (rc == 0)
     *ptr = p;
   return rc;
 }
 
+int client_cuda_open(sp_client *c, int ordinal,
+                     const uint8_t handle[CLIENT_CUDA_HANDLE_BYTES],
+                     const uint8_t event[CLIENT_CUDA_HANDLE_BYTES],
+                     uint64_t size, void **ptr) {
+  int rc = ready(c);
+  if (rc == 0)
+    rc = with_device(c, ordinal);
+  if (rc < 0)
+    return rc;
+  rc = open_on(c, handle, event, size, ptr);
+  end_device(ordinal);
+  return rc;
+}
+
+/* The close runs in the context of the segment's GPU, which the pointer
+ * names. */
 void client_cuda_close(void *ptr) {
-  if (rt.loaded && ptr != NULL)
-    rt.cudaIpcCloseMemHandle(ptr);
+  struct cudaPointerAttributes attr;
+  if (!rt.loaded || ptr == NULL ||
+      rt.cudaPointerGetAttributes(&attr, ptr) != cudaSuccess ||
+      attr.type != cudaMemoryTypeDevice ||
+      enter_device(attr.device) != CUDA_SUCCESS)
+    return;
+  rt.cudaIpcCloseMemHandle(ptr);
+  end_device(attr.device);
 }
 
 /* Two pinned buffers, a stream that copies into them and an event per
@@ -325,19 +404,9 @@ struct client_cuda_stage {
   void *buf[2];
 };
 
-int client_cuda_stage_new(sp_client *c, int ordinal, uint64_t size,
-                          struct client_cuda_stage **out) {
-  int rc = ready(c);
-  if (rc < 0)
-    return rc;
-  struct client_cuda_stage *s = calloc(1, sizeof *s);
-  if (!s)
-    return SP_ENOMEM;
-  s->ordinal = ordinal;
-  *out = s;
-  cudaError_t err = rt.cudaSetDevice(ordinal);
-  if (err != cudaSuccess)
-    return cuda_fail(c, err, "cudaSetDevice");
+static int stage_make(sp_client *c, struct client_cuda_stage *s,
+                      uint64_t size) {
+  cudaError_t err;
   if ((err = rt.cudaStreamCreateWithFlags(&s->stream,
                                           cudaStreamNonBlocking)) !=
       cudaSuccess)
@@ -353,33 +422,63 @@ int client_cuda_stage_new(sp_client *c, int ordinal, uint64_t size,
   return 0;
 }
 
+int client_cuda_stage_new(sp_client *c, int ordinal, uint64_t size,
+                          struct client_cuda_stage **out) {
+  int rc = ready(c);
+  if (rc < 0)
+    return rc;
+  struct client_cuda_stage *s = calloc(1, sizeof *s);
+  if (!s)
+    return SP_ENOMEM;
+  s->ordinal = ordinal;
+  *out = s;
+  if ((rc = with_device(c, ordinal)) < 0)
+    return rc;
+  rc = stage_make(c, s, size);
+  end_device(ordinal);
+  return rc;
+}
+
 int client_cuda_stage_copy(sp_client *c, struct client_cuda_stage *s, int b,
                            uint64_t offset, const void *src, uint64_t len) {
+  int rc = with_device(c, s->ordinal);
+  if (rc < 0)
+    return rc;
   cudaError_t err = rt.cudaMemcpyAsync((char *)s->buf[b] + offset, src,
                                        (size_t)len, cudaMemcpyDeviceToHost,
                                        s->stream);
-  return err == cudaSuccess ? 0 : cuda_fail(c, err, "cudaMemcpyAsync");
+  rc = err == cudaSuccess ? 0 : cuda_fail(c, err, "cudaMemcpyAsync");
+  end_device(s->ordinal);
+  return rc;
 }
 
 int client_cuda_stage_mark(sp_client *c, struct client_cuda_stage *s, int b) {
+  int rc = with_device(c, s->ordinal);
+  if (rc < 0)
+    return rc;
   cudaError_t err = rt.cudaEventRecord(s->done[b], s->stream);
-  return err == cudaSuccess ? 0 : cuda_fail(c, err, "cudaEventRecord");
+  rc = err == cudaSuccess ? 0 : cuda_fail(c, err, "cudaEventRecord");
+  end_device(s->ordinal);
+  return rc;
 }
 
 int client_cuda_stage_wait(sp_client *c, struct client_cuda_stage *s, int b,
                            void **host) {
+  int rc = with_device(c, s->ordinal);
+  if (rc < 0)
+    return rc;
   cudaError_t err = rt.cudaEventSynchronize(s->done[b]);
-  if (err != cudaSuccess)
-    return cuda_fail(c, err, "cudaEventSynchronize");
-  *host = s->buf[b];
-  return 0;
+  rc = err == cudaSuccess ? 0 : cuda_fail(c, err, "cudaEventSynchronize");
+  end_device(s->ordinal);
+  if (rc == 0)
+    *host = s->buf[b];
+  return rc;
 }
 
 void client_cuda_stage_free(struct client_cuda_stage *s) {
   if (!s)
     return;
-  if (s->stream) {
-    rt.cudaSetDevice(s->ordinal);
+  if (s->stream && enter_device(s->ordinal) == CUDA_SUCCESS) {
     for (int b = 0; b < 2; b++) {
       if (s->done[b])
         rt.cudaEventSynchronize(s->done[b]);
@@ -389,6 +488,7 @@ void client_cuda_stage_free(struct client_cuda_stage *s) {
         rt.cudaFreeHost(s->buf[b]);
     }
     rt.cudaStreamDestroy(s->stream);
+    end_device(s->ordinal);
   }
   free(s);
 }

@@ -27,7 +27,8 @@ void comms_want_rank(struct comms_want *w, uint32_t r,
                                               .device = m->reg.device};
 }
 
-/* Aborted, not finalized: a peer's may be gone. */
+/* Aborted, not finalized: a peer's may be gone.  Both on a helper
+ * thread: whoever drops them (the loop, too) does not wait. */
 static void drop(struct job *job) {
   gpu_comms_abort(job->gpu_comms);
   gpu_comms_free(job->gpu_comms);
@@ -45,7 +46,7 @@ static bool join_set_fits(const struct job *job, const struct comms_want *w) {
  * it. */
 static int warm_join_set(struct job *job, const struct comms_want *w,
                          char *msg, size_t msglen) {
-  int rc = gpu_comms_warm(job->gpu_comms, w->timeout_ms, msg, msglen);
+  int rc = gpu_comms_warm(job->gpu_comms, w->plan, w->timeout_ms, msg, msglen);
   if (rc != 0) {
     gpu_comms_free(job->gpu_comms);
     job->gpu_comms = NULL;
@@ -60,10 +61,14 @@ static int warm_join_set(struct job *job, const struct comms_want *w,
 }
 
 /* The current generation's communicators serve again unless a failure
- * aborted them and the root sent no new id. */
-static int keep_generation(struct job *job, char *msg, size_t msglen) {
+ * aborted them and the root sent no new id.  A new plan (the job's
+ * registrations changed) may need more staging: it grows here, between
+ * exports, on this node alone (no NCCL call: another node may be reusing
+ * its cached plan and issue nothing now). */
+static int keep_generation(struct job *job, const struct comms_want *w,
+                           char *msg, size_t msglen) {
   if (!gpu_comms_failed(job->gpu_comms))
-    return 0;
+    return gpu_comms_fit(job->gpu_comms, w->plan, msg, msglen);
   snprintf(msg, msglen,
            "job %s's NCCL communicators were aborted by an earlier "
            "failure and its root daemon sent no new NCCL id",
@@ -92,8 +97,18 @@ static int make_generation(struct job *job, const struct comms_want *w,
              job->hex);
     return SP_EBACKEND;
   }
+  /* The sets dropped before are aborted on helper threads: the new ones
+   * (maybe of the same id) start once those ended, within the timeout. */
+  if (!gpu_comms_wait_ended(w->gpu, w->timeout_ms)) {
+    snprintf(msg, msglen,
+             "job %s: earlier NCCL communicators on this node did not end "
+             "within %" PRIu32 " ms (ncclCommAbort blocks)",
+             job->hex, w->timeout_ms);
+    return SP_ETIMEOUT;
+  }
   int rc = gpu_comms_create(w->gpu, w->id, job->world, w->ranks, w->n,
-                            w->timeout_ms, &job->gpu_comms, msg, msglen);
+                            w->plan, w->timeout_ms, &job->gpu_comms, msg,
+                            msglen);
   if (rc == 0) {
     job->gpu_comms_gen = w->gen;
     log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
@@ -119,7 +134,7 @@ int comms_for_export(struct job *job, const struct comms_want *w, char *msg,
     return 0;
   if (job->gpu_comms != NULL) {
     if (job->gpu_comms_gen == w->gen)
-      return keep_generation(job, msg, msglen);
+      return keep_generation(job, w, msg, msglen);
     retire_generation(job, w->gen);
   }
   return make_generation(job, w, msg, msglen);

@@ -43,6 +43,9 @@ struct comms_want {
   uint8_t id[GPU_NCCL_ID_BYTES];
   uint64_t gen;
   uint32_t timeout_ms;
+  /* The export's plan: the warm-up connects the peers its rounds use and
+   * sizes staging for its largest round. */
+  const struct plan *plan;
 };
 
 /* Adds rank r of this node, member m, to what an export wants. */

@@ -289,7 +289,8 @@ static void fail_gather(struct job *job, int code, const char *message) {
  * thread. */
 static int make_comms(struct export *ex) {
   struct comms_want w = {.spans_nodes = ex->mx != NULL,
-                         .timeout_ms = ex->timeout_ms};
+                         .timeout_ms = ex->timeout_ms,
+                         .plan = ex->new_plan};
   for (uint32_t r = 0; r < ex->job->world; r++)
     if (ex->ranks[r].m != NULL)
       comms_want_rank(&w, r, ex->ranks[r].m);

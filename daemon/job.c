@@ -18,12 +18,15 @@
  * registration) until that rank joins again: an export its ranks ask for
  * meanwhile fails at once with rank_lost, never after a timeout.
  */
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "daemon/comms.h"
 #include "daemon/conn.h"
@@ -113,20 +116,23 @@ static void on_job_handle_closed(uv_handle_t *handle) {
   free(job);
 }
 
-/* Releases the member's published exports, returning their pool memory
- * (counted on while the rank still holds it, pool.h). */
+/* Gives back the exports the member never released: the rank may still
+ * have them open, so their pool memory stays counted until it let go
+ * (pool.h). */
 static void member_release_all(struct job_member *m) {
   struct pool *pool = m->job->srv->pool;
   while (m->published != NULL) {
     struct job_published *p = m->published;
     m->published = p->next;
-    pool_segment_put(pool, p->segment);
+    pool_segment_abandon(pool, p->segment, m->pidfd);
     free(p);
   }
 }
 
 static void member_free(struct job_member *m) {
   member_release_all(m);
+  if (m->pidfd >= 0)
+    close(m->pidfd);
   /* The device segments kept for its next export go now. */
   pool_owner_gone(m->job->srv->pool, m);
   request_groups_free(&m->ask.groups);
@@ -161,7 +167,8 @@ static void job_destroy(struct job *job) {
   mesh_free(job->mesh);
   job->mesh = NULL;
   /* Finalized and destroyed (idle peers see a goodbye, not an error), or
-   * aborted when that does not finish (gpu_comms_free bounds it). */
+   * aborted when that does not finish, on a helper thread: the loop does
+   * not wait (docs/gpu.md, Threads). */
   gpu_comms_free(job->gpu_comms);
   job->gpu_comms = NULL;
   uv_close((uv_handle_t *)&job->tick, on_job_handle_closed);
@@ -590,6 +597,22 @@ int job_op_join(struct conn *c, const struct sp_msg_head *head,
                                  ? "the host"
                                  : "a GPU",
                              req.rank, req.device);
+  /* A job across nodes moves data between nodes through NCCL, one rank
+   * per GPU: NCCL does not support one device as two ranks of a
+   * communicator (it may hang; docs/gpu.md).  Merging two ranks' buckets
+   * into one NCCL rank is not done, so the second rank is refused here,
+   * before anything is set up. */
+  for (uint32_t r = 0; job->mesh != NULL && device >= 0 && r < job->world; r++)
+    if (job->members[r] != NULL && !job->members[r]->lost &&
+        job->members[r]->reg.gpu != NULL && job->members[r]->reg.device == device)
+      return conn_send_error(c, head->id, SP_EINVAL,
+                             "join: rank %" PRIu32 " of job %s is on %s "
+                             "already; a job across nodes takes one rank "
+                             "per GPU (one NCCL rank each), so rank %" PRIu32
+                             " needs a GPU of its own",
+                             r, job->hex,
+                             gpu_device_name(srv->backend->gpu, device),
+                             req.rank);
   if (job->mesh != NULL) {
     /* Every rank of a job across nodes joins once, as its root decides. */
     rc = mesh_join(job, c, head, &req, device);
@@ -599,6 +622,23 @@ int job_op_join(struct conn *c, const struct sp_msg_head *head,
   if (job_admit(job, c, head->id, &req, device) == NULL)
     return conn_send_error(c, head->id, SP_ENOMEM, "join: out of memory");
   return 0;
+}
+
+/* A descriptor that tells when process pid ends (pool.h), taken at the
+ * join while the process is surely the rank's (a pid may be reused once it
+ * ended): its pidfd, or where the kernel gives none (before Linux 5.3, and
+ * under valgrind, which does not know the call) its /proc directory; -1
+ * when neither can be had, and then an export the rank never released is
+ * freed when it leaves. */
+static int process_handle(pid_t pid) {
+  if (pid <= 0)
+    return -1;
+  int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+  if (fd >= 0)
+    return fd;
+  char path[32];
+  snprintf(path, sizeof path, "/proc/%d", (int)pid);
+  return open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 }
 
 struct job_member *job_admit(struct job *job, struct conn *c,
@@ -617,6 +657,7 @@ struct job_member *job_admit(struct job *job, struct conn *c,
   m->conn = c;
   m->rank = req->rank;
   m->user = user;
+  m->pidfd = process_handle(conn_peer(c)->pid);
   registry_init(&m->reg, req->device_type);
   m->reg.quota = &quota_registry_ops;
   m->reg.quota_arg = user;

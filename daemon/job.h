@@ -56,6 +56,10 @@ struct job_member {
   struct registry reg;
   /* The user of its connection, whose quotas its registrations count in. */
   struct quota_user *user;
+  /* Its process (SO_PEERCRED) as a descriptor taken when it joined (a
+   * pidfd, or its /proc directory), or -1: an export it never released is
+   * freed only once that process ended (pool.h). */
+  int pidfd;
   /* The rank asked for the next export and waits for its reply. */
   bool asked;
   uint64_t ask_id;

@@ -7,8 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/inotify.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/log.h"
@@ -34,6 +37,11 @@ struct pool {
   int watch_fd;
   struct pool_segment *watched;
   uint64_t held;
+  /* Device segments waiting for their ranks' processes to end, and one
+   * descriptor that is readable when that or the inotify one is (what
+   * the loop polls). */
+  struct pool_segment *abandoned;
+  int poll_fd;
   /* Where large segments' memory is given back; NULL: on the caller. */
   uv_loop_t *loop;
 };
@@ -112,6 +120,13 @@ int pool_create(uint64_t capacity, uint64_t gpu_capacity, struct pool **out) {
     log_msg(LOG_LEVEL_WARN, "inotify: %s; a released segment is counted "
             "only until its release, however long its rank holds it",
             strerror(errno));
+  pool->poll_fd = epoll_create1(EPOLL_CLOEXEC);
+  struct epoll_event ev = {.events = EPOLLIN};
+  if (pool->poll_fd >= 0 && pool->watch_fd >= 0 &&
+      epoll_ctl(pool->poll_fd, EPOLL_CTL_ADD, pool->watch_fd, &ev) != 0) {
+    close(pool->poll_fd);
+    pool->poll_fd = -1;
+  }
   *out = pool;
   return 0;
 }
@@ -127,11 +142,21 @@ void pool_destroy(struct pool *pool) {
     pool->nkept--;
     segment_free(pool, seg, true);
   }
-  /* Released segments still held: the daemon stops counting them. */
+  /* Released segments still held: the daemon stops counting them; the
+   * device memory of abandoned ones goes with the daemon's process. */
   while (pool->watched != NULL)
     segment_free(pool, pool->watched, true);
+  while (pool->abandoned != NULL) {
+    struct pool_segment *seg = pool->abandoned;
+    pool->abandoned = seg->abandoned_next;
+    close(seg->pidfd);
+    pool->held -= seg->size;
+    segment_free(pool, seg, true);
+  }
   if (pool->watch_fd >= 0)
     close(pool->watch_fd);
+  if (pool->poll_fd >= 0)
+    close(pool->poll_fd);
   free(pool);
 }
 
@@ -250,6 +275,7 @@ int pool_segment_new(struct pool *pool, uint64_t size, const void *owner,
   if (!seg)
     return SP_ENOMEM;
   seg->wd = -1;
+  seg->pidfd = -1;
   seg->owner = owner;
   seg->fd = memfd_create("shardport-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (seg->fd < 0)
@@ -348,6 +374,7 @@ int pool_segment_new_device(struct pool *pool, struct gpu *gpu, int device,
   const struct gpu_segment_info *info = gpu_segment_info(seg->dev);
   seg->fd = -1;
   seg->wd = -1;
+  seg->pidfd = -1;
   seg->base = info->ptr;
   seg->size = info->size;
   seg->gpu = gpu;
@@ -373,6 +400,60 @@ void pool_segment_put(struct pool *pool, struct pool_segment *segment) {
     return;
   }
   let_go(pool, segment, false);
+}
+
+void pool_segment_abandon(struct pool *pool, struct pool_segment *segment,
+                          int pidfd) {
+  if (!segment)
+    return;
+  if (!segment->dev) {
+    pool_segment_put(pool, segment);
+    return;
+  }
+  struct epoll_event ev = {.events = EPOLLIN};
+  segment->pidfd = pidfd >= 0 ? fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1;
+  struct stat st;
+  segment->pid_dir = segment->pidfd >= 0 && fstat(segment->pidfd, &st) == 0 &&
+                     S_ISDIR(st.st_mode);
+  if (segment->pidfd >= 0 && !segment->pid_dir &&
+      (pool->poll_fd < 0 ||
+       epoll_ctl(pool->poll_fd, EPOLL_CTL_ADD, segment->pidfd, &ev) != 0)) {
+    close(segment->pidfd);
+    segment->pidfd = -1;
+  }
+  if (segment->pidfd < 0) {
+    pool_segment_free(pool, segment);
+    return;
+  }
+  segment->owner = NULL;
+  segment->abandoned_next = pool->abandoned;
+  pool->abandoned = segment;
+  pool->held += segment->size;
+}
+
+/* Whether an abandoned segment's rank process ended: its pidfd is
+ * readable, or its /proc directory lost its entries. */
+static bool holder_process_gone(const struct pool_segment *seg) {
+  if (seg->pid_dir)
+    return faccessat(seg->pidfd, "stat", F_OK, 0) != 0;
+  struct pollfd pfd = {.fd = seg->pidfd, .events = POLLIN};
+  return poll(&pfd, 1, 0) > 0;
+}
+
+/* Frees the abandoned device segments whose ranks' processes ended. */
+static void collect_abandoned(struct pool *pool) {
+  for (struct pool_segment **p = &pool->abandoned; *p != NULL;) {
+    struct pool_segment *seg = *p;
+    if (!holder_process_gone(seg)) {
+      p = &seg->abandoned_next;
+      continue;
+    }
+    *p = seg->abandoned_next;
+    /* Closing the pidfd takes it out of the epoll set. */
+    close(seg->pidfd);
+    pool->held -= seg->size;
+    segment_free(pool, seg, true);
+  }
 }
 
 void pool_owner_gone(struct pool *pool, const void *owner) {
@@ -456,7 +537,9 @@ int pool_segment_share(struct pool *pool, struct pool_segment *segment,
   return fd;
 }
 
-int pool_watch_fd(const struct pool *pool) { return pool->watch_fd; }
+int pool_watch_fd(const struct pool *pool) {
+  return pool->poll_fd >= 0 ? pool->poll_fd : pool->watch_fd;
+}
 
 /* The segment's file is gone: only a released segment's can be, since
  * until its release the daemon holds it.  The kernel has removed the
@@ -470,6 +553,7 @@ static void holder_gone(struct pool *pool, struct pool_segment *segment) {
 }
 
 void pool_collect(struct pool *pool) {
+  collect_abandoned(pool);
   if (pool->watch_fd < 0)
     return;
   _Alignas(struct inotify_event) char buf[4096];

@@ -38,6 +38,18 @@
  * reports the end of the memfd's file when the last descriptor and mapping
  * of it are gone, in any process.  Such a segment stays counted in
  * pool_used (and pool_held) until then.
+ *
+ * A device segment its rank never released (the rank left or its
+ * connection closed while it held the export, which sp_close allows) may
+ * still be open in the rank's process: freeing IPC memory another process
+ * has open is undefined, and the driver keeps it taken until that process
+ * closes it (docs/fakes.md).  Such a segment is freed only once the rank's
+ * process is gone, which its pidfd (taken when it joined) says, and stays
+ * counted in pool_used and pool_held until then.  Where the kernel gives
+ * no pidfd, a descriptor of the process's /proc directory stands in; it
+ * cannot be polled, so it is looked at whenever the pool collects.  A released one was
+ * closed by its rank before the release was sent (client/export.c), so
+ * it is kept or freed at once.
  */
 #ifndef SP_DAEMON_POOL_H
 #define SP_DAEMON_POOL_H
@@ -75,6 +87,12 @@ struct pool_segment {
   int wd;
   struct pool_segment *watch_next;
   bool released;
+  /* A device segment its rank never released: the rank process's pidfd,
+   * which turns readable when it ends, or its /proc directory (-1
+   * otherwise), and the next such segment. */
+  int pidfd;
+  bool pid_dir;
+  struct pool_segment *abandoned_next;
 };
 
 /* capacity 0 means half of the machine's physical memory; gpu_capacity
@@ -118,16 +136,26 @@ void pool_segment_free(struct pool *pool, struct pool_segment *segment);
  * file ends (no descriptor or mapping of it is left anywhere).  NULL is
  * allowed. */
 void pool_segment_put(struct pool *pool, struct pool_segment *segment);
+/* A published segment its rank never released: a host one is put (its
+ * file says when the rank let go); a device one waits, counted, until the
+ * rank's process, whose pidfd or /proc directory is given (the pool takes
+ * its own duplicate), has ended.  Without one (-1) it is freed at once.
+ * NULL is allowed. */
+void pool_segment_abandon(struct pool *pool, struct pool_segment *segment,
+                          int pidfd);
 /* A new open file description of a host segment for its rank (read-write,
  * close-on-exec), the segment watched until its file ends: a descriptor,
  * or SP_EBACKEND with a sentence in msg. */
 int pool_segment_share(struct pool *pool, struct pool_segment *segment,
                        char *msg, size_t msglen);
-/* The inotify descriptor the loop polls (-1 when the kernel gave none),
- * and what reads its events: segments whose holders are gone are freed. */
+/* The descriptor the loop polls (-1 when the kernel gave none): readable
+ * when a shared host segment's file ended (inotify) or the process of an
+ * abandoned device segment's rank did; and what reads them: segments
+ * whose holders are gone are freed. */
 int pool_watch_fd(const struct pool *pool);
 void pool_collect(struct pool *pool);
-/* Bytes of released host segments their ranks still hold. */
+/* Bytes of released host segments and abandoned device segments their
+ * ranks still hold. */
 uint64_t pool_held(const struct pool *pool);
 /* Lets go of every segment kept for owner (it left, or its job ended):
  * freed, or counted on while its rank still maps it. */

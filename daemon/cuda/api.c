@@ -236,6 +236,11 @@ static int probe_one(const struct cuda_api *api, int ordinal,
   if (err == cudaSuccess)
     err = api->cudaDeviceGetAttribute(
         &dev->cc_minor, cudaDevAttrComputeCapabilityMinor, ordinal);
+  /* Asking makes no context, so a device the daemon must leave alone
+   * (gpu.c) is left alone from the start. */
+  if (err == cudaSuccess)
+    err = api->cudaDeviceGetAttribute(&dev->compute_mode,
+                                      cudaDevAttrComputeMode, ordinal);
   if (err != cudaSuccess) {
     snprintf(what, sizeof(what), "cudaDeviceGetAttribute(%d)", ordinal);
     return cuda_api_cuda_error(api, err, what, why, whylen);

@@ -68,6 +68,9 @@
   X(cudaDeviceEnablePeerAccess)                                                \
   X(cudaMalloc)                                                                \
   X(cudaFree)                                                                  \
+  X(cudaMallocHost)                                                            \
+  X(cudaFreeHost)                                                              \
+  X(cudaMemGetInfo)                                                            \
   X(cudaPointerGetAttributes)                                                  \
   X(cudaMemcpyAsync)                                                           \
   X(cudaMemcpy2DAsync)                                                         \
@@ -75,6 +78,7 @@
   X(cudaMemsetAsync)                                                           \
   X(cudaStreamCreateWithFlags)                                                 \
   X(cudaStreamSynchronize)                                                     \
+  X(cudaStreamQuery)                                                           \
   X(cudaStreamDestroy)                                                         \
   X(cudaStreamWaitEvent)                                                       \
   X(cudaEventCreateWithFlags)                                                  \
@@ -156,6 +160,7 @@ struct cuda_device_info {
   char uuid_str[48];         /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
   char pci_bus_id[32];       /* "0000:3b:00.0", as cudaDeviceGetPCIBusId */
   int cc_major, cc_minor;    /* compute capability */
+  int compute_mode;          /* cudaDevAttrComputeMode (enum cudaComputeMode) */
 };
 
 /* Loads the CUDA runtime and NCCL into *api and checks that a driver and at

@@ -15,17 +15,23 @@
  *     timed-out or canceled operation ends with ncclCommAbort on every
  *     local communicator, which makes their peers' operations fail too, so
  *     the job fails on every node instead of hanging;
- *   - a one-element all-reduce on every communicator warms them before the
- *     pool takes device memory (connections are set up lazily and allocate
- *     device memory of their own).
+ *   - NCCL connects a send and a receive pair lazily, at the first send
+ *     or receive to that peer, and allocates its buffers on the device
+ *     then: the warm-up is a group of one-byte sends and receives to every
+ *     peer the export's plan uses, before the pool takes device memory;
+ *   - only one thread issues to a device's communicators at a time (the
+ *     device's NCCL lock, held across each group), device memory is never
+ *     freed under NCCL work (ncclwork.c), and abort and destroy run on
+ *     helper threads, since either may block.
  *
  * A round's bucket travels as bytes (ncclUint8): the transport moves every
  * dtype exactly, fp8 and packed integers included.  Each local rank packs
  * its send buckets, bucket after bucket in the plan's order, into its
  * staging buffer, receives its buckets after them, and unpacks them into
  * the owners' tensors; packing, the group and unpacking are ordered on the
- * rank's own stream.  Staging grows to the largest round and is kept with
- * the communicators for the job's next export.
+ * rank's own stream.  Staging is sized for the largest round of the plan
+ * when the communicators are warmed for an export, never during one, and
+ * kept with the communicators for the job's next export.
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -55,7 +61,55 @@ struct gpu_comms {
   size_t n; /* ranks holds GPU_MAX_DEVICES */
   struct comm_rank *ranks;
   bool aborted;
+  /* A group was launched (gpu_nccl_begin) and its work not yet seen over. */
+  bool inflight;
 };
+
+/* The devices of the local ranks, for the NCCL locks; how many. */
+static size_t comm_devices(const struct gpu_comms *c, int *devices) {
+  for (size_t i = 0; i < c->n; i++)
+    devices[i] = c->ranks[i].id.device;
+  return c->n;
+}
+
+/* The group just launched: its work is in flight until gpu_comms_query
+ * sees it over, or an abort ends it.  Device locks held. */
+static void work_begins(struct gpu_comms *c, const int *devices, size_t n) {
+  gpu_nccl_begin(c->gpu, devices, n);
+  c->inflight = true;
+}
+
+static void work_ends(struct gpu_comms *c) {
+  if (!c->inflight)
+    return;
+  int devices[GPU_MAX_DEVICES];
+  gpu_nccl_end(c->gpu, devices, comm_devices(c, devices));
+  c->inflight = false;
+}
+
+/* What a helper thread aborts: communicators taken off their set, and
+ * whether their work was counted in flight on those devices. */
+struct aborting {
+  struct gpu *gpu;
+  size_t n;
+  ncclComm_t comms[GPU_MAX_DEVICES];
+  int devices[GPU_MAX_DEVICES];
+  bool inflight;
+};
+
+static void abort_main(void *arg) {
+  struct aborting *ab = arg;
+  const struct cuda_api *a = &ab->gpu->api;
+  for (size_t i = 0; i < ab->n; i++)
+    if (ab->comms[i] != NULL) {
+      a->cudaSetDevice(ab->devices[i]);
+      a->ncclCommAbort(ab->comms[i]);
+    }
+  /* Aborted, their kernels are gone: what waited to be freed may go. */
+  if (ab->inflight)
+    gpu_nccl_end(ab->gpu, ab->devices, ab->n);
+  free(ab);
+}
 
 /* A peer's failure (its process died, its node aborted) is node_lost:
  * the job fails everywhere naming it; anything else is this node's
@@ -76,16 +130,34 @@ int gpu_comms_unique_id(struct gpu *gpu, uint8_t id[GPU_NCCL_ID_BYTES],
   return 0;
 }
 
+/* ncclCommAbort tells no peer and may block: it runs on a helper thread,
+ * and the other nodes hear of the failure through the daemons' mesh
+ * (docs/gpu.md, Threads). */
 void gpu_comms_abort(struct gpu_comms *c) {
   if (c == NULL || c->aborted)
     return;
   c->aborted = true;
-  for (size_t i = 0; i < c->n; i++)
-    if (c->ranks[i].comm != NULL) {
-      c->gpu->api.cudaSetDevice(c->ranks[i].id.device);
-      c->gpu->api.ncclCommAbort(c->ranks[i].comm);
-      c->ranks[i].comm = NULL;
-    }
+  struct aborting *ab = calloc(1, sizeof *ab);
+  if (ab == NULL) {
+    /* No memory to hand them over: abort here rather than leave them. */
+    for (size_t i = 0; i < c->n; i++)
+      if (c->ranks[i].comm != NULL) {
+        c->gpu->api.cudaSetDevice(c->ranks[i].id.device);
+        c->gpu->api.ncclCommAbort(c->ranks[i].comm);
+        c->ranks[i].comm = NULL;
+      }
+    work_ends(c);
+    return;
+  }
+  ab->gpu = c->gpu;
+  ab->n = comm_devices(c, ab->devices);
+  for (size_t i = 0; i < c->n; i++) {
+    ab->comms[i] = c->ranks[i].comm;
+    c->ranks[i].comm = NULL;
+  }
+  ab->inflight = c->inflight;
+  c->inflight = false;
+  gpu_nccl_reap(c->gpu, abort_main, ab);
 }
 
 bool gpu_comms_failed(const struct gpu_comms *c) { return c->aborted; }
@@ -146,8 +218,7 @@ static void free_ranks(struct gpu_comms *c) {
   for (size_t i = 0; i < c->n; i++) {
     struct comm_rank *cr = &c->ranks[i];
     a->cudaSetDevice(cr->id.device);
-    if (cr->staging != NULL)
-      a->cudaFree(cr->staging);
+    gpu_device_free(c->gpu, cr->id.device, cr->staging);
     if (cr->event != NULL)
       a->cudaEventDestroy(cr->event);
     if (cr->stream != NULL)
@@ -180,45 +251,119 @@ static int wait_all(struct gpu_comms *c, uint64_t deadline, const char *what,
   }
 }
 
-/* A one-element all-reduce on every local communicator, in one group. */
-static int warm_up(struct gpu_comms *c, uint64_t deadline, char *msg,
-                   size_t msglen) {
+/* Where each bucket starts in staging: NCCL moves a buffer fastest when it
+ * is aligned (its kernels load 16 bytes at a time and more), and a bucket
+ * of an odd dtype or count would leave the next one unaligned, so every
+ * bucket takes a whole number of these. */
+#define STAGING_ALIGN 256
+
+static uint64_t slot_bytes(const struct plan_bucket *b) {
+  return (b->nbytes + STAGING_ALIGN - 1) / STAGING_ALIGN * STAGING_ALIGN;
+}
+
+/* The round's buckets of one local rank: its sends, then its receives, at
+ * consecutive aligned offsets of its staging (slot_bytes). */
+struct rank_round {
+  const struct plan_rank_round *pr;
+  uint64_t send_bytes, recv_bytes;
+};
+
+static void measure(const struct plan_round *rd, uint32_t rank,
+                    struct rank_round *out) {
+  out->pr = &rd->ranks[rank];
+  out->send_bytes = out->recv_bytes = 0;
+  for (size_t b = 0; b < out->pr->nsend; b++)
+    out->send_bytes += slot_bytes(&rd->buckets[out->pr->send_first + b]);
+  for (size_t b = 0; b < out->pr->nrecv; b++)
+    out->recv_bytes +=
+        slot_bytes(&rd->buckets[rd->recv_order[out->pr->recv_first + b]]);
+}
+
+static int grow_staging(struct gpu_comms *c, struct comm_rank *cr,
+                        uint64_t need, char *msg, size_t msglen);
+
+/* Marks the peers rank sends to (sends[p]) and receives from (recvs[p])
+ * in some round of the plan; NULL: a plan of no rounds. */
+static void plan_peers(const struct plan *plan, uint32_t rank, bool *sends,
+                       bool *recvs) {
+  for (size_t k = 0; plan != NULL && k < plan->nrounds; k++) {
+    const struct plan_round *rd = &plan->rounds[k];
+    const struct plan_rank_round *pr = &rd->ranks[rank];
+    for (size_t b = 0; b < pr->nsend; b++)
+      sends[rd->buckets[pr->send_first + b].dst] = true;
+    for (size_t b = 0; b < pr->nrecv; b++)
+      recvs[rd->buckets[rd->recv_order[pr->recv_first + b]].src] = true;
+  }
+}
+
+/* The staging each local rank needs for the plan's largest round (its
+ * sends, then its receives), and at least one byte per peer each way for
+ * the warm-up. */
+static uint64_t staging_need(const struct gpu_comms *c, size_t i,
+                             const struct plan *plan) {
+  uint64_t need = 2 * (uint64_t)c->world;
+  for (size_t k = 0; plan != NULL && k < plan->nrounds; k++) {
+    struct rank_round rr;
+    measure(&plan->rounds[k], c->ranks[i].id.rank, &rr);
+    if (rr.send_bytes + rr.recv_bytes > need)
+      need = rr.send_bytes + rr.recv_bytes;
+  }
+  return need;
+}
+
+/* NCCL connects each peer lazily, at the first send or receive to it, and
+ * takes device memory for the connection then: one group of a one-byte
+ * send and receive to every peer the plan's rounds use, before the pool is
+ * carved, so that no round allocates.  Staging is sized for the plan's
+ * largest round first; the warm-up's bytes live in it. */
+static int warm_up(struct gpu_comms *c, const struct plan *plan,
+                   uint64_t deadline, char *msg, size_t msglen) {
   const struct cuda_api *a = &c->gpu->api;
-  float *buf[GPU_MAX_DEVICES] = {0};
   int rc = 0;
-  for (size_t i = 0; i < c->n && rc == 0; i++) {
-    a->cudaSetDevice(c->ranks[i].id.device);
-    cudaError_t err = a->cudaMalloc((void **)&buf[i], sizeof(float));
-    if (err == cudaSuccess)
-      err = a->cudaMemsetAsync(buf[i], 0, sizeof(float), c->ranks[i].stream);
-    if (err != cudaSuccess)
-      rc = gpu_cuda_fail(c->gpu, err, "warming up", msg, msglen);
-  }
-  if (rc == 0) {
-    a->ncclGroupStart();
-    ncclResult_t res = ncclSuccess;
-    for (size_t i = 0; i < c->n && res == ncclSuccess; i++) {
-      a->cudaSetDevice(c->ranks[i].id.device);
-      res = a->ncclAllReduce(buf[i], buf[i], 1, ncclFloat, ncclSum,
-                             c->ranks[i].comm, c->ranks[i].stream);
+  for (size_t i = 0; i < c->n && rc == 0; i++)
+    rc = grow_staging(c, &c->ranks[i], staging_need(c, i, plan), msg, msglen);
+  if (rc != 0)
+    return rc;
+  bool *peers = calloc(2 * (size_t)c->world * c->n, sizeof *peers);
+  if (peers == NULL)
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory warming up");
+  for (size_t i = 0; i < c->n; i++)
+    plan_peers(plan, c->ranks[i].id.rank, peers + 2 * i * c->world,
+               peers + (2 * i + 1) * c->world);
+  int devices[GPU_MAX_DEVICES];
+  size_t ndev = comm_devices(c, devices);
+  gpu_nccl_lock(c->gpu, devices, ndev);
+  ncclResult_t res = a->ncclGroupStart();
+  for (size_t i = 0; i < c->n && res == ncclSuccess; i++) {
+    struct comm_rank *cr = &c->ranks[i];
+    const bool *sends = peers + 2 * i * c->world, *recvs = sends + c->world;
+    a->cudaSetDevice(cr->id.device);
+    for (uint32_t p = 0; p < c->world && res == ncclSuccess; p++) {
+      if (p == cr->id.rank)
+        continue;
+      if (sends[p])
+        res = a->ncclSend(cr->staging + p, 1, ncclUint8, (int)p, cr->comm,
+                          cr->stream);
+      if (res == ncclSuccess && recvs[p])
+        res = a->ncclRecv(cr->staging + c->world + p, 1, ncclUint8, (int)p,
+                          cr->comm, cr->stream);
     }
-    ncclResult_t end = a->ncclGroupEnd();
-    if (res == ncclSuccess)
-      res = end;
-    if (res != ncclSuccess && res != ncclInProgress)
-      rc = nccl_fail(c, res, "the warm-up all-reduce", msg, msglen);
   }
+  ncclResult_t end = a->ncclGroupEnd();
+  work_begins(c, devices, ndev);
+  gpu_nccl_unlock(c->gpu, devices, ndev);
+  free(peers);
+  if (res == ncclSuccess)
+    res = end;
+  if (res != ncclSuccess && res != ncclInProgress)
+    rc = nccl_fail(c, res, "the warm-up sends and receives", msg, msglen);
   if (rc == 0)
-    rc = settle(c, deadline, NULL, "the warm-up all-reduce", msg, msglen);
+    rc = settle(c, deadline, NULL, "the warm-up sends and receives", msg,
+                msglen);
   if (rc == 0)
-    rc = wait_all(c, deadline, "the warm-up all-reduce", msg, msglen);
+    rc = wait_all(c, deadline, "the warm-up sends and receives", msg, msglen);
   if (rc != 0)
     gpu_comms_abort(c);
-  for (size_t i = 0; i < c->n; i++)
-    if (buf[i] != NULL) {
-      a->cudaSetDevice(c->ranks[i].id.device);
-      a->cudaFree(buf[i]);
-    }
   return rc;
 }
 
@@ -296,6 +441,11 @@ int gpu_comms_add(struct gpu_comms *c, const struct gpu_comm_rank *ranks,
   memcpy(uid.internal, c->id, GPU_NCCL_ID_BYTES);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+  int devices[GPU_MAX_DEVICES];
+  size_t ndev = 0;
+  for (size_t i = first; i < c->n; i++)
+    devices[ndev++] = c->ranks[i].id.device;
+  gpu_nccl_lock(gpu, devices, ndev);
   ncclResult_t res = a->ncclGroupStart();
   for (size_t i = first; i < c->n && res == ncclSuccess; i++) {
     a->cudaSetDevice(c->ranks[i].id.device);
@@ -305,6 +455,7 @@ int gpu_comms_add(struct gpu_comms *c, const struct gpu_comm_rank *ranks,
       res = ncclSuccess;
   }
   ncclResult_t end = a->ncclGroupEnd();
+  gpu_nccl_unlock(gpu, devices, ndev);
   if (res == ncclSuccess && end != ncclInProgress)
     res = end;
   if (res != ncclSuccess) {
@@ -326,8 +477,8 @@ int gpu_comms_poll(struct gpu_comms *c, char *msg, size_t msglen) {
   return rc;
 }
 
-int gpu_comms_warm(struct gpu_comms *c, uint32_t timeout_ms, char *msg,
-                   size_t msglen) {
+int gpu_comms_warm(struct gpu_comms *c, const struct plan *plan,
+                   uint32_t timeout_ms, char *msg, size_t msglen) {
   if (c->aborted)
     return sp__failf(msg, msglen, SP_EBACKEND,
                      "the job's NCCL communicators were aborted");
@@ -335,23 +486,32 @@ int gpu_comms_warm(struct gpu_comms *c, uint32_t timeout_ms, char *msg,
   int rc = settle(c, deadline, NULL, "creating the communicators", msg,
                   msglen);
   if (rc == 0)
-    rc = warm_up(c, deadline, msg, msglen);
+    rc = warm_up(c, plan, deadline, msg, msglen);
   if (rc != 0)
     gpu_comms_abort(c);
   return rc;
 }
 
+int gpu_comms_fit(struct gpu_comms *c, const struct plan *plan, char *msg,
+                  size_t msglen) {
+  int rc = 0;
+  for (size_t i = 0; i < c->n && rc == 0; i++)
+    rc = grow_staging(c, &c->ranks[i], staging_need(c, i, plan), msg, msglen);
+  return rc;
+}
+
 int gpu_comms_create(struct gpu *gpu, const uint8_t id[GPU_NCCL_ID_BYTES],
                      uint32_t world, const struct gpu_comm_rank *ranks,
-                     size_t nranks, uint32_t timeout_ms,
-                     struct gpu_comms **out, char *msg, size_t msglen) {
+                     size_t nranks, const struct plan *plan,
+                     uint32_t timeout_ms, struct gpu_comms **out, char *msg,
+                     size_t msglen) {
   struct gpu_comms *c;
   int rc = gpu_comms_begin(gpu, id, world, &c, msg, msglen);
   if (rc != 0)
     return rc;
   rc = gpu_comms_add(c, ranks, nranks, msg, msglen);
   if (rc == 0)
-    rc = gpu_comms_warm(c, timeout_ms, msg, msglen);
+    rc = gpu_comms_warm(c, plan, timeout_ms, msg, msglen);
   if (rc != 0) {
     gpu_comms_free(c);
     return rc;
@@ -360,11 +520,14 @@ int gpu_comms_create(struct gpu *gpu, const uint8_t id[GPU_NCCL_ID_BYTES],
   return 0;
 }
 
-void gpu_comms_free(struct gpu_comms *c) {
-  if (c == NULL)
-    return;
+/* Finalizes and destroys, or aborts, then frees: on a helper thread
+ * (gpu_comms_free). */
+static void free_main(void *arg) {
+  struct gpu_comms *c = arg;
   const struct cuda_api *a = &c->gpu->api;
   char msg[256];
+  int devices[GPU_MAX_DEVICES];
+  size_t ndev = comm_devices(c, devices);
   /* A set still being made (its ranks joined, no export warmed it) or
    * failing is aborted: finalize is for communicators that are set up. */
   if (!c->aborted && poll_once(c, "ncclCommFinalize", msg, sizeof msg) != 0)
@@ -372,26 +535,38 @@ void gpu_comms_free(struct gpu_comms *c) {
   if (!c->aborted) {
     /* Finalize flushes what is still issued; non-blocking, it is polled
      * like everything else, and a communicator that will not finish is
-     * aborted instead. */
+     * aborted instead.  Each call is made under the devices' NCCL locks,
+     * as every call that issues work is. */
     ncclResult_t res = ncclSuccess;
+    gpu_nccl_lock(c->gpu, devices, ndev);
     for (size_t i = 0; i < c->n && (res == ncclSuccess || res == ncclInProgress);
          i++) {
       a->cudaSetDevice(c->ranks[i].id.device);
       res = a->ncclCommFinalize(c->ranks[i].comm);
     }
+    gpu_nccl_unlock(c->gpu, devices, ndev);
     if ((res != ncclSuccess && res != ncclInProgress) ||
         settle(c, monotonic_ms() + 5000, NULL, "ncclCommFinalize", msg,
                sizeof msg) != 0) {
       gpu_comms_abort(c);
     } else {
+      gpu_nccl_lock(c->gpu, devices, ndev);
       for (size_t i = 0; i < c->n; i++) {
         a->cudaSetDevice(c->ranks[i].id.device);
         a->ncclCommDestroy(c->ranks[i].comm);
         c->ranks[i].comm = NULL;
       }
+      gpu_nccl_unlock(c->gpu, devices, ndev);
+      work_ends(c);
     }
   }
   free_ranks(c);
+}
+
+void gpu_comms_free(struct gpu_comms *c) {
+  if (c == NULL)
+    return;
+  gpu_nccl_reap(c->gpu, free_main, c);
 }
 
 int gpu_comms_query(struct gpu_comms *c, char *msg, size_t msglen) {
@@ -429,36 +604,20 @@ int gpu_comms_query(struct gpu_comms *c, char *msg, size_t msglen) {
       }
     }
   }
+  if (!pending)
+    work_ends(c);
   return pending ? 1 : 0;
 }
 
-/* The round's buckets of one local rank: its sends, then its receives, at
- * consecutive offsets of its staging. */
-struct rank_round {
-  const struct plan_rank_round *pr;
-  uint64_t send_bytes, recv_bytes;
-};
-
-static void measure(const struct plan_round *rd, uint32_t rank,
-                    struct rank_round *out) {
-  out->pr = &rd->ranks[rank];
-  out->send_bytes = out->recv_bytes = 0;
-  for (size_t b = 0; b < out->pr->nsend; b++)
-    out->send_bytes += rd->buckets[out->pr->send_first + b].nbytes;
-  for (size_t b = 0; b < out->pr->nrecv; b++)
-    out->recv_bytes +=
-        rd->buckets[rd->recv_order[out->pr->recv_first + b]].nbytes;
-}
-
-/* Staging of at least need bytes; the last round's work is done. */
+/* Staging of at least need bytes, between exports: the old buffer is
+ * freed once no NCCL work is in flight on its device (ncclwork.c). */
 static int grow_staging(struct gpu_comms *c, struct comm_rank *cr,
                         uint64_t need, char *msg, size_t msglen) {
   if (need <= cr->staging_size)
     return 0;
   const struct cuda_api *a = &c->gpu->api;
+  gpu_device_free(c->gpu, cr->id.device, cr->staging);
   a->cudaSetDevice(cr->id.device);
-  if (cr->staging != NULL)
-    a->cudaFree(cr->staging);
   cr->staging = NULL;
   cr->staging_size = 0;
   uint64_t size = need < (1u << 20) ? (1u << 20) : need;
@@ -530,7 +689,7 @@ const uint8_t *gpu_comms_received(const struct gpu_comms *c,
           &rd->buckets[rd->recv_order[rr.pr->recv_first + k]];
       if (m >= rd->moves + b->first && m < rd->moves + b->first + b->nmoves)
         return cr->staging + off + m->bucket_offset;
-      off += b->nbytes;
+      off += slot_bytes(b);
     }
   }
   return NULL;
@@ -550,21 +709,32 @@ int gpu_comms_round(struct gpu_comms *c, const struct engine *e,
   for (size_t i = 0; i < c->n && rc == 0; i++) {
     struct comm_rank *cr = &c->ranks[i];
     measure(rd, cr->id.rank, &rr[i]);
-    rc = grow_staging(c, cr, rr[i].send_bytes + rr[i].recv_bytes, msg, msglen);
-    if (rc != 0)
+    /* Sized at the warm-up from this plan: no round allocates (or frees)
+     * device memory while other NCCL work may be in flight. */
+    if (rr[i].send_bytes + rr[i].recv_bytes > cr->staging_size) {
+      rc = sp__failf(msg, msglen, SP_EINTERNAL,
+                     "round %zu needs %" PRIu64 " bytes of NCCL staging on "
+                     "%s, more than the %" PRIu64 " its plan was warmed for",
+                     (size_t)(rd - e->plan->rounds),
+                     rr[i].send_bytes + rr[i].recv_bytes,
+                     gpu_device_name(c->gpu, cr->id.device), cr->staging_size);
       break;
+    }
     a->cudaSetDevice(cr->id.device);
     uint64_t off = 0;
     for (size_t k = 0; k < rr[i].pr->nsend && rc == 0; k++) {
       const struct plan_bucket *b = &rd->buckets[rr[i].pr->send_first + k];
       rc = copy_bucket(c, cr, e, rd, b, cr->staging + off, true, msg, msglen);
-      off += b->nbytes;
+      off += slot_bytes(b);
     }
   }
   /* One group of all local ranks' sends and receives, in the plan's order:
    * sends by (peer, dtype), receives by (peer, dtype), the same split on
    * every rank of every node. */
   if (rc == 0) {
+    int devices[GPU_MAX_DEVICES];
+    size_t ndev = comm_devices(c, devices);
+    gpu_nccl_lock(c->gpu, devices, ndev);
     ncclResult_t res = a->ncclGroupStart();
     for (size_t i = 0; i < c->n && res == ncclSuccess; i++) {
       struct comm_rank *cr = &c->ranks[i];
@@ -574,19 +744,21 @@ int gpu_comms_round(struct gpu_comms *c, const struct engine *e,
         const struct plan_bucket *b = &rd->buckets[rr[i].pr->send_first + k];
         res = a->ncclSend(cr->staging + off, b->nbytes, ncclUint8, (int)b->dst,
                           cr->comm, cr->stream);
-        off += b->nbytes;
+        off += slot_bytes(b);
       }
       for (size_t k = 0; k < rr[i].pr->nrecv && res == ncclSuccess; k++) {
         const struct plan_bucket *b =
             &rd->buckets[rd->recv_order[rr[i].pr->recv_first + k]];
         res = a->ncclRecv(cr->staging + off, b->nbytes, ncclUint8, (int)b->src,
                           cr->comm, cr->stream);
-        off += b->nbytes;
+        off += slot_bytes(b);
       }
       if (res == ncclInProgress)
         res = ncclSuccess;
     }
     ncclResult_t end = a->ncclGroupEnd();
+    work_begins(c, devices, ndev);
+    gpu_nccl_unlock(c->gpu, devices, ndev);
     if (res == ncclSuccess && end != ncclInProgress)
       res = end;
     if (res != ncclSuccess)
@@ -604,7 +776,7 @@ int gpu_comms_round(struct gpu_comms *c, const struct engine *e,
       const struct plan_bucket *b =
           &rd->buckets[rd->recv_order[rr[i].pr->recv_first + k]];
       rc = copy_bucket(c, cr, e, rd, b, cr->staging + off, false, msg, msglen);
-      off += b->nbytes;
+      off += slot_bytes(b);
     }
   }
   for (size_t i = 0; i < c->n && rc == 0; i++) {

@@ -4,7 +4,8 @@
  *
  * One thread issues everything.  Each round's local moves are copied
  * straight from the trainers' storages (opened IPC or cuMem mappings) into
- * the owners' segments, on the owner GPU's stream, all issued before any
+ * the owners' segments, on this run's stream of the owner's GPU (no other
+ * job's copies queue there; gpu_stream_take), all issued before any
  * is waited for (batched: the GPU's copy engines run them back to back);
  * under unified addressing a copy between two GPUs is a peer copy, direct
  * where peer access was enabled and staged by the runtime elsewhere.  The
@@ -142,6 +143,7 @@ struct runner {
   const struct gpu_run *run;
   const struct cuda_api *a;
   cudaEvent_t events[GPU_MAX_DEVICES]; /* one per device, re-recorded */
+  cudaStream_t streams[GPU_MAX_DEVICES]; /* this run's own, taken on use */
   bool used[GPU_MAX_DEVICES];          /* streams with work this step */
   bool comm_used;                      /* NCCL work this step */
 };
@@ -168,6 +170,18 @@ static bool is_local(const struct runner *r, uint32_t rank) {
   return r->e->plan->node[rank] == r->run->node;
 }
 
+/* The run's stream on device d, taken at its first use (gpu_stream_take):
+ * no other run's copies are queued on it.  NULL after a failure, which is
+ * the run's. */
+static cudaStream_t run_stream(struct runner *r, int d) {
+  if (r->streams[d] == NULL) {
+    char why[SP_ERRMSG_MAX + 1];
+    if (gpu_stream_take(r->run->gpu, d, &r->streams[d], why, sizeof why) != 0)
+      run_fail(r->e, SP_EBACKEND, "%s", why);
+  }
+  return r->streams[d];
+}
+
 /* Records an event on every stream that has work and waits for all of
  * them, watching the communicators, e->cancel and the deadline.  On a
  * failure or cancel the communicators are aborted and the streams are
@@ -180,7 +194,7 @@ static int wait_step(struct runner *r, uint32_t round) {
     if (!r->used[d])
       continue;
     r->a->cudaSetDevice(d);
-    cudaError_t err = r->a->cudaEventRecord(r->events[d], gpu->devices[d].stream);
+    cudaError_t err = r->a->cudaEventRecord(r->events[d], r->streams[d]);
     if (err != cudaSuccess) {
       gpu_cuda_fail(gpu, err, "cudaEventRecord", why, sizeof why);
       run_fail(e, SP_EBACKEND, "round %" PRIu32 ": %s", round, why);
@@ -251,8 +265,10 @@ static int zero_segments(struct runner *r) {
       continue;
     const struct gpu_segment_info *in = gpu_segment_info(seg);
     r->a->cudaSetDevice(in->device);
-    cudaError_t err = r->a->cudaMemsetAsync(in->ptr, 0, in->size,
-                                            gpu->devices[in->device].stream);
+    cudaStream_t stream = run_stream(r, in->device);
+    if (stream == NULL)
+      return r->e->rc;
+    cudaError_t err = r->a->cudaMemsetAsync(in->ptr, 0, in->size, stream);
     if (err != cudaSuccess) {
       gpu_cuda_fail(gpu, err, "cudaMemsetAsync", why, sizeof why);
       return run_fail(r->e, SP_EBACKEND, "zeroing rank %" PRIu32 "'s segment: %s",
@@ -285,7 +301,10 @@ static int issue_moves(struct runner *r, const struct plan_move *moves,
     uint8_t *dst;
     struct xfer_box box;
     gpu_move_box(e, m, &src, &dst, &box);
-    int rc = gpu_box_copy(gpu, gpu->devices[current].stream, dst, src, &box,
+    cudaStream_t stream = run_stream(r, current);
+    if (stream == NULL)
+      return e->rc;
+    int rc = gpu_box_copy(gpu, stream, dst, src, &box,
                           why, sizeof why);
     if (rc != 0)
       return run_fail(e, rc,
@@ -425,7 +444,11 @@ static int compare_key(struct runner *r, const struct plan_round *rd,
     goto out;
   }
   int d = gpu_segment_info(r->run->segments[o])->device;
-  cudaStream_t stream = gpu->devices[d].stream;
+  cudaStream_t stream = run_stream(r, d);
+  if (stream == NULL) {
+    rc = e->rc;
+    goto out;
+  }
   for (size_t i = 0; i < n && rc == 0; i++) {
     struct replica *p = &list[i];
     struct xfer_box box = p->box;
@@ -581,8 +604,10 @@ static int run_rounds(struct runner *r) {
       continue;
     int d = gpu_segment_info(seg)->device;
     r->a->cudaSetDevice(d);
-    cudaError_t err = r->a->cudaEventRecord(gpu_segment_event(seg),
-                                            r->run->gpu->devices[d].stream);
+    cudaStream_t stream = run_stream(r, d);
+    if (stream == NULL)
+      return e->rc;
+    cudaError_t err = r->a->cudaEventRecord(gpu_segment_event(seg), stream);
     if (err != cudaSuccess) {
       char why[SP_ERRMSG_MAX + 1];
       gpu_cuda_fail(r->run->gpu, err, "cudaEventRecord", why, sizeof why);
@@ -600,9 +625,10 @@ int gpu_engine_run(struct engine *e) {
   e->msg[0] = '\0';
   char why[SP_ERRMSG_MAX + 1];
   for (int d = 0; d < gpu->ndevices && e->rc == 0; d++) {
-    /* A failed device gets no event: check_plan refuses a plan that
-     * touches it, and nothing else runs there. */
-    if (gpu_failure(gpu, d, why, sizeof why) == d)
+    /* A failed or skipped device gets no event: check_plan refuses a
+     * plan that touches it (nothing registers there), and nothing else
+     * runs there. */
+    if (!gpu_device_usable(gpu, d))
       continue;
     r.a->cudaSetDevice(d);
     cudaError_t err =
@@ -614,8 +640,11 @@ int gpu_engine_run(struct engine *e) {
   }
   if (e->rc == 0)
     run_rounds(&r);
-  for (int d = 0; d < gpu->ndevices; d++)
+  for (int d = 0; d < gpu->ndevices; d++) {
     if (r.events[d] != NULL)
       r.a->cudaEventDestroy(r.events[d]);
+    if (r.streams[d] != NULL)
+      gpu_stream_give(r.run->gpu, d, r.streams[d]);
+  }
   return e->rc;
 }

@@ -1,6 +1,6 @@
 /*
  * gpu.c - the CUDA backend's devices: loading, probing, peer access and
- * the per-GPU copy streams; see gpu.h.
+ * the copy streams the engine's runs take; see gpu.h.
  */
 #include <stdarg.h>
 #include <stdbool.h>
@@ -71,8 +71,17 @@ int gpu_failure(const struct gpu *gpu, int from, char *why, size_t whylen) {
   return -1;
 }
 
+bool gpu_device_usable(const struct gpu *gpu, int device) {
+  return gpu->devices[device].skipped[0] == '\0' &&
+         atomic_load(&gpu->faults[device]) == 0;
+}
+
 int gpu_set_device(const struct gpu *gpu, int device, char *msg,
                    size_t msglen) {
+  if (device >= 0 && device < gpu->ndevices &&
+      gpu->devices[device].skipped[0] != '\0')
+    return sp__failf(msg, msglen, SP_EBACKEND, "%s is not served: %s",
+                     gpu->devices[device].name, gpu->devices[device].skipped);
   int fault = device >= 0 && device < gpu->ndevices
                   ? atomic_load(&gpu->faults[device])
                   : 0;
@@ -91,11 +100,11 @@ int gpu_set_device(const struct gpu *gpu, int device, char *msg,
  * slower but correct, so a refusal is not an error. */
 static void enable_peers(struct gpu *gpu) {
   for (int a = 0; a < gpu->ndevices; a++) {
-    if (gpu->api.cudaSetDevice(a) != cudaSuccess)
+    if (!gpu_device_usable(gpu, a) || gpu->api.cudaSetDevice(a) != cudaSuccess)
       continue;
     for (int b = 0; b < gpu->ndevices; b++) {
       int can = 0;
-      if (a == b ||
+      if (a == b || !gpu_device_usable(gpu, b) ||
           gpu->api.cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || !can)
         continue;
       cudaError_t err = gpu->api.cudaDeviceEnablePeerAccess(b, 0);
@@ -105,13 +114,94 @@ static void enable_peers(struct gpu *gpu) {
   }
 }
 
+struct gpu_stream {
+  struct gpu_stream *next;
+  int device;
+  cudaStream_t stream;
+};
+
+int gpu_stream_take(struct gpu *gpu, int device, cudaStream_t *out,
+                    char *msg, size_t msglen) {
+  pthread_mutex_lock(&gpu->streams_lock);
+  for (struct gpu_stream **p = &gpu->spare_streams; *p != NULL;
+       p = &(*p)->next) {
+    struct gpu_stream *gs = *p;
+    if (gs->device != device ||
+        gpu->api.cudaStreamQuery(gs->stream) != cudaSuccess)
+      continue;
+    *p = gs->next;
+    pthread_mutex_unlock(&gpu->streams_lock);
+    *out = gs->stream;
+    free(gs);
+    return 0;
+  }
+  pthread_mutex_unlock(&gpu->streams_lock);
+  /* A busy one was given back by a run that gave up: its work is not this
+   * run's to wait for. */
+  gpu->api.cudaGetLastError();
+  int rc = gpu_set_device(gpu, device, msg, msglen);
+  if (rc != 0)
+    return rc;
+  cudaError_t err = gpu->api.cudaStreamCreateWithFlags(out, cudaStreamNonBlocking);
+  return err == cudaSuccess
+             ? 0
+             : gpu_cuda_fail(gpu, err, "cudaStreamCreateWithFlags", msg, msglen);
+}
+
+void gpu_stream_give(struct gpu *gpu, int device, cudaStream_t stream) {
+  struct gpu_stream *gs = malloc(sizeof *gs);
+  if (gs == NULL) {
+    /* Not kept: what it still runs ends before it goes. */
+    gpu->api.cudaStreamSynchronize(stream);
+    gpu->api.cudaStreamDestroy(stream);
+    return;
+  }
+  *gs = (struct gpu_stream){.device = device, .stream = stream};
+  pthread_mutex_lock(&gpu->streams_lock);
+  gs->next = gpu->spare_streams;
+  gpu->spare_streams = gs;
+  pthread_mutex_unlock(&gpu->streams_lock);
+}
+
+void gpu_streams_drain(struct gpu *gpu) {
+  pthread_mutex_lock(&gpu->streams_lock);
+  for (struct gpu_stream *gs = gpu->spare_streams; gs != NULL; gs = gs->next)
+    if (gpu->api.cudaStreamSynchronize(gs->stream) != cudaSuccess)
+      gpu->api.cudaGetLastError();
+  pthread_mutex_unlock(&gpu->streams_lock);
+}
+
 static void destroy_streams(struct gpu *gpu) {
-  for (int d = 0; d < gpu->ndevices; d++)
-    if (gpu->devices[d].stream != NULL) {
-      gpu->api.cudaSetDevice(d);
-      gpu->api.cudaStreamDestroy(gpu->devices[d].stream);
-      gpu->devices[d].stream = NULL;
-    }
+  while (gpu->spare_streams != NULL) {
+    struct gpu_stream *gs = gpu->spare_streams;
+    gpu->spare_streams = gs->next;
+    gpu->api.cudaSetDevice(gs->device);
+    gpu->api.cudaStreamDestroy(gs->stream);
+    free(gs);
+  }
+}
+
+/* A GPU in exclusive-process mode takes one process's context at a time,
+ * and one in prohibited mode none (driver_types.h, cudaComputeMode): a
+ * context of the daemon's would keep every trainer off the first, and the
+ * second has no use.  Such a GPU is skipped before any context is made on
+ * it, with the reason status shows.  Returns how many GPUs are served. */
+static int skip_unshared(struct gpu *gpu) {
+  int served = 0;
+  for (int d = 0; d < gpu->ndevices; d++) {
+    struct gpu_device *dev = &gpu->devices[d];
+    if (dev->info.compute_mode == cudaComputeModeExclusiveProcess)
+      snprintf(dev->skipped, sizeof dev->skipped,
+               "it is in exclusive-process compute mode, where a context of "
+               "shardportd's would keep the trainers off it (nvidia-smi "
+               "--compute-mode=DEFAULT shares it)");
+    else if (dev->info.compute_mode == cudaComputeModeProhibited)
+      snprintf(dev->skipped, sizeof dev->skipped,
+               "it is in prohibited compute mode: no process may use it");
+    else
+      served++;
+  }
+  return served;
 }
 
 int gpu_open(struct gpu **out, char *why, size_t whylen) {
@@ -150,6 +240,8 @@ int gpu_open(struct gpu **out, char *why, size_t whylen) {
     return sp__failf(why, whylen, SP_ENOMEM, "out of memory");
   }
   pthread_mutex_init(&gpu->imports_lock, NULL);
+  pthread_mutex_init(&gpu->streams_lock, NULL);
+  gpu_nccl_init(gpu);
   for (int d = 0; d < count; d++) {
     gpu->devices[d].info = info[d];
     /* A UUID string is "GPU-" and 36 characters: the precision only tells
@@ -158,16 +250,19 @@ int gpu_open(struct gpu **out, char *why, size_t whylen) {
              (int)(sizeof gpu->devices[d].name - sizeof "cuda:"),
              info[d].uuid_str);
   }
+  if (skip_unshared(gpu) == 0) {
+    rc = sp__failf(why, whylen, SP_EBACKEND,
+                   "no GPU can be served: %s %s", gpu->devices[0].name,
+                   gpu->devices[0].skipped);
+    gpu_close(gpu);
+    return rc;
+  }
   enable_peers(gpu);
   for (int d = 0; d < count && rc == 0; d++) {
+    if (gpu->devices[d].skipped[0] != '\0')
+      continue;
+    /* The GPU's context is made now, not in the first export. */
     rc = gpu_set_device(gpu, d, why, whylen);
-    if (rc == 0) {
-      cudaError_t err = gpu->api.cudaStreamCreateWithFlags(
-          &gpu->devices[d].stream, cudaStreamNonBlocking);
-      if (err != cudaSuccess)
-        rc = gpu_cuda_fail(gpu, err, "cudaStreamCreateWithFlags", why,
-                           whylen);
-    }
   }
   if (rc != 0) {
     gpu_close(gpu);
@@ -180,7 +275,12 @@ int gpu_open(struct gpu **out, char *why, size_t whylen) {
 void gpu_close(struct gpu *gpu) {
   if (gpu == NULL)
     return;
+  /* A helper still ending communicators runs NCCL's code: the libraries
+   * stay loaded, and the process exits around it. */
+  if (!gpu_nccl_fini(gpu))
+    return;
   destroy_streams(gpu);
+  pthread_mutex_destroy(&gpu->streams_lock);
   pthread_mutex_destroy(&gpu->imports_lock);
   cuda_api_unload(&gpu->api);
   free(gpu->faults);
@@ -194,6 +294,11 @@ void gpu_describe(const struct gpu *gpu, char *out, size_t outlen) {
     used += (size_t)snprintf(out + used, outlen - used, "%s%s",
                              d > 0 ? ", " : "",
                              gpu->devices[d].info.uuid_str);
+  for (int d = 0; d < gpu->ndevices && used < outlen; d++)
+    if (gpu->devices[d].skipped[0] != '\0')
+      used += (size_t)snprintf(out + used, outlen - used, "; %s skipped: %s",
+                               gpu->devices[d].info.uuid_str,
+                               gpu->devices[d].skipped);
   const struct cuda_api *a = &gpu->api;
   if (used < outlen)
     snprintf(out + used, outlen - used,

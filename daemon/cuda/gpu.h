@@ -14,8 +14,10 @@
  * Threads: gpu_open/gpu_close on the main thread; storages, segments and
  * communicators are made and freed on the loop thread (or a worker it
  * waits for); the engine's thread only issues copies, sends and receives
- * and records events.  Each function sets the current device it needs on
- * the calling thread.
+ * and records events.  NCCL groups are issued only under their devices'
+ * NCCL locks, and communicators are aborted and destroyed on helper
+ * threads (docs/gpu.md, Threads).  Each function sets the current device
+ * it needs on the calling thread.
  *
  * Errors are a negative SP_E* code and one sentence in msg (SP_EBACKEND for
  * a failed CUDA or NCCL call, naming the call and its error).
@@ -42,13 +44,16 @@ struct gpu_import;
 struct gpu_segment;
 struct gpu_comms;
 struct engine;
+struct plan;
 
 /* ---- gpu.c: the backend ------------------------------------------------ */
 
 /* Loads the CUDA runtime and NCCL (daemon/cuda/api.h), probes every visible
- * GPU, enables peer access between the pairs that allow it and makes one
- * copy stream per GPU.  SP_EBACKEND with why when there is no usable GPU:
- * the sentence shardport status shows as the backend reason. */
+ * GPU, skips those whose compute mode forbids sharing them (no context is
+ * made there; the reason is in gpu_describe), enables peer access between
+ * the pairs that allow it and makes each served GPU's context.
+ * SP_EBACKEND with why when there is no usable GPU: the sentence
+ * shardport status shows as the backend reason. */
 int gpu_open(struct gpu **out, char *why, size_t whylen);
 /* Frees everything gpu_open made; every storage, segment and communicator
  * must have been released.  NULL is allowed. */
@@ -166,11 +171,11 @@ struct gpu_run {
 /* Runs every round of e->plan on the GPUs: the owners' segments zeroed,
  * then per round the local moves as batched device-to-device and peer
  * copies (cudaMemcpy2DAsync for strided boxes, cudaMemcpyAsync for dense
- * ones) on each owner GPU's stream, the moves between nodes as one NCCL
- * group of sends and receives, and events polled until the round is done,
- * while e->cancel, the communicators' async errors and the round's
- * deadline are watched.  Updates e->round and e->bytes_moved as struct
- * engine documents; returns e->rc. */
+ * ones) on the run's own stream of each owner's GPU, the moves between
+ * nodes as one NCCL group of sends and receives, and events polled until
+ * the round is done, while e->cancel, the communicators' async errors and
+ * the round's deadline are watched.  Updates e->round and e->bytes_moved
+ * as struct engine documents; returns e->rc. */
 int gpu_engine_run(struct engine *e);
 
 /* ---- comm.c: NCCL between nodes ----------------------------------------- */
@@ -184,14 +189,17 @@ struct gpu_comm_rank {
 /* Creates one communicator per local rank, all of one NCCL id, inside one
  * group with cudaSetDevice before each ncclCommInitRankConfig,
  * non-blocking; waits (polling, up to timeout_ms) until every one is ready,
- * then warms them with a one-element all-reduce on every local communicator
- * (lazy connection set-up allocates device memory, so this runs before the
- * pool is carved).  On any error or the timeout every local communicator is
- * aborted and nothing is kept.  Blocks: call it from a worker thread. */
+ * then warms them for plan: staging sized for its largest round, and one
+ * group of one-byte sends and receives to every peer its rounds use (NCCL
+ * connects a peer, and allocates device memory for it, at the first send
+ * or receive, so this runs before the pool is carved).  On any error or
+ * the timeout every local communicator is aborted and nothing is kept.
+ * Blocks: call it from a worker thread. */
 int gpu_comms_create(struct gpu *gpu, const uint8_t id[GPU_NCCL_ID_BYTES],
                      uint32_t world, const struct gpu_comm_rank *ranks,
-                     size_t nranks, uint32_t timeout_ms,
-                     struct gpu_comms **out, char *msg, size_t msglen);
+                     size_t nranks, const struct plan *plan /* NULL: none */,
+                     uint32_t timeout_ms, struct gpu_comms **out, char *msg,
+                     size_t msglen);
 /* The same in steps, for a job's first communicators, which are started
  * as its ranks join (docs/gpu.md): an empty set of one NCCL id and world;
  * gpu_comms_add creates the communicators of ranks (cudaSetDevice before
@@ -209,8 +217,14 @@ int gpu_comms_begin(struct gpu *gpu, const uint8_t id[GPU_NCCL_ID_BYTES],
 int gpu_comms_add(struct gpu_comms *comms, const struct gpu_comm_rank *ranks,
                   size_t nranks, char *msg, size_t msglen);
 int gpu_comms_poll(struct gpu_comms *comms, char *msg, size_t msglen);
-int gpu_comms_warm(struct gpu_comms *comms, uint32_t timeout_ms, char *msg,
-                   size_t msglen);
+int gpu_comms_warm(struct gpu_comms *comms, const struct plan *plan,
+                   uint32_t timeout_ms, char *msg, size_t msglen);
+/* Grows the staging of warmed communicators kept for another export to
+ * what plan's largest round needs (between exports; no NCCL call, so no
+ * new peer is connected: a plan that adds peers connects them in its
+ * first round).  0, or a code with msg. */
+int gpu_comms_fit(struct gpu_comms *comms, const struct plan *plan,
+                  char *msg, size_t msglen);
 /* Whether the set holds rank; whether it holds exactly these ranks on
  * these devices. */
 bool gpu_comms_holds(const struct gpu_comms *comms, uint32_t rank);
@@ -219,14 +233,22 @@ bool gpu_comms_match(const struct gpu_comms *comms,
 /* A fresh NCCL unique id (ncclGetUniqueId): what a ticket carries. */
 int gpu_comms_unique_id(struct gpu *gpu, uint8_t id[GPU_NCCL_ID_BYTES],
                         char *msg, size_t msglen);
-/* Aborts every local communicator: their peers' pending operations fail at
- * once.  Safe to call again; gpu_comms_free still frees them. */
+/* Aborts every local communicator, on a helper thread (ncclCommAbort may
+ * block), without waiting: NCCL tells no peer, so the other nodes learn
+ * of a failure from the daemons' mesh.  Safe to call again;
+ * gpu_comms_free still frees them. */
 void gpu_comms_abort(struct gpu_comms *comms);
+/* Waits, at most timeout_ms, until no communicator of the backend is still
+ * being aborted or destroyed on a helper thread: before a set is made
+ * again from an id an earlier set used (the fake and real NCCL listen per
+ * id and rank).  Whether they all ended.  Blocks: not on the loop. */
+bool gpu_comms_wait_ended(struct gpu *gpu, uint32_t timeout_ms);
 /* Whether an error or an abort has ended the communicators. */
 bool gpu_comms_failed(const struct gpu_comms *comms);
 /* Finalizes and destroys the communicators (their peers see a goodbye),
  * or aborts them when they failed or finalizing takes more than 5 s, and
- * frees them.  Blocks that long at most.  NULL is allowed. */
+ * frees them, all on a helper thread: returns at once, and gpu_close
+ * waits for the helpers (bounded).  NULL is allowed. */
 void gpu_comms_free(struct gpu_comms *comms);
 
 #endif /* SP_DAEMON_CUDA_GPU_H */

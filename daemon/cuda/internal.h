@@ -22,9 +22,28 @@
 struct gpu_device {
   struct cuda_device_info info;
   char name[GPU_DEVICE_NAME_MAX]; /* "cuda:GPU-…" */
-  /* The stream every copy into this GPU's segments is issued on, so that
-   * zeroing a segment, assembling it and recording its event are ordered. */
-  cudaStream_t stream;
+  /* Why shardportd leaves this GPU alone ("" when it serves it): its
+   * compute mode lets no context of the daemon's share it (gpu.c).  Set
+   * once by gpu_open; no context is ever made on a skipped GPU. */
+  char skipped[160];
+};
+
+/* Who may issue NCCL work on each GPU and what waits for it to end
+ * (ncclwork.c). */
+struct gpu_nccl {
+  /* Per device: held from ncclGroupStart to ncclGroupEnd, and while the
+   * counts below change or a free is decided. */
+  pthread_mutex_t lock[GPU_MAX_DEVICES];
+  /* Per device: groups launched whose work is not yet seen over. */
+  unsigned inflight[GPU_MAX_DEVICES];
+  /* Per device: frees waiting until inflight is 0. */
+  struct deferred_free *frees[GPU_MAX_DEVICES];
+  /* Helper threads ending communicators (running: reapers; all not yet
+   * joined: helpers), and their end. */
+  pthread_mutex_t reap_lock;
+  pthread_cond_t reap_done;
+  unsigned reapers;
+  struct reap *helpers;
 };
 
 struct gpu {
@@ -36,11 +55,40 @@ struct gpu {
    * so, read by every one, hence atomic; behind a pointer so that the
    * functions given a const struct gpu can record it. */
   _Atomic int *faults;
+  /* Copy streams no run holds now (gpu_stream_take), some maybe still
+   * working: a run that gave up waiting gives its streams back busy. */
+  pthread_mutex_t streams_lock;
+  struct gpu_stream *spare_streams;
   /* The allocations storages are opened from, each once (storage.c). */
   pthread_mutex_t imports_lock;
   struct gpu_import *imports;
   size_t nimports;
+  struct gpu_nccl nccl;
 };
+
+/* ---- ncclwork.c: NCCL's threads and device memory ---- */
+
+void gpu_nccl_init(struct gpu *gpu);
+/* Waits (bounded) for the helper threads still ending communicators and
+ * runs the frees still deferred; false when a helper did not finish, and
+ * then nothing may be unloaded. */
+bool gpu_nccl_fini(struct gpu *gpu);
+/* Locks (and unlocks) the devices' NCCL locks, each once, in ascending
+ * order: a thread issues a group only while it holds every device the
+ * group's communicators are on. */
+void gpu_nccl_lock(struct gpu *gpu, const int *devices, size_t n);
+void gpu_nccl_unlock(struct gpu *gpu, const int *devices, size_t n);
+/* A group was launched on the devices (call with their locks held); its
+ * work is over (or aborted): frees deferred meanwhile run when the last
+ * work on a device ends.  Each begin is matched by one end. */
+void gpu_nccl_begin(struct gpu *gpu, const int *devices, size_t n);
+void gpu_nccl_end(struct gpu *gpu, const int *devices, size_t n);
+/* cudaFree(ptr) of device memory, deferred while NCCL work is in flight
+ * on the device.  NULL is allowed. */
+void gpu_device_free(struct gpu *gpu, int device, void *ptr);
+/* Runs fn(arg) on a helper thread of its own (ncclCommAbort and
+ * ncclCommDestroy may block): the caller does not wait. */
+void gpu_nccl_reap(struct gpu *gpu, void (*fn)(void *), void *arg);
 
 /* "<what>: CUDA error …" into msg; SP_EBACKEND.  A sticky error (one that
  * ends the context, gpu_error_is_sticky) also marks the calling thread's
@@ -49,9 +97,26 @@ struct gpu {
 int gpu_cuda_fail(const struct gpu *gpu, cudaError_t err, const char *what,
                   char *msg, size_t msglen);
 /* cudaSetDevice(device) on the calling thread: 0 or SP_EBACKEND, also
- * when a sticky error ended device's context (gpu_failure's sentence). */
+ * when a sticky error ended device's context (gpu_failure's sentence) or
+ * the GPU is skipped (its reason). */
 int gpu_set_device(const struct gpu *gpu, int device, char *msg,
                    size_t msglen);
+
+/* The copy streams of the device engine (gpu.c).  Each run of the engine
+ * takes its own stream per GPU it copies on, so that one job's copies
+ * never queue behind another's and never count against its round's
+ * deadline; zeroing a segment, assembling it and recording its event are
+ * ordered on the one stream of its run.  A stream given back is kept for a
+ * later run, which takes only one that is idle.  gpu_streams_drain waits
+ * for every stream given back (storage.c: before memory is unmapped). */
+int gpu_stream_take(struct gpu *gpu, int device, cudaStream_t *out,
+                    char *msg, size_t msglen);
+void gpu_stream_give(struct gpu *gpu, int device, cudaStream_t stream);
+void gpu_streams_drain(struct gpu *gpu);
+
+/* Whether the engine may work on device: neither skipped nor failed.  A
+ * call on a skipped GPU would make the context its compute mode forbids. */
+bool gpu_device_usable(const struct gpu *gpu, int device);
 
 /* The interprocess event the engine records on the segment's GPU stream
  * once the segment's tensors are assembled (segment.c). */

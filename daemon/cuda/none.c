@@ -100,9 +100,10 @@ int gpu_engine_run(struct engine *e) {
 
 int gpu_comms_create(struct gpu *gpu, const uint8_t id[GPU_NCCL_ID_BYTES],
                      uint32_t world, const struct gpu_comm_rank *ranks,
-                     size_t nranks, uint32_t timeout_ms,
-                     struct gpu_comms **out, char *msg, size_t msglen) {
-  (void)gpu, (void)id, (void)world, (void)ranks, (void)nranks,
+                     size_t nranks, const struct plan *plan,
+                     uint32_t timeout_ms, struct gpu_comms **out, char *msg,
+                     size_t msglen) {
+  (void)gpu, (void)id, (void)world, (void)ranks, (void)nranks, (void)plan,
       (void)timeout_ms, (void)out;
   snprintf(msg, msglen, "this build has no CUDA backend");
   return SP_EBACKEND;
@@ -129,9 +130,16 @@ int gpu_comms_poll(struct gpu_comms *comms, char *msg, size_t msglen) {
   return SP_EBACKEND;
 }
 
-int gpu_comms_warm(struct gpu_comms *comms, uint32_t timeout_ms, char *msg,
-                   size_t msglen) {
-  (void)comms, (void)timeout_ms;
+int gpu_comms_warm(struct gpu_comms *comms, const struct plan *plan,
+                   uint32_t timeout_ms, char *msg, size_t msglen) {
+  (void)comms, (void)plan, (void)timeout_ms;
+  snprintf(msg, msglen, "this build has no CUDA backend");
+  return SP_EBACKEND;
+}
+
+int gpu_comms_fit(struct gpu_comms *comms, const struct plan *plan,
+                  char *msg, size_t msglen) {
+  (void)comms, (void)plan;
   snprintf(msg, msglen, "this build has no CUDA backend");
   return SP_EBACKEND;
 }
@@ -155,6 +163,11 @@ int gpu_comms_unique_id(struct gpu *gpu, uint8_t id[GPU_NCCL_ID_BYTES],
 }
 
 void gpu_comms_abort(struct gpu_comms *comms) { (void)comms; }
+
+bool gpu_comms_wait_ended(struct gpu *gpu, uint32_t timeout_ms) {
+  (void)gpu, (void)timeout_ms;
+  return true;
+}
 
 bool gpu_comms_failed(const struct gpu_comms *comms) {
   (void)comms;

@@ -88,6 +88,7 @@ void gpu_segment_free(struct gpu *gpu, struct gpu_segment *seg) {
   const struct cuda_api *a = &gpu->api;
   a->cudaSetDevice(seg->info.device);
   a->cudaEventDestroy(seg->done);
-  a->cudaFree(seg->info.ptr);
+  /* Not under another job's NCCL kernels on this GPU (ncclwork.c). */
+  gpu_device_free(gpu, seg->info.device, seg->info.ptr);
   free(seg);
 }

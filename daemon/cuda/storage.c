@@ -179,8 +179,16 @@ static int open_fd(struct gpu *gpu, struct gpu_import *im, int fd,
   return 0;
 }
 
+/* Neither cuMemUnmap nor cudaIpcCloseMemHandle waits for the copies still
+ * queued on the memory it takes away (docs/fakes.md): a copy that runs
+ * after it reads an unmapped address and ends its GPU's context.  A run of
+ * the engine reads an import only while its storage is registered, and
+ * waits for its own copies before it gives its streams back, but one that
+ * gave up waiting gives them back busy: every stream given back is drained
+ * first. */
 static void close_import(struct gpu *gpu, struct gpu_import *im) {
   const struct cuda_api *a = &gpu->api;
+  gpu_streams_drain(gpu);
   a->cudaSetDevice(im->device);
   if (im->kind == GPU_STORAGE_IPC) {
     a->cudaIpcCloseMemHandle(im->base);

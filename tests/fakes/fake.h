@@ -32,6 +32,9 @@ struct fake_config {
   bool p2p;               /* SHARDPORT_FAKE_P2P: peer access possible */
   int fault_phys;         /* SHARDPORT_FAKE_FAULT: the device, -1 none */
   long fault_nth;         /* and which of its copies faults (1-based) */
+  /* SHARDPORT_FAKE_COMPUTE_MODE, per physical device. */
+  enum cudaComputeMode compute_mode[FAKE_MAX_GPUS];
+  size_t ctx_bytes;       /* SHARDPORT_FAKE_CTX_MB: what a context takes */
 };
 
 #define FAKE_POISON_BYTE 0xa5
@@ -58,17 +61,30 @@ const struct fake_config *fake_config(cudaError_t *err);
 void fake_fault(int phys, cudaError_t err);
 cudaError_t fake_sticky(int phys);
 
-/* FAKE_READY, then the sticky error of the current device's context: the
- * first thing every call that works on a device does. */
+/* Makes the current device's primary context current on the thread,
+ * initialising it as the runtime does on first use (fake_cudart.c), and
+ * answers what a call working on it must: cudaErrorDevicesUnavailable
+ * where the compute mode forbids the context, the sticky error that ended
+ * it, or cudaSuccess. */
+cudaError_t fake_context_current(void);
+/* Whether any context is current on the calling thread (the driver's
+ * calls that need one answer CUDA_ERROR_INVALID_CONTEXT otherwise). */
+bool fake_thread_has_context(void);
+/* Device memory the process's context on physical device phys takes. */
+size_t fake_context_bytes(int phys);
+
+/* FAKE_READY, then the current device's context, made current and alive:
+ * the first thing every call that works on a device does. */
 #define FAKE_LIVE()                                                            \
   do {                                                                         \
     FAKE_READY();                                                              \
-    cudaError_t sticky_ = fake_sticky(fake_physical(fake_current_device()));   \
-    if (sticky_ != cudaSuccess)                                                \
-      return fake_error(sticky_);                                              \
+    cudaError_t live_ = fake_context_current();                                \
+    if (live_ != cudaSuccess)                                                  \
+      return fake_error(live_);                                                \
   } while (0)
 
-/* The calling thread's current device (a visible ordinal). */
+/* The calling thread's current device (a visible ordinal): the device of
+ * the context current on it, else the one cudaSetDevice last chose. */
 int fake_current_device(void);
 
 /* Records err as the thread's last error (when not cudaSuccess), returns it. */
@@ -88,6 +104,15 @@ enum fake_access { FAKE_READ = 1, FAKE_WRITE = 2 };
  * outside every allocation counts as host memory and passes. */
 cudaError_t fake_check_range(const void *ptr, size_t len, int access,
                              bool must_be_device, int phys);
+
+/* Which region (allocation, import or mapping) ptr lies in, as an id
+ * unique in the process, 0 outside every one; and whether that region is
+ * still there.  A stream worker checks, between fake_memory_use_begin and
+ * _end, that the memory an operation was queued on is still mapped. */
+uint64_t fake_region_of(const void *ptr);
+bool fake_region_alive(const void *ptr, uint64_t id);
+void fake_memory_use_begin(void);
+void fake_memory_use_end(void);
 
 /* Waits for every stream of the process to drain (fake_stream.c); what
  * cudaFree and the unmap calls do before memory goes away. */
@@ -123,6 +148,14 @@ CUresult fake_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 CUresult fake_cuMemUnmap(CUdeviceptr ptr, size_t size);
 CUresult fake_cuMemSetAccess(CUdeviceptr ptr, size_t size,
                              const CUmemAccessDesc *desc, size_t count);
+CUresult fake_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
+                                          void *addr);
+CUresult fake_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
+CUresult fake_cuDevicePrimaryCtxRelease(CUdevice dev);
+CUresult fake_cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags,
+                                         int *active);
+CUresult fake_cuCtxPushCurrent(CUcontext ctx);
+CUresult fake_cuCtxPopCurrent(CUcontext *pctx);
 
 #pragma GCC visibility pop
 
@@ -135,6 +168,22 @@ FAKE_EXPORT cudaError_t spfake_stream_enqueue(cudaStream_t stream,
 /* Reads a non-negative integer environment variable: dflt when unset, -1
  * when not a number.  Shared with the fake NCCL. */
 FAKE_EXPORT long fake_env_long(const char *name, long dflt);
+
+/* The hooks through which the fake NCCL's own device memory and kernels
+ * are seen by the runtime (fake_memory.c), as NCCL's are on a real GPU.
+ * spfake_device_identity gives the machine and physical index of a
+ * visible ordinal ((node << 32) | physical), what NCCL tells a duplicate
+ * GPU by.  spfake_device_charge takes bytes of a device's memory for
+ * NCCL's connection buffers (cudaErrorMemoryAllocation beyond the limit),
+ * spfake_device_uncharge gives them back; cudaMemGetInfo counts them.
+ * spfake_kernels counts NCCL operations in flight on a device (delta +1
+ * when one is handed to its stream, -1 when it finished or failed):
+ * cudaFree of that device's memory while one is, which can deadlock on a
+ * GPU, ends the process with a message (docs/fakes.md). */
+FAKE_EXPORT bool spfake_device_identity(int ordinal, uint64_t *id);
+FAKE_EXPORT cudaError_t spfake_device_charge(int ordinal, size_t bytes);
+FAKE_EXPORT void spfake_device_uncharge(int ordinal, size_t bytes);
+FAKE_EXPORT void spfake_kernels(int ordinal, int delta);
 
 /* The hook NCCL's pointer checks use: cudaSuccess when [ptr, ptr + len) is
  * device memory of one allocation that allows reading (and writing). */

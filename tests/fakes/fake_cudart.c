@@ -19,12 +19,18 @@
  *   SHARDPORT_FAKE_P2P       0 makes peer access unsupported.
  *   SHARDPORT_FAKE_FAULT     PHYS:N: the Nth copy or memset on physical
  *                            device PHYS is an illegal address (sticky).
+ *   SHARDPORT_FAKE_COMPUTE_MODE  PHYS:MODE,...: a physical device's compute
+ *                            mode (default, exclusive_process, prohibited).
+ *   SHARDPORT_FAKE_CTX_MB    device memory a primary context takes (0).
  */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "fake.h"
 
@@ -113,6 +119,34 @@ static void parse_visible(int nphys) {
   }
 }
 
+/* SHARDPORT_FAKE_COMPUTE_MODE: "PHYS:MODE" entries, comma-separated; an
+ * entry that does not parse is ignored, as a typo must not change any
+ * other device. */
+static void parse_compute_modes(void) {
+  const char *s = getenv("SHARDPORT_FAKE_COMPUTE_MODE");
+  static const struct {
+    const char *name;
+    enum cudaComputeMode mode;
+  } modes[] = {
+      {"default", cudaComputeModeDefault},
+      {"exclusive_process", cudaComputeModeExclusiveProcess},
+      {"prohibited", cudaComputeModeProhibited},
+  };
+  while (s != NULL && *s != '\0') {
+    size_t len = strcspn(s, ",");
+    int phys, used = 0;
+    if (sscanf(s, "%d:%n", &phys, &used) == 1 && used > 0 && phys >= 0 &&
+        phys < FAKE_MAX_GPUS)
+      for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++)
+        if (len - (size_t)used == strlen(modes[i].name) &&
+            strncmp(s + used, modes[i].name, len - (size_t)used) == 0)
+          config.compute_mode[phys] = modes[i].mode;
+    s += len;
+    if (*s == ',')
+      s++;
+  }
+}
+
 static void config_init(void) {
   long gpus = fake_env_long("SHARDPORT_FAKE_GPUS", 2);
   long node = fake_env_long("SHARDPORT_FAKE_NODE", 0);
@@ -123,6 +157,9 @@ static void config_init(void) {
   config.delay_us = delay <= 0 ? 0 : (unsigned)delay;
   config.poison = fake_env_long("SHARDPORT_FAKE_POISON", 1) != 0;
   config.p2p = fake_env_long("SHARDPORT_FAKE_P2P", 1) != 0;
+  long ctx_mb = fake_env_long("SHARDPORT_FAKE_CTX_MB", 0);
+  config.ctx_bytes = ctx_mb <= 0 ? 0 : (size_t)ctx_mb << 20;
+  parse_compute_modes();
   config.fault_phys = -1;
   const char *fault = getenv("SHARDPORT_FAKE_FAULT");
   int phys;
@@ -149,7 +186,121 @@ const struct fake_config *fake_config(cudaError_t *err) {
   return &config;
 }
 
-int fake_current_device(void) { return current_device; }
+/* ---- primary contexts ----
+ *
+ * One primary context per device and process, as the driver keeps them
+ * (cuda.h, cuDevicePrimaryCtxRetain): active from its first retain until
+ * its last release.  The runtime retains it once, for good, when a thread
+ * first works on the device: cudaSetDevice does so at once since CUDA 12
+ * ("will also immediately initialize the runtime state on the primary
+ * context", cuda_runtime_api.h), the calls that work on a device
+ * (FAKE_LIVE) when no context is current.  Each thread has a stack of
+ * current contexts (cuCtxPushCurrent / cuCtxPopCurrent); cudaSetDevice
+ * replaces its top.  The runtime's current device is the device of the
+ * context current on the thread, else the one cudaSetDevice last chose.
+ *
+ * A context in exclusive-process mode may exist in one process of the
+ * machine at a time: the process that has it holds an abstract Unix
+ * socket named after the machine and device, which the kernel lets go when
+ * the process ends, as the driver frees a dead process's contexts. */
+struct fake_context {
+  int phys;
+};
+
+#define FAKE_CTX_DEPTH 16
+
+static struct {
+  pthread_mutex_t lock;
+  struct fake_context ctx[FAKE_MAX_GPUS];
+  int refs[FAKE_MAX_GPUS];     /* retains, the runtime's among them */
+  bool runtime[FAKE_MAX_GPUS]; /* the runtime holds its retain */
+  int claim[FAKE_MAX_GPUS];    /* exclusive-process: the socket held, or -1 */
+} ctxs = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static _Thread_local int ctx_stack[FAKE_CTX_DEPTH]; /* physical devices */
+static _Thread_local int ctx_depth;
+
+/* Claims phys for this process in exclusive-process mode: false when
+ * another process has a context on it.  Lock held. */
+static bool claim_exclusive(int phys) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return false;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  int n = snprintf(sa.sun_path + 1, sizeof(sa.sun_path) - 1,
+                   "spfake-ctx-%u-%d", config.node, phys);
+  if (bind(fd, (struct sockaddr *)&sa,
+           (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n)) != 0) {
+    close(fd);
+    return false;
+  }
+  ctxs.claim[phys] = fd;
+  return true;
+}
+
+/* One more retain of phys's primary context, which the first makes
+ * active; cudaSuccess or cudaErrorDevicesUnavailable (the compute mode
+ * forbids it).  Lock held. */
+static cudaError_t ctx_retain_locked(int phys) {
+  if (ctxs.refs[phys] == 0) {
+    enum cudaComputeMode mode = config.compute_mode[phys];
+    if (mode == cudaComputeModeProhibited)
+      return cudaErrorDevicesUnavailable;
+    ctxs.claim[phys] = -1;
+    if (mode == cudaComputeModeExclusiveProcess && !claim_exclusive(phys))
+      return cudaErrorDevicesUnavailable;
+    ctxs.ctx[phys].phys = phys;
+  }
+  ctxs.refs[phys]++;
+  return cudaSuccess;
+}
+
+static void ctx_release_locked(int phys) {
+  if (ctxs.refs[phys] > 0 && --ctxs.refs[phys] == 0 && ctxs.claim[phys] >= 0) {
+    close(ctxs.claim[phys]);
+    ctxs.claim[phys] = -1;
+  }
+}
+
+/* The runtime's own retain of phys, taken once. */
+static cudaError_t ctx_runtime_init(int phys) {
+  pthread_mutex_lock(&ctxs.lock);
+  cudaError_t err = cudaSuccess;
+  if (!ctxs.runtime[phys]) {
+    err = ctx_retain_locked(phys);
+    ctxs.runtime[phys] = err == cudaSuccess;
+  }
+  pthread_mutex_unlock(&ctxs.lock);
+  return err;
+}
+
+int fake_current_device(void) {
+  if (ctx_depth > 0) {
+    int ordinal = fake_ordinal(ctx_stack[ctx_depth - 1]);
+    if (ordinal >= 0)
+      return ordinal;
+  }
+  return current_device;
+}
+
+cudaError_t fake_context_current(void) {
+  int phys = fake_physical(fake_current_device());
+  cudaError_t err = ctx_runtime_init(phys);
+  if (err != cudaSuccess)
+    return err;
+  if (ctx_depth == 0)
+    ctx_stack[ctx_depth++] = phys;
+  return fake_sticky(phys);
+}
+
+bool fake_thread_has_context(void) { return ctx_depth > 0; }
+
+size_t fake_context_bytes(int phys) {
+  pthread_mutex_lock(&ctxs.lock);
+  size_t n = ctxs.refs[phys] > 0 ? config.ctx_bytes : 0;
+  pthread_mutex_unlock(&ctxs.lock);
+  return n;
+}
 
 /* Per physical device: the error that ended its context, 0 while healthy.
  * Atomic, since stream workers and callers on any thread read it. */
@@ -230,6 +381,8 @@ const char *cudaGetErrorString(cudaError_t error) {
   case cudaErrorPeerAccessAlreadyEnabled: return "peer access is already enabled";
   case cudaErrorNotSupported: return "operation not supported";
   case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+  case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+  case cudaErrorDevicesUnavailable: return "CUDA-capable device(s) is/are busy or unavailable";
   default: return "unrecognized error code";
   }
 }
@@ -242,19 +395,30 @@ cudaError_t cudaGetDeviceCount(int *count) {
   return cudaSuccess;
 }
 
+/* Binds device's primary context to the thread, initialising it as CUDA 12
+ * does (see primary contexts above): refused where the compute mode
+ * forbids a context. */
 cudaError_t cudaSetDevice(int device) {
   FAKE_READY();
   if (device < 0 || device >= config.ngpus)
     return fake_error(cudaErrorInvalidDevice);
+  int phys = fake_physical(device);
+  cudaError_t err = ctx_runtime_init(phys);
+  if (err != cudaSuccess)
+    return fake_error(err);
   current_device = device;
+  if (ctx_depth == 0)
+    ctx_depth = 1;
+  ctx_stack[ctx_depth - 1] = phys;
   return cudaSuccess;
 }
 
+/* Creates no context. */
 cudaError_t cudaGetDevice(int *device) {
   FAKE_READY();
   if (device == NULL)
     return fake_error(cudaErrorInvalidValue);
-  *device = current_device;
+  *device = fake_current_device();
   return cudaSuccess;
 }
 
@@ -292,6 +456,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr,
   case cudaDevAttrIpcEventSupport: *value = 1; break;
   case cudaDevAttrIntegrated: *value = 0; break;
   case cudaDevAttrGPUDirectRDMASupported: *value = 0; break;
+  case cudaDevAttrComputeMode: *value = (int)config.compute_mode[phys]; break;
   default: return fake_error(cudaErrorInvalidValue);
   }
   return cudaSuccess;
@@ -313,8 +478,8 @@ static pthread_mutex_t peer_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint32_t peer_enabled[FAKE_MAX_GPUS]; /* bit p of [d]: d reaches p */
 
 cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags) {
-  FAKE_READY();
-  int dev = current_device;
+  FAKE_LIVE();
+  int dev = fake_current_device();
   if (fake_physical(peerDevice) < 0 || peerDevice == dev)
     return fake_error(cudaErrorInvalidDevice);
   if (flags != 0)
@@ -347,7 +512,13 @@ cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags) {
   X(cuMemAddressFree, 10020)                                                   \
   X(cuMemMap, 10020)                                                           \
   X(cuMemUnmap, 10020)                                                         \
-  X(cuMemSetAccess, 10020)
+  X(cuMemSetAccess, 10020)                                                     \
+  X(cuMemRetainAllocationHandle, 11000)                                        \
+  X(cuDevicePrimaryCtxRetain, 7000)                                            \
+  X(cuDevicePrimaryCtxRelease, 11000)                                          \
+  X(cuDevicePrimaryCtxGetState, 7000)                                          \
+  X(cuCtxPushCurrent, 4000)                                                    \
+  X(cuCtxPopCurrent, 4000)
 
 #define FAKE_DRIVER_CHECK(name, version)                                       \
   _Static_assert(__builtin_types_compatible_p(__typeof__(name),                \
@@ -408,5 +579,82 @@ CUresult fake_cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
   if (phys < 0)
     return CUDA_ERROR_INVALID_DEVICE;
   physical_uuid(phys, (unsigned char *)uuid->bytes);
+  return CUDA_SUCCESS;
+}
+
+/* The driver's primary-context calls (see primary contexts above).  A
+ * retain is refused where the compute mode forbids a context: with
+ * CUDA_ERROR_UNKNOWN in prohibited mode, as cuDevicePrimaryCtxRetain's
+ * documentation says, and CUDA_ERROR_DEVICE_UNAVAILABLE where another
+ * process has the exclusive-process device. */
+CUresult fake_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+  int phys = fake_physical(dev);
+  if (pctx == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (phys < 0)
+    return CUDA_ERROR_INVALID_DEVICE;
+  pthread_mutex_lock(&ctxs.lock);
+  cudaError_t err = ctx_retain_locked(phys);
+  pthread_mutex_unlock(&ctxs.lock);
+  if (err != cudaSuccess)
+    return config.compute_mode[phys] == cudaComputeModeProhibited
+               ? CUDA_ERROR_UNKNOWN
+               : CUDA_ERROR_DEVICE_UNAVAILABLE;
+  *pctx = (CUcontext)&ctxs.ctx[phys];
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuDevicePrimaryCtxRelease(CUdevice dev) {
+  int phys = fake_physical(dev);
+  if (phys < 0)
+    return CUDA_ERROR_INVALID_DEVICE;
+  pthread_mutex_lock(&ctxs.lock);
+  bool held = ctxs.refs[phys] > 0;
+  ctx_release_locked(phys);
+  pthread_mutex_unlock(&ctxs.lock);
+  return held ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+CUresult fake_cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags,
+                                         int *active) {
+  int phys = fake_physical(dev);
+  if (flags == NULL || active == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (phys < 0)
+    return CUDA_ERROR_INVALID_DEVICE;
+  pthread_mutex_lock(&ctxs.lock);
+  *active = ctxs.refs[phys] > 0;
+  pthread_mutex_unlock(&ctxs.lock);
+  *flags = 0;
+  return CUDA_SUCCESS;
+}
+
+/* The context a handle names, -1 when it is none of the fake's. */
+static int context_phys(CUcontext ctx) {
+  for (int p = 0; p < FAKE_MAX_GPUS; p++)
+    if (ctx == (CUcontext)&ctxs.ctx[p])
+      return p;
+  return -1;
+}
+
+CUresult fake_cuCtxPushCurrent(CUcontext ctx) {
+  int phys = context_phys(ctx);
+  pthread_mutex_lock(&ctxs.lock);
+  bool live = phys >= 0 && ctxs.refs[phys] > 0;
+  pthread_mutex_unlock(&ctxs.lock);
+  if (!live)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  if (ctx_depth == FAKE_CTX_DEPTH)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  ctx_stack[ctx_depth++] = phys;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuCtxPopCurrent(CUcontext *pctx) {
+  if (ctx_depth == 0)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  int phys = ctx_stack[--ctx_depth];
+  if (pctx != NULL)
+    *pctx = (CUcontext)&ctxs.ctx[phys];
   return CUDA_SUCCESS;
 }

@@ -16,6 +16,7 @@
  */
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,7 @@ struct vmm_alloc {
 };
 
 struct region {
+  uint64_t id;      /* unique in the process: an address may be reused */
   uintptr_t base;
   size_t size;
   size_t map_len;
@@ -58,6 +60,16 @@ struct region {
   struct vmm_alloc *alloc; /* REGION_VMM */
 };
 
+/* An allocation its process freed while another process still had it
+ * open: its memory stays taken, and counted, until the last importer
+ * closed it or ended (IPC memory handles, below). */
+struct held {
+  struct held *next;
+  int fd; /* the memfd, only to ask whether an importer still maps it */
+  size_t size;
+  int phys;
+};
+
 struct reservation {
   struct reservation *next;
   uintptr_t base;
@@ -70,8 +82,22 @@ static struct {
   size_t n, cap;
   struct vmm_alloc *allocs;
   struct reservation *reservations;
-  size_t used[FAKE_MAX_GPUS]; /* bytes per physical device */
+  struct held *held;
+  size_t used[FAKE_MAX_GPUS]; /* bytes per physical device, held ones too */
+  uint64_t last_id;
+  /* NCCL operations in flight per physical device (spfake_kernels). */
+  _Atomic int kernels[FAKE_MAX_GPUS];
 } mem = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Held shared by a stream worker while an operation touches device memory,
+ * exclusive by the calls that take memory away without waiting for the
+ * streams (cuMemUnmap, cudaIpcCloseMemHandle): an operation runs either
+ * wholly before the memory goes, or finds it gone (fake_region_alive). */
+static pthread_rwlock_t unmap_lock = PTHREAD_RWLOCK_INITIALIZER;
+
+void fake_memory_use_begin(void) { pthread_rwlock_rdlock(&unmap_lock); }
+
+void fake_memory_use_end(void) { pthread_rwlock_unlock(&unmap_lock); }
 
 /* The legacy IPC memory handle's bytes (CUDA_IPC_HANDLE_SIZE of them). */
 struct ipc_mem_wire {
@@ -126,7 +152,26 @@ static bool region_insert(struct region *r) {
   memmove(mem.v + i + 1, mem.v + i, (mem.n - i) * sizeof(*mem.v));
   mem.v[i] = r;
   mem.n++;
+  r->id = ++mem.last_id;
   return true;
+}
+
+uint64_t fake_region_of(const void *ptr) {
+  pthread_mutex_lock(&mem.lock);
+  struct region *r = region_find((uintptr_t)ptr);
+  uint64_t id = r != NULL ? r->id : 0;
+  pthread_mutex_unlock(&mem.lock);
+  return id;
+}
+
+bool fake_region_alive(const void *ptr, uint64_t id) {
+  if (id == 0)
+    return true;
+  pthread_mutex_lock(&mem.lock);
+  struct region *r = region_find((uintptr_t)ptr);
+  bool alive = r != NULL && r->id == id;
+  pthread_mutex_unlock(&mem.lock);
+  return alive;
 }
 
 static void region_remove(struct region *r) {
@@ -185,13 +230,69 @@ static int memfd_new(const char *name, size_t size) {
   return fd;
 }
 
+/* Whether another process still maps memfd fd.  An importer holds an
+ * open-file-description read lock on its own open of the memfd
+ * (cudaIpcOpenMemHandle), which its mapping keeps alive after the
+ * descriptor is closed and which the kernel drops when the mapping goes,
+ * whether by cudaIpcCloseMemHandle or because the process ended. */
+static bool imported_elsewhere(int fd) {
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+  return fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
+}
+
+/* Lets go of held allocations no importer has open any more.  Lock held. */
+static void held_sweep(void) {
+  for (struct held **pp = &mem.held; *pp != NULL;) {
+    struct held *h = *pp;
+    if (imported_elsewhere(h->fd)) {
+      pp = &h->next;
+      continue;
+    }
+    *pp = h->next;
+    mem.used[h->phys] -= h->size;
+    close(h->fd);
+    free(h);
+  }
+}
+
+/* Device memory in use on phys: allocations, held ones, and the context.
+ * Lock held. */
+static size_t device_used(int phys) {
+  held_sweep();
+  return mem.used[phys] + fake_context_bytes(phys);
+}
+
+/* What cudaMemGetInfo calls total: SHARDPORT_FAKE_MEM_MB, else the 80 GiB
+ * of an H100. */
+static size_t device_total(void) {
+  size_t limit = fake_config(NULL)->mem_limit;
+  return limit != 0 ? limit : (size_t)80 << 30;
+}
+
 /* Reserves size bytes of the per-device budget; false when over it. */
 static bool budget_take(int phys, size_t size) {
-  size_t limit = fake_config(NULL)->mem_limit;
-  if (limit != 0 && (mem.used[phys] > limit || size > limit - mem.used[phys]))
+  size_t used = device_used(phys);
+  if (fake_config(NULL)->mem_limit != 0 &&
+      (used > device_total() || size > device_total() - used))
     return false;
   mem.used[phys] += size;
   return true;
+}
+
+/* Free and total memory of the current device as the process sees it: what
+ * its allocations, the allocations it freed while another process still
+ * had them open, and its context take (docs/fakes.md). */
+cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {
+  FAKE_LIVE();
+  if (free == NULL || total == NULL)
+    return fake_error(cudaErrorInvalidValue);
+  int phys = fake_physical(fake_current_device());
+  pthread_mutex_lock(&mem.lock);
+  size_t used = device_used(phys);
+  pthread_mutex_unlock(&mem.lock);
+  *total = device_total();
+  *free = used < *total ? *total - used : 0;
+  return cudaSuccess;
 }
 
 cudaError_t cudaMalloc(void **devPtr, size_t size) {
@@ -237,24 +338,55 @@ cudaError_t cudaMalloc(void **devPtr, size_t size) {
   return fake_error(cudaErrorMemoryAllocation);
 }
 
-/* Like the real cudaFree, waits for the device's work first, so that no
- * queued copy touches memory that is gone. */
+/* Like the real cudaFree ("may perform implicit synchronization", in the
+ * header), waits for the process's streams first, so that no queued copy
+ * touches memory that is gone.  Freeing while NCCL operations are in
+ * flight on the device is what NCCL warns can deadlock (cudaFree
+ * synchronises the device while NCCL kernels wait for their peers): the
+ * fake ends the process, loudly, rather than sometimes hang, before it
+ * waits. */
 cudaError_t cudaFree(void *devPtr) {
   FAKE_READY();
   if (devPtr == NULL)
     return cudaSuccess;
   pthread_mutex_lock(&mem.lock);
   struct region *r = region_find((uintptr_t)devPtr);
+  bool valid = r != NULL && r->base == (uintptr_t)devPtr &&
+               r->kind == REGION_MALLOC;
+  int phys = valid ? r->phys : -1;
+  pthread_mutex_unlock(&mem.lock);
+  if (!valid)
+    return fake_error(cudaErrorInvalidValue);
+  if (atomic_load(&mem.kernels[phys]) > 0) {
+    fprintf(stderr,
+            "fake CUDA: cudaFree(%p) on physical device %d while %d NCCL "
+            "operation(s) are in flight there, which can deadlock on a GPU "
+            "(docs/fakes.md)\n",
+            devPtr, phys, atomic_load(&mem.kernels[phys]));
+    abort();
+  }
+  fake_sync_all_streams();
+  pthread_mutex_lock(&mem.lock);
+  /* Another thread may have freed it meanwhile. */
+  r = region_find((uintptr_t)devPtr);
   if (r == NULL || r->base != (uintptr_t)devPtr || r->kind != REGION_MALLOC) {
     pthread_mutex_unlock(&mem.lock);
     return fake_error(cudaErrorInvalidValue);
   }
   region_remove(r);
-  mem.used[r->phys] -= r->size;
+  /* Freeing memory another process has open leaves it taken until that
+   * process closes it (docs/fakes.md, IPC memory handles). */
+  struct held *h = imported_elsewhere(r->fd) ? calloc(1, sizeof(*h)) : NULL;
+  if (h != NULL) {
+    *h = (struct held){.next = mem.held, .fd = r->fd, .size = r->size,
+                       .phys = r->phys};
+    mem.held = h;
+  } else {
+    mem.used[r->phys] -= r->size;
+    close(r->fd);
+  }
   pthread_mutex_unlock(&mem.lock);
-  fake_sync_all_streams();
   munmap(devPtr, r->map_len);
-  close(r->fd);
   free(r);
   return cudaSuccess;
 }
@@ -277,6 +409,41 @@ cudaError_t cudaFreeHost(void *ptr) {
   fake_sync_all_streams();
   free(ptr);
   return cudaSuccess;
+}
+
+bool spfake_device_identity(int ordinal, uint64_t *id) {
+  cudaError_t err;
+  const struct fake_config *cfg = fake_config(&err);
+  int phys = fake_physical(ordinal);
+  if (err != cudaSuccess || phys < 0)
+    return false;
+  *id = (uint64_t)cfg->node << 32 | (uint64_t)phys;
+  return true;
+}
+
+cudaError_t spfake_device_charge(int ordinal, size_t bytes) {
+  int phys = fake_physical(ordinal);
+  if (phys < 0)
+    return cudaErrorInvalidDevice;
+  pthread_mutex_lock(&mem.lock);
+  bool ok = budget_take(phys, bytes);
+  pthread_mutex_unlock(&mem.lock);
+  return ok ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+void spfake_device_uncharge(int ordinal, size_t bytes) {
+  int phys = fake_physical(ordinal);
+  if (phys < 0)
+    return;
+  pthread_mutex_lock(&mem.lock);
+  mem.used[phys] -= bytes;
+  pthread_mutex_unlock(&mem.lock);
+}
+
+void spfake_kernels(int ordinal, int delta) {
+  int phys = fake_physical(ordinal);
+  if (phys >= 0)
+    atomic_fetch_add(&mem.kernels[phys], delta);
 }
 
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes,
@@ -382,8 +549,11 @@ cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle,
     return fake_error(cudaErrorMapBufferObjectFailed);
   size_t len = page_round((size_t)w.size);
   void *p = MAP_FAILED;
+  /* The read lock tells the exporter that this process has the memory
+   * open, for as long as the mapping lasts (imported_elsewhere). */
+  struct flock fl = {.l_type = F_RDLCK, .l_whence = SEEK_SET};
   if (fstat(fd, &st) == 0 && (uint64_t)st.st_ino == w.ino &&
-      (uint64_t)st.st_size >= w.size)
+      (uint64_t)st.st_size >= w.size && fcntl(fd, F_OFD_SETLK, &fl) == 0)
     p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   struct region *r = calloc(1, sizeof(*r));
@@ -412,28 +582,36 @@ cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle,
   return fake_error(open_here ? err : cudaErrorMapBufferObjectFailed);
 }
 
+/* Does not wait for the streams: nothing in the header says it does
+ * (unlike cudaFree), so a copy still queued on the mapping when it goes
+ * is caught when it runs (fake_stream.c). */
 cudaError_t cudaIpcCloseMemHandle(void *devPtr) {
   FAKE_READY();
+  pthread_rwlock_wrlock(&unmap_lock);
   pthread_mutex_lock(&mem.lock);
   struct region *r = region_find((uintptr_t)devPtr);
-  if (r == NULL || r->base != (uintptr_t)devPtr || r->kind != REGION_IPC) {
-    pthread_mutex_unlock(&mem.lock);
-    return fake_error(cudaErrorInvalidValue);
-  }
-  if (--r->refs > 0) {
-    pthread_mutex_unlock(&mem.lock);
-    return cudaSuccess;
-  }
-  region_remove(r);
+  cudaError_t err = cudaSuccess;
+  if (r == NULL || r->base != (uintptr_t)devPtr || r->kind != REGION_IPC)
+    err = cudaErrorInvalidValue;
+  else if (--r->refs > 0)
+    r = NULL;
+  else
+    region_remove(r);
   pthread_mutex_unlock(&mem.lock);
-  fake_sync_all_streams();
-  munmap(devPtr, r->map_len);
-  free(r);
-  return cudaSuccess;
+  if (err == cudaSuccess && r != NULL) {
+    munmap(devPtr, r->map_len);
+    free(r);
+  }
+  pthread_rwlock_unlock(&unmap_lock);
+  return fake_error(err);
 }
 
+/* Like every driver call that works in a context, it needs one current on
+ * the thread (CUDA_ERROR_INVALID_CONTEXT in its documented returns). */
 CUresult fake_cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize,
                                    CUdeviceptr dptr) {
+  if (!fake_thread_has_context())
+    return CUDA_ERROR_INVALID_CONTEXT;
   pthread_mutex_lock(&mem.lock);
   struct region *r = region_find((uintptr_t)dptr);
   if (r != NULL) {
@@ -841,37 +1019,48 @@ CUresult fake_cuMemSetAccess(CUdeviceptr ptr, size_t size,
   return res;
 }
 
-/* Synchronous, as documented: waits for queued work, then turns the range
- * back into a bare reservation. */
+/* Turns the range back into a bare reservation at once.  It does not
+ * wait for queued work: cuda.h promises no such wait (it says only that
+ * the range is a reservation again when the call returns), so a program
+ * synchronises the streams that read the range first (docs/fakes.md).  A
+ * copy queued on a mapping that is gone when it runs is caught then
+ * (fake_stream.c). */
 CUresult fake_cuMemUnmap(CUdeviceptr ptr, size_t size) {
   uintptr_t p = (uintptr_t)ptr;
+  pthread_rwlock_wrlock(&unmap_lock);
   pthread_mutex_lock(&mem.lock);
-  size_t n = 0;
-  for (size_t i = 0; i < mem.n; i++)
-    n += is_mapping_within(mem.v[i], p, size);
-  struct region **gone = whole_mappings(p, size) ? calloc(n, sizeof(*gone)) : NULL;
-  if (gone == NULL) {
-    pthread_mutex_unlock(&mem.lock);
-    return n == 0 || !whole_mappings(p, size) ? CUDA_ERROR_INVALID_VALUE
-                                              : CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult res = whole_mappings(p, size) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; res == CUDA_SUCCESS && i < mem.n;) {
+    struct region *r = mem.v[i];
+    if (!is_mapping_within(r, p, size)) {
+      i++;
+      continue;
+    }
+    region_remove(r);
+    alloc_unref(r->alloc);
+    free(r);
   }
-  /* Out of the table first, so that no new work can be enqueued on them. */
-  size_t k = 0;
-  for (size_t i = 0; i < mem.n; i++)
-    if (is_mapping_within(mem.v[i], p, size))
-      gone[k++] = mem.v[i];
-  for (size_t i = 0; i < k; i++)
-    region_remove(gone[i]);
+  if (res == CUDA_SUCCESS)
+    mmap((void *)p, size, PROT_NONE,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   pthread_mutex_unlock(&mem.lock);
-  fake_sync_all_streams();
-  mmap((void *)p, size, PROT_NONE,
-       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  pthread_rwlock_unlock(&unmap_lock);
+  return res;
+}
+
+/* The handle that maps the page at addr, one more reference to release
+ * with cuMemRelease, as documented: any address inside a mapping. */
+CUresult fake_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
+                                          void *addr) {
+  if (handle == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&mem.lock);
-  for (size_t i = 0; i < k; i++) {
-    alloc_unref(gone[i]->alloc);
-    free(gone[i]);
+  struct region *r = region_find((uintptr_t)addr);
+  bool ok = r != NULL && r->kind == REGION_VMM;
+  if (ok) {
+    r->alloc->refs++;
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)r->alloc;
   }
   pthread_mutex_unlock(&mem.lock);
-  free(gone);
-  return CUDA_SUCCESS;
+  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }

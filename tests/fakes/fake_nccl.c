@@ -31,6 +31,14 @@
  *                                   hang until an abort, as on real NCCL;
  *                                   otherwise (the default) both ranks get
  *                                   ncclInvalidUsage.
+ *   SHARDPORT_FAKE_NCCL_CONN_KB     device memory each connection takes
+ *                                   when it is set up (default 4096).
+ *   SHARDPORT_FAKE_NCCL_ABORT_MS    how long ncclCommAbort blocks before
+ *                                   it ends the communicator (default 0).
+ *   SHARDPORT_FAKE_NCCL_ISSUE_US    how long each call that issues work
+ *                                   sleeps once it holds its device, to
+ *                                   widen the window in which a second
+ *                                   thread's call shows (default 0).
  */
 #include <errno.h>
 #include <poll.h>
@@ -57,7 +65,10 @@ static const char id_magic[8] = "SPFKNCCL";
 struct hello {
   uint32_t magic;
   int32_t rank, nranks;
+  uint32_t zero;   /* sent as 0: the struct has no padding to leak */
+  uint64_t device; /* spfake_device_identity: which GPU of which machine */
 };
+_Static_assert(sizeof(struct hello) == 24, "struct hello has no padding");
 
 enum fault_action {
   FAULT_NONE,
@@ -71,6 +82,9 @@ static struct {
   pthread_once_t once;
   unsigned long timeout_ms;
   bool mismatch_hangs; /* SHARDPORT_FAKE_NCCL_MISMATCH=hang */
+  size_t conn_bytes;   /* SHARDPORT_FAKE_NCCL_CONN_KB, in bytes */
+  unsigned abort_ms;   /* SHARDPORT_FAKE_NCCL_ABORT_MS */
+  unsigned issue_us;   /* SHARDPORT_FAKE_NCCL_ISSUE_US */
   size_t n;
   struct {
     int rank;
@@ -87,7 +101,19 @@ static _Thread_local struct {
   ncclResult_t err;
   struct ptrq ops;   /* struct nop * */
   struct ptrq inits; /* struct fcomm * */
+  uint32_t devices;  /* the devices this thread is issuing to (a bit each) */
 } group;
+
+/* Which thread is issuing work to each device now: NCCL's "Thread Safety"
+ * forbids issuing in parallel to communicators of one device from several
+ * threads, and a group's operations must all come from one thread.  A
+ * thread holds a device from its first call on a communicator of that
+ * device until its ncclGroupEnd (or the end of an ungrouped call). */
+static struct {
+  pthread_mutex_t lock;
+  bool busy[FAKE_MAX_GPUS];
+  pthread_t owner[FAKE_MAX_GPUS];
+} issuing = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static _Atomic uint64_t next_comm_id = 1;
 
@@ -96,6 +122,12 @@ static void settings_init(void) {
   settings.timeout_ms = t <= 0 ? 30000 : (unsigned long)t;
   const char *m = getenv("SHARDPORT_FAKE_NCCL_MISMATCH");
   settings.mismatch_hangs = m != NULL && strcmp(m, "hang") == 0;
+  long kb = fake_env_long("SHARDPORT_FAKE_NCCL_CONN_KB", 4096);
+  settings.conn_bytes = kb < 0 ? (size_t)4096 << 10 : (size_t)kb << 10;
+  long am = fake_env_long("SHARDPORT_FAKE_NCCL_ABORT_MS", 0);
+  settings.abort_ms = am < 0 ? 0 : (unsigned)am;
+  long iu = fake_env_long("SHARDPORT_FAKE_NCCL_ISSUE_US", 0);
+  settings.issue_us = iu < 0 ? 0 : (unsigned)iu;
   const char *s = getenv("SHARDPORT_FAKE_NCCL_FAIL");
   while (s != NULL && *s != '\0' && settings.n < MAX_FAULTS) {
     char when[16], action[16];
@@ -127,6 +159,46 @@ static void settings_init(void) {
 bool fake_nccl_mismatch_hangs(void) {
   pthread_once(&settings.once, settings_init);
   return settings.mismatch_hangs;
+}
+
+size_t fake_nccl_conn_bytes(void) {
+  pthread_once(&settings.once, settings_init);
+  return settings.conn_bytes;
+}
+
+/* The calling thread starts or goes on issuing work to c's device.  When
+ * another thread is issuing to it at the same time the process ends with
+ * a message: on real NCCL that is a race that corrupts or deadlocks
+ * sometimes, and a fake that fails every time catches it in CI. */
+static void hold_device(const struct fcomm *c, const char *call) {
+  int d = c->device;
+  if (d < 0 || d >= FAKE_MAX_GPUS || (group.devices & (1u << d)))
+    return;
+  pthread_mutex_lock(&issuing.lock);
+  if (issuing.busy[d] && !pthread_equal(issuing.owner[d], pthread_self())) {
+    fprintf(stderr,
+            "fake NCCL: %s on a communicator of device %d while another "
+            "thread is issuing NCCL work to that device: NCCL is not "
+            "thread-safe there (docs/fakes.md)\n",
+            call, d);
+    abort();
+  }
+  issuing.busy[d] = true;
+  issuing.owner[d] = pthread_self();
+  pthread_mutex_unlock(&issuing.lock);
+  group.devices |= 1u << d;
+  if (settings.issue_us > 0)
+    usleep(settings.issue_us);
+}
+
+/* The thread's group (or ungrouped call) is over: its devices are free. */
+static void release_devices(void) {
+  pthread_mutex_lock(&issuing.lock);
+  for (int d = 0; d < FAKE_MAX_GPUS; d++)
+    if (group.devices & (1u << d))
+      issuing.busy[d] = false;
+  pthread_mutex_unlock(&issuing.lock);
+  group.devices = 0;
 }
 
 static enum fault_action fault_at(int rank, unsigned when) {
@@ -211,6 +283,20 @@ static bool io_all(int fd, void *buf, size_t len, bool out, uint64_t deadline,
   return true;
 }
 
+/* NCCL refuses one GPU as two ranks of a communicator ("Using the same
+ * CUDA device multiple times as different ranks of the same NCCL
+ * communicator is not supported"): its set-up fails with
+ * ncclInvalidUsage and warns "Duplicate GPU detected". */
+static bool duplicate_device(const struct fcomm *c, const struct hello *peer) {
+  if (peer->device != c->device_id)
+    return false;
+  fprintf(stderr,
+          "fake NCCL: Duplicate GPU detected : rank %d and rank %d both on "
+          "CUDA device %d\n",
+          c->rank, (int)peer->rank, c->device);
+  return true;
+}
+
 static ncclResult_t connect_lower(struct fcomm *c, int peer, uint64_t deadline) {
   struct sockaddr_un a;
   socklen_t alen = rank_address(c, peer, &a);
@@ -219,7 +305,8 @@ static ncclResult_t connect_lower(struct fcomm *c, int peer, uint64_t deadline) 
     if (fd < 0)
       return ncclSystemError;
     if (connect(fd, (struct sockaddr *)&a, alen) == 0) {
-      struct hello mine = {WIRE_MAGIC, c->rank, c->nranks}, theirs;
+      struct hello mine = {WIRE_MAGIC, c->rank, c->nranks, 0, c->device_id},
+                   theirs;
       if (!io_all(fd, &mine, sizeof(mine), true, deadline, &c->abort_flag) ||
           !io_all(fd, &theirs, sizeof(theirs), false, deadline, &c->abort_flag)) {
         close(fd);
@@ -231,6 +318,8 @@ static ncclResult_t connect_lower(struct fcomm *c, int peer, uint64_t deadline) 
         return ncclInvalidUsage;
       }
       c->peers[peer].fd = fd;
+      if (duplicate_device(c, &theirs))
+        return ncclInvalidUsage;
       return ncclSuccess;
     }
     int err = errno;
@@ -254,7 +343,8 @@ static ncclResult_t accept_higher(struct fcomm *c, int lfd, uint64_t deadline) {
     int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0)
       continue;
-    struct hello mine = {WIRE_MAGIC, c->rank, c->nranks}, theirs;
+    struct hello mine = {WIRE_MAGIC, c->rank, c->nranks, 0, c->device_id},
+                 theirs;
     if (!io_all(fd, &theirs, sizeof(theirs), false, deadline, &c->abort_flag) ||
         !io_all(fd, &mine, sizeof(mine), true, deadline, &c->abort_flag)) {
       close(fd);
@@ -267,6 +357,8 @@ static ncclResult_t accept_higher(struct fcomm *c, int lfd, uint64_t deadline) {
       return ncclInvalidUsage;
     }
     c->peers[theirs.rank].fd = fd;
+    if (duplicate_device(c, &theirs))
+      return ncclInvalidUsage;
     missing--;
   }
   return ncclSuccess;
@@ -333,6 +425,8 @@ static void *init_thread(void *arg) {
 }
 
 static void comm_free(struct fcomm *c) {
+  if (c->conn_bytes > 0)
+    spfake_device_uncharge(c->device, c->conn_bytes);
   for (int p = 0; c->peers != NULL && p < c->nranks; p++)
     if (c->peers[p].fd >= 0)
       close(c->peers[p].fd);
@@ -359,6 +453,10 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks,
   c->rank = rank;
   c->nranks = nranks;
   c->device = device;
+  if (!spfake_device_identity(device, &c->device_id)) {
+    comm_free(c);
+    return ncclUnhandledCudaError;
+  }
   c->blocking = config == NULL || config->blocking != 0;
   c->timeout_ms = settings.timeout_ms;
   c->initializing = true;
@@ -367,6 +465,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks,
     c->peers[p].fd = -1;
   atomic_init(&c->abort_flag, false);
 
+  hold_device(c, "ncclCommInitRankConfig");
   if (group.depth > 0) {
     /* Set up at ncclGroupEnd, together with the group's other ranks. */
     if (!ptrq_push(&group.inits, c)) {
@@ -376,6 +475,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks,
     *comm = (ncclComm_t)c;
     return ncclSuccess;
   }
+  release_devices();
   if (c->blocking) {
     ncclResult_t res = finish_init(c, rendezvous(c));
     if (res != ncclSuccess) {
@@ -417,6 +517,10 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   struct fcomm *c = (struct fcomm *)comm;
   if (c == NULL)
     return ncclInvalidArgument;
+  bool ungrouped = group.depth == 0;
+  hold_device(c, "ncclCommFinalize");
+  if (ungrouped)
+    release_devices();
   pthread_mutex_lock(&engine_lock);
   ncclResult_t res = c->initializing ? ncclInvalidUsage : c->error;
   if (res == ncclSuccess && !c->blocking) {
@@ -449,10 +553,20 @@ static ncclResult_t comm_end(struct fcomm *c, enum frame_type say) {
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
-  return comm_end((struct fcomm *)comm, FRAME_BYE);
+  struct fcomm *c = (struct fcomm *)comm;
+  if (c != NULL && group.depth == 0) {
+    hold_device(c, "ncclCommDestroy");
+    release_devices();
+  }
+  return comm_end(c, FRAME_BYE);
 }
 
+/* Abort is what a watchdog calls on a hung communicator, from any thread,
+ * so it is not held to the one-thread rule.  It may block
+ * (SHARDPORT_FAKE_NCCL_ABORT_MS), and it tells no peer. */
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (comm != NULL && settings.abort_ms > 0)
+    usleep((useconds_t)settings.abort_ms * 1000);
   return comm_end((struct fcomm *)comm, FRAME_ABORT);
 }
 
@@ -655,6 +769,7 @@ ncclResult_t ncclGroupEnd(void) {
       nop_free(ptrq_at(&ops, i));
   ptrq_free(&ops);
   ptrq_free(&inits);
+  release_devices();
   return res;
 }
 
@@ -688,6 +803,9 @@ static ncclResult_t issue(struct nop *op) {
     return refuse(res);
   }
   bool implicit = group.depth == 0;
+  hold_device(c, op->type == NOP_SEND   ? "ncclSend"
+                 : op->type == NOP_RECV ? "ncclRecv"
+                                        : "ncclAllReduce");
   if (implicit)
     ncclGroupStart();
   if (!ptrq_push(&group.ops, op)) {

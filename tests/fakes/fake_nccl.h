@@ -102,6 +102,8 @@ struct nop {
   struct xfer *xfers;
   size_t nxfers, pending;
   void **contrib;     /* allreduce: each peer's contribution */
+  int device;         /* its communicator's device, for spfake_kernels */
+  bool in_flight;     /* counted by spfake_kernels until it finishes */
 };
 
 /* The ops of one group that run on one stream. */
@@ -124,7 +126,12 @@ struct frame {
 
 struct fpeer {
   int fd;                    /* -1 for this rank itself */
-  bool closed;               /* the peer said BYE */
+  bool closed;               /* the peer said BYE or ABORT */
+  bool aborted;              /* it said ABORT: nothing more comes, and
+                              * nothing tells this rank (docs/fakes.md) */
+  bool conn[2];              /* a receive (0) and a send (1) connection
+                              * to this peer are set up, their buffers
+                              * taken from the device */
   uint64_t next_seq;         /* number of the next message to this peer */
   struct ptrq out;           /* frames to write, in order */
   struct ptrq sends;         /* send xfers announced, not yet done */
@@ -140,6 +147,7 @@ struct fpeer {
 struct fcomm {
   uint64_t id;
   int rank, nranks, device;
+  uint64_t device_id;     /* spfake_device_identity of device */
   bool blocking;
   char token[48];
   unsigned long timeout_ms;
@@ -154,6 +162,8 @@ struct fcomm {
   struct fpeer *peers;
   struct ptrq self_sends[NKINDS], self_recvs[NKINDS];
   struct ptrq ops;        /* posted ops not yet finished */
+  bool coll_conn;         /* the collectives' connections are set up */
+  size_t conn_bytes;      /* device memory those connections took */
 
   pthread_t init_thread;
   bool has_init_thread;
@@ -181,6 +191,11 @@ void engine_fail(struct fcomm *c, ncclResult_t err);
 void engine_wake(void);
 
 size_t fake_nccl_type_size(ncclDataType_t dtype);
+
+/* Device memory one connection takes when it is set up, at the first
+ * send, receive or collective that needs it (SHARDPORT_FAKE_NCCL_CONN_KB,
+ * fake_nccl.c). */
+size_t fake_nccl_conn_bytes(void);
 
 /* SHARDPORT_FAKE_NCCL_MISMATCH=hang: a mismatched send and receive are
  * left unmatched, hanging until an abort, as on real NCCL; otherwise both

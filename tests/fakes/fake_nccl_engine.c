@@ -20,6 +20,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "fake.h"
 #include "fake_nccl.h"
 
 pthread_mutex_t engine_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -202,6 +203,10 @@ static void allreduce_finish(struct nop *op) {
 
 static void op_finish(struct nop *op, enum nop_state state) {
   struct fcomm *c = op->comm;
+  if (op->in_flight) {
+    op->in_flight = false;
+    spfake_kernels(op->device, -1);
+  }
   if (state == NOP_DONE && op->type == NOP_ALLREDUCE)
     allreduce_finish(op);
   op->state = state;
@@ -283,14 +288,38 @@ static void match_self(struct fcomm *c) {
   }
 }
 
+/* NCCL sets up a connection lazily, at the first operation that needs it,
+ * and allocates its buffers on the device then: a send and a receive
+ * connection per peer, and the collectives' connections once per
+ * communicator.  A device without the memory fails the communicator as a
+ * CUDA allocation failure would. */
+static void connect_lazily(struct fcomm *c, const struct xfer *x) {
+  bool *done = x->kind == KIND_COLL ? &c->coll_conn
+                                    : &c->peers[x->peer].conn[x->is_send];
+  if (*done || x->peer == c->rank)
+    return;
+  size_t bytes = fake_nccl_conn_bytes();
+  if (spfake_device_charge(c->device, bytes) != cudaSuccess) {
+    engine_fail(c, ncclUnhandledCudaError);
+    return;
+  }
+  *done = true;
+  c->conn_bytes += bytes;
+}
+
 void engine_post(struct nop *op) {
   struct fcomm *c = op->comm;
+  op->device = c->device;
+  op->in_flight = true;
+  spfake_kernels(op->device, 1);
   for (size_t i = 0; i < op->nxfers; i++) {
     struct xfer *x = &op->xfers[i];
     struct fpeer *p = &c->peers[x->peer];
     bool ok;
-    if (p->closed)
+    /* A peer that aborted tells nobody: what waits for it waits on. */
+    if (p->closed && !p->aborted)
       engine_fail(c, ncclRemoteError);
+    connect_lazily(c, x);
     if (x->peer == c->rank) {
       ok = ptrq_push(x->is_send ? &c->self_sends[x->kind] : &c->self_recvs[x->kind], x);
     } else if (x->is_send) {
@@ -390,7 +419,10 @@ static void on_frame(struct fcomm *c, int peer, const struct wire_hdr *h) {
     engine_fail(c, ncclInvalidUsage);
     break;
   case FRAME_ABORT:
-    engine_fail(c, ncclRemoteError);
+    /* ncclCommAbort does not tell the peers: their operations with this
+     * rank wait until they abort themselves (docs/fakes.md). */
+    p->closed = true;
+    p->aborted = true;
     break;
   case FRAME_BYE:
     p->closed = true;
@@ -408,7 +440,7 @@ static void peer_lost(struct fcomm *c, int peer) {
   bool busy = p->sends.n > 0 || p->awaiting.n > 0 || p->in_x != NULL;
   for (int k = 0; k < NKINDS; k++)
     busy = busy || p->recvs[k].n > 0;
-  if (!p->closed || busy)
+  if (!p->aborted && (!p->closed || busy))
     engine_fail(c, ncclRemoteError);
   close(p->fd);
   p->fd = -1;

@@ -48,9 +48,16 @@ struct fake_event {
   atomic_int refs; /* the handle, plus one per queued operation */
 };
 
+/* The device memory an operation reads or writes, as queued: the region
+ * (fake_region_of) each range began in, checked again when it runs. */
+#define OP_RANGES 2
+
 struct op {
   struct op *next;
   enum op_kind kind;
+  int phys;                       /* the device whose stream runs it */
+  const void *range[OP_RANGES];
+  uint64_t region[OP_RANGES];     /* 0: host memory, or unused */
   union {
     struct { void *dst; const void *src; size_t n; } copy;
     struct {
@@ -126,7 +133,36 @@ static void event_wait(struct fake_event *ev, uint64_t seq) {
   }
 }
 
+/* Whether the memory op was queued on is still there.  cuMemUnmap and
+ * cudaIpcCloseMemHandle do not wait for the streams (fake_memory.c): an
+ * operation that outlived its memory would be an illegal address on a GPU,
+ * so it is one here (sticky, as a fault is) and says so on stderr, loudly,
+ * since the program that unmapped under it has a bug. */
+static bool op_memory_alive(const struct op *op) {
+  for (int i = 0; i < OP_RANGES; i++)
+    if (!fake_region_alive(op->range[i], op->region[i])) {
+      fprintf(stderr,
+              "spfake: an operation queued on device %d reached %p after "
+              "its memory was unmapped or closed (cuMemUnmap and "
+              "cudaIpcCloseMemHandle do not wait for queued work): illegal "
+              "address\n",
+              op->phys, op->range[i]);
+      fake_fault(op->phys, cudaErrorIllegalAddress);
+      return false;
+    }
+  return true;
+}
+
 static void run_op(struct op *op) {
+  bool touches = op->kind == OP_COPY || op->kind == OP_COPY2D ||
+                 op->kind == OP_SET;
+  if (touches) {
+    fake_memory_use_begin();
+    if (!op_memory_alive(op)) {
+      fake_memory_use_end();
+      return;
+    }
+  }
   switch (op->kind) {
   case OP_COPY:
     if (op->u.copy.n > 0)
@@ -158,6 +194,8 @@ static void run_op(struct op *op) {
     op->u.host.fn(op->u.host.arg);
     break;
   }
+  if (touches)
+    fake_memory_use_end();
 }
 
 static void *stream_worker(void *arg) {
@@ -267,6 +305,7 @@ static cudaError_t stream_push(cudaStream_t handle, struct op *op) {
     free(op);
     return fake_error(sticky);
   }
+  op->phys = s->phys;
   pthread_mutex_lock(&s->lock);
   op->next = NULL;
   if (s->tail != NULL)
@@ -359,8 +398,27 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   uint64_t target = s->enqueued;
   pthread_mutex_unlock(&s->lock);
   stream_drain(s, target);
+  /* A fault of the work it waited for is reported here, as the
+   * asynchronous error it is on a GPU. */
+  cudaError_t sticky = fake_sticky(s->phys);
   stream_unref(s);
-  return cudaSuccess;
+  return fake_error(sticky);
+}
+
+/* "Not ready" is an answer, not an error: it is not recorded as one. */
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  FAKE_LIVE();
+  struct fake_stream *s = stream_get(stream);
+  if (s == NULL)
+    return fake_error(cudaErrorInvalidResourceHandle);
+  pthread_mutex_lock(&s->lock);
+  bool idle = s->done == s->enqueued;
+  pthread_mutex_unlock(&s->lock);
+  cudaError_t sticky = fake_sticky(s->phys);
+  stream_unref(s);
+  if (sticky != cudaSuccess)
+    return fake_error(sticky);
+  return idle ? cudaSuccess : cudaErrorNotReady;
 }
 
 static struct op *op_new(enum op_kind kind) {
@@ -368,6 +426,14 @@ static struct op *op_new(enum op_kind kind) {
   if (op != NULL)
     op->kind = kind;
   return op;
+}
+
+/* Notes the memory an operation will touch, to check when it runs. */
+static void op_ranges(struct op *op, const void *a, const void *b) {
+  op->range[0] = a;
+  op->region[0] = fake_region_of(a);
+  op->range[1] = b;
+  op->region[1] = b != NULL ? fake_region_of(b) : 0;
 }
 
 /* SHARDPORT_FAKE_FAULT: whether this copy or memset on physical device
@@ -424,6 +490,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
   op->u.copy.dst = dst;
   op->u.copy.src = src;
   op->u.copy.n = count;
+  op_ranges(op, dst, src);
   return stream_push(stream, op);
 }
 
@@ -462,6 +529,7 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
   op->u.copy2d.spitch = spitch;
   op->u.copy2d.width = dlen == 0 ? 0 : width;
   op->u.copy2d.height = height;
+  op_ranges(op, dst, src);
   return stream_push(stream, op);
 }
 
@@ -481,6 +549,7 @@ cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src,
   op->u.copy.dst = dst;
   op->u.copy.src = src;
   op->u.copy.n = count;
+  op_ranges(op, dst, src);
   return stream_push(stream, op);
 }
 
@@ -503,6 +572,7 @@ cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count,
   op->u.set.dst = devPtr;
   op->u.set.value = value;
   op->u.set.n = count;
+  op_ranges(op, devPtr, NULL);
   return stream_push(stream, op);
 }
 

@@ -11,7 +11,7 @@
 
 struct gpu_cases {
   TCase *export, *pool, *small_pool, *faults, *nodes, *nodes_join,
-      *nodes_faults, *nodes_again, *selection, *gpu_fault;
+      *nodes_faults, *nodes_again, *selection, *gpu_fault, *slow_gpus;
 };
 
 /* test_selection.c: which backend a daemon serves and why. */

@@ -44,6 +44,8 @@ int main(int argc, char **argv) {
       .selection = add_case(s, "selection", NULL, NULL, 60),
       .gpu_fault = add_case(s, "gpu-fault", world_faulty_gpu_start,
                             world_daemon_stop, 120),
+      .slow_gpus = add_case(s, "slow-gpus", world_slow_gpus_start,
+                            world_daemon_stop, 120),
   };
   /* This order keeps each case's tests in the order they always ran. */
   test_selection_add(&c);

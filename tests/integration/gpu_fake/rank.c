@@ -7,12 +7,16 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "shardport.h"
@@ -441,11 +445,191 @@ int rank_cuda_start(struct rank *r) {
   return 0;
 }
 
+/* The CUDA contexts this process has: a GPU's flag set when it has one
+ * (the driver's own answer). */
+static uint32_t contexts(struct rank *r) {
+  void *fn = NULL;
+  enum cudaDriverEntryPointQueryResult st;
+  if (r->api.cudaGetDriverEntryPointByVersion(
+          "cuDevicePrimaryCtxGetState", &fn, CUDA_API_DRIVER_ABI,
+          cudaEnableDefault, &st) != cudaSuccess ||
+      fn == NULL)
+    return UINT32_MAX;
+  uint32_t have = 0;
+  for (int d = 0; d < r->api.device_count && d < 32; d++) {
+    unsigned flags;
+    int active = 0;
+    if (((__typeof__(cuDevicePrimaryCtxGetState) *)fn)(d, &flags, &active) !=
+            CUDA_SUCCESS ||
+        active)
+      have |= 1u << d;
+  }
+  return have;
+}
+
+/* close_holding: once every rank of the daemon left (each closed its
+ * connection), the daemon still counts the device bytes this rank owns
+ * and holds open. */
+static void check_held(struct rank *r, const char *socket,
+                       const sp_owned_set *set) {
+  bool holds_segment = false;
+  for (size_t i = 0; i < set->ntensors; i++)
+    holds_segment = holds_segment ||
+                    (!set->tensors[i].identity && set->tensors[i].data != NULL);
+  sp_client *c;
+  if (sp_connect(socket, &c) < 0) {
+    failf(r, "cannot connect for status");
+    return;
+  }
+  bool left = false;
+  for (int waited = 0; !left && waited < WAIT_MS; waited += 10) {
+    sp_job_list *jobs;
+    if (sp_jobs(c, &jobs) < 0)
+      break;
+    left = true;
+    for (size_t j = 0; j < jobs->njobs; j++)
+      left = left && jobs->jobs[j].joined == 0;
+    sp_job_list_free(jobs);
+    if (!left)
+      usleep(10000);
+  }
+  sp_status_info *st;
+  if (!left)
+    failf(r, "the ranks' departures never reached the daemon");
+  else if (sp_status(c, &st) < 0)
+    failf(r, "status failed");
+  else {
+    if (holds_segment && st->pool_used == 0)
+      failf(r, "the daemon counts no pool memory in use while this rank "
+               "holds its segment open");
+    sp_status_free(st);
+  }
+  sp_close(c);
+}
+
+/* Shuts down this process's connection to the daemon at socket under the
+ * library, as a connection that breaks: the daemon sees the rank gone
+ * while the library still has the rank's export open. */
+static void break_connection(struct rank *r, const char *socket) {
+  DIR *dir = opendir("/proc/self/fd");
+  int broken = 0;
+  for (struct dirent *de; dir != NULL && (de = readdir(dir)) != NULL;) {
+    int fd = atoi(de->d_name);
+    struct sockaddr_un peer;
+    socklen_t len = sizeof peer;
+    if (de->d_name[0] != '.' &&
+        getpeername(fd, (struct sockaddr *)&peer, &len) == 0 &&
+        peer.sun_family == AF_UNIX && strcmp(peer.sun_path, socket) == 0 &&
+        shutdown(fd, SHUT_RDWR) == 0)
+      broken++;
+  }
+  if (dir != NULL)
+    closedir(dir);
+  if (broken != 1)
+    failf(r, "found %d connections to the daemon to break", broken);
+}
+
+/* What a rank does with the daemon: join, register, export, check,
+ * release, leave. */
+struct session {
+  struct rank *r;
+  const char *socket;
+  int in_fd;
+  sp_client *c;
+};
+
+static void *run_session(void *arg) {
+  struct session *s = arg;
+  struct rank *r = s->r;
+  const struct scenario *sc = r->sc;
+  int rc;
+  if ((rc = sp_connect(s->socket, &s->c)) < 0) {
+    failf(r, "connect: %s", sp_strerror(rc));
+    return NULL;
+  }
+  sp_client *c = s->c;
+  sp_ticket ticket;
+  if (r->rank == 0) {
+    if ((rc = sp_job_create(c, sc->world, &ticket)) < 0) {
+      failf(r, "job_create: %s", sp_strerror(rc));
+      return NULL;
+    }
+    rankpipe_write(r->out_fd, 'T', &ticket, sizeof ticket);
+  } else if (rankpipe_read(s->in_fd, &ticket, sizeof ticket, WAIT_MS) < 0) {
+    failf(r, "no ticket");
+    return NULL;
+  }
+  if ((rc = sp_job_join(c, &ticket, r->rank, sc->world, r->device_name)) < 0) {
+    failf(r, "join: %s: %s", sp_strerror(rc), sp_last_message(c));
+    return NULL;
+  }
+  if ((rc = register_all(r, c)) < 0) {
+    failf(r, "register: %s: %s", sp_strerror(rc), sp_last_message(c));
+    return NULL;
+  }
+  if (sc->gate != NULL) {
+    int waited = 0;
+    while (access(sc->gate, F_OK) != 0 && waited < WAIT_MS) {
+      usleep(10000);
+      waited += 10;
+    }
+    if (access(sc->gate, F_OK) != 0) {
+      failf(r, "the gate %s never opened", sc->gate);
+      return NULL;
+    }
+  }
+  sp_export_opts eo = {.max_keys = sc->max_keys,
+                       .timeout_ms = sc->timeout_ms ? sc->timeout_ms : 20000,
+                       .progress = on_progress,
+                       .progress_arg = r};
+  for (uint32_t e = 0; e < (sc->exports ? sc->exports : 1); e++) {
+    sp_owned_set *set = NULL;
+    memset(r->owned, 0, sc->nkeys);
+    r->rep.owned_count = r->rep.device_tensors = 0;
+    r->rep.export_rc = sp_export(c, &eo, &set);
+    snprintf(r->rep.message, sizeof r->rep.message, "%s", sp_last_message(c));
+    if (sc->fail_first && e == 0) {
+      r->rep.first_rc = r->rep.export_rc;
+      snprintf(r->rep.first_message, sizeof r->rep.first_message, "%s",
+               r->rep.message);
+      if (r->rep.export_rc < 0)
+        continue;
+      failf(r, "the first export, which a fault fails, succeeded");
+      return NULL;
+    }
+    if (r->rep.export_rc < 0)
+      return NULL;
+    /* The rank's own reads work on its GPU, as a trainer's thread sets its
+     * device before it uses CUDA itself. */
+    if (sc->library_thread && r->api.cudaSetDevice(r->device) != cudaSuccess) {
+      failf(r, "cannot take GPU %d on the session's thread", r->device);
+      return NULL;
+    }
+    verify(r, set);
+    if (sc->close_holding) {
+      break_connection(r, s->socket);
+      check_held(r, s->socket, set);
+      sp_release(c, set);
+      return NULL;
+    }
+    for (size_t i = 0; i < set->ntensors && e < 4; i++)
+      if (!set->tensors[i].identity && set->tensors[i].data != NULL) {
+        r->rep.seg_inode[e] = inode_at(set->tensors[i].data);
+        break;
+      }
+    if ((rc = sp_release(c, set)) < 0)
+      failf(r, "release: %s", sp_strerror(rc));
+    check_storage_unchanged(r);
+  }
+  if ((rc = sp_job_leave(c)) < 0)
+    failf(r, "leave: %s", sp_strerror(rc));
+  return NULL;
+}
+
 void rank_main(const struct scenario *sc, const char *socket, uint32_t rank,
                int in_fd, int out_fd) {
   struct rank r = {.sc = sc, .rank = rank, .out_fd = out_fd, .mem_fd = -1};
-  sp_client *c = NULL;
-  int rc;
+  struct session s = {.r = &r, .socket = socket, .in_fd = in_fd};
   r.rep.export_rc = 1;
   /* A rank's GPUs are its node's: IPC handles do not cross fake nodes. */
   char node[16];
@@ -457,76 +641,24 @@ void rank_main(const struct scenario *sc, const char *socket, uint32_t rank,
     failf(&r, "building the device storage failed");
     goto report;
   }
-  if ((rc = sp_connect(socket, &c)) < 0) {
-    failf(&r, "connect: %s", sp_strerror(rc));
-    goto report;
-  }
-  sp_ticket ticket;
-  if (rank == 0) {
-    if ((rc = sp_job_create(c, sc->world, &ticket)) < 0) {
-      failf(&r, "job_create: %s", sp_strerror(rc));
+  if (!sc->library_thread) {
+    run_session(&s);
+  } else {
+    pthread_t t;
+    if (pthread_create(&t, NULL, run_session, &s) != 0) {
+      failf(&r, "cannot start the session's thread");
       goto report;
     }
-    rankpipe_write(out_fd, 'T', &ticket, sizeof ticket);
-  } else if (rankpipe_read(in_fd, &ticket, sizeof ticket, WAIT_MS) < 0) {
-    failf(&r, "no ticket");
-    goto report;
+    pthread_join(t, NULL);
+    uint32_t have = contexts(&r);
+    if (have != 1u << r.device)
+      failf(&r, "the process has CUDA contexts on GPUs 0x%x, not only on its "
+                "own GPU %d",
+            have, r.device);
   }
-  if ((rc = sp_job_join(c, &ticket, rank, sc->world, r.device_name)) < 0) {
-    failf(&r, "join: %s: %s", sp_strerror(rc), sp_last_message(c));
-    goto report;
-  }
-  if ((rc = register_all(&r, c)) < 0) {
-    failf(&r, "register: %s: %s", sp_strerror(rc), sp_last_message(c));
-    goto report;
-  }
-  if (sc->gate != NULL) {
-    int waited = 0;
-    while (access(sc->gate, F_OK) != 0 && waited < WAIT_MS) {
-      usleep(10000);
-      waited += 10;
-    }
-    if (access(sc->gate, F_OK) != 0) {
-      failf(&r, "the gate %s never opened", sc->gate);
-      goto report;
-    }
-  }
-  sp_export_opts eo = {.max_keys = sc->max_keys,
-                       .timeout_ms = 20000,
-                       .progress = on_progress,
-                       .progress_arg = &r};
-  for (uint32_t e = 0; e < (sc->exports ? sc->exports : 1); e++) {
-    sp_owned_set *set = NULL;
-    memset(r.owned, 0, sc->nkeys);
-    r.rep.owned_count = r.rep.device_tensors = 0;
-    r.rep.export_rc = sp_export(c, &eo, &set);
-    snprintf(r.rep.message, sizeof r.rep.message, "%s", sp_last_message(c));
-    if (sc->fail_first && e == 0) {
-      r.rep.first_rc = r.rep.export_rc;
-      snprintf(r.rep.first_message, sizeof r.rep.first_message, "%s",
-               r.rep.message);
-      if (r.rep.export_rc < 0)
-        continue;
-      failf(&r, "the first export, which a fault fails, succeeded");
-      goto report;
-    }
-    if (r.rep.export_rc < 0)
-      goto report;
-    verify(&r, set);
-    for (size_t i = 0; i < set->ntensors && e < 4; i++)
-      if (!set->tensors[i].identity && set->tensors[i].data != NULL) {
-        r.rep.seg_inode[e] = inode_at(set->tensors[i].data);
-        break;
-      }
-    if ((rc = sp_release(c, set)) < 0)
-      failf(&r, "release: %s", sp_strerror(rc));
-    check_storage_unchanged(&r);
-  }
-  if ((rc = sp_job_leave(c)) < 0)
-    failf(&r, "leave: %s", sp_strerror(rc));
 report:
   rankpipe_write(out_fd, 'R', &r.rep, sizeof r.rep);
   rankpipe_write(out_fd, 'O', r.owned, r.owned ? sc->nkeys : 0);
-  sp_close(c);
+  sp_close(s.c);
   _exit(0);
 }

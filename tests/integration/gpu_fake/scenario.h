@@ -83,6 +83,19 @@ struct scenario {
   /* When set, each rank waits after joining and registering until this
    * file exists before it asks for its first export. */
   const char *gate;
+  /* Each rank talks to the daemon from a thread of its own that has no
+   * CUDA context, as an asynchronous checkpoint thread does, and checks at
+   * the end that the library made a context on no GPU but the rank's. */
+  bool library_thread;
+  /* After its first export each rank's connection breaks (the rank shuts
+   * its socket down under the library) while it still holds what it owns,
+   * and the rank checks that the daemon, once every rank left, still
+   * counts that memory in pool_used: freeing it while the rank has it
+   * open is undefined (docs/fakes.md). */
+  bool close_holding;
+  /* The export's timeout (sp_export_opts.timeout_ms), which is also how
+   * long a round may make no progress on the GPUs; 0: 20 s. */
+  uint32_t timeout_ms;
 };
 
 struct report {

@@ -64,6 +64,105 @@ START_TEST(cumem_allocations_sharing_a_gpu_are_mapped_apart) {
 }
 END_TEST
 
+START_TEST(a_thread_without_a_context_registers_and_exports) {
+  /* Every rank uses the library from a thread that never touched CUDA
+   * (an asynchronous checkpoint thread): its registrations need a context
+   * for the driver's address lookup, and its exports must make none on a
+   * GPU the rank never used (restoring "device 0" would, since CUDA 12;
+   * docs/fakes.md).  Ranks 1 and 3 sit on GPU 1 and never use GPU 0. */
+  struct scenario sc = {.world = 4,
+                        .nkeys = world_nmixed,
+                        .keys = world_mixed_keys,
+                        .gpus = 2,
+                        .library_thread = true,
+                        .modes = {MODE_PTR, MODE_PTR, MODE_FD, MODE_FD}};
+  struct world w;
+  world_run(&sc, &w);
+  world_assert_exported(&w, &sc);
+  world_free(&w, &sc);
+  world_assert_mappings_closed();
+}
+END_TEST
+
+START_TEST(an_unreleased_segment_lives_while_its_rank_holds_it) {
+  /* Each rank leaves by closing its connection while it still holds its
+   * export (the ranks check the daemon's count then); the segments are
+   * freed once the rank processes ended. */
+  struct scenario sc = {.world = 4,
+                        .nkeys = world_nmixed,
+                        .keys = world_mixed_keys,
+                        .gpus = 2,
+                        .close_holding = true,
+                        .modes = {MODE_PTR, MODE_TORCH, MODE_FD, MODE_RAW}};
+  struct world w;
+  world_run(&sc, &w);
+  world_assert_exported(&w, &sc);
+  world_free(&w, &sc);
+  world_assert_mappings_closed();
+}
+END_TEST
+
+/* Whether one of world_node0's jobs is moving data. */
+static bool a_job_moves(void) {
+  sp_client *c;
+  sp_status_info *st;
+  bool moving = false;
+  if (sp_connect(world_node0.socket, &c) < 0)
+    return false;
+  if (sp_status(c, &st) == 0) {
+    for (size_t j = 0; j < st->njobs; j++)
+      moving = moving || strcmp(st->jobs[j].phase, "moving") == 0;
+    sp_status_free(st);
+  }
+  sp_close(c);
+  return moving;
+}
+
+START_TEST(a_slow_job_does_not_hold_another_jobs_rounds) {
+  /* Job A queues some 400 copies on each of two GPUs, 5 ms each on this
+   * daemon's fake GPUs: two seconds of work.  Job B, on the same GPUs,
+   * starts while A moves, has a few copies and gives a round one second
+   * without progress.  With one stream per GPU for every job, B's copies
+   * would wait behind A's and B would time out; each run of the engine has
+   * streams of its own (docs/gpu.md). */
+  enum { NKEYS = 800 };
+  static struct tkey many[NKEYS];
+  static char names[NKEYS][16];
+  for (int i = 0; i < NKEYS; i++) {
+    snprintf(names[i], sizeof names[i], "slow.%03d", i);
+    many[i] = K(.name = names[i], .kind = SHARD0, .dtype = "float32",
+                .es = 4, .ndim = 2, .shape = {4, 3}, .parts = {2, 2});
+  }
+  struct scenario slow = {.world = 2,
+                          .nkeys = NKEYS,
+                          .keys = many,
+                          .gpus = 2,
+                          .modes = {MODE_PTR, MODE_PTR}};
+  struct scenario quick = {.world = 4,
+                           .nkeys = world_nmixed,
+                           .keys = world_mixed_keys,
+                           .gpus = 2,
+                           .timeout_ms = 1000,
+                           .modes = {MODE_PTR, MODE_TORCH, MODE_FD, MODE_RAW}};
+  struct world a, b;
+  world_start(&a, &slow);
+  int waited = 0;
+  while (!a_job_moves() && waited < WAIT_MS) {
+    usleep(2000);
+    waited += 2;
+  }
+  ck_assert_msg(waited < WAIT_MS, "job A never moved");
+  world_start(&b, &quick);
+  world_finish(&quick, &b);
+  world_finish(&slow, &a);
+  world_assert_exported(&b, &quick);
+  world_assert_exported(&a, &slow);
+  world_free(&b, &quick);
+  world_free(&a, &slow);
+  world_assert_mappings_closed();
+}
+END_TEST
+
 START_TEST(large_strided_tensors) {
   /* Big enough that copies are many 2-D slabs, uneven shards. */
   static const struct tkey keys[] = {
@@ -248,6 +347,9 @@ void test_exports_add(const struct gpu_cases *c) {
   tcase_add_test(c->export, every_registration_kind_across_shared_gpus);
   tcase_add_test(c->export, cumem_allocations_sharing_a_gpu_are_mapped_apart);
   tcase_add_test(c->export, large_strided_tensors);
+  tcase_add_test(c->export, a_thread_without_a_context_registers_and_exports);
+  tcase_add_test(c->export, an_unreleased_segment_lives_while_its_rank_holds_it);
+  tcase_add_test(c->slow_gpus, a_slow_job_does_not_hold_another_jobs_rounds);
   tcase_add_test(c->pool, segments_reused_by_their_owner);
   tcase_add_test(c->small_pool, device_pool_capacity_refused_on_every_rank);
   tcase_add_test(c->faults, rank_killed_mid_round);

@@ -129,6 +129,31 @@ static int cpu_and_gpu_ranks_do_not_mix(struct solo *s) {
   return rc == SP_EDEVICEMISMATCH ? 0 : 4;
 }
 
+/* A job whose ticket lets it span nodes (the daemon listens for peers)
+ * gets one NCCL rank per GPU: a second rank on the same GPU is refused at
+ * its join, naming why (docs/gpu.md). */
+static int one_gpu_two_ranks_across_nodes(struct solo *s) {
+  sp_ticket t;
+  EXPECT(sp_job_create(s->c, 2, &t), 0);
+  EXPECT(sp_job_join(s->c, &t, 0, 2, s->r.device_name), 0);
+  sp_client *other;
+  if (sp_connect(world_node0.socket, &other) < 0)
+    return 3;
+  int rc = sp_job_join(other, &t, 1, 2, s->r.device_name);
+  int ok = rc == SP_EINVAL &&
+           strstr(sp_last_message(other), "needs a GPU of its own") != NULL;
+  if (!ok)
+    fprintf(stderr, "second rank on one GPU: %s (%s)\n", sp_strerror(rc),
+            sp_last_message(other));
+  sp_close(other);
+  return ok ? 0 : 4;
+}
+
+START_TEST(one_gpu_is_one_nccl_rank) {
+  ck_assert_int_eq(solo_run(one_gpu_two_ranks_across_nodes), 0);
+}
+END_TEST
+
 START_TEST(refusals) {
   ck_assert_int_eq(solo_run(unknown_gpu), 0);
   ck_assert_int_eq(solo_run(bad_storages), 0);
@@ -139,4 +164,5 @@ END_TEST
 
 void test_refusals_add(const struct gpu_cases *c) {
   tcase_add_test(c->export, refusals);
+  tcase_add_test(c->nodes, one_gpu_is_one_nccl_rank);
 }

@@ -162,9 +162,24 @@ int world_device_mappings(void) {
   return n;
 }
 
+/* A status request, which has the daemon collect the segments whose
+ * holders are gone first (pool.h): the departures the helpers below wait
+ * for may be ones only a look tells (a rank process's /proc directory). */
+static void ask_status(void) {
+  sp_client *c;
+  sp_status_info *st;
+  if (sp_connect(world_node0.socket, &c) < 0)
+    return;
+  if (sp_status(c, &st) == 0)
+    sp_status_free(st);
+  sp_close(c);
+}
+
 void world_assert_mappings_closed(void) {
-  for (int i = 0; i < 100 && world_device_mappings() != 0; i++)
+  for (int i = 0; i < 100 && world_device_mappings() != 0; i++) {
     usleep(20000);
+    ask_status();
+  }
   ck_assert_int_eq(world_device_mappings(), 0);
 }
 
@@ -183,6 +198,12 @@ void world_faulty_gpu_start(void) {
   setenv("SHARDPORT_FAKE_FAULT", "1:1", 1);
   world_daemon_start();
   unsetenv("SHARDPORT_FAKE_FAULT");
+}
+
+void world_slow_gpus_start(void) {
+  setenv("SHARDPORT_FAKE_DELAY_US", "5000", 1);
+  world_daemon_start();
+  unsetenv("SHARDPORT_FAKE_DELAY_US");
 }
 
 void world_daemon_stop(void) {

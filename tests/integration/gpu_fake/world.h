@@ -61,6 +61,9 @@ void world_daemon_stop(void);
 /* One daemon on the CUDA backend whose GPU 1 faults at its first copy
  * (SHARDPORT_FAKE_FAULT, docs/fakes.md): an illegal address, sticky. */
 void world_faulty_gpu_start(void);
+/* One daemon on the CUDA backend whose every stream operation takes 5 ms
+ * (SHARDPORT_FAKE_DELAY_US), so that a job's copies queue for a while. */
+void world_slow_gpus_start(void);
 void world_small_pool_start(void);
 void world_small_pool_stop(void);
 /* Two daemons as two fake nodes (SHARDPORT_FAKE_NODE 0 and 1), both

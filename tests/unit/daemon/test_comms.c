@@ -149,15 +149,14 @@ END_TEST
 START_TEST(a_later_generation_does_not_take_the_join_time_set) {
   join(3);
   poll_until_joined();
-  struct gpu_comms *made = job.gpu_comms;
   /* Generation 1 (an earlier export failed on another node): the
-   * join-time set does not serve, whatever ranks it holds. */
+   * join-time set does not serve, whatever ranks it holds (it is freed on
+   * a helper thread, so its address may come back for the new set). */
   uint8_t fresh[GPU_NCCL_ID_BYTES];
   char msg[SP_ERRMSG_MAX + 1];
   ck_assert_int_eq(gpu_comms_unique_id(gpu, fresh, msg, sizeof msg), 0);
   struct comms_want w = want(3, 1, fresh);
   ck_assert_msg(comms_for_export(&job, &w, msg, sizeof msg) == 0, "%s", msg);
-  ck_assert_ptr_ne(job.gpu_comms, made);
   ck_assert_uint_eq(job.gpu_comms_gen, 1);
 }
 END_TEST

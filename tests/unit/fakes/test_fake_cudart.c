@@ -9,6 +9,7 @@
  * (fork+exec), never a bare fork of a process that has CUDA initialised.
  */
 #include <check.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <pthread.h>
 #include <signal.h>
@@ -403,6 +404,120 @@ START_TEST(the_memory_limit_is_per_device) {
 }
 END_TEST
 
+START_TEST(contexts_are_made_where_the_runtime_makes_them) {
+  char out[4096];
+  int rc = peer_run((const char *[]){"contexts", NULL},
+                    (char *[]){"SHARDPORT_FAKE_CTX_MB=64", NULL}, -1, 10000,
+                    out, sizeof(out));
+  ck_assert_msg(rc == 0, "status %d: %s", rc, out);
+}
+END_TEST
+
+/* Exclusive-process mode: one process of the machine at a time has a
+ * context on the device, and the device is free again once it ended. */
+START_TEST(an_exclusive_process_device_takes_one_process) {
+  char *env[] = {"SHARDPORT_FAKE_COMPUTE_MODE=1:exclusive_process", NULL};
+  char out[4096], line[256];
+  struct child holder;
+  ck_assert_int_eq(peer_start(&holder, (const char *[]){"ctx-hold", "1", NULL},
+                              env, -1), 0);
+  ck_assert_int_eq(child_line(&holder, line, sizeof(line), 10000), 0);
+  ck_assert_str_eq(line, "held");
+  int rc = peer_run((const char *[]){"ctx-refused", "1", NULL}, env, -1, 10000,
+                    out, sizeof(out));
+  ck_assert_msg(rc == 0, "status %d: %s", rc, out);
+  child_kill(&holder, SIGKILL);
+  child_finish(&holder, 10000, NULL, 0);
+  ck_assert_int_eq(peer_start(&holder, (const char *[]){"ctx-hold", "1", NULL},
+                              env, -1), 0);
+  ck_assert_int_eq(child_line(&holder, line, sizeof(line), 10000), 0);
+  ck_assert_str_eq(line, "held");
+  child_kill(&holder, SIGKILL);
+  child_finish(&holder, 10000, NULL, 0);
+  /* Prohibited: no context at all. */
+  rc = peer_run((const char *[]){"ctx-hold", "0", NULL},
+                (char *[]){"SHARDPORT_FAKE_COMPUTE_MODE=0:prohibited", NULL},
+                -1, 10000, out, sizeof(out));
+  ck_assert_msg(rc == 1 && strstr(out, "CUDA error 46") != NULL,
+                "status %d: %s", rc, out);
+}
+END_TEST
+
+START_TEST(an_unmap_does_not_wait_for_queued_copies) {
+  char out[4096];
+  int rc = peer_run((const char *[]){"unmap-late", NULL},
+                    (char *[]){"SHARDPORT_FAKE_DELAY_US=200000", NULL}, -1,
+                    10000, out, sizeof(out));
+  ck_assert_msg(rc == 0, "status %d: %s", rc, out);
+}
+END_TEST
+
+/* Used bytes of device 0 as cudaMemGetInfo reports them. */
+static size_t used_on_device0(void) {
+  __typeof__(cudaMemGetInfo) *get_info = dlsym(api.cudart_handle, "cudaMemGetInfo");
+  ck_assert_ptr_nonnull(get_info);
+  size_t free_b, total;
+  CUDA_OK(api.cudaSetDevice(0));
+  CUDA_OK(get_info(&free_b, &total));
+  return total - free_b;
+}
+
+START_TEST(freed_memory_stays_taken_while_another_process_has_it_open) {
+  const size_t len = 4u << 20;
+  size_t before = used_on_device0();
+  void *d;
+  cudaIpcMemHandle_t h;
+  CUDA_OK(api.cudaMalloc(&d, len));
+  ck_assert_uint_eq(used_on_device0(), before + len);
+  CUDA_OK(api.cudaIpcGetMemHandle(&h, d));
+  char hex[2 * sizeof(h) + 1], line[256];
+  hex_encode(&h, sizeof(h), hex);
+  struct child holder;
+  ck_assert_int_eq(peer_start(&holder, (const char *[]){"mem-hold", hex, NULL},
+                              NULL, -1), 0);
+  ck_assert_int_eq(child_line(&holder, line, sizeof(line), 10000), 0);
+  ck_assert_str_eq(line, "open");
+  /* Freed here, still open there: still taken. */
+  CUDA_OK(api.cudaFree(d));
+  ck_assert_uint_eq(used_on_device0(), before + len);
+  /* The importer's end lets it go. */
+  child_kill(&holder, SIGKILL);
+  child_finish(&holder, 10000, NULL, 0);
+  ck_assert_uint_eq(used_on_device0(), before);
+  /* An importer that closed it already holds nothing. */
+  CUDA_OK(api.cudaMalloc(&d, len));
+  CUDA_OK(api.cudaIpcGetMemHandle(&h, d));
+  hex_encode(&h, sizeof(h), hex);
+  char out[4096];
+  int rc = peer_run((const char *[]){"mem-open", hex, "0", "16", "0xa5", "0x01",
+                                     NULL},
+                    NULL, -1, 10000, out, sizeof(out));
+  ck_assert_msg(rc == 0, "status %d: %s", rc, out);
+  CUDA_OK(api.cudaFree(d));
+  ck_assert_uint_eq(used_on_device0(), before);
+}
+END_TEST
+
+/* Every error the fake runtime answers has its name, as the real
+ * cudaGetErrorString gives one for every code. */
+START_TEST(every_error_the_fake_answers_is_named) {
+  const cudaError_t codes[] = {
+      cudaErrorInvalidValue,          cudaErrorMemoryAllocation,
+      cudaErrorInvalidPitchValue,     cudaErrorInvalidMemcpyDirection,
+      cudaErrorInsufficientDriver,    cudaErrorNoDevice,
+      cudaErrorInvalidDevice,         cudaErrorDeviceUninitialized,
+      cudaErrorMapBufferObjectFailed, cudaErrorPeerAccessUnsupported,
+      cudaErrorInvalidResourceHandle, cudaErrorNotReady,
+      cudaErrorPeerAccessAlreadyEnabled, cudaErrorNotSupported,
+      cudaErrorIllegalAddress,        cudaErrorDevicesUnavailable,
+  };
+  const char *unknown = api.cudaGetErrorString((cudaError_t)99999);
+  for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++)
+    ck_assert_msg(strcmp(api.cudaGetErrorString(codes[i]), unknown) != 0,
+                  "error %d has no name", (int)codes[i]);
+}
+END_TEST
+
 START_TEST(driver_entry_points_follow_the_documented_contract) {
   void *fn = (void *)1;
   enum cudaDriverEntryPointQueryResult st;
@@ -442,6 +557,11 @@ int main(void) {
   tcase_add_test(tc, cumem_access_is_per_device_and_faults_are_sticky);
   tcase_add_test(tc, the_memory_limit_is_per_device);
   tcase_add_test(tc, driver_entry_points_follow_the_documented_contract);
+  tcase_add_test(tc, contexts_are_made_where_the_runtime_makes_them);
+  tcase_add_test(tc, an_exclusive_process_device_takes_one_process);
+  tcase_add_test(tc, an_unmap_does_not_wait_for_queued_copies);
+  tcase_add_test(tc, freed_memory_stays_taken_while_another_process_has_it_open);
+  tcase_add_test(tc, every_error_the_fake_answers_is_named);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

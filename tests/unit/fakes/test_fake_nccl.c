@@ -9,6 +9,9 @@
  * and reads what the ranks report.
  */
 #include <check.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,12 +47,20 @@ static void run_scenario(const char *scenario, int nranks, struct rank_proc *pro
                          int nprocs, const int *want_status,
                          char outs[][4096]) {
   struct child ch[MAX_PEERS];
-  char n[16];
+  char n[16], node[MAX_PEERS][32];
   snprintf(n, sizeof(n), "%d", nranks);
   for (int i = 0; i < nprocs; i++) {
     const char *args[] = {"nccl", scenario, id_hex, n, procs[i].ranks,
                           procs[i].arg, NULL};
-    ck_assert_int_eq(peer_start(&ch[i], args, procs[i].env, -1), 0);
+    /* Each process is a machine of its own, its ranks on GPUs 0, 1, ...:
+     * NCCL refuses one GPU as two ranks. */
+    char *env[6] = {0};
+    size_t k = 0;
+    for (; k < 4 && procs[i].env[k] != NULL; k++)
+      env[k] = procs[i].env[k];
+    snprintf(node[i], sizeof node[i], "SHARDPORT_FAKE_NODE=%d", i);
+    env[k] = node[i];
+    ck_assert_int_eq(peer_start(&ch[i], args, env, -1), 0);
   }
   int status[MAX_PEERS];
   for (int i = 0; i < nprocs; i++)
@@ -133,7 +144,7 @@ START_TEST(a_count_mismatch_is_an_error_not_a_hang) {
 }
 END_TEST
 
-START_TEST(an_abort_fails_the_waiting_peer) {
+START_TEST(an_abort_does_not_tell_the_waiting_peer) {
   char outs[2][4096];
   struct rank_proc p[2] = {{.ranks = "0", .arg = "abort"},
                            {.ranks = "1", .arg = "abort"}};
@@ -218,6 +229,141 @@ START_TEST(arguments_are_checked_when_issued) {
 }
 END_TEST
 
+/* A one-rank communicator of a fresh id on the current device. */
+static ncclComm_t one_rank_comm(void) {
+  ncclUniqueId id;
+  ncclComm_t comm = NULL;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  ck_assert_int_eq(api.ncclGetUniqueId(&id), ncclSuccess);
+  ck_assert_int_eq(api.ncclCommInitRankConfig(&comm, 1, id, 0, &config),
+                   ncclSuccess);
+  return comm;
+}
+
+START_TEST(one_gpu_is_refused_as_two_ranks) {
+  ncclUniqueId id;
+  ncclComm_t comm[2] = {NULL, NULL};
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  ck_assert_int_eq(api.ncclGetUniqueId(&id), ncclSuccess);
+  ck_assert_int_eq(api.cudaSetDevice(0), cudaSuccess);
+  ck_assert_int_eq(api.ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < 2; r++)
+    api.ncclCommInitRankConfig(&comm[r], 2, id, r, &config);
+  ck_assert_int_eq(api.ncclGroupEnd(), ncclInvalidUsage);
+  for (int r = 0; r < 2; r++)
+    api.ncclCommAbort(comm[r]);
+}
+END_TEST
+
+struct issuer {
+  ncclComm_t comm;
+  void *buf;
+};
+
+/* Issues a self send and receive in one group; the fake holds the device
+ * SHARDPORT_FAKE_NCCL_ISSUE_US at the first call. */
+static void *issue_group(void *arg) {
+  struct issuer *is = arg;
+  api.cudaSetDevice(0);
+  api.ncclGroupStart();
+  api.ncclSend(is->buf, 4, ncclUint8, 0, is->comm, NULL);
+  api.ncclRecv((char *)is->buf + 4, 4, ncclUint8, 0, is->comm, NULL);
+  api.ncclGroupEnd();
+  return NULL;
+}
+
+/* Two threads issuing to communicators of one device at once end the
+ * process (SIGABRT): NCCL is not thread-safe there. */
+START_TEST(two_threads_issuing_to_one_device_fail_loudly) {
+  setenv("SHARDPORT_FAKE_NCCL_ISSUE_US", "300000", 1);
+  ck_assert_int_eq(api.cudaSetDevice(0), cudaSuccess);
+  struct issuer a = {.comm = one_rank_comm()}, b = {.comm = one_rank_comm()};
+  ck_assert_int_eq(api.cudaMalloc(&a.buf, 8), cudaSuccess);
+  ck_assert_int_eq(api.cudaMalloc(&b.buf, 8), cudaSuccess);
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, issue_group, &a), 0);
+  usleep(100000);
+  issue_group(&b);
+  pthread_join(t, NULL);
+}
+END_TEST
+
+/* cudaFree of a device's memory while an NCCL operation is in flight there
+ * ends the process (SIGABRT): a receive nobody sends to stays in flight. */
+START_TEST(cuda_free_under_nccl_work_fails_loudly) {
+  ck_assert_int_eq(api.cudaSetDevice(0), cudaSuccess);
+  ncclComm_t comm = one_rank_comm();
+  void *buf, *other;
+  ck_assert_int_eq(api.cudaMalloc(&buf, 8), cudaSuccess);
+  ck_assert_int_eq(api.cudaMalloc(&other, 8), cudaSuccess);
+  ck_assert_int_eq(api.ncclRecv(buf, 4, ncclUint8, 0, comm, NULL), ncclSuccess);
+  api.cudaFree(other);
+}
+END_TEST
+
+/* After the work is over (here: aborted), freeing is fine. */
+START_TEST(cuda_free_after_nccl_work_is_fine) {
+  ck_assert_int_eq(api.cudaSetDevice(0), cudaSuccess);
+  ncclComm_t comm = one_rank_comm();
+  void *buf, *other;
+  ck_assert_int_eq(api.cudaMalloc(&buf, 8), cudaSuccess);
+  ck_assert_int_eq(api.cudaMalloc(&other, 8), cudaSuccess);
+  ck_assert_int_eq(api.ncclRecv(buf, 4, ncclUint8, 0, comm, NULL), ncclSuccess);
+  ck_assert_int_eq(api.ncclCommAbort(comm), ncclSuccess);
+  ck_assert_int_eq(api.cudaFree(other), cudaSuccess);
+  ck_assert_int_eq(api.cudaFree(buf), cudaSuccess);
+}
+END_TEST
+
+/* The free memory cudaMemGetInfo reports on the current device. */
+static size_t free_on(int dev) {
+  size_t free = 0, total = 0;
+  ck_assert_int_eq(api.cudaSetDevice(dev), cudaSuccess);
+  ck_assert_int_eq(api.cudaMemGetInfo(&free, &total), cudaSuccess);
+  return free;
+}
+
+/* A connection takes its buffers from the device at the first send or
+ * receive to that peer, not at set-up; later rounds take nothing. */
+START_TEST(connections_take_device_memory_when_first_used) {
+  setenv("SHARDPORT_FAKE_NCCL_CONN_KB", "1024", 1);
+  ncclUniqueId id;
+  ncclComm_t comm[2];
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  void *buf[2];
+  ck_assert_int_eq(api.ncclGetUniqueId(&id), ncclSuccess);
+  ck_assert_int_eq(api.ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < 2; r++) {
+    ck_assert_int_eq(api.cudaSetDevice(r), cudaSuccess);
+    ck_assert_int_eq(api.cudaMalloc(&buf[r], 64), cudaSuccess);
+    api.ncclCommInitRankConfig(&comm[r], 2, id, r, &config);
+  }
+  ck_assert_int_eq(api.ncclGroupEnd(), ncclSuccess);
+  size_t before[2] = {free_on(0), free_on(1)};
+  for (int round = 0; round < 2; round++) {
+    ck_assert_int_eq(api.ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < 2; r++) {
+      api.cudaSetDevice(r);
+      api.ncclSend(buf[r], 8, ncclUint8, 1 - r, comm[r], NULL);
+      api.ncclRecv((char *)buf[r] + 32, 8, ncclUint8, 1 - r, comm[r], NULL);
+    }
+    ck_assert_int_eq(api.ncclGroupEnd(), ncclSuccess);
+    for (int r = 0; r < 2; r++) {
+      api.cudaSetDevice(r);
+      ck_assert_int_eq(api.cudaStreamSynchronize(NULL), cudaSuccess);
+      /* A send and a receive connection, 1 MiB each. */
+      ck_assert_uint_eq(before[r] - free_on(r), (size_t)2 << 20);
+    }
+  }
+  for (int r = 0; r < 2; r++) {
+    api.cudaSetDevice(r);
+    ck_assert_int_eq(api.ncclCommDestroy(comm[r]), ncclSuccess);
+    ck_assert_uint_eq(free_on(r), before[r]);
+    api.cudaFree(buf[r]);
+  }
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("fake-nccl");
   TCase *tc = tcase_create("contracts");
@@ -230,11 +376,18 @@ int main(void) {
   tcase_add_test(tc, ranks_sharing_a_process_exchange_in_one_group);
   tcase_add_test(tc, nonblocking_communicators_report_progress);
   tcase_add_test(tc, a_count_mismatch_is_an_error_not_a_hang);
-  tcase_add_test(tc, an_abort_fails_the_waiting_peer);
+  tcase_add_test(tc, an_abort_does_not_tell_the_waiting_peer);
   tcase_add_test(tc, a_dead_peer_fails_the_waiting_peer);
   tcase_add_test(tc, an_injected_error_fails_that_launch);
   tcase_add_test(tc, a_hung_rank_is_left_to_the_watchdog);
   tcase_add_test(tc, arguments_are_checked_when_issued);
+  tcase_add_test(tc, one_gpu_is_refused_as_two_ranks);
+  tcase_add_test_raise_signal(tc, two_threads_issuing_to_one_device_fail_loudly,
+                              SIGABRT);
+  tcase_add_test_raise_signal(tc, cuda_free_under_nccl_work_fails_loudly,
+                              SIGABRT);
+  tcase_add_test(tc, cuda_free_after_nccl_work_is_fine);
+  tcase_add_test(tc, connections_take_device_memory_when_first_used);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -24,8 +24,16 @@
  * NCCL serves the id's rendezvous from the process that made it, so the
  * GPU script lets node 0 make it).  GPUNODE_SELF=1 adds, once the
  * communicators are warm, a round of sends of every local rank to itself,
- * checked byte for byte ("self ok").
+ * checked byte for byte ("self ok").  GPUNODE_ID2=HEX runs a second job of
+ * the same ranks at the same time, on its own communicators (made from
+ * that id; "-" makes it here and prints "id2 HEX" after "id HEX") and
+ * segments, each job's exports on a thread of its own, as
+ * two jobs' engines run in a daemon; the first job exports 2 * EXPORTS
+ * times, and each job frees its segments once its exports are over.  GPUNODE_MEMCHECK=1 fails ("fail ...")
+ * when the exports took device memory that cudaMemGetInfo counts beyond
+ * what the warmed communicators had taken.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -228,8 +236,18 @@ static int fail(const char *fmt, const char *a, int code) {
   return code;
 }
 
-/* What one node holds: the plan, its ranks' storages and segments, the
- * communicators; freed whatever happened. */
+/* One job's owners' segments and communicators on this node. */
+struct job_state {
+  uint8_t *dst[MAX_WORLD];
+  uint64_t dst_size[MAX_WORLD];
+  struct gpu_segment *segs[MAX_WORLD];
+  struct gpu_comms *comms;
+};
+
+#define MAX_JOBS 2
+
+/* What one node holds: the plan, its ranks' storages, each job's segments
+ * and communicators; freed whatever happened. */
 struct node_state {
   struct gpu *gpu;
   struct tjob *job;
@@ -238,24 +256,23 @@ struct node_state {
   bool have_layout;
   struct xfer_storage *src[MAX_WORLD];
   size_t nsrc[MAX_WORLD];
-  uint8_t *dst[MAX_WORLD];
-  uint64_t dst_size[MAX_WORLD];
-  struct gpu_segment *segs[MAX_WORLD];
   struct gpu_comm_rank local[MAX_WORLD];
   size_t nlocal;
-  struct gpu_comms *comms;
+  struct job_state jobs[MAX_JOBS];
+  int njobs;
 };
 
 static void node_free(struct node_state *ns) {
-  gpu_comms_free(ns->comms);
-  const struct cuda_api *a = &ns->gpu->api;
+  for (int j = 0; j < MAX_JOBS; j++) {
+    gpu_comms_free(ns->jobs[j].comms);
+    for (uint32_t r = 0; r < MAX_WORLD; r++)
+      gpu_segment_free(ns->gpu, ns->jobs[j].segs[r]);
+  }
   for (uint32_t r = 0; r < MAX_WORLD; r++) {
-    gpu_segment_free(ns->gpu, ns->segs[r]);
     for (size_t i = 0; ns->src[r] != NULL && i < ns->nsrc[r]; i++)
-      if (ns->src[r][i].gpu.data != NULL) {
-        a->cudaSetDevice(ns->src[r][i].gpu.device);
-        a->cudaFree((void *)ns->src[r][i].gpu.data);
-      }
+      /* As the daemon frees: not under NCCL work still being aborted. */
+      gpu_device_free(ns->gpu, ns->src[r][i].gpu.device,
+                      (void *)ns->src[r][i].gpu.data);
     free(ns->src[r]);
   }
   if (ns->have_layout)
@@ -313,12 +330,15 @@ static int node_setup(struct node_state *ns, uint32_t world, uint64_t node,
         return -1;
       }
     }
-    ns->dst_size[r] = ns->layout.seg_size[r];
-    if (ns->layout.seg_size[r] > 0) {
-      if (gpu_segment_new(ns->gpu, dev, ns->layout.seg_size[r], &ns->segs[r],
-                          msg, msglen) != 0)
-        return -1;
-      ns->dst[r] = gpu_segment_info(ns->segs[r])->ptr;
+    for (int j = 0; j < ns->njobs; j++) {
+      struct job_state *js = &ns->jobs[j];
+      js->dst_size[r] = ns->layout.seg_size[r];
+      if (ns->layout.seg_size[r] > 0) {
+        if (gpu_segment_new(ns->gpu, dev, ns->layout.seg_size[r], &js->segs[r],
+                            msg, msglen) != 0)
+          return -1;
+        js->dst[r] = gpu_segment_info(js->segs[r])->ptr;
+      }
     }
   }
   return 0;
@@ -326,7 +346,8 @@ static int node_setup(struct node_state *ns, uint32_t world, uint64_t node,
 
 /* Every tensor a local rank owns, read back and compared: how many, or -1
  * (printed). */
-static long verify(struct node_state *ns, uint64_t node) {
+static long verify(struct node_state *ns, const struct job_state *js,
+                   uint64_t node) {
   const struct cuda_api *a = &ns->gpu->api;
   long verified = 0;
   for (size_t k = 0; k < ns->plan->nkeys; k++) {
@@ -340,7 +361,7 @@ static long verify(struct node_state *ns, uint64_t node) {
     a->cudaSetDevice((int)(key->owner % GPUS_PER_NODE));
     if (host == NULL ||
         a->cudaMemcpy2DAsync(host, key->nbytes,
-                             ns->dst[key->owner] + ns->layout.offset[k],
+                             js->dst[key->owner] + ns->layout.offset[k],
                              key->nbytes, key->nbytes, 1,
                              cudaMemcpyDeviceToHost, NULL) != cudaSuccess ||
         a->cudaStreamSynchronize(NULL) != cudaSuccess) {
@@ -364,17 +385,107 @@ static long verify(struct node_state *ns, uint64_t node) {
   return verified;
 }
 
+/* The free device memory of each local rank's GPU (cudaMemGetInfo). */
+static void device_free(struct node_state *ns, size_t *free_bytes) {
+  const struct cuda_api *a = &ns->gpu->api;
+  for (size_t i = 0; i < ns->nlocal; i++) {
+    size_t total = 0;
+    free_bytes[i] = 0;
+    a->cudaSetDevice(ns->local[i].device);
+    a->cudaMemGetInfo(&free_bytes[i], &total);
+  }
+}
+
+/* Whether every bucket received on this node starts aligned in its
+ * owner's staging (comm.c): NCCL moves aligned buffers fastest.  A bucket
+ * starts bucket_offset bytes before each of its moves. */
+static bool staging_aligned(const struct node_state *ns,
+                            const struct job_state *js, uint64_t node) {
+  for (size_t k = 0; k < ns->plan->nrounds; k++) {
+    const struct plan_round *rd = &ns->plan->rounds[k];
+    for (size_t i = 0; i < rd->nmoves; i++) {
+      const struct plan_move *m = &rd->moves[i];
+      if (ns->plan->node[m->dst] != node)
+        continue;
+      const uint8_t *at = gpu_comms_received(js->comms, rd, m);
+      if (at != NULL && (uintptr_t)(at - m->bucket_offset) % 256 != 0) {
+        printf("fail round %zu: the bucket of key %s starts at %p in "
+               "staging, not 256-byte aligned\n",
+               k + 1, ns->plan->keys[m->key].name,
+               (const void *)(at - m->bucket_offset));
+        fflush(stdout);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+/* One job's exports, one after the other, each verified. */
+struct exports {
+  struct node_state *ns;
+  struct job_state *js;
+  uint64_t node;
+  uint32_t timeout_ms;
+  int count;
+  int status;
+};
+
+static void *run_exports(void *arg) {
+  struct exports *x = arg;
+  struct node_state *ns = x->ns;
+  struct gpu_run run = {.gpu = ns->gpu, .segments = x->js->segs,
+                        .node = x->node, .comms = x->js->comms,
+                        .timeout_ms = x->timeout_ms};
+  x->status = 2;
+  for (int n = 1; n <= x->count; n++) {
+    struct engine e = {.plan = ns->plan,
+                       .src = (const struct xfer_storage *const *)ns->src,
+                       .dst = x->js->dst, .dst_size = x->js->dst_size,
+                       .key_offset = ns->layout.offset, .threads = 1,
+                       .gpu_run = &run};
+    int rc = gpu_engine_run(&e);
+    if (rc != 0) {
+      printf("error %s: %s\n", sp_err_name(rc), e.msg);
+      fflush(stdout);
+      return NULL;
+    }
+    long verified = verify(ns, x->js, x->node);
+    if (verified < 0 || (x->js->comms != NULL &&
+                         !staging_aligned(ns, x->js, x->node))) {
+      x->status = 1;
+      return NULL;
+    }
+    printf("ok %d %ld\n", n, verified);
+    fflush(stdout);
+  }
+  /* Done, the job frees its segments, as a daemon frees those of ranks
+   * that leave, while another job's rounds may still run. */
+  for (uint32_t r = 0; r < MAX_WORLD; r++) {
+    gpu_segment_free(ns->gpu, x->js->segs[r]);
+    x->js->segs[r] = NULL;
+  }
+  x->status = 0;
+  return NULL;
+}
+
 int main(int argc, char **argv) {
   if (argc < 4)
     return fail("usage: %s NCCL_ID_HEX NODES NODE [EXPORTS]", argv[0], 64);
   const char *g = getenv("GPUNODE_GPUS");
   if (g != NULL)
     GPUS_PER_NODE = (uint32_t)atoi(g);
-  uint8_t id[GPU_NCCL_ID_BYTES];
+  uint8_t ids[MAX_JOBS][GPU_NCCL_ID_BYTES];
+  uint8_t *id = ids[0];
   bool make_id = strcmp(argv[1], "-") == 0;
-  for (size_t i = 0; !make_id && i < sizeof id; i++)
+  const char *id2 = getenv("GPUNODE_ID2");
+  for (size_t i = 0; !make_id && i < GPU_NCCL_ID_BYTES; i++)
     if (sscanf(argv[1] + 2 * i, "%2hhx", &id[i]) != 1)
       return fail("bad id %s", argv[1], 64);
+  bool make_id2 = id2 != NULL && strcmp(id2, "-") == 0;
+  for (size_t i = 0; id2 != NULL && !make_id2 && i < GPU_NCCL_ID_BYTES; i++)
+    if (sscanf(id2 + 2 * i, "%2hhx", &ids[1][i]) != 1)
+      return fail("bad id %s", id2, 64);
   uint32_t nodes = (uint32_t)atoi(argv[2]);
   uint64_t node = (uint64_t)atoi(argv[3]);
   int exports = argc > 4 ? atoi(argv[4]) : 1;
@@ -385,7 +496,7 @@ int main(int argc, char **argv) {
     return fail("%s: bad node count", argv[2], 64);
 
   char msg[SP_ERRMSG_MAX + 1];
-  struct node_state ns = {0};
+  struct node_state ns = {.njobs = id2 != NULL ? 2 : 1};
   if (gpu_open(&ns.gpu, msg, sizeof msg) != 0)
     return fail("error gpu_open: %s", msg, 2);
   int status = 2;
@@ -395,8 +506,19 @@ int main(int argc, char **argv) {
       goto out;
     }
     printf("id ");
-    for (size_t i = 0; i < sizeof id; i++)
+    for (size_t i = 0; i < GPU_NCCL_ID_BYTES; i++)
       printf("%02x", id[i]);
+    printf("\n");
+    fflush(stdout);
+  }
+  if (make_id2) {
+    if (gpu_comms_unique_id(ns.gpu, ids[1], msg, sizeof msg) != 0) {
+      fail("error %s", msg, 2);
+      goto out;
+    }
+    printf("id2 ");
+    for (size_t i = 0; i < GPU_NCCL_ID_BYTES; i++)
+      printf("%02x", ids[1][i]);
     printf("\n");
     fflush(stdout);
   }
@@ -411,45 +533,64 @@ int main(int argc, char **argv) {
     fail("error setting up: %s", msg, 2);
     goto out;
   }
-  int rc = gpu_comms_create(ns.gpu, id, world, ns.local, ns.nlocal,
-                            timeout_ms, &ns.comms, msg, sizeof msg);
-  if (rc != 0) {
-    ns.comms = NULL;
-    printf("error %s: %s\n", sp_err_name(rc), msg);
-    goto out;
+  for (int j = 0; j < ns.njobs; j++) {
+    int rc = gpu_comms_create(ns.gpu, ids[j], world, ns.local, ns.nlocal,
+                              ns.plan, timeout_ms, &ns.jobs[j].comms, msg,
+                              sizeof msg);
+    if (rc != 0) {
+      ns.jobs[j].comms = NULL;
+      printf("error %s: %s\n", sp_err_name(rc), msg);
+      goto out;
+    }
   }
   printf("ready\n");
   fflush(stdout);
   const char *self = getenv("GPUNODE_SELF");
   if (self != NULL && strcmp(self, "1") == 0) {
-    if (self_round(ns.gpu, ns.comms, ns.local, ns.nlocal) != 0) {
+    if (self_round(ns.gpu, ns.jobs[0].comms, ns.local, ns.nlocal) != 0) {
       status = fail("fail %s", "self send/receive", 1);
       goto out;
     }
     printf("self ok\n");
     fflush(stdout);
   }
-  struct gpu_run run = {.gpu = ns.gpu, .segments = ns.segs, .node = node,
-                        .comms = ns.comms, .timeout_ms = timeout_ms};
-  for (int x = 1; x <= exports; x++) {
-    struct engine e = {.plan = ns.plan,
-                       .src = (const struct xfer_storage *const *)ns.src,
-                       .dst = ns.dst, .dst_size = ns.dst_size,
-                       .key_offset = ns.layout.offset, .threads = 1,
-                       .gpu_run = &run};
-    rc = gpu_engine_run(&e);
-    if (rc != 0) {
-      printf("error %s: %s\n", sp_err_name(rc), e.msg);
+  size_t warm_free[MAX_WORLD];
+  device_free(&ns, warm_free);
+  struct exports ex[MAX_JOBS];
+  pthread_t threads[MAX_JOBS];
+  for (int j = 0; j < ns.njobs; j++) {
+    /* The first job exports twice as often, so that the second one ends
+     * (and frees) while the first one's rounds run. */
+    ex[j] = (struct exports){.ns = &ns, .js = &ns.jobs[j], .node = node,
+                             .timeout_ms = timeout_ms,
+                             .count = j == 0 && ns.njobs > 1 ? 2 * exports
+                                                             : exports};
+    if (j > 0 && pthread_create(&threads[j], NULL, run_exports, &ex[j]) != 0) {
+      status = fail("fail %s", "no thread for the second job", 1);
       goto out;
     }
-    long verified = verify(&ns, node);
-    if (verified < 0) {
+  }
+  run_exports(&ex[0]);
+  for (int j = 1; j < ns.njobs; j++)
+    pthread_join(threads[j], NULL);
+  for (int j = 0; j < ns.njobs; j++)
+    if (ex[j].status != 0) {
+      status = ex[j].status;
+      goto out;
+    }
+  const char *memcheck = getenv("GPUNODE_MEMCHECK");
+  size_t after[MAX_WORLD];
+  device_free(&ns, after);
+  for (size_t i = 0; memcheck != NULL && strcmp(memcheck, "1") == 0 &&
+                     i < ns.nlocal;
+       i++)
+    if (after[i] < warm_free[i]) {
+      printf("fail the exports took %zu bytes of device memory on GPU %d "
+             "beyond the warmed communicators'\n",
+             warm_free[i] - after[i], ns.local[i].device);
       status = 1;
       goto out;
     }
-    printf("ok %d %ld\n", x, verified);
-    fflush(stdout);
-  }
   status = 0;
 out:
   fflush(stdout);

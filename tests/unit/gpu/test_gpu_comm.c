@@ -23,6 +23,8 @@
 
 static struct cuda_api api;
 static char id_hex[2 * sizeof(ncclUniqueId) + 1];
+/* "GPUNODE_ID2=" and a second id: a second job of the same ranks. */
+static char id2_env[sizeof "GPUNODE_ID2=" + 2 * sizeof(ncclUniqueId)];
 
 static void setup(void) {
   char why[512];
@@ -30,6 +32,9 @@ static void setup(void) {
   ncclUniqueId id;
   ck_assert_int_eq(api.ncclGetUniqueId(&id), ncclSuccess);
   hex_encode(&id, sizeof id, id_hex);
+  ck_assert_int_eq(api.ncclGetUniqueId(&id), ncclSuccess);
+  strcpy(id2_env, "GPUNODE_ID2=");
+  hex_encode(&id, sizeof id, id2_env + strlen(id2_env));
 }
 
 static void teardown(void) { cuda_api_unload(&api); }
@@ -39,14 +44,29 @@ struct node_run {
   char out[8192];
 };
 
+/* Adds the space-separated assignments of list (or nothing for NULL) to
+ * env, copied into buf, up to max entries in all. */
+static size_t add_env(char **env, size_t n, size_t max, const char *list,
+                      char *buf, size_t buflen) {
+  if (list == NULL)
+    return n;
+  snprintf(buf, buflen, "%s", list);
+  for (char *save = NULL, *t = strtok_r(buf, " ", &save); t != NULL && n < max;
+       t = strtok_r(NULL, " ", &save))
+    env[n++] = t;
+  return n;
+}
+
 /* Runs nodes gpunode processes to the end; fault_env (or NULL) is added
- * to node fault_node's environment, every_env (or NULL) to every node's. */
+ * to node fault_node's environment, every_env (or NULL) to every node's,
+ * each a space-separated list of assignments. */
 static void run_nodes_with(int nodes, const char *exports,
                            const char *timeout_ms, int fault_node,
                            const char *fault_env, const char *every_env,
                            struct node_run *runs, int started) {
   struct child ch[MAX_NODES];
   char n[8], node_arg[MAX_NODES][12], node_env[MAX_NODES][32], tmo[64];
+  char every_buf[MAX_NODES][1024], fault_buf[1024];
   snprintf(n, sizeof n, "%d", nodes);
   snprintf(tmo, sizeof tmo, "GPUNODE_TIMEOUT_MS=%s", timeout_ms);
   for (int i = 0; i < started; i++) {
@@ -54,13 +74,10 @@ static void run_nodes_with(int nodes, const char *exports,
     snprintf(node_env[i], sizeof node_env[i], "SHARDPORT_FAKE_NODE=%d", i);
     char *argv[] = {getenv("GPUNODE"), id_hex, n, node_arg[i],
                     (char *)exports, NULL};
-    char *env[] = {node_env[i], tmo, "SHARDPORT_FAKE_GPUS=2",
-                   (char *)every_env,
-                   i == fault_node ? (char *)fault_env : NULL, NULL};
-    if (every_env == NULL) {
-      env[3] = env[4];
-      env[4] = NULL;
-    }
+    char *env[16] = {node_env[i], tmo, "SHARDPORT_FAKE_GPUS=2"};
+    size_t k = add_env(env, 3, 15, every_env, every_buf[i], sizeof every_buf[i]);
+    if (i == fault_node)
+      add_env(env, k, 15, fault_env, fault_buf, sizeof fault_buf);
     ck_assert_int_eq(child_start(&ch[i], argv, env, -1), 0);
   }
   for (int i = 0; i < started; i++) {
@@ -147,8 +164,9 @@ END_TEST
 START_TEST(launch_error_aborts_everywhere) {
   struct node_run runs[3];
   run_nodes(3, "1", "8000", 0, "SHARDPORT_FAKE_NCCL_FAIL=1:2:error", runs, 3);
-  /* The failing node fails too, and aborts its communicators, which the
-   * others see. */
+  /* The failing node fails too and aborts its communicators, which tells
+   * the others nothing (there is no mesh here): they fail by their own
+   * round timeout. */
   assert_survivors_fail(runs, 3, -1, "error");
 }
 END_TEST
@@ -161,7 +179,7 @@ START_TEST(hung_launch_times_out) {
   clock_gettime(CLOCK_MONOTONIC, &t1);
   assert_survivors_fail(runs, 2, -1, "hang");
   /* Whichever node's watchdog fires first times out and aborts; the other
-   * then learns of it from NCCL (or times out as well). */
+   * is not told by NCCL and times out as well. */
   ck_assert_msg(strstr(runs[0].out, "no progress") ||
                     strstr(runs[1].out, "no progress"),
                 "%s / %s", runs[0].out, runs[1].out);
@@ -207,6 +225,58 @@ START_TEST(mismatched_round_hangs_until_the_watchdog_aborts) {
 }
 END_TEST
 
+START_TEST(two_jobs_at_once_on_the_same_gpus) {
+  /* Two jobs of the same ranks, each on its own communicators and engine
+   * thread, export at the same time: each thread issues its groups only
+   * under the devices' NCCL locks, and no device memory is freed or
+   * allocated while the other's NCCL work is in flight (the fake ends the
+   * process otherwise): the second job, done first, frees its segments
+   * while the first one's rounds run.  Each call that issues holds its
+   * device 2 ms, so that two threads meet. */
+  char every[sizeof id2_env + 64];
+  snprintf(every, sizeof every, "%s SHARDPORT_FAKE_NCCL_ISSUE_US=2000",
+           id2_env);
+  struct node_run runs[2];
+  run_nodes_with(2, "2", "10000", -1, NULL, every, runs, 2);
+  for (int i = 0; i < 2; i++) {
+    ck_assert_msg(runs[i].status == 0, "node %d ended with %d: %s", i,
+                  runs[i].status, runs[i].out);
+    ck_assert_int_eq(count_lines(runs[i].out, "ok "), 6);
+  }
+}
+END_TEST
+
+START_TEST(the_warm_up_connects_what_the_rounds_use) {
+  /* NCCL connects a peer, and takes device memory for it, at the first
+   * send or receive to it: once warmed for the plan, two exports take no
+   * more device memory (cudaMemGetInfo). */
+  struct node_run runs[2];
+  run_nodes_with(2, "2", "10000", -1, NULL, "GPUNODE_MEMCHECK=1", runs, 2);
+  for (int i = 0; i < 2; i++)
+    ck_assert_msg(runs[i].status == 0 && count_lines(runs[i].out, "ok ") == 2,
+                  "node %d ended with %d: %s", i, runs[i].status, runs[i].out);
+}
+END_TEST
+
+START_TEST(a_blocking_abort_does_not_hold_the_export) {
+  /* Node 1's launch fails and its ncclCommAbort blocks for 90 s, longer
+   * than this test waits for a node: the abort runs on a helper thread,
+   * so node 1 still reports its error; node 0, which NCCL does not tell
+   * (an abort tells no peer), fails by its own timeout. */
+  /* Node 1 exits while its helper still blocks in the fake NCCL (the
+   * backend leaves the libraries loaded, as it must); LeakSanitizer, in a
+   * sanitizer build, cannot scan a thread of a dlopened library with
+   * thread-local storage at that exit and crashes, so it is off there. */
+  struct node_run runs[2];
+  run_nodes(2, "1", "3000", 1,
+            "SHARDPORT_FAKE_NCCL_FAIL=2:2:error SHARDPORT_FAKE_NCCL_ABORT_MS=90000 "
+            "LSAN_OPTIONS=detect_leaks=0",
+            runs, 2);
+  assert_survivors_fail(runs, 2, -1, "blocking abort");
+  ck_assert_msg(strstr(runs[1].out, "NCCL"), "%s", runs[1].out);
+}
+END_TEST
+
 START_TEST(missing_node_fails_creation) {
   struct node_run runs[1];
   run_nodes(2, "1", "1000", -1, NULL, runs, 1);
@@ -229,6 +299,9 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, mismatched_round_is_an_error_by_default);
   tcase_add_test(tc, mismatched_round_hangs_until_the_watchdog_aborts);
   tcase_add_test(tc, missing_node_fails_creation);
+  tcase_add_test(tc, two_jobs_at_once_on_the_same_gpus);
+  tcase_add_test(tc, the_warm_up_connects_what_the_rounds_use);
+  tcase_add_test(tc, a_blocking_abort_does_not_hold_the_export);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run(sr, NULL, argc > 1 ? argv[1] : NULL, CK_NORMAL);
