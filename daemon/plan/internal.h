@@ -122,6 +122,20 @@ size_t plan_moves_of_key(const struct plan_index *ix, const struct plan *plan,
 int plan_rounds_build(const struct plan_index *ix, struct plan *plan, char *msg,
                       size_t msglen);
 
+/* The one rule that closes a round, for exports (rounds.c) and pushes
+ * (consume_moves.c) alike: a round that already holds keys takes no more
+ * once it has max_keys of them, or once the next key's traffic would pass
+ * max_bytes.  A key larger than max_bytes therefore travels alone. */
+static inline bool plan_round_is_full(size_t keys, uint64_t bytes,
+                                      uint64_t traffic, uint32_t max_keys,
+                                      uint64_t max_bytes) {
+  uint64_t sum;
+
+  return keys > 0 && (keys == max_keys ||
+                      __builtin_add_overflow(bytes, traffic, &sum) ||
+                      sum > max_bytes);
+}
+
 /* digest.c, and the word hash it shares with units.c's tie finding.  A
  * word at a time, inline, because the digest covers every move of a plan:
  * millions of words for a large job.  Values are fed as integers, never as

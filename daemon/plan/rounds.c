@@ -211,10 +211,8 @@ static size_t cut_rounds(struct plan *plan, struct plan_round *rounds) {
 
   for (size_t i = 0; i < plan->ntransfer; i++) {
     uint64_t traffic = plan->keys[plan->transfer[i]].traffic;
-    uint64_t sum;
-    if (keys > 0 && (keys == plan->max_keys ||
-                     __builtin_add_overflow(bytes, traffic, &sum) ||
-                     sum > plan->max_bytes)) {
+    if (plan_round_is_full(keys, bytes, traffic, plan->max_keys,
+                           plan->max_bytes)) {
       n++;
       keys = 0;
       bytes = 0;
