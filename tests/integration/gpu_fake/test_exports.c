@@ -20,11 +20,7 @@ START_TEST(device_pointers_one_gpu_each) {
                         .keys = world_mixed_keys,
                         .gpus = 4,
                         .modes = {MODE_PTR, MODE_PTR, MODE_PTR, MODE_PTR}};
-  struct world w;
-  world_run(&sc, &w);
-  world_assert_exported(&w, &sc);
-  world_free(&w, &sc);
-  world_assert_mappings_closed();
+  world_export_cleanly(&sc);
 }
 END_TEST
 
@@ -39,11 +35,7 @@ START_TEST(every_registration_kind_across_shared_gpus) {
                         .exports = 3,
                         .max_keys = 3,
                         .modes = {MODE_TORCH, MODE_RAW, MODE_FD, MODE_PTR}};
-  struct world w;
-  world_run(&sc, &w);
-  world_assert_exported(&w, &sc);
-  world_free(&w, &sc);
-  world_assert_mappings_closed();
+  world_export_cleanly(&sc);
 }
 END_TEST
 
@@ -56,11 +48,7 @@ START_TEST(cumem_allocations_sharing_a_gpu_are_mapped_apart) {
                         .keys = world_mixed_keys,
                         .gpus = 2,
                         .modes = {MODE_FD, MODE_FD, MODE_FD, MODE_FD}};
-  struct world w;
-  world_run(&sc, &w);
-  world_assert_exported(&w, &sc);
-  world_free(&w, &sc);
-  world_assert_mappings_closed();
+  world_export_cleanly(&sc);
 }
 END_TEST
 
@@ -76,11 +64,7 @@ START_TEST(a_thread_without_a_context_registers_and_exports) {
                         .gpus = 2,
                         .library_thread = true,
                         .modes = {MODE_PTR, MODE_PTR, MODE_FD, MODE_FD}};
-  struct world w;
-  world_run(&sc, &w);
-  world_assert_exported(&w, &sc);
-  world_free(&w, &sc);
-  world_assert_mappings_closed();
+  world_export_cleanly(&sc);
 }
 END_TEST
 
@@ -94,11 +78,7 @@ START_TEST(an_unreleased_segment_lives_while_its_rank_holds_it) {
                         .gpus = 2,
                         .close_holding = true,
                         .modes = {MODE_PTR, MODE_TORCH, MODE_FD, MODE_RAW}};
-  struct world w;
-  world_run(&sc, &w);
-  world_assert_exported(&w, &sc);
-  world_free(&w, &sc);
-  world_assert_mappings_closed();
+  world_export_cleanly(&sc);
 }
 END_TEST
 

@@ -183,6 +183,15 @@ void world_assert_mappings_closed(void) {
   ck_assert_int_eq(world_device_mappings(), 0);
 }
 
+void world_export_cleanly(const struct scenario *sc) {
+  struct world w;
+
+  world_run(sc, &w);
+  world_assert_exported(&w, sc);
+  world_free(&w, sc);
+  world_assert_mappings_closed();
+}
+
 void world_daemon_start(void) {
   const char *args[] = {"--backend", "cuda", NULL};
   ck_assert_int_eq(sp_test_daemon_start(&world_node0, args), 0);

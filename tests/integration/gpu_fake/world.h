@@ -47,6 +47,10 @@ int world_device_mappings(void);
 /* Every segment of world_node0 freed and every allocation it opened closed,
  * waiting up to 2 s for the ranks' releases and departures to reach it. */
 void world_assert_mappings_closed(void);
+/* world_run, world_assert_exported, world_free and then
+ * world_assert_mappings_closed: the whole life of a scenario that must
+ * export cleanly and leave nothing mapped on world_node0. */
+void world_export_cleanly(const struct scenario *sc);
 /* How many lines of node's log (world_nodes_start_logged) hold what. */
 int world_log_count(int node, const char *what);
 /* The GPUs this run has: SP_TEST_GPUS on hardware, 4 on the fakes. */
