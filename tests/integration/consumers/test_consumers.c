@@ -412,6 +412,24 @@ START_TEST(pushes_deliver_every_layout_repeatedly) {
       ck_assert_int_eq(w.k[c].result.plan_reused, step > 1);
     }
   }
+  /* Status counts the pushes, the one plan they took, and each consumer's
+   * bytes beside the ranks. */
+  sp_status_info *st;
+  ck_assert_int_eq(sp_status(w.creator, &st), 0);
+  ck_assert_uint_eq(st->njobs, 1);
+  const sp_job_status *job = &st->jobs[0];
+  ck_assert_uint_eq(job->pushes, 3);
+  ck_assert_uint_eq(job->push_plans, 1);
+  ck_assert_uint_eq(job->nconsumers, NCONSUMERS);
+  for (uint32_t c = 0; c < NCONSUMERS; c++) {
+    ck_assert_uint_eq(job->consumers[c].index, c);
+    ck_assert_str_eq(job->consumers[c].state, "joined");
+    ck_assert_str_eq(job->consumers[c].device, "cpu");
+    ck_assert_int_eq(job->consumers[c].node, 0);
+    ck_assert_uint_eq(job->consumers[c].bytes_received,
+                      3 * w.k[c].result.bytes);
+  }
+  sp_status_free(st);
   world_stop(&w);
 }
 END_TEST
