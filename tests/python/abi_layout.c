@@ -63,6 +63,10 @@ int main(void) {
   FIELD(sp_job_status, bytes_to_prepare);
   FIELD(sp_job_status, bytes_written);
   FIELD(sp_job_status, bytes_to_write);
+  FIELD(sp_job_status, nconsumers);
+  FIELD(sp_job_status, consumers);
+  FIELD(sp_job_status, pushes);
+  FIELD(sp_job_status, push_plans);
   END();
 
   BEGIN(sp_status_info);
