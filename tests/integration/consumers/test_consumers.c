@@ -592,6 +592,25 @@ START_TEST(trainer_memory_is_never_a_consumer_buffer) {
 }
 END_TEST
 
+/* Waits until status shows `asked` ranks waiting for the push, and every consumer in `receiving` (a bit per consumer) receiving:
+ * the push waits for the rest. */
+static void wait_for_push(sp_client *c, uint32_t asked, unsigned receiving) {
+  for (int tries = 0; tries < 500; tries++) {
+    sp_status_info *st;
+    ck_assert_int_eq(sp_status(c, &st), 0);
+    const sp_job_status *job = &st->jobs[0];
+    bool ready = job->asked == asked && job->nconsumers == NCONSUMERS;
+    for (uint32_t k = 0; ready && k < NCONSUMERS; k++)
+      if (receiving & (1u << k))
+        ready = strcmp(job->consumers[k].state, "receiving") == 0;
+    sp_status_free(st);
+    if (ready)
+      return;
+    usleep(10 * 1000);
+  }
+  ck_abort_msg("the push never waited with %u ranks asked", asked);
+}
+
 /* A consumer that dies while the others wait fails the push for everyone,
  * naming it; the next push fails at once, until it joins again. */
 START_TEST(a_consumer_that_dies_fails_the_push) {
@@ -604,7 +623,7 @@ START_TEST(a_consumer_that_dies_fails_the_push) {
     ck_assert_int_eq(pthread_create(&th[r], NULL, trainer_push, &w.t[r]), 0);
   ck_assert_int_eq(pthread_create(&th[WORLD], NULL, consumer_receive, &w.k[0]),
                    0);
-  usleep(100 * 1000);
+  wait_for_push(w.creator, WORLD, 1u << 0);
   consumer_close(&w.k[1]);
   w.k[1].c = NULL;
   for (uint32_t i = 0; i <= WORLD; i++)
@@ -641,7 +660,7 @@ START_TEST(a_trainer_that_dies_fails_the_push) {
     ck_assert_int_eq(
         pthread_create(&th[WORLD - 1 + c], NULL, consumer_receive, &w.k[c]),
         0);
-  usleep(100 * 1000);
+  wait_for_push(w.creator, WORLD - 1, (1u << NCONSUMERS) - 1);
   trainer_close(&w.t[WORLD - 1]);
   w.t[WORLD - 1].c = NULL;
   for (uint32_t i = 0; i < WORLD - 1 + NCONSUMERS; i++)
