@@ -21,10 +21,8 @@ static void gathered_free_inputs(struct mesh_export *mx) {
   }
   free(mx->shadow);
   free(mx->groups);
-  free(mx->rin);
   mx->shadow = NULL;
   mx->groups = NULL;
-  mx->rin = NULL;
 }
 
 bool mesh_nccl_id(const struct mesh_export *mx, uint8_t id[NODE_NCCL_ID_BYTES],
@@ -57,13 +55,12 @@ bool gathered_in_roster(const struct mesh_export *mx, uint32_t node) {
   return false;
 }
 
-int mesh_plan_input(struct mesh_export *mx, struct plan_input *in, char *msg,
-                    size_t msglen) {
+int mesh_plan_input(struct mesh_export *mx, struct plan_input_store *store,
+                    char *msg, size_t msglen) {
   uint32_t world = mx->world;
   mx->shadow = calloc(world, sizeof *mx->shadow);
   mx->groups = calloc(world, sizeof *mx->groups);
-  mx->rin = calloc(world, sizeof *mx->rin);
-  if (mx->shadow == NULL || mx->groups == NULL || mx->rin == NULL) {
+  if (mx->shadow == NULL || mx->groups == NULL) {
     snprintf(msg, msglen, "out of memory reading the ranks' registrations");
     return SP_ENOMEM;
   }
@@ -81,16 +78,14 @@ int mesh_plan_input(struct mesh_export *mx, struct plan_input *in, char *msg,
                mx->rank_nodes[r], why);
       return rc;
     }
-    registry_rank_in(&mx->shadow[r], r, &mx->rin[r]);
-    mx->rin[r].node = mx->rank_nodes[r];
-    mx->rin[r].ngroups = mx->groups[r].ngroups;
-    mx->rin[r].groups = mx->groups[r].groups;
+    rc = registry_plan_rank(&mx->shadow[r], r, mx->rank_nodes[r],
+                            &mx->groups[r], store, msg, msglen);
+    if (rc != 0)
+      return rc;
   }
-  *in = (struct plan_input){.world = world,
-                            .nranks = world,
-                            .ranks = mx->rin,
-                            .max_keys = mx->max_keys,
-                            .max_bytes = mx->max_bytes};
+  struct plan_input *in = plan_input_of(store);
+  in->max_keys = mx->max_keys;
+  in->max_bytes = mx->max_bytes;
   return 0;
 }
 

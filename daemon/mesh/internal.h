@@ -137,7 +137,6 @@ struct mesh_export {
   /* Filled on the planning thread. */
   struct registry *shadow;
   struct req_groups *groups;
-  struct plan_rank_in *rin;
   struct remote *remote;
   /* The root said go: the engine may use the data sockets. */
   bool moving;

@@ -23,7 +23,7 @@ struct job;
 struct job_member;
 struct nodelink;
 struct plan;
-struct plan_input;
+struct plan_input_store;
 struct remote;
 struct replica_digests;
 struct server;
@@ -152,8 +152,8 @@ void mesh_job_ended(struct job *job, int code, const char *message);
 /* The export's part (export.c): its plan input from the gathered bytes
  * (on the planning thread), the plan's digest, the rounds done, a failure
  * found here, the data plane, and the end. */
-int mesh_plan_input(struct mesh_export *mx, struct plan_input *in, char *msg,
-                    size_t msglen);
+int mesh_plan_input(struct mesh_export *mx, struct plan_input_store *store,
+                    char *msg, size_t msglen);
 void mesh_planned(struct job *job, uint64_t digest,
                   const struct replica_digests *replicas);
 void mesh_moved(struct job *job);

@@ -36,7 +36,7 @@
 /* Entry slot of the index: what its rank holds of the key. */
 static void holding_of(const struct plan_index *ix, size_t slot,
                        struct plan_key_in *out) {
-  *out = *ix->entry[slot];
+  plan_index_holding(ix, slot, out);
 }
 
 static void whole_box(const struct plan_key_in *e, uint32_t rank,

@@ -17,7 +17,9 @@ static void hash_dims(struct plan_hash *h, uint32_t ndim,
     plan_hash_u64(h, (uint64_t)values[d]);
 }
 
-static void hash_key(struct plan_hash *h, const struct plan_key *key) {
+static void hash_key(struct plan_hash *h, const struct plan *plan, uint32_t k) {
+  const struct plan_key *key = &plan->keys[k];
+
   plan_hash_str(h, key->name);
   plan_hash_u64(h, key->placement);
   plan_hash_u64(h, key->dtype);
@@ -31,21 +33,26 @@ static void hash_key(struct plan_hash *h, const struct plan_key *key) {
   plan_hash_u64(h, key->unit);
   plan_hash_u64(h, key->alias_of);
   plan_hash_u64(h, key->round);
-  if (key->held != NULL) {
-    plan_hash_u64(h, key->held->storage);
-    plan_hash_u64(h, key->held->view.ndim);
-    hash_dims(h, key->held->view.ndim, key->held->view.shape);
-    hash_dims(h, key->held->view.ndim, key->held->view.stride);
-    plan_hash_u64(h, (uint64_t)key->held->view.offset);
+  if (key->held != PLAN_NONE) {
+    struct plan_key_in held;
+    plan_key_holding(plan, k, &held);
+    plan_hash_u64(h, held.storage);
+    plan_hash_u64(h, held.view.ndim);
+    hash_dims(h, held.view.ndim, held.view.shape);
+    hash_dims(h, held.view.ndim, held.view.stride);
+    plan_hash_u64(h, (uint64_t)held.view.offset);
   }
 }
 
-/* A move's layout is hashed from what it is derived from: the source
- * view for shard0 (its destination follows from the key's shape and
- * dst_offset), the piece's strides for affine. */
+/* A move's layout is hashed from what it is derived from: for a compact
+ * entry its offset and rows (its dtype, other dims and strides are the
+ * key's, hashed with it), for a full one the source view (shard0; its
+ * destination follows from the key's shape and dst_offset) or the piece's
+ * strides (affine). */
 static void hash_move(struct plan_hash *h, const struct plan *plan,
                       const struct plan_move *m) {
-  const struct plan_key_in *from = m->from;
+  const struct plan_rank_in *rank = plan->rank_in[m->src];
+  const struct plan_entry *e = &rank->entries[m->entry];
 
   plan_hash_u64(h, m->key);
   plan_hash_u64(h, m->src);
@@ -55,7 +62,13 @@ static void hash_move(struct plan_hash *h, const struct plan *plan,
   plan_hash_u64(h, m->nbytes);
   plan_hash_u64(h, m->dst_offset);
   plan_hash_u64(h, m->bucket_offset);
-  plan_hash_u64(h, from->storage);
+  plan_hash_u64(h, m->storage);
+  if (e->storage != PLAN_ENTRY_FULL) {
+    plan_hash_u64(h, e->offset);
+    plan_hash_u64(h, e->rows);
+    return;
+  }
+  const struct plan_key_in *from = &rank->full[e->offset];
   plan_hash_u64(h, (uint64_t)from->view.offset);
   if (plan->keys[m->key].placement == PLAN_AFFINE) {
     const struct affine_piece *p = &from->pieces[m->piece];
@@ -107,7 +120,7 @@ uint64_t plan_digest_compute(const struct plan *plan) {
   }
   plan_hash_u64(&h, plan->nkeys);
   for (size_t k = 0; k < plan->nkeys; k++)
-    hash_key(&h, &plan->keys[k]);
+    hash_key(&h, plan, (uint32_t)k);
   plan_hash_u64(&h, plan->nunits);
   for (size_t u = 0; u < plan->nunits; u++) {
     plan_hash_u64(&h, plan->units[u].owner);

@@ -56,19 +56,21 @@ int cover_check(const struct cover_box *boxes, size_t nboxes, uint64_t n,
                 bool complete, const _Atomic bool *stop,
                 struct cover_defect *out, struct cover_work *work);
 
-/* index.c: every rank's keys, gathered per key in rank order. */
+/* index.c: every rank's entries, gathered per key in rank order.  Keys
+ * are the distinct names of the key table; rows of one name (ranks that
+ * declare it differently) share one key. */
 
 struct plan_index {
   uint32_t world;
+  const struct plan_input *in;
   const struct plan_rank_in **rank; /* [world], by rank number */
   size_t nkeys;                     /* distinct names over all ranks */
   const char **name;                /* [nkeys], in strcmp order */
+  uint32_t *key_of;                 /* [in->nkeys]: each row's key */
   size_t *first;                    /* [nkeys + 1] */
-  const struct plan_key_in **entry; /* key k: entry[first[k] .. first[k+1]) */
+  const struct plan_entry **entry;  /* key k: entry[first[k] .. first[k+1]) */
   uint32_t *entry_rank;             /* the rank of each entry */
-  uint64_t *table;                  /* name hash table: hash << 32 | key */
-  size_t table_mask;
-  const _Atomic bool *stop; /* the input's */
+  const _Atomic bool *stop;         /* the input's */
 };
 
 int plan_index_build(const struct plan_input *in, struct plan_index *ix,
@@ -76,6 +78,36 @@ int plan_index_build(const struct plan_input *in, struct plan_index *ix,
 void plan_index_free(struct plan_index *ix);
 /* The key named name, or PLAN_NONE. */
 uint32_t plan_index_find(const struct plan_index *ix, const char *name);
+
+/* Whether the entry in slot is compact (its full form is rebuilt). */
+static inline bool plan_index_compact(const struct plan_index *ix,
+                                      size_t slot) {
+  return ix->entry[slot]->storage != PLAN_ENTRY_FULL;
+}
+
+/* The entry in slot in full form (plan_input_holding). */
+static inline void plan_index_holding(const struct plan_index *ix, size_t slot,
+                                      struct plan_key_in *out) {
+  plan_input_holding(ix->in, ix->rank[ix->entry_rank[slot]], ix->entry[slot],
+                     out);
+}
+
+/* The full form of the entry in slot when it is kept in its rank's side
+ * table; NULL for a compact entry. */
+static inline const struct plan_key_in *
+plan_index_full(const struct plan_index *ix, size_t slot) {
+  const struct plan_entry *e = ix->entry[slot];
+  if (e->storage != PLAN_ENTRY_FULL)
+    return NULL;
+  return &ix->rank[ix->entry_rank[slot]]->full[e->offset];
+}
+
+/* The entry in slot's place among its rank's entries. */
+static inline uint32_t plan_index_entry_of(const struct plan_index *ix,
+                                           size_t slot) {
+  return (uint32_t)(ix->entry[slot] -
+                    ix->rank[ix->entry_rank[slot]]->entries);
+}
 
 /* validate.c */
 

@@ -44,7 +44,9 @@ static bool tie_candidate(const struct plan_key *key) {
 
 static const struct sp_storage *entry_storage(const struct plan_index *ix,
                                               size_t slot) {
-  return &ix->rank[ix->entry_rank[slot]]->storages[ix->entry[slot]->storage];
+  const struct plan_key_in *full = plan_index_full(ix, slot);
+  uint32_t storage = full != NULL ? full->storage : ix->entry[slot]->storage;
+  return &ix->rank[ix->entry_rank[slot]]->storages[storage];
 }
 
 /* A hash of where the key starts on every rank: equal holdings hash
@@ -57,11 +59,17 @@ static uint64_t holdings_hash(const struct plan_index *ix,
   plan_hash_u64(&h, (uint64_t)key->placement);
   for (size_t slot = ix->first[k]; slot < ix->first[k + 1]; slot++) {
     const struct sp_storage *s = entry_storage(ix, slot);
-    const struct sp_view *v = &ix->entry[slot]->view;
+    const struct plan_key_in *full = plan_index_full(ix, slot);
     plan_hash_u64(&h, s->base);
     plan_hash_u64(&h, (uint64_t)(uint32_t)s->device.index);
-    plan_hash_u64(&h, (uint64_t)v->offset);
-    plan_hash_u64(&h, v->ndim > 0 ? (uint64_t)v->shape[0] : 0);
+    if (full != NULL) {
+      plan_hash_u64(&h, (uint64_t)full->view.offset);
+      plan_hash_u64(&h, full->view.ndim > 0 ? (uint64_t)full->view.shape[0]
+                                            : 0);
+    } else {
+      plan_hash_u64(&h, ix->entry[slot]->offset);
+      plan_hash_u64(&h, ix->entry[slot]->rows);
+    }
   }
   return plan_hash_final(&h);
 }
@@ -87,8 +95,11 @@ static bool tied(const struct plan_index *ix, const struct plan *plan,
     size_t sa = ix->first[a] + r, sb = ix->first[b] + r;
     const struct sp_storage *x = entry_storage(ix, sa);
     const struct sp_storage *y = entry_storage(ix, sb);
+    struct plan_key_in ea, eb;
+    plan_index_holding(ix, sa, &ea);
+    plan_index_holding(ix, sb, &eb);
     if (!sp__device_equal(&x->device, &y->device) || x->base != y->base ||
-        !view_equal(&ix->entry[sa]->view, &ix->entry[sb]->view))
+        !view_equal(&ea.view, &eb.view))
       return false;
   }
   return true;

@@ -8,6 +8,14 @@
  * memory (getrusage's maxrss, minus what the child held before planning)
  * is its own.  Printed, never asserted: these machines are shared.
  *
+ * The input is built as a daemon builds it: every rank's registrations in
+ * full form (struct plan_key_in, as the registries hold them) read into the
+ * compact input (layout.h) one rank after another, which is timed and
+ * weighed apart: the bytes per shard entry are the allocator's bytes the
+ * compact input takes (mallinfo2) over the entries, beside the full
+ * form's.  The full forms are then freed, and planning reads the compact
+ * input alone.
+ *
  * The anchor (the issue's): PyTorch's checkpoint planner takes over 200 s
  * to validate 1,024 tensors over 1,024 ranks, its check being quadratic in
  * the ranks.  shardport indexes each rank's keys by hashing and compares
@@ -17,6 +25,7 @@
  * planner reads it: planning is reported as a multiple of that pass.
  */
 #include <inttypes.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,15 +53,20 @@ static long maxrss_kib(void) {
   return ru.ru_maxrss;
 }
 
-/* One read of every entry's view, key by key across the ranks. */
+/* One read of every entry, key by key across the ranks. */
 static double scan_s(const struct plan_input *in, uint32_t nkeys,
                      uint64_t *sink) {
   double t0 = now_s();
   for (uint32_t k = 0; k < nkeys; k++)
     for (size_t r = 0; r < in->nranks; r++)
-      *sink += (uint64_t)in->ranks[r].keys[k].view.shape[0] +
-               (uint64_t)in->ranks[r].keys[k].view.offset;
+      *sink += (uint64_t)in->ranks[r].entries[k].rows +
+               (uint64_t)in->ranks[r].entries[k].offset;
   return now_s() - t0;
+}
+
+static size_t heap_bytes(void) {
+  struct mallinfo2 mi = mallinfo2();
+  return mi.uordblks + mi.hblkhd;
 }
 
 static void *xcalloc(size_t n, size_t size) {
@@ -69,14 +83,16 @@ static int run_case(const struct bench_case *c) {
   char **names = xcalloc(nkeys, sizeof *names);
   int64_t *rows = xcalloc(nkeys, sizeof *rows);
   int64_t *cols = xcalloc(nkeys, sizeof *cols);
-  struct plan_rank_in *ranks = xcalloc(world, sizeof *ranks);
+  struct plan_rank_desc *ranks = xcalloc(world, sizeof *ranks);
   struct sp_storage *storages = xcalloc(world, sizeof *storages);
-  struct plan_input in = {.world = world, .nranks = world, .ranks = ranks};
+  struct plan_input_store *store = plan_input_store_new(world);
+  struct plan_input *in;
   uint64_t state = 42, entries = (uint64_t)nkeys * world, sink = 0;
   struct plan *plan;
   char msg[512];
-  double t0, t1, scan;
+  double t0, t1, scan, tc0, tc1;
   long rss0, rss1;
+  size_t heap0, heap1;
   size_t moves = 0, buckets = 0;
   int rc;
 
@@ -125,17 +141,34 @@ static int run_case(const struct bench_case *c) {
     storages[r].nbytes = offset * 4;
     /* Listed in the order a daemon would gather them: local ranks first. */
     ranks[(r + world / 2) % world] =
-        (struct plan_rank_in){.rank = r,
+        (struct plan_rank_desc){.rank = r,
                               .node = r / 8,
                               .nstorages = 1,
                               .storages = &storages[r],
                               .nkeys = nkeys,
                               .keys = keys};
   }
-  scan = scan_s(&in, nkeys, &sink);
+  heap0 = heap_bytes();
+  tc0 = now_s();
+  for (uint32_t i = 0; i < world && store != NULL; i++)
+    if (plan_input_add_rank(store, &ranks[i], msg, sizeof msg) != 0) {
+      fprintf(stderr, "plan_bench: %s\n", msg);
+      return 1;
+    }
+  tc1 = now_s();
+  heap1 = heap_bytes();
+  if (store == NULL) {
+    fprintf(stderr, "plan_bench: out of memory\n");
+    return 1;
+  }
+  /* The planner reads the compact input alone: the full forms go. */
+  for (uint32_t r = 0; r < world; r++)
+    free((void *)ranks[r].keys);
+  in = plan_input_of(store);
+  scan = scan_s(in, nkeys, &sink);
   rss0 = maxrss_kib();
   t0 = now_s();
-  rc = plan_build(&in, &plan, msg, sizeof msg);
+  rc = plan_build(in, &plan, msg, sizeof msg);
   t1 = now_s();
   rss1 = maxrss_kib();
   if (rc != 0) {
@@ -147,16 +180,19 @@ static int run_case(const struct bench_case *c) {
     buckets += plan->rounds[i].nbuckets;
   }
   printf("plan %6u keys x %5u ranks: %9" PRIu64 " shard entries, %7.3f s "
-         "(%5.1f x one scan of %.3f s), %9.0f entries/s, peak +%7.1f MiB, "
-         "%3zu rounds, %8zu moves, %7zu buckets, digest %016" PRIx64
-         " (%" PRIu64 ")\n",
+         "(%5.1f x one scan of %.4f s), %9.0f entries/s, peak +%7.1f MiB "
+         "(%5.1f B/entry), %3zu rounds, %8zu moves, %7zu buckets, digest "
+         "%016" PRIx64 "; input %5.1f B/entry (full form %zu), read in "
+         "%.3f s (%" PRIu64 ")\n",
          nkeys, world, entries, t1 - t0, (t1 - t0) / scan, scan,
          (double)entries / (t1 - t0), (double)(rss1 - rss0) / 1024.0,
-         plan->nrounds, moves, buckets, plan->digest, sink % 10);
+         (double)(rss1 - rss0) * 1024.0 / (double)entries, plan->nrounds,
+         moves, buckets, plan->digest,
+         (double)(heap1 - heap0) / (double)entries,
+         sizeof(struct plan_key_in), tc1 - tc0, sink % 10);
   fflush(stdout);
   plan_free(plan);
-  for (uint32_t r = 0; r < world; r++)
-    free((void *)ranks[r].keys);
+  plan_input_store_free(store);
   for (uint32_t k = 0; k < nkeys; k++)
     free(names[k]);
   free(names);

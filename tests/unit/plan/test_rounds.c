@@ -367,7 +367,7 @@ struct sim {
 
 static const uint8_t *source_base(const struct sim *sim,
                                   const struct plan_move *m) {
-  return sim->mem[m->src][m->from->storage];
+  return sim->mem[m->src][m->storage];
 }
 
 /* Unpacks a move's bytes (row-major in its shape) into the owner's tensor;
@@ -423,12 +423,16 @@ static void sim_fill(struct sim *sim, uint64_t seed) {
   }
 }
 
+/* Rank r's registration of name, in full form in *out. */
 static const struct plan_key_in *find_entry(const struct sim *sim, uint32_t r,
-                                            const char *name) {
+                                            const char *name,
+                                            struct plan_key_in *out) {
   const struct plan_rank_in *rank = &sim->in->ranks[r];
-  for (size_t j = 0; j < rank->nkeys; j++)
-    if (strcmp(rank->keys[j].name, name) == 0)
-      return &rank->keys[j];
+  for (size_t j = 0; j < rank->nentries; j++) {
+    plan_input_holding(sim->in, rank, &rank->entries[j], out);
+    if (strcmp(out->name, name) == 0)
+      return out;
+  }
   return NULL;
 }
 
@@ -443,12 +447,14 @@ static void sim_affine(struct sim *sim, uint32_t k, uint64_t *state) {
   for (uint64_t b = 0; b < key->nbytes; b++)
     sim->expected[k][b] = (uint8_t)tjob_rand(state);
   for (uint32_t r = 0; r < 6; r++) {
-    const struct plan_key_in *e = find_entry(sim, r, key->name);
+    struct plan_key_in held;
+    const struct plan_key_in *e = find_entry(sim, r, key->name, &held);
     shards[r] = (struct affine_shard){(uint64_t)e->view.shape[0], e->npieces,
                                       e->pieces};
   }
   for (uint32_t r = 0; r < 6; r++) {
-    const struct plan_key_in *e = find_entry(sim, r, key->name);
+    struct plan_key_in held;
+    const struct plan_key_in *e = find_entry(sim, r, key->name, &held);
     ck_assert_msg(
         oracle_extract(&map, r, es, sim->expected[k],
                        sim->mem[r][e->storage] + (size_t)e->view.offset * es,
@@ -476,7 +482,8 @@ static void sim_expect(struct sim *sim, uint64_t seed) {
     if (key->placement != PLAN_SHARD0)
       continue;
     for (uint32_t r = 0; r < 6; r++) {
-      const struct plan_key_in *e = find_entry(sim, r, key->name);
+      struct plan_key_in held;
+    const struct plan_key_in *e = find_entry(sim, r, key->name, &held);
       int64_t at[512];
       size_t n;
       box_offsets(e->view.ndim, e->view.shape, e->view.stride, e->view.offset,
