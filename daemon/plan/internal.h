@@ -67,11 +67,31 @@ struct plan_index {
   size_t nkeys;                     /* distinct names over all ranks */
   const char **name;                /* [nkeys], in strcmp order */
   uint32_t *key_of;                 /* [in->nkeys]: each row's key */
-  size_t *first;                    /* [nkeys + 1] */
-  const struct plan_entry **entry;  /* key k: entry[first[k] .. first[k+1]) */
-  uint32_t *entry_rank;             /* the rank of each entry */
-  const _Atomic bool *stop;         /* the input's */
+  size_t *first;                    /* [nkeys + 1]: key k's slots are */
+                                    /* first[k] .. first[k + 1] */
+  /* When every rank lists the same keys in the same order (one model on
+   * every rank), the ranks' own arrays are the index: key k's entry on
+   * rank r is rank[r]->entries[pos[k]], in slot k * world + r, and nothing
+   * is transposed.  Otherwise pos is NULL and a counting sort filled entry
+   * and entry_rank. */
+  uint32_t *pos;                   /* [nkeys] */
+  const struct plan_entry **entry; /* [slots] */
+  uint32_t *entry_rank;            /* [slots] */
+  const _Atomic bool *stop;        /* the input's */
 };
+
+/* The rank of the entry in slot, and the entry. */
+static inline uint32_t plan_index_rank(const struct plan_index *ix,
+                                       size_t slot) {
+  return ix->pos != NULL ? (uint32_t)(slot % ix->world) : ix->entry_rank[slot];
+}
+
+static inline const struct plan_entry *
+plan_index_entry(const struct plan_index *ix, size_t slot) {
+  if (ix->pos != NULL)
+    return &ix->rank[slot % ix->world]->entries[ix->pos[slot / ix->world]];
+  return ix->entry[slot];
+}
 
 int plan_index_build(const struct plan_input *in, struct plan_index *ix,
                      char *msg, size_t msglen);
@@ -82,13 +102,13 @@ uint32_t plan_index_find(const struct plan_index *ix, const char *name);
 /* Whether the entry in slot is compact (its full form is rebuilt). */
 static inline bool plan_index_compact(const struct plan_index *ix,
                                       size_t slot) {
-  return ix->entry[slot]->storage != PLAN_ENTRY_FULL;
+  return plan_index_entry(ix, slot)->storage != PLAN_ENTRY_FULL;
 }
 
 /* The entry in slot in full form (plan_input_holding). */
 static inline void plan_index_holding(const struct plan_index *ix, size_t slot,
                                       struct plan_key_in *out) {
-  plan_input_holding(ix->in, ix->rank[ix->entry_rank[slot]], ix->entry[slot],
+  plan_input_holding(ix->in, ix->rank[plan_index_rank(ix, slot)], plan_index_entry(ix, slot),
                      out);
 }
 
@@ -96,17 +116,17 @@ static inline void plan_index_holding(const struct plan_index *ix, size_t slot,
  * table; NULL for a compact entry. */
 static inline const struct plan_key_in *
 plan_index_full(const struct plan_index *ix, size_t slot) {
-  const struct plan_entry *e = ix->entry[slot];
+  const struct plan_entry *e = plan_index_entry(ix, slot);
   if (e->storage != PLAN_ENTRY_FULL)
     return NULL;
-  return &ix->rank[ix->entry_rank[slot]]->full[e->offset];
+  return &ix->rank[plan_index_rank(ix, slot)]->full[e->offset];
 }
 
 /* The entry in slot's place among its rank's entries. */
 static inline uint32_t plan_index_entry_of(const struct plan_index *ix,
                                            size_t slot) {
-  return (uint32_t)(ix->entry[slot] -
-                    ix->rank[ix->entry_rank[slot]]->entries);
+  return (uint32_t)(plan_index_entry(ix, slot) -
+                    ix->rank[plan_index_rank(ix, slot)]->entries);
 }
 
 /* validate.c */

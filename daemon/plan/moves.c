@@ -27,7 +27,7 @@ static uint64_t rows_of(const struct plan_index *ix, size_t slot) {
   const struct plan_key_in *full = plan_index_full(ix, slot);
   if (full != NULL)
     return full->view.ndim > 0 ? (uint64_t)full->view.shape[0] : 0;
-  return ix->entry[slot]->rows;
+  return plan_index_entry(ix, slot)->rows;
 }
 
 int plan_moves_classify(const struct plan_index *ix, struct plan *plan,
@@ -92,7 +92,7 @@ size_t plan_moves_of_key(const struct plan_index *ix, const struct plan *plan,
     row_elems *= (uint64_t)key->shape[d];
   for (size_t slot = ix->first[k]; slot < ix->first[k + 1]; slot++) {
     const struct plan_key_in *full = plan_index_full(ix, slot);
-    uint32_t src = ix->entry_rank[slot];
+    uint32_t src = plan_index_rank(ix, slot);
     uint32_t entry = plan_index_entry_of(ix, slot);
     if (key->placement == PLAN_SHARD0) {
       uint64_t rows = rows_of(ix, slot);
@@ -101,7 +101,7 @@ size_t plan_moves_of_key(const struct plan_index *ix, const struct plan *plan,
             .key = k,
             .src = src,
             .dst = key->owner,
-            .storage = full != NULL ? full->storage : ix->entry[slot]->storage,
+            .storage = full != NULL ? full->storage : plan_index_entry(ix, slot)->storage,
             .entry = entry,
             .nbytes = full != NULL ? full->nbytes : rows * row_elems * size,
             .dst_offset = row * row_elems};

@@ -45,8 +45,8 @@ static bool tie_candidate(const struct plan_key *key) {
 static const struct sp_storage *entry_storage(const struct plan_index *ix,
                                               size_t slot) {
   const struct plan_key_in *full = plan_index_full(ix, slot);
-  uint32_t storage = full != NULL ? full->storage : ix->entry[slot]->storage;
-  return &ix->rank[ix->entry_rank[slot]]->storages[storage];
+  uint32_t storage = full != NULL ? full->storage : plan_index_entry(ix, slot)->storage;
+  return &ix->rank[plan_index_rank(ix, slot)]->storages[storage];
 }
 
 /* A hash of where the key starts on every rank: equal holdings hash
@@ -67,8 +67,8 @@ static uint64_t holdings_hash(const struct plan_index *ix,
       plan_hash_u64(&h, full->view.ndim > 0 ? (uint64_t)full->view.shape[0]
                                             : 0);
     } else {
-      plan_hash_u64(&h, ix->entry[slot]->offset);
-      plan_hash_u64(&h, ix->entry[slot]->rows);
+      plan_hash_u64(&h, plan_index_entry(ix, slot)->offset);
+      plan_hash_u64(&h, plan_index_entry(ix, slot)->rows);
     }
   }
   return plan_hash_final(&h);

@@ -61,7 +61,7 @@ static const struct plan_key_in *kv_entry(const struct key_view *kv, size_t i) {
 }
 
 static uint32_t kv_rank(const struct key_view *kv, size_t i) {
-  return kv->ix->entry_rank[kv->first + i];
+  return plan_index_rank(kv->ix, kv->first + i);
 }
 
 static const struct sp_storage *kv_storage(const struct key_view *kv,
@@ -374,7 +374,7 @@ static int validate_full(const struct key_view *kv, struct plan_key *out,
 static bool validate_fast(const struct plan_index *ix, uint32_t k,
                           uint64_t *nbytes) {
   size_t first = ix->first[k], n = ix->first[k + 1] - first;
-  const struct plan_entry *e0 = ix->entry[first];
+  const struct plan_entry *e0 = plan_index_entry(ix, first);
   const struct plan_key_decl *d;
   uint64_t numel, row_elems = 1, rows = 0;
   uint32_t size, type = PLAN_NONE;
@@ -396,8 +396,8 @@ static bool validate_fast(const struct plan_index *ix, uint32_t k,
         __builtin_mul_overflow(row_elems, (uint64_t)d->shape[i], &row_elems))
       return false;
   for (size_t i = 0; i < n; i++) {
-    const struct plan_entry *e = ix->entry[first + i];
-    const struct plan_rank_in *rank = ix->rank[ix->entry_rank[first + i]];
+    const struct plan_entry *e = plan_index_entry(ix, first + i);
+    const struct plan_rank_in *rank = ix->rank[plan_index_rank(ix, first + i)];
     const struct sp_storage *s;
     uint64_t held, bytes, extent;
     if (e->key != e0->key || e->storage >= rank->nstorages)
@@ -429,8 +429,8 @@ static bool validate_fast(const struct plan_index *ix, uint32_t k,
 static void key_fill(const struct plan_index *ix, uint32_t k, bool expert,
                      struct plan_key *out) {
   size_t first = ix->first[k];
-  const struct plan_entry *e0 = ix->entry[first];
-  const struct plan_rank_in *r0 = ix->rank[ix->entry_rank[first]];
+  const struct plan_entry *e0 = plan_index_entry(ix, first);
+  const struct plan_rank_in *r0 = ix->rank[plan_index_rank(ix, first)];
   const struct plan_key_decl *d = &ix->in->keys[e0->key];
 
   out->name = ix->name[k];
@@ -444,7 +444,7 @@ static void key_fill(const struct plan_index *ix, uint32_t k, bool expert,
   out->ndim = d->ndim;
   memset(out->shape, 0, sizeof out->shape);
   memcpy(out->shape, d->shape, d->ndim * sizeof out->shape[0]);
-  out->owner = expert ? ix->entry_rank[first] : PLAN_NONE;
+  out->owner = expert ? plan_index_rank(ix, first) : PLAN_NONE;
   out->unit = PLAN_NONE;
   out->alias_of = PLAN_NONE;
   out->round = PLAN_NONE;
