@@ -349,6 +349,9 @@ static int plan_input_fill(struct export *ex) {
     in->max_keys = ex->max_keys;
     in->max_bytes = ex->max_bytes;
   }
+  /* Planning is the export's work until its rounds start: as wide as the
+   * copying that follows. */
+  in->threads = job->srv->engine_threads;
   in->stop = &ex->plan_stop;
   return rc;
 }

@@ -188,6 +188,15 @@ static inline bool plan_round_is_full(size_t keys, uint64_t bytes,
                       sum > max_bytes);
 }
 
+/* workers.c: task(ctx, worker, i) for every i in [0, n), on up to
+ * threads threads, this one included; worker (below
+ * plan_workers_count(threads, n)) names the thread, for scratch of its own.
+ * Returns 0, or the code of the failing task of lowest index. */
+uint32_t plan_workers_count(uint32_t threads, size_t n);
+int plan_workers_run(uint32_t threads, size_t n,
+                     int (*task)(void *ctx, uint32_t worker, size_t i),
+                     void *ctx);
+
 /* digest.c, and the word hash it shares with units.c's tie finding.  A
  * word at a time, inline, because the digest covers every move of a plan:
  * millions of words for a large job.  Values are fed as integers, never as
@@ -232,6 +241,12 @@ static inline uint64_t plan_hash_final(const struct plan_hash *h) {
   return x;
 }
 
+/* The digest of one round's buckets and moves, once they are built: every
+ * round's on the thread that built it, so that hashing the moves goes as
+ * wide as building them. */
+uint64_t plan_digest_round(const struct plan *plan,
+                           const struct plan_round *round);
+/* The plan's, over its keys, units and each round's digest in order. */
 uint64_t plan_digest_compute(const struct plan *plan);
 
 #endif /* SP_DAEMON_PLAN_INTERNAL_H */

@@ -130,6 +130,9 @@ struct plan_input {
   const struct plan_key_decl *keys; /* the key table */
   uint32_t max_keys;  /* keys per round; 0 means PLAN_DEFAULT_MAX_KEYS */
   uint64_t max_bytes; /* traffic per round; 0 means no byte budget */
+  /* Threads that build rounds, this one included; 0 and 1 mean this one
+   * alone.  The plan and its digest are the same whatever the count. */
+  uint32_t threads;
   /* Set by another thread when planning must stop (the export's time is
    * up): plan_build then returns SP_ETIMEOUT soon, having freed what it
    * took.  NULL: never stopped.  The planner reads no clock itself. */

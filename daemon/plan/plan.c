@@ -30,6 +30,7 @@ int plan_build(const struct plan_input *in, struct plan **out, char *msg,
   plan->world = in->world;
   plan->max_keys = in->max_keys > 0 ? in->max_keys : PLAN_DEFAULT_MAX_KEYS;
   plan->max_bytes = in->max_bytes > 0 ? in->max_bytes : UINT64_MAX;
+  plan->threads = in->threads;
   plan->nkeys = ix.nkeys;
   plan->keys = calloc(ix.nkeys > 0 ? ix.nkeys : 1, sizeof *plan->keys);
   plan->node = malloc((size_t)in->world * sizeof *plan->node);

@@ -129,6 +129,7 @@ struct plan_round {
   size_t nlocal;
   struct plan_move *local; /* within a node, by owner, key, source, piece */
   struct plan_rank_round *ranks; /* [world] */
+  uint64_t digest; /* of its buckets and moves; plan->digest covers it */
 };
 
 /* A strided region of the owner's row-major tensor, in elements. */
@@ -145,6 +146,7 @@ struct plan {
   uint32_t world;
   uint32_t max_keys;
   uint64_t max_bytes; /* UINT64_MAX when no budget was given */
+  uint32_t threads;   /* the input's: threads that built it */
   uint64_t *node;     /* [world] */
   size_t nkeys;
   struct plan_key *keys; /* by name (strcmp order) */

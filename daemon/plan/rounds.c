@@ -245,9 +245,30 @@ static size_t cut_rounds(struct plan *plan, struct plan_round *rounds) {
   return n + (keys > 0);
 }
 
+/* One round per task, each thread with its scratch; the round's digest
+ * is hashed where it was built. */
+struct round_work {
+  const struct plan_index *ix;
+  struct plan *plan;
+  struct scratch *sc; /* [workers] */
+};
+
+static int round_task(void *ctx, uint32_t worker, size_t r) {
+  struct round_work *rw = ctx;
+  struct plan_round *round = &rw->plan->rounds[r];
+  int rc = plan_check_stop(rw->ix->stop, NULL, 0);
+
+  if (rc == 0)
+    rc = build_round(rw->ix, rw->plan, round, &rw->sc[worker]);
+  if (rc == 0)
+    round->digest = plan_digest_round(rw->plan, round);
+  return rc;
+}
+
 int plan_rounds_build(const struct plan_index *ix, struct plan *plan, char *msg,
                       size_t msglen) {
-  struct scratch sc = {0};
+  struct round_work rw = {ix, plan, NULL};
+  uint32_t workers;
   int rc = 0;
 
   for (size_t k = 0; k < plan->nkeys; k++)
@@ -263,20 +284,30 @@ int plan_rounds_build(const struct plan_index *ix, struct plan *plan, char *msg,
   plan->nrounds = cut_rounds(plan, NULL);
   plan->rounds =
       calloc(plan->nrounds > 0 ? plan->nrounds : 1, sizeof *plan->rounds);
-  sc.count = malloc(((size_t)plan->world * CODES + 1) * sizeof *sc.count);
-  if (plan->rounds == NULL || sc.count == NULL) {
-    plan->nrounds = 0;
-    free(sc.count);
-    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
+  workers = plan_workers_count(plan->threads, plan->nrounds);
+  rw.sc = calloc(workers, sizeof *rw.sc);
+  for (uint32_t t = 0; rw.sc != NULL && t < workers && rc == 0; t++) {
+    rw.sc[t].count =
+        malloc(((size_t)plan->world * CODES + 1) * sizeof *rw.sc[t].count);
+    rc = rw.sc[t].count == NULL ? SP_ENOMEM : 0;
   }
-  cut_rounds(plan, plan->rounds);
-  for (size_t r = 0; r < plan->nrounds && rc == 0; r++)
-    rc = build_round(ix, plan, &plan->rounds[r], &sc);
-  free(sc.all);
-  free(sc.order);
-  free(sc.sorted);
-  free(sc.field);
-  free(sc.count);
+  if (plan->rounds == NULL || rw.sc == NULL || rc != 0) {
+    plan->nrounds = 0;
+    rc = SP_ENOMEM;
+  } else {
+    cut_rounds(plan, plan->rounds);
+    rc = plan_workers_run(plan->threads, plan->nrounds, round_task, &rw);
+  }
+  for (uint32_t t = 0; rw.sc != NULL && t < workers; t++) {
+    free(rw.sc[t].all);
+    free(rw.sc[t].order);
+    free(rw.sc[t].sorted);
+    free(rw.sc[t].field);
+    free(rw.sc[t].count);
+  }
+  free(rw.sc);
+  if (rc == SP_ETIMEOUT)
+    return plan_check_stop(ix->stop, msg, msglen);
   if (rc != 0)
     return sp__failf(msg, msglen, rc,
                      rc == SP_ENOMEM ? "out of memory building round moves"

@@ -39,6 +39,7 @@
 struct bench_case {
   uint32_t keys;
   uint32_t world;
+  uint32_t threads;
 };
 
 static double now_s(void) {
@@ -165,6 +166,7 @@ static int run_case(const struct bench_case *c) {
   for (uint32_t r = 0; r < world; r++)
     free((void *)ranks[r].keys);
   in = plan_input_of(store);
+  in->threads = c->threads;
   scan = scan_s(in, nkeys, &sink);
   rss0 = maxrss_kib();
   t0 = now_s();
@@ -179,12 +181,13 @@ static int run_case(const struct bench_case *c) {
     moves += plan->rounds[i].nmoves + plan->rounds[i].nlocal;
     buckets += plan->rounds[i].nbuckets;
   }
-  printf("plan %6u keys x %5u ranks: %9" PRIu64 " shard entries, %7.3f s "
+  printf("plan %6u keys x %5u ranks, %u thread%s: %9" PRIu64 " shard entries, %7.3f s "
          "(%5.1f x one scan of %.4f s), %9.0f entries/s, peak +%7.1f MiB "
          "(%5.1f B/entry), %3zu rounds, %8zu moves, %7zu buckets, digest "
          "%016" PRIx64 "; input %5.1f B/entry (full form %zu), read in "
          "%.3f s (%" PRIu64 ")\n",
-         nkeys, world, entries, t1 - t0, (t1 - t0) / scan, scan,
+         nkeys, world, c->threads, c->threads == 1 ? "" : "s", entries,
+         t1 - t0, (t1 - t0) / scan, scan,
          (double)entries / (t1 - t0), (double)(rss1 - rss0) / 1024.0,
          (double)(rss1 - rss0) * 1024.0 / (double)entries, plan->nrounds,
          moves, buckets, plan->digest,
@@ -205,15 +208,18 @@ static int run_case(const struct bench_case *c) {
 
 int main(int argc, char **argv) {
   static const struct bench_case cases[] = {
-      {100000, 64}, {1000, 1024}, {1024, 1024}, {1000, 256}, {1000, 512},
+      {100000, 64, 1}, {100000, 64, 2}, {1000, 1024, 1}, {1024, 1024, 1},
+      {1024, 1024, 2},  {1000, 256, 1},  {1000, 512, 1},
   };
   size_t ncases = sizeof cases / sizeof cases[0];
   int failed = 0;
 
-  /* "plan_bench 1000 1024" runs one case in this process. */
-  if (argc == 3) {
-    struct bench_case c = {(uint32_t)strtoul(argv[1], NULL, 10),
-                           (uint32_t)strtoul(argv[2], NULL, 10)};
+  /* "plan_bench 1000 1024 [THREADS]" runs one case in this process. */
+  if (argc == 3 || argc == 4) {
+    struct bench_case c = {
+        (uint32_t)strtoul(argv[1], NULL, 10),
+        (uint32_t)strtoul(argv[2], NULL, 10),
+        argc == 4 ? (uint32_t)strtoul(argv[3], NULL, 10) : 1};
     return run_case(&c);
   }
   for (size_t i = 0; i < ncases; i++) {
