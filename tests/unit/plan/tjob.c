@@ -29,6 +29,7 @@ struct tjob {
   struct plan_input *in; /* the last one */
   uint32_t max_keys;
   uint64_t max_bytes;
+  uint32_t threads;
   uint64_t next_base;
   void **owned;
   size_t nowned;
@@ -245,6 +246,10 @@ void tjob_limits(struct tjob *job, uint32_t max_keys, uint64_t max_bytes) {
   job->max_bytes = max_bytes;
 }
 
+void tjob_threads(struct tjob *job, uint32_t threads) {
+  job->threads = threads;
+}
+
 const struct plan_input *tjob_input(struct tjob *job, uint32_t first,
                                     uint64_t seed) {
   for (uint32_t i = 0; i < job->world; i++) {
@@ -286,6 +291,7 @@ const struct plan_input *tjob_input(struct tjob *job, uint32_t first,
   job->in = plan_input_of(store);
   job->in->max_keys = job->max_keys;
   job->in->max_bytes = job->max_bytes;
+  job->in->threads = job->threads;
   return job->in;
 }
 

@@ -60,6 +60,8 @@ void tjob_drop(struct tjob *job, uint32_t rank, const char *name);
 const struct plan_input *tjob_input(struct tjob *job, uint32_t first,
                                     uint64_t seed);
 void tjob_limits(struct tjob *job, uint32_t max_keys, uint64_t max_bytes);
+/* The input's planning threads (plan_input.threads); 0 at first. */
+void tjob_threads(struct tjob *job, uint32_t threads);
 /* Direct access for tests that corrupt the rank table itself: the last
  * input's. */
 struct plan_rank_in *tjob_ranks(struct tjob *job);
