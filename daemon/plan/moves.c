@@ -16,6 +16,8 @@
 #include "shardport.h"
 #include "daemon/plan/internal.h"
 
+_Static_assert(sizeof(struct plan_move) == 48, "a move is 48 bytes (plan.h)");
+
 static uint64_t piece_numel(const struct affine_piece *p) {
   uint64_t numel = 0;
   sp__view_numel(p->ndim, p->shape, &numel);

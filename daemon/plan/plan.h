@@ -82,15 +82,18 @@ struct plan_unit {
 
 enum { PLAN_MOVE_REPLICA = 1u };
 
-/* One box of elements from a source rank's storage to its owner's tensor.
- * plan_moves_regions() spells out both sides. */
+/* One box of elements from a source rank's storage to its owner's tensor,
+ * in 48 bytes: a plan holds millions.  plan_moves_regions() spells out both
+ * sides. */
 struct plan_move {
   uint32_t key;
   uint32_t src;
   uint32_t dst;
-  uint32_t piece;   /* affine: index into the holding's pieces; else 0 */
-  uint32_t flags;   /* PLAN_MOVE_REPLICA: compare with other replicas */
-  uint32_t storage; /* the source rank's storage it is read from */
+  /* Affine: index into the holding's pieces, which one frame of at most
+   * 4 GiB lists (proto/limits.h), so far fewer than 2^31; 0 otherwise. */
+  uint32_t piece : 31;
+  uint32_t flags : 1; /* PLAN_MOVE_REPLICA: compare with other replicas */
+  uint32_t storage;   /* the source rank's storage it is read from */
   uint32_t entry;   /* the source rank's entry it carries (layout.h) */
   uint64_t nbytes;
   uint64_t dst_offset; /* first element of the region in the owner's tensor */
