@@ -117,6 +117,31 @@ static int tie_slot_cmp(const void *pa, const void *pb) {
   return a->key < b->key ? -1 : a->key > b->key;
 }
 
+/* Keys' holdings are hashed in runs of this many, one run per task, each
+ * into its own slots. */
+#define KEYS_PER_TASK 4096u
+
+struct hash_work {
+  const struct plan_index *ix;
+  const struct plan *plan;
+  struct tie_slot *slots; /* [nkeys], by key */
+};
+
+static int hash_task(void *ctx, uint32_t worker, size_t task) {
+  struct hash_work *hw = ctx;
+  size_t end = (task + 1) * KEYS_PER_TASK;
+
+  (void)worker;
+  if (end > hw->plan->nkeys)
+    end = hw->plan->nkeys;
+  for (size_t k = task * KEYS_PER_TASK; k < end; k++)
+    if (tie_candidate(&hw->plan->keys[k]))
+      hw->slots[k] = (struct tie_slot){
+          holdings_hash(hw->ix, &hw->plan->keys[k], (uint32_t)k),
+          (uint32_t)k};
+  return 0;
+}
+
 static int find_ties(const struct plan_index *ix, struct plan *plan,
                      uint32_t *parent, char *msg, size_t msglen) {
   struct tie_slot *slots =
@@ -129,9 +154,13 @@ static int find_ties(const struct plan_index *ix, struct plan *plan,
     free(reps);
     return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   }
+  struct hash_work hw = {ix, plan, slots};
+  plan_workers_run(plan->threads,
+                   (plan->nkeys + KEYS_PER_TASK - 1) / KEYS_PER_TASK,
+                   hash_task, &hw);
   for (uint32_t k = 0; k < plan->nkeys; k++)
     if (tie_candidate(&plan->keys[k]))
-      slots[n++] = (struct tie_slot){holdings_hash(ix, &plan->keys[k], k), k};
+      slots[n++] = slots[k];
   qsort(slots, n, sizeof *slots, tie_slot_cmp);
   /* Within a run of equal hashes, each key is compared with the distinct
    * holdings met so far in the run; keys come in name order, so the first

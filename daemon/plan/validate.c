@@ -470,26 +470,72 @@ static int validate_key(const struct plan_index *ix, uint32_t k,
   return rc;
 }
 
+/* Keys are validated in runs of this many, one run per task: each run
+ * looks at the stop flag first. */
+#define KEYS_PER_TASK 1024u
+/* A refusal's sentence, as long as the daemon sends (proto/msg.h). */
+#define REFUSAL_BYTES 1025u
+
+struct validate_worker {
+  struct plan_key_in *scratch; /* [widest key] */
+  size_t failed;               /* its failed task */
+  char msg[REFUSAL_BYTES];
+};
+
+struct validate_work {
+  const struct plan_index *ix;
+  struct plan *plan;
+  struct validate_worker *workers;
+};
+
+static int validate_task(void *ctx, uint32_t worker, size_t task) {
+  struct validate_work *vw = ctx;
+  struct validate_worker *w = &vw->workers[worker];
+  size_t end = (task + 1) * KEYS_PER_TASK;
+  int rc = plan_check_stop(vw->ix->stop, w->msg, sizeof w->msg);
+
+  if (end > vw->ix->nkeys)
+    end = vw->ix->nkeys;
+  for (size_t k = task * KEYS_PER_TASK; rc == 0 && k < end; k++)
+    rc = validate_key(vw->ix, (uint32_t)k, w->scratch, &vw->plan->keys[k],
+                      w->msg, sizeof w->msg);
+  if (rc != 0)
+    w->failed = task;
+  return rc;
+}
+
+/* Keys in runs on plan->threads threads; the refusal is the first failing
+ * key's in name order, as on one thread: the failed run of lowest index
+ * (workers.c) is the one that holds it. */
 int plan_validate_keys(const struct plan_index *ix, struct plan *plan,
                        char *msg, size_t msglen) {
-  size_t widest = 1;
-  struct plan_key_in *scratch;
-  int rc = 0;
+  size_t widest = 1, tasks = (ix->nkeys + KEYS_PER_TASK - 1) / KEYS_PER_TASK;
+  uint32_t nworkers = plan_workers_count(plan->threads, tasks);
+  struct validate_work vw = {ix, plan, calloc(nworkers, sizeof *vw.workers)};
+  int rc = vw.workers == NULL ? SP_ENOMEM : 0;
 
   for (size_t k = 0; k < ix->nkeys; k++)
     if (ix->first[k + 1] - ix->first[k] > widest)
       widest = ix->first[k + 1] - ix->first[k];
-  scratch = malloc(widest * sizeof *scratch);
-  if (scratch == NULL)
-    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
-  for (uint32_t k = 0; k < ix->nkeys && rc == 0; k++) {
-    /* The stop flag every 1,024 keys: a key's checks are short. */
-    if (k % 1024 == 0)
-      rc = plan_check_stop(ix->stop, msg, msglen);
-    if (rc == 0)
-      rc = validate_key(ix, k, scratch, &plan->keys[k], msg, msglen);
+  for (uint32_t t = 0; rc == 0 && t < nworkers; t++) {
+    vw.workers[t].scratch = malloc(widest * sizeof *vw.workers[t].scratch);
+    vw.workers[t].failed = SIZE_MAX;
+    rc = vw.workers[t].scratch == NULL ? SP_ENOMEM : 0;
   }
-  free(scratch);
+  if (rc != 0) {
+    rc = sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
+  } else {
+    rc = plan_workers_run(plan->threads, tasks, validate_task, &vw);
+    const struct validate_worker *first = NULL;
+    for (uint32_t t = 0; rc != 0 && t < nworkers; t++)
+      if (first == NULL || vw.workers[t].failed < first->failed)
+        first = &vw.workers[t];
+    if (rc != 0)
+      sp__failf(msg, msglen, rc, "%s", first->msg);
+  }
+  for (uint32_t t = 0; vw.workers != NULL && t < nworkers; t++)
+    free(vw.workers[t].scratch);
+  free(vw.workers);
   return rc;
 }
 
