@@ -99,12 +99,6 @@ void plan_index_free(struct plan_index *ix);
 /* The key named name, or PLAN_NONE. */
 uint32_t plan_index_find(const struct plan_index *ix, const char *name);
 
-/* Whether the entry in slot is compact (its full form is rebuilt). */
-static inline bool plan_index_compact(const struct plan_index *ix,
-                                      size_t slot) {
-  return plan_index_entry(ix, slot)->storage != PLAN_ENTRY_FULL;
-}
-
 /* The entry in slot in full form (plan_input_holding). */
 static inline void plan_index_holding(const struct plan_index *ix, size_t slot,
                                       struct plan_key_in *out) {
