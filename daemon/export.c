@@ -341,9 +341,8 @@ static int plan_input_fill(struct export *ex) {
   /* A rank that did not ask is left out, and the planner refuses. */
   for (uint32_t r = 0; ex->mx == NULL && rc == 0 && r < job->world; r++)
     if (ex->ranks[r].m != NULL)
-      rc = registry_plan_rank(&ex->ranks[r].m->reg, r, 0,
-                              &ex->ranks[r].groups, ex->store, ex->plan_msg,
-                              sizeof ex->plan_msg);
+      rc = registry_plan_rank(&ex->ranks[r].m->reg, r, 0, &ex->ranks[r].groups,
+                              ex->store, ex->plan_msg, sizeof ex->plan_msg);
   in = plan_input_of(ex->store);
   if (ex->mx == NULL) {
     in->max_keys = ex->max_keys;

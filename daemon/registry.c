@@ -790,8 +790,8 @@ void registry_batch_free(struct reg_batch *b) {
   free(b);
 }
 
-int registry_plan_rank(const struct registry *reg, uint32_t rank,
-                       uint64_t node, const struct req_groups *groups,
+int registry_plan_rank(const struct registry *reg, uint32_t rank, uint64_t node,
+                       const struct req_groups *groups,
                        struct plan_input_store *store, char *msg,
                        size_t msglen) {
   struct plan_rank_desc desc = {.rank = rank,

@@ -160,8 +160,8 @@ uint32_t registry_find_sid(const struct registry *reg, uint32_t sid);
  * planner's input (plan_input_add_rank): the one way a registry, a local
  * rank's or a remote rank's shadow, becomes what the planner reads.  The
  * input borrows names, storages and pieces from reg. */
-int registry_plan_rank(const struct registry *reg, uint32_t rank,
-                       uint64_t node, const struct req_groups *groups,
+int registry_plan_rank(const struct registry *reg, uint32_t rank, uint64_t node,
+                       const struct req_groups *groups,
                        struct plan_input_store *store, char *msg,
                        size_t msglen);
 /* Registers n storages of a rank on another node (mesh.c): what the

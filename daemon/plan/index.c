@@ -165,8 +165,8 @@ static int align(struct plan_index *ix, char *msg, size_t msglen) {
  * keys in. */
 static int gather(struct plan_index *ix, char *msg, size_t msglen) {
   size_t total;
-  uint32_t *last_rank = malloc((ix->nkeys > 0 ? ix->nkeys : 1) *
-                               sizeof *last_rank);
+  uint32_t *last_rank =
+      malloc((ix->nkeys > 0 ? ix->nkeys : 1) * sizeof *last_rank);
   size_t *cursor = malloc((ix->nkeys > 0 ? ix->nkeys : 1) * sizeof *cursor);
   int rc = 0;
 

@@ -248,25 +248,23 @@ int plan_input_add_rank(struct plan_input_store *s,
     }
   }
   s->tables[s->in.nranks] = t;
-  s->ranks[s->in.nranks++] =
-      (struct plan_rank_in){.rank = rank->rank,
-                            .node = rank->node,
-                            .nstorages = rank->nstorages,
-                            .storages = rank->storages,
-                            .nentries = rank->nkeys,
-                            .entries = t.entries,
-                            .nfull = nfull,
-                            .full = t.full,
-                            .ngroups = rank->ngroups,
-                            .groups = rank->groups};
+  s->ranks[s->in.nranks++] = (struct plan_rank_in){.rank = rank->rank,
+                                                   .node = rank->node,
+                                                   .nstorages = rank->nstorages,
+                                                   .storages = rank->storages,
+                                                   .nentries = rank->nkeys,
+                                                   .entries = t.entries,
+                                                   .nfull = nfull,
+                                                   .full = t.full,
+                                                   .ngroups = rank->ngroups,
+                                                   .groups = rank->groups};
   s->bytes += rank->nkeys * sizeof *t.entries + nfull * sizeof *t.full;
   return 0;
 nomem:
   free(t.entries);
   free(t.full);
   return sp__failf(msg, msglen, SP_ENOMEM,
-                   "out of memory reading rank %u's registrations",
-                   rank->rank);
+                   "out of memory reading rank %u's registrations", rank->rank);
 }
 
 void plan_input_holding(const struct plan_input *in,

@@ -102,8 +102,8 @@ uint32_t plan_index_find(const struct plan_index *ix, const char *name);
 /* The entry in slot in full form (plan_input_holding). */
 static inline void plan_index_holding(const struct plan_index *ix, size_t slot,
                                       struct plan_key_in *out) {
-  plan_input_holding(ix->in, ix->rank[plan_index_rank(ix, slot)], plan_index_entry(ix, slot),
-                     out);
+  plan_input_holding(ix->in, ix->rank[plan_index_rank(ix, slot)],
+                     plan_index_entry(ix, slot), out);
 }
 
 /* The full form of the entry in slot when it is kept in its rank's side

@@ -103,7 +103,8 @@ size_t plan_moves_of_key(const struct plan_index *ix, const struct plan *plan,
             .key = k,
             .src = src,
             .dst = key->owner,
-            .storage = full != NULL ? full->storage : plan_index_entry(ix, slot)->storage,
+            .storage = full != NULL ? full->storage
+                                    : plan_index_entry(ix, slot)->storage,
             .entry = entry,
             .nbytes = full != NULL ? full->nbytes : rows * row_elems * size,
             .dst_offset = row * row_elems};

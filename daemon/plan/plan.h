@@ -69,8 +69,8 @@ struct plan_key {
   uint32_t unit;     /* PLAN_NONE for experts, which are not balanced */
   uint32_t alias_of; /* PLAN_NONE unless kind is ALIAS */
   uint32_t round;    /* PLAN_NONE unless kind is MOVE */
-  uint32_t held; /* IDENTITY: the owner's entry (plan_key_holding), else
-                   PLAN_NONE */
+  uint32_t held;     /* IDENTITY: the owner's entry (plan_key_holding), else
+                       PLAN_NONE */
 };
 
 struct plan_unit {
@@ -94,7 +94,7 @@ struct plan_move {
   uint32_t piece : 31;
   uint32_t flags : 1; /* PLAN_MOVE_REPLICA: compare with other replicas */
   uint32_t storage;   /* the source rank's storage it is read from */
-  uint32_t entry;   /* the source rank's entry it carries (layout.h) */
+  uint32_t entry;     /* the source rank's entry it carries (layout.h) */
   uint64_t nbytes;
   uint64_t dst_offset; /* first element of the region in the owner's tensor */
   uint64_t bucket_offset; /* byte offset in its bucket; 0 for local moves */
@@ -144,7 +144,7 @@ struct plan_region {
 };
 
 struct plan {
-  const struct plan_input *in;        /* borrowed */
+  const struct plan_input *in;         /* borrowed */
   const struct plan_rank_in **rank_in; /* [world]: in's ranks by number */
   uint32_t world;
   uint32_t max_keys;

@@ -45,7 +45,8 @@ static bool tie_candidate(const struct plan_key *key) {
 static const struct sp_storage *entry_storage(const struct plan_index *ix,
                                               size_t slot) {
   const struct plan_key_in *full = plan_index_full(ix, slot);
-  uint32_t storage = full != NULL ? full->storage : plan_index_entry(ix, slot)->storage;
+  uint32_t storage =
+      full != NULL ? full->storage : plan_index_entry(ix, slot)->storage;
   return &ix->rank[plan_index_rank(ix, slot)]->storages[storage];
 }
 
@@ -64,8 +65,8 @@ static uint64_t holdings_hash(const struct plan_index *ix,
     plan_hash_u64(&h, (uint64_t)(uint32_t)s->device.index);
     if (full != NULL) {
       plan_hash_u64(&h, (uint64_t)full->view.offset);
-      plan_hash_u64(&h, full->view.ndim > 0 ? (uint64_t)full->view.shape[0]
-                                            : 0);
+      plan_hash_u64(&h,
+                    full->view.ndim > 0 ? (uint64_t)full->view.shape[0] : 0);
     } else {
       plan_hash_u64(&h, plan_index_entry(ix, slot)->offset);
       plan_hash_u64(&h, plan_index_entry(ix, slot)->rows);
@@ -137,8 +138,7 @@ static int hash_task(void *ctx, uint32_t worker, size_t task) {
   for (size_t k = task * KEYS_PER_TASK; k < end; k++)
     if (tie_candidate(&hw->plan->keys[k]))
       hw->slots[k] = (struct tie_slot){
-          holdings_hash(hw->ix, &hw->plan->keys[k], (uint32_t)k),
-          (uint32_t)k};
+          holdings_hash(hw->ix, &hw->plan->keys[k], (uint32_t)k), (uint32_t)k};
   return 0;
 }
 
@@ -156,8 +156,8 @@ static int find_ties(const struct plan_index *ix, struct plan *plan,
   }
   struct hash_work hw = {ix, plan, slots};
   plan_workers_run(plan->threads,
-                   (plan->nkeys + KEYS_PER_TASK - 1) / KEYS_PER_TASK,
-                   hash_task, &hw);
+                   (plan->nkeys + KEYS_PER_TASK - 1) / KEYS_PER_TASK, hash_task,
+                   &hw);
   for (uint32_t k = 0; k < plan->nkeys; k++)
     if (tie_candidate(&plan->keys[k]))
       slots[n++] = slots[k];

@@ -437,9 +437,8 @@ static void key_fill(const struct plan_index *ix, uint32_t k, bool expert,
   out->placement = d->placement;
   out->dtype = d->dtype;
   out->device_type =
-      r0->storages[e0->storage == PLAN_ENTRY_FULL
-                       ? r0->full[e0->offset].storage
-                       : e0->storage]
+      r0->storages[e0->storage == PLAN_ENTRY_FULL ? r0->full[e0->offset].storage
+                                                  : e0->storage]
           .device.type;
   out->ndim = d->ndim;
   memset(out->shape, 0, sizeof out->shape);

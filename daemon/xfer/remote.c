@@ -494,8 +494,8 @@ static bool move_direct(const struct remote *r, const struct plan_move *m,
   plan_moves_regions(r->plan, m, &sv, &dr);
   if (out) {
     runs_of(sv.ndim, sv.shape, sv.stride, esz, rs);
-    *base = (uint8_t *)r->src[m->src][m->storage].data +
-            (size_t)sv.offset * esz;
+    *base =
+        (uint8_t *)r->src[m->src][m->storage].data + (size_t)sv.offset * esz;
     return runs_direct(rs);
   }
   runs_of(dr.ndim, dr.shape, dr.stride, esz, rs);

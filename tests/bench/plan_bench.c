@@ -6,7 +6,8 @@
  * node, every rank's shards in one storage) and times plan_build() on it.
  * A case runs in a child process of its own, so that its peak resident
  * memory (the peak resident set while planning, minus what it held
- * before: VmHWM reset through /proc/self/clear_refs) is its own.  Printed, never asserted: these machines are shared.
+ * before: VmHWM reset through /proc/self/clear_refs) is its own.  Printed,
+ * never asserted: these machines are shared.
  *
  * The input is built as a daemon builds it: every rank's registrations in
  * full form (struct plan_key_in, as the registries hold them) read into the
@@ -161,11 +162,11 @@ static int run_case(const struct bench_case *c) {
     /* Listed in the order a daemon would gather them: local ranks first. */
     ranks[(r + world / 2) % world] =
         (struct plan_rank_desc){.rank = r,
-                              .node = r / 8,
-                              .nstorages = 1,
-                              .storages = &storages[r],
-                              .nkeys = nkeys,
-                              .keys = keys};
+                                .node = r / 8,
+                                .nstorages = 1,
+                                .storages = &storages[r],
+                                .nkeys = nkeys,
+                                .keys = keys};
   }
   heap0 = heap_bytes();
   tc0 = now_s();
@@ -200,17 +201,17 @@ static int run_case(const struct bench_case *c) {
     moves += plan->rounds[i].nmoves + plan->rounds[i].nlocal;
     buckets += plan->rounds[i].nbuckets;
   }
-  printf("plan %6u keys x %5u ranks, %u thread%s: %9" PRIu64 " shard entries, %7.3f s "
+  printf("plan %6u keys x %5u ranks, %u thread%s: %9" PRIu64
+         " shard entries, %7.3f s "
          "(%5.1f x one scan of %.4f s), %9.0f entries/s, peak +%7.1f MiB "
          "(%5.1f B/entry), %3zu rounds, %8zu moves, %7zu buckets, digest "
          "%016" PRIx64 "; input %5.1f B/entry (full form %zu), read in "
          "%.3f s (%" PRIu64 ")\n",
-         nkeys, world, c->threads, c->threads == 1 ? "" : "s", entries,
-         t1 - t0, (t1 - t0) / scan, scan,
-         (double)entries / (t1 - t0), (double)(rss1 - rss0) / 1024.0,
-         (double)(rss1 - rss0) * 1024.0 / (double)entries, plan->nrounds,
-         moves, buckets, plan->digest,
-         (double)(heap1 - heap0) / (double)entries,
+         nkeys, world, c->threads, c->threads == 1 ? "" : "s", entries, t1 - t0,
+         (t1 - t0) / scan, scan, (double)entries / (t1 - t0),
+         (double)(rss1 - rss0) / 1024.0,
+         (double)(rss1 - rss0) * 1024.0 / (double)entries, plan->nrounds, moves,
+         buckets, plan->digest, (double)(heap1 - heap0) / (double)entries,
          sizeof(struct plan_key_in), tc1 - tc0, sink % 10);
   fflush(stdout);
   plan_free(plan);
@@ -228,17 +229,17 @@ static int run_case(const struct bench_case *c) {
 int main(int argc, char **argv) {
   static const struct bench_case cases[] = {
       {100000, 64, 1}, {100000, 64, 2}, {1000, 1024, 1}, {1024, 1024, 1},
-      {1024, 1024, 2},  {1000, 256, 1},  {1000, 512, 1},
+      {1024, 1024, 2}, {1000, 256, 1},  {1000, 512, 1},
   };
   size_t ncases = sizeof cases / sizeof cases[0];
   int failed = 0;
 
   /* "plan_bench 1000 1024 [THREADS]" runs one case in this process. */
   if (argc == 3 || argc == 4) {
-    struct bench_case c = {
-        (uint32_t)strtoul(argv[1], NULL, 10),
-        (uint32_t)strtoul(argv[2], NULL, 10),
-        argc == 4 ? (uint32_t)strtoul(argv[3], NULL, 10) : 1};
+    struct bench_case c = {(uint32_t)strtoul(argv[1], NULL, 10),
+                           (uint32_t)strtoul(argv[2], NULL, 10),
+                           argc == 4 ? (uint32_t)strtoul(argv[3], NULL, 10)
+                                     : 1};
     return run_case(&c);
   }
   for (size_t i = 0; i < ncases; i++) {

@@ -16,9 +16,9 @@ static const struct sp_storage storage = {.device = {.type = SP_DEVICE_CPU},
 
 /* A row-major view of shape[0..ndim) at offset, rows in dim 0. */
 static struct plan_key_in holding(const char *name,
-                                  enum plan_placement placement,
-                                  uint32_t ndim, const int64_t *shape,
-                                  int64_t rows, int64_t offset) {
+                                  enum plan_placement placement, uint32_t ndim,
+                                  const int64_t *shape, int64_t rows,
+                                  int64_t offset) {
   struct plan_key_in e = {.name = name,
                           .placement = placement,
                           .device_type = SP_DEVICE_CPU,
@@ -50,8 +50,7 @@ static struct plan_input_store *store_of(const struct plan_key_in *keys,
   char msg[256];
 
   ck_assert_ptr_nonnull(s);
-  ck_assert_msg(plan_input_add_rank(s, &desc, msg, sizeof msg) == 0, "%s",
-                msg);
+  ck_assert_msg(plan_input_add_rank(s, &desc, msg, sizeof msg) == 0, "%s", msg);
   return s;
 }
 

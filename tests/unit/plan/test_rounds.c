@@ -483,7 +483,7 @@ static void sim_expect(struct sim *sim, uint64_t seed) {
       continue;
     for (uint32_t r = 0; r < 6; r++) {
       struct plan_key_in held;
-    const struct plan_key_in *e = find_entry(sim, r, key->name, &held);
+      const struct plan_key_in *e = find_entry(sim, r, key->name, &held);
       int64_t at[512];
       size_t n;
       box_offsets(e->view.ndim, e->view.shape, e->view.stride, e->view.offset,
