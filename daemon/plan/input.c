@@ -95,8 +95,10 @@ static bool decl_equal(const struct plan_key_decl *a,
       a->dtype != b->dtype || a->ndim != b->ndim ||
       memcmp(a->shape, b->shape, sizeof a->shape) != 0)
     return false;
+  if (a->name == b->name)
+    return true;
   if (a->name == NULL || b->name == NULL)
-    return a->name == b->name;
+    return false;
   return strcmp(a->name, b->name) == 0;
 }
 
@@ -207,6 +209,7 @@ int plan_input_add_rank(struct plan_input_store *s,
                         size_t msglen) {
   struct rank_tables t = {0};
   size_t nfull = 0, at = 0;
+  uint8_t *compact = NULL;
 
   if (rank->nkeys >= PLAN_ENTRY_FULL)
     return sp__failf(msg, msglen, SP_EOVERFLOW,
@@ -215,8 +218,18 @@ int plan_input_add_rank(struct plan_input_store *s,
                      rank->rank, rank->nkeys);
   if (reserve_rank(s) != 0)
     return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
-  for (size_t i = 0; i < rank->nkeys; i++)
-    nfull += !compactable(&rank->keys[i]);
+  /* Ranks of one job mostly list the same keys in the same order: the row
+   * the rank before used at the same place is tried before the table. */
+  const struct rank_tables *before =
+      s->in.nranks > 0 ? &s->tables[s->in.nranks - 1] : NULL;
+  size_t nbefore = s->in.nranks > 0 ? s->ranks[s->in.nranks - 1].nentries : 0;
+  compact = malloc(rank->nkeys > 0 ? rank->nkeys : 1);
+  if (compact == NULL)
+    goto nomem;
+  for (size_t i = 0; i < rank->nkeys; i++) {
+    compact[i] = compactable(&rank->keys[i]);
+    nfull += !compact[i];
+  }
   t.entries = malloc((rank->nkeys > 0 ? rank->nkeys : 1) * sizeof *t.entries);
   t.full = malloc((nfull > 0 ? nfull : 1) * sizeof *t.full);
   if (t.entries == NULL || t.full == NULL)
@@ -231,10 +244,12 @@ int plan_input_add_rank(struct plan_input_store *s,
     /* Dims past ndim are not part of the declaration. */
     for (uint32_t dim = 0; dim < e->ndim && dim < SP_MAX_DIMS; dim++)
       d.shape[dim] = e->shape[dim];
-    uint32_t row = intern(s, &d);
-    if (row == PLAN_NONE)
+    uint32_t row = PLAN_NONE;
+    if (i < nbefore && decl_equal(&s->keys[before->entries[i].key], &d))
+      row = before->entries[i].key;
+    if (row == PLAN_NONE && (row = intern(s, &d)) == PLAN_NONE)
       goto nomem;
-    if (compactable(e)) {
+    if (compact[i]) {
       t.entries[i] = (struct plan_entry){
           .key = row,
           .storage = e->storage,
@@ -259,8 +274,10 @@ int plan_input_add_rank(struct plan_input_store *s,
                                                    .ngroups = rank->ngroups,
                                                    .groups = rank->groups};
   s->bytes += rank->nkeys * sizeof *t.entries + nfull * sizeof *t.full;
+  free(compact);
   return 0;
 nomem:
+  free(compact);
   free(t.entries);
   free(t.full);
   return sp__failf(msg, msglen, SP_ENOMEM,
