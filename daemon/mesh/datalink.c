@@ -18,6 +18,9 @@
 
 _Static_assert(CONFIG_MAX_PEER_STREAMS == REMOTE_STREAMS_MAX,
                "peer_streams is bounded by the streams an exchange serves");
+_Static_assert(REMOTE_STREAMS_MAX <= UINT8_MAX,
+               "a data link's proof holds a stream's index and count in a "
+               "byte each (peerauth.c)");
 
 /* A socket kept between exports may have died quietly: one that reads as
  * closed, failed, or holding bytes nobody sent it in an export, goes. */

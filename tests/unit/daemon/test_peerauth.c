@@ -20,6 +20,8 @@
 static uint8_t secret[JOB_SECRET_BYTES], job[JOB_ID_BYTES];
 static uint8_t listener_nonce[PEERAUTH_NONCE_BYTES];
 static uint8_t dialer_nonce[PEERAUTH_NONCE_BYTES];
+static const struct peerauth_stream stream_1_of_3 = {
+    .node = 1, .node_id = 0x0102030405060708u, .stream = 1, .streams = 3};
 
 static void setup(void) {
   for (int i = 0; i < JOB_SECRET_BYTES; i++)
@@ -36,9 +38,11 @@ static void hex(const uint8_t *p, char *out) {
     snprintf(out + 2 * i, 3, "%02x", p[i]);
 }
 
+/* A data link's proofs bind stream_1_of_3; a control link's no stream. */
 static void proof_of(enum peerauth_side side, enum peerauth_link link,
                      uint8_t out[PEERAUTH_PROOF_BYTES]) {
-  peerauth_proof(secret, side, link, job, listener_nonce, dialer_nonce, out);
+  peerauth_proof(secret, side, link, job, listener_nonce, dialer_nonce,
+                 link == PEERAUTH_DATA ? &stream_1_of_3 : NULL, out);
 }
 
 START_TEST(proofs_match_the_documented_layout) {
@@ -52,7 +56,9 @@ START_TEST(proofs_match_the_documented_layout) {
       {PEERAUTH_LISTENER, PEERAUTH_CONTROL,
        "777cd431e45410d6dada92f1bc1fa306c89879db74e88c1bc50b96008e5fbc16"},
       {PEERAUTH_DIALER, PEERAUTH_DATA,
-       "66651a6ccdaaa9631f0b5e547263706cfd5ab44c640f43e8393719743f45c1b4"},
+       "e917596ab2aba58420eb55a86e7bd0657fc58dd79068a4f7afae3b7e9b446a67"},
+      {PEERAUTH_LISTENER, PEERAUTH_DATA,
+       "87099412c4ac069208f3336744f71189c41e022ca5039644a58b3bff3c25936f"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     uint8_t p[PEERAUTH_PROOF_BYTES];
@@ -82,9 +88,38 @@ START_TEST(every_input_matters) {
                     k, i);
     }
   peerauth_proof(secret, PEERAUTH_DIALER, PEERAUTH_CONTROL, job, dialer_nonce,
-                 listener_nonce, p);
+                 listener_nonce, NULL, p);
   ck_assert(!peerauth_equal(base, p));
   proof_of(PEERAUTH_DIALER, PEERAUTH_CONTROL, p);
+  ck_assert(peerauth_equal(base, p));
+}
+END_TEST
+
+/* A data link's proof holds for the stream it was made for only: another
+ * index, count, node or daemon run (node_id) of the same handshake, or the
+ * same stream without its binding (a control link's layout), is another
+ * proof, so a proven connection cannot be passed off as another stream. */
+START_TEST(a_data_proof_binds_its_stream) {
+  uint8_t base[PEERAUTH_PROOF_BYTES], p[PEERAUTH_PROOF_BYTES];
+  proof_of(PEERAUTH_DIALER, PEERAUTH_DATA, base);
+  const struct peerauth_stream others[] = {
+      {.node = 1, .node_id = 0x0102030405060708u, .stream = 0, .streams = 3},
+      {.node = 1, .node_id = 0x0102030405060708u, .stream = 2, .streams = 3},
+      {.node = 1, .node_id = 0x0102030405060708u, .stream = 1, .streams = 2},
+      {.node = 2, .node_id = 0x0102030405060708u, .stream = 1, .streams = 3},
+      {.node = 1, .node_id = 0x0102030405060709u, .stream = 1, .streams = 3},
+      {.node = 1, .node_id = 0x8102030405060708u, .stream = 1, .streams = 3},
+  };
+  for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+    peerauth_proof(secret, PEERAUTH_DIALER, PEERAUTH_DATA, job, listener_nonce,
+                   dialer_nonce, &others[i], p);
+    ck_assert_msg(!peerauth_equal(base, p), "stream case %zu ignored", i);
+  }
+  peerauth_proof(secret, PEERAUTH_DIALER, PEERAUTH_DATA, job, listener_nonce,
+                 dialer_nonce, NULL, p);
+  ck_assert(!peerauth_equal(base, p));
+  peerauth_proof(secret, PEERAUTH_DIALER, PEERAUTH_DATA, job, listener_nonce,
+                 dialer_nonce, &stream_1_of_3, p);
   ck_assert(peerauth_equal(base, p));
 }
 END_TEST
@@ -116,6 +151,7 @@ int main(void) {
   tcase_add_checked_fixture(tc, setup, NULL);
   tcase_add_test(tc, proofs_match_the_documented_layout);
   tcase_add_test(tc, every_input_matters);
+  tcase_add_test(tc, a_data_proof_binds_its_stream);
   tcase_add_test(tc, equal_only_when_every_byte_is);
   tcase_add_test(tc, nonces_are_fresh);
   suite_add_tcase(s, tc);

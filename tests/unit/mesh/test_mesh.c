@@ -69,13 +69,13 @@ static struct nodelink *node_says_hello(struct job *job,
   snprintf(h.addr, sizeof h.addr, "%s", NODE1_ADDR);
   memset(h.nonce, 0x5a, sizeof h.nonce);
   peerauth_proof(secret, PEERAUTH_DIALER, PEERAUTH_CONTROL, job->id,
-                 listener_nonce, h.nonce, h.proof);
+                 listener_nonce, h.nonce, NULL, h.proof);
   fake_deliver(l, &h);
   const struct nodemsg *r = fake_last(l, NODEMSG_HELLO);
   if (r != NULL) {
     uint8_t want[PEERAUTH_PROOF_BYTES];
     peerauth_proof(job->secret, PEERAUTH_LISTENER, PEERAUTH_CONTROL, job->id,
-                   listener_nonce, h.nonce, want);
+                   listener_nonce, h.nonce, NULL, want);
     ck_assert(r->reply);
     ck_assert_uint_eq(r->node, 1);
     ck_assert_uint_eq(r->node_id, F.srv.node_id);
@@ -128,25 +128,50 @@ static struct job *root_export_started(struct nodelink **ctl) {
   return job;
 }
 
-/* Node 1's data link to the root: its handshake, then the socket. */
-static void node_data_link_up(struct job *job) {
+/* Node 1 dials a data link's stream to the root: its frame claims the
+ * stream *claimed, its proof was made for *proven.  The link, with the
+ * root's answer in it. */
+static struct nodelink *node_dials_stream(struct job *job,
+                                          const struct peerauth_stream *proven,
+                                          const struct peerauth_stream *claimed,
+                                          uint8_t listener_nonce[PEERAUTH_NONCE_BYTES],
+                                          struct nodemsg *h) {
   struct nodelink *d = fake_accept();
   hello_accepted(&F.srv, d);
   const struct nodemsg *c = fake_last(d, NODEMSG_CHALLENGE);
   ck_assert_ptr_nonnull(c);
-  struct nodemsg h = {.op = NODEMSG_DATA,
-                      .version = NODE_PROTOCOL_VERSION,
-                      .node = 1,
-                      .node_id = NODE1_ID,
-                      .streams = 1};
-  memcpy(h.job, job->id, JOB_ID_BYTES);
-  memset(h.nonce, 0x6b, sizeof h.nonce);
+  memcpy(listener_nonce, c->nonce, PEERAUTH_NONCE_BYTES);
+  *h = (struct nodemsg){.op = NODEMSG_DATA,
+                        .version = NODE_PROTOCOL_VERSION,
+                        .node = claimed->node,
+                        .node_id = claimed->node_id,
+                        .stream = claimed->stream,
+                        .streams = claimed->streams};
+  memcpy(h->job, job->id, JOB_ID_BYTES);
+  memset(h->nonce, 0x6b, sizeof h->nonce);
   peerauth_proof(job->secret, PEERAUTH_DIALER, PEERAUTH_DATA, job->id,
-                 c->nonce, h.nonce, h.proof);
-  fake_deliver(d, &h);
+                 listener_nonce, h->nonce, proven, h->proof);
+  fake_deliver(d, h);
+  return d;
+}
+
+static const struct peerauth_stream node1_stream0 = {
+    .node = 1, .node_id = NODE1_ID, .stream = 0, .streams = 1};
+
+/* Node 1's data link to the root: its handshake, then the socket. */
+static void node_data_link_up(struct job *job) {
+  uint8_t nonce[PEERAUTH_NONCE_BYTES];
+  struct nodemsg h;
+  struct nodelink *d =
+      node_dials_stream(job, &node1_stream0, &node1_stream0, nonce, &h);
   const struct nodemsg *r = fake_last(d, NODEMSG_DATA);
   ck_assert_ptr_nonnull(r);
   ck_assert(r->reply);
+  /* The root's answer proves the stream it accepted. */
+  uint8_t want[PEERAUTH_PROOF_BYTES];
+  peerauth_proof(job->secret, PEERAUTH_LISTENER, PEERAUTH_DATA, job->id, nonce,
+                 h.nonce, &node1_stream0, want);
+  ck_assert(peerauth_equal(want, r->proof));
   fake_detach(d, give_socket());
 }
 
@@ -529,6 +554,41 @@ START_TEST(root_fails_the_export_of_a_lost_node) {
 }
 END_TEST
 
+/* A data link's handshake proven for one stream and relabelled on the way
+ * as another (its index, the count, or another run of the dialling
+ * daemon: its node_id) opens nothing: the root refuses it as it refuses a
+ * wrong secret, and the stream it was proven for still opens. */
+START_TEST(root_refuses_a_stream_claiming_another) {
+  struct nodelink *l;
+  struct job *job = root_export_started(&l);
+  const struct peerauth_stream proven = {
+      .node = 1, .node_id = NODE1_ID, .stream = 0, .streams = 2};
+  const struct peerauth_stream claims[] = {
+      {.node = 1, .node_id = NODE1_ID, .stream = 1, .streams = 2},
+      {.node = 1, .node_id = NODE1_ID, .stream = 0, .streams = 1},
+      {.node = 1, .node_id = NODE1_ID + 1, .stream = 0, .streams = 2},
+  };
+  uint8_t nonce[PEERAUTH_NONCE_BYTES];
+  struct nodemsg h;
+  for (size_t i = 0; i < sizeof claims / sizeof claims[0]; i++) {
+    struct nodelink *d = node_dials_stream(job, &proven, &claims[i], nonce, &h);
+    ck_assert_msg(fake_count(d, NODEMSG_DATA) == 0, "claim %zu accepted", i);
+    const struct nodemsg *e = fake_last(d, NODEMSG_ERROR);
+    ck_assert_ptr_nonnull(e);
+    ck_assert_int_eq(e->code, SP_ETICKET);
+    ck_assert_int_eq(F.fails, 0);
+  }
+  struct nodelink *d = node_dials_stream(job, &proven, &proven, nonce, &h);
+  const struct nodemsg *r = fake_last(d, NODEMSG_DATA);
+  ck_assert_ptr_nonnull(r);
+  uint8_t want[PEERAUTH_PROOF_BYTES];
+  peerauth_proof(job->secret, PEERAUTH_LISTENER, PEERAUTH_DATA, job->id, nonce,
+                 h.nonce, &proven, want);
+  ck_assert(peerauth_equal(want, r->proof));
+  fake_detach(d, give_socket());
+}
+END_TEST
+
 /* ---- a member ---- */
 
 static void member_ticket(struct req_ticket *t) {
@@ -568,12 +628,12 @@ static struct job *member_says_hello(struct conn *c, bool root_proof_ok,
   ck_assert_str_eq(h->addr, F.srv.peer_address);
   uint8_t want[PEERAUTH_PROOF_BYTES];
   peerauth_proof(t.secret, PEERAUTH_DIALER, PEERAUTH_CONTROL, t.job,
-                 ch.nonce, h->nonce, want);
+                 ch.nonce, h->nonce, NULL, want);
   ck_assert(peerauth_equal(want, h->proof));
   struct nodemsg reply = {.op = NODEMSG_HELLO, .reply = true, .node = 1,
                           .node_id = ROOT_ID};
   peerauth_proof(t.secret, PEERAUTH_LISTENER, PEERAUTH_CONTROL, t.job,
-                 ch.nonce, h->nonce, reply.proof);
+                 ch.nonce, h->nonce, NULL, reply.proof);
   if (!root_proof_ok)
     reply.proof[0] ^= 1;
   fake_deliver(r, &reply);
@@ -697,12 +757,14 @@ START_TEST(member_exports_in_the_roots_steps) {
     ck_assert(!seen[h->stream]);
     seen[h->stream] = true;
     uint8_t want[PEERAUTH_PROOF_BYTES];
+    struct peerauth_stream st = {.node = 1, .node_id = h->node_id,
+                                 .stream = h->stream, .streams = streams};
     peerauth_proof(job->secret, PEERAUTH_DIALER, PEERAUTH_DATA, job->id,
-                   ch.nonce, h->nonce, want);
+                   ch.nonce, h->nonce, &st, want);
     ck_assert(peerauth_equal(want, h->proof));
     struct nodemsg reply = {.op = NODEMSG_DATA, .reply = true};
     peerauth_proof(job->secret, PEERAUTH_LISTENER, PEERAUTH_DATA, job->id,
-                   ch.nonce, h->nonce, reply.proof);
+                   ch.nonce, h->nonce, &st, reply.proof);
     fake_deliver(d, &reply);
     fake_detach(d, give_socket());
   }
@@ -813,6 +875,7 @@ static Suite *mesh_suite(void) {
   tcase_add_test(root, root_times_a_gather_out_at_its_deadline);
   tcase_add_test(root, root_names_ranks_that_never_joined);
   tcase_add_test(root, root_fails_the_export_of_a_lost_node);
+  tcase_add_test(root, root_refuses_a_stream_claiming_another);
   suite_add_tcase(s, root);
   TCase *member = tcase_create("member");
   tcase_add_checked_fixture(member, setup, teardown);
