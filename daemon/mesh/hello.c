@@ -22,7 +22,8 @@ hello_stream(enum peerauth_link kind, const struct nodemsg *m,
   *st = (struct peerauth_stream){.node = m->node,
                                  .node_id = m->node_id,
                                  .stream = m->stream,
-                                 .streams = m->streams};
+                                 .streams = m->streams,
+                                 .export_id = m->export_id};
   return st;
 }
 
@@ -123,11 +124,18 @@ static void hello_data(struct nodelink *l, const struct nodemsg *m,
     return refuse_link(l, SP_EINVAL, "node %u of job %s dials %u data "
                        "streams, not %u", m->node, job->hex, m->streams,
                        n->nstreams);
+  /* A stream dialled for an export that is over without publishing would
+   * be used by none (datalink.c). */
+  if (m->export_id <= n->failed_export)
+    return refuse_link(l, SP_ESTATE, "node %u of job %s dialled a data "
+                       "stream for export %" PRIu64 ", which did not publish",
+                       m->node, job->hex, m->export_id);
   n->node_id = m->node_id;
   n->nstreams = m->streams;
   struct mesh_stream *st = &n->streams[m->stream];
   nodelink_close(st->dlink);
   st->dlink = l;
+  st->dlink_session = m->export_id;
   nodelink_hello_done(l);
   struct nodemsg reply = {.op = NODEMSG_DATA, .reply = true};
   hello_listener_proof(job, l, PEERAUTH_DATA, m, &reply);

@@ -10,10 +10,11 @@
  * the other direction.  A nonce is never used twice, so bytes recorded from
  * one handshake prove nothing on another connection; the direction is in
  * the MAC, so a listener's proof cannot be sent back as a dialer's; a data
- * link's MAC also covers the dialler's node, node_id and the stream's
- * index and count, so that whoever sits on the path cannot relabel a
- * proven connection as another stream (the pair would deal its stripes
- * to the wrong sockets) or as another run's.
+ * link's MAC also covers the dialler's node, node_id, the stream's index
+ * and count and the export it was dialled for, so that whoever sits on the
+ * path cannot relabel a proven connection as another stream (the pair
+ * would deal its stripes to the wrong sockets), another session's or
+ * another run's.
  *
  * HMAC and SHA-256 are nettle's (RFC 2104 over FIPS 180-4), and proofs are
  * compared with nettle's memeql_sec, whose time does not depend on where
@@ -60,13 +61,15 @@ void peerauth_proof(const uint8_t secret[JOB_SECRET_BYTES],
   hmac_sha256_update(&ctx, PEERAUTH_NONCE_BYTES, dialer_nonce);
   if (stream != NULL) {
     /* Big-endian, at fixed widths (docs/protocol.md, "Handshakes"). */
-    uint8_t b[14];
+    uint8_t b[22];
     for (int i = 0; i < 4; i++)
       b[i] = (uint8_t)(stream->node >> (24 - 8 * i));
     for (int i = 0; i < 8; i++)
       b[4 + i] = (uint8_t)(stream->node_id >> (56 - 8 * i));
     b[12] = (uint8_t)stream->streams;
     b[13] = (uint8_t)stream->stream;
+    for (int i = 0; i < 8; i++)
+      b[14 + i] = (uint8_t)(stream->export_id >> (56 - 8 * i));
     hmac_sha256_update(&ctx, sizeof b, b);
   }
   hmac_sha256_digest(&ctx, PEERAUTH_PROOF_BYTES, proof);

@@ -23,14 +23,16 @@ enum peerauth_side { PEERAUTH_DIALER = 1, PEERAUTH_LISTENER = 2 };
 enum peerauth_link { PEERAUTH_CONTROL = 1, PEERAUTH_DATA = 2 };
 
 /* Which connection of a data link a proof opens: the dialling daemon
- * (its node number and node_id, random per run) and which of its streams
- * this is, of how many.  Bound into the proof, so that a handshake proven
- * for one stream of one daemon's run opens no other stream, no other
- * count of them and no other run's link. */
+ * (its node number and node_id, random per run), which of its streams this
+ * is, of how many, and the export it was dialled for (its session: the
+ * link is dialled anew after an export that did not publish).  Bound into
+ * the proof, so that a handshake proven for one stream of one session of
+ * one daemon's run opens no other stream, count, session or run. */
 struct peerauth_stream {
   uint32_t node;
   uint64_t node_id;
   uint32_t stream, streams;
+  uint64_t export_id;
 };
 
 /* A fresh random nonce from getrandom: 0 or SP_EINTERNAL. */

@@ -146,7 +146,8 @@ static struct nodelink *node_dials_stream(struct job *job,
                         .node = claimed->node,
                         .node_id = claimed->node_id,
                         .stream = claimed->stream,
-                        .streams = claimed->streams};
+                        .streams = claimed->streams,
+                        .export_id = claimed->export_id};
   memcpy(h->job, job->id, JOB_ID_BYTES);
   memset(h->nonce, 0x6b, sizeof h->nonce);
   peerauth_proof(job->secret, PEERAUTH_DIALER, PEERAUTH_DATA, job->id,
@@ -156,7 +157,7 @@ static struct nodelink *node_dials_stream(struct job *job,
 }
 
 static const struct peerauth_stream node1_stream0 = {
-    .node = 1, .node_id = NODE1_ID, .stream = 0, .streams = 1};
+    .node = 1, .node_id = NODE1_ID, .stream = 0, .streams = 1, .export_id = 1};
 
 /* Node 1's data link to the root: its handshake, then the socket. */
 static void node_data_link_up(struct job *job) {
@@ -555,19 +556,21 @@ START_TEST(root_fails_the_export_of_a_lost_node) {
 END_TEST
 
 /* A data link's handshake proven for one stream and relabelled on the way
- * as another (its index, the count, or another run of the dialling
- * daemon: its node_id) opens nothing: the root refuses it as it refuses a
- * wrong secret, and the stream it was proven for still opens. */
+ * as another (its index, the count, another run of the dialling daemon:
+ * its node_id, or another session: the export it was dialled for) opens
+ * nothing: the root refuses it as it refuses a wrong secret, and the
+ * stream it was proven for still opens. */
 START_TEST(root_refuses_a_stream_claiming_another) {
   struct nodelink *l;
   struct job *job = root_export_started(&l);
   const struct peerauth_stream proven = {
-      .node = 1, .node_id = NODE1_ID, .stream = 0, .streams = 2};
-  const struct peerauth_stream claims[] = {
-      {.node = 1, .node_id = NODE1_ID, .stream = 1, .streams = 2},
-      {.node = 1, .node_id = NODE1_ID, .stream = 0, .streams = 1},
-      {.node = 1, .node_id = NODE1_ID + 1, .stream = 0, .streams = 2},
-  };
+      .node = 1, .node_id = NODE1_ID, .stream = 0, .streams = 2,
+      .export_id = 1};
+  struct peerauth_stream claims[4] = {proven, proven, proven, proven};
+  claims[0].stream = 1;
+  claims[1].streams = 1;
+  claims[2].node_id = NODE1_ID + 1;
+  claims[3].export_id = 2;
   uint8_t nonce[PEERAUTH_NONCE_BYTES];
   struct nodemsg h;
   for (size_t i = 0; i < sizeof claims / sizeof claims[0]; i++) {
@@ -757,8 +760,10 @@ START_TEST(member_exports_in_the_roots_steps) {
     ck_assert(!seen[h->stream]);
     seen[h->stream] = true;
     uint8_t want[PEERAUTH_PROOF_BYTES];
+    ck_assert_uint_eq(h->export_id, 1);
     struct peerauth_stream st = {.node = 1, .node_id = h->node_id,
-                                 .stream = h->stream, .streams = streams};
+                                 .stream = h->stream, .streams = streams,
+                                 .export_id = 1};
     peerauth_proof(job->secret, PEERAUTH_DIALER, PEERAUTH_DATA, job->id,
                    ch.nonce, h->nonce, &st, want);
     ck_assert(peerauth_equal(want, h->proof));
