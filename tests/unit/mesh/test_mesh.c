@@ -592,6 +592,33 @@ START_TEST(root_refuses_a_stream_claiming_another) {
 }
 END_TEST
 
+/* Once an export ended without publishing, a stream dialled for it (its
+ * session) is refused, proven or not: it may be a dial that was late, and
+ * its pair's bytes of that export may lie in it; one dialled for a later
+ * export opens. */
+START_TEST(root_refuses_a_stream_of_an_export_that_failed) {
+  struct nodelink *l;
+  struct job *job = root_export_started(&l);
+  node_data_link_up(job);
+  mesh_export_free(F.mx);
+  F.mx = NULL;
+  uint8_t nonce[PEERAUTH_NONCE_BYTES];
+  struct nodemsg h;
+  struct nodelink *d =
+      node_dials_stream(job, &node1_stream0, &node1_stream0, nonce, &h);
+  ck_assert_uint_eq(fake_count(d, NODEMSG_DATA), 0);
+  const struct nodemsg *e = fake_last(d, NODEMSG_ERROR);
+  ck_assert_ptr_nonnull(e);
+  ck_assert_int_eq(e->code, SP_ESTATE);
+  ck_assert_ptr_nonnull(strstr(e->message, "did not publish"));
+  struct peerauth_stream next = node1_stream0;
+  next.export_id = 2;
+  d = node_dials_stream(job, &next, &next, nonce, &h);
+  ck_assert_ptr_nonnull(fake_last(d, NODEMSG_DATA));
+  fake_detach(d, give_socket());
+}
+END_TEST
+
 /* ---- a member ---- */
 
 static void member_ticket(struct req_ticket *t) {
@@ -659,17 +686,19 @@ static struct job *member_joined(struct conn *c, struct nodelink **root) {
   return job;
 }
 
-/* The root's plan for the member's job: ranks 0 (the root's) and 1 (this
- * node's), and their registrations, rank 1's as given. */
-static void root_sends_plan(struct nodelink *r, const struct nodeblob *meta1) {
+/* The root's plan of gather and export_id for the member's job: ranks 0
+ * (the root's) and 1 (this node's), and their registrations, rank 1's as
+ * given. */
+static void root_sends_plan_of(struct nodelink *r, const struct nodeblob *meta1,
+                               uint64_t gather, uint64_t export_id) {
   struct nodemsg_node nodes[2] = {{.node = 0, .node_id = ROOT_ID},
                                   {.node = 1, .node_id = 1}};
   snprintf(nodes[0].addr, sizeof nodes[0].addr, "%s", ROOT_ADDR);
   snprintf(nodes[1].addr, sizeof nodes[1].addr, "%s", F.srv.peer_address);
   uint32_t rank_nodes[2] = {0, 1};
   struct nodemsg p = {.op = NODEMSG_PLAN,
-                      .gather = 1,
-                      .export_id = 1,
+                      .gather = gather,
+                      .export_id = export_id,
                       .world = 2,
                       .max_keys = 64,
                       .max_bytes = 1 << 20,
@@ -684,18 +713,63 @@ static void root_sends_plan(struct nodelink *r, const struct nodeblob *meta1) {
   fake_deliver_blob(r, meta1->payload, meta1->len);
 }
 
-/* The member's rank asks; the ask and its registrations go to the root. */
-static const struct nodeblob *member_asks(struct job *job,
-                                          struct nodelink *r) {
+static void root_sends_plan(struct nodelink *r, const struct nodeblob *meta1) {
+  root_sends_plan_of(r, meta1, 1, 1);
+}
+
+/* The member's rank asks in gather; the ask and its registrations go to
+ * the root. */
+static const struct nodeblob *member_asks_in(struct job *job,
+                                             struct nodelink *r,
+                                             uint64_t gather) {
+  size_t asks = fake_count(r, NODEMSG_ASK);
   fake_ask(job->members[1], 64, 3000);
   mesh_asks(job);
+  ck_assert_uint_eq(fake_count(r, NODEMSG_ASK), asks + 1);
   const struct nodemsg *a = fake_last(r, NODEMSG_ASK);
   ck_assert_ptr_nonnull(a);
-  ck_assert_uint_eq(a->gather, 1);
+  ck_assert_uint_eq(a->gather, gather);
   ck_assert_uint_eq(a->rank, 1);
   ck_assert_uint_eq(a->max_keys, 64);
   ck_assert_uint_eq(a->timeout_ms, 3000);
   return fake_blob_after(r, NODEMSG_ASK, 0);
+}
+
+static const struct nodeblob *member_asks(struct job *job,
+                                          struct nodelink *r) {
+  return member_asks_in(job, r, 1);
+}
+
+/* The member's newest dials, one per stream, answered by the root: each
+ * names export_id as its session and is proven for it. */
+static void root_answers_streams(struct job *job, uint64_t export_id) {
+  uint32_t streams = F.cfg.peer_streams;
+  bool seen[REMOTE_STREAMS_MAX] = {false};
+  for (uint32_t i = 0; i < streams; i++) {
+    struct nodelink *d = fake_dialled(ROOT_ADDR, i);
+    ck_assert_ptr_nonnull(d);
+    struct nodemsg ch = {.op = NODEMSG_CHALLENGE,
+                         .version = NODE_PROTOCOL_VERSION};
+    memset(ch.nonce, 0x44 + (int)i, sizeof ch.nonce);
+    fake_deliver(d, &ch);
+    const struct nodemsg *h = fake_last(d, NODEMSG_DATA);
+    ck_assert_ptr_nonnull(h);
+    ck_assert_uint_eq(h->export_id, export_id);
+    ck_assert(!seen[h->stream]);
+    seen[h->stream] = true;
+    struct peerauth_stream st = {.node = 1, .node_id = h->node_id,
+                                 .stream = h->stream, .streams = streams,
+                                 .export_id = export_id};
+    uint8_t want[PEERAUTH_PROOF_BYTES];
+    peerauth_proof(job->secret, PEERAUTH_DIALER, PEERAUTH_DATA, job->id,
+                   ch.nonce, h->nonce, &st, want);
+    ck_assert(peerauth_equal(want, h->proof));
+    struct nodemsg reply = {.op = NODEMSG_DATA, .reply = true};
+    peerauth_proof(job->secret, PEERAUTH_LISTENER, PEERAUTH_DATA, job->id,
+                   ch.nonce, h->nonce, &st, reply.proof);
+    fake_deliver(d, &reply);
+    fake_detach(d, give_socket());
+  }
 }
 
 START_TEST(member_joins_through_its_root) {
@@ -792,6 +866,56 @@ START_TEST(member_exports_in_the_roots_steps) {
 }
 END_TEST
 
+/* An export that moved and failed may have left bytes in any stream of
+ * the link: the next export dials every stream again, as a session of its
+ * own, though the old sockets still look alive; one that published keeps
+ * them. */
+START_TEST(member_dials_its_streams_again_after_a_failed_export) {
+  struct conn *c = fake_conn();
+  struct nodelink *r;
+  struct job *job = member_joined(c, &r);
+  uint32_t streams = F.cfg.peer_streams;
+  root_sends_plan(r, member_asks(job, r));
+  struct replica_digests none = {0};
+  mesh_planned(job, 77, &none);
+  ck_assert_ptr_eq(fake_dialled(ROOT_ADDR, streams), r);
+  root_answers_streams(job, 1);
+  ck_assert_uint_eq(fake_count(r, NODEMSG_PLANNED), 1);
+  struct nodemsg go = msg_of(NODEMSG_GO, 1);
+  fake_deliver(r, &go);
+  struct nodemsg fail = {.op = NODEMSG_FAIL, .gather = 1,
+                         .code = SP_ENODELOST};
+  snprintf(fail.message, sizeof fail.message, "a stream was cut");
+  fake_deliver(r, &fail);
+  ck_assert_int_eq(F.fails, 1);
+  /* The export is over (export.c frees it once its threads are done). */
+  mesh_export_free(F.mx);
+  F.mx = NULL;
+  root_sends_plan_of(r, member_asks_in(job, r, 2), 2, 2);
+  ck_assert_int_eq(F.starts, 2);
+  /* Every stream dialled anew (the newest links come first). */
+  ck_assert_ptr_eq(fake_dialled(ROOT_ADDR, 2 * streams), r);
+  mesh_planned(job, 78, &none);
+  ck_assert_uint_eq(fake_count(r, NODEMSG_PLANNED), 1);
+  root_answers_streams(job, 2);
+  ck_assert_uint_eq(fake_count(r, NODEMSG_PLANNED), 2);
+  /* This one publishes: the next export dials nothing. */
+  go = msg_of(NODEMSG_GO, 2);
+  fake_deliver(r, &go);
+  mesh_moved(job);
+  struct nodemsg publish = msg_of(NODEMSG_PUBLISH, 2);
+  fake_deliver(r, &publish);
+  ck_assert_int_eq(F.publishes, 1);
+  mesh_export_free(F.mx);
+  F.mx = NULL;
+  root_sends_plan_of(r, member_asks_in(job, r, 3), 3, 3);
+  ck_assert_int_eq(F.starts, 3);
+  ck_assert_ptr_eq(fake_dialled(ROOT_ADDR, 2 * streams), r);
+  mesh_planned(job, 79, &none);
+  ck_assert_uint_eq(fake_count(r, NODEMSG_PLANNED), 3);
+}
+END_TEST
+
 START_TEST(member_refuses_registrations_it_did_not_send) {
   struct conn *c = fake_conn();
   struct nodelink *r;
@@ -881,12 +1005,14 @@ static Suite *mesh_suite(void) {
   tcase_add_test(root, root_names_ranks_that_never_joined);
   tcase_add_test(root, root_fails_the_export_of_a_lost_node);
   tcase_add_test(root, root_refuses_a_stream_claiming_another);
+  tcase_add_test(root, root_refuses_a_stream_of_an_export_that_failed);
   suite_add_tcase(s, root);
   TCase *member = tcase_create("member");
   tcase_add_checked_fixture(member, setup, teardown);
   tcase_add_test(member, member_joins_through_its_root);
   tcase_add_test(member, member_refuses_a_root_without_the_secret);
   tcase_add_test(member, member_exports_in_the_roots_steps);
+  tcase_add_test(member, member_dials_its_streams_again_after_a_failed_export);
   tcase_add_test(member, member_refuses_registrations_it_did_not_send);
   tcase_add_test(member, member_fails_on_the_roots_word);
   tcase_add_test(member, member_loses_its_root);
