@@ -38,6 +38,11 @@ void mesh_export_free(struct mesh_export *mx) {
   struct mesh *ms = mx->mesh;
   if (ms != NULL && ms->current == mx)
     ms->current = NULL;
+  for (size_t i = 0; ms != NULL && !mx->published && i < mx->nnodes; i++) {
+    struct mesh_node *n = mesh_node_get(ms, mx->nodes[i].node);
+    if (n != NULL && n->failed_export < mx->export_id)
+      n->failed_export = mx->export_id;
+  }
   remote_free(mx->remote);
   gathered_free_inputs(mx);
   for (uint32_t r = 0; r < mx->nmetas; r++)

@@ -160,9 +160,10 @@ void mesh_moved(struct job *job);
 /* A save: every rank of this node reported step of its commit. */
 void mesh_saved(struct job *job, uint32_t step);
 void mesh_failed(struct job *job, int code, const char *message);
-/* The data plane lost node: on the root, the node leaves the job as if its
- * control link had closed, so that its ranks no longer keep the job alive
- * while a cut link waits for TCP to give up. */
+/* The data plane lost node: on the root, a node silent on its control link
+ * too leaves the job as if that link had closed, so that its ranks no
+ * longer keep the job alive while a cut link waits for TCP to give up; one
+ * heard from within two beats stays for the job's next export. */
 void mesh_data_lost(struct job *job, uint32_t node, const char *why);
 int mesh_remote(struct job *job, struct mesh_export *mx,
                 const struct plan *plan, const struct xfer_storage *const *src,
