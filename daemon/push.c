@@ -46,9 +46,10 @@ struct push {
   uint64_t id;
   struct gather_options opts;
   bool reuse;
-  /* The planner's input, built on the loop from the registries (which do
-   * not change while the push runs) when the plan is not reused. */
-  struct plan_rank_in *rin;
+  /* The planner's input when the plan is not reused: the trainers' read
+   * from their registries on the push's thread (they do not change while
+   * the push runs), the consumers' gathered on the loop. */
+  struct plan_input_store *store;
   struct consume_in *cin;
   struct consume_storage *cstorages; /* every consumer's, back to back */
   struct consume_target *ctargets;   /* every consumer's, back to back */
@@ -144,7 +145,7 @@ static void fail_push(struct push *p, int code, const char *message) {
 static void free_push(struct push *p) {
   if (!p->reuse)
     consume_plan_free(p->plan);
-  free(p->rin);
+  plan_input_store_free(p->store);
   free(p->cin);
   free(p->cstorages);
   free(p->ctargets);
@@ -158,19 +159,22 @@ static void free_push(struct push *p) {
 /* Plans (unless reused) and runs the push, off the loop. */
 static void *push_main(void *arg) {
   struct push *p = arg;
+  struct job *job = p->job;
   p->rc = 0;
-  if (!p->reuse) {
+  for (uint32_t r = 0; !p->reuse && p->rc == 0 && r < job->world; r++)
+    p->rc = registry_plan_rank(&job->members[r]->reg, r, 0, NULL, p->store,
+                               p->msg, sizeof p->msg);
+  if (!p->reuse && p->rc == 0) {
+    struct plan_input *in = plan_input_of(p->store);
+    in->max_keys = p->opts.max_keys;
+    in->max_bytes = p->opts.max_bytes;
+    in->threads = job->srv->engine_threads;
+    in->stop = &p->plan_stop;
     p->rc = consume_plan_build(
-        &(struct consume_input){
-            .trainers = &(struct plan_input){.world = p->job->world,
-                                             .nranks = p->job->world,
-                                             .ranks = p->rin,
-                                             .max_keys = p->opts.max_keys,
-                                             .max_bytes = p->opts.max_bytes,
-                                             .stop = &p->plan_stop},
-            .nconsumers = p->job->nconsumers,
-            .nconsumer_in = p->job->nconsumers,
-            .consumers = p->cin},
+        &(struct consume_input){.trainers = in,
+                                .nconsumers = job->nconsumers,
+                                .nconsumer_in = job->nconsumers,
+                                .consumers = p->cin},
         &p->plan, p->msg, sizeof p->msg);
   }
   if (p->rc == 0) {
@@ -184,8 +188,8 @@ static void *push_main(void *arg) {
   return NULL;
 }
 
-/* The planner's view of every rank's registry and every consumer's
- * buffers and targets. */
+/* The planner's view of every consumer's buffers and targets, and the
+ * store the push's thread reads the ranks' registries into. */
 static int build_input(struct push *p) {
   struct job *job = p->job;
   size_t nstorages = 0, ntargets = 0;
@@ -193,15 +197,13 @@ static int build_input(struct push *p) {
     nstorages += job->consumers[c]->nbuffers;
     ntargets += job->consumers[c]->ntargets;
   }
-  p->rin = calloc(job->world, sizeof *p->rin);
+  p->store = plan_input_store_new(job->world);
   p->cin = calloc(job->nconsumers, sizeof *p->cin);
   p->cstorages = calloc(nstorages + 1, sizeof *p->cstorages);
   p->ctargets = calloc(ntargets + 1, sizeof *p->ctargets);
-  if (p->rin == NULL || p->cin == NULL || p->cstorages == NULL ||
+  if (p->store == NULL || p->cin == NULL || p->cstorages == NULL ||
       p->ctargets == NULL)
     return SP_ENOMEM;
-  for (uint32_t r = 0; r < job->world; r++)
-    registry_rank_in(&job->members[r]->reg, r, &p->rin[r]);
   size_t s = 0, t = 0;
   for (uint32_t c = 0; c < job->nconsumers; c++) {
     const struct job_consumer *k = job->consumers[c];
