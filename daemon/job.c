@@ -738,7 +738,7 @@ void job_pack(const struct job *job, msgpack_packer *pk, uint32_t extra) {
   export_view(job, &v);
   job_count_ranks(job, &joined, &asked);
   bool failed = v.phase == JOB_FAILED;
-  msgpack_pack_map(pk, (failed ? 20 : 19) + extra);
+  msgpack_pack_map(pk, (failed ? 21 : 20) + extra);
   sp__pack_kv_str(pk, "job_id", job->hex);
   sp__pack_kv_str(pk, "phase", export_phase_name(v.phase));
   if (failed)
