@@ -50,8 +50,6 @@ void mesh_export_free(struct mesh_export *mx) {
   free(mx);
 }
 
-bool mesh_plan_reused(const struct mesh_export *mx) { return mx->reused; }
-
 bool gathered_in_roster(const struct mesh_export *mx, uint32_t node) {
   for (size_t i = 0; i < mx->nnodes; i++)
     if (mx->nodes[i].node == node)
