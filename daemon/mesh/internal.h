@@ -122,6 +122,15 @@ struct mesh_ask {
   struct nodeblob *meta;
 };
 
+/* A plan input read from every rank's registrations (gathered.c), which
+ * the plans built on it borrow from. */
+struct mesh_input {
+  uint32_t world;
+  struct registry *shadow;
+  struct req_groups *groups;
+  struct plan_rank_in *rin;
+};
+
 /* What one export takes from the mesh (mesh.h). */
 struct mesh_export {
   struct mesh *mesh;
@@ -140,18 +149,19 @@ struct mesh_export {
   uint64_t comm_gen;
   uint8_t nccl_id[NODE_NCCL_ID_BYTES];
   /* Filled on the planning thread. */
-  struct registry *shadow;
-  struct req_groups *groups;
-  struct plan_rank_in *rin;
+  struct mesh_input input;
   struct remote *remote;
   /* The root said go: the engine may use the data sockets. */
   bool moving;
   /* The root said publish: the root has no more to say about it. */
   bool published;
   /* The root confirmed the job's previous plan by its digest: the roster
-   * and metas are this node's kept ones (mesh_plan_reused). */
+   * and metas are this node's kept ones (mesh_plan_reused), and so is the
+   * plan input read from them, when this node kept it (borrowed). */
   bool reused;
+  bool borrowed;
 };
+
 
 struct mesh {
   struct job *job;
@@ -188,6 +198,9 @@ struct mesh {
   size_t kept_nnodes;
   uint32_t *kept_rank_nodes; /* [world], or NULL: none kept */
   struct nodeblob **kept_metas; /* [world] */
+  /* The input the job's cached plan borrows from (mesh_keep_input): a
+   * confirmed plan's export reads it instead of the kept metas. */
+  struct mesh_input kept_input;
   /* Exports that started from a plan the root confirmed by digest. */
   uint64_t plans_reused;
   struct mesh_export *incoming, *ready, *current;
@@ -287,6 +300,8 @@ void member_send_planned(struct mesh *ms);
 
 /* ---- gathered.c ---- */
 
+/* Frees an input's registries, groups and ranks. */
+void gathered_input_free(struct mesh_input *in);
 /* Whether node is in the export's roster. */
 bool gathered_in_roster(const struct mesh_export *mx, uint32_t node);
 

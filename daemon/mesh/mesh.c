@@ -211,6 +211,7 @@ void mesh_free(struct mesh *ms) {
   free(ms->kept_metas);
   free(ms->kept_nodes);
   free(ms->kept_rank_nodes);
+  gathered_input_free(&ms->kept_input);
   free(ms->ckept);
   free(ms->planned_replicas);
   free(ms);

@@ -169,6 +169,14 @@ int mesh_remote(struct job *job, struct mesh_export *mx,
                 uint8_t *const *dst, const uint64_t *key_offset,
                 struct remote **out);
 void mesh_export_free(struct mesh_export *mx);
+/* The root confirmed the job's previous plan by its digest: a node whose
+ * cached plan still applies moves on it without planning again. */
+bool mesh_plan_reused(const struct mesh_export *mx);
+/* The export's plan became the job's cached plan (plancache.h), which
+ * borrows from the export's input: the mesh keeps that input (and lets go
+ * of the one the previous cached plan borrowed) for the exports the root
+ * confirms next. */
+void mesh_keep_input(struct mesh_export *mx);
 /* The NCCL id and communicator generation an export's plan names: the
  * ticket's id at generation 0, else the fresh one the root sent.  false
  * when the job has none. */
