@@ -289,7 +289,7 @@ void join_left_at_root(struct mesh *ms, struct mesh_node *n,
 void member_handle(struct mesh *ms, const struct nodemsg *m,
                    struct nodeblob **blobs, size_t nblobs);
 void member_meta(struct mesh *ms, struct nodeblob *blob);
-/* A local rank came or went: its kept registrations go. */
+/* A rank joined this node: its kept registrations go. */
 void member_forget_kept(struct mesh *ms, uint32_t rank);
 /* The local asks were answered: new asks go to the root again. */
 void member_forget_asks(struct mesh *ms);

@@ -156,6 +156,9 @@ int mesh_join(struct job *job, struct conn *c, const struct sp_msg_head *head,
 
 void mesh_rank_joined(struct job *job, uint32_t rank) {
   struct mesh *ms = job->mesh;
+  /* Back, it asks with its registrations in full: the root forgot the
+   * ones it kept for it when it left.  (Kept while it is gone, they let a
+   * plan already confirmed fail naming the rank that left.) */
   member_forget_kept(ms, rank);
   if (!ms->root)
     return;
@@ -206,7 +209,6 @@ void mesh_rank_left(struct job *job, uint32_t rank, bool disconnected,
                     const char *reason) {
   struct mesh *ms = job->mesh;
   ms->ask_sent[rank] = 0;
-  member_forget_kept(ms, rank);
   struct nodemsg m = {.op = NODEMSG_LEFT, .rank = rank,
                       .disconnected = disconnected};
   if (reason != NULL)
