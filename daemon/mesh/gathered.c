@@ -21,7 +21,6 @@ void gathered_input_free(struct mesh_input *in) {
   }
   free(in->shadow);
   free(in->groups);
-  free(in->rin);
   memset(in, 0, sizeof *in);
 }
 
@@ -38,6 +37,11 @@ void mesh_export_free(struct mesh_export *mx) {
   struct mesh *ms = mx->mesh;
   if (ms != NULL && ms->current == mx)
     ms->current = NULL;
+  for (size_t i = 0; ms != NULL && !mx->published && i < mx->nnodes; i++) {
+    struct mesh_node *n = mesh_node_get(ms, mx->nodes[i].node);
+    if (n != NULL && n->failed_export < mx->export_id)
+      n->failed_export = mx->export_id;
+  }
   remote_free(mx->remote);
   gathered_input_free(&mx->input);
   for (uint32_t r = 0; r < mx->nmetas; r++)
@@ -52,7 +56,7 @@ bool mesh_plan_reused(const struct mesh_export *mx) { return mx->reused; }
 
 void mesh_keep_input(struct mesh_export *mx) {
   struct mesh *ms = mx->mesh;
-  if (mx->borrowed || ms == NULL)
+  if (ms == NULL)
     return;
   gathered_input_free(&ms->kept_input);
   ms->kept_input = mx->input;
@@ -66,27 +70,14 @@ bool gathered_in_roster(const struct mesh_export *mx, uint32_t node) {
   return false;
 }
 
-int mesh_plan_input(struct mesh_export *mx, struct plan_input *in, char *msg,
-                    size_t msglen) {
+int mesh_plan_input(struct mesh_export *mx, struct plan_input_store *store,
+                    char *msg, size_t msglen) {
   uint32_t world = mx->world;
-  /* A confirmed plan's metas are the kept ones, already read when the
-   * cached plan was built on them: read again, they would give the same. */
-  const struct mesh_input *kept = &mx->mesh->kept_input;
-  mx->borrowed = mx->reused && kept->rin != NULL && kept->world == world;
-  if (mx->borrowed) {
-    *in = (struct plan_input){.world = world,
-                              .nranks = world,
-                              .ranks = kept->rin,
-                              .max_keys = mx->max_keys,
-                              .max_bytes = mx->max_bytes};
-    return 0;
-  }
   struct mesh_input *own = &mx->input;
   own->world = world;
   own->shadow = calloc(world, sizeof *own->shadow);
   own->groups = calloc(world, sizeof *own->groups);
-  own->rin = calloc(world, sizeof *own->rin);
-  if (own->shadow == NULL || own->groups == NULL || own->rin == NULL) {
+  if (own->shadow == NULL || own->groups == NULL) {
     snprintf(msg, msglen, "out of memory reading the ranks' registrations");
     return SP_ENOMEM;
   }
@@ -104,16 +95,14 @@ int mesh_plan_input(struct mesh_export *mx, struct plan_input *in, char *msg,
                mx->rank_nodes[r], why);
       return rc;
     }
-    registry_rank_in(&own->shadow[r], r, &own->rin[r]);
-    own->rin[r].node = mx->rank_nodes[r];
-    own->rin[r].ngroups = own->groups[r].ngroups;
-    own->rin[r].groups = own->groups[r].groups;
+    rc = registry_plan_rank(&own->shadow[r], r, mx->rank_nodes[r],
+                            &own->groups[r], store, msg, msglen);
+    if (rc != 0)
+      return rc;
   }
-  *in = (struct plan_input){.world = world,
-                            .nranks = world,
-                            .ranks = own->rin,
-                            .max_keys = mx->max_keys,
-                            .max_bytes = mx->max_bytes};
+  struct plan_input *in = plan_input_of(store);
+  in->max_keys = mx->max_keys;
+  in->max_bytes = mx->max_bytes;
   return 0;
 }
 

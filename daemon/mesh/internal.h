@@ -60,6 +60,9 @@ struct mesh_stream {
   bool hello_sent;        /* dialled: its peer_data answered the challenge */
   int data;               /* the socket, or -1 */
   int data_next;          /* a newer one, taken at the next export */
+  /* The export each was dialled for, its session (docs/protocol.md, "The
+   * data stream"): dlink's, data's and data_next's. */
+  uint64_t dlink_session, session, session_next;
 };
 
 struct mesh_node {
@@ -73,6 +76,11 @@ struct mesh_node {
    * until one is dialled or accepted), and each. */
   uint32_t nstreams;
   struct mesh_stream streams[REMOTE_STREAMS_MAX];
+  /* The last export with the node in its roster that did not publish: it
+   * may have left bytes of its rounds on any stream, either way, so no
+   * stream of its session or an older one is used again (both nodes of a
+   * pair hear every export's end alike). */
+  uint64_t failed_export;
   uint32_t nranks;       /* root: ranks joined there */
   /* Root: the node's part in the export being agreed, and its lowest
    * rank's digests of the replicated and plain keys (none when it
@@ -122,13 +130,12 @@ struct mesh_ask {
   struct nodeblob *meta;
 };
 
-/* A plan input read from every rank's registrations (gathered.c), which
- * the plans built on it borrow from. */
+/* Every rank's registrations read from their metas (gathered.c): the
+ * planner's input borrows their names, and so do the plans built on it. */
 struct mesh_input {
   uint32_t world;
   struct registry *shadow;
   struct req_groups *groups;
-  struct plan_rank_in *rin;
 };
 
 /* What one export takes from the mesh (mesh.h). */
@@ -156,10 +163,8 @@ struct mesh_export {
   /* The root said publish: the root has no more to say about it. */
   bool published;
   /* The root confirmed the job's previous plan by its digest: the roster
-   * and metas are this node's kept ones (mesh_plan_reused), and so is the
-   * plan input read from them, when this node kept it (borrowed). */
+   * and metas are this node's kept ones (mesh_plan_reused). */
   bool reused;
-  bool borrowed;
 };
 
 
@@ -198,8 +203,8 @@ struct mesh {
   size_t kept_nnodes;
   uint32_t *kept_rank_nodes; /* [world], or NULL: none kept */
   struct nodeblob **kept_metas; /* [world] */
-  /* The input the job's cached plan borrows from (mesh_keep_input): a
-   * confirmed plan's export reads it instead of the kept metas. */
+  /* The registrations the job's cached plan and its input borrow from
+   * (mesh_keep_input), while the cache may serve a confirmed plan. */
   struct mesh_input kept_input;
   /* Exports that started from a plan the root confirmed by digest. */
   uint64_t plans_reused;
