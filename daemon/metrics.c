@@ -45,6 +45,7 @@ struct counters {
   uint64_t failed[NCODES + 1];
   uint64_t refused[NCODES + 1];
   uint64_t bytes_moved, rounds, keys;
+  uint64_t control_sent, control_received;
   struct histogram duration, planning;
   struct metrics_gauges gauges;
   uint64_t gauges_gen;
@@ -133,6 +134,18 @@ void metrics_export_done(struct metrics *m, const struct metrics_export *e) {
   m->c.rounds += e->rounds;
   m->c.keys += e->keys;
   observe(&m->c.duration, e->duration_s);
+  pthread_mutex_unlock(&m->lock);
+}
+
+void metrics_control_sent(struct metrics *m, uint64_t bytes) {
+  pthread_mutex_lock(&m->lock);
+  m->c.control_sent += bytes;
+  pthread_mutex_unlock(&m->lock);
+}
+
+void metrics_control_received(struct metrics *m, uint64_t bytes) {
+  pthread_mutex_lock(&m->lock);
+  m->c.control_received += bytes;
   pthread_mutex_unlock(&m->lock);
 }
 
@@ -369,6 +382,14 @@ static void put_all(struct text *t, const struct metrics *m,
            g->pool_capacity, g, NULL, g->gpu_capacity);
   put_peers(t, m, true);
   put_peers(t, m, false);
+  head(t, "shardport_node_control_sent_bytes_total", "counter",
+       "Bytes of node-protocol frames sent on jobs' control links.");
+  put(t, "shardport_node_control_sent_bytes_total %" PRIu64 "\n",
+      c->control_sent);
+  head(t, "shardport_node_control_received_bytes_total", "counter",
+       "Bytes of node-protocol frames received on jobs' control links.");
+  put(t, "shardport_node_control_received_bytes_total %" PRIu64 "\n",
+      c->control_received);
 }
 
 int metrics_render(struct metrics *m, uint32_t wait_ms, char **out,

@@ -66,6 +66,12 @@ struct metrics *metrics_new(const char *backend, const char *reason,
                             void (*refresh)(void *arg), void *arg);
 void metrics_free(struct metrics *m);
 
+/* Bytes of node-protocol frames on the control links of jobs across nodes
+ * (headers included, handshakes not), which a scale benchmark reads on the
+ * root against a member.  From the loop. */
+void metrics_control_sent(struct metrics *m, uint64_t bytes);
+void metrics_control_received(struct metrics *m, uint64_t bytes);
+
 /* From the loop. */
 void metrics_export_done(struct metrics *m, const struct metrics_export *e);
 void metrics_planning_done(struct metrics *m, double seconds);

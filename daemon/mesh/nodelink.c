@@ -43,6 +43,7 @@
 #include "daemon/framesock.h"
 #include "daemon/mesh/internal.h"
 #include "daemon/mesh/peerhost.h"
+#include "daemon/metrics.h"
 #include "proto/wire.h"
 #include "shardport.h"
 
@@ -240,6 +241,11 @@ static int queue(struct nodelink *l, struct sp_frame_tx *tx) {
     sp__frame_tx_free(tx);
     return SP_ECLOSED;
   }
+  /* A control link's frames once the peer proved who it is: what the
+   * metrics call control bytes (a data link is handed over after its
+   * handshake and never counts). */
+  if (l->identified)
+    metrics_control_sent(l->srv->metrics, sp__frame_tx_size(tx));
   framesock_queue(&l->fs, tx);
   return update_events(l) == 0 ? 0 : SP_ECLOSED;
 }
@@ -387,6 +393,9 @@ static int read_frames(struct nodelink *l) {
       link_fail(l, rc);
       return -1;
     }
+    if (l->identified)
+      metrics_control_received(l->srv->metrics,
+                               SP_FRAME_HEADER + (uint64_t)frame.len);
     dispatch(l, &frame);
     if (l->closed)
       return -1;
