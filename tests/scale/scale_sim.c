@@ -26,17 +26,27 @@
  * export of every rank published and every key had exactly one owner
  * holding its original bytes.
  *
+ * The machine is shared: a size the daemons' code cannot hold (every
+ * member keeps every rank's registrations) would take every process's
+ * memory with it.  So a guard kills the daemons once the machine's
+ * available memory falls under --min-free-mib (default 2048), and the
+ * exports fail and say so.
+ *
  *   scale-sim [--nodes N] [--per-node R] [--keys K] [--cols C]
- *             [--exports E] [--timeout-ms T]
+ *             [--exports E] [--timeout-ms T] [--min-free-mib M]
  *
  * $SHARDPORTD names the daemon (meson sets it).
  */
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "tests/integration/harness.h"
 #include "tests/scale/scrape.h"
@@ -48,8 +58,10 @@
  * another process before the daemon binds it. */
 #define START_TRIES 3
 
+#define GUARD_PERIOD_US 100000
+
 struct options {
-  uint32_t nodes, per_node, nkeys, cols, exports, timeout_ms;
+  uint32_t nodes, per_node, nkeys, cols, exports, timeout_ms, min_free_mib;
 };
 
 struct node {
@@ -95,6 +107,47 @@ static int start_node(struct node *n, const char *conf) {
     }
   }
   return -1;
+}
+
+/* MemAvailable of /proc/meminfo in MiB, or -1. */
+static long available_mib(void) {
+  FILE *f = fopen("/proc/meminfo", "re");
+  if (f == NULL)
+    return -1;
+  char line[128];
+  long kb = -1;
+  while (kb < 0 && fgets(line, sizeof line, f) != NULL)
+    if (sscanf(line, "MemAvailable: %ld kB", &kb) != 1)
+      kb = -1;
+  fclose(f);
+  return kb < 0 ? -1 : kb / 1024;
+}
+
+struct guard {
+  pthread_t thread;
+  const struct node *nodes;
+  uint32_t count;
+  long min_free_mib;
+  atomic_bool stop, fired;
+};
+
+static void *guard_main(void *arg) {
+  struct guard *g = arg;
+  while (!atomic_load(&g->stop)) {
+    long free_mib = available_mib();
+    if (free_mib >= 0 && free_mib < g->min_free_mib) {
+      fprintf(stderr, "scale-sim: %ld MiB of memory left, less than "
+                      "--min-free-mib %ld: killing the daemons\n",
+              free_mib, g->min_free_mib);
+      for (uint32_t i = 0; i < g->count; i++)
+        if (g->nodes[i].started)
+          kill(g->nodes[i].d.pid, SIGKILL);
+      atomic_store(&g->fired, true);
+      return NULL;
+    }
+    usleep(GUARD_PERIOD_US);
+  }
+  return NULL;
 }
 
 static int scrape_all(struct node *nodes, uint32_t count, bool after) {
@@ -198,9 +251,11 @@ static int parse(int argc, char **argv, struct options *o) {
       {"cols", required_argument, NULL, 'c'},
       {"exports", required_argument, NULL, 'e'},
       {"timeout-ms", required_argument, NULL, 't'},
+      {"min-free-mib", required_argument, NULL, 'm'},
       {NULL, 0, NULL, 0}};
   *o = (struct options){.nodes = 8, .per_node = 8, .nkeys = 10000,
-                        .cols = 4, .exports = 2, .timeout_ms = 600000};
+                        .cols = 4, .exports = 2, .timeout_ms = 600000,
+                        .min_free_mib = 2048};
   int opt;
   while ((opt = getopt_long(argc, argv, "", longs, NULL)) != -1) {
     char *end;
@@ -213,6 +268,7 @@ static int parse(int argc, char **argv, struct options *o) {
                       : opt == 'k' ? &o->nkeys
                       : opt == 'c' ? &o->cols
                       : opt == 'e' ? &o->exports
+                      : opt == 'm' ? &o->min_free_mib
                                    : &o->timeout_ms;
     *field = (uint32_t)v;
   }
@@ -233,7 +289,8 @@ int main(int argc, char **argv) {
   struct options o;
   if (parse(argc, argv, &o) != 0) {
     fprintf(stderr, "usage: scale-sim [--nodes N] [--per-node R] [--keys K] "
-                    "[--cols C] [--exports E (at most %d)] [--timeout-ms T]\n",
+                    "[--cols C] [--exports E (at most %d)] [--timeout-ms T] "
+                    "[--min-free-mib M]\n",
             SIM_MAX_EXPORTS);
     return 2;
   }
@@ -247,6 +304,9 @@ int main(int argc, char **argv) {
   }
   struct node *nodes = calloc(o.nodes, sizeof *nodes);
   const char **sockets = calloc(o.nodes, sizeof *sockets);
+  struct guard guard = {.nodes = nodes, .count = o.nodes,
+                        .min_free_mib = o.min_free_mib};
+  bool guarding = false;
   int rc = 1;
   if (nodes == NULL || sockets == NULL)
     goto out;
@@ -257,6 +317,9 @@ int main(int argc, char **argv) {
     }
     sockets[i] = nodes[i].d.socket;
   }
+  if (pthread_create(&guard.thread, NULL, guard_main, &guard) != 0)
+    goto out;
+  guarding = true;
   struct sim_job j = {.nodes = o.nodes, .per_node = o.per_node,
                       .nkeys = o.nkeys, .cols = o.cols,
                       .exports = o.exports, .timeout_ms = o.timeout_ms,
@@ -279,9 +342,18 @@ int main(int argc, char **argv) {
       print_row(&o, &j, nodes, e);
   }
   sim_finish(&j);
+  atomic_store(&guard.stop, true);
+  pthread_join(guard.thread, NULL);
+  guarding = false;
+  if (atomic_load(&guard.fired))
+    correct = false;
   printf("\n%s\n", correct ? "every export correct" : "an export failed");
   rc = correct ? 0 : 1;
 out:
+  if (guarding) {
+    atomic_store(&guard.stop, true);
+    pthread_join(guard.thread, NULL);
+  }
   for (uint32_t i = 0; nodes != NULL && i < o.nodes; i++)
     if (nodes[i].started)
       sp_test_daemon_stop(&nodes[i].d);
