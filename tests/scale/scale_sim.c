@@ -225,7 +225,7 @@ static void print_row(const struct options *o, const struct sim_job *j,
   }
   uint64_t entries = (uint64_t)o->nkeys * j->world;
   uint32_t members = o->nodes > 1 ? o->nodes - 1 : 1;
-  printf("| %u | %u | %u | %s | %llu B | %llu B | %llu B | %.1f B | ",
+  printf("| %u | %u | %u | %s | %llu B | %llu B | %llu B | %.2f B | ",
          o->nodes, j->world, o->nkeys, e == 0 ? "first" : "repeated",
          (unsigned long long)root_sent, (unsigned long long)root_received,
          (unsigned long long)member_sent,
