@@ -69,6 +69,7 @@
   X(cudaMalloc)                                                                \
   X(cudaFree)                                                                  \
   X(cudaMallocHost)                                                            \
+  X(cudaHostAlloc)                                                             \
   X(cudaFreeHost)                                                              \
   X(cudaMemGetInfo)                                                            \
   X(cudaPointerGetAttributes)                                                  \

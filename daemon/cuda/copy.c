@@ -146,6 +146,12 @@ struct runner {
   cudaStream_t streams[GPU_MAX_DEVICES]; /* this run's own, taken on use */
   bool used[GPU_MAX_DEVICES];          /* streams with work this step */
   bool comm_used;                      /* NCCL work this step */
+  /* Page-locked host staging of the replica comparison (compare_key),
+   * grown as a key needs and freed when the run ends: a copy between the
+   * device and pageable memory is synchronous on a GPU (the runtime's "API
+   * synchronization behavior"). */
+  uint8_t *pinned;
+  size_t pinned_size;
 };
 
 static int run_fail(struct engine *e, int code, const char *fmt, ...)
@@ -375,13 +381,35 @@ static int sync_device(struct runner *r, int d, uint32_t round) {
   return wait_step(r, round);
 }
 
+/* At least size bytes of pinned staging.  The old block is idle: every
+ * comparison waits for its copies before it returns. */
+static int pinned_reserve(struct runner *r, size_t size) {
+  if (size <= r->pinned_size)
+    return 0;
+  if (r->pinned != NULL)
+    r->a->cudaFreeHost(r->pinned);
+  r->pinned = NULL;
+  r->pinned_size = 0;
+  void *p = NULL;
+  cudaError_t err = r->a->cudaHostAlloc(&p, size, cudaHostAllocPortable);
+  if (err != cudaSuccess) {
+    char why[SP_ERRMSG_MAX + 1];
+    gpu_cuda_fail(r->run->gpu, err, "cudaHostAlloc of the replicas' staging",
+                  why, sizeof why);
+    return run_fail(r->e, SP_ENOMEM, "%s", why);
+  }
+  r->pinned = p;
+  r->pinned_size = size;
+  return 0;
+}
+
 /* The replicas of key k to local owner o in round rd, compared as the host
  * engine does (engine.c): in order of (source rank, piece), each replica is
  * copied to host staging; an element nobody wrote yet takes its bytes, an
  * element written before must match them byte for byte, else the export
  * fails with different_data naming the key, the element and both ranks.
  * The agreed bytes are then copied into the owner's tensor.  Host staging
- * is the key's size plus its largest replica. */
+ * is the key's size plus its largest replica, page-locked (pinned_reserve). */
 static int compare_key(struct runner *r, const struct plan_round *rd,
                        uint32_t o, uint32_t k, struct replica *list,
                        uint32_t round) {
@@ -433,16 +461,18 @@ static int compare_key(struct runner *r, const struct plan_round *rd,
   if (n == 0)
     return 0;
   uint64_t numel = key->nbytes / esz;
-  uint8_t *image = malloc(key->nbytes > 0 ? key->nbytes : 1);
   uint8_t *seen = calloc((size_t)(numel / 8 + 1), 1);
-  uint8_t *staged = malloc(largest > 0 ? largest : 1);
   int rc = 0;
-  if (image == NULL || seen == NULL || staged == NULL) {
+  if (seen == NULL) {
     rc = run_fail(e, SP_ENOMEM,
                   "out of memory comparing the replicas of key '%s'",
                   key->name);
     goto out;
   }
+  if ((rc = pinned_reserve(r, key->nbytes + largest)) != 0)
+    goto out;
+  uint8_t *image = r->pinned;
+  uint8_t *staged = r->pinned + key->nbytes;
   int d = gpu_segment_info(r->run->segments[o])->device;
   cudaStream_t stream = run_stream(r, d);
   if (stream == NULL) {
@@ -507,9 +537,7 @@ static int compare_key(struct runner *r, const struct plan_round *rd,
   else if (n > 0)
     sync_device(r, d, round);
 out:
-  free(image);
   free(seen);
-  free(staged);
   return rc != 0 ? rc : e->rc;
 }
 
@@ -646,5 +674,7 @@ int gpu_engine_run(struct engine *e) {
     if (r.streams[d] != NULL)
       gpu_stream_give(r.run->gpu, d, r.streams[d]);
   }
+  if (r.pinned != NULL)
+    r.a->cudaFreeHost(r.pinned);
   return e->rc;
 }

@@ -35,6 +35,9 @@ struct fake_config {
   /* SHARDPORT_FAKE_COMPUTE_MODE, per physical device. */
   enum cudaComputeMode compute_mode[FAKE_MAX_GPUS];
   size_t ctx_bytes;       /* SHARDPORT_FAKE_CTX_MB: what a context takes */
+  /* SHARDPORT_FAKE_PAGEABLE=fail: an async copy between device memory and
+   * pageable host memory ends the process (fake_stream.c). */
+  bool pageable_fails;
 };
 
 #define FAKE_POISON_BYTE 0xa5
@@ -113,6 +116,10 @@ uint64_t fake_region_of(const void *ptr);
 bool fake_region_alive(const void *ptr, uint64_t id);
 void fake_memory_use_begin(void);
 void fake_memory_use_end(void);
+
+/* Whether [ptr, ptr + len) lies in one page-locked host allocation
+ * (cudaMallocHost, cudaHostAlloc) not yet freed. */
+bool fake_host_pinned(const void *ptr, size_t len);
 
 /* Waits for every stream of the process to drain (fake_stream.c); what
  * cudaFree and the unmap calls do before memory goes away. */

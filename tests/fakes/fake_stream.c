@@ -446,6 +446,28 @@ static bool injected_fault(int phys) {
          atomic_fetch_add(&device_ops[phys], 1) + 1 == cfg->fault_nth;
 }
 
+/* SHARDPORT_FAKE_PAGEABLE=fail: an async copy between device memory and
+ * pageable host memory ends the process with a message.  The runtime's
+ * "API synchronization behavior" says such a copy "might be synchronous
+ * with respect to host" (the driver stages it through pinned memory after
+ * synchronizing the stream), so a program that means its copies to
+ * overlap must use page-locked memory (cudaHostAlloc). */
+static void check_pageable(const void *dst, const void *src, size_t dlen,
+                           size_t slen) {
+  if (!fake_config(NULL)->pageable_fails)
+    return;
+  bool dst_dev = fake_region_of(dst) != 0, src_dev = fake_region_of(src) != 0;
+  const void *host = dst_dev ? src : dst;
+  size_t len = dst_dev ? slen : dlen;
+  if (dst_dev == src_dev || len == 0 || fake_host_pinned(host, len))
+    return;
+  fprintf(stderr,
+          "fake CUDA: async copy %s pageable host memory %p (%zu bytes): "
+          "synchronous on a GPU; use cudaHostAlloc\n",
+          dst_dev ? "from" : "into", host, len);
+  abort();
+}
+
 /* What each copy direction requires of its pointers: device memory where
  * the direction says so, every device range inside one allocation, and
  * each reachable from the device whose stream runs the copy.  A range that
@@ -475,6 +497,8 @@ static cudaError_t check_copy(void *dst, const void *src, size_t dlen,
     err = cudaErrorIllegalAddress;
   if (err == cudaErrorIllegalAddress)
     fake_fault(phys, err);
+  if (err == cudaSuccess)
+    check_pageable(dst, src, dlen, slen);
   return err;
 }
 
