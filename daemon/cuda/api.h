@@ -75,6 +75,7 @@
   X(cudaPointerGetAttributes)                                                  \
   X(cudaMemcpyAsync)                                                           \
   X(cudaMemcpy2DAsync)                                                         \
+  X(cudaMemcpy3DAsync)                                                         \
   X(cudaMemcpyPeerAsync)                                                       \
   X(cudaMemsetAsync)                                                           \
   X(cudaStreamCreateWithFlags)                                                 \

@@ -66,6 +66,32 @@ static int copy_2d(const struct gpu *gpu, cudaStream_t stream, uint8_t *dst,
   return 0;
 }
 
+/* One 3-D copy of depth slabs of height rows, slab z of each side at z
+ * slice pitches from its start: linear memory is a pitched pointer whose
+ * slice pitch is pitch * ysize (cudaPitchedPtr), so a slice pitch must be
+ * a whole number of pitches, at least height of them. */
+static bool slices_fit(size_t pitch, size_t slice, size_t height) {
+  return pitch > 0 && pitch <= GPU_MAX_PITCH && slice % pitch == 0 &&
+         slice / pitch >= height;
+}
+
+static int copy_3d(const struct gpu *gpu, cudaStream_t stream, uint8_t *dst,
+                   size_t dpitch, size_t dslice, const uint8_t *src,
+                   size_t spitch, size_t sslice, size_t width, size_t height,
+                   size_t depth, char *msg, size_t msglen) {
+  struct cudaMemcpy3DParms p = {
+      .srcPtr = {.ptr = (void *)src, .pitch = spitch, .xsize = width,
+                 .ysize = sslice / spitch},
+      .dstPtr = {.ptr = dst, .pitch = dpitch, .xsize = width,
+                 .ysize = dslice / dpitch},
+      .extent = {.width = width, .height = height, .depth = depth},
+      .kind = cudaMemcpyDefault};
+  cudaError_t err = gpu->api.cudaMemcpy3DAsync(&p, stream);
+  if (err != cudaSuccess)
+    return gpu_cuda_fail(gpu, err, "cudaMemcpy3DAsync", msg, msglen);
+  return 0;
+}
+
 int gpu_box_copy(const struct gpu *gpu, cudaStream_t stream, uint8_t *dst,
                  const uint8_t *src, const struct xfer_box *box, char *msg,
                  size_t msglen) {
@@ -96,6 +122,20 @@ int gpu_box_copy(const struct gpu *gpu, cudaStream_t stream, uint8_t *dst,
   size_t height = (size_t)b.shape[slab_dim];
   size_t spitch = (size_t)b.src_stride[slab_dim] * esz;
   size_t dpitch = (size_t)b.dst_stride[slab_dim] * esz;
+  /* The dimension outside the slab as the depth of one 3-D copy where the
+   * strides allow: above all a strided innermost dimension, whose slabs
+   * are columns of single elements, then goes in one call per 3-D block
+   * instead of one per column. */
+  size_t depth = 0, sslice = 0, dslice = 0;
+  if (slab_dim > 0 && height > 1) {
+    sslice = (size_t)b.src_stride[slab_dim - 1] * esz;
+    dslice = (size_t)b.dst_stride[slab_dim - 1] * esz;
+    if (slices_fit(spitch, sslice, height) &&
+        slices_fit(dpitch, dslice, height)) {
+      depth = (size_t)b.shape[slab_dim - 1];
+      outer = slab_dim - 1;
+    }
+  }
   int64_t index[XFER_MAX_DIMS] = {0};
   for (;;) {
     int64_t so = 0, doff = 0;
@@ -103,9 +143,13 @@ int gpu_box_copy(const struct gpu *gpu, cudaStream_t stream, uint8_t *dst,
       so += index[d] * b.src_stride[d];
       doff += index[d] * b.dst_stride[d];
     }
-    int rc = copy_2d(gpu, stream, dst + (size_t)doff * esz, dpitch,
-                     src + (size_t)so * esz, spitch, width, height, msg,
-                     msglen);
+    int rc = depth > 0
+                 ? copy_3d(gpu, stream, dst + (size_t)doff * esz, dpitch,
+                           dslice, src + (size_t)so * esz, spitch, sslice,
+                           width, height, depth, msg, msglen)
+                 : copy_2d(gpu, stream, dst + (size_t)doff * esz, dpitch,
+                           src + (size_t)so * esz, spitch, width, height, msg,
+                           msglen);
     if (rc != 0)
       return rc;
     int d = outer - 1;

@@ -124,10 +124,13 @@ cudaEvent_t gpu_segment_event(const struct gpu_segment *seg);
 
 /* Issues the copies of one box (daemon/xfer/copy.h) on stream: one
  * cudaMemcpyAsync when it is dense on both sides once contiguous dimensions
- * are merged, else one cudaMemcpy2DAsync per 2-D slab (rows of the
- * innermost dense run, or single elements when the innermost dimension is
- * strided), or a cudaMemcpyAsync per row where a pitch is too wide for a 2-D
- * copy.  Returns 0, or SP_EBACKEND naming the call. */
+ * are merged, else one cudaMemcpy3DAsync per 3-D block where the slab's
+ * outer dimension strides a whole number of its pitches on both sides
+ * (above all a strided innermost dimension: a block of single-element
+ * columns), else one cudaMemcpy2DAsync per 2-D slab (rows of the innermost
+ * dense run, or single elements when the innermost dimension is strided),
+ * or a cudaMemcpyAsync per row where a pitch is too wide for a 2-D copy.
+ * Returns 0, or SP_EBACKEND naming the call. */
 int gpu_box_copy(const struct gpu *gpu, cudaStream_t stream, uint8_t *dst,
                  const uint8_t *src, const struct xfer_box *box, char *msg,
                  size_t msglen);

@@ -192,6 +192,12 @@ FAKE_EXPORT cudaError_t spfake_device_charge(int ordinal, size_t bytes);
 FAKE_EXPORT void spfake_device_uncharge(int ordinal, size_t bytes);
 FAKE_EXPORT void spfake_kernels(int ordinal, int delta);
 
+/* How many copy calls (cudaMemcpyAsync, cudaMemcpy2DAsync,
+ * cudaMemcpy3DAsync, cudaMemcpyPeerAsync) the process has made: what a
+ * test bounds the calls of a strided copy by.  On a GPU each is a launch of
+ * a copy engine, which costs microseconds whatever it moves. */
+FAKE_EXPORT unsigned long spfake_copy_calls(void);
+
 /* The hook NCCL's pointer checks use: cudaSuccess when [ptr, ptr + len) is
  * device memory of one allocation that allows reading (and writing). */
 FAKE_EXPORT cudaError_t spfake_check_device_range(const void *ptr, size_t len,

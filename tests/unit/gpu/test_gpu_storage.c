@@ -10,6 +10,7 @@
  * posix_spawn.
  */
 #include <check.h>
+#include <dlfcn.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,6 +168,60 @@ START_TEST(a_node_whose_gpus_are_all_prohibited_has_no_cuda_backend) {
 }
 END_TEST
 
+/* The fake runtime's count of copy calls (spfake_copy_calls), from the
+ * library the backend loaded. */
+static unsigned long copy_calls(void) {
+  void *lib = dlopen(getenv("SHARDPORT_CUDART_LIB"), RTLD_NOW | RTLD_NOLOAD);
+  ck_assert_ptr_nonnull(lib);
+  unsigned long (*calls)(void) =
+      (unsigned long (*)(void))dlsym(lib, "spfake_copy_calls");
+  ck_assert_ptr_nonnull(calls);
+  unsigned long n = calls();
+  dlclose(lib);
+  return n;
+}
+
+START_TEST(a_strided_innermost_dimension_is_one_copy_per_3d_block) {
+  /* Every other float of a [3, 64, 30] slice (x[:, :, :30:2] of a tensor
+   * padded by a row between its outermost slices, so that no two
+   * dimensions merge into one) into a dense [3, 64, 15]: one
+   * cudaMemcpy3DAsync per outermost index, each of exactly as many rows
+   * as a slice holds on the destination, where single-element 2-D columns
+   * took one call per row (192). */
+  struct gpu *gpu = open_gpu();
+  enum { A = 3, B = 64, C = 32, CH = C / 2 - 1 };
+  float *src, *dst;
+  CUDA_OK(gpu->api.cudaSetDevice(0));
+  enum { SLICE = (B + 1) * C };
+  CUDA_OK(gpu->api.cudaMalloc((void **)&src, sizeof(float) * A * SLICE));
+  CUDA_OK(gpu->api.cudaMalloc((void **)&dst, sizeof(float) * A * B * CH));
+  for (int i = 0; i < A * SLICE; i++)
+    src[i] = (float)i;
+  cudaStream_t stream;
+  char why[SP_ERRMSG_MAX + 1];
+  ck_assert_int_eq(gpu_stream_take(gpu, 0, &stream, why, sizeof why), 0);
+  struct xfer_box box = {.ndim = 3, .elem_size = sizeof(float),
+                         .shape = {A, B, CH},
+                         .src_stride = {SLICE, C, 2},
+                         .dst_stride = {B * CH, CH, 1}};
+  unsigned long before = copy_calls();
+  ck_assert_int_eq(gpu_box_copy(gpu, stream, (uint8_t *)dst,
+                                (const uint8_t *)src, &box, why, sizeof why),
+                   0);
+  ck_assert_uint_eq(copy_calls() - before, A);
+  CUDA_OK(gpu->api.cudaStreamSynchronize(stream));
+  for (int a = 0; a < A; a++)
+    for (int b = 0; b < B; b++)
+      for (int c = 0; c < CH; c++)
+        ck_assert_float_eq(dst[(a * B + b) * CH + c],
+                           src[a * SLICE + b * C + 2 * c]);
+  gpu_stream_give(gpu, 0, stream);
+  CUDA_OK(gpu->api.cudaFree(src));
+  CUDA_OK(gpu->api.cudaFree(dst));
+  gpu_close(gpu);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("gpu-storage");
   TCase *tc = tcase_create("storages");
@@ -175,6 +230,7 @@ int main(void) {
   tcase_add_test(tc, an_ipc_storage_is_closed_only_after_its_queued_copies);
   tcase_add_test(tc, a_gpu_in_exclusive_process_mode_is_skipped_with_its_reason);
   tcase_add_test(tc, a_node_whose_gpus_are_all_prohibited_has_no_cuda_backend);
+  tcase_add_test(tc, a_strided_innermost_dimension_is_one_copy_per_3d_block);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
