@@ -221,8 +221,10 @@ static void free_ranks(struct gpu_comms *c) {
     gpu_device_free(c->gpu, cr->id.device, cr->staging);
     if (cr->event != NULL)
       a->cudaEventDestroy(cr->event);
-    if (cr->stream != NULL)
+    if (cr->stream != NULL) {
+      gpu_stream_unwatch(c->gpu, cr->stream);
       a->cudaStreamDestroy(cr->stream);
+    }
   }
   free(c->ranks);
   free(c);
@@ -432,6 +434,8 @@ int gpu_comms_add(struct gpu_comms *c, const struct gpu_comm_rank *ranks,
     if (rc == 0 && err != cudaSuccess)
       rc = gpu_cuda_fail(gpu, err, "creating a communicator's stream", msg,
                          msglen);
+    if (rc == 0)
+      rc = gpu_stream_watch(gpu, cr->id.device, cr->stream, msg, msglen);
   }
   if (rc != 0) {
     gpu_comms_abort(c);

@@ -49,27 +49,34 @@ static int cumem_fd(struct gpu *gpu, size_t size,
 }
 
 /* Queues a copy of the whole mapping into a segment (slow: the test runs
- * with SHARDPORT_FAKE_DELAY_US) on a stream that is given back still busy,
- * as a run of the engine that gave up waiting gives its streams back;
+ * with SHARDPORT_FAKE_DELAY_US) on stream, which nobody waits for;
  * closes the storage at once; and checks that the copy ran on memory still
  * mapped: the close waited for it. */
-static void copy_then_close(struct gpu *gpu, struct gpu_mapping *m,
-                            size_t len) {
+static void copy_on_then_close(struct gpu *gpu, cudaStream_t stream,
+                               struct gpu_mapping *m, size_t len) {
   struct gpu_segment *seg;
   char why[SP_ERRMSG_MAX + 1];
   ck_assert_int_eq(gpu_segment_new(gpu, 0, len, &seg, why, sizeof why), 0);
-  cudaStream_t stream;
-  ck_assert_int_eq(gpu_stream_take(gpu, 0, &stream, why, sizeof why), 0);
   struct xfer_box box = {.ndim = 1, .elem_size = 1, .shape = {(int64_t)len},
                          .src_stride = {1}, .dst_stride = {1}};
   ck_assert_int_eq(gpu_box_copy(gpu, stream, gpu_segment_info(seg)->ptr,
                                 m->data, &box, why, sizeof why),
                    0);
-  gpu_stream_give(gpu, 0, stream);
   gpu_storage_close(gpu, m);
   CUDA_OK(gpu->api.cudaStreamSynchronize(stream));
   ck_assert_int_eq(gpu_failure(gpu, 0, why, sizeof why), -1);
   gpu_segment_free(gpu, seg);
+}
+
+/* The same on a stream of the engine's, given back busy, as a run of the
+ * engine that gave up waiting gives its streams back. */
+static void copy_then_close(struct gpu *gpu, struct gpu_mapping *m,
+                            size_t len) {
+  cudaStream_t stream;
+  char why[SP_ERRMSG_MAX + 1];
+  ck_assert_int_eq(gpu_stream_take(gpu, 0, &stream, why, sizeof why), 0);
+  gpu_stream_give(gpu, 0, stream);
+  copy_on_then_close(gpu, stream, m, len);
 }
 
 START_TEST(a_cumem_storage_is_unmapped_only_after_its_queued_copies) {
@@ -110,6 +117,36 @@ START_TEST(an_ipc_storage_is_closed_only_after_its_queued_copies) {
   copy_then_close(gpu, &m, 4096);
   child_kill(&producer, SIGKILL);
   child_finish(&producer, 10000, NULL, 0);
+  gpu_close(gpu);
+}
+END_TEST
+
+START_TEST(a_storage_is_unmapped_only_after_a_communicator_s_packs) {
+  /* A communicator's stream packs a send bucket from a trainer's storage
+   * (comm.c, copy_bucket): closing the storage waits for it too. */
+  setenv("SHARDPORT_FAKE_DELAY_US", "200000", 1);
+  struct gpu *gpu = open_gpu();
+  char why[SP_ERRMSG_MAX + 1];
+  uint8_t id[GPU_NCCL_ID_BYTES];
+  ck_assert_int_eq(gpu_comms_unique_id(gpu, id, why, sizeof why), 0);
+  struct gpu_comms *c;
+  ck_assert_int_eq(gpu_comms_begin(gpu, id, 1, &c, why, sizeof why), 0);
+  const struct gpu_comm_rank rank = {.rank = 0, .device = 0};
+  ck_assert_int_eq(gpu_comms_add(c, &rank, 1, why, sizeof why), 0);
+  int rc;
+  while ((rc = gpu_comms_poll(c, why, sizeof why)) == 1)
+    gpu_backoff(&(unsigned){0});
+  ck_assert_msg(rc == 0, "%s", why);
+  CUmemGenericAllocationHandle h;
+  int fd = cumem_fd(gpu, 2u << 20, &h);
+  struct gpu_mapping m;
+  rc = gpu_storage_open(gpu, 0, GPU_STORAGE_FD, NULL, fd, 0, 4096, &m, why,
+                        sizeof why);
+  ck_assert_msg(rc == 0, "%s", why);
+  close(fd);
+  copy_on_then_close(gpu, gpu_comms_stream(c, 0), &m, 4096);
+  DRV_OK(gpu->api.cuMemRelease(h));
+  gpu_comms_free(c);
   gpu_close(gpu);
 }
 END_TEST
@@ -228,6 +265,7 @@ int main(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, a_cumem_storage_is_unmapped_only_after_its_queued_copies);
   tcase_add_test(tc, an_ipc_storage_is_closed_only_after_its_queued_copies);
+  tcase_add_test(tc, a_storage_is_unmapped_only_after_a_communicator_s_packs);
   tcase_add_test(tc, a_gpu_in_exclusive_process_mode_is_skipped_with_its_reason);
   tcase_add_test(tc, a_node_whose_gpus_are_all_prohibited_has_no_cuda_backend);
   tcase_add_test(tc, a_strided_innermost_dimension_is_one_copy_per_3d_block);
