@@ -120,16 +120,6 @@ static int nccl_fail(const struct gpu_comms *c, ncclResult_t res,
   return res == ncclRemoteError ? SP_ENODELOST : rc;
 }
 
-int gpu_comms_unique_id(struct gpu *gpu, uint8_t id[GPU_NCCL_ID_BYTES],
-                        char *msg, size_t msglen) {
-  ncclUniqueId uid;
-  ncclResult_t res = gpu->api.ncclGetUniqueId(&uid);
-  if (res != ncclSuccess)
-    return cuda_api_nccl_error(&gpu->api, res, "ncclGetUniqueId", msg, msglen);
-  memcpy(id, uid.internal, GPU_NCCL_ID_BYTES);
-  return 0;
-}
-
 /* ncclCommAbort tells no peer and may block: it runs on a helper thread,
  * and the other nodes hear of the failure through the daemons' mesh
  * (docs/gpu.md, Threads). */

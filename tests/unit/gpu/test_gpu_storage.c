@@ -10,6 +10,7 @@
  * posix_spawn.
  */
 #include <check.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <signal.h>
 #include <stdio.h>
@@ -128,7 +129,8 @@ START_TEST(a_storage_is_unmapped_only_after_a_communicator_s_packs) {
   struct gpu *gpu = open_gpu();
   char why[SP_ERRMSG_MAX + 1];
   uint8_t id[GPU_NCCL_ID_BYTES];
-  ck_assert_int_eq(gpu_comms_unique_id(gpu, id, why, sizeof why), 0);
+  struct gpu_nccl_root *root;
+  ck_assert_int_eq(gpu_comms_unique_id(gpu, id, &root, why, sizeof why), 0);
   struct gpu_comms *c;
   ck_assert_int_eq(gpu_comms_begin(gpu, id, 1, &c, why, sizeof why), 0);
   const struct gpu_comm_rank rank = {.rank = 0, .device = 0};
@@ -147,6 +149,52 @@ START_TEST(a_storage_is_unmapped_only_after_a_communicator_s_packs) {
   copy_on_then_close(gpu, gpu_comms_stream(c, 0), &m, 4096);
   DRV_OK(gpu->api.cuMemRelease(h));
   gpu_comms_free(c);
+  gpu_nccl_root_end(root);
+  gpu_close(gpu);
+}
+END_TEST
+
+/* The threads of this process. */
+static int thread_count(void) {
+  DIR *d = opendir("/proc/self/task");
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;)
+    n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+/* Whether a Unix socket of this machine is bound to the fake NCCL's root
+ * address of id ("@spfake-nccl-root-<token>" in /proc/net/unix). */
+static bool root_listens(const uint8_t id[GPU_NCCL_ID_BYTES]) {
+  char name[64];
+  snprintf(name, sizeof name, "@spfake-nccl-root-%.32s",
+           (const char *)id + 8);
+  FILE *f = fopen("/proc/net/unix", "r");
+  ck_assert_ptr_nonnull(f);
+  char line[512];
+  bool found = false;
+  while (!found && fgets(line, sizeof line, f) != NULL)
+    found = strstr(line, name) != NULL;
+  fclose(f);
+  return found;
+}
+
+START_TEST(an_unused_id_leaves_no_bootstrap_root_behind) {
+  /* A generation whose ranks never check in: its id's root (a thread and
+   * a listening socket that real NCCL keeps until they do) is not in this
+   * process, and is gone once the generation is given up. */
+  struct gpu *gpu = open_gpu();
+  char why[SP_ERRMSG_MAX + 1];
+  int threads = thread_count();
+  uint8_t id[GPU_NCCL_ID_BYTES];
+  struct gpu_nccl_root *root;
+  ck_assert_int_eq(gpu_comms_unique_id(gpu, id, &root, why, sizeof why), 0);
+  ck_assert(root_listens(id));
+  ck_assert_int_eq(thread_count(), threads);
+  gpu_nccl_root_end(root);
+  ck_assert(!root_listens(id));
   gpu_close(gpu);
 }
 END_TEST
@@ -269,6 +317,7 @@ int main(void) {
   tcase_add_test(tc, a_gpu_in_exclusive_process_mode_is_skipped_with_its_reason);
   tcase_add_test(tc, a_node_whose_gpus_are_all_prohibited_has_no_cuda_backend);
   tcase_add_test(tc, a_strided_innermost_dimension_is_one_copy_per_3d_block);
+  tcase_add_test(tc, an_unused_id_leaves_no_bootstrap_root_behind);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
