@@ -109,6 +109,7 @@ static void on_job_handle_closed(uv_handle_t *handle) {
   struct job *job = handle->data;
   if (--job->open_handles > 0)
     return;
+  gpu_nccl_root_end(job->nccl_root);
   for (uint32_t r = 0; r < job->world; r++)
     free(job->departed[r].reason);
   free(job->departed);
@@ -476,8 +477,8 @@ int job_op_create(struct conn *c, const struct sp_msg_head *head,
   if (srv->peer_fd >= 0 && srv->backend->gpu != NULL) {
     /* The NCCL id of the job's communicators across nodes: made here, on
      * the root, whose process stays up for the rendezvous. */
-    if (gpu_comms_unique_id(srv->backend->gpu, job->nccl_id, msg,
-                            sizeof msg) != 0) {
+    if (gpu_comms_unique_id(srv->backend->gpu, job->nccl_id, &job->nccl_root,
+                            msg, sizeof msg) != 0) {
       job_end(job);
       return conn_send_error(c, head->id, SP_EBACKEND, "job_create: %s", msg);
     }

@@ -123,8 +123,12 @@ static int coord_comm_generation(struct mesh *ms, struct nodemsg *p,
     return 0;
   if (ms->comm_stale) {
     char why[256];
-    if (gpu_comms_unique_id(ms->srv->backend->gpu, ms->comm_id, why,
-                            sizeof why) != 0) {
+    /* The last generation's root goes with it, whether it completed (its
+     * ranks all checked in) or never will. */
+    gpu_nccl_root_end(job->nccl_root);
+    job->nccl_root = NULL;
+    if (gpu_comms_unique_id(ms->srv->backend->gpu, ms->comm_id,
+                            &job->nccl_root, why, sizeof why) != 0) {
       snprintf(msg, msglen, "cannot make a new NCCL id: %s", why);
       return SP_EBACKEND;
     }
