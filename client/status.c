@@ -100,6 +100,13 @@ static int decode_node(const msgpack_object *o, sp_node_status *n) {
     rc = sp__msg_get_u64(o, "bytes_sent", false, &n->bytes_sent);
   if (rc == 0)
     rc = sp__msg_get_u64(o, "bytes_received", false, &n->bytes_received);
+  /* Newer fields: a daemon that predates them sends none (0). */
+  if (rc == 0 && (rc = sp__msg_get_u64(o, "control_sent", true,
+                                       &n->control_sent)) == 1)
+    rc = 0;
+  if (rc == 0 && (rc = sp__msg_get_u64(o, "control_received", true,
+                                       &n->control_received)) == 1)
+    rc = 0;
   return rc;
 }
 
@@ -113,6 +120,9 @@ static int decode_nodes(const msgpack_object *o, sp_job_status *job) {
   if (rc == 0 && node > UINT32_MAX)
     rc = SP_EBADMSG;
   job->node = (uint32_t)node;
+  if (rc == 0 && (rc = sp__msg_get_u64(o, "plans_reused", true,
+                                       &job->plans_reused)) == 1)
+    rc = 0;
   const msgpack_object_array *a;
   int has = rc == 0 ? sp__msg_get_array(o, "nodes", true, &a) : rc;
   if (has != 0 || a->size == 0)

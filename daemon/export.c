@@ -287,10 +287,10 @@ static void fail_gather(struct job *job, int code, const char *message) {
  * made once every node has the roster (all nodes' planning threads meet
  * in NCCL's set-up) and warmed before the pool is carved.  On the planning
  * thread. */
-static int make_comms(struct export *ex) {
+static int make_comms(struct export *ex, const struct plan *plan) {
   struct comms_want w = {.spans_nodes = ex->mx != NULL,
                          .timeout_ms = ex->timeout_ms,
-                         .plan = ex->new_plan};
+                         .plan = plan};
   for (uint32_t r = 0; r < ex->job->world; r++)
     if (ex->ranks[r].m != NULL)
       comms_want_rank(&w, r, ex->ranks[r].m);
@@ -369,7 +369,11 @@ static void *plan_main(void *arg) {
                "out of memory laying out the owned tensors");
     }
     if (ex->plan_rc == 0)
-      ex->plan_rc = make_comms(ex);
+      ex->plan_rc = make_comms(ex, ex->new_plan);
+  } else if (ex->mx != NULL) {
+    /* A plan reused across nodes still meets the other nodes in the
+     * communicators' set-up, as every export across nodes does. */
+    ex->plan_rc = make_comms(ex, ex->job->cache.plan);
   }
   /* From here the communicators' set-up bounds itself (make_comms). */
   atomic_store(&ex->plan_built, true);
@@ -465,17 +469,21 @@ static void step(struct export *ex) {
       ex->job->plan_digest = ex->new_plan->digest;
       ex->job->has_plan_digest = true;
     }
-    if (ex->mx != NULL) {
-      /* The export keeps its plan; the root compares digests first. */
-      ex->plan = ex->new_plan;
-      ex->layout = &ex->new_layout;
-      ex->await = AWAIT_GO;
-      mesh_planned(ex->job, ex->new_plan->digest, &ex->replicas);
-      return;
-    }
     if (!ex->reuse_plan && plancache_install(ex) != 0) {
       fail_export(ex, SP_ENOMEM, "out of memory keeping the plan");
       break;
+    }
+    if (ex->mx != NULL) {
+      /* The job's cache holds the plan and its input, and the mesh the
+       * registrations they borrow from, for an export the root confirms
+       * next; the root compares every node's digest first. */
+      if (!ex->reuse_plan)
+        mesh_keep_input(ex->mx);
+      ex->plan = ex->job->cache.plan;
+      ex->layout = &ex->job->cache.layout;
+      ex->await = AWAIT_GO;
+      mesh_planned(ex->job, ex->plan->digest, &ex->replicas);
+      return;
     }
     start_moving(ex);
     if (ex->failed && !ex->thread_alive)
@@ -865,6 +873,9 @@ static int on_mesh_start(struct job *job, struct mesh_export *mx,
     snprintf(msg, msglen, "out of memory starting the export");
     return SP_ENOMEM;
   }
+  /* Only a plan the root confirmed may be reused: a rank of another node
+   * may have changed what this node's cache was built on. */
+  ex->reuse_plan = mesh_plan_reused(mx) && plancache_applies(ex);
   start_planning(ex);
   return 0;
 }

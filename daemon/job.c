@@ -117,6 +117,7 @@ static void on_job_handle_closed(uv_handle_t *handle) {
   struct job *job = handle->data;
   if (--job->open_handles > 0)
     return;
+  gpu_nccl_root_end(job->nccl_root);
   for (uint32_t r = 0; r < job->world; r++)
     free(job->departed[r].reason);
   free(job->departed);
@@ -524,8 +525,8 @@ int job_op_create(struct conn *c, const struct sp_msg_head *head,
   if (srv->peer_fd >= 0 && srv->backend->gpu != NULL) {
     /* The NCCL id of the job's communicators across nodes: made here, on
      * the root, whose process stays up for the rendezvous. */
-    if (gpu_comms_unique_id(srv->backend->gpu, job->nccl_id, msg,
-                            sizeof msg) != 0) {
+    if (gpu_comms_unique_id(srv->backend->gpu, job->nccl_id, &job->nccl_root,
+                            msg, sizeof msg) != 0) {
       job_end(job);
       return conn_send_error(c, head->id, SP_EBACKEND, "job_create: %s", msg);
     }
@@ -793,7 +794,7 @@ void job_pack(const struct job *job, msgpack_packer *pk, uint32_t extra) {
   export_view(job, &v);
   job_count_ranks(job, &joined, &asked);
   bool failed = v.phase == JOB_FAILED;
-  msgpack_pack_map(pk, (failed ? 23 : 22) + extra);
+  msgpack_pack_map(pk, (failed ? 24 : 23) + extra);
   sp__pack_kv_str(pk, "job_id", job->hex);
   sp__pack_kv_str(pk, "phase", export_phase_name(v.phase));
   if (failed)

@@ -159,6 +159,10 @@ struct job {
    * (an export that fails aborts them, and the job cannot export again). */
   bool has_nccl_id;
   uint8_t nccl_id[GPU_NCCL_ID_BYTES];
+  /* The bootstrap root of the id of the job's latest communicator
+   * generation (made here, on the job's root node), ended when a new
+   * generation replaces it or the job goes (gpu_comms_unique_id). */
+  struct gpu_nccl_root *nccl_root;
   struct gpu_comms *gpu_comms;
   uint64_t gpu_comms_gen; /* the generation they were made for */
   /* Where the communicators are in their life (comms.c): started as the

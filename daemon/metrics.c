@@ -45,6 +45,7 @@ struct counters {
   uint64_t failed[NCODES + 1];
   uint64_t refused[NCODES + 1];
   uint64_t bytes_moved, rounds, keys;
+  uint64_t plans_reused;
   struct histogram duration, planning;
   struct metrics_gauges gauges;
   uint64_t gauges_gen;
@@ -67,6 +68,8 @@ struct metrics {
   /* The addresses past the table's, summed; shown once one came. */
   struct metrics_peer other;
   _Atomic bool other_used;
+  /* Control links' bytes, added by the loop without the lock. */
+  struct metrics_bytes control;
 };
 
 struct metrics *metrics_new(const char *backend, const char *reason,
@@ -141,6 +144,14 @@ void metrics_planning_done(struct metrics *m, double seconds) {
   observe(&m->c.planning, seconds);
   pthread_mutex_unlock(&m->lock);
 }
+
+void metrics_plan_reused(struct metrics *m) {
+  pthread_mutex_lock(&m->lock);
+  m->c.plans_reused++;
+  pthread_mutex_unlock(&m->lock);
+}
+
+struct metrics_bytes *metrics_control(struct metrics *m) { return &m->control; }
 
 void metrics_refused(struct metrics *m, int code) {
   pthread_mutex_lock(&m->lock);
@@ -369,6 +380,17 @@ static void put_all(struct text *t, const struct metrics *m,
            g->pool_capacity, g, NULL, g->gpu_capacity);
   put_peers(t, m, true);
   put_peers(t, m, false);
+  head(t, "shardport_node_control_sent_bytes_total", "counter",
+       "Bytes of node-protocol frames sent on jobs' control links.");
+  put(t, "shardport_node_control_sent_bytes_total %" PRIu64 "\n",
+      atomic_load_explicit(&m->control.sent, memory_order_relaxed));
+  head(t, "shardport_node_control_received_bytes_total", "counter",
+       "Bytes of node-protocol frames received on jobs' control links.");
+  put(t, "shardport_node_control_received_bytes_total %" PRIu64 "\n",
+      atomic_load_explicit(&m->control.received, memory_order_relaxed));
+  head(t, "shardport_plans_reused_total", "counter",
+       "Exports across nodes that reused the job's previous plan.");
+  put(t, "shardport_plans_reused_total %" PRIu64 "\n", c->plans_reused);
 }
 
 int metrics_render(struct metrics *m, uint32_t wait_ms, char **out,

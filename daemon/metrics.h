@@ -39,6 +39,12 @@ struct metrics_peer {
   _Atomic uint64_t sent, received;
 };
 
+/* Bytes of node-protocol frames on control links between daemons
+ * (daemon/mesh/nodelink.h), added from the loop. */
+struct metrics_bytes {
+  _Atomic uint64_t sent, received;
+};
+
 /* What the loop holds at the moment a scrape asked. */
 struct metrics_gauges {
   uint64_t clients, jobs, ranks;
@@ -71,6 +77,10 @@ void metrics_export_done(struct metrics *m, const struct metrics_export *e);
 void metrics_planning_done(struct metrics *m, double seconds);
 void metrics_refused(struct metrics *m, int code);
 void metrics_set_gauges(struct metrics *m, const struct metrics_gauges *g);
+/* The daemon's control-link counters, which every job's links add to; an
+ * export across nodes that reused its job's previous plan. */
+struct metrics_bytes *metrics_control(struct metrics *m);
+void metrics_plan_reused(struct metrics *m);
 /* The counters of peer addr, made at its first export: past
  * METRICS_MAX_PEERS addresses, the shared "other" entry.  From the loop. */
 struct metrics_peer *metrics_peer(struct metrics *m, const char *addr);

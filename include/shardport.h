@@ -189,6 +189,10 @@ typedef struct sp_node_status {
   int connected;           /* 1: a connection to it is up (always for self) */
   uint64_t bytes_sent;     /* bytes of exports sent to it */
   uint64_t bytes_received; /* bytes of exports received from it */
+  /* Bytes of control frames on the job's control link to it (on a member,
+   * only the root's entry counts; 0 from a daemon that does not say). */
+  uint64_t control_sent;
+  uint64_t control_received;
 } sp_node_status;
 
 /* The daemon's view of one job, as sp_status reports it. */
@@ -221,6 +225,9 @@ typedef struct sp_job_status {
    * written to their files, and will write. */
   uint64_t bytes_written;
   uint64_t bytes_to_write;
+  /* Exports across nodes that reused the previous export's plan, which the
+   * root confirmed by its digest. */
+  uint64_t plans_reused;
   /* Consumers (docs/protocol.md, "Consumers"): how many the job was
    * created with, each as this daemon sees it, and its pushes. */
   uint32_t nconsumers;

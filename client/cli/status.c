@@ -239,6 +239,7 @@ void status_json_job_fields(FILE *out, const sp_job_status *job) {
   json_u64(out, "bytes_written", job->bytes_written);
   json_u64(out, "bytes_to_write", job->bytes_to_write);
   json_u64(out, "node", job->node);
+  json_u64(out, "plans_reused", job->plans_reused);
   fputs(",\"nodes\":[", out);
   for (size_t n = 0; n < job->nnodes; n++) {
     const sp_node_status *nd = &job->nodes[n];
@@ -248,6 +249,8 @@ void status_json_job_fields(FILE *out, const sp_job_status *job) {
             nd->connected ? "true" : "false");
     json_u64(out, "bytes_sent", nd->bytes_sent);
     json_u64(out, "bytes_received", nd->bytes_received);
+    json_u64(out, "control_sent", nd->control_sent);
+    json_u64(out, "control_received", nd->control_received);
     fputc('}', out);
   }
   fputc(']', out);

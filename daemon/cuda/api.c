@@ -203,6 +203,14 @@ int cuda_api_load(struct cuda_api *api, char *why, size_t whylen) {
   return rc;
 }
 
+int cuda_api_load_nccl(struct cuda_api *api, char *why, size_t whylen) {
+  memset(api, 0, sizeof(*api));
+  int rc = load_nccl(api, why, whylen);
+  if (rc != 0)
+    cuda_api_unload(api);
+  return rc;
+}
+
 void cuda_api_unload(struct cuda_api *api) {
   if (api->nccl_handle != NULL)
     dlclose(api->nccl_handle);

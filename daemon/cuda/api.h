@@ -69,11 +69,13 @@
   X(cudaMalloc)                                                                \
   X(cudaFree)                                                                  \
   X(cudaMallocHost)                                                            \
+  X(cudaHostAlloc)                                                             \
   X(cudaFreeHost)                                                              \
   X(cudaMemGetInfo)                                                            \
   X(cudaPointerGetAttributes)                                                  \
   X(cudaMemcpyAsync)                                                           \
   X(cudaMemcpy2DAsync)                                                         \
+  X(cudaMemcpy3DAsync)                                                         \
   X(cudaMemcpyPeerAsync)                                                       \
   X(cudaMemsetAsync)                                                           \
   X(cudaStreamCreateWithFlags)                                                 \
@@ -171,6 +173,9 @@ struct cuda_device_info {
  * of 0: no device).  On failure nothing stays loaded and *api is zeroed.
  * *api must not hold a loaded table (unload it first). */
 int cuda_api_load(struct cuda_api *api, char *why, size_t whylen);
+/* Only NCCL's part of the table (the NCCL root helper, ncclroot.c), as
+ * cuda_api_load loads it: the CUDA runtime is not touched. */
+int cuda_api_load_nccl(struct cuda_api *api, char *why, size_t whylen);
 
 /* Releases what cuda_api_load() took and zeroes *api.  The libraries are
  * opened with RTLD_NODELETE, because neither the CUDA runtime nor NCCL

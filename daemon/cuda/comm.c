@@ -120,16 +120,6 @@ static int nccl_fail(const struct gpu_comms *c, ncclResult_t res,
   return res == ncclRemoteError ? SP_ENODELOST : rc;
 }
 
-int gpu_comms_unique_id(struct gpu *gpu, uint8_t id[GPU_NCCL_ID_BYTES],
-                        char *msg, size_t msglen) {
-  ncclUniqueId uid;
-  ncclResult_t res = gpu->api.ncclGetUniqueId(&uid);
-  if (res != ncclSuccess)
-    return cuda_api_nccl_error(&gpu->api, res, "ncclGetUniqueId", msg, msglen);
-  memcpy(id, uid.internal, GPU_NCCL_ID_BYTES);
-  return 0;
-}
-
 /* ncclCommAbort tells no peer and may block: it runs on a helper thread,
  * and the other nodes hear of the failure through the daemons' mesh
  * (docs/gpu.md, Threads). */
@@ -221,8 +211,10 @@ static void free_ranks(struct gpu_comms *c) {
     gpu_device_free(c->gpu, cr->id.device, cr->staging);
     if (cr->event != NULL)
       a->cudaEventDestroy(cr->event);
-    if (cr->stream != NULL)
+    if (cr->stream != NULL) {
+      gpu_stream_unwatch(c->gpu, cr->stream);
       a->cudaStreamDestroy(cr->stream);
+    }
   }
   free(c->ranks);
   free(c);
@@ -432,6 +424,8 @@ int gpu_comms_add(struct gpu_comms *c, const struct gpu_comm_rank *ranks,
     if (rc == 0 && err != cudaSuccess)
       rc = gpu_cuda_fail(gpu, err, "creating a communicator's stream", msg,
                          msglen);
+    if (rc == 0)
+      rc = gpu_stream_watch(gpu, cr->id.device, cr->stream, msg, msglen);
   }
   if (rc != 0) {
     gpu_comms_abort(c);

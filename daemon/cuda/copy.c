@@ -66,6 +66,32 @@ static int copy_2d(const struct gpu *gpu, cudaStream_t stream, uint8_t *dst,
   return 0;
 }
 
+/* One 3-D copy of depth slabs of height rows, slab z of each side at z
+ * slice pitches from its start: linear memory is a pitched pointer whose
+ * slice pitch is pitch * ysize (cudaPitchedPtr), so a slice pitch must be
+ * a whole number of pitches, at least height of them. */
+static bool slices_fit(size_t pitch, size_t slice, size_t height) {
+  return pitch > 0 && pitch <= GPU_MAX_PITCH && slice % pitch == 0 &&
+         slice / pitch >= height;
+}
+
+static int copy_3d(const struct gpu *gpu, cudaStream_t stream, uint8_t *dst,
+                   size_t dpitch, size_t dslice, const uint8_t *src,
+                   size_t spitch, size_t sslice, size_t width, size_t height,
+                   size_t depth, char *msg, size_t msglen) {
+  struct cudaMemcpy3DParms p = {
+      .srcPtr = {.ptr = (void *)src, .pitch = spitch, .xsize = width,
+                 .ysize = sslice / spitch},
+      .dstPtr = {.ptr = dst, .pitch = dpitch, .xsize = width,
+                 .ysize = dslice / dpitch},
+      .extent = {.width = width, .height = height, .depth = depth},
+      .kind = cudaMemcpyDefault};
+  cudaError_t err = gpu->api.cudaMemcpy3DAsync(&p, stream);
+  if (err != cudaSuccess)
+    return gpu_cuda_fail(gpu, err, "cudaMemcpy3DAsync", msg, msglen);
+  return 0;
+}
+
 int gpu_box_copy(const struct gpu *gpu, cudaStream_t stream, uint8_t *dst,
                  const uint8_t *src, const struct xfer_box *box, char *msg,
                  size_t msglen) {
@@ -96,6 +122,20 @@ int gpu_box_copy(const struct gpu *gpu, cudaStream_t stream, uint8_t *dst,
   size_t height = (size_t)b.shape[slab_dim];
   size_t spitch = (size_t)b.src_stride[slab_dim] * esz;
   size_t dpitch = (size_t)b.dst_stride[slab_dim] * esz;
+  /* The dimension outside the slab as the depth of one 3-D copy where the
+   * strides allow: above all a strided innermost dimension, whose slabs
+   * are columns of single elements, then goes in one call per 3-D block
+   * instead of one per column. */
+  size_t depth = 0, sslice = 0, dslice = 0;
+  if (slab_dim > 0 && height > 1) {
+    sslice = (size_t)b.src_stride[slab_dim - 1] * esz;
+    dslice = (size_t)b.dst_stride[slab_dim - 1] * esz;
+    if (slices_fit(spitch, sslice, height) &&
+        slices_fit(dpitch, dslice, height)) {
+      depth = (size_t)b.shape[slab_dim - 1];
+      outer = slab_dim - 1;
+    }
+  }
   int64_t index[XFER_MAX_DIMS] = {0};
   for (;;) {
     int64_t so = 0, doff = 0;
@@ -103,9 +143,13 @@ int gpu_box_copy(const struct gpu *gpu, cudaStream_t stream, uint8_t *dst,
       so += index[d] * b.src_stride[d];
       doff += index[d] * b.dst_stride[d];
     }
-    int rc = copy_2d(gpu, stream, dst + (size_t)doff * esz, dpitch,
-                     src + (size_t)so * esz, spitch, width, height, msg,
-                     msglen);
+    int rc = depth > 0
+                 ? copy_3d(gpu, stream, dst + (size_t)doff * esz, dpitch,
+                           dslice, src + (size_t)so * esz, spitch, sslice,
+                           width, height, depth, msg, msglen)
+                 : copy_2d(gpu, stream, dst + (size_t)doff * esz, dpitch,
+                           src + (size_t)so * esz, spitch, width, height, msg,
+                           msglen);
     if (rc != 0)
       return rc;
     int d = outer - 1;
@@ -146,6 +190,12 @@ struct runner {
   cudaStream_t streams[GPU_MAX_DEVICES]; /* this run's own, taken on use */
   bool used[GPU_MAX_DEVICES];          /* streams with work this step */
   bool comm_used;                      /* NCCL work this step */
+  /* Page-locked host staging of the replica comparison (compare_key),
+   * grown as a key needs and freed when the run ends: a copy between the
+   * device and pageable memory is synchronous on a GPU (the runtime's "API
+   * synchronization behavior"). */
+  uint8_t *pinned;
+  size_t pinned_size;
 };
 
 static int run_fail(struct engine *e, int code, const char *fmt, ...)
@@ -375,13 +425,35 @@ static int sync_device(struct runner *r, int d, uint32_t round) {
   return wait_step(r, round);
 }
 
+/* At least size bytes of pinned staging.  The old block is idle: every
+ * comparison waits for its copies before it returns. */
+static int pinned_reserve(struct runner *r, size_t size) {
+  if (size <= r->pinned_size)
+    return 0;
+  if (r->pinned != NULL)
+    r->a->cudaFreeHost(r->pinned);
+  r->pinned = NULL;
+  r->pinned_size = 0;
+  void *p = NULL;
+  cudaError_t err = r->a->cudaHostAlloc(&p, size, cudaHostAllocPortable);
+  if (err != cudaSuccess) {
+    char why[SP_ERRMSG_MAX + 1];
+    gpu_cuda_fail(r->run->gpu, err, "cudaHostAlloc of the replicas' staging",
+                  why, sizeof why);
+    return run_fail(r->e, SP_ENOMEM, "%s", why);
+  }
+  r->pinned = p;
+  r->pinned_size = size;
+  return 0;
+}
+
 /* The replicas of key k to local owner o in round rd, compared as the host
  * engine does (engine.c): in order of (source rank, piece), each replica is
  * copied to host staging; an element nobody wrote yet takes its bytes, an
  * element written before must match them byte for byte, else the export
  * fails with different_data naming the key, the element and both ranks.
  * The agreed bytes are then copied into the owner's tensor.  Host staging
- * is the key's size plus its largest replica. */
+ * is the key's size plus its largest replica, page-locked (pinned_reserve). */
 static int compare_key(struct runner *r, const struct plan_round *rd,
                        uint32_t o, uint32_t k, struct replica *list,
                        uint32_t round) {
@@ -433,16 +505,18 @@ static int compare_key(struct runner *r, const struct plan_round *rd,
   if (n == 0)
     return 0;
   uint64_t numel = key->nbytes / esz;
-  uint8_t *image = malloc(key->nbytes > 0 ? key->nbytes : 1);
   uint8_t *seen = calloc((size_t)(numel / 8 + 1), 1);
-  uint8_t *staged = malloc(largest > 0 ? largest : 1);
   int rc = 0;
-  if (image == NULL || seen == NULL || staged == NULL) {
+  if (seen == NULL) {
     rc = run_fail(e, SP_ENOMEM,
                   "out of memory comparing the replicas of key '%s'",
                   key->name);
     goto out;
   }
+  if ((rc = pinned_reserve(r, key->nbytes + largest)) != 0)
+    goto out;
+  uint8_t *image = r->pinned;
+  uint8_t *staged = r->pinned + key->nbytes;
   int d = gpu_segment_info(r->run->segments[o])->device;
   cudaStream_t stream = run_stream(r, d);
   if (stream == NULL) {
@@ -507,9 +581,7 @@ static int compare_key(struct runner *r, const struct plan_round *rd,
   else if (n > 0)
     sync_device(r, d, round);
 out:
-  free(image);
   free(seen);
-  free(staged);
   return rc != 0 ? rc : e->rc;
 }
 
@@ -646,5 +718,7 @@ int gpu_engine_run(struct engine *e) {
     if (r.streams[d] != NULL)
       gpu_stream_give(r.run->gpu, d, r.streams[d]);
   }
+  if (r.pinned != NULL)
+    r.a->cudaFreeHost(r.pinned);
   return e->rc;
 }

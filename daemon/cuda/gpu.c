@@ -163,11 +163,40 @@ void gpu_stream_give(struct gpu *gpu, int device, cudaStream_t stream) {
   pthread_mutex_unlock(&gpu->streams_lock);
 }
 
+int gpu_stream_watch(struct gpu *gpu, int device, cudaStream_t stream,
+                     char *msg, size_t msglen) {
+  struct gpu_stream *gs = malloc(sizeof *gs);
+  if (gs == NULL)
+    return sp__failf(msg, msglen, SP_ENOMEM,
+                     "out of memory keeping a communicator's stream");
+  *gs = (struct gpu_stream){.device = device, .stream = stream};
+  pthread_mutex_lock(&gpu->streams_lock);
+  gs->next = gpu->comm_streams;
+  gpu->comm_streams = gs;
+  pthread_mutex_unlock(&gpu->streams_lock);
+  return 0;
+}
+
+void gpu_stream_unwatch(struct gpu *gpu, cudaStream_t stream) {
+  pthread_mutex_lock(&gpu->streams_lock);
+  for (struct gpu_stream **p = &gpu->comm_streams; *p != NULL;
+       p = &(*p)->next)
+    if ((*p)->stream == stream) {
+      struct gpu_stream *gs = *p;
+      *p = gs->next;
+      free(gs);
+      break;
+    }
+  pthread_mutex_unlock(&gpu->streams_lock);
+}
+
 void gpu_streams_drain(struct gpu *gpu) {
   pthread_mutex_lock(&gpu->streams_lock);
-  for (struct gpu_stream *gs = gpu->spare_streams; gs != NULL; gs = gs->next)
-    if (gpu->api.cudaStreamSynchronize(gs->stream) != cudaSuccess)
-      gpu->api.cudaGetLastError();
+  struct gpu_stream *lists[] = {gpu->spare_streams, gpu->comm_streams};
+  for (size_t l = 0; l < sizeof lists / sizeof lists[0]; l++)
+    for (struct gpu_stream *gs = lists[l]; gs != NULL; gs = gs->next)
+      if (gpu->api.cudaStreamSynchronize(gs->stream) != cudaSuccess)
+        gpu->api.cudaGetLastError();
   pthread_mutex_unlock(&gpu->streams_lock);
 }
 

@@ -230,9 +230,17 @@ int gpu_comms_fit(struct gpu_comms *comms, const struct plan *plan,
 bool gpu_comms_holds(const struct gpu_comms *comms, uint32_t rank);
 bool gpu_comms_match(const struct gpu_comms *comms,
                      const struct gpu_comm_rank *ranks, size_t nranks);
-/* A fresh NCCL unique id (ncclGetUniqueId): what a ticket carries. */
+/* A fresh NCCL unique id (ncclGetUniqueId): what a ticket carries.  Its
+ * bootstrap root (a thread and a listening socket that stay until every
+ * rank of the id checked in) lives in a helper process, shardport-nccl-root
+ * (SHARDPORT_NCCL_ROOT_HELPER, else beside this executable, else in the
+ * libexec directory), which *root stands for until gpu_nccl_root_end ends
+ * it: once the id's generation is over, completed or not (ncclroot.c). */
+struct gpu_nccl_root;
 int gpu_comms_unique_id(struct gpu *gpu, uint8_t id[GPU_NCCL_ID_BYTES],
-                        char *msg, size_t msglen);
+                        struct gpu_nccl_root **root, char *msg,
+                        size_t msglen);
+void gpu_nccl_root_end(struct gpu_nccl_root *root);
 /* Aborts every local communicator, on a helper thread (ncclCommAbort may
  * block), without waiting: NCCL tells no peer, so the other nodes learn
  * of a failure from the daemons' mesh.  Safe to call again;

@@ -59,6 +59,10 @@ struct gpu {
    * working: a run that gave up waiting gives its streams back busy. */
   pthread_mutex_t streams_lock;
   struct gpu_stream *spare_streams;
+  /* The communicators' streams, which pack from and unpack into storages
+   * (comm.c), kept here while they exist so that gpu_streams_drain waits
+   * for them too. */
+  struct gpu_stream *comm_streams;
   /* The allocations storages are opened from, each once (storage.c). */
   pthread_mutex_t imports_lock;
   struct gpu_import *imports;
@@ -108,11 +112,19 @@ int gpu_set_device(const struct gpu *gpu, int device, char *msg,
  * deadline; zeroing a segment, assembling it and recording its event are
  * ordered on the one stream of its run.  A stream given back is kept for a
  * later run, which takes only one that is idle.  gpu_streams_drain waits
- * for every stream given back (storage.c: before memory is unmapped). */
+ * for every stream given back and every communicator's stream (storage.c:
+ * before memory is unmapped). */
 int gpu_stream_take(struct gpu *gpu, int device, cudaStream_t *out,
                     char *msg, size_t msglen);
 void gpu_stream_give(struct gpu *gpu, int device, cudaStream_t stream);
 void gpu_streams_drain(struct gpu *gpu);
+/* A communicator's stream, drained with the copy streams from its creation
+ * until gpu_stream_unwatch, before it is destroyed: its packs read the
+ * trainers' storages and its unpacks write the owners' segments.  0, or
+ * SP_ENOMEM with msg. */
+int gpu_stream_watch(struct gpu *gpu, int device, cudaStream_t stream,
+                     char *msg, size_t msglen);
+void gpu_stream_unwatch(struct gpu *gpu, cudaStream_t stream);
 
 /* Whether the engine may work on device: neither skipped nor failed.  A
  * call on a skipped GPU would make the context its compute mode forbids. */
@@ -124,10 +136,13 @@ cudaEvent_t gpu_segment_event(const struct gpu_segment *seg);
 
 /* Issues the copies of one box (daemon/xfer/copy.h) on stream: one
  * cudaMemcpyAsync when it is dense on both sides once contiguous dimensions
- * are merged, else one cudaMemcpy2DAsync per 2-D slab (rows of the
- * innermost dense run, or single elements when the innermost dimension is
- * strided), or a cudaMemcpyAsync per row where a pitch is too wide for a 2-D
- * copy.  Returns 0, or SP_EBACKEND naming the call. */
+ * are merged, else one cudaMemcpy3DAsync per 3-D block where the slab's
+ * outer dimension strides a whole number of its pitches on both sides
+ * (above all a strided innermost dimension: a block of single-element
+ * columns), else one cudaMemcpy2DAsync per 2-D slab (rows of the innermost
+ * dense run, or single elements when the innermost dimension is strided),
+ * or a cudaMemcpyAsync per row where a pitch is too wide for a 2-D copy.
+ * Returns 0, or SP_EBACKEND naming the call. */
 int gpu_box_copy(const struct gpu *gpu, cudaStream_t stream, uint8_t *dst,
                  const uint8_t *src, const struct xfer_box *box, char *msg,
                  size_t msglen);

@@ -156,11 +156,15 @@ bool gpu_comms_match(const struct gpu_comms *comms,
 }
 
 int gpu_comms_unique_id(struct gpu *gpu, uint8_t id[GPU_NCCL_ID_BYTES],
-                        char *msg, size_t msglen) {
+                        struct gpu_nccl_root **root, char *msg,
+                        size_t msglen) {
   (void)gpu, (void)id;
+  *root = NULL;
   snprintf(msg, msglen, "this build has no CUDA backend");
   return SP_EBACKEND;
 }
+
+void gpu_nccl_root_end(struct gpu_nccl_root *root) { (void)root; }
 
 void gpu_comms_abort(struct gpu_comms *comms) { (void)comms; }
 

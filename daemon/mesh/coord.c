@@ -15,8 +15,18 @@
 #include "daemon/save.h"
 #include "shardport.h"
 
+void coord_forget_plan(struct mesh *ms, uint32_t rank) {
+  ms->creuse = ms->ccandidate = false;
+  if (rank == PLAN_NONE)
+    return;
+  nodeblob_unref(ms->ckept[rank]);
+  ms->ckept[rank] = NULL;
+}
+
 static void coord_fail(struct mesh *ms, uint64_t gather, int code,
                        const char *message, bool export_nodes_only) {
+  /* A plan that failed anywhere is confirmed to nobody. */
+  coord_forget_plan(ms, PLAN_NONE);
   struct nodemsg f = {.op = NODEMSG_FAIL, .gather = gather, .code = code};
   snprintf(f.message, sizeof f.message, "%s", message);
   for (uint32_t i = 0; i < ms->nnodes; i++) {
@@ -113,8 +123,12 @@ static int coord_comm_generation(struct mesh *ms, struct nodemsg *p,
     return 0;
   if (ms->comm_stale) {
     char why[256];
-    if (gpu_comms_unique_id(ms->srv->backend->gpu, ms->comm_id, why,
-                            sizeof why) != 0) {
+    /* The last generation's root goes with it, whether it completed (its
+     * ranks all checked in) or never will. */
+    gpu_nccl_root_end(job->nccl_root);
+    job->nccl_root = NULL;
+    if (gpu_comms_unique_id(ms->srv->backend->gpu, ms->comm_id,
+                            &job->nccl_root, why, sizeof why) != 0) {
       snprintf(msg, msglen, "cannot make a new NCCL id: %s", why);
       return SP_EBACKEND;
     }
@@ -132,23 +146,39 @@ static int coord_comm_generation(struct mesh *ms, struct nodemsg *p,
 }
 
 /* The plan goes to every node of its roster with every rank's meta, the
- * same bytes to all, and the root awaits their planned. */
+ * same bytes to all, which the root keeps for the next asks to name; or,
+ * reused, with its digest alone.  The root awaits their planned. */
 static void coord_announce(struct mesh *ms, const struct nodemsg *p,
                            struct nodeblob **metas) {
   struct job *job = ms->job;
-  for (uint32_t r = 0; r < job->world; r++)
+  for (uint32_t r = 0; r < job->world && !p->has_reuse; r++) {
     metas[r] = ms->asks[r].meta;
-  log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
-           "job %s: export %" PRIu64 ": every rank asked; "
-           "planning on %zu node(s)",
-           job->hex, p->export_id, p->nnodes);
+    if (ms->ckept[r] != metas[r]) {
+      nodeblob_unref(ms->ckept[r]);
+      ms->ckept[r] = nodeblob_ref(metas[r]);
+    }
+  }
+  if (p->has_reuse)
+    log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+             "job %s: export %" PRIu64 ": every rank asked, none changed; "
+             "plan %016" PRIx64 " confirmed on %zu node(s)",
+             job->hex, p->export_id, p->reuse, p->nnodes);
+  else
+    log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
+             "job %s: export %" PRIu64 ": every rank asked; "
+             "planning on %zu node(s)",
+             job->hex, p->export_id, p->nnodes);
+  /* Every node's planned must agree before this plan may be confirmed. */
+  ms->creuse = false;
+  ms->ccandidate = true;
   ms->cstate = COORD_PLANNING;
   ms->cexport_gather = ms->cgather;
   ms->cexport_id = p->export_id;
   ms->ctimeout = p->timeout_ms;
   ms->csave_limit = p->save_limit;
   for (size_t i = 0; i < p->nnodes; i++)
-    inbox_to_node(ms, p->nodes[i].node, p, metas, job->world);
+    inbox_to_node(ms, p->nodes[i].node, p, metas,
+                  p->has_reuse ? 0 : job->world);
 }
 
 /* Every rank asked: the options they agree on, the roster, the
@@ -174,6 +204,12 @@ static void coord_gather_complete(struct mesh *ms) {
                       .save_limit = o.save_limit,
                       .world = job->world,
                       .rank_nodes = ms->rank_node};
+  /* No rank's registrations changed, and no rank or node came or went,
+   * since every node planned alike: the root confirms that plan. */
+  p.has_reuse = ms->creuse;
+  for (uint32_t r = 0; r < job->world && p.has_reuse; r++)
+    p.has_reuse = ms->asks[r].kept;
+  p.reuse = ms->creuse_digest;
   struct nodeblob **metas = malloc(job->world * sizeof *metas);
   if (metas == NULL || coord_roster(ms, &p) != 0) {
     free(metas);
@@ -208,6 +244,23 @@ static void coord_ask(struct mesh *ms, struct mesh_node *n,
     coord_gather_fail(ms, SP_ERANKLOST, gone);
     return;
   }
+  /* Registrations named by digest are those the root relayed last. */
+  struct nodeblob *meta = blob;
+  if (m->has_meta_digest) {
+    meta = ms->ckept[m->rank];
+    if (meta == NULL || nodeblob_digest(meta) != m->meta_digest) {
+      char msg[256];
+      snprintf(msg, sizeof msg,
+               "node %u named the registrations of rank %" PRIu32
+               " by a digest (%016" PRIx64 ") that are not those the root "
+               "relayed last",
+               n->node, m->rank, m->meta_digest);
+      coord_gather_fail(ms, SP_EBADMSG, msg);
+      return;
+    }
+  }
+  if (meta == NULL)
+    return;
   struct mesh_ask *a = &ms->asks[m->rank];
   uint32_t t = m->timeout_ms > 0 ? m->timeout_ms
                                  : ms->srv->cfg->export_timeout_ms;
@@ -217,7 +270,8 @@ static void coord_ask(struct mesh *ms, struct mesh_node *n,
                          .save = m->save,
                          .timeout_ms = m->timeout_ms,
                          .deadline_ms = ms->ops->now_ms() + t,
-                         .meta = nodeblob_ref(blob)};
+                         .kept = m->has_meta_digest,
+                         .meta = nodeblob_ref(meta)};
   ms->nasked++;
   ms->ops->schedule(job);
   if (ms->nasked == job->world && ms->cstate == COORD_IDLE)
@@ -314,6 +368,8 @@ static void coord_planned(struct mesh *ms, struct mesh_node *n,
     return;
   }
   ms->cstate = COORD_MOVING;
+  ms->creuse = ms->ccandidate;
+  ms->creuse_digest = digest0;
   struct nodemsg go = {.op = NODEMSG_GO, .gather = ms->cexport_gather};
   if (compare_node_replicas(ms, &go) != 0)
     return;
@@ -449,6 +505,7 @@ void coord_node_lost(struct mesh *ms, struct mesh_node *n, const char *why) {
     if (ms->rank_node[r] != n->node)
       continue;
     ms->rank_node[r] = PLAN_NONE;
+    coord_forget_plan(ms, r);
     /* Its ranks are gone with it (a node that said goodbye had none). */
     if (why != NULL)
       ms->ops->rank_departed(job, r, true, reason);
@@ -492,7 +549,7 @@ static void on_ctl_frame(struct nodelink *l, void *arg,
     coord_node_lost(ms, n, why);
     return;
   }
-  if (m.op == NODEMSG_ASK) {
+  if (m.op == NODEMSG_ASK && !m.has_meta_digest) {
     /* Its meta is the next frame, kept as bytes. */
     n->ask = m;
     n->ask_pending = true;

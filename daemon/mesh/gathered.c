@@ -12,17 +12,16 @@
 #include "daemon/metrics.h"
 #include "shardport.h"
 
-static void gathered_free_inputs(struct mesh_export *mx) {
-  for (uint32_t r = 0; r < mx->world; r++) {
-    if (mx->shadow != NULL)
-      registry_free(&mx->shadow[r]);
-    if (mx->groups != NULL)
-      request_groups_free(&mx->groups[r]);
+void gathered_input_free(struct mesh_input *in) {
+  for (uint32_t r = 0; r < in->world; r++) {
+    if (in->shadow != NULL)
+      registry_free(&in->shadow[r]);
+    if (in->groups != NULL)
+      request_groups_free(&in->groups[r]);
   }
-  free(mx->shadow);
-  free(mx->groups);
-  mx->shadow = NULL;
-  mx->groups = NULL;
+  free(in->shadow);
+  free(in->groups);
+  memset(in, 0, sizeof *in);
 }
 
 bool mesh_nccl_id(const struct mesh_export *mx, uint8_t id[NODE_NCCL_ID_BYTES],
@@ -44,13 +43,24 @@ void mesh_export_free(struct mesh_export *mx) {
       n->failed_export = mx->export_id;
   }
   remote_free(mx->remote);
-  gathered_free_inputs(mx);
+  gathered_input_free(&mx->input);
   for (uint32_t r = 0; r < mx->nmetas; r++)
     nodeblob_unref(mx->metas[r]);
   free(mx->metas);
   free(mx->rank_nodes);
   free(mx->nodes);
   free(mx);
+}
+
+bool mesh_plan_reused(const struct mesh_export *mx) { return mx->reused; }
+
+void mesh_keep_input(struct mesh_export *mx) {
+  struct mesh *ms = mx->mesh;
+  if (ms == NULL)
+    return;
+  gathered_input_free(&ms->kept_input);
+  ms->kept_input = mx->input;
+  memset(&mx->input, 0, sizeof mx->input);
 }
 
 bool gathered_in_roster(const struct mesh_export *mx, uint32_t node) {
@@ -63,19 +73,21 @@ bool gathered_in_roster(const struct mesh_export *mx, uint32_t node) {
 int mesh_plan_input(struct mesh_export *mx, struct plan_input_store *store,
                     char *msg, size_t msglen) {
   uint32_t world = mx->world;
-  mx->shadow = calloc(world, sizeof *mx->shadow);
-  mx->groups = calloc(world, sizeof *mx->groups);
-  if (mx->shadow == NULL || mx->groups == NULL) {
+  struct mesh_input *own = &mx->input;
+  own->world = world;
+  own->shadow = calloc(world, sizeof *own->shadow);
+  own->groups = calloc(world, sizeof *own->groups);
+  if (own->shadow == NULL || own->groups == NULL) {
     snprintf(msg, msglen, "out of memory reading the ranks' registrations");
     return SP_ENOMEM;
   }
   for (uint32_t r = 0; r < world; r++)
-    registry_init(&mx->shadow[r], SP_DEVICE_CPU);
+    registry_init(&own->shadow[r], SP_DEVICE_CPU);
   for (uint32_t r = 0; r < world; r++) {
     char why[SP_ERRMSG_MAX / 2];
     const struct nodeblob *b = mx->metas[r];
-    int rc = nodemsg_parse_meta(b->payload, b->len, r, &mx->shadow[r],
-                                &mx->groups[r], why, sizeof why);
+    int rc = nodemsg_parse_meta(b->payload, b->len, r, &own->shadow[r],
+                                &own->groups[r], why, sizeof why);
     if (rc != 0) {
       /* The same bytes give the same refusal on every node. */
       snprintf(msg, msglen, "the registrations of rank %" PRIu32
@@ -83,8 +95,8 @@ int mesh_plan_input(struct mesh_export *mx, struct plan_input_store *store,
                mx->rank_nodes[r], why);
       return rc;
     }
-    rc = registry_plan_rank(&mx->shadow[r], r, mx->rank_nodes[r],
-                            &mx->groups[r], store, msg, msglen);
+    rc = registry_plan_rank(&own->shadow[r], r, mx->rank_nodes[r],
+                            &own->groups[r], store, msg, msglen);
     if (rc != 0)
       return rc;
   }

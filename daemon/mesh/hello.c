@@ -100,6 +100,9 @@ static void hello_root(struct server *srv, struct nodelink *l,
                           .node_id = srv->node_id};
   hello_listener_proof(job, l, PEERAUTH_CONTROL, m, &reply);
   inbox_send(l, &reply);
+  /* The handshake done, the job's control bytes count from here. */
+  nodelink_count_into(l, (struct metrics_bytes *const[NODELINK_COUNTERS]){
+                             &n->ctl_bytes, metrics_control(srv->metrics)});
   log_with(LOG_LEVEL_INFO, LOG_JOB(job->hex),
            "job %s: node %u (%s) joined the job", job->hex, n->node, n->addr);
 }

@@ -32,6 +32,7 @@
 #include "daemon/gather.h"
 #include "daemon/job.h"
 #include "daemon/log.h"
+#include "daemon/metrics.h"
 #include "daemon/netaddr.h"
 #include "daemon/quota.h"
 #include "daemon/registry.h"
@@ -95,6 +96,9 @@ struct mesh_node {
   bool ask_pending; /* its next frame is the meta of ask */
   struct nodemsg ask;
   _Atomic uint64_t sent, received;
+  /* The control link's bytes: on the root, the node's link; on a member,
+   * node 0's entry counts the link to the root. */
+  struct metrics_bytes ctl_bytes;
 };
 
 struct pending_join {
@@ -117,12 +121,21 @@ struct inbox_item {
 
 struct mesh_ask {
   bool asked;
+  bool kept; /* its registrations are those of ckept, named by digest */
   uint32_t max_keys;
   uint64_t max_bytes;
   struct req_save save;
   uint32_t timeout_ms;
   uint64_t deadline_ms;
   struct nodeblob *meta;
+};
+
+/* Every rank's registrations read from their metas (gathered.c): the
+ * planner's input borrows their names, and so do the plans built on it. */
+struct mesh_input {
+  uint32_t world;
+  struct registry *shadow;
+  struct req_groups *groups;
 };
 
 /* What one export takes from the mesh (mesh.h). */
@@ -143,14 +156,17 @@ struct mesh_export {
   uint64_t comm_gen;
   uint8_t nccl_id[NODE_NCCL_ID_BYTES];
   /* Filled on the planning thread. */
-  struct registry *shadow;
-  struct req_groups *groups;
+  struct mesh_input input;
   struct remote *remote;
   /* The root said go: the engine may use the data sockets. */
   bool moving;
   /* The root said publish: the root has no more to say about it. */
   bool published;
+  /* The root confirmed the job's previous plan by its digest: the roster
+   * and metas are this node's kept ones (mesh_plan_reused). */
+  bool reused;
 };
+
 
 struct mesh {
   struct job *job;
@@ -179,6 +195,19 @@ struct mesh {
    * must be exactly what it sent, or a peer could point its reads outside
    * what the trainers registered. */
   struct nodeblob **sent_meta;
+  /* The last plan this node received in full: its roster, where each rank
+   * was, and every rank's registrations.  A plan the root confirms by its
+   * digest (docs/protocol.md, "A plan reused") starts from these, and an
+   * ask whose registrations are the kept ones sends only their digest. */
+  struct nodemsg_node *kept_nodes;
+  size_t kept_nnodes;
+  uint32_t *kept_rank_nodes; /* [world], or NULL: none kept */
+  struct nodeblob **kept_metas; /* [world] */
+  /* The registrations the job's cached plan and its input borrow from
+   * (mesh_keep_input), while the cache may serve a confirmed plan. */
+  struct mesh_input kept_input;
+  /* Exports that started from a plan the root confirmed by digest. */
+  uint64_t plans_reused;
   struct mesh_export *incoming, *ready, *current;
   bool awaiting_links;
   uint64_t planned_digest;
@@ -190,6 +219,15 @@ struct mesh {
   uint32_t timeout_ms; /* of the export under way */
   /* Root. */
   uint32_t *rank_node; /* [world] */
+  /* [world]: each rank's registrations in the last plan the root relayed
+   * in full, which an ask may name by digest; dropped when the rank
+   * leaves.  creuse: every node planned that plan (or its reuse) alike,
+   * as creuse_digest, and no rank or node came or went since, so the next
+   * export whose asks all name their kept registrations reuses it. */
+  struct nodeblob **ckept;
+  bool creuse;
+  bool ccandidate; /* the plan announced last may become creuse */
+  uint64_t creuse_digest;
   struct mesh_ask *asks;
   uint32_t nasked;
   uint64_t cgather;
@@ -256,6 +294,8 @@ void join_left_at_root(struct mesh *ms, struct mesh_node *n,
 void member_handle(struct mesh *ms, const struct nodemsg *m,
                    struct nodeblob **blobs, size_t nblobs);
 void member_meta(struct mesh *ms, struct nodeblob *blob);
+/* A rank joined this node: its kept registrations go. */
+void member_forget_kept(struct mesh *ms, uint32_t rank);
 /* The local asks were answered: new asks go to the root again. */
 void member_forget_asks(struct mesh *ms);
 /* Fails what this node takes part in, and tells the root. */
@@ -265,6 +305,8 @@ void member_send_planned(struct mesh *ms);
 
 /* ---- gathered.c ---- */
 
+/* Frees an input's registries, groups and ranks. */
+void gathered_input_free(struct mesh_input *in);
 /* Whether node is in the export's roster. */
 bool gathered_in_roster(const struct mesh_export *mx, uint32_t node);
 
@@ -273,6 +315,9 @@ bool gathered_in_roster(const struct mesh_export *mx, uint32_t node);
 /* A member's message to the root, from node from. */
 void coord_handle(struct mesh *ms, uint32_t from, const struct nodemsg *m,
                   struct nodeblob *blob);
+/* Ranks or nodes came or went: the next export is gathered and planned in
+ * full; rank's kept registrations (PLAN_NONE: none) go too. */
+void coord_forget_plan(struct mesh *ms, uint32_t rank);
 /* A gather that cannot complete: every node's waiting ranks hear why. */
 void coord_gather_fail(struct mesh *ms, int code, const char *message);
 /* The ranks of the gather under way, as gather.h reads them. */

@@ -156,8 +156,13 @@ int mesh_join(struct job *job, struct conn *c, const struct sp_msg_head *head,
 
 void mesh_rank_joined(struct job *job, uint32_t rank) {
   struct mesh *ms = job->mesh;
+  /* Back, it asks with its registrations in full: the root forgot the
+   * ones it kept for it when it left.  (Kept while it is gone, they let a
+   * plan already confirmed fail naming the rank that left.) */
+  member_forget_kept(ms, rank);
   if (!ms->root)
     return;
+  coord_forget_plan(ms, rank);
   ms->rank_node[rank] = 0;
   ms->nodes[0]->nranks++;
 }
@@ -217,6 +222,7 @@ void join_left_at_root(struct mesh *ms, struct mesh_node *n,
   if (m->rank >= job->world || ms->rank_node[m->rank] != n->node)
     return;
   ms->rank_node[m->rank] = PLAN_NONE;
+  coord_forget_plan(ms, m->rank);
   if (n->nranks > 0)
     n->nranks--;
   bool asked = ms->asks[m->rank].asked;
@@ -256,6 +262,7 @@ void join_at_root(struct mesh *ms, struct mesh_node *n,
              where != NULL ? where->addr : "?");
   } else {
     ms->rank_node[m->rank] = n->node;
+    coord_forget_plan(ms, m->rank);
     n->nranks++;
     ms->ops->rank_returned(job, m->rank);
     ms->ops->note_joined(job);

@@ -43,16 +43,22 @@ void mesh_asks(struct job *job) {
                           "registrations to the job's root");
       continue;
     }
+    /* Registrations the root relayed last travel as their digest. */
+    const struct nodeblob *kept = ms->kept_metas[r];
+    bool same = kept != NULL && kept->len == meta->len &&
+                memcmp(kept->payload, meta->payload, meta->len) == 0;
     struct nodemsg a = {.op = NODEMSG_ASK,
                         .gather = ms->gather,
                         .rank = r,
                         .max_keys = m->ask.max_keys,
                         .max_bytes = m->ask.max_bytes,
                         .save = m->ask.save,
-                        .timeout_ms = m->ask.timeout_ms};
+                        .timeout_ms = m->ask.timeout_ms,
+                        .has_meta_digest = same,
+                        .meta_digest = same ? nodeblob_digest(kept) : 0};
     nodeblob_unref(ms->sent_meta[r]);
     ms->sent_meta[r] = nodeblob_ref(meta);
-    inbox_to_root(ms, &a, meta);
+    inbox_to_root(ms, &a, same ? NULL : meta);
     nodeblob_unref(meta);
     ms->ask_sent[r] = m->ask_id + 1;
   }
@@ -65,6 +71,39 @@ static void member_new_gather(struct mesh *ms, uint64_t next) {
 /* The local asks were answered (failed): new asks go to the root again. */
 void member_forget_asks(struct mesh *ms) {
   memset(ms->ask_sent, 0, ms->job->world * sizeof *ms->ask_sent);
+}
+
+void member_forget_kept(struct mesh *ms, uint32_t rank) {
+  nodeblob_unref(ms->kept_metas[rank]);
+  ms->kept_metas[rank] = NULL;
+}
+
+static void forget_kept_plan(struct mesh *ms) {
+  for (uint32_t r = 0; r < ms->job->world; r++)
+    member_forget_kept(ms, r);
+  free(ms->kept_nodes);
+  free(ms->kept_rank_nodes);
+  ms->kept_nodes = NULL;
+  ms->kept_rank_nodes = NULL;
+  ms->kept_nnodes = 0;
+}
+
+/* A plan received in full is the one the next confirmed plan names; out
+ * of memory, none is kept, and the next asks send their registrations. */
+static void keep_plan(struct mesh *ms, const struct mesh_export *mx) {
+  forget_kept_plan(ms);
+  ms->kept_nodes = malloc(mx->nnodes * sizeof *mx->nodes);
+  ms->kept_rank_nodes = malloc(mx->world * sizeof *mx->rank_nodes);
+  if (ms->kept_nodes == NULL || ms->kept_rank_nodes == NULL) {
+    forget_kept_plan(ms);
+    return;
+  }
+  memcpy(ms->kept_nodes, mx->nodes, mx->nnodes * sizeof *mx->nodes);
+  memcpy(ms->kept_rank_nodes, mx->rank_nodes,
+         mx->world * sizeof *mx->rank_nodes);
+  ms->kept_nnodes = mx->nnodes;
+  for (uint32_t r = 0; r < mx->world; r++)
+    ms->kept_metas[r] = nodeblob_ref(mx->metas[r]);
 }
 
 /* Brings the node table in line with a plan's roster. */
@@ -157,14 +196,19 @@ void mesh_failed(struct job *job, int code, const char *message) {
   inbox_to_root(ms, &f, NULL);
 }
 
-/* Fails a plan this node cannot start, on every node. */
-static void refuse_start(struct mesh *ms, struct mesh_export *mx, int code,
-                         const char *message) {
-  struct nodemsg f = {.op = NODEMSG_FAIL, .gather = mx->gather, .code = code};
+/* Fails the plan of gather this node cannot start, on every node. */
+static void refuse_plan(struct mesh *ms, uint64_t gather, int code,
+                        const char *message) {
+  struct nodemsg f = {.op = NODEMSG_FAIL, .gather = gather, .code = code};
   snprintf(f.message, sizeof f.message, "%s", message);
   inbox_to_root(ms, &f, NULL);
   ms->ops->fail_asks(ms->job, code, message);
   member_forget_asks(ms);
+}
+
+static void refuse_start(struct mesh *ms, struct mesh_export *mx, int code,
+                         const char *message) {
+  refuse_plan(ms, mx->gather, code, message);
   mesh_export_free(mx);
 }
 
@@ -234,6 +278,10 @@ void mesh_try_start(struct job *job) {
   for (uint32_t r = 0; r < job->world; r++)
     if (mx->rank_nodes[r] == ms->self)
       ms->ask_sent[r] = 0;
+  if (mx->reused) {
+    ms->plans_reused++;
+    metrics_plan_reused(ms->srv->metrics);
+  }
   if (bad > 0 && ms->current == mx)
     datalink_fail(ms->nodes[bad - 1], "cannot connect");
 }
@@ -249,26 +297,64 @@ void member_meta(struct mesh *ms, struct nodeblob *blob) {
   if (mx->nmetas < mx->world)
     return;
   ms->incoming = NULL;
+  keep_plan(ms, mx);
   mesh_export_free(ms->ready);
   ms->ready = mx;
   mesh_try_start(ms->job);
 }
 
+/* A plan the root confirmed by digest starts from the plan this node
+ * kept: 0, or a code and a sentence (nothing changed). */
+static int plan_from_kept(struct mesh *ms, const struct nodemsg *m,
+                          char *msg, size_t msglen) {
+  struct job *job = ms->job;
+  if (ms->kept_rank_nodes == NULL || m->reuse != ms->planned_digest) {
+    snprintf(msg, msglen,
+             "node %" PRIu32 " does not hold the plan %016" PRIx64
+             " the root confirmed for export %" PRIu64 " of job %s",
+             ms->self, m->reuse, m->export_id, job->hex);
+    return SP_ESTATE;
+  }
+  for (uint32_t r = 0; r < job->world; r++)
+    if (ms->kept_metas[r] == NULL) {
+      snprintf(msg, msglen,
+               "node %" PRIu32 " no longer holds the registrations of rank "
+               "%" PRIu32 " the root confirmed for export %" PRIu64,
+               ms->self, r, m->export_id);
+      return SP_ESTATE;
+    }
+  return 0;
+}
+
 static void member_plan(struct mesh *ms, const struct nodemsg *m,
                         struct nodeblob **blobs, size_t nblobs) {
   struct job *job = ms->job;
+  if (m->has_reuse) {
+    char msg[SP_ERRMSG_MAX + 1];
+    int rc = plan_from_kept(ms, m, msg, sizeof msg);
+    if (rc != 0) {
+      member_new_gather(ms, m->gather + 1);
+      refuse_plan(ms, m->gather, rc, msg);
+      return;
+    }
+  }
+  const struct nodemsg_node *nodes = m->has_reuse ? ms->kept_nodes : m->nodes;
+  size_t nnodes = m->has_reuse ? ms->kept_nnodes : m->nnodes;
+  const uint32_t *rank_nodes =
+      m->has_reuse ? ms->kept_rank_nodes : m->rank_nodes;
+  uint32_t world = m->has_reuse ? job->world : m->world;
   bool listed = false;
-  for (size_t i = 0; i < m->nnodes; i++)
-    listed = listed || m->nodes[i].node == ms->self;
-  if (m->world != job->world || !listed) {
+  for (size_t i = 0; i < nnodes; i++)
+    listed = listed || nodes[i].node == ms->self;
+  if (world != job->world || !listed) {
     rootlink_lost(ms, "its plan does not fit this job");
     return;
   }
   struct mesh_export *mx = calloc(1, sizeof *mx);
   if (mx != NULL) {
-    mx->rank_nodes = malloc(m->world * sizeof *mx->rank_nodes);
-    mx->nodes = malloc(m->nnodes * sizeof *mx->nodes);
-    mx->metas = calloc(m->world, sizeof *mx->metas);
+    mx->rank_nodes = malloc(world * sizeof *mx->rank_nodes);
+    mx->nodes = malloc(nnodes * sizeof *mx->nodes);
+    mx->metas = calloc(world, sizeof *mx->metas);
   }
   if (mx == NULL || mx->rank_nodes == NULL || mx->nodes == NULL ||
       mx->metas == NULL) {
@@ -284,7 +370,7 @@ static void member_plan(struct mesh *ms, const struct nodemsg *m,
   mx->mesh = ms;
   mx->gather = m->gather;
   mx->export_id = m->export_id;
-  mx->world = m->world;
+  mx->world = world;
   mx->max_keys = m->max_keys;
   mx->max_bytes = m->max_bytes;
   mx->save_limit = m->save_limit;
@@ -292,12 +378,22 @@ static void member_plan(struct mesh *ms, const struct nodemsg *m,
   mx->comm_gen = m->comm_gen;
   memcpy(mx->nccl_id, m->comm_gen > 0 ? m->nccl_id : job->nccl_id,
          NODE_NCCL_ID_BYTES);
-  memcpy(mx->rank_nodes, m->rank_nodes, m->world * sizeof *mx->rank_nodes);
-  memcpy(mx->nodes, m->nodes, m->nnodes * sizeof *mx->nodes);
-  mx->nnodes = m->nnodes;
+  memcpy(mx->rank_nodes, rank_nodes, world * sizeof *mx->rank_nodes);
+  memcpy(mx->nodes, nodes, nnodes * sizeof *mx->nodes);
+  mx->nnodes = nnodes;
   ms->timeout_ms = m->timeout_ms;
   member_new_gather(ms, m->gather + 1);
   mesh_export_free(ms->incoming);
+  ms->incoming = NULL;
+  if (m->has_reuse) {
+    mx->reused = true;
+    for (uint32_t r = 0; r < world; r++)
+      mx->metas[mx->nmetas++] = nodeblob_ref(ms->kept_metas[r]);
+    mesh_export_free(ms->ready);
+    ms->ready = mx;
+    mesh_try_start(job);
+    return;
+  }
   ms->incoming = mx;
   if (blobs != NULL) {
     for (size_t i = 0; i < nblobs; i++)

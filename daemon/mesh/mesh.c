@@ -121,9 +121,12 @@ struct mesh *mesh_alloc(struct job *job, bool root) {
   ms->next_export_id = 1;
   ms->ask_sent = calloc(job->world, sizeof *ms->ask_sent);
   ms->sent_meta = calloc(job->world, sizeof *ms->sent_meta);
-  if (ms->ask_sent == NULL || ms->sent_meta == NULL) {
+  ms->kept_metas = calloc(job->world, sizeof *ms->kept_metas);
+  if (ms->ask_sent == NULL || ms->sent_meta == NULL ||
+      ms->kept_metas == NULL) {
     free(ms->ask_sent);
     free(ms->sent_meta);
+    free(ms->kept_metas);
     free(ms);
     return NULL;
   }
@@ -137,8 +140,11 @@ int mesh_create_root(struct job *job) {
     return SP_ENOMEM;
   ms->rank_node = malloc(job->world * sizeof *ms->rank_node);
   ms->asks = calloc(job->world, sizeof *ms->asks);
+  ms->ckept = calloc(job->world, sizeof *ms->ckept);
   struct mesh_node *self =
-      ms->rank_node != NULL && ms->asks != NULL ? mesh_node_make(ms, 0) : NULL;
+      ms->rank_node != NULL && ms->asks != NULL && ms->ckept != NULL
+          ? mesh_node_make(ms, 0)
+          : NULL;
   if (self == NULL) {
     mesh_free(ms);
     return SP_ENOMEM;
@@ -195,9 +201,18 @@ void mesh_free(struct mesh *ms) {
   free(ms->asks);
   free(ms->rank_node);
   free(ms->ask_sent);
-  for (uint32_t r = 0; r < ms->job->world; r++)
+  for (uint32_t r = 0; r < ms->job->world; r++) {
     nodeblob_unref(ms->sent_meta[r]);
+    nodeblob_unref(ms->kept_metas[r]);
+    if (ms->ckept != NULL)
+      nodeblob_unref(ms->ckept[r]);
+  }
   free(ms->sent_meta);
+  free(ms->kept_metas);
+  free(ms->kept_nodes);
+  free(ms->kept_rank_nodes);
+  gathered_input_free(&ms->kept_input);
+  free(ms->ckept);
   free(ms->planned_replicas);
   free(ms);
 }
@@ -272,6 +287,7 @@ void mesh_status_pack(const struct job *job, msgpack_packer *pk) {
   uint32_t count = 0;
   for (uint32_t i = 0; ms != NULL && i < ms->nnodes; i++)
     count += ms->nodes[i] != NULL && ms->nodes[i]->present;
+  sp__pack_kv_u64(pk, "plans_reused", ms != NULL ? ms->plans_reused : 0);
   sp__pack_str(pk, "nodes");
   msgpack_pack_array(pk, count);
   for (uint32_t i = 0; ms != NULL && i < ms->nnodes; i++) {
@@ -281,7 +297,7 @@ void mesh_status_pack(const struct job *job, msgpack_packer *pk) {
     bool self = n->node == ms->self;
     bool connected = self || datalink_up(n) || n->ctl != NULL ||
                      (n->node == 0 && ms->root_link != NULL && ms->hello_done);
-    msgpack_pack_map(pk, 6);
+    msgpack_pack_map(pk, 8);
     sp__pack_kv_u64(pk, "node", n->node);
     sp__pack_kv_str(pk, "address", n->addr);
     sp__pack_kv_bool(pk, "self", self);
@@ -290,6 +306,12 @@ void mesh_status_pack(const struct job *job, msgpack_packer *pk) {
                     atomic_load_explicit(&n->sent, memory_order_relaxed));
     sp__pack_kv_u64(pk, "bytes_received",
                     atomic_load_explicit(&n->received, memory_order_relaxed));
+    sp__pack_kv_u64(pk, "control_sent",
+                    atomic_load_explicit(&n->ctl_bytes.sent,
+                                         memory_order_relaxed));
+    sp__pack_kv_u64(pk, "control_received",
+                    atomic_load_explicit(&n->ctl_bytes.received,
+                                         memory_order_relaxed));
   }
 }
 

@@ -170,6 +170,14 @@ int mesh_remote(struct job *job, struct mesh_export *mx,
                 uint8_t *const *dst, const uint64_t *key_offset,
                 struct remote **out);
 void mesh_export_free(struct mesh_export *mx);
+/* The root confirmed the job's previous plan by its digest: a node whose
+ * cached plan still applies moves on it without planning again. */
+bool mesh_plan_reused(const struct mesh_export *mx);
+/* The export's plan became the job's cached plan (plancache.h), whose
+ * input borrows names from the export's registrations: the mesh keeps
+ * those (and lets go of the ones the previous cached plan borrowed) for
+ * the exports the root confirms next. */
+void mesh_keep_input(struct mesh_export *mx);
 /* The NCCL id and communicator generation an export's plan names: the
  * ticket's id at generation 0, else the fresh one the root sent.  false
  * when the job has none. */
@@ -179,7 +187,8 @@ bool mesh_nccl_id(const struct mesh_export *mx, uint8_t id[NODE_NCCL_ID_BYTES],
  * the ranks waited): the one text every node shows for a lost node. */
 void mesh_lost_message(const char *job_hex, uint32_t node, const char *addr,
                        uint64_t export_id, char *buf, size_t len);
-/* The job's nodes for status: "nodes" and its array. */
+/* The job's part across nodes for status: "plans_reused", and "nodes" and
+ * its array (two fields). */
 void mesh_status_pack(const struct job *job, msgpack_packer *pk);
 /* How many daemons the job spans (0 for a job on one daemon). */
 uint32_t mesh_node_count(const struct job *job);

@@ -4,6 +4,8 @@
  */
 #include <stdlib.h>
 
+#include <xxhash.h>
+
 #include "daemon/mesh/nodelink.h"
 
 struct nodeblob *nodeblob_wrap(uint8_t *mem, const uint8_t *payload,
@@ -25,6 +27,10 @@ struct nodeblob *nodeblob_wrap(uint8_t *mem, const uint8_t *payload,
 struct nodeblob *nodeblob_ref(struct nodeblob *b) {
   b->refs++;
   return b;
+}
+
+uint64_t nodeblob_digest(const struct nodeblob *b) {
+  return XXH3_64bits(b->payload, b->len);
 }
 
 void nodeblob_unref(struct nodeblob *b) {

@@ -90,6 +90,7 @@ struct nodelink {
   void (*detach_fn)(void *arg, int sock);
   void *detach_arg;
   uint32_t expect_blobs;
+  struct metrics_bytes *counts[NODELINK_COUNTERS];
   const struct nodelink_ops *ops;
   void *arg;
   char peer[NODE_ADDR_MAX];
@@ -235,11 +236,26 @@ static int flush(struct nodelink *l) {
   return update_events(l);
 }
 
+void nodelink_count_into(
+    struct nodelink *l, struct metrics_bytes *const counts[NODELINK_COUNTERS]) {
+  memcpy(l->counts, counts, sizeof l->counts);
+}
+
+static void count(struct nodelink *l, bool sent, size_t bytes) {
+  for (int i = 0; i < NODELINK_COUNTERS; i++)
+    if (l->counts[i] != NULL)
+      atomic_fetch_add_explicit(sent ? &l->counts[i]->sent
+                                     : &l->counts[i]->received,
+                                bytes, memory_order_relaxed);
+}
+
 static int queue(struct nodelink *l, struct sp_frame_tx *tx) {
   if (l->closed || l->draining) {
     sp__frame_tx_free(tx);
     return SP_ECLOSED;
   }
+  /* A frame queued is a frame sent, unless the link fails first. */
+  count(l, true, tx->len + tx->shared_len);
   framesock_queue(&l->fs, tx);
   return update_events(l) == 0 ? 0 : SP_ECLOSED;
 }
@@ -298,6 +314,9 @@ static void drain(struct nodelink *l) {
     return;
   l->draining = true;
   l->ops = NULL;
+  /* Nothing is sent or read from here, and the owner of the counters may
+   * be gone before the queue is written. */
+  memset(l->counts, 0, sizeof l->counts);
   uv_timer_start(&l->timer, on_timeout, NODELINK_DRAIN_MS, 0);
   flush(l);
 }
@@ -335,6 +354,7 @@ void nodelink_await(struct nodelink *l, bool waiting) {
 /* One complete frame: a blob the owner expects, or a control message
  * decoded here, once, with the control limits. */
 static void dispatch(struct nodelink *l, struct sp_frame *frame) {
+  count(l, false, SP_FRAME_HEADER + frame->len);
   if (l->expect_blobs > 0 && l->ops != NULL && l->ops->blob != NULL) {
     struct nodeblob *b = nodeblob_wrap(frame->data, frame->data, frame->len);
     if (b == NULL) {

@@ -12,6 +12,7 @@
 #include <msgpack.h>
 
 #include "daemon/layer.h"
+#include "daemon/metrics.h"
 #include "daemon/mesh/peerauth.h"
 #include "proto/frame.h"
 #include "proto/msg.h"
@@ -24,7 +25,7 @@ struct server;
 #define NODE_MAX_ITEMS (1u << 26)
 #define NODE_MAX_NODES 4096u
 /* Bump when a message between daemons changes (docs/protocol.md). */
-#define NODE_PROTOCOL_VERSION 6
+#define NODE_PROTOCOL_VERSION 7
 
 /* Frame bytes shared by the links that send them (the root relays one
  * rank's registrations to every node): refcounted, loop thread only. */
@@ -39,9 +40,17 @@ struct nodeblob {
 struct nodeblob *nodeblob_wrap(uint8_t *mem, const uint8_t *payload,
                                size_t len);
 struct nodeblob *nodeblob_ref(struct nodeblob *b);
+/* The digest that names a blob's bytes (a rank's registrations that the
+ * root holds already, docs/protocol.md "A plan reused"). */
+uint64_t nodeblob_digest(const struct nodeblob *b);
 void nodeblob_unref(struct nodeblob *b);
 
 struct nodelink;
+
+/* A link adds the bytes of the frames it sends and reads (headers
+ * included) to at most this many counters: its node's, for status, and
+ * the daemon's, for metrics. */
+#define NODELINK_COUNTERS 2
 
 /* What a link tells its owner.  A callback may close the link. */
 struct nodelink_ops {
@@ -72,6 +81,11 @@ void nodelink_hello_done(struct nodelink *l);
 void nodelink_await(struct nodelink *l, bool waiting);
 /* PEERAUTH_NONCE_BYTES the owner's handshake keeps with the link. */
 uint8_t *nodelink_handshake(struct nodelink *l);
+/* The frames the link sends and reads from now on add to each counter of
+ * counts (NULL entries skipped); the link only points at them, so they
+ * must outlive it or be replaced first. */
+void nodelink_count_into(struct nodelink *l,
+                         struct metrics_bytes *const counts[NODELINK_COUNTERS]);
 /* The next n frames are blobs. */
 void nodelink_expect_blobs(struct nodelink *l, uint32_t n);
 /* Queue a message (mb is left empty), a shared blob, an error reply. */

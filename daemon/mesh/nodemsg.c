@@ -419,6 +419,12 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
       return rc;
     if ((rc = parse_options(map, m, msg, msglen)) != 0)
       return rc;
+    if (sp__msg_field(map, "meta_digest") != NULL) {
+      if ((rc = get_u(map, "meta_digest", UINT64_MAX, &m->meta_digest, msg,
+                      msglen)) != 0)
+        return rc;
+      m->has_meta_digest = true;
+    }
     return parse_ask_save(map, m, msg, msglen);
   case NODEMSG_PLAN:
     if ((rc = get_u(map, "gather", UINT64_MAX, &m->gather, msg, msglen)) !=
@@ -440,6 +446,17 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
         return sp__failf(msg, msglen, SP_EINVAL,
                          "\"comm_gen\" is 0: the ticket's NCCL id is never "
                          "sent");
+    }
+    /* Optional: the previous plan, confirmed by its digest, in place of
+     * the roster (and of the metas that would follow). */
+    if (sp__msg_field(map, "reuse") != NULL) {
+      if (sp__msg_field(map, "nodes") != NULL ||
+          sp__msg_field(map, "rank_nodes") != NULL)
+        return sp__failf(msg, msglen, SP_EINVAL,
+                         "a plan with \"reuse\" carries no \"nodes\" nor "
+                         "\"rank_nodes\"");
+      m->has_reuse = true;
+      return get_u(map, "reuse", UINT64_MAX, &m->reuse, msg, msglen);
     }
     return parse_nodes(map, m, msg, msglen);
   case NODEMSG_PLANNED:
@@ -502,9 +519,11 @@ static uint32_t fields_of(const struct nodemsg *m) {
   case NODEMSG_LEFT:
     return m->message[0] != '\0' ? 3 : 2;
   case NODEMSG_ASK:
-    return 5 + (m->save.limit > 0 ? 4 : 0) + (m->save.refused < 0 ? 2 : 0);
+    return 5 + (m->save.limit > 0 ? 4 : 0) + (m->save.refused < 0 ? 2 : 0) +
+           m->has_meta_digest;
   case NODEMSG_PLAN:
-    return (m->comm_gen > 0 ? 9 : 7) + (m->save_limit > 0);
+    return (m->comm_gen > 0 ? 7 : 5) + (m->has_reuse ? 1 : 2) +
+           (m->save_limit > 0);
   case NODEMSG_PLANNED:
     return 2 + (m->code != 0) + (m->nreplicas > 0 ? 2 : 0);
   case NODEMSG_GO:
@@ -613,6 +632,8 @@ void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
       sp__pack_kv_str(pk, "code", sp_err_name(m->save.refused));
       sp__pack_kv_str(pk, "message", m->save.refusal);
     }
+    if (m->has_meta_digest)
+      sp__pack_kv_u64(pk, "meta_digest", m->meta_digest);
     break;
   case NODEMSG_PLAN:
     sp__pack_kv_u64(pk, "gather", m->gather);
@@ -626,6 +647,10 @@ void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
       sp__pack_kv_u64(pk, "comm_gen", m->comm_gen);
       sp__pack_str(pk, "nccl_id");
       sp__pack_bin(pk, m->nccl_id, NODE_NCCL_ID_BYTES);
+    }
+    if (m->has_reuse) {
+      sp__pack_kv_u64(pk, "reuse", m->reuse);
+      break;
     }
     sp__pack_str(pk, "nodes");
     msgpack_pack_array(pk, (uint32_t)m->nnodes);

@@ -75,6 +75,14 @@ struct nodemsg {
   /* ask: the rank's save options and refusal (save.limit 0: an export). */
   struct req_save save;
   uint32_t step;
+  /* ask: the rank's registrations are those the root relayed last, named
+   * by their digest (nodeblob_digest), and no meta frame follows. */
+  bool has_meta_digest;
+  uint64_t meta_digest;
+  /* plan: the root confirms the job's previous plan by its digest: no
+   * roster, no rank_nodes and no metas follow (each node reuses its own). */
+  bool has_reuse;
+  uint64_t reuse;
   size_t nnodes;
   struct nodemsg_node *nodes; /* plan: owned */
   uint32_t *rank_nodes;       /* plan: [world], owned */

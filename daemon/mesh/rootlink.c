@@ -123,6 +123,10 @@ static void root_handshake(struct mesh *ms, struct nodelink *l,
     root->present = true;
     snprintf(root->addr, sizeof root->addr, "%s", ms->root_addr);
   }
+  nodelink_count_into(
+      l, (struct metrics_bytes *const[NODELINK_COUNTERS]){
+             root != NULL ? &root->ctl_bytes : NULL,
+             metrics_control(ms->srv->metrics)});
   log_with(LOG_LEVEL_INFO, LOG_JOB(ms->job->hex),
            "job %s: node %u of the job (root %s)", ms->job->hex, m->node,
            ms->root_addr);

@@ -35,6 +35,9 @@ struct fake_config {
   /* SHARDPORT_FAKE_COMPUTE_MODE, per physical device. */
   enum cudaComputeMode compute_mode[FAKE_MAX_GPUS];
   size_t ctx_bytes;       /* SHARDPORT_FAKE_CTX_MB: what a context takes */
+  /* SHARDPORT_FAKE_PAGEABLE=fail: an async copy between device memory and
+   * pageable host memory ends the process (fake_stream.c). */
+  bool pageable_fails;
 };
 
 #define FAKE_POISON_BYTE 0xa5
@@ -114,6 +117,10 @@ bool fake_region_alive(const void *ptr, uint64_t id);
 void fake_memory_use_begin(void);
 void fake_memory_use_end(void);
 
+/* Whether [ptr, ptr + len) lies in one page-locked host allocation
+ * (cudaMallocHost, cudaHostAlloc) not yet freed. */
+bool fake_host_pinned(const void *ptr, size_t len);
+
 /* Waits for every stream of the process to drain (fake_stream.c); what
  * cudaFree and the unmap calls do before memory goes away. */
 void fake_sync_all_streams(void);
@@ -184,6 +191,12 @@ FAKE_EXPORT bool spfake_device_identity(int ordinal, uint64_t *id);
 FAKE_EXPORT cudaError_t spfake_device_charge(int ordinal, size_t bytes);
 FAKE_EXPORT void spfake_device_uncharge(int ordinal, size_t bytes);
 FAKE_EXPORT void spfake_kernels(int ordinal, int delta);
+
+/* How many copy calls (cudaMemcpyAsync, cudaMemcpy2DAsync,
+ * cudaMemcpy3DAsync, cudaMemcpyPeerAsync) the process has made: what a
+ * test bounds the calls of a strided copy by.  On a GPU each is a launch of
+ * a copy engine, which costs microseconds whatever it moves. */
+FAKE_EXPORT unsigned long spfake_copy_calls(void);
 
 /* The hook NCCL's pointer checks use: cudaSuccess when [ptr, ptr + len) is
  * device memory of one allocation that allows reading (and writing). */

@@ -159,6 +159,8 @@ static void config_init(void) {
   config.p2p = fake_env_long("SHARDPORT_FAKE_P2P", 1) != 0;
   long ctx_mb = fake_env_long("SHARDPORT_FAKE_CTX_MB", 0);
   config.ctx_bytes = ctx_mb <= 0 ? 0 : (size_t)ctx_mb << 20;
+  const char *pageable = getenv("SHARDPORT_FAKE_PAGEABLE");
+  config.pageable_fails = pageable != NULL && strcmp(pageable, "fail") == 0;
   parse_compute_modes();
   config.fault_phys = -1;
   const char *fault = getenv("SHARDPORT_FAKE_FAULT");

@@ -391,23 +391,79 @@ cudaError_t cudaFree(void *devPtr) {
   return cudaSuccess;
 }
 
-/* Page-locked host memory (CUDA Runtime API, "cudaMallocHost" and
- * "cudaFreeHost"): ordinary host memory here, which copies reach as they
- * reach any host memory; what is modelled is that it must come back
- * through cudaFreeHost, and that a failed allocation says so. */
-cudaError_t cudaMallocHost(void **ptr, size_t size) {
+/* Page-locked host memory (CUDA Runtime API, "cudaMallocHost",
+ * "cudaHostAlloc" and "cudaFreeHost"): ordinary host memory here, which
+ * copies reach as they reach any host memory, but remembered, so that an
+ * async copy can tell it from pageable memory (fake_host_pinned); what is
+ * modelled besides is that it must come back through cudaFreeHost, and that
+ * a failed allocation says so. */
+struct pinned {
+  struct pinned *next;
+  uintptr_t base;
+  size_t size;
+};
+
+static struct {
+  pthread_mutex_t lock;
+  struct pinned *all;
+} pinned = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+bool fake_host_pinned(const void *ptr, size_t len) {
+  uintptr_t p = (uintptr_t)ptr;
+  bool found = false;
+  pthread_mutex_lock(&pinned.lock);
+  for (const struct pinned *b = pinned.all; b != NULL && !found; b = b->next)
+    found = p >= b->base && p - b->base <= b->size &&
+            len <= b->size - (p - b->base);
+  pthread_mutex_unlock(&pinned.lock);
+  return found;
+}
+
+cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags) {
   FAKE_READY();
-  if (ptr == NULL)
+  if (pHost == NULL ||
+      (flags & ~(unsigned)(cudaHostAllocPortable | cudaHostAllocMapped |
+                           cudaHostAllocWriteCombined)) != 0)
     return fake_error(cudaErrorInvalidValue);
-  *ptr = malloc(size > 0 ? size : 1);
-  return *ptr != NULL ? cudaSuccess : fake_error(cudaErrorMemoryAllocation);
+  struct pinned *b = malloc(sizeof *b);
+  void *p = malloc(size > 0 ? size : 1);
+  if (b == NULL || p == NULL) {
+    free(b);
+    free(p);
+    return fake_error(cudaErrorMemoryAllocation);
+  }
+  *b = (struct pinned){.base = (uintptr_t)p, .size = size};
+  pthread_mutex_lock(&pinned.lock);
+  b->next = pinned.all;
+  pinned.all = b;
+  pthread_mutex_unlock(&pinned.lock);
+  *pHost = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void **ptr, size_t size) {
+  return cudaHostAlloc(ptr, size, cudaHostAllocDefault);
 }
 
 cudaError_t cudaFreeHost(void *ptr) {
   FAKE_READY();
+  if (ptr == NULL)
+    return cudaSuccess;
+  struct pinned *b = NULL;
+  pthread_mutex_lock(&pinned.lock);
+  for (struct pinned **pp = &pinned.all; *pp != NULL; pp = &(*pp)->next)
+    if ((*pp)->base == (uintptr_t)ptr) {
+      b = *pp;
+      *pp = b->next;
+      break;
+    }
+  pthread_mutex_unlock(&pinned.lock);
+  if (b == NULL)
+    return fake_error(cudaErrorInvalidValue);
   /* As cudaFree, it waits for the device's work first. */
   fake_sync_all_streams();
   free(ptr);
+  free(b);
   return cudaSuccess;
 }
 

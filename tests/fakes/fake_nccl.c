@@ -238,8 +238,74 @@ const char *ncclGetErrorString(ncclResult_t result) {
 }
 
 /* The id names a rendezvous: each rank listens on the abstract Unix socket
- * "spfake-nccl-<token>-<rank>".  Unlike real NCCL, no process hosts it, so
- * the process that made the id may exit before the others join. */
+ * "spfake-nccl-<token>-<rank>".  As in real NCCL, the process that made the
+ * id hosts its bootstrap root: ncclGetUniqueId starts a thread listening
+ * on "spfake-nccl-root-<token>" that stays until every rank of the id has
+ * checked in with it, for the life of the process when they never do
+ * (PyTorch, "Do not create a ncclUniqueId and bcast it when using
+ * ncclCommSplit", pytorch#129904: the id "will spawn a new thread and open
+ * a new port until the NCCL ID is used.  If not used, thread is listening
+ * to the port for the lifespan of the application").  A rank's set-up
+ * checks in first and fails when the root is not there by its deadline. */
+static socklen_t root_address(const char *token, struct sockaddr_un *a) {
+  memset(a, 0, sizeof(*a));
+  a->sun_family = AF_UNIX;
+  int n = snprintf(a->sun_path + 1, sizeof(a->sun_path) - 1,
+                   "spfake-nccl-root-%.32s", token);
+  return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+/* The root: counts the ranks that check in (each sends its hello) and ends
+ * once all nranks of the first one's world have. */
+static void *root_main(void *arg) {
+  int lfd = (int)(intptr_t)arg;
+  bool seen[MAX_RANKS] = {false};
+  int nranks = 0, checked = 0;
+  while (nranks == 0 || checked < nranks) {
+    struct pollfd p = {.fd = lfd, .events = POLLIN};
+    if (poll(&p, 1, -1) <= 0)
+      continue;
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0)
+      continue;
+    struct hello h;
+    if (recv(fd, &h, sizeof(h), MSG_WAITALL) == (ssize_t)sizeof(h) &&
+        h.magic == WIRE_MAGIC && h.nranks > 0 && h.nranks <= MAX_RANKS &&
+        (nranks == 0 || h.nranks == nranks) && h.rank >= 0 &&
+        h.rank < h.nranks && !seen[h.rank]) {
+      nranks = h.nranks;
+      seen[h.rank] = true;
+      checked++;
+    }
+    close(fd);
+  }
+  close(lfd);
+  return NULL;
+}
+
+static ncclResult_t root_start(const char *token) {
+  int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (lfd < 0)
+    return ncclSystemError;
+  struct sockaddr_un a;
+  socklen_t alen = root_address(token, &a);
+  pthread_t t;
+  pthread_attr_t attr;
+  if (bind(lfd, (struct sockaddr *)&a, alen) != 0 ||
+      listen(lfd, MAX_RANKS) != 0 || pthread_attr_init(&attr) != 0) {
+    close(lfd);
+    return ncclSystemError;
+  }
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  int rc = pthread_create(&t, &attr, root_main, (void *)(intptr_t)lfd);
+  pthread_attr_destroy(&attr);
+  if (rc != 0) {
+    close(lfd);
+    return ncclSystemError;
+  }
+  return ncclSuccess;
+}
+
 ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId) {
   unsigned char r[16];
   if (uniqueId == NULL)
@@ -250,7 +316,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId) {
   memcpy(uniqueId->internal, id_magic, sizeof(id_magic));
   for (size_t i = 0; i < sizeof(r); i++)
     snprintf(uniqueId->internal + 8 + 2 * i, 3, "%02x", r[i]);
-  return ncclSuccess;
+  return root_start(uniqueId->internal + 8);
 }
 
 static socklen_t rank_address(const struct fcomm *c, int rank,
@@ -364,6 +430,32 @@ static ncclResult_t accept_higher(struct fcomm *c, int lfd, uint64_t deadline) {
   return ncclSuccess;
 }
 
+/* Tells the id's bootstrap root that this rank is here, retrying until
+ * the deadline while it does not listen (yet). */
+static ncclResult_t check_in(struct fcomm *c, uint64_t deadline) {
+  struct sockaddr_un a;
+  socklen_t alen = root_address(c->token, &a);
+  for (;;) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+      return ncclSystemError;
+    if (connect(fd, (struct sockaddr *)&a, alen) == 0) {
+      struct hello mine = {WIRE_MAGIC, c->rank, c->nranks, 0, c->device_id};
+      bool sent = io_all(fd, &mine, sizeof(mine), true, deadline,
+                         &c->abort_flag);
+      close(fd);
+      return sent ? ncclSuccess : ncclSystemError;
+    }
+    int err = errno;
+    close(fd);
+    if (err != ECONNREFUSED && err != ENOENT && err != EAGAIN)
+      return ncclSystemError;
+    if (now_ms() >= deadline || atomic_load(&c->abort_flag))
+      return ncclSystemError;
+    usleep(5000);
+  }
+}
+
 /* Connects this rank with every other one: listen, connect to each lower
  * rank, accept each higher one.  Returns only when all have joined, or at
  * the deadline. */
@@ -379,6 +471,9 @@ static ncclResult_t rendezvous(struct fcomm *c) {
       usleep(5000);
     return ncclSystemError;
   }
+  ncclResult_t checked = check_in(c, deadline);
+  if (checked != ncclSuccess)
+    return checked;
   int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   struct sockaddr_un a;
   socklen_t alen = rank_address(c, c->rank, &a);

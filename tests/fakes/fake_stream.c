@@ -31,7 +31,7 @@
 
 #include "fake.h"
 
-enum op_kind { OP_COPY, OP_COPY2D, OP_SET, OP_RECORD, OP_WAIT, OP_HOST };
+enum op_kind { OP_COPY, OP_COPY2D, OP_COPY3D, OP_SET, OP_RECORD, OP_WAIT, OP_HOST };
 
 struct event_state {
   _Atomic uint64_t recorded;  /* records issued */
@@ -63,6 +63,10 @@ struct op {
     struct {
       char *dst; size_t dpitch; const char *src; size_t spitch, width, height;
     } copy2d;
+    struct {
+      char *dst; size_t dpitch, dslice;
+      const char *src; size_t spitch, sslice, width, height, depth;
+    } copy3d;
     struct { void *dst; int value; size_t n; } set;
     struct { struct fake_event *ev; uint64_t seq; } event;
     struct { void (*fn)(void *); void *arg; } host;
@@ -155,7 +159,7 @@ static bool op_memory_alive(const struct op *op) {
 
 static void run_op(struct op *op) {
   bool touches = op->kind == OP_COPY || op->kind == OP_COPY2D ||
-                 op->kind == OP_SET;
+                 op->kind == OP_COPY3D || op->kind == OP_SET;
   if (touches) {
     fake_memory_use_begin();
     if (!op_memory_alive(op)) {
@@ -172,6 +176,15 @@ static void run_op(struct op *op) {
     for (size_t row = 0; row < op->u.copy2d.height; row++)
       memmove(op->u.copy2d.dst + row * op->u.copy2d.dpitch,
               op->u.copy2d.src + row * op->u.copy2d.spitch, op->u.copy2d.width);
+    break;
+  case OP_COPY3D:
+    for (size_t z = 0; z < op->u.copy3d.depth; z++)
+      for (size_t row = 0; row < op->u.copy3d.height; row++)
+        memmove(op->u.copy3d.dst + z * op->u.copy3d.dslice +
+                    row * op->u.copy3d.dpitch,
+                op->u.copy3d.src + z * op->u.copy3d.sslice +
+                    row * op->u.copy3d.spitch,
+                op->u.copy3d.width);
     break;
   case OP_SET:
     if (op->u.set.n > 0)
@@ -446,14 +459,41 @@ static bool injected_fault(int phys) {
          atomic_fetch_add(&device_ops[phys], 1) + 1 == cfg->fault_nth;
 }
 
+/* SHARDPORT_FAKE_PAGEABLE=fail: an async copy between device memory and
+ * pageable host memory ends the process with a message.  The runtime's
+ * "API synchronization behavior" says such a copy "might be synchronous
+ * with respect to host" (the driver stages it through pinned memory after
+ * synchronizing the stream), so a program that means its copies to
+ * overlap must use page-locked memory (cudaHostAlloc). */
+static void check_pageable(const void *dst, const void *src, size_t dlen,
+                           size_t slen) {
+  if (!fake_config(NULL)->pageable_fails)
+    return;
+  bool dst_dev = fake_region_of(dst) != 0, src_dev = fake_region_of(src) != 0;
+  const void *host = dst_dev ? src : dst;
+  size_t len = dst_dev ? slen : dlen;
+  if (dst_dev == src_dev || len == 0 || fake_host_pinned(host, len))
+    return;
+  fprintf(stderr,
+          "fake CUDA: async copy %s pageable host memory %p (%zu bytes): "
+          "synchronous on a GPU; use cudaHostAlloc\n",
+          dst_dev ? "from" : "into", host, len);
+  abort();
+}
+
 /* What each copy direction requires of its pointers: device memory where
  * the direction says so, every device range inside one allocation, and
  * each reachable from the device whose stream runs the copy.  A range that
  * device was not granted is an illegal address, which ends its context
  * (sticky), as the fault would on a GPU. */
+static _Atomic unsigned long copy_calls;
+
+unsigned long spfake_copy_calls(void) { return atomic_load(&copy_calls); }
+
 static cudaError_t check_copy(void *dst, const void *src, size_t dlen,
                               size_t slen, enum cudaMemcpyKind kind,
                               cudaStream_t stream) {
+  atomic_fetch_add(&copy_calls, 1);
   bool dst_dev, src_dev;
   switch (kind) {
   case cudaMemcpyHostToHost: dst_dev = src_dev = false; break;
@@ -475,6 +515,8 @@ static cudaError_t check_copy(void *dst, const void *src, size_t dlen,
     err = cudaErrorIllegalAddress;
   if (err == cudaErrorIllegalAddress)
     fake_fault(phys, err);
+  if (err == cudaSuccess)
+    check_pageable(dst, src, dlen, slen);
   return err;
 }
 
@@ -529,6 +571,58 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
   op->u.copy2d.spitch = spitch;
   op->u.copy2d.width = dlen == 0 ? 0 : width;
   op->u.copy2d.height = height;
+  op_ranges(op, dst, src);
+  return stream_push(stream, op);
+}
+
+/* One side of a 3-D copy between linear memories (cudaMemcpy3D): the
+ * address of its first byte and its slice pitch, once the position and the
+ * extent are checked against the pitched pointer's logical size ("The
+ * source object must entirely contain the region defined by srcPos and
+ * extent"); false when they are not. */
+static bool pitched_3d(const struct cudaPitchedPtr *pp,
+                       const struct cudaPos *pos, const struct cudaExtent *ex,
+                       char **first, size_t *slice, size_t *span) {
+  if (pp->ptr == NULL || pp->pitch < pp->xsize || pos->x > pp->xsize ||
+      ex->width > pp->xsize - pos->x || pos->y > pp->ysize ||
+      ex->height > pp->ysize - pos->y || pp->ysize > SIZE_MAX / pp->pitch)
+    return false;
+  *slice = pp->pitch * pp->ysize;
+  size_t rows;
+  if (!pitched_extent(pp->pitch, ex->width, ex->height, &rows) ||
+      (ex->depth > 0 && ex->depth - 1 > (SIZE_MAX - rows) / *slice))
+    return false;
+  *span = ex->depth == 0 || rows == 0 ? 0 : (ex->depth - 1) * *slice + rows;
+  *first = (char *)pp->ptr + pos->z * *slice + pos->y * pp->pitch + pos->x;
+  return true;
+}
+
+cudaError_t cudaMemcpy3DAsync(const struct cudaMemcpy3DParms *p,
+                              cudaStream_t stream) {
+  FAKE_LIVE();
+  /* Arrays are not modelled: the fake's objects are linear memory. */
+  if (p == NULL || p->srcArray != NULL || p->dstArray != NULL)
+    return fake_error(cudaErrorInvalidValue);
+  char *src, *dst;
+  size_t sslice, dslice, slen, dlen;
+  if (!pitched_3d(&p->srcPtr, &p->srcPos, &p->extent, &src, &sslice, &slen) ||
+      !pitched_3d(&p->dstPtr, &p->dstPos, &p->extent, &dst, &dslice, &dlen))
+    return fake_error(cudaErrorInvalidValue);
+  cudaError_t err = check_copy(dst, src, dlen, slen, p->kind, stream);
+  if (err != cudaSuccess)
+    return fake_error(err);
+  struct op *op = op_new(OP_COPY3D);
+  if (op == NULL)
+    return fake_error(cudaErrorMemoryAllocation);
+  op->u.copy3d.dst = dst;
+  op->u.copy3d.dpitch = p->dstPtr.pitch;
+  op->u.copy3d.dslice = dslice;
+  op->u.copy3d.src = src;
+  op->u.copy3d.spitch = p->srcPtr.pitch;
+  op->u.copy3d.sslice = sslice;
+  op->u.copy3d.width = dlen == 0 ? 0 : p->extent.width;
+  op->u.copy3d.height = p->extent.height;
+  op->u.copy3d.depth = p->extent.depth;
   op_ranges(op, dst, src);
   return stream_push(stream, op);
 }

@@ -407,6 +407,15 @@ static void node_messages(void) {
   m.save.refused = SP_EWRITE;
   snprintf(m.save.refusal, sizeof m.save.refusal, "save: cannot open");
   node_message("ask_save_refused", &m);
+  m = (struct nodemsg){.op = NODEMSG_ASK,
+                       .gather = 8,
+                       .rank = 1,
+                       .max_keys = 4,
+                       .max_bytes = 1u << 20,
+                       .timeout_ms = 2000,
+                       .has_meta_digest = true,
+                       .meta_digest = 0x0123456789abcdefu};
+  node_message("ask_kept", &m);
   m = (struct nodemsg){.op = NODEMSG_SAVED, .gather = 7, .step = 2};
   node_message("saved", &m);
   m = (struct nodemsg){.op = NODEMSG_COMMIT, .gather = 7, .step = 3};
@@ -427,6 +436,14 @@ static void node_messages(void) {
   for (size_t i = 0; i < sizeof m.nccl_id; i++)
     m.nccl_id[i] = (uint8_t)(i * 7 + 1);
   node_message("plan_nccl", &m);
+  m = (struct nodemsg){.op = NODEMSG_PLAN,
+                       .gather = 2,
+                       .export_id = 5,
+                       .max_keys = 4096,
+                       .timeout_ms = 100,
+                       .has_reuse = true,
+                       .reuse = 0xfedcba9876543210u};
+  node_message("plan_reuse", &m);
   m = (struct nodemsg){.op = NODEMSG_PLANNED,
                        .gather = 1,
                        .digest = UINT64_MAX,

@@ -68,7 +68,11 @@ daemon=$build/daemon/shardportd
 export_test=$build/tests/integration/gpu_fake/test-gpu-fake-export
 gpunode=$build/tests/unit/gpu/gpunode
 bench=$build/tests/gpu/gpu-bench
-for f in "$daemon" "$export_test" "$gpunode" "$bench"; do
+# The NCCL ids' bootstrap roots run in this helper (docs/gpu.md, "The NCCL
+# bootstrap"): gpunode is not beside it, as the daemon is.
+export SHARDPORT_NCCL_ROOT_HELPER=$build/daemon/shardport-nccl-root
+for f in "$daemon" "$export_test" "$gpunode" "$bench" \
+    "$SHARDPORT_NCCL_ROOT_HELPER"; do
   if [ ! -x "$f" ]; then
     echo "run.sh: $f is missing: is $build a build with the CUDA backend?" >&2
     exit 2

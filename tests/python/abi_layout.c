@@ -40,6 +40,8 @@ int main(void) {
   FIELD(sp_node_status, connected);
   FIELD(sp_node_status, bytes_sent);
   FIELD(sp_node_status, bytes_received);
+  FIELD(sp_node_status, control_sent);
+  FIELD(sp_node_status, control_received);
   END();
 
   BEGIN(sp_job_status);
@@ -63,6 +65,7 @@ int main(void) {
   FIELD(sp_job_status, bytes_to_prepare);
   FIELD(sp_job_status, bytes_written);
   FIELD(sp_job_status, bytes_to_write);
+  FIELD(sp_job_status, plans_reused);
   FIELD(sp_job_status, nconsumers);
   FIELD(sp_job_status, consumers);
   FIELD(sp_job_status, pushes);

@@ -59,6 +59,8 @@ class sp_node_status(ctypes.Structure):
         ("connected", ctypes.c_int),
         ("bytes_sent", ctypes.c_uint64),
         ("bytes_received", ctypes.c_uint64),
+        ("control_sent", ctypes.c_uint64),
+        ("control_received", ctypes.c_uint64),
     ]
 
 
@@ -84,6 +86,7 @@ class sp_job_status(ctypes.Structure):
         ("bytes_to_prepare", ctypes.c_uint64),
         ("bytes_written", ctypes.c_uint64),
         ("bytes_to_write", ctypes.c_uint64),
+        ("plans_reused", ctypes.c_uint64),
         ("nconsumers", ctypes.c_uint32),
         ("consumers", ctypes.c_void_p),
         ("pushes", ctypes.c_uint64),

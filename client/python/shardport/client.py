@@ -23,6 +23,9 @@ class NodeStatus:
     connected: bool
     bytes_sent: int
     bytes_received: int
+    # Bytes of control frames on the job's control link to it.
+    control_sent: int = 0
+    control_received: int = 0
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class JobStatus:
     # wrote to their files, and will write.
     bytes_written: int = 0
     bytes_to_write: int = 0
+    # Exports across nodes that reused the previous plan (root's digest).
+    plans_reused: int = 0
 
 
 @dataclass(frozen=True)
@@ -310,13 +315,17 @@ class Client:
                           plan_digest=_text(j.plan_digest), node=j.node,
                           bytes_written=j.bytes_written,
                           bytes_to_write=j.bytes_to_write,
+                          plans_reused=j.plans_reused,
                           nodes=tuple(
                               NodeStatus(node=n.node,
                                          address=_text(n.address),
                                          self=bool(n.self),
                                          connected=bool(n.connected),
                                          bytes_sent=n.bytes_sent,
-                                         bytes_received=n.bytes_received)
+                                         bytes_received=n.bytes_received,
+                                         control_sent=n.control_sent,
+                                         control_received=(
+                                             n.control_received))
                               for n in j.nodes[:j.nnodes]))
                 for j in s.jobs[:s.njobs])
             built = _text(s.backends_built) or ""

@@ -89,6 +89,7 @@ JOB = {
     "bytes_written": is_uint,
     "bytes_to_write": is_uint,
     "node": is_uint,
+    "plans_reused": is_uint,
     "nodes": lambda v: type(v) is list,
 }
 
@@ -138,6 +139,8 @@ NODE = {
     "connected": lambda v: type(v) is bool,
     "bytes_sent": is_uint,
     "bytes_received": is_uint,
+    "control_sent": is_uint,
+    "control_received": is_uint,
 }
 
 PING = {"socket": is_str, "rtt_ns": is_uint}
@@ -219,12 +222,13 @@ def check_fake(obj):
          "bytes_total": 1 << 30, "rate_bps": 5e8, "plan_digest": None,
          "asked": 0, "export_id": 0, "bytes_prepared": 0,
          "bytes_to_prepare": 0, "bytes_written": 0, "bytes_to_write": 0,
-         "node": 0, "nodes": []},
+         "node": 0, "plans_reused": 0, "nodes": []},
         {"job_id": "a1", "phase": "failed", "error": "rank 3 lost",
          "world": 2, "joined": 1, "round": 0, "rounds": 0, "bytes_moved": 0,
          "bytes_total": 0, "rate_bps": 0, "plan_digest": None, "asked": 0,
          "export_id": 0, "bytes_prepared": 0, "bytes_to_prepare": 0,
-         "bytes_written": 0, "bytes_to_write": 0, "node": 0, "nodes": []},
+         "bytes_written": 0, "bytes_to_write": 0, "node": 0,
+         "plans_reused": 0, "nodes": []},
     ]
     if jobs != want_jobs:
         raise Bad(f"jobs {jobs!r} != {want_jobs!r}")

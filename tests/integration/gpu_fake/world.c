@@ -192,9 +192,20 @@ void world_export_cleanly(const struct scenario *sc) {
   world_assert_mappings_closed();
 }
 
+/* Every daemon of these tests runs with SHARDPORT_FAKE_PAGEABLE=fail: the
+ * fake ends it on an async copy between device memory and pageable host
+ * memory, which is synchronous on a GPU (docs/fakes.md).  The ranks, test
+ * code that may copy so, do not. */
+static int daemon_start(struct sp_test_daemon *d, const char *const *args) {
+  setenv("SHARDPORT_FAKE_PAGEABLE", "fail", 1);
+  int rc = sp_test_daemon_start(d, args);
+  unsetenv("SHARDPORT_FAKE_PAGEABLE");
+  return rc;
+}
+
 void world_daemon_start(void) {
   const char *args[] = {"--backend", "cuda", NULL};
-  ck_assert_int_eq(sp_test_daemon_start(&world_node0, args), 0);
+  ck_assert_int_eq(daemon_start(&world_node0, args), 0);
 }
 
 void world_daemon_start_slow(void) {
@@ -226,9 +237,9 @@ void world_nodes_start(void) {
   const char *args[] = {"--backend", "cuda", "--peer-listen", "127.0.0.1:0",
                         NULL};
   setenv("SHARDPORT_FAKE_NODE", "0", 1);
-  ck_assert_int_eq(sp_test_daemon_start(&world_node0, args), 0);
+  ck_assert_int_eq(daemon_start(&world_node0, args), 0);
   setenv("SHARDPORT_FAKE_NODE", "1", 1);
-  ck_assert_int_eq(sp_test_daemon_start(&world_node1, args), 0);
+  ck_assert_int_eq(daemon_start(&world_node1, args), 0);
   unsetenv("SHARDPORT_FAKE_NODE");
 }
 
@@ -245,10 +256,10 @@ void world_nodes_start_launch_error(void) {
   const char *args[] = {"--backend", "cuda", "--peer-listen", "127.0.0.1:0",
                         NULL};
   setenv("SHARDPORT_FAKE_NODE", "0", 1);
-  ck_assert_int_eq(sp_test_daemon_start(&world_node0, args), 0);
+  ck_assert_int_eq(daemon_start(&world_node0, args), 0);
   setenv("SHARDPORT_FAKE_NODE", "1", 1);
   setenv("SHARDPORT_FAKE_NCCL_FAIL", "2:2:error:once", 1);
-  ck_assert_int_eq(sp_test_daemon_start(&world_node1, args), 0);
+  ck_assert_int_eq(daemon_start(&world_node1, args), 0);
   unsetenv("SHARDPORT_FAKE_NCCL_FAIL");
   unsetenv("SHARDPORT_FAKE_NODE");
 }
@@ -277,7 +288,7 @@ void world_nodes_start_logged(void) {
     ck_assert_int_eq(dup2(fd, 2), 2);
     close(fd);
     setenv("SHARDPORT_FAKE_NODE", n == 0 ? "0" : "1", 1);
-    int rc = sp_test_daemon_start(d[n], args);
+    int rc = daemon_start(d[n], args);
     dup2(saved, 2);
     ck_assert_int_eq(rc, 0);
   }
@@ -317,7 +328,7 @@ void world_small_pool_start(void) {
   ck_assert_int_eq(fclose(f), 0);
   const char *args[] = {"--backend", "cuda", "--config", small_pool_conf_,
                         NULL};
-  ck_assert_int_eq(sp_test_daemon_start(&world_node0, args), 0);
+  ck_assert_int_eq(daemon_start(&world_node0, args), 0);
 }
 
 void world_small_pool_stop(void) {

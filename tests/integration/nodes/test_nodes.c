@@ -25,6 +25,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -384,6 +385,89 @@ START_TEST(digests_agree_and_status_shows_nodes) {
   trainer_free(&w, &sc);
   assert_idle(0);
   assert_idle(1);
+}
+END_TEST
+
+/* Control bytes daemon i sent to and received from node `node` on the
+ * job's control link, and the job's reused plans there. */
+struct control {
+  uint64_t sent, received, reused;
+};
+
+static struct control control_of(int i, uint32_t node) {
+  sp_status_info *st = status_of(i);
+  ck_assert_uint_eq(st->njobs, 1);
+  const sp_job_status *j = &st->jobs[0];
+  ck_assert_uint_gt(j->nnodes, node);
+  struct control c = {.sent = j->nodes[node].control_sent,
+                      .received = j->nodes[node].control_received,
+                      .reused = j->plans_reused};
+  sp_status_free(st);
+  return c;
+}
+
+/* The second export of unchanged registrations reuses the first's plan on
+ * both daemons: the root confirms it by digest, no registrations travel
+ * again, and the control bytes of that export on the link between the
+ * nodes are a small part of the first's (which carried every rank's
+ * registrations), both ways.  The bytes each side counts are the bytes
+ * the other counts. */
+START_TEST(repeated_export_reuses_the_plan) {
+  struct scenario sc = {.world = 4, .nkeys = NMIXED, .keys = mixed_keys,
+                        .group = mixed_group, .exports = 2, .gate = true,
+                        .hold = true};
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  trainer_wait_gate(&w, &sc, UINT32_MAX);
+  struct control root1 = control_of(0, 1), member1 = control_of(1, 0);
+  ck_assert_uint_eq(root1.reused, 0);
+  ck_assert_uint_eq(member1.reused, 0);
+  ck_assert_uint_gt(root1.sent, 0);
+  ck_assert_uint_eq(root1.sent, member1.received);
+  ck_assert_uint_eq(root1.received, member1.sent);
+  trainer_open_gate(&w, &sc, UINT32_MAX);
+  trainer_wait_held(&w, &sc);
+  struct control root2 = control_of(0, 1), member2 = control_of(1, 0);
+  ck_assert_uint_eq(root2.reused, 1);
+  ck_assert_uint_eq(member2.reused, 1);
+  ck_assert_uint_eq(root2.sent, member2.received);
+  ck_assert_uint_eq(root2.received, member2.sent);
+  uint64_t root_export2 = root2.sent - root1.sent;
+  uint64_t member_export2 = member2.sent - member1.sent;
+  ck_assert_msg(root_export2 * 4 < root1.sent,
+                "the root sent %" PRIu64 " control bytes for the reused "
+                "export, against %" PRIu64 " for the first",
+                root_export2, root1.sent);
+  ck_assert_msg(member_export2 * 4 < member1.sent,
+                "the member sent %" PRIu64 " control bytes for the reused "
+                "export, against %" PRIu64 " for the first",
+                member_export2, member1.sent);
+  trainer_release(&w, &sc);
+  trainer_finish(&w, &sc);
+  trainer_assert_exported(&w, &sc);
+  trainer_free(&w, &sc);
+}
+END_TEST
+
+/* A rank of the second node leaves and joins again, registering anew,
+ * between two exports: the second is gathered and planned in full on both
+ * daemons, and exports every byte. */
+START_TEST(a_rank_registering_anew_invalidates_the_plan_everywhere) {
+  struct scenario sc = {.world = 4, .nkeys = NMIXED, .keys = mixed_keys,
+                        .group = mixed_group, .exports = 2,
+                        .fault = REJOIN_AFTER_FIRST, .victim = 3,
+                        .gate = true, .hold = true};
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  trainer_wait_gate(&w, &sc, UINT32_MAX);
+  trainer_open_gate(&w, &sc, UINT32_MAX);
+  trainer_wait_held(&w, &sc);
+  ck_assert_uint_eq(control_of(0, 1).reused, 0);
+  ck_assert_uint_eq(control_of(1, 0).reused, 0);
+  trainer_release(&w, &sc);
+  trainer_finish(&w, &sc);
+  trainer_assert_exported(&w, &sc);
+  trainer_free(&w, &sc);
 }
 END_TEST
 
@@ -1313,6 +1397,8 @@ int main(int argc, char **argv) {
   tcase_add_test(exp, two_nodes_export_as_one_does);
   tcase_add_test(exp, more_than_4096_keys_across_nodes);
   tcase_add_test(exp, digests_agree_and_status_shows_nodes);
+  tcase_add_test(exp, repeated_export_reuses_the_plan);
+  tcase_add_test(exp, a_rank_registering_anew_invalidates_the_plan_everywhere);
   tcase_add_loop_test(exp, refusal_reaches_every_node_alike, 0,
                       sizeof refusals / sizeof refusals[0]);
   tcase_add_test(exp, tensor_parallel_replicas_across_nodes);

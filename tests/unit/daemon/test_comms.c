@@ -36,7 +36,7 @@ static void setup(void) {
   job.mesh = (struct mesh *)&spans_nodes;
   snprintf(job.hex, sizeof job.hex, "%s", "0123456789abcdef0123456789abcdef");
   char msg[SP_ERRMSG_MAX + 1];
-  ck_assert_int_eq(gpu_comms_unique_id(gpu, job.nccl_id, msg, sizeof msg), 0);
+  ck_assert_int_eq(gpu_comms_unique_id(gpu, job.nccl_id, &job.nccl_root, msg, sizeof msg), 0);
   job.has_nccl_id = true;
   for (int r = 0; r < 2; r++) {
     memset(&members[r], 0, sizeof members[r]);
@@ -116,11 +116,17 @@ START_TEST(a_rank_leaving_before_the_first_export_drops_them) {
   /* Joins no longer start them: the first export makes them. */
   comms_join(&job);
   ck_assert_ptr_null(job.gpu_comms);
-  struct comms_want w = want(3, 0, job.nccl_id);
+  /* From a fresh id: the dropped ones used the job's, whose bootstrap
+   * root ended once their ranks checked in (docs/fakes.md). */
+  uint8_t fresh[GPU_NCCL_ID_BYTES];
+  struct gpu_nccl_root *fresh_root;
   char msg[SP_ERRMSG_MAX + 1];
+  ck_assert_int_eq(gpu_comms_unique_id(gpu, fresh, &fresh_root, msg, sizeof msg), 0);
+  struct comms_want w = want(3, 0, fresh);
   ck_assert_msg(comms_for_export(&job, &w, msg, sizeof msg) == 0, "%s", msg);
   ck_assert_ptr_nonnull(job.gpu_comms);
   ck_assert(gpu_comms_match(job.gpu_comms, w.ranks, w.n));
+  gpu_nccl_root_end(fresh_root);
 }
 END_TEST
 
@@ -153,11 +159,13 @@ START_TEST(a_later_generation_does_not_take_the_join_time_set) {
    * join-time set does not serve, whatever ranks it holds (it is freed on
    * a helper thread, so its address may come back for the new set). */
   uint8_t fresh[GPU_NCCL_ID_BYTES];
+  struct gpu_nccl_root *fresh_root;
   char msg[SP_ERRMSG_MAX + 1];
-  ck_assert_int_eq(gpu_comms_unique_id(gpu, fresh, msg, sizeof msg), 0);
+  ck_assert_int_eq(gpu_comms_unique_id(gpu, fresh, &fresh_root, msg, sizeof msg), 0);
   struct comms_want w = want(3, 1, fresh);
   ck_assert_msg(comms_for_export(&job, &w, msg, sizeof msg) == 0, "%s", msg);
   ck_assert_uint_eq(job.gpu_comms_gen, 1);
+  gpu_nccl_root_end(fresh_root);
 }
 END_TEST
 
@@ -173,11 +181,13 @@ START_TEST(a_new_generation_replaces_aborted_ones_and_the_old_is_refused) {
   ck_assert_msg(strstr(msg, "aborted by an earlier failure") != NULL, "%s",
                 msg);
   uint8_t fresh[GPU_NCCL_ID_BYTES];
-  ck_assert_int_eq(gpu_comms_unique_id(gpu, fresh, msg, sizeof msg), 0);
+  struct gpu_nccl_root *fresh_root;
+  ck_assert_int_eq(gpu_comms_unique_id(gpu, fresh, &fresh_root, msg, sizeof msg), 0);
   w = want(3, 1, fresh);
   ck_assert_msg(comms_for_export(&job, &w, msg, sizeof msg) == 0, "%s", msg);
   ck_assert(!gpu_comms_failed(job.gpu_comms));
   ck_assert_uint_eq(job.gpu_comms_gen, 1);
+  gpu_nccl_root_end(fresh_root);
 }
 END_TEST
 

@@ -686,6 +686,73 @@ START_TEST(data_streams_bounded) {
 }
 END_TEST
 
+/* A confirmed plan with a roster as well, and registrations named by a
+ * digest that is not an unsigned integer. */
+static void plan_reuse_with_nodes(msgpack_packer *pk) {
+  sp__pack_kv_u64(pk, "gather", 1);
+  sp__pack_kv_u64(pk, "export_id", 1);
+  sp__pack_kv_u64(pk, "max_keys", 0);
+  sp__pack_kv_u64(pk, "max_bytes", 0);
+  sp__pack_kv_u64(pk, "timeout_ms", 0);
+  sp__pack_kv_u64(pk, "reuse", 7);
+  sp__pack_str(pk, "rank_nodes");
+  msgpack_pack_array(pk, 1);
+  msgpack_pack_uint32(pk, 0);
+}
+
+static void ask_digest_not_uint(msgpack_packer *pk) {
+  sp__pack_kv_u64(pk, "gather", 1);
+  sp__pack_kv_u64(pk, "rank", 0);
+  sp__pack_kv_u64(pk, "max_keys", 0);
+  sp__pack_kv_u64(pk, "max_bytes", 0);
+  sp__pack_kv_u64(pk, "timeout_ms", 0);
+  sp__pack_kv_str(pk, "meta_digest", "x");
+}
+
+/* Registrations named by their digest, and a plan confirmed by its
+ * digest, which carries no roster and no ranks' nodes (version 7). */
+START_TEST(reused_plans_round_trip_and_are_bounded) {
+  struct nodemsg in = {.op = NODEMSG_ASK,
+                       .gather = 3,
+                       .rank = 1,
+                       .has_meta_digest = true,
+                       .meta_digest = UINT64_MAX};
+  struct nodemsg out;
+  ck_assert_int_eq(round_trip(&in, &out), 0);
+  ck_assert(out.has_meta_digest);
+  ck_assert_uint_eq(out.meta_digest, UINT64_MAX);
+  nodemsg_free(&out);
+  in.has_meta_digest = false;
+  ck_assert_int_eq(round_trip(&in, &out), 0);
+  ck_assert(!out.has_meta_digest);
+  nodemsg_free(&out);
+
+  in = (struct nodemsg){.op = NODEMSG_PLAN,
+                        .gather = 4,
+                        .export_id = 9,
+                        .comm_gen = 2,
+                        .has_reuse = true,
+                        .reuse = 0x8000000000000001u};
+  ck_assert_int_eq(round_trip(&in, &out), 0);
+  ck_assert(out.has_reuse);
+  ck_assert_uint_eq(out.reuse, 0x8000000000000001u);
+  ck_assert_uint_eq(out.comm_gen, 2);
+  ck_assert_uint_eq(out.nnodes, 0);
+  ck_assert_ptr_null(out.rank_nodes);
+  nodemsg_free(&out);
+
+  char why[256];
+  ck_assert_int_eq(parse_crafted("plan", 7, plan_reuse_with_nodes, why,
+                                 sizeof why),
+                   SP_EINVAL);
+  ck_assert_ptr_nonnull(strstr(why, "reuse"));
+  ck_assert_int_eq(parse_crafted("ask", 6, ask_digest_not_uint, why,
+                                 sizeof why),
+                   SP_EBADMSG);
+  ck_assert_ptr_nonnull(strstr(why, "meta_digest"));
+}
+END_TEST
+
 START_TEST(messages_refused) {
   char why[256];
   ck_assert_int_eq(parse_crafted("peer_hello", 6, hello_short_proof, why,
@@ -898,6 +965,7 @@ int main(void) {
   tcase_add_test(tc, messages_round_trip);
   tcase_add_test(tc, replica_digests_bounded);
   tcase_add_test(tc, messages_refused);
+  tcase_add_test(tc, reused_plans_round_trip_and_are_bounded);
   tcase_add_test(tc, data_streams_bounded);
   tcase_add_test(tc, meta_rebuilds_the_registry);
   tcase_add_test(tc, meta_checks_views_again);

@@ -502,8 +502,10 @@ int main(int argc, char **argv) {
   if (gpu_open(&ns.gpu, msg, sizeof msg) != 0)
     return fail("error gpu_open: %s", msg, 2);
   int status = 2;
+  /* The ids' bootstrap roots, hosted by helpers until this node ends. */
+  struct gpu_nccl_root *roots[2] = {NULL, NULL};
   if (make_id) {
-    if (gpu_comms_unique_id(ns.gpu, id, msg, sizeof msg) != 0) {
+    if (gpu_comms_unique_id(ns.gpu, id, &roots[0], msg, sizeof msg) != 0) {
       fail("error %s", msg, 2);
       goto out;
     }
@@ -514,7 +516,7 @@ int main(int argc, char **argv) {
     fflush(stdout);
   }
   if (make_id2) {
-    if (gpu_comms_unique_id(ns.gpu, ids[1], msg, sizeof msg) != 0) {
+    if (gpu_comms_unique_id(ns.gpu, ids[1], &roots[1], msg, sizeof msg) != 0) {
       fail("error %s", msg, 2);
       goto out;
     }
@@ -597,5 +599,7 @@ int main(int argc, char **argv) {
 out:
   fflush(stdout);
   node_free(&ns);
+  gpu_nccl_root_end(roots[0]);
+  gpu_nccl_root_end(roots[1]);
   return status;
 }

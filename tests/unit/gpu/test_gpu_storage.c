@@ -10,6 +10,8 @@
  * posix_spawn.
  */
 #include <check.h>
+#include <dirent.h>
+#include <dlfcn.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,27 +50,34 @@ static int cumem_fd(struct gpu *gpu, size_t size,
 }
 
 /* Queues a copy of the whole mapping into a segment (slow: the test runs
- * with SHARDPORT_FAKE_DELAY_US) on a stream that is given back still busy,
- * as a run of the engine that gave up waiting gives its streams back;
+ * with SHARDPORT_FAKE_DELAY_US) on stream, which nobody waits for;
  * closes the storage at once; and checks that the copy ran on memory still
  * mapped: the close waited for it. */
-static void copy_then_close(struct gpu *gpu, struct gpu_mapping *m,
-                            size_t len) {
+static void copy_on_then_close(struct gpu *gpu, cudaStream_t stream,
+                               struct gpu_mapping *m, size_t len) {
   struct gpu_segment *seg;
   char why[SP_ERRMSG_MAX + 1];
   ck_assert_int_eq(gpu_segment_new(gpu, 0, len, &seg, why, sizeof why), 0);
-  cudaStream_t stream;
-  ck_assert_int_eq(gpu_stream_take(gpu, 0, &stream, why, sizeof why), 0);
   struct xfer_box box = {.ndim = 1, .elem_size = 1, .shape = {(int64_t)len},
                          .src_stride = {1}, .dst_stride = {1}};
   ck_assert_int_eq(gpu_box_copy(gpu, stream, gpu_segment_info(seg)->ptr,
                                 m->data, &box, why, sizeof why),
                    0);
-  gpu_stream_give(gpu, 0, stream);
   gpu_storage_close(gpu, m);
   CUDA_OK(gpu->api.cudaStreamSynchronize(stream));
   ck_assert_int_eq(gpu_failure(gpu, 0, why, sizeof why), -1);
   gpu_segment_free(gpu, seg);
+}
+
+/* The same on a stream of the engine's, given back busy, as a run of the
+ * engine that gave up waiting gives its streams back. */
+static void copy_then_close(struct gpu *gpu, struct gpu_mapping *m,
+                            size_t len) {
+  cudaStream_t stream;
+  char why[SP_ERRMSG_MAX + 1];
+  ck_assert_int_eq(gpu_stream_take(gpu, 0, &stream, why, sizeof why), 0);
+  gpu_stream_give(gpu, 0, stream);
+  copy_on_then_close(gpu, stream, m, len);
 }
 
 START_TEST(a_cumem_storage_is_unmapped_only_after_its_queued_copies) {
@@ -109,6 +118,83 @@ START_TEST(an_ipc_storage_is_closed_only_after_its_queued_copies) {
   copy_then_close(gpu, &m, 4096);
   child_kill(&producer, SIGKILL);
   child_finish(&producer, 10000, NULL, 0);
+  gpu_close(gpu);
+}
+END_TEST
+
+START_TEST(a_storage_is_unmapped_only_after_a_communicator_s_packs) {
+  /* A communicator's stream packs a send bucket from a trainer's storage
+   * (comm.c, copy_bucket): closing the storage waits for it too. */
+  setenv("SHARDPORT_FAKE_DELAY_US", "200000", 1);
+  struct gpu *gpu = open_gpu();
+  char why[SP_ERRMSG_MAX + 1];
+  uint8_t id[GPU_NCCL_ID_BYTES];
+  struct gpu_nccl_root *root;
+  ck_assert_int_eq(gpu_comms_unique_id(gpu, id, &root, why, sizeof why), 0);
+  struct gpu_comms *c;
+  ck_assert_int_eq(gpu_comms_begin(gpu, id, 1, &c, why, sizeof why), 0);
+  const struct gpu_comm_rank rank = {.rank = 0, .device = 0};
+  ck_assert_int_eq(gpu_comms_add(c, &rank, 1, why, sizeof why), 0);
+  int rc;
+  while ((rc = gpu_comms_poll(c, why, sizeof why)) == 1)
+    gpu_backoff(&(unsigned){0});
+  ck_assert_msg(rc == 0, "%s", why);
+  CUmemGenericAllocationHandle h;
+  int fd = cumem_fd(gpu, 2u << 20, &h);
+  struct gpu_mapping m;
+  rc = gpu_storage_open(gpu, 0, GPU_STORAGE_FD, NULL, fd, 0, 4096, &m, why,
+                        sizeof why);
+  ck_assert_msg(rc == 0, "%s", why);
+  close(fd);
+  copy_on_then_close(gpu, gpu_comms_stream(c, 0), &m, 4096);
+  DRV_OK(gpu->api.cuMemRelease(h));
+  gpu_comms_free(c);
+  gpu_nccl_root_end(root);
+  gpu_close(gpu);
+}
+END_TEST
+
+/* The threads of this process. */
+static int thread_count(void) {
+  DIR *d = opendir("/proc/self/task");
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;)
+    n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+/* Whether a Unix socket of this machine is bound to the fake NCCL's root
+ * address of id ("@spfake-nccl-root-<token>" in /proc/net/unix). */
+static bool root_listens(const uint8_t id[GPU_NCCL_ID_BYTES]) {
+  char name[64];
+  snprintf(name, sizeof name, "@spfake-nccl-root-%.32s",
+           (const char *)id + 8);
+  FILE *f = fopen("/proc/net/unix", "r");
+  ck_assert_ptr_nonnull(f);
+  char line[512];
+  bool found = false;
+  while (!found && fgets(line, sizeof line, f) != NULL)
+    found = strstr(line, name) != NULL;
+  fclose(f);
+  return found;
+}
+
+START_TEST(an_unused_id_leaves_no_bootstrap_root_behind) {
+  /* A generation whose ranks never check in: its id's root (a thread and
+   * a listening socket that real NCCL keeps until they do) is not in this
+   * process, and is gone once the generation is given up. */
+  struct gpu *gpu = open_gpu();
+  char why[SP_ERRMSG_MAX + 1];
+  int threads = thread_count();
+  uint8_t id[GPU_NCCL_ID_BYTES];
+  struct gpu_nccl_root *root;
+  ck_assert_int_eq(gpu_comms_unique_id(gpu, id, &root, why, sizeof why), 0);
+  ck_assert(root_listens(id));
+  ck_assert_int_eq(thread_count(), threads);
+  gpu_nccl_root_end(root);
+  ck_assert(!root_listens(id));
   gpu_close(gpu);
 }
 END_TEST
@@ -167,14 +253,71 @@ START_TEST(a_node_whose_gpus_are_all_prohibited_has_no_cuda_backend) {
 }
 END_TEST
 
+/* The fake runtime's count of copy calls (spfake_copy_calls), from the
+ * library the backend loaded. */
+static unsigned long copy_calls(void) {
+  void *lib = dlopen(getenv("SHARDPORT_CUDART_LIB"), RTLD_NOW | RTLD_NOLOAD);
+  ck_assert_ptr_nonnull(lib);
+  unsigned long (*calls)(void) =
+      (unsigned long (*)(void))dlsym(lib, "spfake_copy_calls");
+  ck_assert_ptr_nonnull(calls);
+  unsigned long n = calls();
+  dlclose(lib);
+  return n;
+}
+
+START_TEST(a_strided_innermost_dimension_is_one_copy_per_3d_block) {
+  /* Every other float of a [3, 64, 30] slice (x[:, :, :30:2] of a tensor
+   * padded by a row between its outermost slices, so that no two
+   * dimensions merge into one) into a dense [3, 64, 15]: one
+   * cudaMemcpy3DAsync per outermost index, each of exactly as many rows
+   * as a slice holds on the destination, where single-element 2-D columns
+   * took one call per row (192). */
+  struct gpu *gpu = open_gpu();
+  enum { A = 3, B = 64, C = 32, CH = C / 2 - 1 };
+  float *src, *dst;
+  CUDA_OK(gpu->api.cudaSetDevice(0));
+  enum { SLICE = (B + 1) * C };
+  CUDA_OK(gpu->api.cudaMalloc((void **)&src, sizeof(float) * A * SLICE));
+  CUDA_OK(gpu->api.cudaMalloc((void **)&dst, sizeof(float) * A * B * CH));
+  for (int i = 0; i < A * SLICE; i++)
+    src[i] = (float)i;
+  cudaStream_t stream;
+  char why[SP_ERRMSG_MAX + 1];
+  ck_assert_int_eq(gpu_stream_take(gpu, 0, &stream, why, sizeof why), 0);
+  struct xfer_box box = {.ndim = 3, .elem_size = sizeof(float),
+                         .shape = {A, B, CH},
+                         .src_stride = {SLICE, C, 2},
+                         .dst_stride = {B * CH, CH, 1}};
+  unsigned long before = copy_calls();
+  ck_assert_int_eq(gpu_box_copy(gpu, stream, (uint8_t *)dst,
+                                (const uint8_t *)src, &box, why, sizeof why),
+                   0);
+  ck_assert_uint_eq(copy_calls() - before, A);
+  CUDA_OK(gpu->api.cudaStreamSynchronize(stream));
+  for (int a = 0; a < A; a++)
+    for (int b = 0; b < B; b++)
+      for (int c = 0; c < CH; c++)
+        ck_assert_float_eq(dst[(a * B + b) * CH + c],
+                           src[a * SLICE + b * C + 2 * c]);
+  gpu_stream_give(gpu, 0, stream);
+  CUDA_OK(gpu->api.cudaFree(src));
+  CUDA_OK(gpu->api.cudaFree(dst));
+  gpu_close(gpu);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("gpu-storage");
   TCase *tc = tcase_create("storages");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, a_cumem_storage_is_unmapped_only_after_its_queued_copies);
   tcase_add_test(tc, an_ipc_storage_is_closed_only_after_its_queued_copies);
+  tcase_add_test(tc, a_storage_is_unmapped_only_after_a_communicator_s_packs);
   tcase_add_test(tc, a_gpu_in_exclusive_process_mode_is_skipped_with_its_reason);
   tcase_add_test(tc, a_node_whose_gpus_are_all_prohibited_has_no_cuda_backend);
+  tcase_add_test(tc, a_strided_innermost_dimension_is_one_copy_per_3d_block);
+  tcase_add_test(tc, an_unused_id_leaves_no_bootstrap_root_behind);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -94,6 +94,11 @@ void nodelink_await(struct nodelink *l, bool waiting) {
 
 uint8_t *nodelink_handshake(struct nodelink *l) { return l->handshake; }
 
+void nodelink_count_into(
+    struct nodelink *l, struct metrics_bytes *const counts[NODELINK_COUNTERS]) {
+  memcpy(l->counts, counts, sizeof l->counts);
+}
+
 void nodelink_expect_blobs(struct nodelink *l, uint32_t n) {
   l->expect_blobs = n;
 }
@@ -519,6 +524,8 @@ void fake_setup(void) {
   F.srv.backend = &F.backend;
   F.srv.mesh_ops = &fake_ops;
   F.srv.node_id = 1;
+  F.srv.metrics = metrics_new("fake", "the wing's unit tests", NULL, NULL);
+  ck_assert_ptr_nonnull(F.srv.metrics);
   /* Any descriptor number: the wing only asks whether peers are heard. */
   F.srv.peer_fd = 1000;
   snprintf(F.srv.peer_address, sizeof F.srv.peer_address, "10.0.0.1:7000");
@@ -560,4 +567,5 @@ void fake_teardown(void) {
     free(c);
   }
   ck_assert_ptr_null(F.srv.users);
+  metrics_free(F.srv.metrics);
 }

@@ -27,6 +27,8 @@ struct nodelink {
   void *arg;
   bool dialled, closed, closing, identified, awaiting;
   uint32_t expect_blobs;
+  /* What the wing counts the link's bytes into (the fake counts none). */
+  struct metrics_bytes *counts[NODELINK_COUNTERS];
   uint8_t handshake[PEERAUTH_NONCE_BYTES];
   void (*detach_fn)(void *arg, int sock);
   void *detach_arg;

@@ -291,6 +291,97 @@ START_TEST(root_gathers_plans_and_publishes) {
 }
 END_TEST
 
+/* Export 1 of root_export_started runs to its end, every node having
+ * planned digest. */
+static void root_export_published(struct job *job, struct nodelink *l,
+                                  uint64_t digest) {
+  struct replica_digests none = {0};
+  mesh_planned(job, digest, &none);
+  node_planned(l, digest);
+  node_data_link_up(job);
+  mesh_advance(job);
+  ck_assert_uint_eq(fake_count(l, NODEMSG_GO), 1);
+  mesh_moved(job);
+  mesh_advance(job);
+  struct nodemsg moved = msg_of(NODEMSG_MOVED, 1);
+  fake_deliver(l, &moved);
+  mesh_advance(job);
+  ck_assert_int_eq(F.publishes, 1);
+  mesh_export_free(F.mx);
+  F.mx = NULL;
+}
+
+/* Node 1's rank asks for gather 2 naming its registrations by digest. */
+static void node_asks_kept(struct nodelink *l, uint64_t digest) {
+  struct nodemsg a = {.op = NODEMSG_ASK, .gather = 2, .rank = 1,
+                      .has_meta_digest = true, .meta_digest = digest};
+  fake_deliver(l, &a);
+}
+
+/* Nothing changed since every node planned export 1 alike: the root's own
+ * rank and node 1's name their registrations by digest, and the root
+ * confirms the plan by its digest, with no roster and no registrations;
+ * the root's own node starts it from what it kept. */
+START_TEST(root_confirms_an_unchanged_plan_by_digest) {
+  struct nodelink *l;
+  struct job *job = root_export_started(&l);
+  root_export_published(job, l, 0x1234);
+  fake_ask(job->members[0], 0, 0);
+  mesh_asks(job);
+  mesh_advance(job);
+  struct nodeblob kept = {.payload = node1_meta, .len = sizeof node1_meta};
+  size_t blobs = fake_count(l, NODEMSG_PLAN);
+  node_asks_kept(l, nodeblob_digest(&kept));
+  const struct nodemsg *p = fake_last(l, NODEMSG_PLAN);
+  ck_assert_uint_eq(fake_count(l, NODEMSG_PLAN), blobs + 1);
+  ck_assert(p->has_reuse);
+  ck_assert_uint_eq(p->reuse, 0x1234);
+  ck_assert_uint_eq(p->gather, 2);
+  ck_assert_ptr_eq(&l->sent[l->nsent - 1].m, p);
+  mesh_advance(job);
+  ck_assert_int_eq(F.starts, 2);
+  ck_assert(F.mx->reused);
+  ck_assert_uint_eq(F.mx->nmetas, 2);
+  ck_assert_uint_eq(F.mx->metas[1]->len, sizeof node1_meta);
+  ck_assert_mem_eq(F.mx->metas[1]->payload, node1_meta, sizeof node1_meta);
+  ck_assert_uint_eq(job->mesh->plans_reused, 1);
+}
+END_TEST
+
+/* A rank of node 1 left and joined again after export 1: the next plan is
+ * gathered in full, and an ask naming registrations the root no longer
+ * holds fails the gather on every node. */
+START_TEST(root_forgets_the_plan_when_a_rank_comes_back) {
+  struct nodelink *l;
+  struct job *job = root_export_started(&l);
+  root_export_published(job, l, 0x1234);
+  struct nodemsg left = {.op = NODEMSG_LEFT, .rank = 1};
+  fake_deliver(l, &left);
+  node_rank_joins(l, 1, 8);
+  fake_ask(job->members[0], 0, 0);
+  mesh_asks(job);
+  mesh_advance(job);
+  struct nodeblob kept = {.payload = node1_meta, .len = sizeof node1_meta};
+  node_asks_kept(l, nodeblob_digest(&kept));
+  const struct nodemsg *f = fake_last(l, NODEMSG_FAIL);
+  ck_assert_ptr_nonnull(f);
+  ck_assert_int_eq(f->code, SP_EBADMSG);
+  ck_assert_ptr_nonnull(strstr(f->message, "rank 1"));
+  ck_assert_uint_eq(fake_count(l, NODEMSG_PLAN), 1);
+  /* Asked in full, the next gather's plan relays every registration. */
+  mesh_advance(job);
+  fake_ask(job->members[0], 0, 0);
+  mesh_asks(job);
+  mesh_advance(job);
+  node_asks(l, 3, 1, 0);
+  const struct nodemsg *p = fake_last(l, NODEMSG_PLAN);
+  ck_assert_uint_eq(fake_count(l, NODEMSG_PLAN), 2);
+  ck_assert(!p->has_reuse);
+  ck_assert_uint_eq(p->nnodes, 2);
+  ck_assert_ptr_nonnull(fake_blob_after(l, NODEMSG_PLAN, 1));
+}
+END_TEST
+
 /* A save (docs/checkpoints.md): the plan carries the ranks' one limit,
  * and after publish the root holds the commit, one step at a time: it
  * tells every node a step only once every node's ranks reported it. */
@@ -732,6 +823,13 @@ static const struct nodeblob *member_asks_in(struct job *job,
   ck_assert_uint_eq(a->rank, 1);
   ck_assert_uint_eq(a->max_keys, 64);
   ck_assert_uint_eq(a->timeout_ms, 3000);
+  /* Registrations the root relayed last go as their digest alone. */
+  const struct nodeblob *kept = job->mesh->kept_metas[1];
+  if (a->has_meta_digest) {
+    ck_assert_ptr_nonnull(kept);
+    ck_assert_uint_eq(a->meta_digest, nodeblob_digest(kept));
+    return kept;
+  }
   return fake_blob_after(r, NODEMSG_ASK, 0);
 }
 
@@ -940,6 +1038,58 @@ START_TEST(member_refuses_registrations_it_did_not_send) {
 }
 END_TEST
 
+/* After a plan received in full, the rank's unchanged registrations go
+ * as their digest alone; the root's confirmation of the plan the node
+ * planned starts the export from what the node kept. */
+START_TEST(member_reuses_the_plan_the_root_confirms) {
+  struct conn *c = fake_conn();
+  struct nodelink *r;
+  struct job *job = member_joined(c, &r);
+  const struct nodeblob *meta1 = member_asks(job, r);
+  struct nodeblob sent = *meta1;
+  root_sends_plan(r, meta1);
+  struct replica_digests none = {0};
+  mesh_planned(job, 77, &none);
+  mesh_export_free(F.mx);
+  F.mx = NULL;
+  size_t frames = r->nsent;
+  fake_ask(job->members[1], 64, 3000);
+  mesh_asks(job);
+  ck_assert_uint_eq(r->nsent, frames + 1);
+  const struct nodemsg *a = fake_last(r, NODEMSG_ASK);
+  ck_assert(a->has_meta_digest);
+  ck_assert_uint_eq(a->meta_digest, nodeblob_digest(&sent));
+  struct nodemsg p = {.op = NODEMSG_PLAN, .gather = 1, .export_id = 2,
+                      .timeout_ms = 3000, .has_reuse = true, .reuse = 77};
+  fake_deliver(r, &p);
+  ck_assert_uint_eq(r->expect_blobs, 0);
+  ck_assert_int_eq(F.starts, 2);
+  ck_assert(F.mx->reused);
+  ck_assert_uint_eq(job->mesh->plans_reused, 1);
+}
+END_TEST
+
+/* A node that holds no plan of the digest the root confirmed (its daemon
+ * lost what it kept) refuses it: every node's ranks hear why, and the
+ * root, which forgets the plan, gathers the next export in full. */
+START_TEST(member_without_the_confirmed_plan_refuses_it) {
+  struct conn *c = fake_conn();
+  struct nodelink *r;
+  struct job *job = member_joined(c, &r);
+  member_asks(job, r);
+  struct nodemsg p = {.op = NODEMSG_PLAN, .gather = 1, .export_id = 1,
+                      .timeout_ms = 3000, .has_reuse = true, .reuse = 77};
+  fake_deliver(r, &p);
+  ck_assert_int_eq(F.starts, 0);
+  const struct nodemsg *f = fake_last(r, NODEMSG_FAIL);
+  ck_assert_ptr_nonnull(f);
+  ck_assert_int_eq(f->code, SP_ESTATE);
+  ck_assert_ptr_nonnull(strstr(f->message, "does not hold the plan"));
+  ck_assert_int_eq(F.fail_asks, 1);
+  ck_assert_int_eq(F.fail_asks_code, SP_ESTATE);
+}
+END_TEST
+
 START_TEST(member_fails_on_the_roots_word) {
   struct conn *c = fake_conn();
   struct nodelink *r;
@@ -999,6 +1149,8 @@ static Suite *mesh_suite(void) {
   tcase_add_test(root, root_fails_a_save_whose_ranks_disagree_on_overwrite);
   tcase_add_test(root, root_fails_a_save_a_rank_of_another_node_refused);
   tcase_add_test(root, root_gathers_plans_and_publishes);
+  tcase_add_test(root, root_confirms_an_unchanged_plan_by_digest);
+  tcase_add_test(root, root_forgets_the_plan_when_a_rank_comes_back);
   tcase_add_test(root, root_fails_different_plans_everywhere);
   tcase_add_test(root, root_fails_a_gather_whose_ranks_disagree);
   tcase_add_test(root, root_times_a_gather_out_at_its_deadline);
@@ -1015,6 +1167,8 @@ static Suite *mesh_suite(void) {
   tcase_add_test(member, member_dials_its_streams_again_after_a_failed_export);
   tcase_add_test(member, member_refuses_registrations_it_did_not_send);
   tcase_add_test(member, member_fails_on_the_roots_word);
+  tcase_add_test(member, member_reuses_the_plan_the_root_confirms);
+  tcase_add_test(member, member_without_the_confirmed_plan_refuses_it);
   tcase_add_test(member, member_loses_its_root);
   suite_add_tcase(s, member);
   return s;
