@@ -91,6 +91,9 @@ JOB = {
     "node": is_uint,
     "plans_reused": is_uint,
     "nodes": lambda v: type(v) is list,
+    "pushes": is_uint,
+    "push_plans": is_uint,
+    "consumers": lambda v: type(v) is list,
 }
 
 ENTRY = {
@@ -164,7 +167,7 @@ def check_status(obj, socket):
             check_fields(node, NODE, f"jobs[{i}].nodes[{k}]")
     if obj["socket"] != socket:
         raise Bad(f"socket {obj['socket']!r} != {socket!r}")
-    if obj["protocol_version"] != 3 or obj["uptime_s"] < 0:
+    if obj["protocol_version"] != 4 or obj["uptime_s"] < 0:
         raise Bad("implausible values")
 
 
@@ -222,13 +225,15 @@ def check_fake(obj):
          "bytes_total": 1 << 30, "rate_bps": 5e8, "plan_digest": None,
          "asked": 0, "export_id": 0, "bytes_prepared": 0,
          "bytes_to_prepare": 0, "bytes_written": 0, "bytes_to_write": 0,
-         "node": 0, "plans_reused": 0, "nodes": []},
+         "node": 0, "plans_reused": 0, "nodes": [], "pushes": 0,
+         "push_plans": 0, "consumers": []},
         {"job_id": "a1", "phase": "failed", "error": "rank 3 lost",
          "world": 2, "joined": 1, "round": 0, "rounds": 0, "bytes_moved": 0,
          "bytes_total": 0, "rate_bps": 0, "plan_digest": None, "asked": 0,
          "export_id": 0, "bytes_prepared": 0, "bytes_to_prepare": 0,
          "bytes_written": 0, "bytes_to_write": 0, "node": 0,
-         "plans_reused": 0, "nodes": []},
+         "plans_reused": 0, "nodes": [], "pushes": 0, "push_plans": 0,
+         "consumers": []},
     ]
     if jobs != want_jobs:
         raise Bad(f"jobs {jobs!r} != {want_jobs!r}")

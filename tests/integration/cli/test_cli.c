@@ -178,7 +178,7 @@ START_TEST(status_table) {
   ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
   ck_assert_uint_eq(r.err_len, 0);
   static const char *const rows[] = {
-      "daemon version    " SP_VERSION "\n", "protocol version  3\n",
+      "daemon version    " SP_VERSION "\n", "protocol version  4\n",
       "backends built    host", "backend active    host",
       "uptime            ", "clients           ",
       "pool              ", "loop busy         ",
@@ -498,7 +498,7 @@ START_TEST(help_and_version) {
   ck_assert_ptr_nonnull(strstr(r.out, "  ping "));
   run_cli((const char *[]){"--version", NULL}, &r);
   ck_assert_int_eq(r.status, 0);
-  ck_assert_str_eq(r.out, "shardport " SP_VERSION " (protocol 3)\n");
+  ck_assert_str_eq(r.out, "shardport " SP_VERSION " (protocol 4)\n");
 }
 END_TEST
 
