@@ -109,6 +109,8 @@ extern "C" {
     "shardportd is stopping and takes no new jobs, ranks or exports")          \
   X(DAEMONRESTARTED, 103, "daemon_restarted",                                  \
     "shardportd stopped or restarted; the job is gone, create it again")      \
+  X(CONSUMERLOST, 104, "consumer_lost",                                        \
+    "a consumer left or died during the push")                                 \
   /* checkpoints */                                                            \
   X(EXISTS, 120, "checkpoint_exists",                                          \
     "a checkpoint exists in that directory already")                           \
@@ -219,7 +221,25 @@ typedef struct sp_job_status {
    * written to their files, and will write. */
   uint64_t bytes_written;
   uint64_t bytes_to_write;
+  /* Consumers (docs/protocol.md, "Consumers"): how many the job was
+   * created with, each as this daemon sees it, and its pushes. */
+  uint32_t nconsumers;
+  struct sp_consumer_status *consumers; /* [nconsumers], by index */
+  uint64_t pushes;     /* pushes finished, delivered or failed */
+  uint64_t push_plans; /* plans built for pushes: a push that reused the
+                          previous push's plan (no registration changed)
+                          adds none */
 } sp_job_status;
+
+/* One consumer of a job, as the daemon answering sees it. */
+typedef struct sp_consumer_status {
+  uint32_t index;
+  char *state;  /* absent, joined, receiving (waits for or takes part in a
+                   push), leaving */
+  int64_t node; /* its node number in the job when known; else -1 */
+  char *device; /* as it joined ("cpu", "cuda:<GPU UUID>"); "" when absent */
+  uint64_t bytes_received; /* into its buffers, every push together */
+} sp_consumer_status;
 
 typedef struct sp_status_info {
   char *daemon_version;
@@ -552,6 +572,152 @@ SP_EXPORT int sp_export(sp_client *client, const sp_export_opts *opts,
  * freed (client is not used then); otherwise client must be the one that
  * exported it (SP_EINVAL, nothing freed). */
 SP_EXPORT int sp_release(sp_client *client, sp_owned_set *set);
+
+/* ---- consumers and pushes (docs/protocol.md, "Consumers") ----
+ *
+ * A consumer is a process outside the trainer ranks (an inference worker)
+ * that receives the job's keys straight into its own buffers, laid out the
+ * way it asks.  A job is created with its trainer ranks and nconsumers
+ * consumers; each consumer joins on the daemon of its own node with the
+ * job's ticket and its index, registers the buffers it grants the daemon
+ * write access to (sp_register_storages on its connection) and, per key it
+ * wants, where its part of the whole tensor lands (sp_register_targets).
+ * Then, as often as they like, every trainer rank calls sp_push and every
+ * consumer sp_receive: one push writes the trainers' current weights into
+ * every consumer's targets, each element sent once by one trainer rank,
+ * no whole tensor assembled unless a consumer asked for one.
+ *
+ * The daemon writes a consumer's buffers only during a push, that is
+ * between the consumer's sp_receive request and its return, and nothing
+ * else: trainers' memory is never written.
+ */
+
+/* Consumers one job may have. */
+#define SP_MAX_CONSUMERS 4096
+
+/* As sp_job_create, for a job of world trainer ranks and nconsumers
+ * consumers (0 <= nconsumers <= SP_MAX_CONSUMERS; 0 is sp_job_create).
+ * The ticket serves trainers and consumers alike. */
+SP_EXPORT int sp_job_create_with_consumers(sp_client *client, uint32_t world,
+                                           uint32_t nconsumers,
+                                           sp_ticket *ticket);
+
+/* Joins this connection to the job as consumer index (0 <= index <
+ * nconsumers, nconsumers the job's), on the daemon of this process's own
+ * node, which may be a node no trainer of the job is on.  device is "cpu"
+ * for host buffers or "cuda:<GPU UUID>".  One job per connection, as a
+ * rank or a consumer; sp_job_leave and sp_close leave it.  SP_ERANK for an
+ * index out of range or joined already, SP_ETICKET, SP_ESTATE, SP_EBACKEND
+ * and SP_EINVAL as sp_job_join.  A consumer that leaves fails the push it
+ * takes part in (SP_ECONSUMERLOST, naming its index, on every trainer and
+ * consumer), and every push after it until it joins again. */
+SP_EXPORT int sp_consumer_join(sp_client *client, const sp_ticket *ticket,
+                               uint32_t index, uint32_t nconsumers,
+                               const char *device);
+
+/* Which part of the whole tensor a target holds. */
+typedef enum sp_target_part {
+  SP_TARGET_WHOLE = 1, /* the whole tensor, at the target's view */
+  SP_TARGET_SHARD,     /* a slice along dim `dim` at the target's view: the
+                          consumers holding the key as a shard concatenate
+                          in consumer index order and tile that dim
+                          (tensor parallel rows or columns; uneven and
+                          empty shards allowed) */
+  SP_TARGET_PIECES,    /* boxes of the whole tensor, each with its own
+                          view in any of the consumer's storages: q, k and
+                          v into one fused buffer at the engine's offsets */
+} sp_target_part;
+
+/* A box of the whole tensor (its first element start, its extent shape,
+ * the target's ndim dims) and the view it lands at: strides and offset in
+ * elements of the key's dtype in storage `storage`. */
+typedef struct sp_target_piece {
+  int64_t start[SP_MAX_DIMS];
+  int64_t shape[SP_MAX_DIMS];
+  uint32_t storage;
+  int64_t stride[SP_MAX_DIMS];
+  int64_t offset;
+} sp_target_piece;
+
+/* Where a consumer wants one key.  dtype and global_shape must be the
+ * trainers'; the view (storage, shape, stride, offset: elements) is the
+ * whole tensor's (whole) or the consumer's slice (shard, its shape the
+ * whole shape but in dim `dim`); pieces for SP_TARGET_PIECES only. */
+typedef struct sp_target_desc {
+  const char *key;
+  const char *dtype; /* PyTorch name, as sp_tensor_desc */
+  uint32_t ndim;
+  int64_t global_shape[SP_MAX_DIMS];
+  sp_target_part part;
+  uint32_t storage; /* whole, shard: an sp_storage_desc id */
+  int64_t shape[SP_MAX_DIMS];
+  int64_t stride[SP_MAX_DIMS];
+  int64_t offset;
+  uint32_t dim; /* shard */
+  size_t npieces;
+  const sp_target_piece *pieces;
+} sp_target_desc;
+
+/* Registers n targets of this consumer, any subset of the job's keys, in
+ * as many frames as they need; each frame is registered whole or not at
+ * all, earlier frames stay registered on failure.  SP_EINVAL, before
+ * anything is sent, for what the wire cannot carry (as sp_register_tensors:
+ * a bad key, a NULL dtype, more than SP_MAX_DIMS dims, a negative shape,
+ * start, stride or offset, an unknown part, pieces on a part other than
+ * SP_TARGET_PIECES, a dim not below ndim); SP_ESTATE on a connection that
+ * is not a consumer; SP_EDUPKEY for a key this consumer registered
+ * already.  The daemon checks each view against its storage at once
+ * (view_out_of_bounds, zero_stride, self_overlap, no_such_storage); the
+ * rest (the trainers' keys, dtypes, shapes, tilings, aliasing between
+ * consumers) is the planner's, and refuses the push on every trainer and
+ * consumer alike (docs/planner.md, "Consumers").
+ *
+ * A consumer's storages (sp_register_storages on its connection) are the
+ * buffers it grants the daemon write access to: on the host backend memfd
+ * storages only, of a file the daemon can map writable (SP_EBADFD
+ * otherwise), refused with SP_EPERM when they share a byte with memory a
+ * trainer of the node registered; a trainer's storage registered later
+ * over a consumer's buffer is refused with SP_EPERM too. */
+SP_EXPORT int sp_register_targets(sp_client *client,
+                                  const sp_target_desc *targets, size_t n);
+
+typedef struct sp_push_opts {
+  uint32_t max_keys;   /* keys per round; 0: 4096 */
+  uint64_t max_bytes;  /* traffic per round; 0: the daemon's default */
+  uint32_t timeout_ms; /* 0: the daemon's export_timeout */
+} sp_push_opts;
+
+/* What one push did, on a trainer or a consumer. */
+typedef struct sp_push_result {
+  uint64_t push_id;  /* the job's pushes, numbered from 1 */
+  uint64_t bytes;    /* a trainer: bytes this rank sent; a consumer: bytes
+                        written into its buffers */
+  int plan_reused;   /* 1: the previous push's plan was reused (no
+                        registration of any trainer or consumer changed) */
+} sp_push_result;
+
+/* Pushes the trainers' current weights into every consumer: a collective
+ * over the job's trainer ranks, which must pass the same max_keys and
+ * max_bytes (SP_EINVAL on every rank otherwise).  The push starts once
+ * every rank pushed and every consumer called sp_receive, and returns
+ * when every consumer's every byte is in place, or with the push's one
+ * error, the same code and message on every trainer and consumer: the
+ * planner's refusals, SP_ECONSUMERLOST or SP_ERANKLOST naming who left,
+ * SP_ETIMEOUT naming who did not come within timeout_ms, SP_EBADFD for a
+ * file cut short.  As for sp_export, a trainer must have finished writing
+ * its storages before it calls.  out (optional) is filled on success. */
+SP_EXPORT int sp_push(sp_client *client, const sp_push_opts *opts,
+                      sp_push_result *out);
+
+/* Takes part in the job's next push as a consumer: returns when every byte
+ * this consumer asked for is in its buffers (on GPUs: with the daemon's
+ * stream work complete), or with the push's error (sp_push says which).
+ * timeout_ms bounds the wait for the push to start and for its progress
+ * (0: the daemon's export_timeout).  Until it returns, the daemon may
+ * write every target; after, it writes none until the next sp_receive.
+ * out (optional) is filled on success. */
+SP_EXPORT int sp_receive(sp_client *client, uint32_t timeout_ms,
+                         sp_push_result *out);
 
 /* ---- checkpoints (docs/checkpoints.md) ---- */
 

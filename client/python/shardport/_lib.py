@@ -84,6 +84,10 @@ class sp_job_status(ctypes.Structure):
         ("bytes_to_prepare", ctypes.c_uint64),
         ("bytes_written", ctypes.c_uint64),
         ("bytes_to_write", ctypes.c_uint64),
+        ("nconsumers", ctypes.c_uint32),
+        ("consumers", ctypes.c_void_p),
+        ("pushes", ctypes.c_uint64),
+        ("push_plans", ctypes.c_uint64),
     ]
 
 
