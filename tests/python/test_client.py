@@ -34,7 +34,7 @@ class ClientTest(unittest.TestCase):
     def test_status(self):
         with shardport.Client(self.socket) as client:
             status = client.status()
-        self.assertEqual(status.protocol_version, 3)
+        self.assertEqual(status.protocol_version, 4)
         self.assertTrue(status.daemon_version)
         self.assertIn("host", status.backends_built)
         self.assertIn(status.backend_active, status.backends_built)
