@@ -60,6 +60,7 @@ struct sp_client {
    * connection that ends then ends the job for this process. */
   bool joined;
   uint32_t rank; /* the rank it joined as */
+  bool consumer; /* it joined as consumer `rank` (sp_consumer_join) */
   /* The job this connection joined: its storages and its live exports. */
   struct client_storages storages;
   struct client_export *exports;
@@ -109,6 +110,30 @@ int client_next(sp_client *c, uint64_t id, uint64_t wait_ms,
                 struct client_reply *reply, struct sp_msg_head *head);
 
 void client_reply_release(struct client_reply *reply);
+
+/* Keys longer than this are refused by the daemon; the library refuses them
+ * first so that one bad key costs no frame. */
+#define CLIENT_KEY_MAX 1024
+
+/* Whether the first n values are all >= 0 (what the wire's uints carry). */
+bool client_non_negative(const int64_t *v, uint32_t n);
+
+/* A registration of n items in as many frames of op as the limits need
+ * (client/register.c): {"op":op,"id":..,field:[item...]}, each answered
+ * with a count.  pack packs item i of arg; items counts the msgpack items
+ * it adds as the wire check counts them (its place in the array, two per
+ * map pair, one per array element).  0, the first frame's refusal (the
+ * frames before it stay registered), or SP_ELIMIT for one item too large
+ * for a frame alone. */
+struct client_batch {
+  const char *op;
+  const char *field;
+  size_t n;
+  void (*pack)(msgpack_packer *pk, const void *arg, size_t i);
+  uint64_t (*items)(const void *arg, size_t i);
+  const void *arg;
+};
+int client_send_batched(sp_client *client, const struct client_batch *b);
 
 /* client/explain.c: the sentence sp_connect_explain returns for a
  * connection to path (origin: where a default path came from, or NULL)

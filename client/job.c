@@ -1,5 +1,6 @@
 /*
- * job.c - sp_job_create, sp_job_join, sp_job_leave.
+ * job.c - sp_job_create (with or without consumers), sp_job_join,
+ * sp_job_leave.
  *
  * The daemon is the one judge of a job's state (joined or not, rank taken,
  * ticket valid); the library checks only what it cannot send, and forgets
@@ -13,13 +14,17 @@
 /* The largest world docs/protocol.md allows. */
 #define JOB_WORLD_MAX 65536u
 
-SP_EXPORT int sp_job_create(sp_client *client, uint32_t world,
-                            sp_ticket *ticket) {
-  if (!client || !ticket || world == 0 || world > JOB_WORLD_MAX)
+SP_EXPORT int sp_job_create_with_consumers(sp_client *client, uint32_t world,
+                                           uint32_t nconsumers,
+                                           sp_ticket *ticket) {
+  if (!client || !ticket || world == 0 || world > JOB_WORLD_MAX ||
+      nconsumers > SP_MAX_CONSUMERS)
     return SP_EINVAL;
   struct sp_msgbuf mb;
-  uint64_t id = client_begin(client, &mb, "job_create", 1);
+  uint64_t id = client_begin(client, &mb, "job_create", nconsumers ? 2 : 1);
   sp__pack_kv_u64(&mb.pk, "world", world);
+  if (nconsumers)
+    sp__pack_kv_u64(&mb.pk, "consumers", nconsumers);
   struct client_reply reply;
   int rc = client_call(client, &mb, id, "job_create", &reply);
   if (rc < 0)
@@ -37,6 +42,11 @@ SP_EXPORT int sp_job_create(sp_client *client, uint32_t world,
   }
   client_reply_release(&reply);
   return rc;
+}
+
+SP_EXPORT int sp_job_create(sp_client *client, uint32_t world,
+                            sp_ticket *ticket) {
+  return sp_job_create_with_consumers(client, world, 0, ticket);
 }
 
 SP_EXPORT int sp_job_join(sp_client *client, const sp_ticket *ticket,
@@ -79,6 +89,7 @@ SP_EXPORT int sp_job_leave(sp_client *client) {
     return rc;
   client_reply_release(&reply);
   client->joined = false;
+  client->consumer = false;
   /* The daemon has released every export and registration of this rank:
    * its pool may hand the segments to someone else, so nothing of them may
    * stay mapped here. */

@@ -25,9 +25,6 @@
 /* Items of the envelope around the tensors: op, id and tensors. */
 #define REGISTER_ENVELOPE_ITEMS 32u
 
-/* Keys longer than this are refused by the daemon; the library refuses them
- * first so that one bad key costs no frame. */
-#define REGISTER_KEY_MAX 1024
 
 /* ---- the storage table ---- */
 
@@ -272,7 +269,7 @@ static const char *placement_name(sp_placement p) {
   return NULL;
 }
 
-static bool non_negative(const int64_t *v, uint32_t n) {
+bool client_non_negative(const int64_t *v, uint32_t n) {
   for (uint32_t i = 0; i < n; i++)
     if (v[i] < 0)
       return false;
@@ -280,9 +277,9 @@ static bool non_negative(const int64_t *v, uint32_t n) {
 }
 
 static int check_piece(const sp_piece *p) {
-  if (p->ndim > SP_MAX_DIMS || !non_negative(p->shape, p->ndim) ||
-      !non_negative(p->src_stride, p->ndim) ||
-      !non_negative(p->dst_stride, p->ndim) || p->src_offset < 0 ||
+  if (p->ndim > SP_MAX_DIMS || !client_non_negative(p->shape, p->ndim) ||
+      !client_non_negative(p->src_stride, p->ndim) ||
+      !client_non_negative(p->dst_stride, p->ndim) || p->src_offset < 0 ||
       p->dst_offset < 0 || (p->nholders > 0 && !p->holders))
     return SP_EINVAL;
   return 0;
@@ -293,11 +290,11 @@ static int check_tensor(const sp_tensor_desc *t) {
   if (!t->key || !t->dtype || !placement_name(t->placement))
     return SP_EINVAL;
   size_t klen = strlen(t->key);
-  if (klen == 0 || klen > REGISTER_KEY_MAX)
+  if (klen == 0 || klen > CLIENT_KEY_MAX)
     return SP_EINVAL;
   if (t->ndim > SP_MAX_DIMS || t->global_ndim > SP_MAX_DIMS ||
-      !non_negative(t->shape, t->ndim) || !non_negative(t->stride, t->ndim) ||
-      t->offset < 0 || !non_negative(t->global_shape, t->global_ndim))
+      !client_non_negative(t->shape, t->ndim) || !client_non_negative(t->stride, t->ndim) ||
+      t->offset < 0 || !client_non_negative(t->global_shape, t->global_ndim))
     return SP_EINVAL;
   if (t->placement != SP_PLACEMENT_AFFINE && t->npieces > 0)
     return SP_EINVAL;
@@ -369,20 +366,20 @@ static int packbuf_write(void *data, const char *buf, size_t len) {
   return 0;
 }
 
-/* Sends one tensor_add frame whose array holds the count tensors already
+/* Sends one frame of b->op whose array holds the count items already
  * packed in body. */
-static int add_tensor_frame(sp_client *c, const msgpack_sbuffer *body,
-                            size_t count) {
+static int add_batch_frame(sp_client *c, const struct client_batch *b,
+                           const msgpack_sbuffer *body, size_t count) {
   struct sp_msgbuf mb;
-  uint64_t id = client_begin(c, &mb, "tensor_add", 1);
-  sp__pack_str(&mb.pk, "tensors");
+  uint64_t id = client_begin(c, &mb, b->op, 1);
+  sp__pack_str(&mb.pk, b->field);
   msgpack_pack_array(&mb.pk, count);
   if (msgpack_sbuffer_write(&mb.sbuf, body->data, body->size) != 0) {
     sp__msgbuf_discard(&mb);
     return SP_ENOMEM;
   }
   struct client_reply reply;
-  int rc = client_call(c, &mb, id, "tensor_add", &reply);
+  int rc = client_call(c, &mb, id, b->op, &reply);
   if (rc < 0)
     return rc;
   uint64_t got;
@@ -393,15 +390,8 @@ static int add_tensor_frame(sp_client *c, const msgpack_sbuffer *body,
   return rc;
 }
 
-SP_EXPORT int sp_register_tensors(sp_client *client,
-                                  const sp_tensor_desc *tensors, size_t n) {
-  if (!client || (n > 0 && !tensors))
-    return SP_EINVAL;
-  for (size_t i = 0; i < n; i++)
-    if (check_tensor(&tensors[i]) < 0)
-      return SP_EINVAL;
-
-  /* Each tensor is packed alone first, so that its size is known before it
+int client_send_batched(sp_client *client, const struct client_batch *b) {
+  /* Each item is packed alone first, so that its size is known before it
    * joins the frame being filled. */
   struct packbuf body = {0}, one = {0};
   msgpack_sbuffer_init(&body.sb);
@@ -413,10 +403,10 @@ SP_EXPORT int sp_register_tensors(sp_client *client,
   size_t count = 0;
   uint64_t items = 0;
   int rc = 0;
-  for (size_t i = 0; i < n && rc == 0; i++) {
+  for (size_t i = 0; i < b->n && rc == 0; i++) {
     msgpack_sbuffer_clear(&one.sb);
-    pack_tensor(&pk, &tensors[i]);
-    uint64_t it = tensor_items(&tensors[i]);
+    b->pack(&pk, b->arg, i);
+    uint64_t it = b->items(b->arg, i);
     if (one.failed) {
       rc = SP_ENOMEM;
     } else if (one.sb.size > REGISTER_FRAME_BUDGET || it > item_budget) {
@@ -424,7 +414,7 @@ SP_EXPORT int sp_register_tensors(sp_client *client,
     } else {
       if (body.sb.size + one.sb.size > REGISTER_FRAME_BUDGET ||
           items + it > item_budget || count == client->rx.limits.max_items) {
-        rc = add_tensor_frame(client, &body.sb, count);
+        rc = add_batch_frame(client, b, &body.sb, count);
         msgpack_sbuffer_clear(&body.sb);
         count = 0;
         items = 0;
@@ -438,8 +428,32 @@ SP_EXPORT int sp_register_tensors(sp_client *client,
     }
   }
   if (rc == 0 && count > 0)
-    rc = add_tensor_frame(client, &body.sb, count);
+    rc = add_batch_frame(client, b, &body.sb, count);
   msgpack_sbuffer_destroy(&body.sb);
   msgpack_sbuffer_destroy(&one.sb);
   return rc;
+}
+
+static void pack_tensor_at(msgpack_packer *pk, const void *arg, size_t i) {
+  pack_tensor(pk, &((const sp_tensor_desc *)arg)[i]);
+}
+
+static uint64_t tensor_items_at(const void *arg, size_t i) {
+  return tensor_items(&((const sp_tensor_desc *)arg)[i]);
+}
+
+SP_EXPORT int sp_register_tensors(sp_client *client,
+                                  const sp_tensor_desc *tensors, size_t n) {
+  if (!client || (n > 0 && !tensors))
+    return SP_EINVAL;
+  for (size_t i = 0; i < n; i++)
+    if (check_tensor(&tensors[i]) < 0)
+      return SP_EINVAL;
+  return client_send_batched(
+      client, &(struct client_batch){.op = "tensor_add",
+                                     .field = "tensors",
+                                     .n = n,
+                                     .pack = pack_tensor_at,
+                                     .items = tensor_items_at,
+                                     .arg = tensors});
 }

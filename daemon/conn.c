@@ -51,6 +51,7 @@
 
 #include "build_config.h"
 #include "daemon/conn.h"
+#include "daemon/consumer.h"
 #include "daemon/drain.h"
 #include "daemon/framesock.h"
 #include "daemon/job.h"
@@ -109,6 +110,9 @@ struct conn {
   bool closed;
   /* The job rank this connection joined as (job.c). */
   struct job_member *member;
+  /* The job consumer it joined as (consumer.c), or NULL: a connection is
+   * a rank or a consumer, never both. */
+  struct job_consumer *consumer;
   /* Called when a write leaves the queue at most half full. */
   void (*drained)(struct conn *c, void *arg);
   void *drained_arg;
@@ -138,6 +142,14 @@ struct job_member *conn_member(const struct conn *c) { return c->member; }
 
 void conn_set_member(struct conn *c, struct job_member *member) {
   c->member = member;
+}
+
+struct job_consumer *conn_consumer(const struct conn *c) {
+  return c->consumer;
+}
+
+void conn_set_consumer(struct conn *c, struct job_consumer *consumer) {
+  c->consumer = consumer;
 }
 
 uint64_t conn_output_room(const struct conn *c) {
@@ -182,6 +194,10 @@ void conn_close(struct conn *c) {
   if (c->member != NULL) {
     job_conn_closed(c->member);
     c->member = NULL;
+  }
+  if (c->consumer != NULL) {
+    consumer_conn_closed(c->consumer);
+    c->consumer = NULL;
   }
   c->drained = NULL;
   unstage(c);
@@ -266,6 +282,10 @@ void conn_finish(struct conn *c, int code, const char *fmt, ...) {
   if (c->member != NULL) {
     job_conn_closed(c->member);
     c->member = NULL;
+  }
+  if (c->consumer != NULL) {
+    consumer_conn_closed(c->consumer);
+    c->consumer = NULL;
   }
   c->drained = NULL;
   conn_send_error(c, 0, code, "%s", message);

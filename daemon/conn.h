@@ -68,6 +68,10 @@ struct job_member;
 /* The job rank this connection joined as, or NULL. */
 struct job_member *conn_member(const struct conn *c);
 void conn_set_member(struct conn *c, struct job_member *member);
+struct job_consumer;
+/* The job consumer this connection joined as, or NULL. */
+struct job_consumer *conn_consumer(const struct conn *c);
+void conn_set_consumer(struct conn *c, struct job_consumer *consumer);
 /* The hello op's handler (ops.c): the connection's first exchange, which
  * checks the protocol version and lifts the frame limit to max_frame. */
 int conn_op_hello(struct conn *c, const struct sp_msg_head *head,

@@ -623,7 +623,8 @@ static void start_planning(struct export *ex) {
 }
 
 static void maybe_start(struct job *job) {
-  if (job->dying || job->running != NULL)
+  /* A push reads the same registries: one of them runs at a time. */
+  if (job->dying || job->running != NULL || job->pushing != NULL)
     return;
   /* Across nodes the root gathers the asks and announces the export. */
   if (job->mesh != NULL) {

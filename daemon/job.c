@@ -30,6 +30,7 @@
 
 #include "daemon/comms.h"
 #include "daemon/conn.h"
+#include "daemon/consumer.h"
 #include "daemon/export.h"
 #include "daemon/history.h"
 #include "daemon/job.h"
@@ -38,6 +39,7 @@
 #include "daemon/peer.h"
 #include "daemon/plancache.h"
 #include "daemon/pool.h"
+#include "daemon/push.h"
 #include "daemon/quota.h"
 #include "daemon/registry.h"
 #include "daemon/request.h"
@@ -94,6 +96,12 @@ static struct job *find_ticket(const struct server *srv,
   return found;
 }
 
+struct job *job_find_ticket(const struct server *srv,
+                            const struct req_ticket *t) {
+  bool same_id;
+  return find_ticket(srv, t, &same_id);
+}
+
 /* Whether a job of this id was created on this daemon (one on this daemon
  * only, or one across nodes rooted here): a shadow of that id would be
  * forged, since the root is here. */
@@ -113,6 +121,8 @@ static void on_job_handle_closed(uv_handle_t *handle) {
     free(job->departed[r].reason);
   free(job->departed);
   free(job->members);
+  free(job->consumer_departed);
+  free(job->consumers);
   free(job);
 }
 
@@ -163,6 +173,9 @@ static void job_destroy(struct job *job) {
       job->members[r] = NULL;
     }
   plancache_drop(job);
+  consumer_free_all(job);
+  push_cache_drop(job);
+  consumer_files_free(&job->consumer_files);
   history_free(&job->history);
   mesh_free(job->mesh);
   job->mesh = NULL;
@@ -236,6 +249,7 @@ static void member_departs(struct job_member *m) {
   if (!job->dying)
     job_rank_departed(job, m->rank, m->disconnected, m->refused);
   export_member_lost(job, m);
+  push_member_lost(job, m);
 }
 
 /* Lost members are failed out of what they take part in once, then freed
@@ -249,7 +263,7 @@ static void process_lost(struct job *job) {
 }
 
 static void free_lost(struct job *job) {
-  if (export_busy(job))
+  if (export_busy(job) || push_busy(job))
     return;
   for (uint32_t r = 0; r < job->world; r++) {
     struct job_member *m = job->members[r];
@@ -267,6 +281,7 @@ static void free_lost(struct job *job) {
     job->members[r] = NULL;
     job->joined--;
     plancache_drop(job);
+    push_cache_drop(job);
   }
 }
 
@@ -275,13 +290,16 @@ static void on_wake(uv_async_t *handle) {
   if (job->mesh != NULL && !job->dying)
     mesh_advance(job);
   process_lost(job);
+  consumer_process_lost(job);
   export_advance(job);
+  push_advance(job);
   free_lost(job);
+  consumer_free_lost(job);
   comms_join(job);
   /* A job across nodes ends on its root once no node holds a rank. */
   if ((job->dying || (job->ever_joined && job->joined == 0 &&
                       (job->mesh == NULL || mesh_may_end(job)))) &&
-      !export_busy(job)) {
+      !export_busy(job) && !push_busy(job)) {
     job_destroy(job);
     return;
   }
@@ -300,6 +318,7 @@ static void on_tick(uv_timer_t *timer) {
     return;
   }
   export_tick(job);
+  push_tick(job);
   if (job->mesh != NULL)
     mesh_tick(job);
   comms_join(job);
@@ -309,7 +328,8 @@ static void on_tick(uv_timer_t *timer) {
 void job_schedule(struct job *job) {
   if (!job->ever_joined || job->dying)
     return;
-  bool active = job->running != NULL ||
+  bool active = job->running != NULL || push_busy(job) ||
+                push_waiting(job) ||
                 (job->mesh != NULL && mesh_active(job)) ||
                 comms_joining(job);
   for (uint32_t r = 0; r < job->world && !active; r++)
@@ -336,10 +356,16 @@ void job_terminate(struct job *job, int code, const char *message) {
   if (job->mesh != NULL)
     mesh_job_ended(job, code, message);
   export_abort(job, code, message);
+  push_abort(job, code, message);
   for (uint32_t r = 0; r < job->world; r++) {
     struct job_member *m = job->members[r];
     if (m != NULL && m->conn != NULL)
       conn_finish(m->conn, code, "%s", message);
+  }
+  for (uint32_t i = 0; i < job->nconsumers; i++) {
+    struct job_consumer *k = job->consumers[i];
+    if (k != NULL && k->conn != NULL)
+      conn_finish(k->conn, code, "%s", message);
   }
   job_end(job);
 }
@@ -350,6 +376,9 @@ void job_shutdown(struct server *srv) {
     for (uint32_t r = 0; r < job->world; r++)
       if (job->members[r] != NULL)
         job->members[r]->lost = true;
+    for (uint32_t i = 0; i < job->nconsumers; i++)
+      if (job->consumers[i] != NULL)
+        job->consumers[i]->lost = true;
     if (job->ticking) {
       uv_timer_stop(&job->tick);
       job->ticking = false;
@@ -367,8 +396,11 @@ static int ticket_pack(const struct job *job, msgpack_sbuffer *sb) {
   msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
   bool nodes = job->mesh != NULL;
   bool nccl = nodes && job->has_nccl_id;
-  msgpack_pack_map(&pk, (nodes ? 5 : 4) + (nccl ? 1 : 0));
+  bool consumers = job->nconsumers > 0;
+  msgpack_pack_map(&pk, (nodes ? 5 : 4) + (nccl ? 1 : 0) + (consumers ? 1 : 0));
   sp__pack_kv_u64(&pk, "v", nodes ? 2 : 1);
+  if (consumers)
+    sp__pack_kv_u64(&pk, "consumers", job->nconsumers);
   if (nodes)
     sp__pack_kv_str(&pk, "root", job->srv->peer_address);
   sp__pack_str(&pk, "job");
@@ -427,6 +459,17 @@ struct job *job_new(struct server *srv, const uint8_t *id,
   return job;
 }
 
+int job_set_consumers(struct job *job, uint32_t n) {
+  if (n == 0)
+    return 0;
+  job->consumers = calloc(n, sizeof *job->consumers);
+  job->consumer_departed = calloc(n, sizeof *job->consumer_departed);
+  if (job->consumers == NULL || job->consumer_departed == NULL)
+    return SP_ENOMEM;
+  job->nconsumers = n;
+  return 0;
+}
+
 void job_end(struct job *job) {
   job->dying = true;
   job_wake(job);
@@ -471,6 +514,11 @@ int job_op_create(struct conn *c, const struct sp_msg_head *head,
   }
   job->owner = owner;
   job_set_owner(job, conn_peer(c));
+  if (job_set_consumers(job, req.consumers) != 0) {
+    job_end(job);
+    return conn_send_error(c, head->id, SP_ENOMEM,
+                           "job_create: cannot make a job");
+  }
   /* A daemon that listens for peers roots its jobs: they may span nodes. */
   msgpack_sbuffer ticket;
   if (srv->peer_fd >= 0 && srv->backend->gpu != NULL) {
@@ -508,6 +556,10 @@ int job_op_join(struct conn *c, const struct sp_msg_head *head,
   (void)frame;
   struct server *srv = conn_server(c);
   struct job_member *have = conn_member(c);
+  if (conn_consumer(c) != NULL)
+    return conn_send_error(c, head->id, SP_ESTATE,
+                           "join: this connection is a consumer of a job "
+                           "already");
   if (have != NULL)
     return conn_send_error(c, head->id, SP_ESTATE,
                            "join: this connection is already rank %" PRIu32
@@ -677,6 +729,7 @@ struct job_member *job_admit(struct job *job, struct conn *c,
   if (job->mesh != NULL)
     mesh_rank_joined(job, req->rank);
   plancache_drop(job);
+  push_cache_drop(job);
   log_with(LOG_LEVEL_INFO,
           &(struct log_fields){
               .job = job->hex, .rank = req->rank, .node = LOG_NONE},
@@ -696,6 +749,8 @@ int job_op_leave(struct conn *c, const struct sp_msg_head *head,
   (void)map;
   (void)frame;
   struct job_member *m = conn_member(c);
+  if (conn_consumer(c) != NULL)
+    return consumer_leave(c, conn_consumer(c), head->id);
   if (m == NULL)
     return conn_send_error(c, head->id, SP_ESTATE,
                            "leave: this connection is not in a job");
@@ -738,7 +793,7 @@ void job_pack(const struct job *job, msgpack_packer *pk, uint32_t extra) {
   export_view(job, &v);
   job_count_ranks(job, &joined, &asked);
   bool failed = v.phase == JOB_FAILED;
-  msgpack_pack_map(pk, (failed ? 20 : 19) + extra);
+  msgpack_pack_map(pk, (failed ? 23 : 22) + extra);
   sp__pack_kv_str(pk, "job_id", job->hex);
   sp__pack_kv_str(pk, "phase", export_phase_name(v.phase));
   if (failed)
@@ -764,4 +819,8 @@ void job_pack(const struct job *job, msgpack_packer *pk, uint32_t extra) {
   sp__pack_kv_str(pk, "plan_digest", digest);
   sp__pack_kv_u64(pk, "node", mesh_self(job));
   mesh_status_pack(job, pk);
+  sp__pack_str(pk, "consumers");
+  consumer_status_pack(job, pk);
+  sp__pack_kv_u64(pk, "pushes", job->pushes);
+  sp__pack_kv_u64(pk, "push_plans", job->push_plans);
 }

@@ -11,11 +11,13 @@
 #include <uv.h>
 
 #include "daemon/comms.h"
+#include "daemon/consumer_buffer.h"
 #include "daemon/cuda/gpu.h"
 #include "daemon/history.h"
 #include "daemon/layer.h"
 #include "daemon/plancache.h"
 #include "daemon/publish.h"
+#include "daemon/push.h"
 #include "daemon/registry.h"
 #include "daemon/request.h"
 #include "proto/frame.h"
@@ -68,6 +70,13 @@ struct job_member {
   struct req_export ask;
   /* Part of the running export. */
   bool in_export;
+  /* The rank sent push and waits for its reply (push.c); part of the
+   * running push. */
+  bool push_asked;
+  uint64_t push_request;
+  uint64_t push_deadline_ms;
+  struct req_push push;
+  bool in_push;
   /* Left or disconnected; freed once no export uses its storages. */
   bool lost;
   bool lost_handled; /* export_member_lost ran for it */
@@ -129,6 +138,19 @@ struct job {
    * reads it: one node's, or across nodes the root's. */
   struct job_departure *departed;
   uint64_t departures; /* numbers them in the order they happened */
+  /* Its consumers (consumer.c): [nconsumers], NULL where not joined; the
+   * consumers that left and have not joined again, as departed for ranks;
+   * the files their buffers lie in (their memory ids). */
+  uint32_t nconsumers;
+  struct job_consumer **consumers;
+  struct job_departure *consumer_departed;
+  struct consumer_files consumer_files;
+  /* The running push (push.c), its last plan, and the pushes so far. */
+  struct push *pushing;
+  struct push_cache push_cache;
+  uint64_t last_push_id;
+  uint64_t pushes;     /* finished, delivered or failed */
+  uint64_t push_plans; /* plans built for them */
   /* A job that may span nodes (mesh.c), or NULL. */
   struct mesh *mesh;
   /* A job on GPUs across nodes (daemon/cuda/gpu.h, docs/gpu.md): the NCCL
@@ -206,8 +228,13 @@ void job_terminate(struct job *job, int code, const char *message);
  * export runs. */
 struct job *job_find(const struct server *srv, const struct job *prev,
                      const uint8_t *id);
+/* The job a ticket names on this daemon (its id and secret), or NULL. */
+struct job *job_find_ticket(const struct server *srv,
+                            const struct req_ticket *t);
 struct job *job_new(struct server *srv, const uint8_t *id,
                     const uint8_t *secret, uint32_t world);
+/* Gives a new job its n consumers' places: 0, or SP_ENOMEM. */
+int job_set_consumers(struct job *job, uint32_t n);
 struct job_member *job_admit(struct job *job, struct conn *c,
                              uint64_t request_id, const struct req_join *req,
                              int device);

@@ -10,9 +10,11 @@
 #include "daemon/abort.h"
 #include "daemon/ask.h"
 #include "daemon/conn.h"
+#include "daemon/consumer.h"
 #include "daemon/job.h"
 #include "daemon/joblist.h"
 #include "daemon/ops.h"
+#include "daemon/push.h"
 #include "daemon/registration.h"
 #include "daemon/release.h"
 #include "daemon/save.h"
@@ -59,6 +61,10 @@ static const struct op ops[] = {
      &registration_tensors_op},
     {"export", false, true, ask_op_export, &ask_export_op},
     {"release", false, false, release_op_release},
+    {"consumer_join", false, true, consumer_op_join},
+    {"target_add", false, true, consumer_op_target_add},
+    {"push", false, true, push_op_push},
+    {"receive", false, true, push_op_receive},
     {"save_step", false, false, save_op_step},
     {"save_progress", false, false, save_op_progress},
     {"jobs", false, false, joblist_op_jobs},

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "daemon/conn.h"
+#include "daemon/consumer.h"
 #include "daemon/job.h"
 #include "daemon/plancache.h"
 #include "daemon/registration.h"
@@ -103,10 +104,11 @@ static struct job_member *registering_member(struct conn *c, uint64_t id,
   /* Registrations sent after the rank asked would count on one node and be
    * missed across nodes (its registrations already went to the root), so
    * they are refused from the ask on, the same everywhere. */
-  if (m->job->running != NULL || m->asked) {
+  if (m->job->running != NULL || m->asked || m->job->pushing != NULL ||
+      m->push_asked) {
     conn_send_error(c, id, SP_EEXPORTING,
-                    "%s: job %s is running an export or this rank asked for "
-                    "one; register before or after it",
+                    "%s: job %s is running an export or a push, or this "
+                    "rank asked for one; register before or after it",
                     op, m->job->hex);
     return NULL;
   }
@@ -132,6 +134,18 @@ static int serve_registration(struct conn *c, const struct sp_msg_head *head,
   const char *op = head->op;
   if (r == NULL)
     return conn_send_error(c, head->id, SP_ENOMEM, "%s: out of memory", op);
+  /* A consumer's storages are the buffers it grants: mapped writable, not
+   * into a trainer's registry (consumer.c). */
+  struct job_consumer *k = conn_consumer(c);
+  if (k != NULL && r->tensors)
+    return conn_send_error(c, head->id, SP_ESTATE,
+                           "%s: this connection is a consumer; consumers "
+                           "register targets (target_add)",
+                           op);
+  if (k != NULL && r->rc != 0)
+    return conn_send_error(c, head->id, r->rc, "%s: %s", op, r->msg);
+  if (k != NULL)
+    return consumer_add_storages(c, k, head->id, r->storages, r->n, frame);
   struct job_member *m = registering_member(c, head->id, op);
   if (m == NULL)
     return 0;
@@ -153,6 +167,7 @@ static int serve_registration(struct conn *c, const struct sp_msg_head *head,
     return conn_send_error(c, head->id, rc, "%s: %s", op, r->msg);
   }
   plancache_drop(m->job);
+  push_cache_drop(m->job);
   struct sp_msgbuf mb;
   sp__msgbuf_begin(&mb, op, head->id, 1);
   sp__pack_kv_u64(&mb.pk, "count", r->n);

@@ -81,14 +81,19 @@ static int check_key(const char *s, size_t len, const char *where, char *msg,
 int request_parse_job_create(const msgpack_object *map,
                              struct req_job_create *out, char *msg,
                              size_t msglen) {
-  uint64_t world;
+  uint64_t world, consumers;
   int rc =
       get_uint(map, "world", false, REQ_MAX_WORLD, &world, "", msg, msglen);
   if (rc != 0)
     return rc;
   if (world == 0)
     return sp__failf(msg, msglen, SP_EINVAL, "\"world\" must be at least 1");
+  rc = get_uint(map, "consumers", true, REQ_MAX_CONSUMERS, &consumers, "", msg,
+                msglen);
+  if (rc < 0)
+    return rc;
   out->world = (uint32_t)world;
+  out->consumers = rc == 0 ? (uint32_t)consumers : 0;
   return 0;
 }
 
@@ -112,8 +117,11 @@ int request_parse_device(const char *s, size_t len, uint32_t *type) {
   return SP_EINVAL;
 }
 
-int request_parse_join(const msgpack_object *map, struct req_join *out,
-                       char *msg, size_t msglen) {
+/* join and consumer_join: the ticket, the member's number (field) among
+ * count of them, and its device. */
+static int parse_join(const msgpack_object *map, const char *field,
+                      const char *count, struct req_join *out, char *msg,
+                      size_t msglen) {
   uint64_t rank, world;
   const char *device;
   size_t device_len;
@@ -125,9 +133,9 @@ int request_parse_join(const msgpack_object *map, struct req_join *out,
     return sp__failf(msg, msglen, SP_ETICKET,
                      "the ticket has %zu bytes, more than %d", out->ticket_len,
                      SP_TICKET_MAX);
-  if ((rc = get_uint(map, "rank", false, UINT32_MAX, &rank, "", msg, msglen)) !=
+  if ((rc = get_uint(map, field, false, UINT32_MAX, &rank, "", msg, msglen)) !=
           0 ||
-      (rc = get_uint(map, "world", false, UINT32_MAX, &world, "", msg,
+      (rc = get_uint(map, count, false, UINT32_MAX, &world, "", msg,
                      msglen)) != 0)
     return rc;
   if (sp__msg_get_str(map, "device", false, &device, &device_len) != 0)
@@ -143,8 +151,17 @@ int request_parse_join(const msgpack_object *map, struct req_join *out,
   return 0;
 }
 
-/* Version 2's additions: the root daemon's numeric "addr:port", and an
- * NCCL unique id of exactly its size when present. */
+int request_parse_join(const msgpack_object *map, struct req_join *out,
+                       char *msg, size_t msglen) {
+  return parse_join(map, "rank", "world", out, msg, msglen);
+}
+
+int request_parse_consumer_join(const msgpack_object *map,
+                                struct req_join *out, char *msg,
+                                size_t msglen) {
+  return parse_join(map, "consumer", "consumers", out, msg, msglen);
+}
+
 static bool parse_ticket_v2(const msgpack_object *map, struct req_ticket *out) {
   const char *root;
   const uint8_t *nccl;
@@ -162,6 +179,16 @@ static bool parse_ticket_v2(const msgpack_object *map, struct req_ticket *out) {
   out->has_nccl_id = rc == 0;
   if (out->has_nccl_id)
     memcpy(out->nccl_id, nccl, NODE_NCCL_ID_BYTES);
+  return true;
+}
+
+static bool parse_ticket_consumers(const msgpack_object *map,
+                                   struct req_ticket *out) {
+  uint64_t n;
+  int rc = sp__msg_get_u64(map, "consumers", true, &n);
+  if (rc < 0 || (rc == 0 && n > REQ_MAX_CONSUMERS))
+    return false;
+  out->consumers = rc == 0 ? (uint32_t)n : 0;
   return true;
 }
 
@@ -188,7 +215,8 @@ int request_parse_ticket(const uint8_t *data, size_t len,
       sp__msg_get_bin(&map, "secret", false, &secret, &secret_len) == 0 &&
       secret_len == JOB_SECRET_BYTES &&
       sp__msg_get_u64(&map, "world", false, &world) == 0 &&
-      world <= REQ_MAX_WORLD && (version == 1 || parse_ticket_v2(&map, out))) {
+      world <= REQ_MAX_WORLD && (version == 1 || parse_ticket_v2(&map, out)) &&
+      parse_ticket_consumers(&map, out)) {
     out->version = (uint32_t)version;
     memcpy(out->job, job, JOB_ID_BYTES);
     memcpy(out->secret, secret, JOB_SECRET_BYTES);
@@ -690,4 +718,186 @@ int request_parse_jobs(const msgpack_object *map,
                      "\"after\" must be a whole job id of %d hex digits",
                      2 * JOB_ID_BYTES);
   return rc;
+}
+
+/* ---- consumers (docs/protocol.md, "Consumers") ---- */
+
+/* sid, shape, stride and offset of a target's view, in the key's dtype. */
+static int parse_target_view(const msgpack_object *o, enum sp_dtype dtype,
+                             uint32_t *sid, struct sp_view *view,
+                             const char *where, char *msg, size_t msglen) {
+  uint64_t v, offset;
+  uint32_t nstride;
+  int rc;
+  if ((rc = get_uint(o, "sid", false, UINT32_MAX, &v, where, msg, msglen)) !=
+          0 ||
+      (rc = get_uint(o, "offset", false, REQ_MAX_VALUE, &offset, where, msg,
+                     msglen)) != 0 ||
+      (rc = get_dims(o, "shape", &view->ndim, view->shape, where, msg,
+                     msglen)) != 0 ||
+      (rc = get_dims(o, "stride", &nstride, view->stride, where, msg,
+                     msglen)) != 0)
+    return rc;
+  if (nstride != view->ndim)
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "%sshape has %u dims but stride has %u", where,
+                     view->ndim, nstride);
+  *sid = (uint32_t)v;
+  view->dtype = dtype;
+  view->offset = (int64_t)offset;
+  return 0;
+}
+
+static int parse_target_pieces(const msgpack_object_array *a,
+                               struct req_target *t, const char *where,
+                               char *msg, size_t msglen) {
+  if (a->size == 0 || a->size > REQ_MAX_TARGET_PIECES)
+    return sp__failf(msg, msglen, SP_EINVAL,
+                     "%s%u pieces; a target has 1 to %u", where, a->size,
+                     REQ_MAX_TARGET_PIECES);
+  /* One block: the pieces, then their sids. */
+  t->pieces = calloc(a->size, sizeof *t->pieces + sizeof *t->piece_sid);
+  if (t->pieces == NULL)
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
+  t->piece_sid = (uint32_t *)(t->pieces + a->size);
+  t->t.pieces = t->pieces;
+  t->t.npieces = a->size;
+  for (uint32_t p = 0; p < a->size; p++) {
+    char pw[96];
+    uint32_t nstart;
+    snprintf(pw, sizeof pw, "%spieces[%u]: ", where, p);
+    const msgpack_object *o = &a->ptr[p];
+    if (o->type != MSGPACK_OBJECT_MAP)
+      return sp__failf(msg, msglen, SP_EBADMSG, "%snot a map", pw);
+    int rc = get_dims(o, "start", &nstart, t->pieces[p].start, pw, msg,
+                      msglen);
+    if (rc == 0)
+      rc = parse_target_view(o, t->t.dtype, &t->piece_sid[p],
+                             &t->pieces[p].dst, pw, msg, msglen);
+    if (rc != 0)
+      return rc;
+    if (nstart != t->t.ndim || t->pieces[p].dst.ndim != t->t.ndim)
+      return sp__failf(msg, msglen, SP_EINVAL,
+                       "%s\"start\" and \"shape\" must have the key's %u dims",
+                       pw, t->t.ndim);
+  }
+  return 0;
+}
+
+static int parse_target(const msgpack_object *o, uint32_t i,
+                        struct req_target *t, char *msg, size_t msglen) {
+  char where[64];
+  const char *key, *dtype, *part;
+  size_t key_len, dtype_len, part_len;
+  int rc;
+  snprintf(where, sizeof where, "targets[%u]: ", i);
+  if (o->type != MSGPACK_OBJECT_MAP)
+    return sp__failf(msg, msglen, SP_EBADMSG, "%snot a map", where);
+  if (sp__msg_get_str(o, "key", false, &key, &key_len) != 0)
+    return sp__failf(msg, msglen, SP_EBADMSG, "%s\"key\" must be a string",
+                     where);
+  if ((rc = check_key(key, key_len, where, msg, msglen)) != 0)
+    return rc;
+  snprintf(where, sizeof where, "targets[%u] ('%.*s'): ", i,
+           (int)(key_len < 24 ? key_len : 24), key);
+  if ((t->key = strndup(key, key_len)) == NULL)
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
+  t->t.key = t->key;
+  if (sp__msg_get_str(o, "dtype", false, &dtype, &dtype_len) != 0)
+    return sp__failf(msg, msglen, SP_EBADMSG, "%s\"dtype\" must be a string",
+                     where);
+  if (sp__dtype_from_name(dtype, dtype_len, &t->t.dtype) != 0)
+    return sp__failf(msg, msglen, SP_EDTYPE, "%sunknown dtype \"%.*s\"",
+                     where, (int)(dtype_len < 32 ? dtype_len : 32), dtype);
+  if ((rc = get_dims(o, "global_shape", &t->t.ndim, t->t.shape, where, msg,
+                     msglen)) != 0)
+    return rc;
+  if (sp__msg_get_str(o, "part", false, &part, &part_len) != 0)
+    return sp__failf(msg, msglen, SP_EBADMSG, "%s\"part\" must be a string",
+                     where);
+  if (part_len == 5 && memcmp(part, "whole", 5) == 0)
+    t->t.part = CONSUME_WHOLE;
+  else if (part_len == 5 && memcmp(part, "shard", 5) == 0)
+    t->t.part = CONSUME_SHARD;
+  else if (part_len == 6 && memcmp(part, "pieces", 6) == 0)
+    t->t.part = CONSUME_PIECES;
+  else
+    return sp__failf(msg, msglen, SP_EUNSUPPORTED,
+                     "%spart \"%.*s\" is not whole, shard or pieces", where,
+                     (int)(part_len < 32 ? part_len : 32), part);
+  if (t->t.part == CONSUME_PIECES) {
+    const msgpack_object_array *pieces;
+    if (sp__msg_get_array(o, "pieces", false, &pieces) != 0)
+      return sp__failf(msg, msglen, SP_EBADMSG,
+                       "%s\"pieces\" must be an array of piece maps", where);
+    return parse_target_pieces(pieces, t, where, msg, msglen);
+  }
+  if ((rc = parse_target_view(o, t->t.dtype, &t->sid, &t->t.view, where, msg,
+                              msglen)) != 0)
+    return rc;
+  if (t->t.part == CONSUME_SHARD) {
+    uint64_t dim;
+    if ((rc = get_uint(o, "dim", false, SP_MAX_DIMS - 1, &dim, where, msg,
+                       msglen)) != 0)
+      return rc;
+    t->t.dim = (uint32_t)dim;
+  }
+  return 0;
+}
+
+int request_parse_targets(const msgpack_object *map, struct req_target **out,
+                          size_t *n, char *msg, size_t msglen) {
+  const msgpack_object_array *a;
+  *out = NULL;
+  *n = 0;
+  if (sp__msg_get_array(map, "targets", false, &a) != 0)
+    return sp__failf(msg, msglen, SP_EBADMSG,
+                     "\"targets\" must be an array of target maps");
+  if (a->size > REQ_MAX_PER_RANK)
+    return sp__failf(msg, msglen, SP_ELIMIT,
+                     "%u targets in one frame, more than %u", a->size,
+                     REQ_MAX_PER_RANK);
+  struct req_target *t = calloc(a->size > 0 ? a->size : 1, sizeof *t);
+  if (t == NULL)
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
+  for (uint32_t i = 0; i < a->size; i++) {
+    int rc = parse_target(&a->ptr[i], i, &t[i], msg, msglen);
+    if (rc != 0) {
+      request_targets_free(t, a->size);
+      return rc;
+    }
+  }
+  *out = t;
+  *n = a->size;
+  return 0;
+}
+
+void request_targets_free(struct req_target *t, size_t n) {
+  if (t == NULL)
+    return;
+  for (size_t i = 0; i < n; i++) {
+    free(t[i].key);
+    free(t[i].pieces);
+  }
+  free(t);
+}
+
+int request_parse_push(const msgpack_object *map, struct req_push *out,
+                       char *msg, size_t msglen) {
+  uint64_t v;
+  int rc;
+  memset(out, 0, sizeof *out);
+  if ((rc = get_uint(map, "max_keys", true, UINT32_MAX, &v, "", msg, msglen)) <
+      0)
+    return rc;
+  out->max_keys = rc == 0 ? (uint32_t)v : 0;
+  if ((rc = get_uint(map, "max_bytes", true, UINT64_MAX, &v, "", msg, msglen)) <
+      0)
+    return rc;
+  out->max_bytes = rc == 0 ? v : 0;
+  if ((rc = get_uint(map, "timeout_ms", true, REQ_MAX_TIMEOUT_MS, &v, "", msg,
+                     msglen)) < 0)
+    return rc;
+  out->timeout_ms = rc == 0 ? (uint32_t)v : 0;
+  return 0;
 }

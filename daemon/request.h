@@ -13,6 +13,7 @@
 #include "daemon/config.h"
 #include "daemon/cuda/gpu.h"
 #include "daemon/layer.h"
+#include "daemon/plan/consume.h"
 #include "daemon/plan/plan.h"
 #include "proto/limits.h"
 
@@ -31,8 +32,14 @@
 /* An NCCL unique id (ncclUniqueId), reserved in version 2 tickets. */
 #define NODE_NCCL_ID_BYTES 128
 
+/* Consumers one job may have (SP_MAX_CONSUMERS). */
+#define REQ_MAX_CONSUMERS 4096u
+/* Pieces one consumer target may have. */
+#define REQ_MAX_TARGET_PIECES 65536u
+
 struct req_job_create {
   uint32_t world;
+  uint32_t consumers;
 };
 
 struct req_join {
@@ -50,6 +57,7 @@ struct req_ticket {
   uint8_t job[JOB_ID_BYTES];
   uint8_t secret[JOB_SECRET_BYTES];
   uint32_t world;
+  uint32_t consumers; /* 0 when the ticket names none */
   /* Version 2: the root daemon's peer address ("" in version 1), and the
    * job's NCCL unique id when the root made one. */
   char root[NODE_ADDR_MAX];
@@ -122,12 +130,41 @@ struct req_export {
   struct req_save save;
 };
 
+/* A consumer's target (docs/protocol.md, "target_add"), as the planner
+ * reads it (daemon/plan/consume.h) but with storages named by the
+ * consumer's sids: the daemon turns them into indices.  key is a copy,
+ * NUL-terminated; the pieces are owned. */
+struct req_target {
+  struct consume_target t;
+  char *key;
+  struct consume_piece *pieces;
+  uint32_t sid; /* whole, shard */
+  uint32_t *piece_sid; /* [npieces]: one block with pieces */
+};
+
+/* push (a rank) and receive (a consumer; only timeout_ms). */
+struct req_push {
+  uint32_t max_keys;
+  uint64_t max_bytes;
+  uint32_t timeout_ms;
+};
+
 /* Each returns 0, or a negative code with a sentence in msg naming the
  * field.  Arrays come back malloc'ed; free them with the matching call. */
 int request_parse_job_create(const msgpack_object *map,
                              struct req_job_create *out, char *msg,
                              size_t msglen);
 int request_parse_join(const msgpack_object *map, struct req_join *out,
+                       char *msg, size_t msglen);
+/* consumer_join: the same fields, "consumer" and "consumers" in place of
+ * "rank" and "world". */
+int request_parse_consumer_join(const msgpack_object *map,
+                                struct req_join *out, char *msg,
+                                size_t msglen);
+int request_parse_targets(const msgpack_object *map, struct req_target **out,
+                          size_t *n, char *msg, size_t msglen);
+void request_targets_free(struct req_target *t, size_t n);
+int request_parse_push(const msgpack_object *map, struct req_push *out,
                        char *msg, size_t msglen);
 /* A ticket's bytes, decoded with the bounded decoder: 0 or SP_ETICKET. */
 int request_parse_ticket(const uint8_t *data, size_t len,

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "daemon/conn.h"
+#include "daemon/consumer.h"
 #include "daemon/ops.h"
 #include "daemon/pool.h"
 #include "daemon/xfer/engine.h"
@@ -177,6 +178,10 @@ void conn_close(struct conn *c) {
     job_conn_closed(c->member);
     c->member = NULL;
   }
+  if (c->consumer != NULL) {
+    consumer_conn_closed(c->consumer);
+    c->consumer = NULL;
+  }
 }
 
 void conn_finish(struct conn *c, int code, const char *fmt, ...) {
@@ -216,6 +221,14 @@ struct conn *conn_find(const struct server *srv, uint64_t id) {
 
 void conn_set_member(struct conn *c, struct job_member *member) {
   c->member = member;
+}
+
+struct job_consumer *conn_consumer(const struct conn *c) {
+  return c->consumer;
+}
+
+void conn_set_consumer(struct conn *c, struct job_consumer *consumer) {
+  c->consumer = consumer;
 }
 
 uint64_t conn_output_room(const struct conn *c) {

@@ -54,6 +54,7 @@ struct conn {
   uint64_t id;
   struct peer peer;
   struct job_member *member;
+  struct job_consumer *consumer;
   /* Reading: replies are taken as soon as they are queued; else they stay
    * queued (out_bytes) until fake_conn_read. */
   bool reading;
