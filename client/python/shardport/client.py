@@ -62,6 +62,8 @@ class JobStatus:
     # A job with consumers: each of them by index, the pushes finished
     # (delivered or failed) and the plans built for them (a push that
     # reused the previous plan adds none).
+    # Ranks waiting in the next export or push.
+    asked: int = 0
     consumers: Tuple[ConsumerStatus, ...] = ()
     pushes: int = 0
     push_plans: int = 0
@@ -391,7 +393,8 @@ class Client:
                                   device=_text(c.device) or "",
                                   bytes_received=c.bytes_received)
                               for c in j.consumers[:j.nconsumers]),
-                          pushes=j.pushes, push_plans=j.push_plans,
+                          asked=j.asked, pushes=j.pushes,
+                          push_plans=j.push_plans,
                           nodes=tuple(
                               NodeStatus(node=n.node,
                                          address=_text(n.address),
