@@ -34,13 +34,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client/demo/model.h"
 #include "shardport.h"
 
-#define MAX_RANKS 64
 /* Daemons the ranks may be spread over (one --socket each). */
 #define MAX_NODES 8
-#define LAYERS 32
-#define EXPERTS 4
 #define ALIGN 64
 /* Bytes that fill a storage between tensors: they must survive too. */
 #define FILLER 0xa5
@@ -174,188 +172,6 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
   return optind == argc ? 0 : -1;
 }
 
-/* ---- the model ---- */
-
-enum kind { SHARD0, REPLICATED, PLAIN, EXPERT };
-
-struct key {
-  char name[64];
-  enum kind kind;
-  bool bf16; /* else float32 */
-  uint32_t ndim;
-  int64_t shape[2];
-  uint32_t expert; /* EXPERT: the one rank holding it */
-  uint32_t group;  /* the storage it lives in on every rank */
-  uint64_t seed;
-  int64_t rows[MAX_RANKS + 1]; /* SHARD0: rank r holds [rows[r], rows[r+1]) */
-};
-
-struct model {
-  uint32_t ranks;
-  size_t nkeys;
-  struct key *keys;   /* in the order built */
-  uint32_t *by_name;  /* key indices sorted by name */
-  uint32_t ngroups;
-  uint64_t bytes;     /* every whole tensor */
-};
-
-static uint64_t mix(uint64_t x) {
-  x += UINT64_C(0x9e3779b97f4a7c15);
-  x = (x ^ (x >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-  x = (x ^ (x >> 27)) * UINT64_C(0x94d049bb133111eb);
-  return x ^ (x >> 31);
-}
-
-static uint64_t hash_name(const char *s) {
-  uint64_t h = UINT64_C(0xcbf29ce484222325);
-  for (; *s; s++)
-    h = (h ^ (uint8_t)*s) * UINT64_C(0x100000001b3);
-  return mix(h);
-}
-
-static uint32_t esize(const struct key *k) { return k->bf16 ? 2 : 4; }
-
-static int64_t cols(const struct key *k) {
-  return k->ndim == 2 ? k->shape[1] : 1;
-}
-
-static uint64_t numel(const struct key *k) {
-  uint64_t n = 1;
-  for (uint32_t d = 0; d < k->ndim; d++)
-    n *= (uint64_t)k->shape[d];
-  return n;
-}
-
-static uint64_t nbytes(const struct key *k) { return numel(k) * esize(k); }
-
-/* The unsharded original: count elements from flat index first. */
-static void fill(const struct key *k, uint64_t first, uint64_t count,
-                 uint8_t *out) {
-  if (k->bf16) {
-    for (uint64_t i = 0; i < count; i++) {
-      uint16_t v = (uint16_t)mix(k->seed + first + i);
-      memcpy(out + 2 * i, &v, 2);
-    }
-  } else {
-    for (uint64_t i = 0; i < count; i++) {
-      uint32_t v = (uint32_t)mix(k->seed + first + i);
-      memcpy(out + 4 * i, &v, 4);
-    }
-  }
-}
-
-/* Uneven rows: each rank weighs 0 to 3 (so some hold nothing), drawn from
- * the key's seed. */
-static void split_rows(struct key *k, uint32_t ranks) {
-  uint32_t w[MAX_RANKS], total = 0;
-  for (uint32_t r = 0; r < ranks; r++) {
-    w[r] = (uint32_t)(mix(k->seed ^ (r + 1)) % 4);
-    total += w[r];
-  }
-  if (total == 0) {
-    w[0] = 1;
-    total = 1;
-  }
-  uint32_t cum = 0;
-  for (uint32_t r = 0; r <= ranks; r++) {
-    k->rows[r] = (int64_t)((uint64_t)k->shape[0] * cum / total);
-    if (r < ranks)
-      cum += w[r];
-  }
-}
-
-static int64_t scaled(double base, double f) {
-  int64_t v = llround(base * f);
-  return v < 1 ? 1 : v;
-}
-
-static const struct model *sort_model;
-
-static int cmp_name(const void *a, const void *b) {
-  return strcmp(sort_model->keys[*(const uint32_t *)a].name,
-                sort_model->keys[*(const uint32_t *)b].name);
-}
-
-static void add_key(struct model *m, const char *name, enum kind kind,
-                    bool bf16, uint32_t ndim, int64_t rows, int64_t ncols,
-                    uint32_t group, uint32_t expert) {
-  struct key *k = &m->keys[m->nkeys++];
-  memset(k, 0, sizeof *k);
-  snprintf(k->name, sizeof k->name, "%s", name);
-  k->kind = kind;
-  k->bf16 = bf16;
-  k->ndim = ndim;
-  k->shape[0] = rows;
-  k->shape[1] = ncols;
-  k->group = group;
-  k->expert = expert;
-  k->seed = hash_name(name);
-  if (kind == SHARD0)
-    split_rows(k, m->ranks);
-  m->bytes += nbytes(k);
-}
-
-/* About 450 MiB in 289 keys at scale 1; dims grow with sqrt(scale). */
-static int build_model(struct model *m, uint32_t ranks, double scale) {
-  double f = sqrt(scale);
-  int64_t d = scaled(1024, f);
-  memset(m, 0, sizeof *m);
-  m->ranks = ranks;
-  m->ngroups = LAYERS + 1;
-  m->keys = calloc(LAYERS * (5 + EXPERTS) + 1, sizeof *m->keys);
-  m->by_name = calloc(LAYERS * (5 + EXPERTS) + 1, sizeof *m->by_name);
-  if (!m->keys || !m->by_name)
-    return -1;
-  char name[64];
-  for (uint32_t l = 0; l < LAYERS; l++) {
-    snprintf(name, sizeof name, "layers.%02u.attn.qkv.weight", l);
-    add_key(m, name, SHARD0, true, 2, 3 * d, d, l, 0);
-    snprintf(name, sizeof name, "layers.%02u.attn.out.weight", l);
-    add_key(m, name, SHARD0, false, 2, scaled(1000, f), d, l, 0);
-    /* Fewer rows than ranks: some shards are empty. */
-    snprintf(name, sizeof name, "layers.%02u.attn.bias", l);
-    add_key(m, name, SHARD0, false, 2, 3, d, l, 0);
-    snprintf(name, sizeof name, "layers.%02u.norm.weight", l);
-    add_key(m, name, REPLICATED, false, 1, d, 0, l, 0);
-    snprintf(name, sizeof name, "layers.%02u.norm.bias", l);
-    add_key(m, name, PLAIN, true, 1, d, 0, l, 0);
-    for (uint32_t e = 0; e < EXPERTS; e++) {
-      snprintf(name, sizeof name, "layers.%02u.experts.%u.weight", l, e);
-      add_key(m, name, EXPERT, true, 2, scaled(256, f), d, l,
-              (l + e) % ranks);
-    }
-  }
-  add_key(m, "embed.weight", SHARD0, true, 2, scaled(32003, f), d, LAYERS, 0);
-  for (uint32_t i = 0; i < m->nkeys; i++)
-    m->by_name[i] = i;
-  sort_model = m;
-  qsort(m->by_name, m->nkeys, sizeof *m->by_name, cmp_name);
-  return 0;
-}
-
-static void free_model(struct model *m) {
-  free(m->keys);
-  free(m->by_name);
-}
-
-static const struct key *find_key(const struct model *m, const char *name,
-                                  uint32_t *index) {
-  size_t lo = 0, hi = m->nkeys;
-  while (lo < hi) {
-    size_t mid = (lo + hi) / 2;
-    int c = strcmp(m->keys[m->by_name[mid]].name, name);
-    if (c == 0) {
-      *index = m->by_name[mid];
-      return &m->keys[*index];
-    }
-    if (c < 0)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return NULL;
-}
-
 /* ---- one rank's holdings ---- */
 
 /* What a rank holds of a key: elements [first, first + count) of the
@@ -377,6 +193,7 @@ struct storage {
 struct rank_state {
   const struct model *m;
   uint32_t rank;
+  uint32_t step; /* the model's values its storages hold */
   size_t nheld;
   struct holding *held;
   struct storage *storages; /* [ngroups] */
@@ -390,12 +207,12 @@ static void holding_of(const struct key *k, uint32_t rank,
                        struct holding *h) {
   if (k->kind == SHARD0) {
     h->rows = k->rows[rank + 1] - k->rows[rank];
-    h->first = (uint64_t)(k->rows[rank] * cols(k));
-    h->count = (uint64_t)(h->rows * cols(k));
+    h->first = (uint64_t)(k->rows[rank] * key_cols(k));
+    h->count = (uint64_t)(h->rows * key_cols(k));
   } else {
     h->rows = k->shape[0];
     h->first = 0;
-    h->count = numel(k);
+    h->count = key_numel(k);
   }
 }
 
@@ -415,7 +232,7 @@ static int plan_rank(struct rank_state *s) {
     holding_of(k, s->rank, h);
     struct storage *st = &s->storages[k->group];
     h->byte_off = (st->len + ALIGN - 1) / ALIGN * ALIGN;
-    st->len = h->byte_off + h->count * esize(k);
+    st->len = h->byte_off + h->count * key_esize(k);
   }
   for (uint32_t g = 0; g < m->ngroups; g++) {
     s->storages[g].fd = -1;
@@ -433,7 +250,7 @@ static void build_storage(const struct rank_state *s, uint32_t g,
     const struct holding *h = &s->held[i];
     const struct key *k = &s->m->keys[h->key];
     if (k->group == g)
-      fill(k, h->first, h->count, buf + h->byte_off);
+      key_fill(k, s->step, h->first, h->count, buf + h->byte_off);
   }
 }
 
@@ -597,7 +414,7 @@ static int register_all(sp_client *c, struct rank_state *s, struct result *r) {
     t->shape[1] = k->shape[1];
     t->stride[0] = k->ndim == 2 ? k->shape[1] : 1;
     t->stride[1] = 1;
-    t->offset = (int64_t)(h->byte_off / esize(k));
+    t->offset = (int64_t)(h->byte_off / key_esize(k));
     t->placement = k->kind == SHARD0       ? SP_PLACEMENT_SHARD0
                    : k->kind == REPLICATED ? SP_PLACEMENT_REPLICATED
                    : k->kind == PLAIN      ? SP_PLACEMENT_PLAIN
@@ -635,8 +452,8 @@ static int verify_tensor(const struct key *k, const sp_owned_tensor *t,
     if (t->shape[d] != k->shape[d])
       return fail(r, "%s: dim %u is %lld, expected %lld", k->name, d,
                   (long long)t->shape[d], (long long)k->shape[d]);
-  uint64_t n = numel(k);
-  uint32_t es = esize(k);
+  uint64_t n = key_numel(k);
+  uint32_t es = key_esize(k);
   bool contiguous =
       k->ndim == 1 ? (t->stride[0] == 1 || n <= 1)
                    : (t->stride[1] == 1 || k->shape[1] <= 1) &&
@@ -646,7 +463,7 @@ static int verify_tensor(const struct key *k, const sp_owned_tensor *t,
     uint64_t per = sizeof chunk / es;
     for (uint64_t at = 0; at < n; at += per) {
       uint64_t cnt = n - at < per ? n - at : per;
-      fill(k, at, cnt, chunk);
+      key_fill(k, 0, at, cnt, chunk);
       if (memcmp((const uint8_t *)t->data + at * es, chunk, cnt * es) != 0)
         return fail(r, "%s: bytes differ from the original in elements "
                     "[%llu, %llu)", k->name, (unsigned long long)at,
@@ -660,7 +477,7 @@ static int verify_tensor(const struct key *k, const sp_owned_tensor *t,
     int64_t off = k->ndim == 2 ? (int64_t)row * t->stride[0] +
                                      (int64_t)col * t->stride[1]
                                : (int64_t)col * t->stride[0];
-    fill(k, i, 1, chunk);
+    key_fill(k, 0, i, 1, chunk);
     if (memcmp((const uint8_t *)t->data + off * es, chunk, es) != 0)
       return fail(r, "%s: element %llu differs from the original", k->name,
                   (unsigned long long)i);
@@ -675,7 +492,7 @@ static int verify_owned(const struct rank_state *s, const sp_owned_set *set,
   for (size_t i = 0; i < set->ntensors; i++) {
     const sp_owned_tensor *t = &set->tensors[i];
     uint32_t index;
-    const struct key *k = find_key(s->m, t->key, &index);
+    const struct key *k = model_find_key(s->m, t->key, &index);
     if (!k)
       return fail(r, "received \"%s\", which is no key of the model", t->key);
     if (owned[index])
@@ -686,9 +503,9 @@ static int verify_owned(const struct rank_state *s, const sp_owned_set *set,
     if (!count)
       continue;
     r->owned++;
-    r->owned_bytes += nbytes(k);
+    r->owned_bytes += key_nbytes(k);
     if (t->identity)
-      r->identity_bytes += nbytes(k);
+      r->identity_bytes += key_nbytes(k);
   }
   return 0;
 }
@@ -823,7 +640,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   struct model m;
-  if (build_model(&m, o.ranks, o.scale) < 0) {
+  if (model_build(&m, o.ranks, o.scale) < 0) {
     fprintf(stderr, "shardport-demo: out of memory\n");
     return 1;
   }
@@ -975,6 +792,6 @@ int main(int argc, char **argv) {
   }
   free(owned);
   free(theirs);
-  free_model(&m);
+  model_free(&m);
   return ok ? 0 : 1;
 }
