@@ -15,8 +15,18 @@
  * what it wrote, and leaves; then it sends rank 0 what it owned, and rank 0
  * checks that every key was owned exactly once and prints one summary line.
  *
- * The same program is the load generator of tests/bench/export_bench
- * (--machine prints the figures as key=value pairs).
+ * With --consumers N the job pushes into N tensor-parallel consumers
+ * instead (consumers.h): forked like the ranks, each joins with the
+ * ticket, registers its buffer and targets, and checks every byte of every
+ * push against the original of that step; the ranks write the next step's
+ * values into their storages between pushes, as an optimizer does.
+ * --via-export delivers the same bytes the way it is done without
+ * consumers, for comparison: the ranks export whole tensors and each owner
+ * copies every consumer's slices out of them.
+ *
+ * The same program is the load generator of tests/bench/export_bench,
+ * nodes_bench and consumers_bench (--machine prints the figures as
+ * key=value pairs).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -34,6 +44,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client/demo/consumers.h"
 #include "client/demo/model.h"
 #include "shardport.h"
 
@@ -42,8 +53,10 @@
 #define ALIGN 64
 /* Bytes that fill a storage between tensors: they must survive too. */
 #define FILLER 0xa5
-/* Exports one run may make in a row (--exports). */
+/* Exports or pushes one run may make in a row (--exports, --pushes). */
 #define MAX_EXPORTS 16
+/* Consumers a demo job may push into (--consumers). */
+#define MAX_DEMO_CONSUMERS 16
 
 /* ---- options ---- */
 
@@ -60,6 +73,10 @@ struct opts {
   const char *status_cmd;
   uint32_t exports;
   bool machine;
+  uint32_t consumers;
+  const char *consumer_socket;
+  uint32_t pushes;
+  bool via_export;
 };
 
 static void usage(FILE *f) {
@@ -85,9 +102,22 @@ static void usage(FILE *f) {
           "row (default 1,\n"
           "                       at most %d); the summary gives the first "
           "and the last\n"
+          "      --consumers N    push into N tensor-parallel consumers "
+          "(at most %d)\n"
+          "                       instead of exporting\n"
+          "      --consumer-socket PATH\n"
+          "                       the consumers' daemon (default: the last "
+          "--socket)\n"
+          "      --pushes N       with --consumers: push N times (default "
+          "3, at most %d),\n"
+          "                       the weights changing in between\n"
+          "      --via-export     with --consumers: export whole tensors "
+          "and copy the\n"
+          "                       consumers' slices out of them instead, "
+          "for comparison\n"
           "      --machine        print the summary as key=value pairs\n"
           "  -h, --help           this text\n",
-          MAX_RANKS, MAX_NODES, MAX_EXPORTS);
+          MAX_RANKS, MAX_NODES, MAX_EXPORTS, MAX_DEMO_CONSUMERS, MAX_EXPORTS);
 }
 
 static int parse_u64(const char *s, uint64_t max, uint64_t *out) {
@@ -101,7 +131,18 @@ static int parse_u64(const char *s, uint64_t max, uint64_t *out) {
 }
 
 static int parse_opts(int argc, char **argv, struct opts *o) {
-  enum { MAX_KEYS = 256, MAX_BYTES, TIMEOUT, STATUS_CMD, EXPORTS, MACHINE };
+  enum {
+    MAX_KEYS = 256,
+    MAX_BYTES,
+    TIMEOUT,
+    STATUS_CMD,
+    EXPORTS,
+    MACHINE,
+    CONSUMERS,
+    CONSUMER_SOCKET,
+    PUSHES,
+    VIA_EXPORT
+  };
   static const struct option longopts[] = {
       {"ranks", required_argument, NULL, 'r'},
       {"scale", required_argument, NULL, 'S'},
@@ -112,10 +153,14 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
       {"status-cmd", required_argument, NULL, STATUS_CMD},
       {"exports", required_argument, NULL, EXPORTS},
       {"machine", no_argument, NULL, MACHINE},
+      {"consumers", required_argument, NULL, CONSUMERS},
+      {"consumer-socket", required_argument, NULL, CONSUMER_SOCKET},
+      {"pushes", required_argument, NULL, PUSHES},
+      {"via-export", no_argument, NULL, VIA_EXPORT},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
-  *o = (struct opts){.ranks = 4, .scale = 1.0, .exports = 1};
+  *o = (struct opts){.ranks = 4, .scale = 1.0, .exports = 1, .pushes = 3};
   int c;
   uint64_t v;
   while ((c = getopt_long(argc, argv, "r:S:s:h", longopts, NULL)) != -1) {
@@ -162,6 +207,22 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
     case MACHINE:
       o->machine = true;
       break;
+    case CONSUMERS:
+      if (parse_u64(optarg, MAX_DEMO_CONSUMERS, &v) < 0 || v == 0)
+        return -1;
+      o->consumers = (uint32_t)v;
+      break;
+    case CONSUMER_SOCKET:
+      o->consumer_socket = optarg;
+      break;
+    case PUSHES:
+      if (parse_u64(optarg, MAX_EXPORTS, &v) < 0 || v == 0)
+        return -1;
+      o->pushes = (uint32_t)v;
+      break;
+    case VIA_EXPORT:
+      o->via_export = true;
+      break;
     case 'h':
       usage(stdout);
       exit(0);
@@ -169,6 +230,10 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
       return -1;
     }
   }
+  if (o->via_export && o->consumers == 0)
+    return -1;
+  if (o->consumer_socket == NULL && o->nsockets > 0)
+    o->consumer_socket = o->sockets[o->nsockets - 1];
   return optind == argc ? 0 : -1;
 }
 
@@ -269,10 +334,25 @@ static void free_rank(struct rank_state *s) {
 
 struct result {
   int ok;
-  /* CLOCK_MONOTONIC around each sp_export, seconds. */
+  /* CLOCK_MONOTONIC around each sp_export, sp_push or sp_receive (with
+   * --via-export: each export and the copies after it), seconds. */
   double t_start[MAX_EXPORTS], t_end[MAX_EXPORTS];
   uint64_t owned, owned_bytes, identity_bytes;
+  /* Pushes: the bytes a rank sent or a consumer received, every push
+   * together, and whether the last push reused the plan. */
+  uint64_t push_bytes;
+  int plan_reused;
   char error[512];
+};
+
+/* The consumers' layouts and buffers, made by the parent before anything
+ * forks, so that every process of the demo maps them: a consumer
+ * registers its own, and with --via-export the owners copy into them. */
+struct consumers {
+  uint32_t n;
+  struct consumer_layout layouts[MAX_DEMO_CONSUMERS];
+  int fds[MAX_DEMO_CONSUMERS];
+  uint8_t *bufs[MAX_DEMO_CONSUMERS];
 };
 
 static double now_s(void) {
@@ -529,9 +609,70 @@ static int verify_storages(const struct rank_state *s, struct result *r) {
   return rc;
 }
 
+/* The optimizer's step: the storages take the model's values of step. */
+static void refill_storages(struct rank_state *s, uint32_t step) {
+  s->step = step;
+  for (uint32_t g = 0; g < s->m->ngroups; g++)
+    build_storage(s, g, s->storages[g].addr);
+}
+
+/* Pushes o->pushes times, the next step's values written in between; rank
+ * 0 shows the status once, after the first push. */
+static int push_loop(const struct opts *o, sp_client *c, struct rank_state *s,
+                     struct progress *pr, struct result *r) {
+  sp_push_opts po = {.max_keys = o->max_keys, .max_bytes = o->max_bytes,
+                     .timeout_ms = o->timeout_ms};
+  for (uint32_t p = 0; p < o->pushes; p++) {
+    if (p > 0)
+      refill_storages(s, p);
+    sp_push_result res;
+    r->t_start[p] = now_s();
+    int e = sp_push(c, &po, &res);
+    r->t_end[p] = now_s();
+    if (e < 0)
+      return fail_sp(r, c, "push", e);
+    r->push_bytes += res.bytes;
+    r->plan_reused = res.plan_reused;
+    if (p == 0 && pr && pr->status_cmd)
+      run_status(pr->status_cmd);
+  }
+  return 0;
+}
+
+/* The path without consumers: export, copy every consumer's slices of
+ * each owned tensor into its buffer, release; o->pushes times. */
+static int via_export_loop(const struct opts *o, sp_client *c,
+                           struct rank_state *s, const struct consumers *cons,
+                           struct result *r) {
+  sp_export_opts eo = {.max_keys = o->max_keys, .max_bytes = o->max_bytes,
+                       .timeout_ms = o->timeout_ms};
+  for (uint32_t p = 0; p < o->pushes; p++) {
+    if (p > 0)
+      refill_storages(s, p);
+    sp_owned_set *set;
+    r->t_start[p] = now_s();
+    int e = sp_export(c, &eo, &set);
+    if (e < 0)
+      return fail_sp(r, c, "export", e);
+    for (size_t i = 0; i < set->ntensors; i++) {
+      uint32_t key;
+      if (model_find_key(s->m, set->tensors[i].key, &key) == NULL)
+        continue;
+      for (uint32_t n = 0; n < cons->n; n++)
+        consumer_copy_owned(s->m, &cons->layouts[n], key, &set->tensors[i],
+                            cons->bufs[n]);
+    }
+    r->t_end[p] = now_s();
+    if ((e = sp_release(c, set)) < 0)
+      return fail_sp(r, c, "release", e);
+  }
+  return 0;
+}
+
 static int run_rank(const struct opts *o, const struct model *m,
                     uint32_t rank, int ticket_fd, const int *ticket_out,
-                    struct progress *pr, uint8_t *owned, struct result *r) {
+                    struct progress *pr, uint8_t *owned,
+                    const struct consumers *cons, struct result *r) {
   struct rank_state s = {.m = m, .rank = rank};
   sp_client *c = NULL;
   sp_owned_set *set = NULL;
@@ -554,13 +695,21 @@ static int run_rank(const struct opts *o, const struct model *m,
   }
   sp_ticket ticket;
   if (rank == 0) {
-    if ((e = sp_job_create(c, o->ranks, &ticket)) < 0) {
+    bool pushing = o->consumers > 0 && !o->via_export;
+    e = pushing ? sp_job_create_with_consumers(c, o->ranks, o->consumers,
+                                               &ticket)
+                : sp_job_create(c, o->ranks, &ticket);
+    if (e < 0) {
       fail_sp(r, c, "create the job", e);
       goto out;
     }
-    for (uint32_t i = 1; i < o->ranks; i++)
+    /* The other ranks, then the consumers. */
+    uint32_t takers = o->ranks + (pushing ? o->consumers : 0);
+    for (uint32_t i = 1; i < takers; i++)
       if (write_all(ticket_out[i], &ticket, sizeof ticket) < 0) {
-        fail(r, "passing the ticket to rank %u: %s", i, strerror(errno));
+        fail(r, "passing the ticket to %s %u: %s",
+             i < o->ranks ? "rank" : "consumer",
+             i < o->ranks ? i : i - o->ranks, strerror(errno));
         goto out;
       }
   } else if (read_all(ticket_fd, &ticket, sizeof ticket) < 0 ||
@@ -574,6 +723,12 @@ static int run_rank(const struct opts *o, const struct model *m,
   }
   if (register_all(c, &s, r) < 0)
     goto out;
+  if (o->consumers > 0) {
+    if ((o->via_export ? via_export_loop(o, c, &s, cons, r)
+                       : push_loop(o, c, &s, pr, r)) < 0)
+      goto out;
+    goto done;
+  }
 
   again = calloc(s.m->nkeys, 1);
   if (again == NULL) {
@@ -614,6 +769,7 @@ static int run_rank(const struct opts *o, const struct model *m,
       goto out;
     }
   }
+done:
   if (verify_storages(&s, r) < 0)
     goto out;
   if ((e = sp_job_leave(c)) < 0) {
@@ -631,6 +787,157 @@ out:
   return rc;
 }
 
+/* ---- one consumer ---- */
+
+/* Joins as consumer index with rank 0's ticket, registers its buffer and
+ * targets, and receives every push, checking every byte against the
+ * model of that step. */
+static int run_consumer(const struct opts *o, const struct model *m,
+                        uint32_t index, int ticket_fd,
+                        const struct consumers *cons, struct result *r) {
+  const struct consumer_layout *l = &cons->layouts[index];
+  sp_client *c = NULL;
+  sp_ticket ticket;
+  char why[1024];
+  int rc = -1, e;
+  if ((e = sp_connect_explain(o->consumer_socket, &c, why, sizeof why)) < 0) {
+    fail(r, "%s", why);
+    goto out;
+  }
+  if (read_all(ticket_fd, &ticket, sizeof ticket) < 0 ||
+      ticket.len > SP_TICKET_MAX) {
+    fail(r, "no ticket from rank 0");
+    goto out;
+  }
+  if ((e = sp_consumer_join(c, &ticket, index, o->consumers, "cpu")) < 0) {
+    fail_sp(r, c, "join as a consumer", e);
+    goto out;
+  }
+  if ((e = consumer_register(c, m, l, cons->fds[index], cons->bufs[index])) <
+      0) {
+    fail_sp(r, c, "register the targets", e);
+    goto out;
+  }
+  for (uint32_t p = 0; p < o->pushes; p++) {
+    sp_push_result res;
+    r->t_start[p] = now_s();
+    e = sp_receive(c, o->timeout_ms, &res);
+    r->t_end[p] = now_s();
+    if (e < 0) {
+      fail_sp(r, c, "receive", e);
+      goto out;
+    }
+    if (res.bytes != l->delivered) {
+      fail(r, "push %u wrote %llu bytes, its targets hold %llu", p + 1,
+           (unsigned long long)res.bytes, (unsigned long long)l->delivered);
+      goto out;
+    }
+    r->push_bytes += res.bytes;
+    if (consumer_verify(m, l, cons->bufs[index], p, r->error,
+                        sizeof r->error) < 0)
+      goto out;
+  }
+  /* Closing leaves the job, which may have ended with its last rank. */
+  rc = 0;
+out:
+  sp_close(c);
+  r->ok = rc == 0;
+  return rc;
+}
+
+/* The consumers' layouts and buffers: 0, or -1 with the reason printed. */
+static int make_consumers(const struct opts *o, const struct model *m,
+                          struct consumers *cons) {
+  cons->n = o->consumers;
+  for (uint32_t i = 0; i < cons->n; i++) {
+    struct consumer_layout *l = &cons->layouts[i];
+    if (consumer_layout_build(m, i, cons->n, l) < 0) {
+      fprintf(stderr, "shardport-demo: out of memory\n");
+      return -1;
+    }
+    cons->fds[i] = memfd_create("shardport-demo-consumer", MFD_CLOEXEC);
+    if (cons->fds[i] < 0 || ftruncate(cons->fds[i], (off_t)l->bytes) != 0 ||
+        (cons->bufs[i] = mmap(NULL, l->bytes, PROT_READ | PROT_WRITE,
+                              MAP_SHARED, cons->fds[i], 0)) == MAP_FAILED) {
+      fprintf(stderr, "shardport-demo: consumer %u's buffer: %s\n", i,
+              strerror(errno));
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* The summary of pushes (or of their export-then-copy stand-in): each
+ * push from the last process's request to the last one done. */
+static bool summarize_pushes(const struct opts *o, const struct model *m,
+                             const struct consumers *cons,
+                             const struct result *results, uint32_t procs) {
+  uint64_t delivered = 0;
+  bool ok = true;
+  for (uint32_t i = 0; i < cons->n; i++)
+    delivered += cons->layouts[i].delivered;
+  /* The export path's consumers take no part: their buffers are checked
+   * here, with the last push's values. */
+  for (uint32_t i = 0; o->via_export && i < cons->n; i++) {
+    char err[512];
+    if (consumer_verify(m, &cons->layouts[i], cons->bufs[i], o->pushes - 1,
+                        err, sizeof err) < 0) {
+      fprintf(stderr, "shardport-demo: %s\n", err);
+      ok = false;
+    }
+  }
+  uint64_t sent = 0;
+  for (uint32_t i = 0; i < o->ranks; i++)
+    sent += results[i].push_bytes;
+  if (!o->via_export && sent != delivered * o->pushes) {
+    fprintf(stderr, "shardport-demo: the ranks sent %llu bytes, the "
+            "consumers' targets hold %llu\n", (unsigned long long)sent,
+            (unsigned long long)(delivered * o->pushes));
+    ok = false;
+  }
+  if (!ok)
+    return false;
+  double secs[MAX_EXPORTS];
+  for (uint32_t p = 0; p < o->pushes; p++) {
+    double last_start = 0, last_end = 0;
+    for (uint32_t i = 0; i < procs; i++) {
+      if (results[i].t_start[p] > last_start)
+        last_start = results[i].t_start[p];
+      if (results[i].t_end[p] > last_end)
+        last_end = results[i].t_end[p];
+    }
+    secs[p] = last_end - last_start;
+  }
+  double first = secs[0], last = secs[o->pushes - 1];
+  uint32_t nodes = o->nsockets > 1 ? o->nsockets : 1;
+  if (o->machine) {
+    printf("ranks=%u consumers=%u keys=%zu bytes=%llu delivered_bytes=%llu "
+           "pushes=%u seconds=%.6f seconds_last=%.6f plan_reused=%d "
+           "via_export=%d verified=1 nodes=%u\n",
+           o->ranks, cons->n, m->nkeys, (unsigned long long)m->bytes,
+           (unsigned long long)delivered, o->pushes, first, last,
+           results[0].plan_reused, o->via_export ? 1 : 0, nodes);
+    return true;
+  }
+  char model[32], bytes[32], rate[32], rate_last[32];
+  sp_format_bytes(m->bytes, model, sizeof model);
+  sp_format_bytes(delivered, bytes, sizeof bytes);
+  sp_format_bytes(first > 0 ? (uint64_t)((double)delivered / first) : 0, rate,
+                  sizeof rate);
+  sp_format_bytes(last > 0 ? (uint64_t)((double)delivered / last) : 0,
+                  rate_last, sizeof rate_last);
+  printf("shardport-demo: %u ranks%s %s %zu keys of %s into %u consumers, "
+         "%u times: %s a time, the first in %.3f s (%s/s), the last in "
+         "%.3f s (%s/s)%s; every delivered byte verified OK\n",
+         o->ranks, nodes > 1 ? " on several daemons" : "",
+         o->via_export ? "exported and copied" : "pushed", m->nkeys, model,
+         cons->n, o->pushes, bytes, first, rate, last, rate_last,
+         o->via_export ? ""
+         : results[0].plan_reused ? ", the plan reused"
+                                   : "");
+  return true;
+}
+
 /* ---- the parent: rank 0 and the summary ---- */
 
 int main(int argc, char **argv) {
@@ -645,11 +952,19 @@ int main(int argc, char **argv) {
     return 1;
   }
 
+  static struct consumers cons;
+  if (o.consumers > 0 && make_consumers(&o, &m, &cons) < 0)
+    return 1;
+  /* The processes: the ranks, then the consumers (none on the export
+   * path, whose owners write the consumers' buffers themselves). */
+  uint32_t procs = o.ranks + (o.via_export ? 0 : o.consumers);
+
   /* Everything is forked before any connection: a process never shares a
    * socket (or, with CUDA, a driver context) with its parent. */
-  int ticket_pipe[MAX_RANKS][2], result_pipe[MAX_RANKS][2];
-  pid_t pids[MAX_RANKS] = {0};
-  for (uint32_t i = 1; i < o.ranks; i++)
+  enum { MAX_PROCS = MAX_RANKS + MAX_DEMO_CONSUMERS };
+  int ticket_pipe[MAX_PROCS][2], result_pipe[MAX_PROCS][2];
+  pid_t pids[MAX_PROCS] = {0};
+  for (uint32_t i = 1; i < procs; i++)
     if (pipe2(ticket_pipe[i], O_CLOEXEC) != 0 ||
         pipe2(result_pipe[i], O_CLOEXEC) != 0) {
       fprintf(stderr, "shardport-demo: pipe: %s\n", strerror(errno));
@@ -661,14 +976,14 @@ int main(int argc, char **argv) {
   uint8_t *theirs = calloc(m.nkeys, 1);
   if (!owned || !theirs)
     return 1;
-  for (uint32_t i = 1; i < o.ranks; i++) {
+  for (uint32_t i = 1; i < procs; i++) {
     pids[i] = fork();
     if (pids[i] < 0) {
       fprintf(stderr, "shardport-demo: fork: %s\n", strerror(errno));
       return 1;
     }
     if (pids[i] == 0) {
-      for (uint32_t j = 1; j < o.ranks; j++) {
+      for (uint32_t j = 1; j < procs; j++) {
         close(ticket_pipe[j][1]);
         close(result_pipe[j][0]);
         if (j != i) {
@@ -677,32 +992,34 @@ int main(int argc, char **argv) {
         }
       }
       struct result r = {0};
-      run_rank(&o, &m, i, ticket_pipe[i][0], NULL, NULL, owned, &r);
+      if (i < o.ranks)
+        run_rank(&o, &m, i, ticket_pipe[i][0], NULL, NULL, owned, &cons, &r);
+      else
+        run_consumer(&o, &m, i - o.ranks, ticket_pipe[i][0], &cons, &r);
       int ok = write_all(result_pipe[i][1], &r, sizeof r) == 0 &&
                write_all(result_pipe[i][1], owned, m.nkeys) == 0;
       exit(ok && r.ok ? 0 : 1);
     }
   }
-  for (uint32_t i = 1; i < o.ranks; i++) {
+  for (uint32_t i = 1; i < procs; i++) {
     close(ticket_pipe[i][0]);
     close(result_pipe[i][1]);
   }
 
-  int ticket_out[MAX_RANKS];
+  int ticket_out[MAX_PROCS];
   ticket_out[0] = -1; /* rank 0 passes the ticket, it takes none */
-  for (uint32_t i = 1; i < o.ranks; i++)
+  for (uint32_t i = 1; i < procs; i++)
     ticket_out[i] = ticket_pipe[i][1];
   struct progress pr = {.tty = isatty(STDERR_FILENO) && !o.machine,
                         .status_cmd = o.status_cmd};
-  struct result results[MAX_RANKS];
-  memset(results, 0, sizeof results);
-  run_rank(&o, &m, 0, -1, ticket_out, &pr, owned, &results[0]);
-  /* Ranks still waiting for a ticket see end of file and give up. */
-  for (uint32_t i = 1; i < o.ranks; i++)
+  static struct result results[MAX_PROCS];
+  run_rank(&o, &m, 0, -1, ticket_out, &pr, owned, &cons, &results[0]);
+  /* Processes still waiting for a ticket see end of file and give up. */
+  for (uint32_t i = 1; i < procs; i++)
     close(ticket_pipe[i][1]);
 
   bool ok = results[0].ok;
-  for (uint32_t i = 1; i < o.ranks; i++) {
+  for (uint32_t i = 1; i < procs; i++) {
     memset(theirs, 0, m.nkeys);
     if (read_all(result_pipe[i][0], &results[i], sizeof results[i]) < 0 ||
         read_all(result_pipe[i][0], theirs, m.nkeys) < 0) {
@@ -715,17 +1032,31 @@ int main(int argc, char **argv) {
       owned[k] += theirs[k];
     ok = ok && results[i].ok;
   }
-  for (uint32_t i = 1; i < o.ranks; i++) {
+  for (uint32_t i = 1; i < procs; i++) {
     int status;
     while (waitpid(pids[i], &status, 0) < 0 && errno == EINTR)
       ;
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
       ok = false;
   }
-  for (uint32_t i = 0; i < o.ranks; i++)
+  for (uint32_t i = 0; i < procs; i++)
     if (!results[i].ok)
-      fprintf(stderr, "shardport-demo: rank %u: %s\n", i,
+      fprintf(stderr, "shardport-demo: %s %u: %s\n",
+              i < o.ranks ? "rank" : "consumer",
+              i < o.ranks ? i : i - o.ranks,
               results[i].error[0] ? results[i].error : "failed");
+  if (o.consumers > 0) {
+    ok = ok && summarize_pushes(&o, &m, &cons, results, procs);
+    for (uint32_t i = 0; i < cons.n; i++) {
+      munmap(cons.bufs[i], cons.layouts[i].bytes);
+      close(cons.fds[i]);
+      consumer_layout_free(&cons.layouts[i]);
+    }
+    free(owned);
+    free(theirs);
+    model_free(&m);
+    return ok ? 0 : 1;
+  }
 
   /* Every key owned by exactly one rank. */
   uint64_t total_bytes = 0, identity_bytes = 0, max_owned = 0;
