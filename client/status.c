@@ -126,6 +126,42 @@ static int decode_nodes(const msgpack_object *o, sp_job_status *job) {
   return rc;
 }
 
+static int decode_consumer(const msgpack_object *o, sp_consumer_status *k) {
+  if (o->type != MSGPACK_OBJECT_MAP)
+    return SP_EBADMSG;
+  int rc = client_get_u32(o, "index", false, &k->index);
+  if (rc == 0)
+    rc = client_copy_str(o, "state", false, &k->state);
+  if (rc == 0)
+    rc = client_copy_str(o, "device", false, &k->device);
+  if (rc == 0)
+    rc = sp__msg_get_u64(o, "bytes_received", false, &k->bytes_received);
+  uint64_t node = 0;
+  k->node = -1;
+  if (rc == 0 && (rc = sp__msg_get_u64(o, "node", true, &node)) == 0)
+    k->node = node > UINT32_MAX ? -1 : (int64_t)node;
+  return rc == 1 ? 0 : rc;
+}
+
+/* From protocol 4 on; a daemon without them leaves none and zeros. */
+static int decode_consumers(const msgpack_object *o, sp_job_status *job) {
+  int rc = sp__msg_get_u64(o, "pushes", true, &job->pushes);
+  if (rc >= 0)
+    rc = sp__msg_get_u64(o, "push_plans", true, &job->push_plans);
+  const msgpack_object_array *a;
+  int has = rc >= 0 ? sp__msg_get_array(o, "consumers", true, &a) : rc;
+  if (has != 0 || a->size == 0)
+    return has < 0 ? has : 0;
+  job->consumers = calloc(a->size, sizeof *job->consumers);
+  if (!job->consumers)
+    return SP_ENOMEM;
+  job->nconsumers = a->size;
+  rc = 0;
+  for (uint32_t i = 0; i < a->size && rc == 0; i++)
+    rc = decode_consumer(&a->ptr[i], &job->consumers[i]);
+  return rc;
+}
+
 int client_decode_job(const msgpack_object *o, sp_job_status *job) {
   if (o->type != MSGPACK_OBJECT_MAP)
     return SP_EBADMSG;
@@ -173,6 +209,8 @@ int client_decode_job(const msgpack_object *o, sp_job_status *job) {
   if (rc == 0 && (rc = sp__msg_get_u64(o, "bytes_to_write", true,
                                       &job->bytes_to_write)) == 1)
     rc = 0;
+  if (rc == 0)
+    rc = decode_consumers(o, job);
   return rc;
 }
 
@@ -255,6 +293,11 @@ void client_job_clear(sp_job_status *job) {
   for (size_t n = 0; n < job->nnodes; n++)
     free(job->nodes[n].address);
   free(job->nodes);
+  for (uint32_t k = 0; k < job->nconsumers; k++) {
+    free(job->consumers[k].state);
+    free(job->consumers[k].device);
+  }
+  free(job->consumers);
 }
 
 SP_EXPORT void sp_status_free(sp_status_info *status) {

@@ -604,11 +604,13 @@ SP_EXPORT int sp_job_create_with_consumers(sp_client *client, uint32_t world,
 
 /* Joins this connection to the job as consumer index (0 <= index <
  * nconsumers, nconsumers the job's), on the daemon of this process's own
- * node, which may be a node no trainer of the job is on.  device is "cpu"
- * for host buffers or "cuda:<GPU UUID>".  One job per connection, as a
- * rank or a consumer; sp_job_leave and sp_close leave it.  SP_ERANK for an
- * index out of range or joined already, SP_ETICKET, SP_ESTATE, SP_EBACKEND
- * and SP_EINVAL as sp_job_join.  A consumer that leaves fails the push it
+ * node.  device is "cpu" for host buffers or "cuda:<GPU UUID>".  One job
+ * per connection, as a rank or a consumer; sp_job_leave and sp_close leave
+ * it.  SP_ERANK for an index out of range or joined already, SP_ETICKET,
+ * SP_ESTATE and SP_EINVAL as sp_job_join.  This version delivers into host
+ * buffers on the daemon that created the job: a GPU device, or a daemon
+ * other than the job's root, is SP_EUNSUPPORTED (docs/protocol.md,
+ * "consumer_join").  A consumer that leaves fails the push it
  * takes part in (SP_ECONSUMERLOST, naming its index, on every trainer and
  * consumer), and every push after it until it joins again. */
 SP_EXPORT int sp_consumer_join(sp_client *client, const sp_ticket *ticket,
@@ -665,19 +667,20 @@ typedef struct sp_target_desc {
  * a bad key, a NULL dtype, more than SP_MAX_DIMS dims, a negative shape,
  * start, stride or offset, an unknown part, pieces on a part other than
  * SP_TARGET_PIECES, a dim not below ndim); SP_ESTATE on a connection that
- * is not a consumer; SP_EDUPKEY for a key this consumer registered
- * already.  The daemon checks each view against its storage at once
- * (view_out_of_bounds, zero_stride, self_overlap, no_such_storage); the
- * rest (the trainers' keys, dtypes, shapes, tilings, aliasing between
- * consumers) is the planner's, and refuses the push on every trainer and
- * consumer alike (docs/planner.md, "Consumers").
+ * is not a consumer.  The daemon checks each view against its storage at
+ * once (SP_ENOSTORAGE: register the storages first; SP_EOUTOFBOUNDS,
+ * SP_EZEROSTRIDE, SP_ESELFOVERLAP); the rest (the trainers' keys, dtypes,
+ * shapes, tilings, a key listed twice, aliasing between consumers) is the
+ * planner's, and refuses the push on every trainer and consumer alike
+ * (docs/planner.md, "Consumers").
  *
  * A consumer's storages (sp_register_storages on its connection) are the
  * buffers it grants the daemon write access to: on the host backend memfd
  * storages only, of a file the daemon can map writable (SP_EBADFD
  * otherwise), refused with SP_EPERM when they share a byte with memory a
  * trainer of the node registered; a trainer's storage registered later
- * over a consumer's buffer is refused with SP_EPERM too. */
+ * over a consumer's buffer fails the next push with SP_EPERM on every
+ * trainer and consumer, before anything is written. */
 SP_EXPORT int sp_register_targets(sp_client *client,
                                   const sp_target_desc *targets, size_t n);
 

@@ -58,6 +58,7 @@ void status_json_job_fields(FILE *out, const sp_job_status *job);
 /* A job across nodes: its plan digest and one line per daemon, indented
  * under the job; nothing for a job on one daemon. */
 void status_print_nodes(FILE *out, const sp_job_status *job);
+void status_print_consumers(FILE *out, const sp_job_status *job);
 
 /* job.c: `status JOB`, one job in full, as a table or one JSON object. */
 int job_show_exec(sp_client *client, const struct cli_options *opts,

@@ -83,6 +83,7 @@ static void print_head(FILE *out, const sp_job_detail *d) {
   snprintf(line, sizeof line, "%llu finished", (unsigned long long)d->exports);
   row(out, "exports", line);
   status_print_nodes(out, job);
+  status_print_consumers(out, job);
 }
 
 static void print_ranks(FILE *out, const sp_job_detail *d) {

@@ -47,6 +47,30 @@ void status_print_nodes(FILE *out, const sp_job_status *job) {
   }
 }
 
+/* A job with consumers: its pushes, and one line per consumer beside the
+ * ranks of the job's row. */
+void status_print_consumers(FILE *out, const sp_job_status *job) {
+  if (job->nconsumers == 0)
+    return;
+  fprintf(out,
+          "    consumers: %u; pushes: %llu, plans built for them: %llu\n",
+          job->nconsumers, (unsigned long long)job->pushes,
+          (unsigned long long)job->push_plans);
+  fprintf(out, "    %-10s%-11s%-6s%-14s%s\n", "CONSUMER", "STATE", "NODE",
+          "RECEIVED", "DEVICE");
+  for (uint32_t i = 0; i < job->nconsumers; i++) {
+    const sp_consumer_status *k = &job->consumers[i];
+    char state[CELL], device[CELL], received[32], node[24] = "-";
+    sp__text_sanitize(k->state, state, sizeof state);
+    sp__text_sanitize(k->device, device, sizeof device);
+    sp_format_bytes(k->bytes_received, received, sizeof received);
+    if (k->node >= 0)
+      snprintf(node, sizeof node, "%lld", (long long)k->node);
+    fprintf(out, "    %-10u%-11s%-6s%-14s%s\n", k->index, state, node,
+            received, device[0] ? device : "-");
+  }
+}
+
 /* What a job's row cannot say: the pool being prepared before round 1
  * (a big first export spends most of its time there), and the ranks that
  * asked while the others have not. */
@@ -122,6 +146,7 @@ static void print_jobs(FILE *out, const sp_status_info *st) {
     }
     print_progress_notes(out, &st->jobs[j]);
     status_print_nodes(out, &st->jobs[j]);
+    status_print_consumers(out, &st->jobs[j]);
   }
   free(cells);
 }
@@ -223,6 +248,20 @@ void status_json_job_fields(FILE *out, const sp_job_status *job) {
             nd->connected ? "true" : "false");
     json_u64(out, "bytes_sent", nd->bytes_sent);
     json_u64(out, "bytes_received", nd->bytes_received);
+    fputc('}', out);
+  }
+  fputc(']', out);
+  json_u64(out, "pushes", job->pushes);
+  json_u64(out, "push_plans", job->push_plans);
+  fputs(",\"consumers\":[", out);
+  for (uint32_t i = 0; i < job->nconsumers; i++) {
+    const sp_consumer_status *k = &job->consumers[i];
+    fprintf(out, "%s{\"index\":%u", i ? "," : "", k->index);
+    json_str_field(out, "state", k->state);
+    if (k->node >= 0)
+      json_u64(out, "node", (uint64_t)k->node);
+    json_str_field(out, "device", k->device);
+    json_u64(out, "bytes_received", k->bytes_received);
     fputc('}', out);
   }
   fputc(']', out);

@@ -5,7 +5,7 @@
  * it were that op (hello's fields as conn.c reads them, then each parser
  * of daemon/request.c), and what storage_add and tensor_add would
  * register is checked by the registry as the daemon checks it (storages
- * described, not mapped).
+ * described, not mapped); a consumer's target_add, push and receive too.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -35,6 +35,19 @@ static void parse_join(const msgpack_object *map,
   char msg[SP_ERRMSG_MAX + 1];
   if (request_parse_join(map, &join, msg, sizeof msg) == 0)
     (void)request_parse_ticket(join.ticket, join.ticket_len, limits, &ticket);
+  if (request_parse_consumer_join(map, &join, msg, sizeof msg) == 0)
+    (void)request_parse_ticket(join.ticket, join.ticket_len, limits, &ticket);
+}
+
+/* A consumer's target_add, push and receive. */
+static void parse_consumer(const msgpack_object *map) {
+  struct req_target *t;
+  struct req_push push;
+  size_t n;
+  char msg[SP_ERRMSG_MAX + 1];
+  if (request_parse_targets(map, &t, &n, msg, sizeof msg) == 0)
+    request_targets_free(t, n);
+  (void)request_parse_push(map, &push, msg, sizeof msg);
 }
 
 /* storage_add then tensor_add on one registry of the rank. */
@@ -72,6 +85,7 @@ static void parse_every_op(const msgpack_object *map,
   (void)request_parse_job_create(map, &create, msg, sizeof msg);
   parse_join(map, limits);
   parse_registration(map);
+  parse_consumer(map);
   if (request_parse_export(map, &ask, msg, sizeof msg) == 0)
     request_groups_free(&ask.groups);
   (void)request_parse_release(map, &export_id, msg, sizeof msg);

@@ -216,6 +216,45 @@ static void requests(void) {
   pack_tensor(&mb.pk, "d.empty", "bfloat16", "plain", 1, none, none, none, 0,
               false);
   write_msgbuf("request", "tensor_add_empty", &mb);
+  /* A consumer's targets: whole, a column shard, a fused piece. */
+  sp__msgbuf_begin(&mb, "target_add", 12, 1);
+  sp__pack_str(&mb.pk, "targets");
+  msgpack_pack_array(&mb.pk, 3);
+  for (int part = 0; part < 3; part++) {
+    static const char *const parts[] = {"whole", "shard", "pieces"};
+    msgpack_pack_map(&mb.pk, part == 2 ? 5 : part == 1 ? 9 : 8);
+    sp__pack_kv_str(&mb.pk, "key", part == 2 ? "q" : "w");
+    sp__pack_kv_str(&mb.pk, "dtype", "float32");
+    sp__pack_str(&mb.pk, "global_shape");
+    msgpack_pack_array(&mb.pk, 2);
+    msgpack_pack_uint64(&mb.pk, 6);
+    msgpack_pack_uint64(&mb.pk, 4);
+    sp__pack_kv_str(&mb.pk, "part", parts[part]);
+    if (part == 2) {
+      sp__pack_str(&mb.pk, "pieces");
+      msgpack_pack_array(&mb.pk, 1);
+      msgpack_pack_map(&mb.pk, 5);
+    }
+    if (part == 2) {
+      sp__pack_str(&mb.pk, "start");
+      msgpack_pack_array(&mb.pk, 2);
+      msgpack_pack_uint64(&mb.pk, 3);
+      msgpack_pack_uint64(&mb.pk, 0);
+    }
+    sp__pack_kv_u64(&mb.pk, "sid", 1);
+    sp__pack_str(&mb.pk, "shape");
+    msgpack_pack_array(&mb.pk, 2);
+    msgpack_pack_uint64(&mb.pk, part == 2 ? 3 : 6);
+    msgpack_pack_uint64(&mb.pk, part == 1 ? 2 : 4);
+    sp__pack_str(&mb.pk, "stride");
+    msgpack_pack_array(&mb.pk, 2);
+    msgpack_pack_uint64(&mb.pk, part == 1 ? 2 : 4);
+    msgpack_pack_uint64(&mb.pk, 1);
+    sp__pack_kv_u64(&mb.pk, "offset", 0);
+    if (part == 1)
+      sp__pack_kv_u64(&mb.pk, "dim", 1);
+  }
+  write_msgbuf("request", "target_add", &mb);
   sp__msgbuf_begin(&mb, "export", 11, 5);
   sp__pack_kv_u64(&mb.pk, "max_keys", 4);
   sp__pack_kv_u64(&mb.pk, "max_bytes", 1 << 20);

@@ -32,9 +32,14 @@ static void msg_begin(struct msg *m, const char *op, uint32_t nfields) {
   sp__msgbuf_begin(&m->mb, op, 1, nfields);
 }
 
-static const msgpack_object *msg_decode(struct msg *m) {
+/* Decoded with the default limits, or with max_items raised as a
+ * daemon's configuration may (0: the default). */
+static const msgpack_object *msg_decode_items(struct msg *m,
+                                              uint32_t max_items) {
   struct sp_limits limits;
   sp__limits_default(&limits);
+  if (max_items > 0)
+    limits.max_items = max_items;
   msgpack_zone_init(&m->zone, 4096);
   ck_assert_int_eq(
       sp__wire_decode((const uint8_t *)m->mb.sbuf.data + SP_FRAME_HEADER,
@@ -42,6 +47,10 @@ static const msgpack_object *msg_decode(struct msg *m) {
                       &m->map),
       0);
   return &m->map;
+}
+
+static const msgpack_object *msg_decode(struct msg *m) {
+  return msg_decode_items(m, 0);
 }
 
 static void msg_free(struct msg *m) {
@@ -72,6 +81,98 @@ static int parse_create(uint64_t world, bool present) {
   msg_free(&m);
   return rc;
 }
+
+static int parse_create_consumers(uint64_t consumers) {
+  struct msg m;
+  struct req_job_create req;
+  char err[256];
+  msg_begin(&m, "job_create", 2);
+  sp__pack_kv_u64(&m.mb.pk, "world", 2);
+  sp__pack_kv_u64(&m.mb.pk, "consumers", consumers);
+  int rc = request_parse_job_create(msg_decode(&m), &req, err, sizeof err);
+  if (rc == 0)
+    ck_assert_uint_eq(req.consumers, consumers);
+  msg_free(&m);
+  return rc;
+}
+
+START_TEST(job_create_consumers_bounds) {
+  ck_assert_int_eq(parse_create_consumers(0), 0);
+  ck_assert_int_eq(parse_create_consumers(4096), 0);
+  ck_assert_int_eq(parse_create_consumers(4097), SP_EINVAL);
+}
+END_TEST
+
+/* One target of key "w" [6, 4], of part, with npieces pieces of one row
+ * each (pieces) or a view of shape (whole, shard). */
+static int parse_target(const char *part, uint32_t npieces, uint32_t dim,
+                        struct req_target **out) {
+  struct msg m;
+  size_t n;
+  char err[256];
+  bool pieces = strcmp(part, "pieces") == 0;
+  msg_begin(&m, "target_add", 1);
+  sp__pack_str(&m.mb.pk, "targets");
+  msgpack_pack_array(&m.mb.pk, 1);
+  msgpack_pack_map(&m.mb.pk, pieces ? 5 : strcmp(part, "shard") == 0 ? 9 : 8);
+  sp__pack_kv_str(&m.mb.pk, "key", "w");
+  sp__pack_kv_str(&m.mb.pk, "dtype", "float32");
+  pack_u64s(&m.mb.pk, "global_shape", 2, (uint64_t[]){6, 4});
+  sp__pack_kv_str(&m.mb.pk, "part", part);
+  if (pieces) {
+    sp__pack_str(&m.mb.pk, "pieces");
+    msgpack_pack_array(&m.mb.pk, npieces);
+    for (uint32_t p = 0; p < npieces; p++) {
+      msgpack_pack_map(&m.mb.pk, 5);
+      pack_u64s(&m.mb.pk, "start", 2, (uint64_t[]){p % 6, 0});
+      sp__pack_kv_u64(&m.mb.pk, "sid", 3);
+      pack_u64s(&m.mb.pk, "shape", 2, (uint64_t[]){1, 4});
+      pack_u64s(&m.mb.pk, "stride", 2, (uint64_t[]){4, 1});
+      sp__pack_kv_u64(&m.mb.pk, "offset", 4 * p);
+    }
+  } else {
+    sp__pack_kv_u64(&m.mb.pk, "sid", 3);
+    pack_u64s(&m.mb.pk, "shape", 2, (uint64_t[]){6, 2});
+    pack_u64s(&m.mb.pk, "stride", 2, (uint64_t[]){2, 1});
+    sp__pack_kv_u64(&m.mb.pk, "offset", 0);
+    if (strcmp(part, "shard") == 0)
+      sp__pack_kv_u64(&m.mb.pk, "dim", dim);
+  }
+  /* 65,536 pieces take more msgpack items than the default limits let one
+   * frame hold: a daemon configured with more reaches the bound. */
+  int rc = request_parse_targets(msg_decode_items(&m, 1u << 21), out, &n, err,
+                                 sizeof err);
+  if (rc == 0)
+    ck_assert_uint_eq(n, 1);
+  msg_free(&m);
+  return rc;
+}
+
+START_TEST(target_bounds) {
+  struct req_target *t;
+  ck_assert_int_eq(parse_target("shard", 0, 1, &t), 0);
+  ck_assert_int_eq(t[0].t.part, CONSUME_SHARD);
+  ck_assert_uint_eq(t[0].t.dim, 1);
+  ck_assert_uint_eq(t[0].sid, 3);
+  ck_assert_str_eq(t[0].t.key, "w");
+  request_targets_free(t, 1);
+  /* A dim is below SP_MAX_DIMS; whether the key has it is the planner's. */
+  ck_assert_int_eq(parse_target("shard", 0, 7, &t), 0);
+  request_targets_free(t, 1);
+  ck_assert_int_eq(parse_target("shard", 0, 8, &t), SP_EINVAL);
+  ck_assert_int_eq(parse_target("whole", 0, 0, &t), 0);
+  request_targets_free(t, 1);
+  ck_assert_int_eq(parse_target("rows", 0, 0, &t), SP_EUNSUPPORTED);
+  /* Pieces: 1 to 65,536. */
+  ck_assert_int_eq(parse_target("pieces", 0, 0, &t), SP_EINVAL);
+  ck_assert_int_eq(parse_target("pieces", 65536, 0, &t), 0);
+  ck_assert_uint_eq(t[0].t.npieces, 65536);
+  ck_assert_uint_eq(t[0].piece_sid[65535], 3);
+  ck_assert_int_eq(t[0].t.pieces[65535].start[0], 65535 % 6);
+  request_targets_free(t, 1);
+  ck_assert_int_eq(parse_target("pieces", 65537, 0, &t), SP_EINVAL);
+}
+END_TEST
 
 START_TEST(job_create_bounds) {
   ck_assert_int_eq(parse_create(1, true), 0);
@@ -1172,6 +1273,8 @@ static Suite *suite(void) {
   Suite *s = suite_create("daemon-registry");
   TCase *tc = tcase_create("requests");
   tcase_add_test(tc, job_create_bounds);
+  tcase_add_test(tc, job_create_consumers_bounds);
+  tcase_add_test(tc, target_bounds);
   tcase_add_test(tc, join_bounds);
   tcase_add_test(tc, ticket_decoding);
   tcase_add_test(tc, storage_bounds);
