@@ -225,6 +225,7 @@ def killed_trainer(ctx):
         update(ctx, state, KILLED_SHAPES, KILLED_PLACEMENTS, 1)
         seen["first"] = job.push(timeout=TIMEOUT).push_id
         update(ctx, state, KILLED_SHAPES, KILLED_PLACEMENTS, 2)
+        touch(ctx.path("pushing.%d" % ctx.index))
         try:
             job.push(timeout=TIMEOUT)
             raise AssertionError("the push succeeded without consumer 1")
@@ -260,18 +261,18 @@ def killed_consumer(ctx):
         consumer.receive(timeout=TIMEOUT)
         seen["checked_first"] = check_received(layout, KILLED_SHAPES, 1)
         if ctx.index == VICTIM:
-            # Dies once every rank and the other consumer wait in the
-            # second push, as the daemon's status shows.
-            with shardport.Client(ctx.socket) as probe:
-                while True:
-                    (job,) = [j for j in probe.status().jobs
-                              if j.world == ctx.world]
-                    others = [c for c in job.consumers if c.index != VICTIM]
-                    if job.asked == ctx.world and all(
-                            c.state == "receiving" for c in others):
-                        break
-                    time.sleep(0.005)
+            # Dies once every rank and the other consumer are about to
+            # wait in the second push.  Whether it dies before or after
+            # their requests reach the daemon, the push fails alike (the
+            # daemon fails a push waiting for a consumer that left, and one
+            # asked for after it left); the pause makes the first the rule.
+            for name in ["pushing.%d" % r for r in range(ctx.world)] + [
+                    "receiving.%d" % c for c in range(ctx.consumers)
+                    if c != VICTIM]:
+                wait_for(ctx.path(name))
+            time.sleep(0.3)
             os.kill(os.getpid(), signal.SIGKILL)
+        touch(ctx.path("receiving.%d" % ctx.index))
         try:
             consumer.receive(timeout=TIMEOUT)
             raise AssertionError("the push succeeded without consumer 1")
