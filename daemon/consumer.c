@@ -150,6 +150,12 @@ int consumer_op_join(struct conn *c, const struct sp_msg_head *head,
                            "this daemon serves consumers of its own jobs "
                            "only, so join on that node",
                            ticket.root);
+  if (job != NULL && job->mesh != NULL && !mesh_is_root(job->mesh))
+    return conn_send_error(c, head->id, SP_EUNSUPPORTED,
+                           "consumer_join: job %s is rooted on another "
+                           "daemon (%s); this daemon serves consumers of its "
+                           "own jobs only, so join on that node",
+                           job->hex, ticket.root);
   if (job == NULL || job->dying)
     return conn_send_error(c, head->id, SP_ETICKET,
                            "consumer_join: no job of this ticket on this "

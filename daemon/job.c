@@ -777,7 +777,7 @@ void job_count_ranks(const struct job *job, uint32_t *joined,
   for (uint32_t r = 0; r < job->world; r++) {
     const struct job_member *m = job->members[r];
     *joined += m != NULL && !m->lost;
-    *asked += m != NULL && !m->lost && m->asked;
+    *asked += m != NULL && !m->lost && (m->asked || m->push_asked);
   }
 }
 

@@ -139,8 +139,8 @@ int joblist_op_jobs(struct conn *c, const struct sp_msg_head *head,
 }
 
 /* Rank r as this daemon sees it: "absent" (not in the job here), "joined",
- * "asked" (waiting for the next export), "exporting" (in the running one)
- * or "leaving" (left or disconnected; freed once no export reads its
+ * "asked" (waiting for the next export or push), "exporting" or "pushing"
+ * (in the running one) or "leaving" (left or disconnected; freed once no export reads its
  * memory).  Its process's pid when it is served here, its node when
  * known (on a job's root, for ranks of every node). */
 static void pack_rank(const struct job *job, uint32_t r, msgpack_packer *pk) {
@@ -151,10 +151,11 @@ static void pack_rank(const struct job *job, uint32_t r, msgpack_packer *pk) {
     bool pid = m->conn != NULL;
     msgpack_pack_map(pk, pid ? 3 : 2);
     sp__pack_kv_str(pk, "state",
-                    m->lost        ? "leaving"
-                    : m->in_export ? "exporting"
-                    : m->asked     ? "asked"
-                                   : "joined");
+                    m->lost                       ? "leaving"
+                    : m->in_export                ? "exporting"
+                    : m->in_push                  ? "pushing"
+                    : m->asked || m->push_asked   ? "asked"
+                                                  : "joined");
     if (pid)
       sp__pack_kv_u64(pk, "pid", (uint64_t)conn_peer(m->conn)->pid);
     sp__pack_kv_u64(pk, "node", mesh_self(job));

@@ -28,6 +28,7 @@
 #include "daemon/gather.h"
 #include "daemon/job.h"
 #include "daemon/log.h"
+#include "daemon/mesh/mesh.h"
 #include "daemon/plan/consume.h"
 #include "daemon/push.h"
 #include "daemon/regoverlap.h"
@@ -316,6 +317,22 @@ static void start(struct job *job) {
     fail_waiting(job, SP_ECONSUMERLOST, msg);
     return;
   }
+  /* Across nodes, a rank joined on another daemon: its bytes would need
+   * the data links, which carry no pushes yet. */
+  for (uint32_t r = 0; r < job->world; r++) {
+    uint32_t node;
+    bool asked;
+    if (job->members[r] == NULL && push_waiting(job) &&
+        mesh_rank_where(job, r, &node, &asked)) {
+      snprintf(msg, sizeof msg,
+               "rank %" PRIu32 " of job %s joined on node %" PRIu32
+               "; this version pushes from the ranks of the root's node "
+               "only",
+               r, job->hex, node);
+      fail_waiting(job, SP_EUNSUPPORTED, msg);
+      return;
+    }
+  }
   if (!everyone_came(job))
     return;
   struct gather_options o;
@@ -566,6 +583,12 @@ int push_op_push(struct conn *c, const struct sp_msg_head *head,
                                  "trainer ranks push, consumers receive"
                                : "push: join a job first");
   struct job *job = m->job;
+  if (job->mesh != NULL && !mesh_is_root(job->mesh))
+    return conn_send_error(c, head->id, SP_EUNSUPPORTED,
+                           "push: rank %" PRIu32 " joined job %s on a daemon "
+                           "other than the job's root; this version pushes "
+                           "from the ranks of the root's node only",
+                           m->rank, job->hex);
   if (job->nconsumers == 0)
     return conn_send_error(c, head->id, SP_ESTATE,
                            "push: job %s was created without consumers",

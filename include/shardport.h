@@ -300,7 +300,7 @@ SP_EXPORT void sp_job_list_free(sp_job_list *list);
 
 /* One rank of a job as the daemon answering sees it. */
 typedef struct sp_rank_info {
-  char *state;  /* absent, joined, asked, exporting, leaving */
+  char *state;  /* absent, joined, asked, exporting, pushing, leaving */
   uint32_t pid; /* its process, when it is served by this daemon; else 0 */
   int64_t node; /* its node number in the job when known; else -1 */
 } sp_rank_info;

@@ -106,6 +106,7 @@ struct trainer {
   uint8_t *mem;
   size_t size;
   size_t offset[NKEYS];
+  sp_push_opts opts; /* what it pushes with */
   /* What its pushes returned. */
   int rc;
   sp_push_result result;
@@ -179,7 +180,7 @@ static void trainer_close(struct trainer *t) {
 
 static void *trainer_push(void *arg) {
   struct trainer *t = arg;
-  t->rc = sp_push(t->c, NULL, &t->result);
+  t->rc = sp_push(t->c, &t->opts, &t->result);
   snprintf(t->message, sizeof t->message, "%s", sp_last_message(t->c));
   return NULL;
 }
@@ -591,6 +592,25 @@ START_TEST(trainer_memory_is_never_a_consumer_buffer) {
 }
 END_TEST
 
+/* Waits until status shows `asked` ranks waiting for the push, and every consumer in `receiving` (a bit per consumer) receiving:
+ * the push waits for the rest. */
+static void wait_for_push(sp_client *c, uint32_t asked, unsigned receiving) {
+  for (int tries = 0; tries < 500; tries++) {
+    sp_status_info *st;
+    ck_assert_int_eq(sp_status(c, &st), 0);
+    const sp_job_status *job = &st->jobs[0];
+    bool ready = job->asked == asked && job->nconsumers == NCONSUMERS;
+    for (uint32_t k = 0; ready && k < NCONSUMERS; k++)
+      if (receiving & (1u << k))
+        ready = strcmp(job->consumers[k].state, "receiving") == 0;
+    sp_status_free(st);
+    if (ready)
+      return;
+    usleep(10 * 1000);
+  }
+  ck_abort_msg("the push never waited with %u ranks asked", asked);
+}
+
 /* A consumer that dies while the others wait fails the push for everyone,
  * naming it; the next push fails at once, until it joins again. */
 START_TEST(a_consumer_that_dies_fails_the_push) {
@@ -603,7 +623,7 @@ START_TEST(a_consumer_that_dies_fails_the_push) {
     ck_assert_int_eq(pthread_create(&th[r], NULL, trainer_push, &w.t[r]), 0);
   ck_assert_int_eq(pthread_create(&th[WORLD], NULL, consumer_receive, &w.k[0]),
                    0);
-  usleep(100 * 1000);
+  wait_for_push(w.creator, WORLD, 1u << 0);
   consumer_close(&w.k[1]);
   w.k[1].c = NULL;
   for (uint32_t i = 0; i <= WORLD; i++)
@@ -640,7 +660,7 @@ START_TEST(a_trainer_that_dies_fails_the_push) {
     ck_assert_int_eq(
         pthread_create(&th[WORLD - 1 + c], NULL, consumer_receive, &w.k[c]),
         0);
-  usleep(100 * 1000);
+  wait_for_push(w.creator, WORLD - 1, (1u << NCONSUMERS) - 1);
   trainer_close(&w.t[WORLD - 1]);
   w.t[WORLD - 1].c = NULL;
   for (uint32_t i = 0; i < WORLD - 1 + NCONSUMERS; i++)
@@ -681,6 +701,83 @@ START_TEST(consumer_joins_are_checked) {
 }
 END_TEST
 
+/* One key per round: the push takes several rounds, byte for byte. */
+START_TEST(a_push_in_rounds_of_one_key) {
+  struct world w;
+  world_start(&w);
+  for (uint32_t c = 0; c < NCONSUMERS; c++)
+    consumer_open(&w.k[c]);
+  for (uint32_t r = 0; r < WORLD; r++)
+    w.t[r].opts.max_keys = 1;
+  push_once(&w, 5);
+  ck_assert_msg(w.t[0].rc == 0, "%s", w.t[0].message);
+  for (uint32_t c = 0; c < NCONSUMERS; c++)
+    ck_assert_uint_eq(w.k[c].result.bytes, consumer_check(&w.k[c], 5));
+  world_stop(&w);
+}
+END_TEST
+
+START_TEST(ranks_pushing_different_options_are_refused_everywhere) {
+  struct world w;
+  world_start(&w);
+  for (uint32_t c = 0; c < NCONSUMERS; c++)
+    consumer_open(&w.k[c]);
+  w.t[2].opts.max_keys = 2;
+  push_once(&w, 1);
+  expect_refused(&w, SP_EINVAL, "rank 2");
+  world_stop(&w);
+}
+END_TEST
+
+/* A consumer that never receives: the push times out on every rank and
+ * on the consumer that came, naming the one that did not. */
+START_TEST(a_push_times_out_naming_who_did_not_come) {
+  struct world w;
+  world_start(&w);
+  for (uint32_t c = 0; c < NCONSUMERS; c++)
+    consumer_open(&w.k[c]);
+  pthread_t th[WORLD + 1];
+  for (uint32_t r = 0; r < WORLD; r++) {
+    w.t[r].opts.timeout_ms = 300;
+    ck_assert_int_eq(pthread_create(&th[r], NULL, trainer_push, &w.t[r]), 0);
+  }
+  ck_assert_int_eq(pthread_create(&th[WORLD], NULL, consumer_receive, &w.k[0]),
+                   0);
+  for (uint32_t i = 0; i <= WORLD; i++)
+    pthread_join(th[i], NULL);
+  for (uint32_t r = 0; r < WORLD; r++) {
+    ck_assert_int_eq(w.t[r].rc, SP_ETIMEOUT);
+    ck_assert_str_eq(w.t[r].message, w.t[0].message);
+  }
+  ck_assert_int_eq(w.k[0].rc, SP_ETIMEOUT);
+  ck_assert_str_eq(w.k[0].message, w.t[0].message);
+  ck_assert_ptr_nonnull(strstr(w.t[0].message, "consumer 1"));
+  ck_assert_ptr_null(strstr(w.t[0].message, "consumer 0"));
+  world_stop(&w);
+}
+END_TEST
+
+/* A consumer's buffer cut short after it was granted fails the push with
+ * bad_fd everywhere, and the daemon serves on. */
+START_TEST(a_buffer_cut_short_fails_the_push) {
+  struct world w;
+  world_start(&w);
+  for (uint32_t c = 0; c < NCONSUMERS; c++)
+    consumer_open(&w.k[c]);
+  munmap(w.k[1].mem, w.k[1].size);
+  ck_assert_int_eq(ftruncate(w.k[1].fd, 0), 0);
+  w.k[1].mem = mmap(NULL, w.k[1].size, PROT_READ | PROT_WRITE, MAP_SHARED,
+                    w.k[1].fd, 0);
+  push_once(&w, 1);
+  expect_refused(&w, SP_EBADFD, "consumer 1");
+  sp_client *c;
+  ck_assert_int_eq(sp_connect(w.d.socket, &c), 0);
+  ck_assert_int_eq(sp_ping(c, NULL), 0);
+  sp_close(c);
+  world_stop(&w);
+}
+END_TEST
+
 static Suite *consumers_suite(void) {
   Suite *s = suite_create("consumers");
   TCase *tc = tcase_create("push");
@@ -697,6 +794,10 @@ static Suite *consumers_suite(void) {
   tcase_add_test(tc, a_consumer_that_dies_fails_the_push);
   tcase_add_test(tc, a_trainer_that_dies_fails_the_push);
   tcase_add_test(tc, consumer_joins_are_checked);
+  tcase_add_test(tc, a_push_in_rounds_of_one_key);
+  tcase_add_test(tc, ranks_pushing_different_options_are_refused_everywhere);
+  tcase_add_test(tc, a_push_times_out_naming_who_did_not_come);
+  tcase_add_test(tc, a_buffer_cut_short_fails_the_push);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -55,11 +55,12 @@ START_TEST(numbers_are_stable) {
   ck_assert_int_eq(SP_EABORTED, -101);
   ck_assert_int_eq(SP_EDAEMONSTOPPING, -102);
   ck_assert_int_eq(SP_EDAEMONRESTARTED, -103);
+  ck_assert_int_eq(SP_ECONSUMERLOST, -104);
 }
 END_TEST
 
 START_TEST(unknown_codes_have_text) {
-  static const int unknown[] = {-22, -39, -76, -104, -9999, INT_MIN};
+  static const int unknown[] = {-22, -39, -76, -105, -9999, INT_MIN};
   for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
     ck_assert_str_eq(sp_err_name(unknown[i]), "unknown");
     ck_assert_str_eq(sp_strerror(unknown[i]), "unknown error");
