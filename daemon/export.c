@@ -112,10 +112,10 @@ static void free_export(struct export *ex) {
   save_free(ex->save);
   /* The plan borrows the gathered metadata: it goes first. */
   plan_free(ex->new_plan);
+  plan_input_store_free(ex->store);
   publish_layout_free(&ex->new_layout);
   mesh_export_free(ex->mx);
   free(ex->ranks);
-  free(ex->rin);
   free(ex->src);
   free(ex->dst);
   free(ex->dst_size);
@@ -314,7 +314,7 @@ static int compare_replicas(struct export *ex, const struct plan *plan) {
   for (uint32_t r = 0; r < job->world; r++)
     if (ex->ranks[r].m != NULL)
       src[r] = ex->ranks[r].m->reg.info;
-  int rc = replicas_hash(plan, &ex->in, src, ex->compare_threads,
+  int rc = replicas_hash(plan, plan->in, src, ex->compare_threads,
                          &ex->replicas, ex->plan_msg, sizeof ex->plan_msg);
   free(src);
   if (rc == 0)
@@ -323,18 +323,45 @@ static int compare_replicas(struct export *ex, const struct plan *plan) {
   return rc;
 }
 
+/* The planner's input, on the planning thread: across nodes read from the
+ * bytes every node got, on one node from the registries as they are. */
+static int plan_input_fill(struct export *ex) {
+  struct job *job = ex->job;
+  struct plan_input *in;
+  int rc = 0;
+
+  ex->store = plan_input_store_new(job->world);
+  if (ex->store == NULL) {
+    snprintf(ex->plan_msg, sizeof ex->plan_msg,
+             "out of memory reading the ranks' registrations");
+    return SP_ENOMEM;
+  }
+  if (ex->mx != NULL)
+    rc = mesh_plan_input(ex->mx, ex->store, ex->plan_msg, sizeof ex->plan_msg);
+  /* A rank that did not ask is left out, and the planner refuses. */
+  for (uint32_t r = 0; ex->mx == NULL && rc == 0 && r < job->world; r++)
+    if (ex->ranks[r].m != NULL)
+      rc = registry_plan_rank(&ex->ranks[r].m->reg, r, 0, &ex->ranks[r].groups,
+                              ex->store, ex->plan_msg, sizeof ex->plan_msg);
+  in = plan_input_of(ex->store);
+  if (ex->mx == NULL) {
+    in->max_keys = ex->max_keys;
+    in->max_bytes = ex->max_bytes;
+  }
+  /* Planning is the export's work until its rounds start: as wide as the
+   * copying that follows. */
+  in->threads = job->srv->engine_threads;
+  in->stop = &ex->plan_stop;
+  return rc;
+}
+
 static void *plan_main(void *arg) {
   struct export *ex = arg;
   if (!ex->reuse_plan) {
-    /* Across nodes, the input is read from the bytes every node got. */
-    ex->plan_rc = ex->mx != NULL ? mesh_plan_input(ex->mx, &ex->in,
-                                                   ex->plan_msg,
-                                                   sizeof ex->plan_msg)
-                                 : 0;
-    ex->in.stop = &ex->plan_stop;
+    ex->plan_rc = plan_input_fill(ex);
     if (ex->plan_rc == 0)
-      ex->plan_rc = plan_build(&ex->in, &ex->new_plan, ex->plan_msg,
-                               sizeof ex->plan_msg);
+      ex->plan_rc = plan_build(plan_input_of(ex->store), &ex->new_plan,
+                               ex->plan_msg, sizeof ex->plan_msg);
     if (ex->plan_rc == 0 &&
         publish_layout_build(ex->new_plan, &ex->new_layout) != 0) {
       ex->plan_rc = SP_ENOMEM;
@@ -544,16 +571,10 @@ static struct export *begin_export(struct job *job, struct mesh_export *mx,
   struct export *ex = calloc(1, sizeof *ex);
   if (ex != NULL) {
     ex->ranks = calloc(job->world, sizeof *ex->ranks);
-    /* On one node the planner reads the registries as they are; across
-     * nodes, the gathered bytes (mesh_plan_input). */
-    if (mx == NULL)
-      ex->rin = calloc(job->world, sizeof *ex->rin);
   }
-  if (ex == NULL || ex->ranks == NULL || (mx == NULL && ex->rin == NULL)) {
-    if (ex != NULL) {
+  if (ex == NULL || ex->ranks == NULL) {
+    if (ex != NULL)
       free(ex->ranks);
-      free(ex->rin);
-    }
     free(ex);
     return NULL;
   }
@@ -582,18 +603,7 @@ static struct export *begin_export(struct job *job, struct mesh_export *mx,
     memset(&m->ask.groups, 0, sizeof m->ask.groups);
     m->asked = false;
     m->in_export = true;
-    if (mx != NULL)
-      continue;
-    registry_rank_in(&m->reg, r, &ex->rin[r]);
-    ex->rin[r].ngroups = er->groups.ngroups;
-    ex->rin[r].groups = er->groups.groups;
   }
-  if (mx == NULL)
-    ex->in = (struct plan_input){.world = job->world,
-                                 .nranks = job->world,
-                                 .ranks = ex->rin,
-                                 .max_keys = ex->max_keys,
-                                 .max_bytes = ex->max_bytes};
   job->running = ex;
   job->error[0] = '\0';
   struct log_fields fields = export_fields(ex, 0);

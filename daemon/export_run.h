@@ -64,8 +64,9 @@ struct export {
   bool failed;
   int fail_code; /* the code it failed with, once failed */
   /* Planning: the worker's input and output. */
-  struct plan_rank_in *rin;
-  struct plan_input in;
+  /* The planner's input, filled on the planning thread (plan_main); the
+   * plan borrows it, and it goes with the plan into the job's cache. */
+  struct plan_input_store *store;
   struct plan *new_plan;
   struct publish_layout new_layout;
   int plan_rc;

@@ -20,6 +20,8 @@ static void free_cache(struct job *job) {
   struct plancache *c = &job->cache;
   plan_free(c->plan);
   c->plan = NULL;
+  plan_input_store_free(c->input);
+  c->input = NULL;
   publish_layout_free(&c->layout);
   if (c->groups != NULL)
     for (uint32_t r = 0; r < job->world; r++)
@@ -82,12 +84,14 @@ int plancache_install(struct export *ex) {
   free_cache(job);
   struct plancache *c = &job->cache;
   c->plan = ex->new_plan;
+  c->input = ex->store;
   c->layout = ex->new_layout;
   c->max_keys = ex->max_keys;
   c->max_bytes = ex->max_bytes;
   c->groups = groups;
   c->groups_len = lens;
   ex->new_plan = NULL;
+  ex->store = NULL;
   memset(&ex->new_layout, 0, sizeof ex->new_layout);
   return 0;
 }

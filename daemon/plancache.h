@@ -15,12 +15,14 @@
 struct export;
 struct job;
 struct plan;
+struct plan_input_store;
 
 /* The plan an export with the same registrations, groups and options
  * reuses (job->cache): planning a big job takes long, and a trainer
  * exports the same tensors at every checkpoint. */
 struct plancache {
   struct plan *plan; /* NULL: none kept */
+  struct plan_input_store *input; /* what plan borrows */
   struct publish_layout layout;
   uint64_t max_bytes;
   uint32_t max_keys;

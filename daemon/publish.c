@@ -166,11 +166,12 @@ static void pack_tensor(msgpack_packer *pk, const struct plan *plan,
   sp__pack_kv_dims(pk, "shape", key->shape, key->ndim);
   if (as->kind == PLAN_KEY_IDENTITY) {
     /* The owner's own view, strides and all, in its own storage. */
-    const struct plan_key_in *held = as->held;
-    sp__pack_kv_dims(pk, "stride", held->view.stride, held->view.ndim);
-    sp__pack_kv_u64(pk, "sid", owner->info[held->storage].sid);
+    struct plan_key_in held;
+    plan_key_holding(plan, (uint32_t)(as - plan->keys), &held);
+    sp__pack_kv_dims(pk, "stride", held.view.stride, held.view.ndim);
+    sp__pack_kv_u64(pk, "sid", owner->info[held.storage].sid);
     sp__pack_kv_u64(pk, "byte_offset",
-                    (uint64_t)held->view.offset * sp__dtype_size(key->dtype));
+                    (uint64_t)held.view.offset * sp__dtype_size(key->dtype));
     return;
   }
   int64_t stride[SP_MAX_DIMS];

@@ -790,14 +790,21 @@ void registry_batch_free(struct reg_batch *b) {
   free(b);
 }
 
-void registry_rank_in(const struct registry *reg, uint32_t rank,
-                      struct plan_rank_in *out) {
-  memset(out, 0, sizeof *out);
-  out->rank = rank;
-  out->nstorages = reg->nstorages;
-  out->storages = reg->storages;
-  out->nkeys = reg->nkeys;
-  out->keys = reg->keys;
+int registry_plan_rank(const struct registry *reg, uint32_t rank, uint64_t node,
+                       const struct req_groups *groups,
+                       struct plan_input_store *store, char *msg,
+                       size_t msglen) {
+  struct plan_rank_desc desc = {.rank = rank,
+                                .node = node,
+                                .nstorages = reg->nstorages,
+                                .storages = reg->storages,
+                                .nkeys = reg->nkeys,
+                                .keys = reg->keys};
+  if (groups != NULL) {
+    desc.ngroups = groups->ngroups;
+    desc.groups = groups->groups;
+  }
+  return plan_input_add_rank(store, &desc, msg, msglen);
 }
 
 int registry_add_remote_storages(struct registry *reg,

@@ -156,9 +156,14 @@ int registry_add_tensors(struct registry *reg, struct req_tensor *t, size_t n,
                          char *msg, size_t msglen);
 /* The storage index of sid, or IDXSET_NONE. */
 uint32_t registry_find_sid(const struct registry *reg, uint32_t sid);
-/* The rank's part of a plan_input, pointing into reg (no groups). */
-void registry_rank_in(const struct registry *reg, uint32_t rank,
-                      struct plan_rank_in *out);
+/* Adds the rank's registrations, with its together-groups, to the
+ * planner's input (plan_input_add_rank): the one way a registry, a local
+ * rank's or a remote rank's shadow, becomes what the planner reads.  The
+ * input borrows names, storages and pieces from reg. */
+int registry_plan_rank(const struct registry *reg, uint32_t rank, uint64_t node,
+                       const struct req_groups *groups,
+                       struct plan_input_store *store, char *msg,
+                       size_t msglen);
 /* Registers n storages of a rank on another node (mesh.c): what the
  * planner needs (sid, base, length, device), no memory; the same checks
  * as registry_add_storages.  All or none. */

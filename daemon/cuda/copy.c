@@ -132,7 +132,7 @@ void gpu_move_box(const struct engine *e, const struct plan_move *m,
     box->dst_stride[d] = dr.stride[d];
   }
   if (src != NULL)
-    *src = e->src[m->src][m->from->storage].gpu.data + (size_t)sv.offset * esz;
+    *src = e->src[m->src][m->storage].gpu.data + (size_t)sv.offset * esz;
   if (dst != NULL)
     *dst = e->dst[m->dst] + e->key_offset[m->key] + (size_t)dr.offset * esz;
 }
@@ -340,7 +340,7 @@ static int check_plan(struct runner *r) {
     for (size_t i = 0; i < rd->nlocal; i++) {
       const struct plan_move *m = &rd->local[i];
       if (is_local(r, m->src) &&
-          check_device(r, r->e->src[m->src][m->from->storage].gpu.device) != 0)
+          check_device(r, r->e->src[m->src][m->storage].gpu.device) != 0)
         return r->e->rc;
     }
     if (rd->nmoves > 0 && r->run->comms == NULL)

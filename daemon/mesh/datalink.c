@@ -18,6 +18,9 @@
 
 _Static_assert(CONFIG_MAX_PEER_STREAMS == REMOTE_STREAMS_MAX,
                "peer_streams is bounded by the streams an exchange serves");
+_Static_assert(REMOTE_STREAMS_MAX <= UINT8_MAX,
+               "a data link's proof holds a stream's index and count in a "
+               "byte each (peerauth.c)");
 
 /* A socket kept between exports may have died quietly: one that reads as
  * closed, failed, or holding bytes nobody sent it in an export, goes. */
@@ -25,6 +28,17 @@ static bool data_alive(int sock) {
   char byte;
   ssize_t n = recv(sock, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
   return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+/* The connection's own end, "addr:port", for the log: which socket of the
+ * daemon's (ss, /proc/net/tcp) carries which stream. */
+static void own_end(int sock, char *buf, size_t len) {
+  struct sockaddr_storage sa;
+  socklen_t salen = sizeof sa;
+  if (getsockname(sock, (struct sockaddr *)&sa, &salen) != 0)
+    snprintf(buf, len, "?");
+  else
+    netaddr_format((const struct sockaddr *)&sa, buf, len);
 }
 
 static void on_data_detached(void *arg, int sock) {
@@ -38,9 +52,13 @@ static void on_data_detached(void *arg, int sock) {
   if (st->data >= 0)
     close(st->data);
   st->data = sock;
+  st->session = st->dlink_session;
+  char end[NODE_ADDR_MAX];
+  own_end(sock, end, sizeof end);
   log_with(LOG_LEVEL_DEBUG, LOG_JOB(n->mesh->job->hex),
-           "job %s: data link to node %u (%s) up (stream %u of %u)",
-           n->mesh->job->hex, n->node, n->addr, st->index + 1, n->nstreams);
+           "job %s: data link to node %u (%s) up (stream %u of %u, from %s)",
+           n->mesh->job->hex, n->node, n->addr, st->index + 1, n->nstreams,
+           end);
   member_send_planned(n->mesh);
 }
 
@@ -68,7 +86,8 @@ static void on_data_frame(struct nodelink *l, void *arg,
                         .node = ms->self,
                         .node_id = ms->srv->node_id,
                         .stream = st->index,
-                        .streams = n->nstreams};
+                        .streams = n->nstreams,
+                        .export_id = st->dlink_session};
     if (peerauth_nonce(h.nonce) != 0) {
       bad = "no random nonce";
     } else {
@@ -106,18 +125,33 @@ static const struct nodelink_ops data_ops = {
     .closed = on_data_closed,
 };
 
+/* Whether a socket of this session may carry the next export's bytes: no
+ * export since it was dialled ended without publishing. */
+static bool session_fresh(const struct mesh_node *n, uint64_t session) {
+  return session > n->failed_export;
+}
+
 /* Before an export: a newer socket accepted while the last one moved
- * takes the old one's place, and one that died quietly goes. */
+ * takes the old one's place, and one of a stale session, or that died
+ * quietly, goes; so does a dial of a stale session still in its
+ * handshake. */
 static void stream_refresh(struct mesh_stream *st) {
+  const struct mesh_node *n = st->node;
   if (st->data_next >= 0) {
     if (st->data >= 0)
       close(st->data);
     st->data = st->data_next;
+    st->session = st->session_next;
     st->data_next = -1;
   }
-  if (st->data >= 0 && !data_alive(st->data)) {
+  if (st->data >= 0 &&
+      (!session_fresh(n, st->session) || !data_alive(st->data))) {
     close(st->data);
     st->data = -1;
+  }
+  if (st->dlink != NULL && !session_fresh(n, st->dlink_session)) {
+    nodelink_close(st->dlink);
+    st->dlink = NULL;
   }
 }
 
@@ -140,6 +174,7 @@ int datalink_ensure(struct mesh *ms, const struct mesh_export *mx) {
       if (st->data >= 0 || st->dlink != NULL)
         continue;
       st->hello_sent = false;
+      st->dlink_session = mx->export_id;
       int rc = nodelink_connect(ms->srv, n->addr, &data_ops, st, &st->dlink);
       if (rc != 0) {
         st->dlink = NULL;
@@ -158,7 +193,7 @@ bool datalink_ready(const struct mesh *ms, const struct mesh_export *mx) {
     if (n->nstreams == 0)
       return false;
     for (uint32_t s = 0; s < n->nstreams; s++)
-      if (n->streams[s].data < 0)
+      if (n->streams[s].data < 0 || !session_fresh(n, n->streams[s].session))
         return false;
   }
   return true;
@@ -196,13 +231,18 @@ void datalink_accepted(void *arg, int sock) {
     if (st->data_next >= 0)
       close(st->data_next);
     st->data_next = sock;
+    st->session_next = st->dlink_session;
     return;
   }
   if (st->data >= 0)
     close(st->data);
   st->data = sock;
+  st->session = st->dlink_session;
+  char end[NODE_ADDR_MAX];
+  own_end(sock, end, sizeof end);
   log_with(LOG_LEVEL_DEBUG, LOG_JOB(n->mesh->job->hex),
-           "job %s: data link from node %u (%s) up (stream %u of %u)",
-           n->mesh->job->hex, n->node, n->addr, st->index + 1, n->nstreams);
+           "job %s: data link from node %u (%s) up (stream %u of %u, at %s)",
+           n->mesh->job->hex, n->node, n->addr, st->index + 1, n->nstreams,
+           end);
   member_send_planned(n->mesh);
 }

@@ -21,10 +21,8 @@ static void gathered_free_inputs(struct mesh_export *mx) {
   }
   free(mx->shadow);
   free(mx->groups);
-  free(mx->rin);
   mx->shadow = NULL;
   mx->groups = NULL;
-  mx->rin = NULL;
 }
 
 bool mesh_nccl_id(const struct mesh_export *mx, uint8_t id[NODE_NCCL_ID_BYTES],
@@ -40,6 +38,11 @@ void mesh_export_free(struct mesh_export *mx) {
   struct mesh *ms = mx->mesh;
   if (ms != NULL && ms->current == mx)
     ms->current = NULL;
+  for (size_t i = 0; ms != NULL && !mx->published && i < mx->nnodes; i++) {
+    struct mesh_node *n = mesh_node_get(ms, mx->nodes[i].node);
+    if (n != NULL && n->failed_export < mx->export_id)
+      n->failed_export = mx->export_id;
+  }
   remote_free(mx->remote);
   gathered_free_inputs(mx);
   for (uint32_t r = 0; r < mx->nmetas; r++)
@@ -57,13 +60,12 @@ bool gathered_in_roster(const struct mesh_export *mx, uint32_t node) {
   return false;
 }
 
-int mesh_plan_input(struct mesh_export *mx, struct plan_input *in, char *msg,
-                    size_t msglen) {
+int mesh_plan_input(struct mesh_export *mx, struct plan_input_store *store,
+                    char *msg, size_t msglen) {
   uint32_t world = mx->world;
   mx->shadow = calloc(world, sizeof *mx->shadow);
   mx->groups = calloc(world, sizeof *mx->groups);
-  mx->rin = calloc(world, sizeof *mx->rin);
-  if (mx->shadow == NULL || mx->groups == NULL || mx->rin == NULL) {
+  if (mx->shadow == NULL || mx->groups == NULL) {
     snprintf(msg, msglen, "out of memory reading the ranks' registrations");
     return SP_ENOMEM;
   }
@@ -81,16 +83,14 @@ int mesh_plan_input(struct mesh_export *mx, struct plan_input *in, char *msg,
                mx->rank_nodes[r], why);
       return rc;
     }
-    registry_rank_in(&mx->shadow[r], r, &mx->rin[r]);
-    mx->rin[r].node = mx->rank_nodes[r];
-    mx->rin[r].ngroups = mx->groups[r].ngroups;
-    mx->rin[r].groups = mx->groups[r].groups;
+    rc = registry_plan_rank(&mx->shadow[r], r, mx->rank_nodes[r],
+                            &mx->groups[r], store, msg, msglen);
+    if (rc != 0)
+      return rc;
   }
-  *in = (struct plan_input){.world = world,
-                            .nranks = world,
-                            .ranks = mx->rin,
-                            .max_keys = mx->max_keys,
-                            .max_bytes = mx->max_bytes};
+  struct plan_input *in = plan_input_of(store);
+  in->max_keys = mx->max_keys;
+  in->max_bytes = mx->max_bytes;
   return 0;
 }
 

@@ -12,18 +12,35 @@
 #include "daemon/mesh/internal.h"
 #include "shardport.h"
 
+/* The stream a data link's handshake m (peer_data, asked or answered for
+ * it) opens, or NULL for a control link: what its proofs bind. */
+static const struct peerauth_stream *
+hello_stream(enum peerauth_link kind, const struct nodemsg *m,
+             struct peerauth_stream *st) {
+  if (kind != PEERAUTH_DATA)
+    return NULL;
+  *st = (struct peerauth_stream){.node = m->node,
+                                 .node_id = m->node_id,
+                                 .stream = m->stream,
+                                 .streams = m->streams,
+                                 .export_id = m->export_id};
+  return st;
+}
+
 /* A dialled link's answer to the listener's challenge: this daemon's nonce
  * and proof in m, and in the link the proof the listener must send back. */
 void hello_answer_challenge(struct nodelink *l, const struct job *job,
                             enum peerauth_link kind,
                             const uint8_t listener_nonce[PEERAUTH_NONCE_BYTES],
                             struct nodemsg *m) {
+  struct peerauth_stream st;
+  const struct peerauth_stream *bound = hello_stream(kind, m, &st);
   m->version = NODE_PROTOCOL_VERSION;
   memcpy(m->job, job->id, JOB_ID_BYTES);
   peerauth_proof(job->secret, PEERAUTH_DIALER, kind, job->id, listener_nonce,
-                 m->nonce, m->proof);
+                 m->nonce, bound, m->proof);
   peerauth_proof(job->secret, PEERAUTH_LISTENER, kind, job->id,
-                 listener_nonce, m->nonce, nodelink_handshake(l));
+                 listener_nonce, m->nonce, bound, nodelink_handshake(l));
 }
 
 static void refuse_link(struct nodelink *l, int code, const char *fmt, ...)
@@ -45,8 +62,10 @@ static void hello_listener_proof(const struct job *job, struct nodelink *l,
                                  enum peerauth_link kind,
                                  const struct nodemsg *m,
                                  struct nodemsg *reply) {
+  struct peerauth_stream st;
   peerauth_proof(job->secret, PEERAUTH_LISTENER, kind, job->id,
-                 nodelink_handshake(l), m->nonce, reply->proof);
+                 nodelink_handshake(l), m->nonce, hello_stream(kind, m, &st),
+                 reply->proof);
 }
 
 static void hello_root(struct server *srv, struct nodelink *l,
@@ -105,11 +124,18 @@ static void hello_data(struct nodelink *l, const struct nodemsg *m,
     return refuse_link(l, SP_EINVAL, "node %u of job %s dials %u data "
                        "streams, not %u", m->node, job->hex, m->streams,
                        n->nstreams);
+  /* A stream dialled for an export that is over without publishing would
+   * be used by none (datalink.c). */
+  if (m->export_id <= n->failed_export)
+    return refuse_link(l, SP_ESTATE, "node %u of job %s dialled a data "
+                       "stream for export %" PRIu64 ", which did not publish",
+                       m->node, job->hex, m->export_id);
   n->node_id = m->node_id;
   n->nstreams = m->streams;
   struct mesh_stream *st = &n->streams[m->stream];
   nodelink_close(st->dlink);
   st->dlink = l;
+  st->dlink_session = m->export_id;
   nodelink_hello_done(l);
   struct nodemsg reply = {.op = NODEMSG_DATA, .reply = true};
   hello_listener_proof(job, l, PEERAUTH_DATA, m, &reply);
@@ -143,19 +169,21 @@ static struct job *proven_job(struct server *srv, struct nodelink *l,
   uint8_t want[PEERAUTH_PROOF_BYTES];
   struct job *found = NULL;
   bool tried = false;
+  struct peerauth_stream st;
+  const struct peerauth_stream *bound = hello_stream(kind, m, &st);
   for (struct job *j = srv->mesh_ops->find(srv, NULL, m->job); j != NULL;
        j = srv->mesh_ops->find(srv, j, m->job)) {
     if (j->dying || j->mesh == NULL || j->mesh->broken)
       continue;
     tried = true;
     peerauth_proof(j->secret, PEERAUTH_DIALER, kind, m->job,
-                   nodelink_handshake(l), m->nonce, want);
+                   nodelink_handshake(l), m->nonce, bound, want);
     if (peerauth_equal(want, m->proof))
       found = j;
   }
   if (!tried) {
     peerauth_proof(no_secret, PEERAUTH_DIALER, kind, m->job,
-                   nodelink_handshake(l), m->nonce, want);
+                   nodelink_handshake(l), m->nonce, bound, want);
     (void)peerauth_equal(want, m->proof);
   }
   return found;

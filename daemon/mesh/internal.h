@@ -59,6 +59,9 @@ struct mesh_stream {
   bool hello_sent;        /* dialled: its peer_data answered the challenge */
   int data;               /* the socket, or -1 */
   int data_next;          /* a newer one, taken at the next export */
+  /* The export each was dialled for, its session (docs/protocol.md, "The
+   * data stream"): dlink's, data's and data_next's. */
+  uint64_t dlink_session, session, session_next;
 };
 
 struct mesh_node {
@@ -72,6 +75,11 @@ struct mesh_node {
    * until one is dialled or accepted), and each. */
   uint32_t nstreams;
   struct mesh_stream streams[REMOTE_STREAMS_MAX];
+  /* The last export with the node in its roster that did not publish: it
+   * may have left bytes of its rounds on any stream, either way, so no
+   * stream of its session or an older one is used again (both nodes of a
+   * pair hear every export's end alike). */
+  uint64_t failed_export;
   uint32_t nranks;       /* root: ranks joined there */
   /* Root: the node's part in the export being agreed, and its lowest
    * rank's digests of the replicated and plain keys (none when it
@@ -137,7 +145,6 @@ struct mesh_export {
   /* Filled on the planning thread. */
   struct registry *shadow;
   struct req_groups *groups;
-  struct plan_rank_in *rin;
   struct remote *remote;
   /* The root said go: the engine may use the data sockets. */
   bool moving;

@@ -231,7 +231,14 @@ void mesh_data_lost(struct job *job, uint32_t node, const char *why) {
   if (ms == NULL || !ms->root || node == 0 || node >= ms->nnodes ||
       ms->nodes[node] == NULL)
     return;
-  coord_node_lost(ms, ms->nodes[node], why);
+  struct mesh_node *n = ms->nodes[node];
+  /* A node whose control link spoke within two beats is alive: one of its
+   * data streams failed (reset, closed), the export with it, and the next
+   * export dials the link again.  One silent as long is cut off, and goes
+   * at once rather than when TCP gives up on its control link. */
+  if (n->ctl != NULL && ms->ops->now_ms() - n->heard_ms <= 2 * MESH_BEAT_MS)
+    return;
+  coord_node_lost(ms, n, why);
 }
 
 bool mesh_may_end(const struct job *job) {

@@ -23,7 +23,7 @@ struct job;
 struct job_member;
 struct nodelink;
 struct plan;
-struct plan_input;
+struct plan_input_store;
 struct remote;
 struct replica_digests;
 struct server;
@@ -152,17 +152,18 @@ void mesh_job_ended(struct job *job, int code, const char *message);
 /* The export's part (export.c): its plan input from the gathered bytes
  * (on the planning thread), the plan's digest, the rounds done, a failure
  * found here, the data plane, and the end. */
-int mesh_plan_input(struct mesh_export *mx, struct plan_input *in, char *msg,
-                    size_t msglen);
+int mesh_plan_input(struct mesh_export *mx, struct plan_input_store *store,
+                    char *msg, size_t msglen);
 void mesh_planned(struct job *job, uint64_t digest,
                   const struct replica_digests *replicas);
 void mesh_moved(struct job *job);
 /* A save: every rank of this node reported step of its commit. */
 void mesh_saved(struct job *job, uint32_t step);
 void mesh_failed(struct job *job, int code, const char *message);
-/* The data plane lost node: on the root, the node leaves the job as if its
- * control link had closed, so that its ranks no longer keep the job alive
- * while a cut link waits for TCP to give up. */
+/* The data plane lost node: on the root, a node silent on its control link
+ * too leaves the job as if that link had closed, so that its ranks no
+ * longer keep the job alive while a cut link waits for TCP to give up; one
+ * heard from within two beats stays for the job's next export. */
 void mesh_data_lost(struct job *job, uint32_t node, const char *why);
 int mesh_remote(struct job *job, struct mesh_export *mx,
                 const struct plan *plan, const struct xfer_storage *const *src,

@@ -24,7 +24,7 @@ struct server;
 #define NODE_MAX_ITEMS (1u << 26)
 #define NODE_MAX_NODES 4096u
 /* Bump when a message between daemons changes (docs/protocol.md). */
-#define NODE_PROTOCOL_VERSION 5
+#define NODE_PROTOCOL_VERSION 6
 
 /* Frame bytes shared by the links that send them (the root relays one
  * rank's registrations to every node): refcounted, loop thread only. */

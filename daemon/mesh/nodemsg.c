@@ -377,7 +377,9 @@ int nodemsg_parse(const struct sp_msg_head *head, const msgpack_object *map,
         (rc = get_u32(map, "streams", REMOTE_STREAMS_MAX, &m->streams, msg,
                       msglen)) != 0 ||
         (rc = get_u32(map, "stream", REMOTE_STREAMS_MAX - 1, &m->stream, msg,
-                      msglen)) != 0)
+                      msglen)) != 0 ||
+        (rc = get_u(map, "export_id", UINT64_MAX, &m->export_id, msg,
+                    msglen)) != 0)
       return rc;
     if (m->streams == 0 || m->stream >= m->streams)
       return sp__failf(msg, msglen, SP_EINVAL,
@@ -494,7 +496,7 @@ static uint32_t fields_of(const struct nodemsg *m) {
   case NODEMSG_HELLO:
     return m->reply ? 3 : 6;
   case NODEMSG_DATA:
-    return m->reply ? 1 : 8;
+    return m->reply ? 1 : 9;
   case NODEMSG_JOIN:
     return m->reply ? 0 : 3;
   case NODEMSG_LEFT:
@@ -579,6 +581,7 @@ void nodemsg_pack(const struct nodemsg *m, struct sp_msgbuf *mb) {
       sp__pack_kv_u64(pk, "node", m->node);
       sp__pack_kv_u64(pk, "streams", m->streams);
       sp__pack_kv_u64(pk, "stream", m->stream);
+      sp__pack_kv_u64(pk, "export_id", m->export_id);
     }
     break;
   case NODEMSG_JOIN:

@@ -61,7 +61,8 @@ struct nodemsg {
   uint64_t node_id;
   uint32_t node;
   /* peer_data: which of the data link's streams this connection is, of
-   * how many (the dialler's peer_streams). */
+   * how many (the dialler's peer_streams); its export_id is the export the
+   * stream was dialled for. */
   uint32_t stream, streams;
   uint32_t rank, world, device_type;
   bool disconnected;

@@ -9,7 +9,12 @@
  * of link and the direction, and the listener answers with the same MAC in
  * the other direction.  A nonce is never used twice, so bytes recorded from
  * one handshake prove nothing on another connection; the direction is in
- * the MAC, so a listener's proof cannot be sent back as a dialer's.
+ * the MAC, so a listener's proof cannot be sent back as a dialer's; a data
+ * link's MAC also covers the dialler's node, node_id, the stream's index
+ * and count and the export it was dialled for, so that whoever sits on the
+ * path cannot relabel a proven connection as another stream (the pair
+ * would deal its stripes to the wrong sockets), another session's or
+ * another run's.
  *
  * HMAC and SHA-256 are nettle's (RFC 2104 over FIPS 180-4), and proofs are
  * compared with nettle's memeql_sec, whose time does not depend on where
@@ -43,6 +48,7 @@ void peerauth_proof(const uint8_t secret[JOB_SECRET_BYTES],
                     const uint8_t job[JOB_ID_BYTES],
                     const uint8_t listener_nonce[PEERAUTH_NONCE_BYTES],
                     const uint8_t dialer_nonce[PEERAUTH_NONCE_BYTES],
+                    const struct peerauth_stream *stream,
                     uint8_t proof[PEERAUTH_PROOF_BYTES]) {
   struct hmac_sha256_ctx ctx;
   uint8_t kinds[2] = {(uint8_t)side, (uint8_t)link};
@@ -53,6 +59,19 @@ void peerauth_proof(const uint8_t secret[JOB_SECRET_BYTES],
   hmac_sha256_update(&ctx, JOB_ID_BYTES, job);
   hmac_sha256_update(&ctx, PEERAUTH_NONCE_BYTES, listener_nonce);
   hmac_sha256_update(&ctx, PEERAUTH_NONCE_BYTES, dialer_nonce);
+  if (stream != NULL) {
+    /* Big-endian, at fixed widths (docs/protocol.md, "Handshakes"). */
+    uint8_t b[22];
+    for (int i = 0; i < 4; i++)
+      b[i] = (uint8_t)(stream->node >> (24 - 8 * i));
+    for (int i = 0; i < 8; i++)
+      b[4 + i] = (uint8_t)(stream->node_id >> (56 - 8 * i));
+    b[12] = (uint8_t)stream->streams;
+    b[13] = (uint8_t)stream->stream;
+    for (int i = 0; i < 8; i++)
+      b[14 + i] = (uint8_t)(stream->export_id >> (56 - 8 * i));
+    hmac_sha256_update(&ctx, sizeof b, b);
+  }
   hmac_sha256_digest(&ctx, PEERAUTH_PROOF_BYTES, proof);
 }
 

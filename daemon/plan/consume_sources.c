@@ -36,7 +36,7 @@
 /* Entry slot of the index: what its rank holds of the key. */
 static void holding_of(const struct plan_index *ix, size_t slot,
                        struct plan_key_in *out) {
-  *out = *ix->entry[slot];
+  plan_index_holding(ix, slot, out);
 }
 
 static void whole_box(const struct plan_key_in *e, uint32_t rank,
@@ -156,7 +156,7 @@ static int check_chosen(const struct consume_trainers *tr, uint32_t k, size_t n,
     holding_of(ix, slot, &held);
     for (size_t pi = 0; pi < e->npieces; pi++) {
       const struct affine_piece *p = &e->pieces[pi];
-      if (piece_sent(p, ix->entry_rank[slot], ix->world))
+      if (piece_sent(p, plan_index_rank(ix, slot), ix->world))
         boxes[at++] = (struct cover_box){.offset = p->dst_offset,
                                          .ndim = p->ndim,
                                          .shape = p->shape,
@@ -190,7 +190,7 @@ static int affine_sources(const struct consume_trainers *tr, uint32_t k,
   for (size_t slot = ix->first[k]; slot < ix->first[k + 1]; slot++) {
     struct plan_key_in held;
     const struct plan_key_in *e = &held;
-    uint32_t rank = ix->entry_rank[slot];
+    uint32_t rank = plan_index_rank(ix, slot);
     holding_of(ix, slot, &held);
     for (size_t pi = 0; pi < e->npieces; pi++) {
       struct consume_box box;
@@ -219,7 +219,7 @@ static void dense_sources(const struct consume_trainers *tr, uint32_t k,
   for (size_t slot = ix->first[k]; slot < ix->first[k + 1]; slot++) {
     struct plan_key_in held;
     const struct plan_key_in *e = &held;
-    uint32_t rank = ix->entry_rank[slot];
+    uint32_t rank = plan_index_rank(ix, slot);
     struct consume_box box;
     bool sends = true;
     holding_of(ix, slot, &held);

@@ -1,100 +1,18 @@
 /*
- * index.c - gathers every rank's keys per key, in rank order.
+ * index.c - gathers every rank's entries per key, in rank order.
  *
- * Each name is hashed once per rank that lists it, and the distinct names
- * are sorted once, so indexing costs O(entries + keys log keys): ranks are
- * never compared pairwise.  Whatever order ranks and keys arrive in, the
- * index is the same: keys in strcmp order, each key's entries in rank order.
+ * Entries name their row of the job's key table, so no name is hashed or
+ * compared per entry: the rows are sorted by name once, and a counting sort
+ * by key then gathers the entries, which costs O(entries + rows log rows):
+ * ranks are never compared pairwise.  Whatever order ranks and keys arrive
+ * in, the index is the same: keys in strcmp order, each key's entries in
+ * rank order.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "shardport.h"
 #include "daemon/plan/internal.h"
-
-/* FNV-1a: the table's only job is speed, and names come from the job's own
- * trainers, so no keyed hash is needed. */
-static uint64_t name_hash(const char *s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (; *s != '\0'; s++) {
-    h ^= (uint8_t)*s;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
-/* The table holds (hash >> 32) << 32 | (id + 1); zero marks a free slot. */
-static uint64_t slot_make(uint64_t hash, uint32_t id) {
-  return (hash & 0xffffffff00000000ull) | ((uint64_t)id + 1);
-}
-
-static uint32_t slot_id(uint64_t slot) {
-  return (uint32_t)(slot & 0xffffffffu) - 1;
-}
-
-struct builder {
-  struct plan_index *ix;
-  const char **names;  /* by id */
-  uint32_t *last_rank; /* by id: the last rank that listed it, to find a key
-                          a rank lists twice */
-  size_t nids;
-  size_t cap;
-};
-
-static int table_grow(struct plan_index *ix, const struct builder *b) {
-  size_t cap = (ix->table_mask + 1) * 2;
-  uint64_t *table = calloc(cap, sizeof *table);
-
-  if (table == NULL)
-    return SP_ENOMEM;
-  for (size_t id = 0; id < b->nids; id++) {
-    uint64_t h = name_hash(b->names[id]);
-    size_t i = (size_t)h & (cap - 1);
-    while (table[i] != 0)
-      i = (i + 1) & (cap - 1);
-    table[i] = slot_make(h, (uint32_t)id);
-  }
-  free(ix->table);
-  ix->table = table;
-  ix->table_mask = cap - 1;
-  return 0;
-}
-
-/* The id of name, added when new; PLAN_NONE when out of memory. */
-static uint32_t builder_intern(struct builder *b, const char *name) {
-  struct plan_index *ix = b->ix;
-  uint64_t h = name_hash(name);
-  size_t i = (size_t)h & ix->table_mask;
-
-  for (; ix->table[i] != 0; i = (i + 1) & ix->table_mask) {
-    uint64_t slot = ix->table[i];
-    if ((slot >> 32) == (h >> 32) && strcmp(b->names[slot_id(slot)], name) == 0)
-      return slot_id(slot);
-  }
-  if (b->nids == b->cap) {
-    size_t cap = b->cap * 2;
-    const char **names = realloc(b->names, cap * sizeof *names);
-    uint32_t *last;
-    if (names == NULL)
-      return PLAN_NONE;
-    b->names = names;
-    last = realloc(b->last_rank, cap * sizeof *last);
-    if (last == NULL)
-      return PLAN_NONE;
-    b->last_rank = last;
-    b->cap = cap;
-  }
-  if (b->nids >= PLAN_NONE - 1)
-    return PLAN_NONE;
-  b->names[b->nids] = name;
-  b->last_rank[b->nids] = PLAN_NONE;
-  ix->table[i] = slot_make(h, (uint32_t)b->nids);
-  b->nids++;
-  /* Half full at most, so probes stay short. */
-  if (b->nids * 2 > ix->table_mask + 1 && table_grow(ix, b) != 0)
-    return PLAN_NONE;
-  return (uint32_t)(b->nids - 1);
-}
 
 static int order_ranks(const struct plan_input *in, struct plan_index *ix,
                        char *msg, size_t msglen) {
@@ -125,146 +43,197 @@ static int order_ranks(const struct plan_input *in, struct plan_index *ix,
   return 0;
 }
 
+/* Rows sorted by name, then by row: equal names become one key. */
 struct named {
   const char *name;
-  uint32_t id;
+  uint32_t row;
 };
 
 static int named_cmp(const void *pa, const void *pb) {
-  return strcmp(((const struct named *)pa)->name,
-                ((const struct named *)pb)->name);
+  const struct named *a = pa, *b = pb;
+  int c = strcmp(a->name, b->name);
+  if (c != 0)
+    return c;
+  return a->row < b->row ? -1 : a->row > b->row;
 }
 
-/* Interns every rank's names in rank order; *entry_key receives the id of
- * each entry, ranks after one another. */
-static int intern_all(struct builder *b, uint32_t **entry_key, char *msg,
+/* Counts each row's entries, checking that every entry names a row of the
+ * key table and a full one a place in its rank's side table, and that every
+ * row a rank uses has a name (the first such rank is named). */
+static int count_rows(const struct plan_index *ix, size_t *per_row, char *msg,
                       size_t msglen) {
-  struct plan_index *ix = b->ix;
-  size_t total = 0, at = 0;
+  const struct plan_input *in = ix->in;
 
-  for (uint32_t r = 0; r < ix->world; r++)
-    if (__builtin_add_overflow(total, ix->rank[r]->nkeys, &total))
-      return sp__failf(msg, msglen, SP_EOVERFLOW, "too many keys");
-  *entry_key = malloc((total > 0 ? total : 1) * sizeof **entry_key);
-  if (*entry_key == NULL)
-    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   for (uint32_t r = 0; r < ix->world; r++) {
     const struct plan_rank_in *rank = ix->rank[r];
-    const char *dup = NULL;
-    for (size_t j = 0; j < rank->nkeys; j++) {
-      const char *name = rank->keys[j].name;
-      uint32_t id;
-      if (name == NULL || name[0] == '\0')
+    for (size_t j = 0; j < rank->nentries; j++) {
+      const struct plan_entry *e = &rank->entries[j];
+      if (e->key >= in->nkeys ||
+          (e->storage == PLAN_ENTRY_FULL && e->offset >= rank->nfull))
         return sp__failf(msg, msglen, SP_EINVAL,
-                         "rank %u registers a key without a name", r);
-      id = builder_intern(b, name);
-      if (id == PLAN_NONE)
-        return sp__failf(msg, msglen, SP_ENOMEM,
-                         "out of memory indexing %zu keys", b->nids);
-      /* The smallest duplicated name is reported, so the refusal does not
-       * depend on the order the rank listed its keys in. */
-      if (b->last_rank[id] == r && (dup == NULL || strcmp(name, dup) < 0))
-        dup = name;
-      b->last_rank[id] = r;
-      (*entry_key)[at++] = id;
+                         "rank %u's entry %zu names no key or holding", r, j);
+      per_row[e->key]++;
     }
-    if (dup != NULL)
-      return sp__failf(msg, msglen, SP_EDUPKEY,
-                       "key '%s' is registered twice by rank %u", dup, r);
+  }
+  for (size_t row = 0; row < in->nkeys; row++) {
+    const char *name = in->keys[row].name;
+    if (per_row[row] == 0 || (name != NULL && name[0] != '\0'))
+      continue;
+    for (uint32_t r = 0; r < ix->world; r++)
+      for (size_t j = 0; j < ix->rank[r]->nentries; j++)
+        if (ix->rank[r]->entries[j].key == row)
+          return sp__failf(msg, msglen, SP_EINVAL,
+                           "rank %u registers a key without a name", r);
   }
   return 0;
 }
 
-static int gather(struct builder *b, const uint32_t *entry_key, char *msg,
-                  size_t msglen) {
-  struct plan_index *ix = b->ix;
-  size_t n = b->nids > 0 ? b->nids : 1;
+/* Sorts the rows a rank uses by name: ix->name, ix->key_of, and each
+ * key's entry count in ix->first[k + 1]. */
+static int name_keys(struct plan_index *ix, const size_t *per_row, char *msg,
+                     size_t msglen) {
+  const struct plan_input *in = ix->in;
+  size_t n = in->nkeys > 0 ? in->nkeys : 1, nused = 0;
   struct named *sorted = malloc(n * sizeof *sorted);
-  uint32_t *pos = malloc(n * sizeof *pos);
-  size_t total = 0, at = 0;
+
+  ix->key_of = malloc(n * sizeof *ix->key_of);
+  ix->name = malloc(n * sizeof *ix->name);
+  ix->first = calloc(n + 1, sizeof *ix->first);
+  if (sorted == NULL || ix->key_of == NULL || ix->name == NULL ||
+      ix->first == NULL) {
+    free(sorted);
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
+  }
+  /* A row no rank uses (a hand-made table) is no key. */
+  for (uint32_t row = 0; row < in->nkeys; row++) {
+    ix->key_of[row] = PLAN_NONE;
+    if (per_row[row] > 0)
+      sorted[nused++] = (struct named){in->keys[row].name, row};
+  }
+  qsort(sorted, nused, sizeof *sorted, named_cmp);
+  for (size_t i = 0; i < nused; i++) {
+    if (i == 0 || strcmp(sorted[i - 1].name, sorted[i].name) != 0)
+      ix->name[ix->nkeys++] = sorted[i].name;
+    ix->key_of[sorted[i].row] = (uint32_t)(ix->nkeys - 1);
+    ix->first[ix->nkeys] += per_row[sorted[i].row];
+  }
+  free(sorted);
+  return 0;
+}
+
+/* Whether every rank lists every key once, in rank 0's order: then
+ * ix->pos is that order and nothing needs gathering.  Any other input
+ * (experts, a rank that lacks a key, a key listed twice, another order) is
+ * gathered, and refused there where it must be. */
+static int align(struct plan_index *ix, char *msg, size_t msglen) {
+  const struct plan_rank_in *r0 = ix->rank[0];
+  uint32_t *pos;
+
+  if (r0->nentries != ix->nkeys)
+    return 0;
+  for (uint32_t r = 1; r < ix->world; r++)
+    if (ix->rank[r]->nentries != r0->nentries)
+      return 0;
+  pos = malloc((ix->nkeys > 0 ? ix->nkeys : 1) * sizeof *pos);
+  if (pos == NULL)
+    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
+  for (size_t k = 0; k < ix->nkeys; k++)
+    pos[k] = PLAN_NONE;
+  for (size_t j = 0; j < r0->nentries; j++) {
+    uint32_t k = ix->key_of[r0->entries[j].key];
+    if (pos[k] != PLAN_NONE) {
+      free(pos);
+      return 0;
+    }
+    pos[k] = (uint32_t)j;
+  }
+  for (uint32_t r = 1; r < ix->world; r++) {
+    const struct plan_entry *e = ix->rank[r]->entries;
+    for (size_t j = 0; j < r0->nentries; j++)
+      if (ix->key_of[e[j].key] != ix->key_of[r0->entries[j].key]) {
+        free(pos);
+        return 0;
+      }
+  }
+  ix->pos = pos;
+  return 0;
+}
+
+/* Counting sort by key, ranks taken in order: each key's entries end up
+ * in rank order.  A key a rank lists twice is refused, the smallest name
+ * first, so the refusal does not depend on the order the rank listed its
+ * keys in. */
+static int gather(struct plan_index *ix, char *msg, size_t msglen) {
+  size_t total;
+  uint32_t *last_rank =
+      malloc((ix->nkeys > 0 ? ix->nkeys : 1) * sizeof *last_rank);
+  size_t *cursor = malloc((ix->nkeys > 0 ? ix->nkeys : 1) * sizeof *cursor);
   int rc = 0;
 
-  for (uint32_t r = 0; r < ix->world; r++)
-    total += ix->rank[r]->nkeys;
-  ix->nkeys = b->nids;
-  ix->name = malloc(n * sizeof *ix->name);
-  ix->first = calloc(b->nids + 1, sizeof *ix->first);
+  total = ix->first[ix->nkeys];
   ix->entry = malloc((total > 0 ? total : 1) * sizeof *ix->entry);
   ix->entry_rank = malloc((total > 0 ? total : 1) * sizeof *ix->entry_rank);
-  if (sorted == NULL || pos == NULL || ix->name == NULL || ix->first == NULL ||
-      ix->entry == NULL || ix->entry_rank == NULL) {
+  if (last_rank == NULL || cursor == NULL || ix->entry == NULL ||
+      ix->entry_rank == NULL) {
     rc = sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
     goto out;
   }
-  for (uint32_t id = 0; id < b->nids; id++)
-    sorted[id] = (struct named){b->names[id], id};
-  qsort(sorted, b->nids, sizeof *sorted, named_cmp);
-  for (uint32_t p = 0; p < b->nids; p++) {
-    pos[sorted[p].id] = p;
-    ix->name[p] = sorted[p].name;
+  for (size_t k = 0; k < ix->nkeys; k++) {
+    last_rank[k] = PLAN_NONE;
+    cursor[k] = ix->first[k];
   }
-  /* The table now answers sorted positions. */
-  for (size_t i = 0; i <= ix->table_mask; i++)
-    if (ix->table[i] != 0)
-      ix->table[i] = slot_make(ix->table[i], pos[slot_id(ix->table[i])]);
-  for (size_t e = 0; e < total; e++)
-    ix->first[pos[entry_key[e]] + 1]++;
-  for (size_t k = 0; k < b->nids; k++)
-    ix->first[k + 1] += ix->first[k];
-  /* Counting sort by key, ranks taken in order: each key's entries end up
-   * in rank order.  first[k] serves as the fill cursor and is restored. */
   for (uint32_t r = 0; r < ix->world; r++) {
-    for (size_t j = 0; j < ix->rank[r]->nkeys; j++) {
-      size_t slot = ix->first[pos[entry_key[at++]]]++;
-      ix->entry[slot] = &ix->rank[r]->keys[j];
+    const struct plan_rank_in *rank = ix->rank[r];
+    uint32_t dup = PLAN_NONE;
+    for (size_t j = 0; j < rank->nentries; j++) {
+      uint32_t k = ix->key_of[rank->entries[j].key];
+      size_t slot;
+      if (last_rank[k] == r) {
+        if (dup == PLAN_NONE || k < dup)
+          dup = k;
+        continue;
+      }
+      last_rank[k] = r;
+      slot = cursor[k]++;
+      ix->entry[slot] = &rank->entries[j];
       ix->entry_rank[slot] = r;
     }
+    if (dup != PLAN_NONE) {
+      rc = sp__failf(msg, msglen, SP_EDUPKEY,
+                     "key '%s' is registered twice by rank %u", ix->name[dup],
+                     r);
+      goto out;
+    }
   }
-  for (size_t k = b->nids; k > 0; k--)
-    ix->first[k] = ix->first[k - 1];
-  ix->first[0] = 0;
 out:
-  free(sorted);
-  free(pos);
+  free(last_rank);
+  free(cursor);
   return rc;
 }
 
 int plan_index_build(const struct plan_input *in, struct plan_index *ix,
                      char *msg, size_t msglen) {
-  struct builder b = {.ix = ix, .cap = 64};
-  uint32_t *entry_key = NULL;
-  size_t widest = 0;
-  size_t cap = 64;
   int rc;
 
   memset(ix, 0, sizeof *ix);
   ix->world = in->world;
+  ix->in = in;
   ix->stop = in->stop;
   rc = order_ranks(in, ix, msg, msglen);
-  if (rc != 0)
-    goto fail;
-  /* Dense keys are listed by every rank, so the widest rank's key count is
-   * a good first size; the table grows if experts add more. */
-  for (uint32_t r = 0; r < ix->world; r++)
-    if (ix->rank[r]->nkeys > widest)
-      widest = ix->rank[r]->nkeys;
-  while (cap < widest * 2 && cap < ((size_t)1 << 40))
-    cap *= 2;
-  ix->table = calloc(cap, sizeof *ix->table);
-  ix->table_mask = cap - 1;
-  b.names = malloc(b.cap * sizeof *b.names);
-  b.last_rank = malloc(b.cap * sizeof *b.last_rank);
-  if (ix->table == NULL || b.names == NULL || b.last_rank == NULL) {
-    rc = sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
-    goto fail;
+  if (rc == 0) {
+    size_t *per_row = calloc(in->nkeys > 0 ? in->nkeys : 1, sizeof *per_row);
+    rc = per_row == NULL ? sp__failf(msg, msglen, SP_ENOMEM, "out of memory")
+                         : count_rows(ix, per_row, msg, msglen);
+    if (rc == 0)
+      rc = name_keys(ix, per_row, msg, msglen);
+    free(per_row);
   }
-  rc = intern_all(&b, &entry_key, msg, msglen);
+  for (size_t k = 0; rc == 0 && k < ix->nkeys; k++)
+    ix->first[k + 1] += ix->first[k];
   if (rc == 0)
-    rc = gather(&b, entry_key, msg, msglen);
-fail:
-  free(entry_key);
-  free(b.names);
-  free(b.last_rank);
+    rc = align(ix, msg, msglen);
+  if (rc == 0 && ix->pos == NULL)
+    rc = gather(ix, msg, msglen);
   if (rc != 0)
     plan_index_free(ix);
   return rc;
@@ -273,21 +242,26 @@ fail:
 void plan_index_free(struct plan_index *ix) {
   free(ix->rank);
   free(ix->name);
+  free(ix->key_of);
   free(ix->first);
+  free(ix->pos);
   free(ix->entry);
   free(ix->entry_rank);
-  free(ix->table);
   memset(ix, 0, sizeof *ix);
 }
 
 uint32_t plan_index_find(const struct plan_index *ix, const char *name) {
-  uint64_t h = name_hash(name);
+  size_t lo = 0, hi = ix->nkeys;
 
-  for (size_t i = (size_t)h & ix->table_mask; ix->table[i] != 0;
-       i = (i + 1) & ix->table_mask) {
-    uint64_t slot = ix->table[i];
-    if ((slot >> 32) == (h >> 32) && strcmp(ix->name[slot_id(slot)], name) == 0)
-      return slot_id(slot);
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    int c = strcmp(ix->name[mid], name);
+    if (c == 0)
+      return (uint32_t)mid;
+    if (c < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return PLAN_NONE;
 }

@@ -56,26 +56,72 @@ int cover_check(const struct cover_box *boxes, size_t nboxes, uint64_t n,
                 bool complete, const _Atomic bool *stop,
                 struct cover_defect *out, struct cover_work *work);
 
-/* index.c: every rank's keys, gathered per key in rank order. */
+/* index.c: every rank's entries, gathered per key in rank order.  Keys
+ * are the distinct names of the key table; rows of one name (ranks that
+ * declare it differently) share one key. */
 
 struct plan_index {
   uint32_t world;
+  const struct plan_input *in;
   const struct plan_rank_in **rank; /* [world], by rank number */
   size_t nkeys;                     /* distinct names over all ranks */
   const char **name;                /* [nkeys], in strcmp order */
-  size_t *first;                    /* [nkeys + 1] */
-  const struct plan_key_in **entry; /* key k: entry[first[k] .. first[k+1]) */
-  uint32_t *entry_rank;             /* the rank of each entry */
-  uint64_t *table;                  /* name hash table: hash << 32 | key */
-  size_t table_mask;
-  const _Atomic bool *stop; /* the input's */
+  uint32_t *key_of;                 /* [in->nkeys]: each row's key */
+  size_t *first;                    /* [nkeys + 1]: key k's slots are */
+                                    /* first[k] .. first[k + 1] */
+  /* When every rank lists the same keys in the same order (one model on
+   * every rank), the ranks' own arrays are the index: key k's entry on
+   * rank r is rank[r]->entries[pos[k]], in slot k * world + r, and nothing
+   * is transposed.  Otherwise pos is NULL and a counting sort filled entry
+   * and entry_rank. */
+  uint32_t *pos;                   /* [nkeys] */
+  const struct plan_entry **entry; /* [slots] */
+  uint32_t *entry_rank;            /* [slots] */
+  const _Atomic bool *stop;        /* the input's */
 };
+
+/* The rank of the entry in slot, and the entry. */
+static inline uint32_t plan_index_rank(const struct plan_index *ix,
+                                       size_t slot) {
+  return ix->pos != NULL ? (uint32_t)(slot % ix->world) : ix->entry_rank[slot];
+}
+
+static inline const struct plan_entry *
+plan_index_entry(const struct plan_index *ix, size_t slot) {
+  if (ix->pos != NULL)
+    return &ix->rank[slot % ix->world]->entries[ix->pos[slot / ix->world]];
+  return ix->entry[slot];
+}
 
 int plan_index_build(const struct plan_input *in, struct plan_index *ix,
                      char *msg, size_t msglen);
 void plan_index_free(struct plan_index *ix);
 /* The key named name, or PLAN_NONE. */
 uint32_t plan_index_find(const struct plan_index *ix, const char *name);
+
+/* The entry in slot in full form (plan_input_holding). */
+static inline void plan_index_holding(const struct plan_index *ix, size_t slot,
+                                      struct plan_key_in *out) {
+  plan_input_holding(ix->in, ix->rank[plan_index_rank(ix, slot)],
+                     plan_index_entry(ix, slot), out);
+}
+
+/* The full form of the entry in slot when it is kept in its rank's side
+ * table; NULL for a compact entry. */
+static inline const struct plan_key_in *
+plan_index_full(const struct plan_index *ix, size_t slot) {
+  const struct plan_entry *e = plan_index_entry(ix, slot);
+  if (e->storage != PLAN_ENTRY_FULL)
+    return NULL;
+  return &ix->rank[plan_index_rank(ix, slot)]->full[e->offset];
+}
+
+/* The entry in slot's place among its rank's entries. */
+static inline uint32_t plan_index_entry_of(const struct plan_index *ix,
+                                           size_t slot) {
+  return (uint32_t)(plan_index_entry(ix, slot) -
+                    ix->rank[plan_index_rank(ix, slot)]->entries);
+}
 
 /* validate.c */
 
@@ -136,6 +182,15 @@ static inline bool plan_round_is_full(size_t keys, uint64_t bytes,
                       sum > max_bytes);
 }
 
+/* workers.c: task(ctx, worker, i) for every i in [0, n), on up to
+ * threads threads, this one included; worker (below
+ * plan_workers_count(threads, n)) names the thread, for scratch of its own.
+ * Returns 0, or the code of the failing task of lowest index. */
+uint32_t plan_workers_count(uint32_t threads, size_t n);
+int plan_workers_run(uint32_t threads, size_t n,
+                     int (*task)(void *ctx, uint32_t worker, size_t i),
+                     void *ctx);
+
 /* digest.c, and the word hash it shares with units.c's tie finding.  A
  * word at a time, inline, because the digest covers every move of a plan:
  * millions of words for a large job.  Values are fed as integers, never as
@@ -180,6 +235,12 @@ static inline uint64_t plan_hash_final(const struct plan_hash *h) {
   return x;
 }
 
+/* The digest of one round's buckets and moves, once they are built: every
+ * round's on the thread that built it, so that hashing the moves goes as
+ * wide as building them. */
+uint64_t plan_digest_round(const struct plan *plan,
+                           const struct plan_round *round);
+/* The plan's, over its keys, units and each round's digest in order. */
 uint64_t plan_digest_compute(const struct plan *plan);
 
 #endif /* SP_DAEMON_PLAN_INTERNAL_H */

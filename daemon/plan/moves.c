@@ -16,10 +16,20 @@
 #include "shardport.h"
 #include "daemon/plan/internal.h"
 
+_Static_assert(sizeof(struct plan_move) == 48, "a move is 48 bytes (plan.h)");
+
 static uint64_t piece_numel(const struct affine_piece *p) {
   uint64_t numel = 0;
   sp__view_numel(p->ndim, p->shape, &numel);
   return numel;
+}
+
+/* Rows of the entry in slot: dim 0 of its view. */
+static uint64_t rows_of(const struct plan_index *ix, size_t slot) {
+  const struct plan_key_in *full = plan_index_full(ix, slot);
+  if (full != NULL)
+    return full->view.ndim > 0 ? (uint64_t)full->view.shape[0] : 0;
+  return plan_index_entry(ix, slot)->rows;
 }
 
 int plan_moves_classify(const struct plan_index *ix, struct plan *plan,
@@ -42,10 +52,9 @@ int plan_moves_classify(const struct plan_index *ix, struct plan *plan,
     case PLAN_SHARD0:
       if (key->nbytes == 0) {
         key->kind = PLAN_KEY_EMPTY;
-      } else if (ix->entry[first + key->owner]->view.shape[0] ==
-                 key->shape[0]) {
+      } else if (rows_of(ix, first + key->owner) == (uint64_t)key->shape[0]) {
         key->kind = PLAN_KEY_IDENTITY;
-        key->held = ix->entry[first + key->owner];
+        key->held = plan_index_entry_of(ix, first + key->owner);
       } else {
         key->kind = PLAN_KEY_MOVE;
         key->traffic = key->nbytes;
@@ -55,7 +64,8 @@ int plan_moves_classify(const struct plan_index *ix, struct plan *plan,
       key->kind = key->nbytes == 0 ? PLAN_KEY_EMPTY : PLAN_KEY_MOVE;
       for (size_t slot = first; key->nbytes > 0 && slot < ix->first[k + 1];
            slot++) {
-        const struct plan_key_in *e = ix->entry[slot];
+        /* Affine holdings are always kept in full. */
+        const struct plan_key_in *e = plan_index_full(ix, slot);
         for (size_t pi = 0; pi < e->npieces; pi++) {
           uint64_t bytes = piece_numel(&e->pieces[pi]) * size;
           if (__builtin_add_overflow(key->traffic, bytes, &key->traffic))
@@ -66,7 +76,7 @@ int plan_moves_classify(const struct plan_index *ix, struct plan *plan,
       break;
     default:
       key->kind = PLAN_KEY_IDENTITY;
-      key->held = ix->entry[first + key->owner];
+      key->held = plan_index_entry_of(ix, first + key->owner);
       break;
     }
   }
@@ -83,23 +93,27 @@ size_t plan_moves_of_key(const struct plan_index *ix, const struct plan *plan,
   for (uint32_t d = 1; d < key->ndim; d++)
     row_elems *= (uint64_t)key->shape[d];
   for (size_t slot = ix->first[k]; slot < ix->first[k + 1]; slot++) {
-    const struct plan_key_in *e = ix->entry[slot];
-    uint32_t src = ix->entry_rank[slot];
+    const struct plan_key_in *full = plan_index_full(ix, slot);
+    uint32_t src = plan_index_rank(ix, slot);
+    uint32_t entry = plan_index_entry_of(ix, slot);
     if (key->placement == PLAN_SHARD0) {
-      uint64_t rows = (uint64_t)e->view.shape[0];
+      uint64_t rows = rows_of(ix, slot);
       if (rows > 0 && out != NULL)
-        out[count] = (struct plan_move){.key = k,
-                                        .src = src,
-                                        .dst = key->owner,
-                                        .from = e,
-                                        .nbytes = e->nbytes,
-                                        .dst_offset = row * row_elems};
+        out[count] = (struct plan_move){
+            .key = k,
+            .src = src,
+            .dst = key->owner,
+            .storage = full != NULL ? full->storage
+                                    : plan_index_entry(ix, slot)->storage,
+            .entry = entry,
+            .nbytes = full != NULL ? full->nbytes : rows * row_elems * size,
+            .dst_offset = row * row_elems};
       count += rows > 0;
       row += rows;
       continue;
     }
-    for (size_t pi = 0; pi < e->npieces; pi++) {
-      const struct affine_piece *p = &e->pieces[pi];
+    for (size_t pi = 0; pi < full->npieces; pi++) {
+      const struct affine_piece *p = &full->pieces[pi];
       uint64_t numel = piece_numel(p);
       if (numel > 0 && out != NULL)
         out[count] =
@@ -108,7 +122,8 @@ size_t plan_moves_of_key(const struct plan_index *ix, const struct plan *plan,
                                .dst = key->owner,
                                .piece = (uint32_t)pi,
                                .flags = p->nholders > 1 ? PLAN_MOVE_REPLICA : 0,
-                               .from = e,
+                               .storage = full->storage,
+                               .entry = entry,
                                .nbytes = numel * size,
                                .dst_offset = (uint64_t)p->dst_offset};
       count += numel > 0;
@@ -120,8 +135,10 @@ size_t plan_moves_of_key(const struct plan_index *ix, const struct plan *plan,
 void plan_moves_regions(const struct plan *plan, const struct plan_move *move,
                         struct sp_view *src, struct plan_region *dst) {
   const struct plan_key *key = &plan->keys[move->key];
-  const struct plan_key_in *e = move->from;
+  struct plan_key_in held;
+  const struct plan_key_in *e = &held;
 
+  plan_entry_holding(plan, move->src, move->entry, &held);
   memset(dst, 0, sizeof *dst);
   if (key->placement == PLAN_SHARD0) {
     int64_t stride = 1;

@@ -4,11 +4,13 @@
  * Units go largest first, then by name (their first key), each onto the
  * rank with the least load so far, ties to the lowest rank; loads start at
  * each rank's expert bytes, since experts stay where they are.  A heap keyed
- * by (load, rank) makes this O(units log world).  Ranks are weighed by
+ * by (load, rank) makes this O(units log world), after a radix sort of the
+ * units.  Ranks are weighed by
  * bytes, not by free device memory: a large embedding must fit its owner.
  */
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "shardport.h"
 #include "daemon/plan/internal.h"
@@ -18,11 +20,31 @@ struct unit_order {
   uint32_t unit;
 };
 
-static int unit_order_cmp(const void *pa, const void *pb) {
-  const struct unit_order *a = pa, *b = pb;
-  if (a->nbytes != b->nbytes)
-    return a->nbytes > b->nbytes ? -1 : 1;
-  return a->unit < b->unit ? -1 : a->unit > b->unit;
+/* Sorts order[0..n) by bytes descending, stably, so that units of equal
+ * bytes stay in unit order (their names' order): a radix sort, a byte at a
+ * time from the lowest, skipping bytes that every unit shares, in
+ * O(units) where comparing would take O(units log units). */
+static int order_units(struct unit_order *order, size_t n) {
+  struct unit_order *tmp = malloc((n > 0 ? n : 1) * sizeof *tmp);
+  size_t count[257];
+
+  if (tmp == NULL)
+    return SP_ENOMEM;
+  for (unsigned shift = 0; shift < 64; shift += 8) {
+    memset(count, 0, sizeof count);
+    /* Descending: the complement's bytes ascend. */
+    for (size_t i = 0; i < n; i++)
+      count[((~order[i].nbytes >> shift) & 0xff) + 1]++;
+    if (n == 0 || count[((~order[0].nbytes >> shift) & 0xff) + 1] == n)
+      continue;
+    for (size_t v = 0; v < 256; v++)
+      count[v + 1] += count[v];
+    for (size_t i = 0; i < n; i++)
+      tmp[count[(~order[i].nbytes >> shift) & 0xff]++] = order[i];
+    memcpy(order, tmp, n * sizeof *order);
+  }
+  free(tmp);
+  return 0;
 }
 
 static bool lighter(const uint64_t *load, uint32_t a, uint32_t b) {
@@ -71,7 +93,10 @@ int plan_owners_assign(struct plan *plan, char *msg, size_t msglen) {
   }
   for (size_t u = 0; u < plan->nunits; u++)
     order[u] = (struct unit_order){plan->units[u].nbytes, (uint32_t)u};
-  qsort(order, plan->nunits, sizeof *order, unit_order_cmp);
+  if (order_units(order, plan->nunits) != 0) {
+    rc = sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
+    goto out;
+  }
   for (uint32_t r = 0; r < world; r++)
     heap[r] = r;
   for (uint32_t i = world / 2; i-- > 0;)

@@ -26,18 +26,23 @@ int plan_build(const struct plan_input *in, struct plan **out, char *msg,
     plan_index_free(&ix);
     return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   }
+  plan->in = in;
   plan->world = in->world;
   plan->max_keys = in->max_keys > 0 ? in->max_keys : PLAN_DEFAULT_MAX_KEYS;
   plan->max_bytes = in->max_bytes > 0 ? in->max_bytes : UINT64_MAX;
+  plan->threads = in->threads;
   plan->nkeys = ix.nkeys;
   plan->keys = calloc(ix.nkeys > 0 ? ix.nkeys : 1, sizeof *plan->keys);
   plan->node = malloc((size_t)in->world * sizeof *plan->node);
-  if (plan->keys == NULL || plan->node == NULL) {
+  plan->rank_in = malloc((size_t)in->world * sizeof *plan->rank_in);
+  if (plan->keys == NULL || plan->node == NULL || plan->rank_in == NULL) {
     rc = sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
     goto out;
   }
-  for (uint32_t r = 0; r < in->world; r++)
+  for (uint32_t r = 0; r < in->world; r++) {
     plan->node[r] = ix.rank[r]->node;
+    plan->rank_in[r] = ix.rank[r];
+  }
   /* The stop flag is looked at between steps and, where one step's work
    * grows with the data (keys, affine runs), inside it. */
   rc = plan_validate_keys(&ix, plan, msg, msglen);
@@ -88,6 +93,7 @@ void plan_free(struct plan *plan) {
   free(plan->units);
   free(plan->keys);
   free(plan->node);
+  free(plan->rank_in);
   free(plan);
 }
 
@@ -105,4 +111,16 @@ uint32_t plan_find_key(const struct plan *plan, const char *name) {
       hi = mid;
   }
   return PLAN_NONE;
+}
+
+void plan_entry_holding(const struct plan *plan, uint32_t rank, uint32_t entry,
+                        struct plan_key_in *out) {
+  const struct plan_rank_in *r = plan->rank_in[rank];
+  plan_input_holding(plan->in, r, &r->entries[entry], out);
+}
+
+void plan_key_holding(const struct plan *plan, uint32_t key,
+                      struct plan_key_in *out) {
+  const struct plan_key *k = &plan->keys[key];
+  plan_entry_holding(plan, k->owner, k->held, out);
 }

@@ -32,7 +32,7 @@
  *     bucket, so every send meets a receive of its length.
  *
  * Ownership: the caller frees a plan with plan_free().  A plan borrows key
- * names and the registrations it points to (plan_key.held, plan_move.from)
+ * names and the registrations it names (plan_key.held, plan_move.entry)
  * from the input, which must outlive it.
  */
 #ifndef SP_DAEMON_PLAN_PLAN_H
@@ -69,7 +69,8 @@ struct plan_key {
   uint32_t unit;     /* PLAN_NONE for experts, which are not balanced */
   uint32_t alias_of; /* PLAN_NONE unless kind is ALIAS */
   uint32_t round;    /* PLAN_NONE unless kind is MOVE */
-  const struct plan_key_in *held; /* IDENTITY: the owner's registration */
+  uint32_t held;     /* IDENTITY: the owner's entry (plan_key_holding), else
+                       PLAN_NONE */
 };
 
 struct plan_unit {
@@ -81,15 +82,19 @@ struct plan_unit {
 
 enum { PLAN_MOVE_REPLICA = 1u };
 
-/* One box of elements from a source rank's storage to its owner's tensor.
- * plan_moves_regions() spells out both sides. */
+/* One box of elements from a source rank's storage to its owner's tensor,
+ * in 48 bytes: a plan holds millions.  plan_moves_regions() spells out both
+ * sides. */
 struct plan_move {
   uint32_t key;
   uint32_t src;
   uint32_t dst;
-  uint32_t piece; /* affine: index into from->pieces; 0 otherwise */
-  uint32_t flags; /* PLAN_MOVE_REPLICA: compare with other replicas */
-  const struct plan_key_in *from; /* the source rank's registration */
+  /* Affine: index into the holding's pieces, which one frame of at most
+   * 4 GiB lists (proto/limits.h), so far fewer than 2^31; 0 otherwise. */
+  uint32_t piece : 31;
+  uint32_t flags : 1; /* PLAN_MOVE_REPLICA: compare with other replicas */
+  uint32_t storage;   /* the source rank's storage it is read from */
+  uint32_t entry;     /* the source rank's entry it carries (layout.h) */
   uint64_t nbytes;
   uint64_t dst_offset; /* first element of the region in the owner's tensor */
   uint64_t bucket_offset; /* byte offset in its bucket; 0 for local moves */
@@ -127,6 +132,7 @@ struct plan_round {
   size_t nlocal;
   struct plan_move *local; /* within a node, by owner, key, source, piece */
   struct plan_rank_round *ranks; /* [world] */
+  uint64_t digest; /* of its buckets and moves; plan->digest covers it */
 };
 
 /* A strided region of the owner's row-major tensor, in elements. */
@@ -138,9 +144,12 @@ struct plan_region {
 };
 
 struct plan {
+  const struct plan_input *in;         /* borrowed */
+  const struct plan_rank_in **rank_in; /* [world]: in's ranks by number */
   uint32_t world;
   uint32_t max_keys;
   uint64_t max_bytes; /* UINT64_MAX when no budget was given */
+  uint32_t threads;   /* the input's: threads that built it */
   uint64_t *node;     /* [world] */
   size_t nkeys;
   struct plan_key *keys; /* by name (strcmp order) */
@@ -164,10 +173,17 @@ void plan_free(struct plan *plan);
 /* The key named name, or PLAN_NONE. */
 uint32_t plan_find_key(const struct plan *plan, const char *name);
 
-/* The source view (in the source rank's storage move->from->storage) and the
+/* The source view (in the source rank's storage move->storage) and the
  * destination region of a move; both have the move's shape. */
 void plan_moves_regions(const struct plan *plan, const struct plan_move *move,
                         struct sp_view *src, struct plan_region *dst);
+
+/* The full form (layout.h) of what rank holds as entry, and of the owner's
+ * registration of an IDENTITY key. */
+void plan_entry_holding(const struct plan *plan, uint32_t rank, uint32_t entry,
+                        struct plan_key_in *out);
+void plan_key_holding(const struct plan *plan, uint32_t key,
+                      struct plan_key_in *out);
 
 /* "[2, 5]": the multi-index of element flat of a row-major tensor of
  * shape[0..ndim), as every refusal that names an element writes it (the

@@ -10,11 +10,11 @@
  * assemble one tensor across rounds.
  *
  * Within a round, moves are generated key by key in name order, each key's
- * by source rank and piece, then sorted stably by counting sorts: local
- * moves (source and owner on one node) by owner, remote ones by (source,
- * owner, device type, dtype).  Both sides of a bucket are the same run of
- * moves, so a send and its receive always agree on length and layout.
- * Counting sorts keep a round at O(moves + world).
+ * by source rank and piece, then sorted stably by counting sorts of their
+ * indices: local moves (source and owner on one node) by owner, remote ones
+ * by (source, owner, device type, dtype).  Both sides of a bucket are the
+ * same run of moves, so a send and its receive always agree on length and
+ * layout.  Counting sorts keep a round at O(moves + world x codes).
  */
 #include <stdbool.h>
 #include <stdlib.h>
@@ -23,9 +23,6 @@
 #include "shardport.h"
 #include "daemon/plan/internal.h"
 
-enum move_field { BY_SRC, BY_DST, BY_CODE };
-enum move_set { ALL_MOVES, LOCAL_MOVES, REMOTE_MOVES };
-
 #define CODES ((uint32_t)SP_DEVICE_TYPE_COUNT * (uint32_t)SP_DTYPE_COUNT)
 
 static uint32_t move_code(const struct plan *plan, const struct plan_move *m) {
@@ -33,38 +30,22 @@ static uint32_t move_code(const struct plan *plan, const struct plan_move *m) {
   return key->device_type * (uint32_t)SP_DTYPE_COUNT + (uint32_t)key->dtype;
 }
 
-static uint32_t move_field_of(const struct plan *plan,
-                              const struct plan_move *m, enum move_field f) {
-  switch (f) {
-  case BY_SRC:
-    return m->src;
-  case BY_DST:
-    return m->dst;
-  default:
-    return move_code(plan, m);
-  }
+static bool move_local(const struct plan *plan, const struct plan_move *m) {
+  return plan->node[m->src] == plan->node[m->dst];
 }
 
-static bool move_in(const struct plan *plan, const struct plan_move *m,
-                    enum move_set set) {
-  bool local = plan->node[m->src] == plan->node[m->dst];
-  return set == ALL_MOVES || (set == LOCAL_MOVES) == local;
-}
-
-/* Stable counting sort of the moves of `set` in in[0..n) by field, into
- * out; count has range + 1 entries. */
-static void sort_moves(const struct plan *plan, const struct plan_move *in,
-                       size_t n, enum move_set set, enum move_field f,
-                       size_t *count, uint32_t range, struct plan_move *out) {
-  memset(count, 0, ((size_t)range + 1) * sizeof *count);
+/* Stable counting sort of the indices in[0..n) by field[in[i]], whose
+ * values are below range, into out; count has range + 1 entries.  Indices
+ * move, not moves: a move is 56 bytes, an index 4. */
+static void sort_indices(const uint32_t *in, size_t n, const uint32_t *field,
+                         size_t *count, size_t range, uint32_t *out) {
+  memset(count, 0, (range + 1) * sizeof *count);
   for (size_t i = 0; i < n; i++)
-    if (move_in(plan, &in[i], set))
-      count[move_field_of(plan, &in[i], f) + 1]++;
-  for (uint32_t v = 0; v < range; v++)
+    count[field[in[i]] + 1]++;
+  for (size_t v = 0; v < range; v++)
     count[v + 1] += count[v];
   for (size_t i = 0; i < n; i++)
-    if (move_in(plan, &in[i], set))
-      out[count[move_field_of(plan, &in[i], f)]++] = in[i];
+    out[count[field[in[i]]]++] = in[i];
 }
 
 static bool same_bucket(const struct plan *plan, const struct plan_move *a,
@@ -142,11 +123,11 @@ static int index_ranks(const struct plan *plan, struct plan_round *round,
   return 0;
 }
 
-/* Buffers every round reuses: the moves as generated, a sorting buffer,
- * and the counting sorts' counters. */
+/* Buffers every round reuses: the moves as generated, two index arrays
+ * and a sort field per move, and the counting sorts' counters. */
 struct scratch {
   struct plan_move *all;
-  struct plan_move *tmp;
+  uint32_t *order, *sorted, *field;
   size_t cap;
   size_t *count;
 };
@@ -155,11 +136,53 @@ static int scratch_fit(struct scratch *sc, size_t n) {
   if (n <= sc->cap)
     return 0;
   free(sc->all);
-  free(sc->tmp);
+  free(sc->order);
+  free(sc->sorted);
+  free(sc->field);
   sc->all = malloc(n * sizeof *sc->all);
-  sc->tmp = malloc(n * sizeof *sc->tmp);
-  sc->cap = sc->all != NULL && sc->tmp != NULL ? n : 0;
+  sc->order = malloc(n * sizeof *sc->order);
+  sc->sorted = malloc(n * sizeof *sc->sorted);
+  sc->field = malloc(n * sizeof *sc->field);
+  sc->cap = sc->all != NULL && sc->order != NULL && sc->sorted != NULL &&
+                    sc->field != NULL
+                ? n
+                : 0;
   return sc->cap == n ? 0 : SP_ENOMEM;
+}
+
+/* Local moves by owner; remote ones by (source, owner, device type and
+ * dtype), each stable, so generation order breaks ties.  Least
+ * significant first: owner and code in one pass, then source. */
+static void order_moves(const struct plan *plan, struct plan_round *round,
+                        struct scratch *sc, size_t total) {
+  size_t nlocal = 0, nremote = 0;
+
+  for (size_t i = 0; i < total; i++) {
+    const struct plan_move *m = &sc->all[i];
+    if (move_local(plan, m)) {
+      sc->field[i] = m->dst;
+      sc->order[nlocal++] = (uint32_t)i;
+    }
+  }
+  sort_indices(sc->order, nlocal, sc->field, sc->count, plan->world,
+               sc->sorted);
+  for (size_t i = 0; i < nlocal; i++)
+    round->local[i] = sc->all[sc->sorted[i]];
+  for (size_t i = 0; i < total; i++) {
+    const struct plan_move *m = &sc->all[i];
+    if (!move_local(plan, m)) {
+      sc->field[i] = m->dst * CODES + move_code(plan, m);
+      sc->order[nremote++] = (uint32_t)i;
+    }
+  }
+  sort_indices(sc->order, nremote, sc->field, sc->count,
+               (size_t)plan->world * CODES, sc->sorted);
+  for (size_t i = 0; i < nremote; i++)
+    sc->field[sc->sorted[i]] = sc->all[sc->sorted[i]].src;
+  sort_indices(sc->sorted, nremote, sc->field, sc->count, plan->world,
+               sc->order);
+  for (size_t i = 0; i < nremote; i++)
+    round->moves[i] = sc->all[sc->order[i]];
 }
 
 static int build_round(const struct plan_index *ix, struct plan *plan,
@@ -170,6 +193,8 @@ static int build_round(const struct plan_index *ix, struct plan *plan,
   for (size_t i = 0; i < round->nkeys; i++)
     total +=
         plan_moves_of_key(ix, plan, plan->transfer[round->first + i], NULL);
+  if (total >= PLAN_NONE)
+    return SP_EOVERFLOW;
   rc = scratch_fit(sc, total);
   if (rc != 0)
     return rc;
@@ -179,7 +204,7 @@ static int build_round(const struct plan_index *ix, struct plan *plan,
     at += plan_moves_of_key(ix, plan, k, sc->all + at);
   }
   for (size_t i = 0; i < total; i++)
-    round->nlocal += move_in(plan, &sc->all[i], LOCAL_MOVES);
+    round->nlocal += move_local(plan, &sc->all[i]);
   round->nmoves = total - round->nlocal;
   round->local =
       malloc((round->nlocal > 0 ? round->nlocal : 1) * sizeof *round->local);
@@ -187,16 +212,7 @@ static int build_round(const struct plan_index *ix, struct plan *plan,
       malloc((round->nmoves > 0 ? round->nmoves : 1) * sizeof *round->moves);
   if (round->local == NULL || round->moves == NULL)
     return SP_ENOMEM;
-  sort_moves(plan, sc->all, total, LOCAL_MOVES, BY_DST, sc->count, plan->world,
-             round->local);
-  /* Least significant field first: the last pass leaves source as the
-   * primary order, then owner, then code, then generation order. */
-  sort_moves(plan, sc->all, total, REMOTE_MOVES, BY_CODE, sc->count, CODES,
-             sc->tmp);
-  sort_moves(plan, sc->tmp, round->nmoves, ALL_MOVES, BY_DST, sc->count,
-             plan->world, sc->all);
-  sort_moves(plan, sc->all, round->nmoves, ALL_MOVES, BY_SRC, sc->count,
-             plan->world, round->moves);
+  order_moves(plan, round, sc, total);
   rc = make_buckets(plan, round);
   if (rc == 0)
     rc = index_ranks(plan, round, sc->count);
@@ -229,9 +245,30 @@ static size_t cut_rounds(struct plan *plan, struct plan_round *rounds) {
   return n + (keys > 0);
 }
 
+/* One round per task, each thread with its scratch; the round's digest
+ * is hashed where it was built. */
+struct round_work {
+  const struct plan_index *ix;
+  struct plan *plan;
+  struct scratch *sc; /* [workers] */
+};
+
+static int round_task(void *ctx, uint32_t worker, size_t r) {
+  struct round_work *rw = ctx;
+  struct plan_round *round = &rw->plan->rounds[r];
+  int rc = plan_check_stop(rw->ix->stop, NULL, 0);
+
+  if (rc == 0)
+    rc = build_round(rw->ix, rw->plan, round, &rw->sc[worker]);
+  if (rc == 0)
+    round->digest = plan_digest_round(rw->plan, round);
+  return rc;
+}
+
 int plan_rounds_build(const struct plan_index *ix, struct plan *plan, char *msg,
                       size_t msglen) {
-  struct scratch sc = {0};
+  struct round_work rw = {ix, plan, NULL};
+  uint32_t workers;
   int rc = 0;
 
   for (size_t k = 0; k < plan->nkeys; k++)
@@ -247,20 +284,33 @@ int plan_rounds_build(const struct plan_index *ix, struct plan *plan, char *msg,
   plan->nrounds = cut_rounds(plan, NULL);
   plan->rounds =
       calloc(plan->nrounds > 0 ? plan->nrounds : 1, sizeof *plan->rounds);
-  sc.count = malloc(((size_t)(plan->world > CODES ? plan->world : CODES) + 1) *
-                    sizeof *sc.count);
-  if (plan->rounds == NULL || sc.count == NULL) {
-    plan->nrounds = 0;
-    free(sc.count);
-    return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
+  workers = plan_workers_count(plan->threads, plan->nrounds);
+  rw.sc = calloc(workers, sizeof *rw.sc);
+  for (uint32_t t = 0; rw.sc != NULL && t < workers && rc == 0; t++) {
+    rw.sc[t].count =
+        malloc(((size_t)plan->world * CODES + 1) * sizeof *rw.sc[t].count);
+    rc = rw.sc[t].count == NULL ? SP_ENOMEM : 0;
   }
-  cut_rounds(plan, plan->rounds);
-  for (size_t r = 0; r < plan->nrounds && rc == 0; r++)
-    rc = build_round(ix, plan, &plan->rounds[r], &sc);
-  free(sc.all);
-  free(sc.tmp);
-  free(sc.count);
+  if (plan->rounds == NULL || rw.sc == NULL || rc != 0) {
+    plan->nrounds = 0;
+    rc = SP_ENOMEM;
+  } else {
+    cut_rounds(plan, plan->rounds);
+    rc = plan_workers_run(plan->threads, plan->nrounds, round_task, &rw);
+  }
+  for (uint32_t t = 0; rw.sc != NULL && t < workers; t++) {
+    free(rw.sc[t].all);
+    free(rw.sc[t].order);
+    free(rw.sc[t].sorted);
+    free(rw.sc[t].field);
+    free(rw.sc[t].count);
+  }
+  free(rw.sc);
+  if (rc == SP_ETIMEOUT)
+    return plan_check_stop(ix->stop, msg, msglen);
   if (rc != 0)
-    return sp__failf(msg, msglen, rc, "out of memory building round moves");
+    return sp__failf(msg, msglen, rc,
+                     rc == SP_ENOMEM ? "out of memory building round moves"
+                                     : "a round has too many moves");
   return 0;
 }

@@ -44,7 +44,10 @@ static bool tie_candidate(const struct plan_key *key) {
 
 static const struct sp_storage *entry_storage(const struct plan_index *ix,
                                               size_t slot) {
-  return &ix->rank[ix->entry_rank[slot]]->storages[ix->entry[slot]->storage];
+  const struct plan_key_in *full = plan_index_full(ix, slot);
+  uint32_t storage =
+      full != NULL ? full->storage : plan_index_entry(ix, slot)->storage;
+  return &ix->rank[plan_index_rank(ix, slot)]->storages[storage];
 }
 
 /* A hash of where the key starts on every rank: equal holdings hash
@@ -57,11 +60,17 @@ static uint64_t holdings_hash(const struct plan_index *ix,
   plan_hash_u64(&h, (uint64_t)key->placement);
   for (size_t slot = ix->first[k]; slot < ix->first[k + 1]; slot++) {
     const struct sp_storage *s = entry_storage(ix, slot);
-    const struct sp_view *v = &ix->entry[slot]->view;
+    const struct plan_key_in *full = plan_index_full(ix, slot);
     plan_hash_u64(&h, s->base);
     plan_hash_u64(&h, (uint64_t)(uint32_t)s->device.index);
-    plan_hash_u64(&h, (uint64_t)v->offset);
-    plan_hash_u64(&h, v->ndim > 0 ? (uint64_t)v->shape[0] : 0);
+    if (full != NULL) {
+      plan_hash_u64(&h, (uint64_t)full->view.offset);
+      plan_hash_u64(&h,
+                    full->view.ndim > 0 ? (uint64_t)full->view.shape[0] : 0);
+    } else {
+      plan_hash_u64(&h, plan_index_entry(ix, slot)->offset);
+      plan_hash_u64(&h, plan_index_entry(ix, slot)->rows);
+    }
   }
   return plan_hash_final(&h);
 }
@@ -87,8 +96,11 @@ static bool tied(const struct plan_index *ix, const struct plan *plan,
     size_t sa = ix->first[a] + r, sb = ix->first[b] + r;
     const struct sp_storage *x = entry_storage(ix, sa);
     const struct sp_storage *y = entry_storage(ix, sb);
+    struct plan_key_in ea, eb;
+    plan_index_holding(ix, sa, &ea);
+    plan_index_holding(ix, sb, &eb);
     if (!sp__device_equal(&x->device, &y->device) || x->base != y->base ||
-        !view_equal(&ix->entry[sa]->view, &ix->entry[sb]->view))
+        !view_equal(&ea.view, &eb.view))
       return false;
   }
   return true;
@@ -106,6 +118,30 @@ static int tie_slot_cmp(const void *pa, const void *pb) {
   return a->key < b->key ? -1 : a->key > b->key;
 }
 
+/* Keys' holdings are hashed in runs of this many, one run per task, each
+ * into its own slots. */
+#define KEYS_PER_TASK 4096u
+
+struct hash_work {
+  const struct plan_index *ix;
+  const struct plan *plan;
+  struct tie_slot *slots; /* [nkeys], by key */
+};
+
+static int hash_task(void *ctx, uint32_t worker, size_t task) {
+  struct hash_work *hw = ctx;
+  size_t end = (task + 1) * KEYS_PER_TASK;
+
+  (void)worker;
+  if (end > hw->plan->nkeys)
+    end = hw->plan->nkeys;
+  for (size_t k = task * KEYS_PER_TASK; k < end; k++)
+    if (tie_candidate(&hw->plan->keys[k]))
+      hw->slots[k] = (struct tie_slot){
+          holdings_hash(hw->ix, &hw->plan->keys[k], (uint32_t)k), (uint32_t)k};
+  return 0;
+}
+
 static int find_ties(const struct plan_index *ix, struct plan *plan,
                      uint32_t *parent, char *msg, size_t msglen) {
   struct tie_slot *slots =
@@ -118,9 +154,13 @@ static int find_ties(const struct plan_index *ix, struct plan *plan,
     free(reps);
     return sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
   }
+  struct hash_work hw = {ix, plan, slots};
+  plan_workers_run(plan->threads,
+                   (plan->nkeys + KEYS_PER_TASK - 1) / KEYS_PER_TASK, hash_task,
+                   &hw);
   for (uint32_t k = 0; k < plan->nkeys; k++)
     if (tie_candidate(&plan->keys[k]))
-      slots[n++] = (struct tie_slot){holdings_hash(ix, &plan->keys[k], k), k};
+      slots[n++] = slots[k];
   qsort(slots, n, sizeof *slots, tie_slot_cmp);
   /* Within a run of equal hashes, each key is compared with the distinct
    * holdings met so far in the run; keys come in name order, so the first

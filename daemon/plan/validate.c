@@ -47,20 +47,21 @@ static bool shape_equal(uint32_t ndim_a, const int64_t *a, uint32_t ndim_b,
   return true;
 }
 
-/* One key's entries, as index.c gathered them. */
+/* One key's entries, as index.c gathered them, in full form. */
 struct key_view {
   const struct plan_index *ix;
   const char *name;
   size_t first;
   size_t n;
+  const struct plan_key_in *held; /* [n] */
 };
 
 static const struct plan_key_in *kv_entry(const struct key_view *kv, size_t i) {
-  return kv->ix->entry[kv->first + i];
+  return &kv->held[i];
 }
 
 static uint32_t kv_rank(const struct key_view *kv, size_t i) {
-  return kv->ix->entry_rank[kv->first + i];
+  return plan_index_rank(kv->ix, kv->first + i);
 }
 
 static const struct sp_storage *kv_storage(const struct key_view *kv,
@@ -326,71 +327,215 @@ static int check_affine(const struct key_view *kv, char *msg, size_t msglen) {
   return rc;
 }
 
-static int validate_key(const struct plan_index *ix, uint32_t k,
-                        struct plan_key *out, char *msg, size_t msglen) {
-  struct key_view kv = {ix, ix->name[k], ix->first[k],
-                        ix->first[k + 1] - ix->first[k]};
-  const struct plan_key_in *e0 = kv_entry(&kv, 0);
+/* The checks of the full form, for a key the fast path could not pass:
+ * they decide the refusal, the first failing check in a fixed order. */
+static int validate_full(const struct key_view *kv, struct plan_key *out,
+                         char *msg, size_t msglen) {
+  const struct plan_key_in *e0 = kv_entry(kv, 0);
   bool expert = false;
   int rc;
 
-  for (size_t i = 0; i < kv.n; i++) {
-    enum plan_placement p = kv_entry(&kv, i)->placement;
+  for (size_t i = 0; i < kv->n; i++) {
+    enum plan_placement p = kv_entry(kv, i)->placement;
     if (p < PLAN_SHARD0 || p > PLAN_AFFINE)
       return sp__failf(msg, msglen, SP_EUNSUPPORTED,
                        "key '%s': rank %u gives it unknown placement %d",
-                       kv.name, kv_rank(&kv, i), (int)p);
+                       kv->name, kv_rank(kv, i), (int)p);
     expert = expert || p == PLAN_EXPERT;
   }
   if (expert)
-    rc = check_expert(&kv, msg, msglen);
-  else if (kv.n != ix->world)
-    rc = refuse_keyset(&kv, msg, msglen);
+    rc = check_expert(kv, msg, msglen);
+  else if (kv->n != kv->ix->world)
+    rc = refuse_keyset(kv, msg, msglen);
   else
-    rc = check_agreement(&kv, msg, msglen);
+    rc = check_agreement(kv, msg, msglen);
   if (rc == 0)
-    rc = check_global(&kv, out, msg, msglen);
+    rc = check_global(kv, out, msg, msglen);
   if (rc == 0)
-    rc = check_entries(&kv, msg, msglen);
+    rc = check_entries(kv, msg, msglen);
   if (rc != 0)
     return rc;
   switch (e0->placement) {
   case PLAN_SHARD0:
-    rc = check_shard0(&kv, msg, msglen);
-    break;
+    return check_shard0(kv, msg, msglen);
   case PLAN_AFFINE:
-    rc = check_affine(&kv, msg, msglen);
-    break;
+    return check_affine(kv, msg, msglen);
   default:
-    rc = check_whole(&kv, msg, msglen);
-    break;
+    return check_whole(kv, msg, msglen);
   }
-  if (rc != 0)
-    return rc;
-  out->name = kv.name;
-  out->placement = e0->placement;
-  out->dtype = e0->view.dtype;
-  out->device_type = kv_storage(&kv, 0)->device.type;
-  out->ndim = e0->ndim;
-  memcpy(out->shape, e0->shape, sizeof out->shape);
-  out->owner = expert ? kv_rank(&kv, 0) : PLAN_NONE;
+}
+
+/* The common case, read from the compact entries alone: every rank holds
+ * the key through one row of the key table (so they agree), a dense
+ * placement, views inside their storages on one device type, and rows that
+ * tile (shard0) or are whole.  True when the key passes; false sends it to
+ * validate_full, which also names what is wrong.  It may refuse to judge
+ * what validate_full passes, never the reverse. */
+static bool validate_fast(const struct plan_index *ix, uint32_t k,
+                          uint64_t *nbytes) {
+  size_t first = ix->first[k], n = ix->first[k + 1] - first;
+  const struct plan_entry *e0 = plan_index_entry(ix, first);
+  const struct plan_key_decl *d;
+  uint64_t numel, row_elems = 1, rows = 0;
+  uint32_t size, type = PLAN_NONE;
+
+  if (n != ix->world || e0->storage == PLAN_ENTRY_FULL)
+    return false;
+  d = &ix->in->keys[e0->key];
+  size = sp__dtype_size(d->dtype);
+  if ((d->placement != PLAN_SHARD0 && d->placement != PLAN_REPLICATED &&
+       d->placement != PLAN_PLAIN) ||
+      size == 0 || d->device_type >= SP_DEVICE_TYPE_COUNT ||
+      d->ndim > SP_MAX_DIMS || (d->placement == PLAN_SHARD0 && d->ndim == 0) ||
+      sp__view_numel(d->ndim, d->shape, &numel) != 0 ||
+      __builtin_mul_overflow(numel, size, nbytes))
+    return false;
+  /* Rows of no element would give a zero stride: validate_full judges. */
+  for (uint32_t i = 1; i < d->ndim; i++)
+    if (d->shape[i] == 0 ||
+        __builtin_mul_overflow(row_elems, (uint64_t)d->shape[i], &row_elems))
+      return false;
+  for (size_t i = 0; i < n; i++) {
+    const struct plan_entry *e = plan_index_entry(ix, first + i);
+    const struct plan_rank_in *rank = ix->rank[plan_index_rank(ix, first + i)];
+    const struct sp_storage *s;
+    uint64_t held, bytes, extent;
+    if (e->key != e0->key || e->storage >= rank->nstorages)
+      return false;
+    s = &rank->storages[e->storage];
+    if (type == PLAN_NONE)
+      type = s->device.type;
+    if (s->device.type != type || type >= SP_DEVICE_TYPE_COUNT)
+      return false;
+    if (d->ndim == 0) {
+      held = 1;
+    } else if (__builtin_mul_overflow((uint64_t)e->rows, row_elems, &held) ||
+               held > (uint64_t)INT64_MAX) {
+      return false;
+    }
+    if (__builtin_mul_overflow(held, size, &bytes))
+      return false;
+    extent = held > 0 ? (uint64_t)e->offset + held : 0;
+    if (extent > sp__view_whole_elements(s->nbytes, d->dtype))
+      return false;
+    if (d->placement != PLAN_SHARD0 && d->ndim > 0 &&
+        (int64_t)e->rows != d->shape[0])
+      return false;
+    rows += e->rows;
+  }
+  return d->placement != PLAN_SHARD0 || rows == (uint64_t)d->shape[0];
+}
+
+static void key_fill(const struct plan_index *ix, uint32_t k, bool expert,
+                     struct plan_key *out) {
+  size_t first = ix->first[k];
+  const struct plan_entry *e0 = plan_index_entry(ix, first);
+  const struct plan_rank_in *r0 = ix->rank[plan_index_rank(ix, first)];
+  const struct plan_key_decl *d = &ix->in->keys[e0->key];
+
+  out->name = ix->name[k];
+  out->placement = d->placement;
+  out->dtype = d->dtype;
+  out->device_type =
+      r0->storages[e0->storage == PLAN_ENTRY_FULL ? r0->full[e0->offset].storage
+                                                  : e0->storage]
+          .device.type;
+  out->ndim = d->ndim;
+  memset(out->shape, 0, sizeof out->shape);
+  memcpy(out->shape, d->shape, d->ndim * sizeof out->shape[0]);
+  out->owner = expert ? plan_index_rank(ix, first) : PLAN_NONE;
   out->unit = PLAN_NONE;
   out->alias_of = PLAN_NONE;
   out->round = PLAN_NONE;
-  out->held = expert ? e0 : NULL;
-  return 0;
+  out->held = expert ? plan_index_entry_of(ix, first) : PLAN_NONE;
 }
 
+static int validate_key(const struct plan_index *ix, uint32_t k,
+                        struct plan_key_in *scratch, struct plan_key *out,
+                        char *msg, size_t msglen) {
+  struct key_view kv = {ix, ix->name[k], ix->first[k],
+                        ix->first[k + 1] - ix->first[k], scratch};
+  int rc;
+
+  if (validate_fast(ix, k, &out->nbytes)) {
+    key_fill(ix, k, false, out);
+    return 0;
+  }
+  for (size_t i = 0; i < kv.n; i++)
+    plan_index_holding(ix, kv.first + i, &scratch[i]);
+  rc = validate_full(&kv, out, msg, msglen);
+  if (rc == 0)
+    key_fill(ix, k, kv_entry(&kv, 0)->placement == PLAN_EXPERT, out);
+  return rc;
+}
+
+/* Keys are validated in runs of this many, one run per task: each run
+ * looks at the stop flag first. */
+#define KEYS_PER_TASK 1024u
+/* A refusal's sentence, as long as the daemon sends (proto/msg.h). */
+#define REFUSAL_BYTES 1025u
+
+struct validate_worker {
+  struct plan_key_in *scratch; /* [widest key] */
+  size_t failed;               /* its failed task */
+  char msg[REFUSAL_BYTES];
+};
+
+struct validate_work {
+  const struct plan_index *ix;
+  struct plan *plan;
+  struct validate_worker *workers;
+};
+
+static int validate_task(void *ctx, uint32_t worker, size_t task) {
+  struct validate_work *vw = ctx;
+  struct validate_worker *w = &vw->workers[worker];
+  size_t end = (task + 1) * KEYS_PER_TASK;
+  int rc = plan_check_stop(vw->ix->stop, w->msg, sizeof w->msg);
+
+  if (end > vw->ix->nkeys)
+    end = vw->ix->nkeys;
+  for (size_t k = task * KEYS_PER_TASK; rc == 0 && k < end; k++)
+    rc = validate_key(vw->ix, (uint32_t)k, w->scratch, &vw->plan->keys[k],
+                      w->msg, sizeof w->msg);
+  if (rc != 0)
+    w->failed = task;
+  return rc;
+}
+
+/* Keys in runs on plan->threads threads; the refusal is the first failing
+ * key's in name order, as on one thread: the failed run of lowest index
+ * (workers.c) is the one that holds it. */
 int plan_validate_keys(const struct plan_index *ix, struct plan *plan,
                        char *msg, size_t msglen) {
-  for (uint32_t k = 0; k < ix->nkeys; k++) {
-    int rc = plan_check_stop(ix->stop, msg, msglen);
-    if (rc == 0)
-      rc = validate_key(ix, k, &plan->keys[k], msg, msglen);
-    if (rc != 0)
-      return rc;
+  size_t widest = 1, tasks = (ix->nkeys + KEYS_PER_TASK - 1) / KEYS_PER_TASK;
+  uint32_t nworkers = plan_workers_count(plan->threads, tasks);
+  struct validate_work vw = {ix, plan, calloc(nworkers, sizeof *vw.workers)};
+  int rc = vw.workers == NULL ? SP_ENOMEM : 0;
+
+  for (size_t k = 0; k < ix->nkeys; k++)
+    if (ix->first[k + 1] - ix->first[k] > widest)
+      widest = ix->first[k + 1] - ix->first[k];
+  for (uint32_t t = 0; rc == 0 && t < nworkers; t++) {
+    vw.workers[t].scratch = malloc(widest * sizeof *vw.workers[t].scratch);
+    vw.workers[t].failed = SIZE_MAX;
+    rc = vw.workers[t].scratch == NULL ? SP_ENOMEM : 0;
   }
-  return 0;
+  if (rc != 0) {
+    rc = sp__failf(msg, msglen, SP_ENOMEM, "out of memory");
+  } else {
+    rc = plan_workers_run(plan->threads, tasks, validate_task, &vw);
+    const struct validate_worker *first = NULL;
+    for (uint32_t t = 0; rc != 0 && t < nworkers; t++)
+      if (first == NULL || vw.workers[t].failed < first->failed)
+        first = &vw.workers[t];
+    if (rc != 0)
+      sp__failf(msg, msglen, rc, "%s", first->msg);
+  }
+  for (uint32_t t = 0; vw.workers != NULL && t < nworkers; t++)
+    free(vw.workers[t].scratch);
+  free(vw.workers);
+  return rc;
 }
 
 static int u32_cmp(const void *pa, const void *pb) {

@@ -123,7 +123,7 @@ static const uint8_t *move_source(const struct engine *e,
     if (staged != NULL)
       return staged;
   }
-  return e->src[m->src][m->from->storage].data + (size_t)sv->offset * esz;
+  return e->src[m->src][m->storage].data + (size_t)sv->offset * esz;
 }
 
 /* Where a slice's first element is written: the owner's tensor, or for a
@@ -273,7 +273,7 @@ static void report_fault(struct worker *w, const void *fault) {
   engine_fail(e, SP_EBADFD,
               "rank %u's storage sid %u could not be read for key '%s' (was "
               "its file truncated after it was registered?)",
-              m->src, e->src[m->src][m->from->storage].sid, key->name);
+              m->src, e->src[m->src][m->storage].sid, key->name);
 }
 
 /* Kernels before 5.14 refuse MADV_POPULATE_WRITE (EINVAL): pages are then

@@ -494,8 +494,8 @@ static bool move_direct(const struct remote *r, const struct plan_move *m,
   plan_moves_regions(r->plan, m, &sv, &dr);
   if (out) {
     runs_of(sv.ndim, sv.shape, sv.stride, esz, rs);
-    *base = (uint8_t *)r->src[m->src][m->from->storage].data +
-            (size_t)sv.offset * esz;
+    *base =
+        (uint8_t *)r->src[m->src][m->storage].data + (size_t)sv.offset * esz;
     return runs_direct(rs);
   }
   runs_of(dr.ndim, dr.shape, dr.stride, esz, rs);
@@ -767,7 +767,7 @@ int remote_exchange(struct remote *r, const atomic_bool *cancel,
     snprintf(msg, msglen,
              "rank %u's storage sid %u could not be read for key '%s' (was "
              "its file truncated after it was registered?)",
-             m->src, r->src[m->src][m->from->storage].sid,
+             m->src, r->src[m->src][m->storage].sid,
              r->plan->keys[m->key].name);
     return rc;
   }

@@ -40,10 +40,11 @@
 
 /* One copy to hash. */
 struct copy {
-  const uint8_t *data;          /* its storage's first byte */
-  const struct plan_key_in *in; /* its view */
-  uint32_t key;                 /* index into d->keys */
-  uint32_t slot;                /* index into d->ranks */
+  const uint8_t *data; /* its storage's first byte */
+  struct sp_view view;
+  const char *name;
+  uint32_t key;  /* index into d->keys */
+  uint32_t slot; /* index into d->ranks */
 };
 
 struct hashing {
@@ -146,7 +147,7 @@ static void hash_copies(void *arg) {
     const struct copy *c = &h->copies[i];
     w->current = c;
     h->d->digest[(size_t)c->slot * h->d->nkeys + c->key] =
-        hash_view(w, c->data, &c->in->view);
+        hash_view(w, c->data, &c->view);
   }
 }
 
@@ -206,13 +207,16 @@ static int list_copies(const struct plan *plan, const struct plan_input *in,
     for (size_t x = 0; x < in->nranks && r == NULL; x++)
       if (in->ranks[x].rank == d->ranks[j])
         r = &in->ranks[x];
-    for (size_t k = 0; r != NULL && k < r->nkeys; k++) {
-      uint32_t p = plan_find_key(plan, r->keys[k].name);
+    for (size_t k = 0; r != NULL && k < r->nentries; k++) {
+      struct plan_key_in e;
+      uint32_t p = plan_find_key(plan, in->keys[r->entries[k].key].name);
       if (p == PLAN_NONE || slot_of[p] == 0)
         continue;
+      plan_input_holding(in, r, &r->entries[k], &e);
       h->copies[h->ncopies++] =
-          (struct copy){.data = src[d->ranks[j]][r->keys[k].storage].data,
-                        .in = &r->keys[k],
+          (struct copy){.data = src[d->ranks[j]][e.storage].data,
+                        .view = e.view,
+                        .name = e.name,
                         .key = slot_of[p] - 1,
                         .slot = j};
     }
@@ -246,7 +250,7 @@ static int hash_all(struct hashing *h, uint32_t threads, uint32_t *fault_rank,
     hasher_free(&workers[t]);
   if (rc == 0 && h->fault_copy != NULL) {
     *fault_rank = h->d->ranks[h->fault_copy->slot];
-    *fault_key = h->fault_copy->in->name;
+    *fault_key = h->fault_copy->name;
     rc = SP_EBADFD;
   }
   return rc;

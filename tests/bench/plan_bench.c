@@ -5,8 +5,17 @@
  * dealt unevenly over the ranks, bfloat16 and float32 mixed, 8 ranks per
  * node, every rank's shards in one storage) and times plan_build() on it.
  * A case runs in a child process of its own, so that its peak resident
- * memory (getrusage's maxrss, minus what the child held before planning)
- * is its own.  Printed, never asserted: these machines are shared.
+ * memory (the peak resident set while planning, minus what it held
+ * before: VmHWM reset through /proc/self/clear_refs) is its own.  Printed,
+ * never asserted: these machines are shared.
+ *
+ * The input is built as a daemon builds it: every rank's registrations in
+ * full form (struct plan_key_in, as the registries hold them) read into the
+ * compact input (layout.h) one rank after another, which is timed and
+ * weighed apart: the bytes per shard entry are the allocator's bytes the
+ * compact input takes (mallinfo2) over the entries, beside the full
+ * form's.  The full forms are then freed, and planning reads the compact
+ * input alone.
  *
  * The anchor (the issue's): PyTorch's checkpoint planner takes over 200 s
  * to validate 1,024 tensors over 1,024 ranks, its check being quadratic in
@@ -17,10 +26,10 @@
  * planner reads it: planning is reported as a multiple of that pass.
  */
 #include <inttypes.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -30,6 +39,7 @@
 struct bench_case {
   uint32_t keys;
   uint32_t world;
+  uint32_t threads;
 };
 
 static double now_s(void) {
@@ -38,21 +48,45 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static long maxrss_kib(void) {
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_maxrss;
+/* A line of /proc/self/status ("VmRSS", "VmHWM"), in KiB. */
+static long status_kib(const char *field) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long kib = -1;
+  size_t len = strlen(field);
+
+  while (f != NULL && fgets(line, sizeof line, f) != NULL)
+    if (strncmp(line, field, len) == 0 && line[len] == ':')
+      kib = strtol(line + len + 1, NULL, 10);
+  if (f != NULL)
+    fclose(f);
+  return kib;
 }
 
-/* One read of every entry's view, key by key across the ranks. */
+/* The peak resident set starts again from here (proc(5), clear_refs 5):
+ * the full forms built and freed before planning are not the planner's. */
+static void reset_peak(void) {
+  FILE *f = fopen("/proc/self/clear_refs", "w");
+  if (f != NULL) {
+    fputs("5", f);
+    fclose(f);
+  }
+}
+
+/* One read of every entry, key by key across the ranks. */
 static double scan_s(const struct plan_input *in, uint32_t nkeys,
                      uint64_t *sink) {
   double t0 = now_s();
   for (uint32_t k = 0; k < nkeys; k++)
     for (size_t r = 0; r < in->nranks; r++)
-      *sink += (uint64_t)in->ranks[r].keys[k].view.shape[0] +
-               (uint64_t)in->ranks[r].keys[k].view.offset;
+      *sink += (uint64_t)in->ranks[r].entries[k].rows +
+               (uint64_t)in->ranks[r].entries[k].offset;
   return now_s() - t0;
+}
+
+static size_t heap_bytes(void) {
+  struct mallinfo2 mi = mallinfo2();
+  return mi.uordblks + mi.hblkhd;
 }
 
 static void *xcalloc(size_t n, size_t size) {
@@ -69,14 +103,16 @@ static int run_case(const struct bench_case *c) {
   char **names = xcalloc(nkeys, sizeof *names);
   int64_t *rows = xcalloc(nkeys, sizeof *rows);
   int64_t *cols = xcalloc(nkeys, sizeof *cols);
-  struct plan_rank_in *ranks = xcalloc(world, sizeof *ranks);
+  struct plan_rank_desc *ranks = xcalloc(world, sizeof *ranks);
   struct sp_storage *storages = xcalloc(world, sizeof *storages);
-  struct plan_input in = {.world = world, .nranks = world, .ranks = ranks};
+  struct plan_input_store *store = plan_input_store_new(world);
+  struct plan_input *in;
   uint64_t state = 42, entries = (uint64_t)nkeys * world, sink = 0;
   struct plan *plan;
   char msg[512];
-  double t0, t1, scan;
+  double t0, t1, scan, tc0, tc1;
   long rss0, rss1;
+  size_t heap0, heap1;
   size_t moves = 0, buckets = 0;
   int rc;
 
@@ -125,19 +161,38 @@ static int run_case(const struct bench_case *c) {
     storages[r].nbytes = offset * 4;
     /* Listed in the order a daemon would gather them: local ranks first. */
     ranks[(r + world / 2) % world] =
-        (struct plan_rank_in){.rank = r,
-                              .node = r / 8,
-                              .nstorages = 1,
-                              .storages = &storages[r],
-                              .nkeys = nkeys,
-                              .keys = keys};
+        (struct plan_rank_desc){.rank = r,
+                                .node = r / 8,
+                                .nstorages = 1,
+                                .storages = &storages[r],
+                                .nkeys = nkeys,
+                                .keys = keys};
   }
-  scan = scan_s(&in, nkeys, &sink);
-  rss0 = maxrss_kib();
+  heap0 = heap_bytes();
+  tc0 = now_s();
+  for (uint32_t i = 0; i < world && store != NULL; i++)
+    if (plan_input_add_rank(store, &ranks[i], msg, sizeof msg) != 0) {
+      fprintf(stderr, "plan_bench: %s\n", msg);
+      return 1;
+    }
+  tc1 = now_s();
+  heap1 = heap_bytes();
+  if (store == NULL) {
+    fprintf(stderr, "plan_bench: out of memory\n");
+    return 1;
+  }
+  /* The planner reads the compact input alone: the full forms go. */
+  for (uint32_t r = 0; r < world; r++)
+    free((void *)ranks[r].keys);
+  in = plan_input_of(store);
+  in->threads = c->threads;
+  scan = scan_s(in, nkeys, &sink);
+  reset_peak();
+  rss0 = status_kib("VmRSS");
   t0 = now_s();
-  rc = plan_build(&in, &plan, msg, sizeof msg);
+  rc = plan_build(in, &plan, msg, sizeof msg);
   t1 = now_s();
-  rss1 = maxrss_kib();
+  rss1 = status_kib("VmHWM");
   if (rc != 0) {
     fprintf(stderr, "plan_bench: refused: %s\n", msg);
     return 1;
@@ -146,17 +201,21 @@ static int run_case(const struct bench_case *c) {
     moves += plan->rounds[i].nmoves + plan->rounds[i].nlocal;
     buckets += plan->rounds[i].nbuckets;
   }
-  printf("plan %6u keys x %5u ranks: %9" PRIu64 " shard entries, %7.3f s "
-         "(%5.1f x one scan of %.3f s), %9.0f entries/s, peak +%7.1f MiB, "
-         "%3zu rounds, %8zu moves, %7zu buckets, digest %016" PRIx64
-         " (%" PRIu64 ")\n",
-         nkeys, world, entries, t1 - t0, (t1 - t0) / scan, scan,
-         (double)entries / (t1 - t0), (double)(rss1 - rss0) / 1024.0,
-         plan->nrounds, moves, buckets, plan->digest, sink % 10);
+  printf("plan %6u keys x %5u ranks, %u thread%s: %9" PRIu64
+         " shard entries, %7.3f s "
+         "(%5.1f x one scan of %.4f s), %9.0f entries/s, peak +%7.1f MiB "
+         "(%5.1f B/entry), %3zu rounds, %8zu moves, %7zu buckets, digest "
+         "%016" PRIx64 "; input %5.1f B/entry (full form %zu), read in "
+         "%.3f s (%" PRIu64 ")\n",
+         nkeys, world, c->threads, c->threads == 1 ? "" : "s", entries, t1 - t0,
+         (t1 - t0) / scan, scan, (double)entries / (t1 - t0),
+         (double)(rss1 - rss0) / 1024.0,
+         (double)(rss1 - rss0) * 1024.0 / (double)entries, plan->nrounds, moves,
+         buckets, plan->digest, (double)(heap1 - heap0) / (double)entries,
+         sizeof(struct plan_key_in), tc1 - tc0, sink % 10);
   fflush(stdout);
   plan_free(plan);
-  for (uint32_t r = 0; r < world; r++)
-    free((void *)ranks[r].keys);
+  plan_input_store_free(store);
   for (uint32_t k = 0; k < nkeys; k++)
     free(names[k]);
   free(names);
@@ -169,15 +228,18 @@ static int run_case(const struct bench_case *c) {
 
 int main(int argc, char **argv) {
   static const struct bench_case cases[] = {
-      {100000, 64}, {1000, 1024}, {1024, 1024}, {1000, 256}, {1000, 512},
+      {100000, 64, 1}, {100000, 64, 2}, {1000, 1024, 1}, {1024, 1024, 1},
+      {1024, 1024, 2}, {1000, 256, 1},  {1000, 512, 1},
   };
   size_t ncases = sizeof cases / sizeof cases[0];
   int failed = 0;
 
-  /* "plan_bench 1000 1024" runs one case in this process. */
-  if (argc == 3) {
+  /* "plan_bench 1000 1024 [THREADS]" runs one case in this process. */
+  if (argc == 3 || argc == 4) {
     struct bench_case c = {(uint32_t)strtoul(argv[1], NULL, 10),
-                           (uint32_t)strtoul(argv[2], NULL, 10)};
+                           (uint32_t)strtoul(argv[2], NULL, 10),
+                           argc == 4 ? (uint32_t)strtoul(argv[3], NULL, 10)
+                                     : 1};
     return run_case(&c);
   }
   for (size_t i = 0; i < ncases; i++) {

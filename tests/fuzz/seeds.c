@@ -373,6 +373,27 @@ static void node_messages(void) {
   m = (struct nodemsg){
       .op = NODEMSG_HELLO, .reply = true, .node = 3, .node_id = 5};
   node_message("hello_reply", &m);
+  /* A data link's streams at their edges: the only one of one, the last
+   * of the most, dialled for the first and the last export. */
+  m = (struct nodemsg){.op = NODEMSG_DATA,
+                       .version = NODE_PROTOCOL_VERSION,
+                       .node = 1,
+                       .node_id = 99,
+                       .stream = 0,
+                       .streams = 1,
+                       .export_id = 1};
+  memcpy(m.job, id16, sizeof m.job);
+  memset(m.nonce, 0xa5, sizeof m.nonce);
+  memset(m.proof, 0x3c, sizeof m.proof);
+  node_message("data", &m);
+  m.node = NODE_MAX_NODES - 1;
+  m.stream = CONFIG_MAX_PEER_STREAMS - 1;
+  m.streams = CONFIG_MAX_PEER_STREAMS;
+  m.export_id = UINT64_MAX;
+  node_message("data_last_stream", &m);
+  m = (struct nodemsg){.op = NODEMSG_DATA, .reply = true};
+  memset(m.proof, 0x3c, sizeof m.proof);
+  node_message("data_reply", &m);
   m = (struct nodemsg){.op = NODEMSG_ASK,
                        .gather = 7,
                        .rank = 2,

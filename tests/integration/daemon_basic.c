@@ -413,6 +413,31 @@ START_TEST(drain_and_history_bounds) {
 }
 END_TEST
 
+/* peer_streams is 1 to 8 (the streams an exchange serves), at its edges:
+ * 0 and 9 are refused before the daemon starts. */
+START_TEST(peer_streams_bounds) {
+  static const struct {
+    const char *line;
+    int status;
+  } cases[] = {
+      {"peer_streams = 0\n", 1},
+      {"peer_streams = 1\n", 0},
+      {"peer_streams = 8\n", 0},
+      {"peer_streams = 9\n", 1},
+  };
+  char dir[256], path[300];
+  ck_assert_int_eq(sp_test_mkdtemp(dir, sizeof(dir)), 0);
+  snprintf(path, sizeof(path), "%s/p.conf", dir);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ck_assert_int_eq(sp_test_write_file(path, cases[i].line), 0);
+    const char *args[] = {"-n", "--config", path, NULL};
+    ck_assert_msg(run_daemon(args, NULL, 0) == cases[i].status, "%s",
+                  cases[i].line);
+  }
+  sp_test_rmdir(dir);
+}
+END_TEST
+
 START_TEST(print_config_defaults) {
   char out[4096];
   const char *args[] = {"--print-config", "--config", "/dev/null", "--socket",
@@ -720,6 +745,7 @@ int main(int argc, char **argv) {
   tcase_set_timeout(cli, 30);
   tcase_add_test(cli, check_config);
   tcase_add_test(cli, drain_and_history_bounds);
+  tcase_add_test(cli, peer_streams_bounds);
   tcase_add_test(cli, metrics_settings);
   tcase_add_test(cli, print_config_defaults);
   tcase_add_test(cli, command_line_errors);

@@ -500,6 +500,13 @@ static void rank_main(const struct scenario *sc, const char *socket,
     memset(r.owned, 0, sc->nkeys);
     r.rep.export_rc = sp_export(c, &eo, &set);
     snprintf(r.rep.message, sizeof r.rep.message, "%s", sp_last_message(c));
+    if (r.rep.export_rc < 0 && sc->on_after_failure && r.rep.first_rc == 0 &&
+        e + 1 < nexports) {
+      r.rep.first_rc = r.rep.export_rc;
+      snprintf(r.rep.first_message, sizeof r.rep.first_message, "%s",
+               r.rep.message);
+      continue;
+    }
     if (r.rep.export_rc < 0)
       goto report;
     verify(&r, set);

@@ -110,6 +110,10 @@ struct scenario {
   const char *corrupt_key;
   uint32_t corrupt_ranks;
   uint32_t corrupt_export;
+  /* An export that fails does not end the rank's exports: it goes on to
+   * the next one of the job (with exports of 2 or more), and reports the
+   * first failure in first_rc and first_message. */
+  bool on_after_failure;
   /* A job created elsewhere: rank 0 joins it instead of creating one. */
   const sp_ticket *ticket;
 };
@@ -119,6 +123,9 @@ struct report {
   int export_rc;
   char message[SP_ERRMSG_MAX + 1];
   char failure[512]; /* the rank's own checks; "" when all passed */
+  /* With on_after_failure: the first export that failed (0: none). */
+  int first_rc;
+  char first_message[SP_ERRMSG_MAX + 1];
   uint32_t max_rounds;
   uint32_t progress_frames;
 };

@@ -29,6 +29,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1130,7 +1133,7 @@ START_TEST(three_streams_carry_every_byte) {
    * root hears each; the second export finds them up. */
   char line[4096], words[64];
   for (int k = 1; k <= 3; k++) {
-    snprintf(words, sizeof words, "up (stream %d of 3)", k);
+    snprintf(words, sizeof words, "up (stream %d of 3, ", k);
     ck_assert_int_eq(log_count(1, words, line, sizeof line), 1);
     ck_assert_ptr_nonnull(strstr(line, "data link to node 0"));
     ck_assert_int_eq(log_count(0, words, line, sizeof line), 1);
@@ -1208,6 +1211,100 @@ START_TEST(rounds_overlap_until_a_fault) {
 }
 END_TEST
 
+/* ---- one stream of several lost ---- */
+
+/* The descriptor of daemon i's TCP socket whose own end is 127.0.0.1:port
+ * (from /proc/net/tcp and the daemon's /proc/PID/fd), or -1. */
+static int fd_of_port(int i, unsigned port) {
+  unsigned long inode = 0;
+  FILE *f = fopen("/proc/net/tcp", "re");
+  ck_assert_ptr_nonnull(f);
+  char line[512];
+  while (inode == 0 && fgets(line, sizeof line, f) != NULL) {
+    unsigned addr, lport;
+    unsigned long ino;
+    if (sscanf(line, " %*d: %x:%x %*s %*s %*s %*s %*s %*s %*s %lu", &addr,
+               &lport, &ino) == 3 &&
+        lport == port && addr == 0x0100007f)
+      inode = ino;
+  }
+  fclose(f);
+  ck_assert_msg(inode != 0, "no socket at 127.0.0.1:%u", port);
+  char dir[64], want[64];
+  snprintf(dir, sizeof dir, "/proc/%d/fd", (int)daemons[i].pid);
+  snprintf(want, sizeof want, "socket:[%lu]", inode);
+  DIR *d = opendir(dir);
+  ck_assert_ptr_nonnull(d);
+  int fd = -1;
+  struct dirent *e;
+  while (fd < 0 && (e = readdir(d)) != NULL) {
+    char path[320], target[64];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    if (n > 0) {
+      target[n] = '\0';
+      if (strcmp(target, want) == 0)
+        fd = atoi(e->d_name);
+    }
+  }
+  closedir(d);
+  return fd;
+}
+
+/* Cuts one connection daemon i holds, as a broken cable would, without
+ * touching the daemon otherwise: a copy of its descriptor (pidfd_getfd)
+ * is shut down both ways, which shuts the socket itself. */
+static void cut_socket(int i, int fd) {
+  int pidfd = (int)syscall(SYS_pidfd_open, daemons[i].pid, 0);
+  ck_assert_int_ge(pidfd, 0);
+  int copy = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
+  ck_assert_msg(copy >= 0, "pidfd_getfd: %s", strerror(errno));
+  ck_assert_int_eq(shutdown(copy, SHUT_RDWR), 0);
+  close(copy);
+  close(pidfd);
+}
+
+/* Of three streams between the nodes, the second is cut mid-export: every
+ * rank of both nodes fails with node_lost within seconds (the streams
+ * still up halted with it, nobody waits for the export's timeout), and
+ * the job's next export, on the same daemons, dials the link again and
+ * moves every byte. */
+START_TEST(one_stream_of_three_lost_mid_export) {
+  struct scenario sc = wide_scenario(false, 10000);
+  sc.exports = 2;
+  sc.on_after_failure = true;
+  struct world w;
+  trainer_start(&w, &sc, spread(4, 2));
+  trainer_wait_moving(&w, 0);
+  char line[4096];
+  wait_log(1, "up (stream 2 of 3, from ", line, sizeof line);
+  const char *at = strstr(line, "up (stream 2 of 3, from ");
+  unsigned port;
+  ck_assert_int_eq(sscanf(at, "up (stream 2 of 3, from 127.0.0.1:%u)", &port),
+                   1);
+  cut_socket(1, fd_of_port(1, port));
+  double t0 = now_s();
+  for (uint32_t i = 0; i < sc.world; i++)
+    trainer_read_report(&w, &sc, i);
+  ck_assert_double_lt(now_s() - t0, 8.0);
+  trainer_finish(&w, &sc);
+  for (uint32_t i = 0; i < sc.world; i++) {
+    ck_assert_msg(w.rep[i].first_rc == SP_ENODELOST, "rank %u: %s: %s", i,
+                  sp_err_name(w.rep[i].first_rc), w.rep[i].first_message);
+    ck_assert_msg(w.rep[i].export_rc == 0, "rank %u, next export: %s: %s (%s)",
+                  i, sp_err_name(w.rep[i].export_rc), w.rep[i].message,
+                  w.rep[i].failure);
+    ck_assert_msg(w.rep[i].failure[0] == '\0', "rank %u: %s", i,
+                  w.rep[i].failure);
+  }
+  trainer_free(&w, &sc);
+  /* Node 1 dialled the cut stream again for the next export. */
+  ck_assert_int_ge(log_count(1, "up (stream 2 of 3, ", line, sizeof line), 2);
+  assert_idle(0);
+  assert_idle(1);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   Suite *s = suite_create("nodes");
   TCase *exp = tcase_create("export");
@@ -1260,6 +1357,7 @@ int main(int argc, char **argv) {
                             stop_all);
   tcase_set_timeout(streams_fault, 60);
   tcase_add_test(streams_fault, three_streams_daemon_killed_mid_round);
+  tcase_add_test(streams_fault, one_stream_of_three_lost_mid_export);
   suite_add_tcase(s, streams_fault);
   TCase *overlap = tcase_create("overlap");
   tcase_add_checked_fixture(overlap, start2_debug, stop_all);

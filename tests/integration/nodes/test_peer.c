@@ -42,6 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/mesh/nodelink.h"
 #include "shardport.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/trainer.h"
@@ -198,7 +199,7 @@ static void expect_challenge(int sock) {
   ck_assert_str_eq(r.head.op, "peer_challenge");
   uint64_t version;
   ck_assert_int_eq(sp__msg_get_u64(&r.map, "version", false, &version), 0);
-  ck_assert_uint_eq(version, 5);
+  ck_assert_uint_eq(version, NODE_PROTOCOL_VERSION);
   sp_test_reply_free(&r);
 }
 
@@ -514,7 +515,7 @@ START_TEST(wrong_proof_or_no_hello_is_closed) {
   expect_challenge(sock);
   struct sp_msgbuf mb;
   sp__msgbuf_begin(&mb, "peer_hello", 0, 6);
-  sp__pack_kv_u64(&mb.pk, "version", 5);
+  sp__pack_kv_u64(&mb.pk, "version", NODE_PROTOCOL_VERSION);
   sp__pack_str(&mb.pk, "job");
   sp__pack_bin(&mb.pk, ticket_field(&good, "job"), 16);
   sp__pack_str(&mb.pk, "nonce");

@@ -207,7 +207,8 @@ START_TEST(messages_round_trip) {
   nodemsg_free(&out);
 
   in = (struct nodemsg){.op = NODEMSG_DATA, .version = 5, .node = 3,
-                        .node_id = 9, .stream = 7, .streams = 8};
+                        .node_id = 9, .stream = 7, .streams = 8,
+                        .export_id = UINT64_MAX};
   memcpy(in.job, id16, sizeof in.job);
   memset(in.nonce, 0x55, sizeof in.nonce);
   memset(in.proof, 0x66, sizeof in.proof);
@@ -216,6 +217,7 @@ START_TEST(messages_round_trip) {
   ck_assert_uint_eq(out.node, 3);
   ck_assert_uint_eq(out.stream, 7);
   ck_assert_uint_eq(out.streams, 8);
+  ck_assert_uint_eq(out.export_id, UINT64_MAX);
   nodemsg_free(&out);
 
   in = (struct nodemsg){.op = NODEMSG_DATA, .reply = true};
@@ -483,8 +485,10 @@ static void plan_tail(msgpack_packer *pk) {
 
 static const uint8_t id128[128];
 
-/* peer_data naming stream crafted_stream of crafted_streams. */
+/* peer_data naming stream crafted_stream of crafted_streams, dialled for
+ * export 1, or without its export_id (crafted_no_export). */
 static uint64_t crafted_stream, crafted_streams;
+static bool crafted_no_export;
 
 static void data_streams(msgpack_packer *pk) {
   uint8_t bytes[32] = {0};
@@ -499,13 +503,16 @@ static void data_streams(msgpack_packer *pk) {
   sp__pack_kv_u64(pk, "node", 1);
   sp__pack_kv_u64(pk, "streams", crafted_streams);
   sp__pack_kv_u64(pk, "stream", crafted_stream);
+  if (!crafted_no_export)
+    sp__pack_kv_u64(pk, "export_id", 1);
 }
 
 static int parse_streams_of(uint64_t stream, uint64_t streams, char *why,
                             size_t len) {
   crafted_stream = stream;
   crafted_streams = streams;
-  return parse_crafted("peer_data", 8, data_streams, why, len);
+  return parse_crafted("peer_data", crafted_no_export ? 8 : 9, data_streams,
+                       why, len);
 }
 
 static void plan_gen_zero(msgpack_packer *pk) {
@@ -671,6 +678,11 @@ START_TEST(data_streams_bounded) {
   ck_assert_int_eq(parse_streams_of(2, 2, why, sizeof why), SP_EINVAL);
   ck_assert_ptr_nonnull(strstr(why, "stream 2 of 2"));
   ck_assert_int_eq(parse_streams_of(8, 8, why, sizeof why), SP_EINVAL);
+  /* The session a stream was dialled for is part of it. */
+  crafted_no_export = true;
+  ck_assert_int_lt(parse_streams_of(0, 1, why, sizeof why), 0);
+  ck_assert_ptr_nonnull(strstr(why, "export_id"));
+  crafted_no_export = false;
 }
 END_TEST
 

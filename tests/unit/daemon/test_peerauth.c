@@ -6,9 +6,13 @@
  * The expected proofs were computed from the documented layout with
  * Python's hmac module, an implementation of its own:
  *   hmac.new(secret, b"shardport-peer-2" + bytes([side, link]) + job
- *            + listener_nonce + dialer_nonce, hashlib.sha256).hexdigest()
- * with secret = 00..0f, job = 10..1f, listener_nonce = 32 bytes of a0 and
- * dialer_nonce = 00..1f.
+ *            + listener_nonce + dialer_nonce + stream,
+ *            hashlib.sha256).hexdigest()
+ * with secret = 00..0f, job = 10..1f, listener_nonce = 32 bytes of a0,
+ * dialer_nonce = 00..1f, and stream empty for a control link and for a
+ * data link node.to_bytes(4, "big") + node_id.to_bytes(8, "big")
+ * + bytes([streams, stream]) + export_id.to_bytes(8, "big") with node 1,
+ * node_id 0x0102030405060708, stream 1 of 3, export 5.
  */
 #include <check.h>
 #include <stdio.h>
@@ -20,6 +24,12 @@
 static uint8_t secret[JOB_SECRET_BYTES], job[JOB_ID_BYTES];
 static uint8_t listener_nonce[PEERAUTH_NONCE_BYTES];
 static uint8_t dialer_nonce[PEERAUTH_NONCE_BYTES];
+static const struct peerauth_stream stream_1_of_3 = {
+    .node = 1,
+    .node_id = 0x0102030405060708u,
+    .stream = 1,
+    .streams = 3,
+    .export_id = 5};
 
 static void setup(void) {
   for (int i = 0; i < JOB_SECRET_BYTES; i++)
@@ -36,9 +46,11 @@ static void hex(const uint8_t *p, char *out) {
     snprintf(out + 2 * i, 3, "%02x", p[i]);
 }
 
+/* A data link's proofs bind stream_1_of_3; a control link's no stream. */
 static void proof_of(enum peerauth_side side, enum peerauth_link link,
                      uint8_t out[PEERAUTH_PROOF_BYTES]) {
-  peerauth_proof(secret, side, link, job, listener_nonce, dialer_nonce, out);
+  peerauth_proof(secret, side, link, job, listener_nonce, dialer_nonce,
+                 link == PEERAUTH_DATA ? &stream_1_of_3 : NULL, out);
 }
 
 START_TEST(proofs_match_the_documented_layout) {
@@ -52,7 +64,9 @@ START_TEST(proofs_match_the_documented_layout) {
       {PEERAUTH_LISTENER, PEERAUTH_CONTROL,
        "777cd431e45410d6dada92f1bc1fa306c89879db74e88c1bc50b96008e5fbc16"},
       {PEERAUTH_DIALER, PEERAUTH_DATA,
-       "66651a6ccdaaa9631f0b5e547263706cfd5ab44c640f43e8393719743f45c1b4"},
+       "343cb3721aa3e1b063e8376ce38ae22201624c75ad350ae2494e8be865547ba1"},
+      {PEERAUTH_LISTENER, PEERAUTH_DATA,
+       "94ad95d6f52f086ded4f5ae0658db982bd3ff9beda97dde78f1d6811113048a5"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     uint8_t p[PEERAUTH_PROOF_BYTES];
@@ -82,9 +96,42 @@ START_TEST(every_input_matters) {
                     k, i);
     }
   peerauth_proof(secret, PEERAUTH_DIALER, PEERAUTH_CONTROL, job, dialer_nonce,
-                 listener_nonce, p);
+                 listener_nonce, NULL, p);
   ck_assert(!peerauth_equal(base, p));
   proof_of(PEERAUTH_DIALER, PEERAUTH_CONTROL, p);
+  ck_assert(peerauth_equal(base, p));
+}
+END_TEST
+
+/* A data link's proof holds for the stream it was made for only: another
+ * index, count, node, daemon run (node_id) or session (export) of the same
+ * handshake, or the same stream without its binding (a control link's
+ * layout), is another proof, so a proven connection cannot be passed off
+ * as another stream. */
+START_TEST(a_data_proof_binds_its_stream) {
+  uint8_t base[PEERAUTH_PROOF_BYTES], p[PEERAUTH_PROOF_BYTES];
+  proof_of(PEERAUTH_DIALER, PEERAUTH_DATA, base);
+  struct peerauth_stream others[8];
+  for (size_t i = 0; i < 8; i++)
+    others[i] = stream_1_of_3;
+  others[0].stream = 0;
+  others[1].stream = 2;
+  others[2].streams = 2;
+  others[3].node = 2;
+  others[4].node_id ^= 1;
+  others[5].node_id ^= 1ull << 63;
+  others[6].export_id = 4;
+  others[7].export_id ^= 1ull << 63;
+  for (size_t i = 0; i < 8; i++) {
+    peerauth_proof(secret, PEERAUTH_DIALER, PEERAUTH_DATA, job, listener_nonce,
+                   dialer_nonce, &others[i], p);
+    ck_assert_msg(!peerauth_equal(base, p), "stream case %zu ignored", i);
+  }
+  peerauth_proof(secret, PEERAUTH_DIALER, PEERAUTH_DATA, job, listener_nonce,
+                 dialer_nonce, NULL, p);
+  ck_assert(!peerauth_equal(base, p));
+  peerauth_proof(secret, PEERAUTH_DIALER, PEERAUTH_DATA, job, listener_nonce,
+                 dialer_nonce, &stream_1_of_3, p);
   ck_assert(peerauth_equal(base, p));
 }
 END_TEST
@@ -116,6 +163,7 @@ int main(void) {
   tcase_add_checked_fixture(tc, setup, NULL);
   tcase_add_test(tc, proofs_match_the_documented_layout);
   tcase_add_test(tc, every_input_matters);
+  tcase_add_test(tc, a_data_proof_binds_its_stream);
   tcase_add_test(tc, equal_only_when_every_byte_is);
   tcase_add_test(tc, nonces_are_fresh);
   suite_add_tcase(s, tc);

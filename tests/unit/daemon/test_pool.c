@@ -143,6 +143,30 @@ START_TEST(evicted_segment_counted_while_mapped) {
 }
 END_TEST
 
+/* A rank that leaves holding a host export abandons its segment, which is
+ * kept for it like a released one, and the member's end then lets it go
+ * (job.c: member_free abandons, then calls pool_owner_gone): a new owner
+ * that the allocator places at the departed one's address gets a fresh,
+ * zeroed segment, never the departed rank's bytes. */
+START_TEST(abandoned_segment_never_reaches_the_next_owner) {
+  struct pool *pool = new_pool(16 * SEG);
+  struct pool_segment *a, *next;
+  ck_assert_int_eq(pool_segment_new(pool, SEG, A, &a), 0);
+  memset(a->base, 0x77, a->size);
+  pool_segment_abandon(pool, a, -1);
+  ck_assert_uint_eq(pool_kept_count(pool), 1);
+  pool_owner_gone(pool, A);
+  ck_assert_uint_eq(pool_kept_count(pool), 0);
+  ck_assert_uint_eq(pool_used(pool), 0);
+  ck_assert_int_eq(pool_segment_new(pool, SEG, A, &next), 0);
+  ck_assert(!next->warm);
+  for (uint64_t i = 0; i < next->size; i++)
+    ck_assert_uint_eq(next->base[i], 0);
+  pool_segment_free(pool, next);
+  pool_destroy(pool);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("pool");
   TCase *tc = tcase_create("warm");
@@ -151,6 +175,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, no_owner_is_never_kept);
   tcase_add_test(tc, kept_segment_makes_room);
   tcase_add_test(tc, evicted_segment_counted_while_mapped);
+  tcase_add_test(tc, abandoned_segment_never_reaches_the_next_owner);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -1224,11 +1224,15 @@ START_TEST(tensors_checked_against_storages) {
   ck_assert_uint_eq(reg.keys[3].nbytes, 4);
   ck_assert_uint_eq(reg.keys[3].device_type, SP_DEVICE_CPU);
 
-  struct plan_rank_in in;
-  registry_rank_in(&reg, 3, &in);
-  ck_assert_uint_eq(in.rank, 3);
-  ck_assert_uint_eq(in.nkeys, 4);
-  ck_assert_uint_eq(in.nstorages, 1);
+  struct plan_input_store *store = plan_input_store_new(4);
+  ck_assert_int_eq(registry_plan_rank(&reg, 3, 0, NULL, store, err, sizeof err),
+                   0);
+  const struct plan_input *in = plan_input_of(store);
+  ck_assert_uint_eq(in->nranks, 1);
+  ck_assert_uint_eq(in->ranks[0].rank, 3);
+  ck_assert_uint_eq(in->ranks[0].nentries, 4);
+  ck_assert_uint_eq(in->ranks[0].nstorages, 1);
+  plan_input_store_free(store);
   registry_free(&reg);
   close(fd);
 }

@@ -50,6 +50,9 @@ void tmodel_free(struct tmodel *m) {
     munmap(m->map[r], m->size[r]);
     close(m->fd[r]);
   }
+  for (size_t i = 0; i < m->nstores; i++)
+    plan_input_store_free(m->stores[i]);
+  free(m->stores);
 }
 
 uint64_t tmodel_alloc(struct tmodel *m, uint32_t r, size_t bytes) {
@@ -124,14 +127,19 @@ uint64_t tmodel_dense(struct tmodel *m, uint32_t r, const char *key,
 
 const struct plan_input *tmodel_input(struct tmodel *m, uint32_t max_keys,
                                       uint64_t max_bytes) {
+  struct plan_input_store *store = plan_input_store_new(m->world);
+  char msg[256];
+  ck_assert_ptr_nonnull(store);
+  m->stores = realloc(m->stores, (m->nstores + 1) * sizeof *m->stores);
+  ck_assert_ptr_nonnull(m->stores);
+  m->stores[m->nstores++] = store;
   for (uint32_t r = 0; r < m->world; r++)
-    registry_rank_in(&m->reg[r], r, &m->rin[r]);
-  m->in = (struct plan_input){.world = m->world,
-                              .nranks = m->world,
-                              .ranks = m->rin,
-                              .max_keys = max_keys,
-                              .max_bytes = max_bytes};
-  return &m->in;
+    ck_assert_int_eq(
+        registry_plan_rank(&m->reg[r], r, 0, NULL, store, msg, sizeof msg), 0);
+  struct plan_input *in = plan_input_of(store);
+  in->max_keys = max_keys;
+  in->max_bytes = max_bytes;
+  return in;
 }
 
 uint8_t tmodel_pattern(uint32_t key, uint64_t elem, uint32_t byte) {
@@ -297,11 +305,12 @@ void tmodel_check(const struct tmodel *m, const struct plan *plan,
     if (as->kind == PLAN_KEY_IDENTITY) {
       /* Published as the owner's own storage: nothing was copied. */
       ck_assert_uint_eq(layout->offset[k], PUBLISH_IDENTITY);
-      const struct plan_key_in *held = as->held;
+      struct plan_key_in held;
       const struct registry *reg = &m->reg[key->owner];
-      ck_assert(held >= reg->keys && held < reg->keys + reg->nkeys);
-      base = reg->info[held->storage].data + (uint64_t)held->view.offset * esz;
-      memcpy(stride, held->view.stride, sizeof stride);
+      ck_assert_uint_lt(as->held, reg->nkeys);
+      plan_key_holding(plan, (uint32_t)(as - plan->keys), &held);
+      base = reg->info[held.storage].data + (uint64_t)held.view.offset * esz;
+      memcpy(stride, held.view.stride, sizeof stride);
     } else {
       ck_assert_uint_ne(layout->offset[k], PUBLISH_IDENTITY);
       ck_assert_uint_eq(layout->offset[k] % PUBLISH_ALIGN, 0);

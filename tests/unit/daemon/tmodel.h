@@ -23,8 +23,9 @@ struct tmodel {
   uint8_t *map[TMODEL_MAX_RANKS]; /* the trainer's own read-write mapping */
   size_t size[TMODEL_MAX_RANKS];
   size_t used[TMODEL_MAX_RANKS];
-  struct plan_rank_in rin[TMODEL_MAX_RANKS];
-  struct plan_input in;
+  /* Every input built, kept until tmodel_free: plans borrow them. */
+  struct plan_input_store **stores;
+  size_t nstores;
   /* The keys the pattern helpers registered, and whose pattern holds
    * each one's data (a tie's is its leader's). */
   size_t nkeys;

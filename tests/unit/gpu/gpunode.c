@@ -302,11 +302,13 @@ static int node_setup(struct node_state *ns, uint32_t world, uint64_t node,
       return -1;
     ns->nsrc[r] = ri->nstorages;
     a->cudaSetDevice(dev);
-    for (size_t i = 0; i < ri->nkeys; i++) {
+    for (size_t i = 0; i < ri->nentries; i++) {
+      struct plan_key_in held;
       size_t k = 0;
-      while (strcmp(keys[k].name, ri->keys[i].name) != 0)
+      plan_input_holding(in, ri, &ri->entries[i], &held);
+      while (strcmp(keys[k].name, held.name) != 0)
         k++;
-      uint32_t si = ri->keys[i].storage;
+      uint32_t si = held.storage;
       uint64_t n = ri->storages[si].nbytes;
       if (n == 0)
         continue;

@@ -69,13 +69,13 @@ static struct nodelink *node_says_hello(struct job *job,
   snprintf(h.addr, sizeof h.addr, "%s", NODE1_ADDR);
   memset(h.nonce, 0x5a, sizeof h.nonce);
   peerauth_proof(secret, PEERAUTH_DIALER, PEERAUTH_CONTROL, job->id,
-                 listener_nonce, h.nonce, h.proof);
+                 listener_nonce, h.nonce, NULL, h.proof);
   fake_deliver(l, &h);
   const struct nodemsg *r = fake_last(l, NODEMSG_HELLO);
   if (r != NULL) {
     uint8_t want[PEERAUTH_PROOF_BYTES];
     peerauth_proof(job->secret, PEERAUTH_LISTENER, PEERAUTH_CONTROL, job->id,
-                   listener_nonce, h.nonce, want);
+                   listener_nonce, h.nonce, NULL, want);
     ck_assert(r->reply);
     ck_assert_uint_eq(r->node, 1);
     ck_assert_uint_eq(r->node_id, F.srv.node_id);
@@ -128,25 +128,51 @@ static struct job *root_export_started(struct nodelink **ctl) {
   return job;
 }
 
-/* Node 1's data link to the root: its handshake, then the socket. */
-static void node_data_link_up(struct job *job) {
+/* Node 1 dials a data link's stream to the root: its frame claims the
+ * stream *claimed, its proof was made for *proven.  The link, with the
+ * root's answer in it. */
+static struct nodelink *node_dials_stream(struct job *job,
+                                          const struct peerauth_stream *proven,
+                                          const struct peerauth_stream *claimed,
+                                          uint8_t listener_nonce[PEERAUTH_NONCE_BYTES],
+                                          struct nodemsg *h) {
   struct nodelink *d = fake_accept();
   hello_accepted(&F.srv, d);
   const struct nodemsg *c = fake_last(d, NODEMSG_CHALLENGE);
   ck_assert_ptr_nonnull(c);
-  struct nodemsg h = {.op = NODEMSG_DATA,
-                      .version = NODE_PROTOCOL_VERSION,
-                      .node = 1,
-                      .node_id = NODE1_ID,
-                      .streams = 1};
-  memcpy(h.job, job->id, JOB_ID_BYTES);
-  memset(h.nonce, 0x6b, sizeof h.nonce);
+  memcpy(listener_nonce, c->nonce, PEERAUTH_NONCE_BYTES);
+  *h = (struct nodemsg){.op = NODEMSG_DATA,
+                        .version = NODE_PROTOCOL_VERSION,
+                        .node = claimed->node,
+                        .node_id = claimed->node_id,
+                        .stream = claimed->stream,
+                        .streams = claimed->streams,
+                        .export_id = claimed->export_id};
+  memcpy(h->job, job->id, JOB_ID_BYTES);
+  memset(h->nonce, 0x6b, sizeof h->nonce);
   peerauth_proof(job->secret, PEERAUTH_DIALER, PEERAUTH_DATA, job->id,
-                 c->nonce, h.nonce, h.proof);
-  fake_deliver(d, &h);
+                 listener_nonce, h->nonce, proven, h->proof);
+  fake_deliver(d, h);
+  return d;
+}
+
+static const struct peerauth_stream node1_stream0 = {
+    .node = 1, .node_id = NODE1_ID, .stream = 0, .streams = 1, .export_id = 1};
+
+/* Node 1's data link to the root: its handshake, then the socket. */
+static void node_data_link_up(struct job *job) {
+  uint8_t nonce[PEERAUTH_NONCE_BYTES];
+  struct nodemsg h;
+  struct nodelink *d =
+      node_dials_stream(job, &node1_stream0, &node1_stream0, nonce, &h);
   const struct nodemsg *r = fake_last(d, NODEMSG_DATA);
   ck_assert_ptr_nonnull(r);
   ck_assert(r->reply);
+  /* The root's answer proves the stream it accepted. */
+  uint8_t want[PEERAUTH_PROOF_BYTES];
+  peerauth_proof(job->secret, PEERAUTH_LISTENER, PEERAUTH_DATA, job->id, nonce,
+                 h.nonce, &node1_stream0, want);
+  ck_assert(peerauth_equal(want, r->proof));
   fake_detach(d, give_socket());
 }
 
@@ -529,6 +555,70 @@ START_TEST(root_fails_the_export_of_a_lost_node) {
 }
 END_TEST
 
+/* A data link's handshake proven for one stream and relabelled on the way
+ * as another (its index, the count, another run of the dialling daemon:
+ * its node_id, or another session: the export it was dialled for) opens
+ * nothing: the root refuses it as it refuses a wrong secret, and the
+ * stream it was proven for still opens. */
+START_TEST(root_refuses_a_stream_claiming_another) {
+  struct nodelink *l;
+  struct job *job = root_export_started(&l);
+  const struct peerauth_stream proven = {
+      .node = 1, .node_id = NODE1_ID, .stream = 0, .streams = 2,
+      .export_id = 1};
+  struct peerauth_stream claims[4] = {proven, proven, proven, proven};
+  claims[0].stream = 1;
+  claims[1].streams = 1;
+  claims[2].node_id = NODE1_ID + 1;
+  claims[3].export_id = 2;
+  uint8_t nonce[PEERAUTH_NONCE_BYTES];
+  struct nodemsg h;
+  for (size_t i = 0; i < sizeof claims / sizeof claims[0]; i++) {
+    struct nodelink *d = node_dials_stream(job, &proven, &claims[i], nonce, &h);
+    ck_assert_msg(fake_count(d, NODEMSG_DATA) == 0, "claim %zu accepted", i);
+    const struct nodemsg *e = fake_last(d, NODEMSG_ERROR);
+    ck_assert_ptr_nonnull(e);
+    ck_assert_int_eq(e->code, SP_ETICKET);
+    ck_assert_int_eq(F.fails, 0);
+  }
+  struct nodelink *d = node_dials_stream(job, &proven, &proven, nonce, &h);
+  const struct nodemsg *r = fake_last(d, NODEMSG_DATA);
+  ck_assert_ptr_nonnull(r);
+  uint8_t want[PEERAUTH_PROOF_BYTES];
+  peerauth_proof(job->secret, PEERAUTH_LISTENER, PEERAUTH_DATA, job->id, nonce,
+                 h.nonce, &proven, want);
+  ck_assert(peerauth_equal(want, r->proof));
+  fake_detach(d, give_socket());
+}
+END_TEST
+
+/* Once an export ended without publishing, a stream dialled for it (its
+ * session) is refused, proven or not: it may be a dial that was late, and
+ * its pair's bytes of that export may lie in it; one dialled for a later
+ * export opens. */
+START_TEST(root_refuses_a_stream_of_an_export_that_failed) {
+  struct nodelink *l;
+  struct job *job = root_export_started(&l);
+  node_data_link_up(job);
+  mesh_export_free(F.mx);
+  F.mx = NULL;
+  uint8_t nonce[PEERAUTH_NONCE_BYTES];
+  struct nodemsg h;
+  struct nodelink *d =
+      node_dials_stream(job, &node1_stream0, &node1_stream0, nonce, &h);
+  ck_assert_uint_eq(fake_count(d, NODEMSG_DATA), 0);
+  const struct nodemsg *e = fake_last(d, NODEMSG_ERROR);
+  ck_assert_ptr_nonnull(e);
+  ck_assert_int_eq(e->code, SP_ESTATE);
+  ck_assert_ptr_nonnull(strstr(e->message, "did not publish"));
+  struct peerauth_stream next = node1_stream0;
+  next.export_id = 2;
+  d = node_dials_stream(job, &next, &next, nonce, &h);
+  ck_assert_ptr_nonnull(fake_last(d, NODEMSG_DATA));
+  fake_detach(d, give_socket());
+}
+END_TEST
+
 /* ---- a member ---- */
 
 static void member_ticket(struct req_ticket *t) {
@@ -568,12 +658,12 @@ static struct job *member_says_hello(struct conn *c, bool root_proof_ok,
   ck_assert_str_eq(h->addr, F.srv.peer_address);
   uint8_t want[PEERAUTH_PROOF_BYTES];
   peerauth_proof(t.secret, PEERAUTH_DIALER, PEERAUTH_CONTROL, t.job,
-                 ch.nonce, h->nonce, want);
+                 ch.nonce, h->nonce, NULL, want);
   ck_assert(peerauth_equal(want, h->proof));
   struct nodemsg reply = {.op = NODEMSG_HELLO, .reply = true, .node = 1,
                           .node_id = ROOT_ID};
   peerauth_proof(t.secret, PEERAUTH_LISTENER, PEERAUTH_CONTROL, t.job,
-                 ch.nonce, h->nonce, reply.proof);
+                 ch.nonce, h->nonce, NULL, reply.proof);
   if (!root_proof_ok)
     reply.proof[0] ^= 1;
   fake_deliver(r, &reply);
@@ -596,17 +686,19 @@ static struct job *member_joined(struct conn *c, struct nodelink **root) {
   return job;
 }
 
-/* The root's plan for the member's job: ranks 0 (the root's) and 1 (this
- * node's), and their registrations, rank 1's as given. */
-static void root_sends_plan(struct nodelink *r, const struct nodeblob *meta1) {
+/* The root's plan of gather and export_id for the member's job: ranks 0
+ * (the root's) and 1 (this node's), and their registrations, rank 1's as
+ * given. */
+static void root_sends_plan_of(struct nodelink *r, const struct nodeblob *meta1,
+                               uint64_t gather, uint64_t export_id) {
   struct nodemsg_node nodes[2] = {{.node = 0, .node_id = ROOT_ID},
                                   {.node = 1, .node_id = 1}};
   snprintf(nodes[0].addr, sizeof nodes[0].addr, "%s", ROOT_ADDR);
   snprintf(nodes[1].addr, sizeof nodes[1].addr, "%s", F.srv.peer_address);
   uint32_t rank_nodes[2] = {0, 1};
   struct nodemsg p = {.op = NODEMSG_PLAN,
-                      .gather = 1,
-                      .export_id = 1,
+                      .gather = gather,
+                      .export_id = export_id,
                       .world = 2,
                       .max_keys = 64,
                       .max_bytes = 1 << 20,
@@ -621,18 +713,63 @@ static void root_sends_plan(struct nodelink *r, const struct nodeblob *meta1) {
   fake_deliver_blob(r, meta1->payload, meta1->len);
 }
 
-/* The member's rank asks; the ask and its registrations go to the root. */
-static const struct nodeblob *member_asks(struct job *job,
-                                          struct nodelink *r) {
+static void root_sends_plan(struct nodelink *r, const struct nodeblob *meta1) {
+  root_sends_plan_of(r, meta1, 1, 1);
+}
+
+/* The member's rank asks in gather; the ask and its registrations go to
+ * the root. */
+static const struct nodeblob *member_asks_in(struct job *job,
+                                             struct nodelink *r,
+                                             uint64_t gather) {
+  size_t asks = fake_count(r, NODEMSG_ASK);
   fake_ask(job->members[1], 64, 3000);
   mesh_asks(job);
+  ck_assert_uint_eq(fake_count(r, NODEMSG_ASK), asks + 1);
   const struct nodemsg *a = fake_last(r, NODEMSG_ASK);
   ck_assert_ptr_nonnull(a);
-  ck_assert_uint_eq(a->gather, 1);
+  ck_assert_uint_eq(a->gather, gather);
   ck_assert_uint_eq(a->rank, 1);
   ck_assert_uint_eq(a->max_keys, 64);
   ck_assert_uint_eq(a->timeout_ms, 3000);
   return fake_blob_after(r, NODEMSG_ASK, 0);
+}
+
+static const struct nodeblob *member_asks(struct job *job,
+                                          struct nodelink *r) {
+  return member_asks_in(job, r, 1);
+}
+
+/* The member's newest dials, one per stream, answered by the root: each
+ * names export_id as its session and is proven for it. */
+static void root_answers_streams(struct job *job, uint64_t export_id) {
+  uint32_t streams = F.cfg.peer_streams;
+  bool seen[REMOTE_STREAMS_MAX] = {false};
+  for (uint32_t i = 0; i < streams; i++) {
+    struct nodelink *d = fake_dialled(ROOT_ADDR, i);
+    ck_assert_ptr_nonnull(d);
+    struct nodemsg ch = {.op = NODEMSG_CHALLENGE,
+                         .version = NODE_PROTOCOL_VERSION};
+    memset(ch.nonce, 0x44 + (int)i, sizeof ch.nonce);
+    fake_deliver(d, &ch);
+    const struct nodemsg *h = fake_last(d, NODEMSG_DATA);
+    ck_assert_ptr_nonnull(h);
+    ck_assert_uint_eq(h->export_id, export_id);
+    ck_assert(!seen[h->stream]);
+    seen[h->stream] = true;
+    struct peerauth_stream st = {.node = 1, .node_id = h->node_id,
+                                 .stream = h->stream, .streams = streams,
+                                 .export_id = export_id};
+    uint8_t want[PEERAUTH_PROOF_BYTES];
+    peerauth_proof(job->secret, PEERAUTH_DIALER, PEERAUTH_DATA, job->id,
+                   ch.nonce, h->nonce, &st, want);
+    ck_assert(peerauth_equal(want, h->proof));
+    struct nodemsg reply = {.op = NODEMSG_DATA, .reply = true};
+    peerauth_proof(job->secret, PEERAUTH_LISTENER, PEERAUTH_DATA, job->id,
+                   ch.nonce, h->nonce, &st, reply.proof);
+    fake_deliver(d, &reply);
+    fake_detach(d, give_socket());
+  }
 }
 
 START_TEST(member_joins_through_its_root) {
@@ -697,12 +834,16 @@ START_TEST(member_exports_in_the_roots_steps) {
     ck_assert(!seen[h->stream]);
     seen[h->stream] = true;
     uint8_t want[PEERAUTH_PROOF_BYTES];
+    ck_assert_uint_eq(h->export_id, 1);
+    struct peerauth_stream st = {.node = 1, .node_id = h->node_id,
+                                 .stream = h->stream, .streams = streams,
+                                 .export_id = 1};
     peerauth_proof(job->secret, PEERAUTH_DIALER, PEERAUTH_DATA, job->id,
-                   ch.nonce, h->nonce, want);
+                   ch.nonce, h->nonce, &st, want);
     ck_assert(peerauth_equal(want, h->proof));
     struct nodemsg reply = {.op = NODEMSG_DATA, .reply = true};
     peerauth_proof(job->secret, PEERAUTH_LISTENER, PEERAUTH_DATA, job->id,
-                   ch.nonce, h->nonce, reply.proof);
+                   ch.nonce, h->nonce, &st, reply.proof);
     fake_deliver(d, &reply);
     fake_detach(d, give_socket());
   }
@@ -722,6 +863,56 @@ START_TEST(member_exports_in_the_roots_steps) {
   fake_deliver(r, &publish);
   ck_assert_int_eq(F.publishes, 1);
   ck_assert_int_eq(F.fails, 0);
+}
+END_TEST
+
+/* An export that moved and failed may have left bytes in any stream of
+ * the link: the next export dials every stream again, as a session of its
+ * own, though the old sockets still look alive; one that published keeps
+ * them. */
+START_TEST(member_dials_its_streams_again_after_a_failed_export) {
+  struct conn *c = fake_conn();
+  struct nodelink *r;
+  struct job *job = member_joined(c, &r);
+  uint32_t streams = F.cfg.peer_streams;
+  root_sends_plan(r, member_asks(job, r));
+  struct replica_digests none = {0};
+  mesh_planned(job, 77, &none);
+  ck_assert_ptr_eq(fake_dialled(ROOT_ADDR, streams), r);
+  root_answers_streams(job, 1);
+  ck_assert_uint_eq(fake_count(r, NODEMSG_PLANNED), 1);
+  struct nodemsg go = msg_of(NODEMSG_GO, 1);
+  fake_deliver(r, &go);
+  struct nodemsg fail = {.op = NODEMSG_FAIL, .gather = 1,
+                         .code = SP_ENODELOST};
+  snprintf(fail.message, sizeof fail.message, "a stream was cut");
+  fake_deliver(r, &fail);
+  ck_assert_int_eq(F.fails, 1);
+  /* The export is over (export.c frees it once its threads are done). */
+  mesh_export_free(F.mx);
+  F.mx = NULL;
+  root_sends_plan_of(r, member_asks_in(job, r, 2), 2, 2);
+  ck_assert_int_eq(F.starts, 2);
+  /* Every stream dialled anew (the newest links come first). */
+  ck_assert_ptr_eq(fake_dialled(ROOT_ADDR, 2 * streams), r);
+  mesh_planned(job, 78, &none);
+  ck_assert_uint_eq(fake_count(r, NODEMSG_PLANNED), 1);
+  root_answers_streams(job, 2);
+  ck_assert_uint_eq(fake_count(r, NODEMSG_PLANNED), 2);
+  /* This one publishes: the next export dials nothing. */
+  go = msg_of(NODEMSG_GO, 2);
+  fake_deliver(r, &go);
+  mesh_moved(job);
+  struct nodemsg publish = msg_of(NODEMSG_PUBLISH, 2);
+  fake_deliver(r, &publish);
+  ck_assert_int_eq(F.publishes, 1);
+  mesh_export_free(F.mx);
+  F.mx = NULL;
+  root_sends_plan_of(r, member_asks_in(job, r, 3), 3, 3);
+  ck_assert_int_eq(F.starts, 3);
+  ck_assert_ptr_eq(fake_dialled(ROOT_ADDR, 2 * streams), r);
+  mesh_planned(job, 79, &none);
+  ck_assert_uint_eq(fake_count(r, NODEMSG_PLANNED), 3);
 }
 END_TEST
 
@@ -813,12 +1004,15 @@ static Suite *mesh_suite(void) {
   tcase_add_test(root, root_times_a_gather_out_at_its_deadline);
   tcase_add_test(root, root_names_ranks_that_never_joined);
   tcase_add_test(root, root_fails_the_export_of_a_lost_node);
+  tcase_add_test(root, root_refuses_a_stream_claiming_another);
+  tcase_add_test(root, root_refuses_a_stream_of_an_export_that_failed);
   suite_add_tcase(s, root);
   TCase *member = tcase_create("member");
   tcase_add_checked_fixture(member, setup, teardown);
   tcase_add_test(member, member_joins_through_its_root);
   tcase_add_test(member, member_refuses_a_root_without_the_secret);
   tcase_add_test(member, member_exports_in_the_roots_steps);
+  tcase_add_test(member, member_dials_its_streams_again_after_a_failed_export);
   tcase_add_test(member, member_refuses_registrations_it_did_not_send);
   tcase_add_test(member, member_fails_on_the_roots_word);
   tcase_add_test(member, member_loses_its_root);

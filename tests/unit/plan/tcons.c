@@ -299,12 +299,13 @@ struct tdata {
 
 /* Rank ri's holdings of the input: their number, and the i-th one with its
  * key's name (the one place the tests' data reads the registrations). */
-static size_t holdings(const struct plan_rank_in *ri) { return ri->nkeys; }
+static size_t holdings(const struct plan_rank_in *ri) { return ri->nentries; }
 
-static const char *holding_at(const struct plan_rank_in *ri, size_t i,
+static const char *holding_at(const struct plan_input *in,
+                              const struct plan_rank_in *ri, size_t i,
                               struct plan_key_in *out) {
-  *out = ri->keys[i];
-  return ri->keys[i].name;
+  plan_input_holding(in, ri, &ri->entries[i], out);
+  return out->name;
 }
 
 static void fill_affine(struct tdata *data, uint32_t rank, const char *name,
@@ -332,14 +333,15 @@ static void fill_affine(struct tdata *data, uint32_t rank, const char *name,
 
 /* Where rank r's rows of the shard0 key name start: after the rows of the
  * ranks before it. */
-static int64_t rows_before(const struct plan_rank_in *const *by_rank,
+static int64_t rows_before(const struct plan_input *in,
+                           const struct plan_rank_in *const *by_rank,
                            uint32_t r, const char *name) {
   int64_t start = 0;
 
   for (uint32_t q = 0; q < r; q++)
     for (size_t j = 0; j < holdings(by_rank[q]); j++) {
       struct plan_key_in h;
-      if (strcmp(holding_at(by_rank[q], j, &h), name) == 0)
+      if (strcmp(holding_at(in, by_rank[q], j, &h), name) == 0)
         start += h.view.shape[0];
     }
   return start;
@@ -371,14 +373,14 @@ struct tdata *tdata_new(const struct plan_input *trainers, uint64_t values) {
     const struct plan_rank_in *ri = by_rank[r];
     for (size_t k = 0; k < holdings(ri); k++) {
       struct plan_key_in e;
-      const char *name = holding_at(ri, k, &e);
+      const char *name = holding_at(trainers, ri, k, &e);
       int64_t start[SP_MAX_DIMS] = {0};
       if (e.placement == PLAN_AFFINE) {
         fill_affine(data, r, name, &e);
         continue;
       }
       if (e.placement == PLAN_SHARD0)
-        start[0] = rows_before(by_rank, r, name);
+        start[0] = rows_before(trainers, by_rank, r, name);
       box_to_view(name, values, e.ndim, e.shape, start, &e.view,
                   data->bytes[r][e.storage]);
     }

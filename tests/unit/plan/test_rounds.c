@@ -367,7 +367,7 @@ struct sim {
 
 static const uint8_t *source_base(const struct sim *sim,
                                   const struct plan_move *m) {
-  return sim->mem[m->src][m->from->storage];
+  return sim->mem[m->src][m->storage];
 }
 
 /* Unpacks a move's bytes (row-major in its shape) into the owner's tensor;
@@ -423,12 +423,16 @@ static void sim_fill(struct sim *sim, uint64_t seed) {
   }
 }
 
+/* Rank r's registration of name, in full form in *out. */
 static const struct plan_key_in *find_entry(const struct sim *sim, uint32_t r,
-                                            const char *name) {
+                                            const char *name,
+                                            struct plan_key_in *out) {
   const struct plan_rank_in *rank = &sim->in->ranks[r];
-  for (size_t j = 0; j < rank->nkeys; j++)
-    if (strcmp(rank->keys[j].name, name) == 0)
-      return &rank->keys[j];
+  for (size_t j = 0; j < rank->nentries; j++) {
+    plan_input_holding(sim->in, rank, &rank->entries[j], out);
+    if (strcmp(out->name, name) == 0)
+      return out;
+  }
   return NULL;
 }
 
@@ -443,12 +447,14 @@ static void sim_affine(struct sim *sim, uint32_t k, uint64_t *state) {
   for (uint64_t b = 0; b < key->nbytes; b++)
     sim->expected[k][b] = (uint8_t)tjob_rand(state);
   for (uint32_t r = 0; r < 6; r++) {
-    const struct plan_key_in *e = find_entry(sim, r, key->name);
+    struct plan_key_in held;
+    const struct plan_key_in *e = find_entry(sim, r, key->name, &held);
     shards[r] = (struct affine_shard){(uint64_t)e->view.shape[0], e->npieces,
                                       e->pieces};
   }
   for (uint32_t r = 0; r < 6; r++) {
-    const struct plan_key_in *e = find_entry(sim, r, key->name);
+    struct plan_key_in held;
+    const struct plan_key_in *e = find_entry(sim, r, key->name, &held);
     ck_assert_msg(
         oracle_extract(&map, r, es, sim->expected[k],
                        sim->mem[r][e->storage] + (size_t)e->view.offset * es,
@@ -476,7 +482,8 @@ static void sim_expect(struct sim *sim, uint64_t seed) {
     if (key->placement != PLAN_SHARD0)
       continue;
     for (uint32_t r = 0; r < 6; r++) {
-      const struct plan_key_in *e = find_entry(sim, r, key->name);
+      struct plan_key_in held;
+      const struct plan_key_in *e = find_entry(sim, r, key->name, &held);
       int64_t at[512];
       size_t n;
       box_offsets(e->view.ndim, e->view.shape, e->view.stride, e->view.offset,
@@ -639,6 +646,65 @@ START_TEST(digest_is_deterministic_and_sensitive) {
 }
 END_TEST
 
+static void assert_moves_equal(const struct plan_move *a,
+                               const struct plan_move *b, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    ck_assert_uint_eq(a[i].key, b[i].key);
+    ck_assert_uint_eq(a[i].src, b[i].src);
+    ck_assert_uint_eq(a[i].dst, b[i].dst);
+    ck_assert_uint_eq(a[i].piece, b[i].piece);
+    ck_assert_uint_eq(a[i].flags, b[i].flags);
+    ck_assert_uint_eq(a[i].storage, b[i].storage);
+    ck_assert_uint_eq(a[i].entry, b[i].entry);
+    ck_assert_uint_eq(a[i].nbytes, b[i].nbytes);
+    ck_assert_uint_eq(a[i].dst_offset, b[i].dst_offset);
+    ck_assert_uint_eq(a[i].bucket_offset, b[i].bucket_offset);
+  }
+}
+
+/* Rounds built on one thread and on several give one plan, move for move,
+ * and one digest, whichever thread built which round. */
+START_TEST(threads_give_the_same_plan) {
+  struct affine_fixture f;
+  struct tjob *job = mixed_job(5, &f);
+  struct plan *one, *many;
+
+  /* Rounds of three keys: many rounds for the threads to share. */
+  tjob_limits(job, 3, 0);
+  tjob_threads(job, 1);
+  one = build(job);
+  ck_assert_uint_gt(one->nrounds, 8);
+  for (uint32_t threads = 2; threads <= 5; threads += 3) {
+    tjob_threads(job, threads);
+    many = build(job);
+    ck_assert_uint_eq(many->digest, one->digest);
+    ck_assert_uint_eq(many->nrounds, one->nrounds);
+    for (size_t k = 0; k < one->nkeys; k++) {
+      ck_assert_uint_eq(many->keys[k].owner, one->keys[k].owner);
+      ck_assert_uint_eq(many->keys[k].round, one->keys[k].round);
+    }
+    for (size_t r = 0; r < one->nrounds; r++) {
+      const struct plan_round *a = &one->rounds[r], *b = &many->rounds[r];
+      ck_assert_uint_eq(b->digest, a->digest);
+      ck_assert_uint_eq(b->nmoves, a->nmoves);
+      ck_assert_uint_eq(b->nlocal, a->nlocal);
+      ck_assert_uint_eq(b->nbuckets, a->nbuckets);
+      assert_moves_equal(a->moves, b->moves, a->nmoves);
+      assert_moves_equal(a->local, b->local, a->nlocal);
+      for (size_t i = 0; i < a->nbuckets; i++) {
+        ck_assert_uint_eq(b->buckets[i].src, a->buckets[i].src);
+        ck_assert_uint_eq(b->buckets[i].dst, a->buckets[i].dst);
+        ck_assert_uint_eq(b->buckets[i].nbytes, a->buckets[i].nbytes);
+        ck_assert_uint_eq(b->buckets[i].first, a->buckets[i].first);
+      }
+    }
+    plan_free(many);
+  }
+  plan_free(one);
+  tjob_free(job);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("plan-rounds");
   TCase *tc = tcase_create("rounds");
@@ -654,6 +720,7 @@ int main(void) {
   tcase_add_test(tc, plan_carries_every_byte_exactly);
   tcase_add_test(tc, affine_replicas_travel_flagged);
   tcase_add_test(tc, digest_is_deterministic_and_sensitive);
+  tcase_add_test(tc, threads_give_the_same_plan);
   suite_add_tcase(s, tc);
   sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

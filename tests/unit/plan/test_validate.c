@@ -409,6 +409,31 @@ START_TEST(placement_names_round_trip) {
 }
 END_TEST
 
+/* Keys are validated in runs on several threads, and the refusal is still
+ * the first failing key's in name order, however the runs finish: here a
+ * later run fails at its first key, an earlier one at its last. */
+START_TEST(threads_refuse_the_first_key) {
+  struct tjob *job = tjob_new(2);
+  const int64_t shape[2] = {2, 4}, rows[2] = {1, 1}, short_rows[2] = {1, 0};
+
+  for (int i = 0; i < 5000; i++) {
+    const char *name = tjob_name(job, "k%04d", i);
+    tjob_shard0(job, name, SP_DTYPE_FLOAT32, 2, shape,
+                i == 2047 || i == 4096 ? short_rows : rows);
+  }
+  for (uint32_t threads = 1; threads <= 4; threads++) {
+    struct plan *plan;
+    char msg[512];
+    tjob_threads(job, threads);
+    ck_assert_int_eq(plan_build(tjob_input(job, 0, 0), &plan, msg, sizeof msg),
+                     SP_ETILING);
+    ck_assert_msg(strstr(msg, "'k2047'") != NULL, "%u threads: %s", threads,
+                  msg);
+  }
+  tjob_free(job);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("plan-validate");
   TCase *tc = tcase_create("validate");
@@ -436,6 +461,7 @@ int main(void) {
   tcase_add_test(tc, whole_placements_hold_the_global_shape);
   tcase_add_test(tc, affine_refusals_through_the_planner);
   tcase_add_test(tc, planning_stops_when_asked);
+  tcase_add_test(tc, threads_refuse_the_first_key);
   suite_add_tcase(s, tc);
   sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -22,8 +22,14 @@ struct trank {
 struct tjob {
   uint32_t world;
   struct trank *ranks;
-  struct plan_rank_in *in_ranks;
-  struct plan_input in;
+  struct plan_rank_desc *descs;
+  /* Every input built, kept until tjob_free: plans borrow them. */
+  struct plan_input_store **stores;
+  size_t nstores;
+  struct plan_input *in; /* the last one */
+  uint32_t max_keys;
+  uint64_t max_bytes;
+  uint32_t threads;
   uint64_t next_base;
   void **owned;
   size_t nowned;
@@ -64,7 +70,7 @@ struct tjob *tjob_new(uint32_t world) {
   job->world = world;
   job->ranks = xrealloc(NULL, world * sizeof *job->ranks);
   memset(job->ranks, 0, world * sizeof *job->ranks);
-  job->in_ranks = xrealloc(NULL, world * sizeof *job->in_ranks);
+  job->descs = xrealloc(NULL, world * sizeof *job->descs);
   job->next_base = 0x10000;
   for (uint32_t r = 0; r < world; r++)
     job->ranks[r].node = r;
@@ -81,8 +87,11 @@ void tjob_free(struct tjob *job) {
   for (size_t i = 0; i < job->nowned; i++)
     free(job->owned[i]);
   free(job->owned);
+  for (size_t i = 0; i < job->nstores; i++)
+    plan_input_store_free(job->stores[i]);
+  free(job->stores);
   free(job->ranks);
-  free(job->in_ranks);
+  free(job->descs);
   free(job);
 }
 
@@ -233,8 +242,12 @@ void tjob_drop(struct tjob *job, uint32_t rank, const char *name) {
 }
 
 void tjob_limits(struct tjob *job, uint32_t max_keys, uint64_t max_bytes) {
-  job->in.max_keys = max_keys;
-  job->in.max_bytes = max_bytes;
+  job->max_keys = max_keys;
+  job->max_bytes = max_bytes;
+}
+
+void tjob_threads(struct tjob *job, uint32_t threads) {
+  job->threads = threads;
 }
 
 const struct plan_input *tjob_input(struct tjob *job, uint32_t first,
@@ -256,21 +269,33 @@ const struct plan_input *tjob_input(struct tjob *job, uint32_t first,
       }
       keys = tr->shuffled;
     }
-    job->in_ranks[i] = (struct plan_rank_in){.rank = r,
-                                             .node = tr->node,
-                                             .nstorages = tr->nstorages,
-                                             .storages = tr->storages,
-                                             .nkeys = tr->nkeys,
-                                             .keys = keys,
-                                             .ngroups = tr->ngroups,
-                                             .groups = tr->groups};
+    job->descs[i] = (struct plan_rank_desc){.rank = r,
+                                            .node = tr->node,
+                                            .nstorages = tr->nstorages,
+                                            .storages = tr->storages,
+                                            .nkeys = tr->nkeys,
+                                            .keys = keys,
+                                            .ngroups = tr->ngroups,
+                                            .groups = tr->groups};
   }
-  job->in.world = job->world;
-  job->in.nranks = job->world;
-  job->in.ranks = job->in_ranks;
-  return &job->in;
+  /* As a daemon reads its registries: one rank after another. */
+  struct plan_input_store *store = plan_input_store_new(job->world);
+  char msg[256];
+  if (store == NULL)
+    abort();
+  job->stores = grow(job->stores, job->nstores, sizeof *job->stores);
+  job->stores[job->nstores++] = store;
+  for (uint32_t i = 0; i < job->world; i++)
+    if (plan_input_add_rank(store, &job->descs[i], msg, sizeof msg) != 0)
+      abort();
+  job->in = plan_input_of(store);
+  job->in->max_keys = job->max_keys;
+  job->in->max_bytes = job->max_bytes;
+  job->in->threads = job->threads;
+  return job->in;
 }
 
 struct plan_rank_in *tjob_ranks(struct tjob *job) {
-  return job->in_ranks;
+  /* The tests that corrupt the rank table own the input they asked for. */
+  return (struct plan_rank_in *)job->in->ranks;
 }

@@ -56,11 +56,18 @@ void tjob_drop(struct tjob *job, uint32_t rank, const char *name);
 
 /* The input with ranks listed from `first` on (as a daemon that lists its
  * own rank first would); `seed` non-zero also shuffles every rank's keys.
- * max_keys and max_bytes come from tjob_limits. */
+ * The ranks' full forms are read into the compact input
+ * (plan_input_add_rank) as the daemon reads its registries; every input
+ * built stays valid until tjob_free, for the plans that borrow it.
+ * max_keys and max_bytes come from tjob_limits, threads from
+ * tjob_threads. */
 const struct plan_input *tjob_input(struct tjob *job, uint32_t first,
                                     uint64_t seed);
 void tjob_limits(struct tjob *job, uint32_t max_keys, uint64_t max_bytes);
-/* Direct access for tests that corrupt the rank table itself. */
+/* The input's planning threads (plan_input.threads); 0 at first. */
+void tjob_threads(struct tjob *job, uint32_t threads);
+/* Direct access for tests that corrupt the rank table itself: the last
+ * input's. */
 struct plan_rank_in *tjob_ranks(struct tjob *job);
 
 /* A small deterministic generator (splitmix64). */
