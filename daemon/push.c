@@ -48,7 +48,7 @@ struct push {
   bool reuse;
   /* The planner's input, built on the loop from the registries (which do
    * not change while the push runs) when the plan is not reused. */
-  struct plan_rank_in *rin;
+  struct plan_input_store *store; /* the trainers' registrations */
   struct consume_in *cin;
   struct consume_storage *cstorages; /* every consumer's, back to back */
   struct consume_target *ctargets;   /* every consumer's, back to back */
@@ -144,7 +144,7 @@ static void fail_push(struct push *p, int code, const char *message) {
 static void free_push(struct push *p) {
   if (!p->reuse)
     consume_plan_free(p->plan);
-  free(p->rin);
+  plan_input_store_free(p->store);
   free(p->cin);
   free(p->cstorages);
   free(p->ctargets);
@@ -160,14 +160,13 @@ static void *push_main(void *arg) {
   struct push *p = arg;
   p->rc = 0;
   if (!p->reuse) {
+    struct plan_input *in = plan_input_of(p->store);
+    in->max_keys = p->opts.max_keys;
+    in->max_bytes = p->opts.max_bytes;
+    in->stop = &p->plan_stop;
     p->rc = consume_plan_build(
         &(struct consume_input){
-            .trainers = &(struct plan_input){.world = p->job->world,
-                                             .nranks = p->job->world,
-                                             .ranks = p->rin,
-                                             .max_keys = p->opts.max_keys,
-                                             .max_bytes = p->opts.max_bytes,
-                                             .stop = &p->plan_stop},
+            .trainers = in,
             .nconsumers = p->job->nconsumers,
             .nconsumer_in = p->job->nconsumers,
             .consumers = p->cin},
@@ -193,15 +192,19 @@ static int build_input(struct push *p) {
     nstorages += job->consumers[c]->nbuffers;
     ntargets += job->consumers[c]->ntargets;
   }
-  p->rin = calloc(job->world, sizeof *p->rin);
+  p->store = plan_input_store_new(job->world);
   p->cin = calloc(job->nconsumers, sizeof *p->cin);
   p->cstorages = calloc(nstorages + 1, sizeof *p->cstorages);
   p->ctargets = calloc(ntargets + 1, sizeof *p->ctargets);
-  if (p->rin == NULL || p->cin == NULL || p->cstorages == NULL ||
+  if (p->store == NULL || p->cin == NULL || p->cstorages == NULL ||
       p->ctargets == NULL)
     return SP_ENOMEM;
-  for (uint32_t r = 0; r < job->world; r++)
-    registry_rank_in(&job->members[r]->reg, r, &p->rin[r]);
+  for (uint32_t r = 0; r < job->world; r++) {
+    int rc = registry_plan_rank(&job->members[r]->reg, r, 0, NULL, p->store,
+                                p->msg, sizeof p->msg);
+    if (rc != 0)
+      return rc;
+  }
   size_t s = 0, t = 0;
   for (uint32_t c = 0; c < job->nconsumers; c++) {
     const struct job_consumer *k = job->consumers[c];
@@ -366,9 +369,16 @@ static void start(struct job *job) {
   if (rc == 0)
     rc = build_buffers(p);
   if (rc != 0) {
+    /* Reading a rank's registrations may fail for another reason than
+     * memory, in words of its own. */
+    char why[sizeof p->msg];
+    snprintf(why, sizeof why, "%s",
+             rc == SP_ENOMEM || p->msg[0] == '\0'
+                 ? "out of memory starting the push"
+                 : p->msg);
     free_push(p);
     job->last_push_id--;
-    fail_waiting(job, SP_ENOMEM, "out of memory starting the push");
+    fail_waiting(job, rc, why);
     return;
   }
   if (p->reuse)
