@@ -998,6 +998,11 @@ int main(int argc, char **argv) {
         run_consumer(&o, &m, i - o.ranks, ticket_pipe[i][0], &cons, &r);
       int ok = write_all(result_pipe[i][1], &r, sizeof r) == 0 &&
                write_all(result_pipe[i][1], owned, m.nkeys) == 0;
+      for (uint32_t n = 0; n < cons.n; n++)
+        consumer_layout_free(&cons.layouts[n]);
+      free(owned);
+      free(theirs);
+      model_free(&m);
       exit(ok && r.ok ? 0 : 1);
     }
   }
