@@ -15,8 +15,18 @@
  * what it wrote, and leaves; then it sends rank 0 what it owned, and rank 0
  * checks that every key was owned exactly once and prints one summary line.
  *
- * The same program is the load generator of tests/bench/export_bench
- * (--machine prints the figures as key=value pairs).
+ * With --consumers N the job pushes into N tensor-parallel consumers
+ * instead (consumers.h): forked like the ranks, each joins with the
+ * ticket, registers its buffer and targets, and checks every byte of every
+ * push against the original of that step; the ranks write the next step's
+ * values into their storages between pushes, as an optimizer does.
+ * --via-export delivers the same bytes the way it is done without
+ * consumers, for comparison: the ranks export whole tensors and each owner
+ * copies every consumer's slices out of them.
+ *
+ * The same program is the load generator of tests/bench/export_bench,
+ * nodes_bench and consumers_bench (--machine prints the figures as
+ * key=value pairs).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -34,18 +44,19 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client/demo/consumers.h"
+#include "client/demo/model.h"
 #include "shardport.h"
 
-#define MAX_RANKS 64
 /* Daemons the ranks may be spread over (one --socket each). */
 #define MAX_NODES 8
-#define LAYERS 32
-#define EXPERTS 4
 #define ALIGN 64
 /* Bytes that fill a storage between tensors: they must survive too. */
 #define FILLER 0xa5
-/* Exports one run may make in a row (--exports). */
+/* Exports or pushes one run may make in a row (--exports, --pushes). */
 #define MAX_EXPORTS 16
+/* Consumers a demo job may push into (--consumers). */
+#define MAX_DEMO_CONSUMERS 16
 
 /* ---- options ---- */
 
@@ -62,6 +73,10 @@ struct opts {
   const char *status_cmd;
   uint32_t exports;
   bool machine;
+  uint32_t consumers;
+  const char *consumer_socket;
+  uint32_t pushes;
+  bool via_export;
 };
 
 static void usage(FILE *f) {
@@ -87,9 +102,22 @@ static void usage(FILE *f) {
           "row (default 1,\n"
           "                       at most %d); the summary gives the first "
           "and the last\n"
+          "      --consumers N    push into N tensor-parallel consumers "
+          "(at most %d)\n"
+          "                       instead of exporting\n"
+          "      --consumer-socket PATH\n"
+          "                       the consumers' daemon (default: the last "
+          "--socket)\n"
+          "      --pushes N       with --consumers: push N times (default "
+          "3, at most %d),\n"
+          "                       the weights changing in between\n"
+          "      --via-export     with --consumers: export whole tensors "
+          "and copy the\n"
+          "                       consumers' slices out of them instead, "
+          "for comparison\n"
           "      --machine        print the summary as key=value pairs\n"
           "  -h, --help           this text\n",
-          MAX_RANKS, MAX_NODES, MAX_EXPORTS);
+          MAX_RANKS, MAX_NODES, MAX_EXPORTS, MAX_DEMO_CONSUMERS, MAX_EXPORTS);
 }
 
 static int parse_u64(const char *s, uint64_t max, uint64_t *out) {
@@ -103,7 +131,18 @@ static int parse_u64(const char *s, uint64_t max, uint64_t *out) {
 }
 
 static int parse_opts(int argc, char **argv, struct opts *o) {
-  enum { MAX_KEYS = 256, MAX_BYTES, TIMEOUT, STATUS_CMD, EXPORTS, MACHINE };
+  enum {
+    MAX_KEYS = 256,
+    MAX_BYTES,
+    TIMEOUT,
+    STATUS_CMD,
+    EXPORTS,
+    MACHINE,
+    CONSUMERS,
+    CONSUMER_SOCKET,
+    PUSHES,
+    VIA_EXPORT
+  };
   static const struct option longopts[] = {
       {"ranks", required_argument, NULL, 'r'},
       {"scale", required_argument, NULL, 'S'},
@@ -114,10 +153,14 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
       {"status-cmd", required_argument, NULL, STATUS_CMD},
       {"exports", required_argument, NULL, EXPORTS},
       {"machine", no_argument, NULL, MACHINE},
+      {"consumers", required_argument, NULL, CONSUMERS},
+      {"consumer-socket", required_argument, NULL, CONSUMER_SOCKET},
+      {"pushes", required_argument, NULL, PUSHES},
+      {"via-export", no_argument, NULL, VIA_EXPORT},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
-  *o = (struct opts){.ranks = 4, .scale = 1.0, .exports = 1};
+  *o = (struct opts){.ranks = 4, .scale = 1.0, .exports = 1, .pushes = 3};
   int c;
   uint64_t v;
   while ((c = getopt_long(argc, argv, "r:S:s:h", longopts, NULL)) != -1) {
@@ -164,6 +207,22 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
     case MACHINE:
       o->machine = true;
       break;
+    case CONSUMERS:
+      if (parse_u64(optarg, MAX_DEMO_CONSUMERS, &v) < 0 || v == 0)
+        return -1;
+      o->consumers = (uint32_t)v;
+      break;
+    case CONSUMER_SOCKET:
+      o->consumer_socket = optarg;
+      break;
+    case PUSHES:
+      if (parse_u64(optarg, MAX_EXPORTS, &v) < 0 || v == 0)
+        return -1;
+      o->pushes = (uint32_t)v;
+      break;
+    case VIA_EXPORT:
+      o->via_export = true;
+      break;
     case 'h':
       usage(stdout);
       exit(0);
@@ -171,189 +230,11 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
       return -1;
     }
   }
-  return optind == argc ? 0 : -1;
-}
-
-/* ---- the model ---- */
-
-enum kind { SHARD0, REPLICATED, PLAIN, EXPERT };
-
-struct key {
-  char name[64];
-  enum kind kind;
-  bool bf16; /* else float32 */
-  uint32_t ndim;
-  int64_t shape[2];
-  uint32_t expert; /* EXPERT: the one rank holding it */
-  uint32_t group;  /* the storage it lives in on every rank */
-  uint64_t seed;
-  int64_t rows[MAX_RANKS + 1]; /* SHARD0: rank r holds [rows[r], rows[r+1]) */
-};
-
-struct model {
-  uint32_t ranks;
-  size_t nkeys;
-  struct key *keys;   /* in the order built */
-  uint32_t *by_name;  /* key indices sorted by name */
-  uint32_t ngroups;
-  uint64_t bytes;     /* every whole tensor */
-};
-
-static uint64_t mix(uint64_t x) {
-  x += UINT64_C(0x9e3779b97f4a7c15);
-  x = (x ^ (x >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-  x = (x ^ (x >> 27)) * UINT64_C(0x94d049bb133111eb);
-  return x ^ (x >> 31);
-}
-
-static uint64_t hash_name(const char *s) {
-  uint64_t h = UINT64_C(0xcbf29ce484222325);
-  for (; *s; s++)
-    h = (h ^ (uint8_t)*s) * UINT64_C(0x100000001b3);
-  return mix(h);
-}
-
-static uint32_t esize(const struct key *k) { return k->bf16 ? 2 : 4; }
-
-static int64_t cols(const struct key *k) {
-  return k->ndim == 2 ? k->shape[1] : 1;
-}
-
-static uint64_t numel(const struct key *k) {
-  uint64_t n = 1;
-  for (uint32_t d = 0; d < k->ndim; d++)
-    n *= (uint64_t)k->shape[d];
-  return n;
-}
-
-static uint64_t nbytes(const struct key *k) { return numel(k) * esize(k); }
-
-/* The unsharded original: count elements from flat index first. */
-static void fill(const struct key *k, uint64_t first, uint64_t count,
-                 uint8_t *out) {
-  if (k->bf16) {
-    for (uint64_t i = 0; i < count; i++) {
-      uint16_t v = (uint16_t)mix(k->seed + first + i);
-      memcpy(out + 2 * i, &v, 2);
-    }
-  } else {
-    for (uint64_t i = 0; i < count; i++) {
-      uint32_t v = (uint32_t)mix(k->seed + first + i);
-      memcpy(out + 4 * i, &v, 4);
-    }
-  }
-}
-
-/* Uneven rows: each rank weighs 0 to 3 (so some hold nothing), drawn from
- * the key's seed. */
-static void split_rows(struct key *k, uint32_t ranks) {
-  uint32_t w[MAX_RANKS], total = 0;
-  for (uint32_t r = 0; r < ranks; r++) {
-    w[r] = (uint32_t)(mix(k->seed ^ (r + 1)) % 4);
-    total += w[r];
-  }
-  if (total == 0) {
-    w[0] = 1;
-    total = 1;
-  }
-  uint32_t cum = 0;
-  for (uint32_t r = 0; r <= ranks; r++) {
-    k->rows[r] = (int64_t)((uint64_t)k->shape[0] * cum / total);
-    if (r < ranks)
-      cum += w[r];
-  }
-}
-
-static int64_t scaled(double base, double f) {
-  int64_t v = llround(base * f);
-  return v < 1 ? 1 : v;
-}
-
-static const struct model *sort_model;
-
-static int cmp_name(const void *a, const void *b) {
-  return strcmp(sort_model->keys[*(const uint32_t *)a].name,
-                sort_model->keys[*(const uint32_t *)b].name);
-}
-
-static void add_key(struct model *m, const char *name, enum kind kind,
-                    bool bf16, uint32_t ndim, int64_t rows, int64_t ncols,
-                    uint32_t group, uint32_t expert) {
-  struct key *k = &m->keys[m->nkeys++];
-  memset(k, 0, sizeof *k);
-  snprintf(k->name, sizeof k->name, "%s", name);
-  k->kind = kind;
-  k->bf16 = bf16;
-  k->ndim = ndim;
-  k->shape[0] = rows;
-  k->shape[1] = ncols;
-  k->group = group;
-  k->expert = expert;
-  k->seed = hash_name(name);
-  if (kind == SHARD0)
-    split_rows(k, m->ranks);
-  m->bytes += nbytes(k);
-}
-
-/* About 450 MiB in 289 keys at scale 1; dims grow with sqrt(scale). */
-static int build_model(struct model *m, uint32_t ranks, double scale) {
-  double f = sqrt(scale);
-  int64_t d = scaled(1024, f);
-  memset(m, 0, sizeof *m);
-  m->ranks = ranks;
-  m->ngroups = LAYERS + 1;
-  m->keys = calloc(LAYERS * (5 + EXPERTS) + 1, sizeof *m->keys);
-  m->by_name = calloc(LAYERS * (5 + EXPERTS) + 1, sizeof *m->by_name);
-  if (!m->keys || !m->by_name)
+  if (o->via_export && o->consumers == 0)
     return -1;
-  char name[64];
-  for (uint32_t l = 0; l < LAYERS; l++) {
-    snprintf(name, sizeof name, "layers.%02u.attn.qkv.weight", l);
-    add_key(m, name, SHARD0, true, 2, 3 * d, d, l, 0);
-    snprintf(name, sizeof name, "layers.%02u.attn.out.weight", l);
-    add_key(m, name, SHARD0, false, 2, scaled(1000, f), d, l, 0);
-    /* Fewer rows than ranks: some shards are empty. */
-    snprintf(name, sizeof name, "layers.%02u.attn.bias", l);
-    add_key(m, name, SHARD0, false, 2, 3, d, l, 0);
-    snprintf(name, sizeof name, "layers.%02u.norm.weight", l);
-    add_key(m, name, REPLICATED, false, 1, d, 0, l, 0);
-    snprintf(name, sizeof name, "layers.%02u.norm.bias", l);
-    add_key(m, name, PLAIN, true, 1, d, 0, l, 0);
-    for (uint32_t e = 0; e < EXPERTS; e++) {
-      snprintf(name, sizeof name, "layers.%02u.experts.%u.weight", l, e);
-      add_key(m, name, EXPERT, true, 2, scaled(256, f), d, l,
-              (l + e) % ranks);
-    }
-  }
-  add_key(m, "embed.weight", SHARD0, true, 2, scaled(32003, f), d, LAYERS, 0);
-  for (uint32_t i = 0; i < m->nkeys; i++)
-    m->by_name[i] = i;
-  sort_model = m;
-  qsort(m->by_name, m->nkeys, sizeof *m->by_name, cmp_name);
-  return 0;
-}
-
-static void free_model(struct model *m) {
-  free(m->keys);
-  free(m->by_name);
-}
-
-static const struct key *find_key(const struct model *m, const char *name,
-                                  uint32_t *index) {
-  size_t lo = 0, hi = m->nkeys;
-  while (lo < hi) {
-    size_t mid = (lo + hi) / 2;
-    int c = strcmp(m->keys[m->by_name[mid]].name, name);
-    if (c == 0) {
-      *index = m->by_name[mid];
-      return &m->keys[*index];
-    }
-    if (c < 0)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return NULL;
+  if (o->consumer_socket == NULL && o->nsockets > 0)
+    o->consumer_socket = o->sockets[o->nsockets - 1];
+  return optind == argc ? 0 : -1;
 }
 
 /* ---- one rank's holdings ---- */
@@ -377,6 +258,7 @@ struct storage {
 struct rank_state {
   const struct model *m;
   uint32_t rank;
+  uint32_t step; /* the model's values its storages hold */
   size_t nheld;
   struct holding *held;
   struct storage *storages; /* [ngroups] */
@@ -390,12 +272,12 @@ static void holding_of(const struct key *k, uint32_t rank,
                        struct holding *h) {
   if (k->kind == SHARD0) {
     h->rows = k->rows[rank + 1] - k->rows[rank];
-    h->first = (uint64_t)(k->rows[rank] * cols(k));
-    h->count = (uint64_t)(h->rows * cols(k));
+    h->first = (uint64_t)(k->rows[rank] * key_cols(k));
+    h->count = (uint64_t)(h->rows * key_cols(k));
   } else {
     h->rows = k->shape[0];
     h->first = 0;
-    h->count = numel(k);
+    h->count = key_numel(k);
   }
 }
 
@@ -415,7 +297,7 @@ static int plan_rank(struct rank_state *s) {
     holding_of(k, s->rank, h);
     struct storage *st = &s->storages[k->group];
     h->byte_off = (st->len + ALIGN - 1) / ALIGN * ALIGN;
-    st->len = h->byte_off + h->count * esize(k);
+    st->len = h->byte_off + h->count * key_esize(k);
   }
   for (uint32_t g = 0; g < m->ngroups; g++) {
     s->storages[g].fd = -1;
@@ -433,7 +315,7 @@ static void build_storage(const struct rank_state *s, uint32_t g,
     const struct holding *h = &s->held[i];
     const struct key *k = &s->m->keys[h->key];
     if (k->group == g)
-      fill(k, h->first, h->count, buf + h->byte_off);
+      key_fill(k, s->step, h->first, h->count, buf + h->byte_off);
   }
 }
 
@@ -452,10 +334,25 @@ static void free_rank(struct rank_state *s) {
 
 struct result {
   int ok;
-  /* CLOCK_MONOTONIC around each sp_export, seconds. */
+  /* CLOCK_MONOTONIC around each sp_export, sp_push or sp_receive (with
+   * --via-export: each export and the copies after it), seconds. */
   double t_start[MAX_EXPORTS], t_end[MAX_EXPORTS];
   uint64_t owned, owned_bytes, identity_bytes;
+  /* Pushes: the bytes a rank sent or a consumer received, every push
+   * together, and whether the last push reused the plan. */
+  uint64_t push_bytes;
+  int plan_reused;
   char error[512];
+};
+
+/* The consumers' layouts and buffers, made by the parent before anything
+ * forks, so that every process of the demo maps them: a consumer
+ * registers its own, and with --via-export the owners copy into them. */
+struct consumers {
+  uint32_t n;
+  struct consumer_layout layouts[MAX_DEMO_CONSUMERS];
+  int fds[MAX_DEMO_CONSUMERS];
+  uint8_t *bufs[MAX_DEMO_CONSUMERS];
 };
 
 static double now_s(void) {
@@ -597,7 +494,7 @@ static int register_all(sp_client *c, struct rank_state *s, struct result *r) {
     t->shape[1] = k->shape[1];
     t->stride[0] = k->ndim == 2 ? k->shape[1] : 1;
     t->stride[1] = 1;
-    t->offset = (int64_t)(h->byte_off / esize(k));
+    t->offset = (int64_t)(h->byte_off / key_esize(k));
     t->placement = k->kind == SHARD0       ? SP_PLACEMENT_SHARD0
                    : k->kind == REPLICATED ? SP_PLACEMENT_REPLICATED
                    : k->kind == PLAIN      ? SP_PLACEMENT_PLAIN
@@ -635,8 +532,8 @@ static int verify_tensor(const struct key *k, const sp_owned_tensor *t,
     if (t->shape[d] != k->shape[d])
       return fail(r, "%s: dim %u is %lld, expected %lld", k->name, d,
                   (long long)t->shape[d], (long long)k->shape[d]);
-  uint64_t n = numel(k);
-  uint32_t es = esize(k);
+  uint64_t n = key_numel(k);
+  uint32_t es = key_esize(k);
   bool contiguous =
       k->ndim == 1 ? (t->stride[0] == 1 || n <= 1)
                    : (t->stride[1] == 1 || k->shape[1] <= 1) &&
@@ -646,7 +543,7 @@ static int verify_tensor(const struct key *k, const sp_owned_tensor *t,
     uint64_t per = sizeof chunk / es;
     for (uint64_t at = 0; at < n; at += per) {
       uint64_t cnt = n - at < per ? n - at : per;
-      fill(k, at, cnt, chunk);
+      key_fill(k, 0, at, cnt, chunk);
       if (memcmp((const uint8_t *)t->data + at * es, chunk, cnt * es) != 0)
         return fail(r, "%s: bytes differ from the original in elements "
                     "[%llu, %llu)", k->name, (unsigned long long)at,
@@ -660,7 +557,7 @@ static int verify_tensor(const struct key *k, const sp_owned_tensor *t,
     int64_t off = k->ndim == 2 ? (int64_t)row * t->stride[0] +
                                      (int64_t)col * t->stride[1]
                                : (int64_t)col * t->stride[0];
-    fill(k, i, 1, chunk);
+    key_fill(k, 0, i, 1, chunk);
     if (memcmp((const uint8_t *)t->data + off * es, chunk, es) != 0)
       return fail(r, "%s: element %llu differs from the original", k->name,
                   (unsigned long long)i);
@@ -675,7 +572,7 @@ static int verify_owned(const struct rank_state *s, const sp_owned_set *set,
   for (size_t i = 0; i < set->ntensors; i++) {
     const sp_owned_tensor *t = &set->tensors[i];
     uint32_t index;
-    const struct key *k = find_key(s->m, t->key, &index);
+    const struct key *k = model_find_key(s->m, t->key, &index);
     if (!k)
       return fail(r, "received \"%s\", which is no key of the model", t->key);
     if (owned[index])
@@ -686,9 +583,9 @@ static int verify_owned(const struct rank_state *s, const sp_owned_set *set,
     if (!count)
       continue;
     r->owned++;
-    r->owned_bytes += nbytes(k);
+    r->owned_bytes += key_nbytes(k);
     if (t->identity)
-      r->identity_bytes += nbytes(k);
+      r->identity_bytes += key_nbytes(k);
   }
   return 0;
 }
@@ -712,9 +609,70 @@ static int verify_storages(const struct rank_state *s, struct result *r) {
   return rc;
 }
 
+/* The optimizer's step: the storages take the model's values of step. */
+static void refill_storages(struct rank_state *s, uint32_t step) {
+  s->step = step;
+  for (uint32_t g = 0; g < s->m->ngroups; g++)
+    build_storage(s, g, s->storages[g].addr);
+}
+
+/* Pushes o->pushes times, the next step's values written in between; rank
+ * 0 shows the status once, after the first push. */
+static int push_loop(const struct opts *o, sp_client *c, struct rank_state *s,
+                     struct progress *pr, struct result *r) {
+  sp_push_opts po = {.max_keys = o->max_keys, .max_bytes = o->max_bytes,
+                     .timeout_ms = o->timeout_ms};
+  for (uint32_t p = 0; p < o->pushes; p++) {
+    if (p > 0)
+      refill_storages(s, p);
+    sp_push_result res;
+    r->t_start[p] = now_s();
+    int e = sp_push(c, &po, &res);
+    r->t_end[p] = now_s();
+    if (e < 0)
+      return fail_sp(r, c, "push", e);
+    r->push_bytes += res.bytes;
+    r->plan_reused = res.plan_reused;
+    if (p == 0 && pr && pr->status_cmd)
+      run_status(pr->status_cmd);
+  }
+  return 0;
+}
+
+/* The path without consumers: export, copy every consumer's slices of
+ * each owned tensor into its buffer, release; o->pushes times. */
+static int via_export_loop(const struct opts *o, sp_client *c,
+                           struct rank_state *s, const struct consumers *cons,
+                           struct result *r) {
+  sp_export_opts eo = {.max_keys = o->max_keys, .max_bytes = o->max_bytes,
+                       .timeout_ms = o->timeout_ms};
+  for (uint32_t p = 0; p < o->pushes; p++) {
+    if (p > 0)
+      refill_storages(s, p);
+    sp_owned_set *set;
+    r->t_start[p] = now_s();
+    int e = sp_export(c, &eo, &set);
+    if (e < 0)
+      return fail_sp(r, c, "export", e);
+    for (size_t i = 0; i < set->ntensors; i++) {
+      uint32_t key;
+      if (model_find_key(s->m, set->tensors[i].key, &key) == NULL)
+        continue;
+      for (uint32_t n = 0; n < cons->n; n++)
+        consumer_copy_owned(s->m, &cons->layouts[n], key, &set->tensors[i],
+                            cons->bufs[n]);
+    }
+    r->t_end[p] = now_s();
+    if ((e = sp_release(c, set)) < 0)
+      return fail_sp(r, c, "release", e);
+  }
+  return 0;
+}
+
 static int run_rank(const struct opts *o, const struct model *m,
                     uint32_t rank, int ticket_fd, const int *ticket_out,
-                    struct progress *pr, uint8_t *owned, struct result *r) {
+                    struct progress *pr, uint8_t *owned,
+                    const struct consumers *cons, struct result *r) {
   struct rank_state s = {.m = m, .rank = rank};
   sp_client *c = NULL;
   sp_owned_set *set = NULL;
@@ -737,13 +695,21 @@ static int run_rank(const struct opts *o, const struct model *m,
   }
   sp_ticket ticket;
   if (rank == 0) {
-    if ((e = sp_job_create(c, o->ranks, &ticket)) < 0) {
+    bool pushing = o->consumers > 0 && !o->via_export;
+    e = pushing ? sp_job_create_with_consumers(c, o->ranks, o->consumers,
+                                               &ticket)
+                : sp_job_create(c, o->ranks, &ticket);
+    if (e < 0) {
       fail_sp(r, c, "create the job", e);
       goto out;
     }
-    for (uint32_t i = 1; i < o->ranks; i++)
+    /* The other ranks, then the consumers. */
+    uint32_t takers = o->ranks + (pushing ? o->consumers : 0);
+    for (uint32_t i = 1; i < takers; i++)
       if (write_all(ticket_out[i], &ticket, sizeof ticket) < 0) {
-        fail(r, "passing the ticket to rank %u: %s", i, strerror(errno));
+        fail(r, "passing the ticket to %s %u: %s",
+             i < o->ranks ? "rank" : "consumer",
+             i < o->ranks ? i : i - o->ranks, strerror(errno));
         goto out;
       }
   } else if (read_all(ticket_fd, &ticket, sizeof ticket) < 0 ||
@@ -757,6 +723,12 @@ static int run_rank(const struct opts *o, const struct model *m,
   }
   if (register_all(c, &s, r) < 0)
     goto out;
+  if (o->consumers > 0) {
+    if ((o->via_export ? via_export_loop(o, c, &s, cons, r)
+                       : push_loop(o, c, &s, pr, r)) < 0)
+      goto out;
+    goto done;
+  }
 
   again = calloc(s.m->nkeys, 1);
   if (again == NULL) {
@@ -797,6 +769,7 @@ static int run_rank(const struct opts *o, const struct model *m,
       goto out;
     }
   }
+done:
   if (verify_storages(&s, r) < 0)
     goto out;
   if ((e = sp_job_leave(c)) < 0) {
@@ -814,6 +787,157 @@ out:
   return rc;
 }
 
+/* ---- one consumer ---- */
+
+/* Joins as consumer index with rank 0's ticket, registers its buffer and
+ * targets, and receives every push, checking every byte against the
+ * model of that step. */
+static int run_consumer(const struct opts *o, const struct model *m,
+                        uint32_t index, int ticket_fd,
+                        const struct consumers *cons, struct result *r) {
+  const struct consumer_layout *l = &cons->layouts[index];
+  sp_client *c = NULL;
+  sp_ticket ticket;
+  char why[1024];
+  int rc = -1, e;
+  if ((e = sp_connect_explain(o->consumer_socket, &c, why, sizeof why)) < 0) {
+    fail(r, "%s", why);
+    goto out;
+  }
+  if (read_all(ticket_fd, &ticket, sizeof ticket) < 0 ||
+      ticket.len > SP_TICKET_MAX) {
+    fail(r, "no ticket from rank 0");
+    goto out;
+  }
+  if ((e = sp_consumer_join(c, &ticket, index, o->consumers, "cpu")) < 0) {
+    fail_sp(r, c, "join as a consumer", e);
+    goto out;
+  }
+  if ((e = consumer_register(c, m, l, cons->fds[index], cons->bufs[index])) <
+      0) {
+    fail_sp(r, c, "register the targets", e);
+    goto out;
+  }
+  for (uint32_t p = 0; p < o->pushes; p++) {
+    sp_push_result res;
+    r->t_start[p] = now_s();
+    e = sp_receive(c, o->timeout_ms, &res);
+    r->t_end[p] = now_s();
+    if (e < 0) {
+      fail_sp(r, c, "receive", e);
+      goto out;
+    }
+    if (res.bytes != l->delivered) {
+      fail(r, "push %u wrote %llu bytes, its targets hold %llu", p + 1,
+           (unsigned long long)res.bytes, (unsigned long long)l->delivered);
+      goto out;
+    }
+    r->push_bytes += res.bytes;
+    if (consumer_verify(m, l, cons->bufs[index], p, r->error,
+                        sizeof r->error) < 0)
+      goto out;
+  }
+  /* Closing leaves the job, which may have ended with its last rank. */
+  rc = 0;
+out:
+  sp_close(c);
+  r->ok = rc == 0;
+  return rc;
+}
+
+/* The consumers' layouts and buffers: 0, or -1 with the reason printed. */
+static int make_consumers(const struct opts *o, const struct model *m,
+                          struct consumers *cons) {
+  cons->n = o->consumers;
+  for (uint32_t i = 0; i < cons->n; i++) {
+    struct consumer_layout *l = &cons->layouts[i];
+    if (consumer_layout_build(m, i, cons->n, l) < 0) {
+      fprintf(stderr, "shardport-demo: out of memory\n");
+      return -1;
+    }
+    cons->fds[i] = memfd_create("shardport-demo-consumer", MFD_CLOEXEC);
+    if (cons->fds[i] < 0 || ftruncate(cons->fds[i], (off_t)l->bytes) != 0 ||
+        (cons->bufs[i] = mmap(NULL, l->bytes, PROT_READ | PROT_WRITE,
+                              MAP_SHARED, cons->fds[i], 0)) == MAP_FAILED) {
+      fprintf(stderr, "shardport-demo: consumer %u's buffer: %s\n", i,
+              strerror(errno));
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* The summary of pushes (or of their export-then-copy stand-in): each
+ * push from the last process's request to the last one done. */
+static bool summarize_pushes(const struct opts *o, const struct model *m,
+                             const struct consumers *cons,
+                             const struct result *results, uint32_t procs) {
+  uint64_t delivered = 0;
+  bool ok = true;
+  for (uint32_t i = 0; i < cons->n; i++)
+    delivered += cons->layouts[i].delivered;
+  /* The export path's consumers take no part: their buffers are checked
+   * here, with the last push's values. */
+  for (uint32_t i = 0; o->via_export && i < cons->n; i++) {
+    char err[512];
+    if (consumer_verify(m, &cons->layouts[i], cons->bufs[i], o->pushes - 1,
+                        err, sizeof err) < 0) {
+      fprintf(stderr, "shardport-demo: %s\n", err);
+      ok = false;
+    }
+  }
+  uint64_t sent = 0;
+  for (uint32_t i = 0; i < o->ranks; i++)
+    sent += results[i].push_bytes;
+  if (!o->via_export && sent != delivered * o->pushes) {
+    fprintf(stderr, "shardport-demo: the ranks sent %llu bytes, the "
+            "consumers' targets hold %llu\n", (unsigned long long)sent,
+            (unsigned long long)(delivered * o->pushes));
+    ok = false;
+  }
+  if (!ok)
+    return false;
+  double secs[MAX_EXPORTS];
+  for (uint32_t p = 0; p < o->pushes; p++) {
+    double last_start = 0, last_end = 0;
+    for (uint32_t i = 0; i < procs; i++) {
+      if (results[i].t_start[p] > last_start)
+        last_start = results[i].t_start[p];
+      if (results[i].t_end[p] > last_end)
+        last_end = results[i].t_end[p];
+    }
+    secs[p] = last_end - last_start;
+  }
+  double first = secs[0], last = secs[o->pushes - 1];
+  uint32_t nodes = o->nsockets > 1 ? o->nsockets : 1;
+  if (o->machine) {
+    printf("ranks=%u consumers=%u keys=%zu bytes=%llu delivered_bytes=%llu "
+           "pushes=%u seconds=%.6f seconds_last=%.6f plan_reused=%d "
+           "via_export=%d verified=1 nodes=%u\n",
+           o->ranks, cons->n, m->nkeys, (unsigned long long)m->bytes,
+           (unsigned long long)delivered, o->pushes, first, last,
+           results[0].plan_reused, o->via_export ? 1 : 0, nodes);
+    return true;
+  }
+  char model[32], bytes[32], rate[32], rate_last[32];
+  sp_format_bytes(m->bytes, model, sizeof model);
+  sp_format_bytes(delivered, bytes, sizeof bytes);
+  sp_format_bytes(first > 0 ? (uint64_t)((double)delivered / first) : 0, rate,
+                  sizeof rate);
+  sp_format_bytes(last > 0 ? (uint64_t)((double)delivered / last) : 0,
+                  rate_last, sizeof rate_last);
+  printf("shardport-demo: %u ranks%s %s %zu keys of %s into %u consumers, "
+         "%u times: %s a time, the first in %.3f s (%s/s), the last in "
+         "%.3f s (%s/s)%s; every delivered byte verified OK\n",
+         o->ranks, nodes > 1 ? " on several daemons" : "",
+         o->via_export ? "exported and copied" : "pushed", m->nkeys, model,
+         cons->n, o->pushes, bytes, first, rate, last, rate_last,
+         o->via_export ? ""
+         : results[0].plan_reused ? ", the plan reused"
+                                   : "");
+  return true;
+}
+
 /* ---- the parent: rank 0 and the summary ---- */
 
 int main(int argc, char **argv) {
@@ -823,16 +947,24 @@ int main(int argc, char **argv) {
     return 2;
   }
   struct model m;
-  if (build_model(&m, o.ranks, o.scale) < 0) {
+  if (model_build(&m, o.ranks, o.scale) < 0) {
     fprintf(stderr, "shardport-demo: out of memory\n");
     return 1;
   }
 
+  static struct consumers cons;
+  if (o.consumers > 0 && make_consumers(&o, &m, &cons) < 0)
+    return 1;
+  /* The processes: the ranks, then the consumers (none on the export
+   * path, whose owners write the consumers' buffers themselves). */
+  uint32_t procs = o.ranks + (o.via_export ? 0 : o.consumers);
+
   /* Everything is forked before any connection: a process never shares a
    * socket (or, with CUDA, a driver context) with its parent. */
-  int ticket_pipe[MAX_RANKS][2], result_pipe[MAX_RANKS][2];
-  pid_t pids[MAX_RANKS] = {0};
-  for (uint32_t i = 1; i < o.ranks; i++)
+  enum { MAX_PROCS = MAX_RANKS + MAX_DEMO_CONSUMERS };
+  int ticket_pipe[MAX_PROCS][2], result_pipe[MAX_PROCS][2];
+  pid_t pids[MAX_PROCS] = {0};
+  for (uint32_t i = 1; i < procs; i++)
     if (pipe2(ticket_pipe[i], O_CLOEXEC) != 0 ||
         pipe2(result_pipe[i], O_CLOEXEC) != 0) {
       fprintf(stderr, "shardport-demo: pipe: %s\n", strerror(errno));
@@ -844,14 +976,14 @@ int main(int argc, char **argv) {
   uint8_t *theirs = calloc(m.nkeys, 1);
   if (!owned || !theirs)
     return 1;
-  for (uint32_t i = 1; i < o.ranks; i++) {
+  for (uint32_t i = 1; i < procs; i++) {
     pids[i] = fork();
     if (pids[i] < 0) {
       fprintf(stderr, "shardport-demo: fork: %s\n", strerror(errno));
       return 1;
     }
     if (pids[i] == 0) {
-      for (uint32_t j = 1; j < o.ranks; j++) {
+      for (uint32_t j = 1; j < procs; j++) {
         close(ticket_pipe[j][1]);
         close(result_pipe[j][0]);
         if (j != i) {
@@ -860,32 +992,39 @@ int main(int argc, char **argv) {
         }
       }
       struct result r = {0};
-      run_rank(&o, &m, i, ticket_pipe[i][0], NULL, NULL, owned, &r);
+      if (i < o.ranks)
+        run_rank(&o, &m, i, ticket_pipe[i][0], NULL, NULL, owned, &cons, &r);
+      else
+        run_consumer(&o, &m, i - o.ranks, ticket_pipe[i][0], &cons, &r);
       int ok = write_all(result_pipe[i][1], &r, sizeof r) == 0 &&
                write_all(result_pipe[i][1], owned, m.nkeys) == 0;
+      for (uint32_t n = 0; n < cons.n; n++)
+        consumer_layout_free(&cons.layouts[n]);
+      free(owned);
+      free(theirs);
+      model_free(&m);
       exit(ok && r.ok ? 0 : 1);
     }
   }
-  for (uint32_t i = 1; i < o.ranks; i++) {
+  for (uint32_t i = 1; i < procs; i++) {
     close(ticket_pipe[i][0]);
     close(result_pipe[i][1]);
   }
 
-  int ticket_out[MAX_RANKS];
+  int ticket_out[MAX_PROCS];
   ticket_out[0] = -1; /* rank 0 passes the ticket, it takes none */
-  for (uint32_t i = 1; i < o.ranks; i++)
+  for (uint32_t i = 1; i < procs; i++)
     ticket_out[i] = ticket_pipe[i][1];
   struct progress pr = {.tty = isatty(STDERR_FILENO) && !o.machine,
                         .status_cmd = o.status_cmd};
-  struct result results[MAX_RANKS];
-  memset(results, 0, sizeof results);
-  run_rank(&o, &m, 0, -1, ticket_out, &pr, owned, &results[0]);
-  /* Ranks still waiting for a ticket see end of file and give up. */
-  for (uint32_t i = 1; i < o.ranks; i++)
+  static struct result results[MAX_PROCS];
+  run_rank(&o, &m, 0, -1, ticket_out, &pr, owned, &cons, &results[0]);
+  /* Processes still waiting for a ticket see end of file and give up. */
+  for (uint32_t i = 1; i < procs; i++)
     close(ticket_pipe[i][1]);
 
   bool ok = results[0].ok;
-  for (uint32_t i = 1; i < o.ranks; i++) {
+  for (uint32_t i = 1; i < procs; i++) {
     memset(theirs, 0, m.nkeys);
     if (read_all(result_pipe[i][0], &results[i], sizeof results[i]) < 0 ||
         read_all(result_pipe[i][0], theirs, m.nkeys) < 0) {
@@ -898,17 +1037,31 @@ int main(int argc, char **argv) {
       owned[k] += theirs[k];
     ok = ok && results[i].ok;
   }
-  for (uint32_t i = 1; i < o.ranks; i++) {
+  for (uint32_t i = 1; i < procs; i++) {
     int status;
     while (waitpid(pids[i], &status, 0) < 0 && errno == EINTR)
       ;
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
       ok = false;
   }
-  for (uint32_t i = 0; i < o.ranks; i++)
+  for (uint32_t i = 0; i < procs; i++)
     if (!results[i].ok)
-      fprintf(stderr, "shardport-demo: rank %u: %s\n", i,
+      fprintf(stderr, "shardport-demo: %s %u: %s\n",
+              i < o.ranks ? "rank" : "consumer",
+              i < o.ranks ? i : i - o.ranks,
               results[i].error[0] ? results[i].error : "failed");
+  if (o.consumers > 0) {
+    ok = ok && summarize_pushes(&o, &m, &cons, results, procs);
+    for (uint32_t i = 0; i < cons.n; i++) {
+      munmap(cons.bufs[i], cons.layouts[i].bytes);
+      close(cons.fds[i]);
+      consumer_layout_free(&cons.layouts[i]);
+    }
+    free(owned);
+    free(theirs);
+    model_free(&m);
+    return ok ? 0 : 1;
+  }
 
   /* Every key owned by exactly one rank. */
   uint64_t total_bytes = 0, identity_bytes = 0, max_owned = 0;
@@ -975,6 +1128,6 @@ int main(int argc, char **argv) {
   }
   free(owned);
   free(theirs);
-  free_model(&m);
+  model_free(&m);
   return ok ? 0 : 1;
 }

@@ -31,139 +31,24 @@
  *
  * $SHARDPORTD and $SHARDPORT_DEMO name the programs (meson sets them).
  */
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "shardport.h"
+#include "tests/bench/bench_limits.h"
 #include "tests/integration/harness.h"
 
 #define MIB (1024.0 * 1024.0)
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define MAX_RUNS 9
-#define CHUNK (4u << 20)
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Single-thread memcpy of bytes between buffers already touched: the best
- * of three. */
-static double memcpy_bps(uint64_t bytes) {
-  double best = 0;
-  char *src = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  char *dst = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (src != MAP_FAILED && dst != MAP_FAILED) {
-    memset(src, 1, bytes);
-    memset(dst, 2, bytes);
-    for (int rep = 0; rep < 3; rep++) {
-      double t0 = now_s();
-      memcpy(dst, src, bytes);
-      __asm__ volatile("" : : "r"(dst) : "memory");
-      double bps = (double)bytes / (now_s() - t0);
-      if (bps > best)
-        best = bps;
-    }
-  }
-  if (src != MAP_FAILED)
-    munmap(src, bytes);
-  if (dst != MAP_FAILED)
-    munmap(dst, bytes);
-  return best;
-}
-
-/* ---- raw loopback TCP ---- */
-
-struct pump {
-  int sock;
-  uint64_t bytes;
-  bool sending;
-  char *buf;
-};
-
-static void *pump_main(void *arg) {
-  struct pump *p = arg;
-  uint64_t left = p->bytes;
-  while (left > 0) {
-    size_t n = left < CHUNK ? (size_t)left : CHUNK;
-    ssize_t r = p->sending ? send(p->sock, p->buf, n, MSG_NOSIGNAL)
-                           : recv(p->sock, p->buf, n, 0);
-    if (r <= 0) {
-      if (r < 0 && errno == EINTR)
-        continue;
-      break;
-    }
-    left -= (uint64_t)r;
-  }
-  return NULL;
-}
-
-/* A connected pair of TCP sockets on 127.0.0.1. */
-static int tcp_pair(int sv[2]) {
-  struct sockaddr_in sa = {.sin_family = AF_INET,
-                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof sa;
-  int lst = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (lst < 0 || bind(lst, (struct sockaddr *)&sa, sizeof sa) != 0 ||
-      listen(lst, 1) != 0 || getsockname(lst, (struct sockaddr *)&sa, &len))
-    return -1;
-  sv[0] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (sv[0] < 0 || connect(sv[0], (struct sockaddr *)&sa, sizeof sa) != 0)
-    return -1;
-  sv[1] = accept(lst, NULL, NULL);
-  close(lst);
-  return sv[1] < 0 ? -1 : 0;
-}
-
-/* Seconds to move a bytes from side 0 to side 1 and b bytes back, at
- * once: the best of three. */
-static double tcp_seconds(uint64_t a, uint64_t b) {
-  double best = 0;
-  for (int rep = 0; rep < 3; rep++) {
-    int sv[2];
-    if (tcp_pair(sv) != 0)
-      return 0;
-    struct pump p[4] = {
-        {.sock = sv[0], .bytes = a, .sending = true},
-        {.sock = sv[1], .bytes = a, .sending = false},
-        {.sock = sv[1], .bytes = b, .sending = true},
-        {.sock = sv[0], .bytes = b, .sending = false},
-    };
-    pthread_t th[4];
-    for (int i = 0; i < 4; i++) {
-      p[i].buf = malloc(CHUNK);
-      memset(p[i].buf, i, CHUNK);
-    }
-    double t0 = now_s();
-    for (int i = 0; i < 4; i++)
-      pthread_create(&th[i], NULL, pump_main, &p[i]);
-    for (int i = 0; i < 4; i++)
-      pthread_join(th[i], NULL);
-    double s = now_s() - t0;
-    for (int i = 0; i < 4; i++)
-      free(p[i].buf);
-    close(sv[0]);
-    close(sv[1]);
-    if (best == 0 || s < best)
-      best = s;
-  }
-  return best;
-}
 
 /* ---- the demo ---- */
 
@@ -255,7 +140,7 @@ static void *sample(void *arg) {
   sp_connect(s->socket, &c);
   while (!atomic_load(&s->stop)) {
     sp_status_info *st = NULL;
-    double t = now_s();
+    double t = bench_now_s();
     if (c && sp_status(c, &st) == 0) {
       uint64_t before = s->sent + s->received;
       for (size_t j = 0; j < st->njobs; j++) {
@@ -386,7 +271,7 @@ int main(int argc, char **argv) {
   sp_test_rmdir(dir);
   qsort(one, (size_t)runs, sizeof one[0], cmp_time);
   const struct run *o = &one[runs / 2];
-  double mbps = memcpy_bps(o->f.bytes);
+  double mbps = bench_memcpy_bps(o->f.bytes);
   printf("export across two daemons on loopback: shardport-demo, 4 ranks "
          "(two per daemon), %d runs of each (median by time)\n\n", runs);
   printf("| daemons | streams | model | export | model / time | memcpy, 1 "
@@ -407,8 +292,8 @@ int main(int argc, char **argv) {
     uint64_t cross = t->sent + t->received;
     /* The limits, measured again beside each row: the machine's load
      * moves between rows. */
-    double duplex = tcp_seconds(t->sent, t->received);
-    double oneway = tcp_seconds(cross, 0);
+    double duplex = bench_tcp_seconds(t->sent, t->received);
+    double oneway = bench_tcp_seconds(cross, 0);
     double export_bps = (double)t->f.bytes / t->f.seconds;
     double cross_bps = (double)cross / t->f.seconds;
     double raw_bps = duplex > 0 ? (double)cross / duplex : 0.0;

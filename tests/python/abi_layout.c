@@ -27,11 +27,14 @@ int main(void) {
          "\"SP_PLACEMENT_PLAIN\": %d, \"SP_PLACEMENT_EXPERT\": %d, "
          "\"SP_PLACEMENT_AFFINE\": %d, \"SP_STORAGE_MEMFD\": %d, "
          "\"SP_STORAGE_CUDA\": %d, \"SP_STORAGE_CUDA_IPC\": %d, "
-         "\"SP_STORAGE_CUDA_FD\": %d},\n\"structs\": {",
+         "\"SP_STORAGE_CUDA_FD\": %d, \"SP_MAX_CONSUMERS\": %d, "
+         "\"SP_TARGET_WHOLE\": %d, \"SP_TARGET_SHARD\": %d, "
+         "\"SP_TARGET_PIECES\": %d},\n\"structs\": {",
          SP_MAX_DIMS, SP_TICKET_MAX, SP_PLACEMENT_SHARD0,
          SP_PLACEMENT_REPLICATED, SP_PLACEMENT_PLAIN, SP_PLACEMENT_EXPERT,
          SP_PLACEMENT_AFFINE, SP_STORAGE_MEMFD, SP_STORAGE_CUDA,
-         SP_STORAGE_CUDA_IPC, SP_STORAGE_CUDA_FD);
+         SP_STORAGE_CUDA_IPC, SP_STORAGE_CUDA_FD, SP_MAX_CONSUMERS,
+         SP_TARGET_WHOLE, SP_TARGET_SHARD, SP_TARGET_PIECES);
 
   BEGIN(sp_node_status);
   FIELD(sp_node_status, node);
@@ -70,6 +73,14 @@ int main(void) {
   FIELD(sp_job_status, consumers);
   FIELD(sp_job_status, pushes);
   FIELD(sp_job_status, push_plans);
+  END();
+
+  BEGIN(sp_consumer_status);
+  FIELD(sp_consumer_status, index);
+  FIELD(sp_consumer_status, state);
+  FIELD(sp_consumer_status, node);
+  FIELD(sp_consumer_status, device);
+  FIELD(sp_consumer_status, bytes_received);
   END();
 
   BEGIN(sp_status_info);
@@ -195,6 +206,41 @@ int main(void) {
   FIELD(sp_owned_set, export_id);
   FIELD(sp_owned_set, ntensors);
   FIELD(sp_owned_set, tensors);
+  END();
+
+  BEGIN(sp_target_piece);
+  FIELD(sp_target_piece, start);
+  FIELD(sp_target_piece, shape);
+  FIELD(sp_target_piece, storage);
+  FIELD(sp_target_piece, stride);
+  FIELD(sp_target_piece, offset);
+  END();
+
+  BEGIN(sp_target_desc);
+  FIELD(sp_target_desc, key);
+  FIELD(sp_target_desc, dtype);
+  FIELD(sp_target_desc, ndim);
+  FIELD(sp_target_desc, global_shape);
+  FIELD(sp_target_desc, part);
+  FIELD(sp_target_desc, storage);
+  FIELD(sp_target_desc, shape);
+  FIELD(sp_target_desc, stride);
+  FIELD(sp_target_desc, offset);
+  FIELD(sp_target_desc, dim);
+  FIELD(sp_target_desc, npieces);
+  FIELD(sp_target_desc, pieces);
+  END();
+
+  BEGIN(sp_push_opts);
+  FIELD(sp_push_opts, max_keys);
+  FIELD(sp_push_opts, max_bytes);
+  FIELD(sp_push_opts, timeout_ms);
+  END();
+
+  BEGIN(sp_push_result);
+  FIELD(sp_push_result, push_id);
+  FIELD(sp_push_result, bytes);
+  FIELD(sp_push_result, plan_reused);
   END();
 
   printf("\n}}\n");

@@ -221,6 +221,79 @@ class RegistrationTest(unittest.TestCase):
                 self.assertIn(text, caught.exception.message)
 
 
+class TargetRegistrationTest(unittest.TestCase):
+    """A consumer's targets become storages plus target descriptors, each
+    view where its tensor lies (shardport.consumer)."""
+
+    def test_fused_qkv_shard_and_whole(self):
+        from shardport.consumer import TargetRegistration
+        from shardport import Target
+        qkv = torch.zeros(6 + 2 + 2, 4, dtype=torch.bfloat16)
+        up = torch.zeros(3, 8)
+        norm = torch.zeros(4)
+        reg = TargetRegistration({
+            "q": Target.pieces((12, 4), [((6, 0), qkv[0:6])]),
+            "k": Target.pieces((4, 4), [((2, 0), qkv[6:8])]),
+            "v": Target.pieces((4, 4), [((2, 0), qkv[8:10])]),
+            "up": Target.shard(up, dim=0, global_shape=(6, 8)),
+            "cols": Target.shard(up.t(), dim=1, global_shape=(8, 9)),
+            "norm": Target.whole(norm),
+        })
+        self.assertTrue(qkv.is_shared() and up.is_shared())
+        self.assertEqual(len(reg.storage_descs), 3)
+        self.assertEqual(reg.cuda_devices, [])
+        by_key = {t.key: t for t in reg.target_descs}
+        q, k, v = by_key["q"], by_key["k"], by_key["v"]
+        self.assertEqual((q.part, q.dtype, q.global_shape),
+                         ("pieces", "bfloat16", (12, 4)))
+        (qp,), (kp,), (vp,) = q.pieces, k.pieces, v.pieces
+        self.assertEqual({qp.storage, kp.storage, vp.storage}, {0})
+        self.assertEqual([(p.start, p.shape, p.stride, p.offset)
+                          for p in (qp, kp, vp)],
+                         [((6, 0), (6, 4), (4, 1), 0),
+                          ((2, 0), (2, 4), (4, 1), 24),
+                          ((2, 0), (2, 4), (4, 1), 32)])
+        self.assertEqual((by_key["up"].part, by_key["up"].dim,
+                          by_key["up"].shape, by_key["up"].stride,
+                          by_key["up"].storage), ("shard", 0, (3, 8),
+                                                  (8, 1), 1))
+        self.assertEqual((by_key["cols"].dim, by_key["cols"].shape,
+                          by_key["cols"].stride, by_key["cols"].storage),
+                         (1, (8, 3), (1, 8), 1))
+        self.assertEqual((by_key["norm"].part, by_key["norm"].global_shape,
+                          by_key["norm"].storage, by_key["norm"].offset),
+                         ("whole", (4,), 2, 0))
+        self.assertEqual(reg.storage_descs[0].length, qkv.numel() * 2)
+
+    def test_refusals(self):
+        from shardport.consumer import TargetRegistration
+        from shardport import Target
+        buf = torch.zeros(4, 4)
+        cases = [
+            ({"w": buf}, errors.InvalidArgument, "is a shardport.Target"),
+            ({"w": Target.pieces((4, 4), [])}, errors.InvalidArgument,
+             "at least one piece"),
+            ({"w": Target.pieces((4, 4), [((0, 0), buf[:2]),
+                                          ((2, 0), buf.half()[2:])])},
+             errors.DtypeMismatch, "the key's dtype"),
+            ({"w": Target.whole(buf),
+              "x": Target.whole(torch.Tensor._make_subclass(
+                  OnCuda, torch.zeros(2)))},
+             errors.InvalidArgument, "the targets mixes CPU tensors"),
+            ({"w": Target.whole(buf.to_sparse())},
+             errors.UnsupportedLayout, "strided"),
+        ]
+        for targets, cls, text in cases:
+            with self.subTest(text=text):
+                with self.assertRaises(cls) as caught:
+                    TargetRegistration(targets)
+                self.assertIn(text, caught.exception.message)
+        with self.assertRaises(errors.InvalidArgument):
+            Target.shard(buf, 0, (-1, 4))
+        with self.assertRaises(errors.InvalidArgument):
+            Target.pieces((4, 4), [(("a", 0), buf)])
+
+
 class DTensorInferenceTest(unittest.TestCase):
     """The inference rules against a stand-in DTensor API: PyTorch 1.13 has
     no DTensor, so a real one is not checked here."""

@@ -1,5 +1,6 @@
 """shardport for Python: export sharded PyTorch state dicts through the
-node's shardportd.
+node's shardportd, or push them into consumers (inference workers) laid
+out as each consumer asks.
 
     import shardport
 
@@ -17,17 +18,20 @@ docs/python.md.
 
 from . import errors
 from ._lib import path as library_path
-from .client import (Client, JobStatus, NodeStatus, OwnedSet, OwnedTensor,
-                     Progress, SaveResult, Status, StorageDesc, TensorDesc,
+from .client import (Client, ConsumerStatus, JobStatus, NodeStatus,
+                     OwnedSet, OwnedTensor, Progress, PushResult, SaveResult,
+                     Status, StorageDesc, TargetDesc, TargetPiece, TensorDesc,
                      default_socket)
+from .consumer import Consumer, Target
 from .errors import ShardportError
 from .export import Export, Job, export_state_dict, save_state_dict
 from .placements import Piece, Placement
 
 __all__ = [
-    "Client", "Export", "Job", "JobStatus", "NodeStatus", "OwnedSet",
-    "OwnedTensor",
-    "Piece", "Placement", "Progress", "SaveResult", "ShardportError",
-    "Status", "StorageDesc", "TensorDesc", "default_socket", "errors",
-    "export_state_dict", "library_path", "save_state_dict",
+    "Client", "Consumer", "ConsumerStatus", "Export", "Job", "JobStatus",
+    "NodeStatus", "OwnedSet", "OwnedTensor", "Piece", "Placement",
+    "Progress", "PushResult", "SaveResult", "ShardportError", "Status",
+    "StorageDesc", "Target", "TargetDesc", "TargetPiece", "TensorDesc",
+    "default_socket", "errors", "export_state_dict", "library_path",
+    "save_state_dict",
 ]

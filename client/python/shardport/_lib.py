@@ -64,6 +64,16 @@ class sp_node_status(ctypes.Structure):
     ]
 
 
+class sp_consumer_status(ctypes.Structure):
+    _fields_ = [
+        ("index", ctypes.c_uint32),
+        ("state", ctypes.c_char_p),
+        ("node", ctypes.c_int64),
+        ("device", ctypes.c_char_p),
+        ("bytes_received", ctypes.c_uint64),
+    ]
+
+
 class sp_job_status(ctypes.Structure):
     _fields_ = [
         ("job_id", ctypes.c_char_p),
@@ -88,7 +98,7 @@ class sp_job_status(ctypes.Structure):
         ("bytes_to_write", ctypes.c_uint64),
         ("plans_reused", ctypes.c_uint64),
         ("nconsumers", ctypes.c_uint32),
-        ("consumers", ctypes.c_void_p),
+        ("consumers", ctypes.POINTER(sp_consumer_status)),
         ("pushes", ctypes.c_uint64),
         ("push_plans", ctypes.c_uint64),
     ]
@@ -265,6 +275,57 @@ class sp_owned_set(ctypes.Structure):
     ]
 
 
+SP_MAX_CONSUMERS = 4096
+
+# enum sp_target_part
+SP_TARGET_WHOLE = 1
+SP_TARGET_SHARD = 2
+SP_TARGET_PIECES = 3
+
+
+class sp_target_piece(ctypes.Structure):
+    _fields_ = [
+        ("start", _Dims),
+        ("shape", _Dims),
+        ("storage", ctypes.c_uint32),
+        ("stride", _Dims),
+        ("offset", ctypes.c_int64),
+    ]
+
+
+class sp_target_desc(ctypes.Structure):
+    _fields_ = [
+        ("key", ctypes.c_char_p),
+        ("dtype", ctypes.c_char_p),
+        ("ndim", ctypes.c_uint32),
+        ("global_shape", _Dims),
+        ("part", ctypes.c_int),
+        ("storage", ctypes.c_uint32),
+        ("shape", _Dims),
+        ("stride", _Dims),
+        ("offset", ctypes.c_int64),
+        ("dim", ctypes.c_uint32),
+        ("npieces", ctypes.c_size_t),
+        ("pieces", ctypes.POINTER(sp_target_piece)),
+    ]
+
+
+class sp_push_opts(ctypes.Structure):
+    _fields_ = [
+        ("max_keys", ctypes.c_uint32),
+        ("max_bytes", ctypes.c_uint64),
+        ("timeout_ms", ctypes.c_uint32),
+    ]
+
+
+class sp_push_result(ctypes.Structure):
+    _fields_ = [
+        ("push_id", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("plan_reused", ctypes.c_int),
+    ]
+
+
 _client_p = ctypes.c_void_p
 
 # name: (restype, argtypes), in the order of include/shardport.h.
@@ -306,6 +367,22 @@ _PROTOTYPES = {
                   [_client_p, ctypes.POINTER(sp_export_opts),
                    ctypes.POINTER(ctypes.POINTER(sp_owned_set))]),
     "sp_release": (ctypes.c_int, [_client_p, ctypes.POINTER(sp_owned_set)]),
+    "sp_job_create_with_consumers": (ctypes.c_int,
+                                     [_client_p, ctypes.c_uint32,
+                                      ctypes.c_uint32,
+                                      ctypes.POINTER(sp_ticket)]),
+    "sp_consumer_join": (ctypes.c_int,
+                         [_client_p, ctypes.POINTER(sp_ticket),
+                          ctypes.c_uint32, ctypes.c_uint32, ctypes.c_char_p]),
+    "sp_register_targets": (ctypes.c_int,
+                            [_client_p, ctypes.POINTER(sp_target_desc),
+                             ctypes.c_size_t]),
+    "sp_push": (ctypes.c_int,
+                [_client_p, ctypes.POINTER(sp_push_opts),
+                 ctypes.POINTER(sp_push_result)]),
+    "sp_receive": (ctypes.c_int,
+                   [_client_p, ctypes.c_uint32,
+                    ctypes.POINTER(sp_push_result)]),
     "sp_save": (ctypes.c_int,
                 [_client_p, ctypes.c_char_p, ctypes.POINTER(sp_save_opts),
                  ctypes.POINTER(sp_save_result)]),

@@ -29,6 +29,20 @@ class NodeStatus:
 
 
 @dataclass(frozen=True)
+class ConsumerStatus:
+    """One consumer of a job as the daemon answering sees it
+    (sp_consumer_status).  state is ``absent`` (not joined there),
+    ``joined``, ``receiving`` (waiting for or taking part in a push) or
+    ``leaving``; node is its node in the job (None when unknown); device as
+    it joined (``""`` when absent); bytes_received counts every push."""
+    index: int
+    state: str
+    node: Optional[int]
+    device: str
+    bytes_received: int
+
+
+@dataclass(frozen=True)
 class JobStatus:
     """One job as the daemon reports it (sp_job_status)."""
     job_id: str
@@ -50,6 +64,14 @@ class JobStatus:
     bytes_to_write: int = 0
     # Exports across nodes that reused the previous plan (root's digest).
     plans_reused: int = 0
+    # A job with consumers: each of them by index, the pushes finished
+    # (delivered or failed) and the plans built for them (a push that
+    # reused the previous plan adds none).
+    # Ranks waiting in the next export or push.
+    asked: int = 0
+    consumers: Tuple[ConsumerStatus, ...] = ()
+    pushes: int = 0
+    push_plans: int = 0
 
 
 @dataclass(frozen=True)
@@ -136,6 +158,49 @@ class SaveResult:
 
 
 @dataclass(frozen=True)
+class TargetPiece:
+    """A box of the whole tensor a consumer wants (sp_target_piece): its
+    first element start and extent shape in the whole tensor, and the view
+    it lands at in the consumer's storage (stride and offset in elements
+    of the key's dtype)."""
+    start: Tuple[int, ...]
+    shape: Tuple[int, ...]
+    storage: int
+    stride: Tuple[int, ...]
+    offset: int
+
+
+@dataclass(frozen=True)
+class TargetDesc:
+    """Where a consumer wants one key (sp_target_desc).  part is
+    ``whole`` (the view holds the whole tensor), ``shard`` (the view holds
+    a slice along dim: the consumers holding the key as a shard tile that
+    dim in index order) or ``pieces`` (boxes, each a TargetPiece with its
+    own view).  dtype and global_shape must be the trainers'."""
+    key: str
+    dtype: str
+    global_shape: Tuple[int, ...]
+    part: str
+    storage: int = 0
+    shape: Tuple[int, ...] = ()
+    stride: Tuple[int, ...] = ()
+    offset: int = 0
+    dim: int = 0
+    pieces: Tuple[TargetPiece, ...] = ()
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """What one push did (sp_push_result): the job's push number (from
+    1); on a trainer the bytes this rank sent, on a consumer the bytes
+    written into its buffers; and whether the previous push's plan was
+    reused (no registration changed since)."""
+    push_id: int
+    bytes: int
+    plan_reused: bool
+
+
+@dataclass(frozen=True)
 class OwnedTensor:
     """A whole tensor this rank owns after an export.  data is the address
     of its first element, valid until the export is released; identity says
@@ -157,6 +222,12 @@ _STORAGE_KINDS = {
     "cuda": _lib.SP_STORAGE_CUDA,
     "cuda_ipc": _lib.SP_STORAGE_CUDA_IPC,
     "cuda_fd": _lib.SP_STORAGE_CUDA_FD,
+}
+
+_TARGET_PARTS = {
+    "whole": _lib.SP_TARGET_WHOLE,
+    "shard": _lib.SP_TARGET_SHARD,
+    "pieces": _lib.SP_TARGET_PIECES,
 }
 
 _PLACEMENTS = {
@@ -207,6 +278,11 @@ def _dims(values, what, key):
             "%s: %d dims in %s, at most %d are supported"
             % (key, len(values), what, _lib.SP_MAX_DIMS))
     return (ctypes.c_int64 * _lib.SP_MAX_DIMS)(*values)
+
+
+def _push_result(out):
+    return PushResult(push_id=out.push_id, bytes=out.bytes,
+                      plan_reused=bool(out.plan_reused))
 
 
 class OwnedSet:
@@ -316,6 +392,15 @@ class Client:
                           bytes_written=j.bytes_written,
                           bytes_to_write=j.bytes_to_write,
                           plans_reused=j.plans_reused,
+                          consumers=tuple(
+                              ConsumerStatus(
+                                  index=c.index, state=_text(c.state),
+                                  node=None if c.node < 0 else c.node,
+                                  device=_text(c.device) or "",
+                                  bytes_received=c.bytes_received)
+                              for c in j.consumers[:j.nconsumers]),
+                          asked=j.asked, pushes=j.pushes,
+                          push_plans=j.push_plans,
                           nodes=tuple(
                               NodeStatus(node=n.node,
                                          address=_text(n.address),
@@ -344,26 +429,47 @@ class Client:
 
     # ---- jobs (docs/protocol.md, "Jobs") ----
 
-    def create_job(self, world: int) -> bytes:
-        """Creates a job of world ranks; returns its ticket, opaque bytes
-        that the trainers hand to each other by their own means."""
+    def create_job(self, world: int, consumers: int = 0) -> bytes:
+        """Creates a job of world ranks and, when consumers is not 0, that
+        many consumers (at most 4096); returns its ticket, opaque bytes
+        that the trainers and consumers hand to each other by their own
+        means."""
         ticket = _lib.sp_ticket()
-        self._check(_lib.fn.sp_job_create(self._live(), world,
-                                          ctypes.byref(ticket)))
+        if consumers:
+            self._check(_lib.fn.sp_job_create_with_consumers(
+                self._live(), world, consumers, ctypes.byref(ticket)))
+        else:
+            self._check(_lib.fn.sp_job_create(self._live(), world,
+                                              ctypes.byref(ticket)))
         return bytes(ticket.bytes[:ticket.len])
 
-    def join(self, ticket: bytes, rank: int, world: int,
-             device: str = "cpu"):
-        """Joins this connection to the job as rank.  device is ``cpu`` for
-        host storages or ``cuda:<GPU UUID>``."""
+    @staticmethod
+    def _ticket(ticket):
         if len(ticket) > _lib.SP_TICKET_MAX:
             raise errors.BadTicket("a ticket is at most %d bytes, this one "
                                    "has %d" % (_lib.SP_TICKET_MAX,
                                                len(ticket)))
         raw = _lib.sp_ticket(len=len(ticket))
         ctypes.memmove(raw.bytes, ticket, len(ticket))
+        return raw
+
+    def join(self, ticket: bytes, rank: int, world: int,
+             device: str = "cpu"):
+        """Joins this connection to the job as rank.  device is ``cpu`` for
+        host storages or ``cuda:<GPU UUID>``."""
+        raw = self._ticket(ticket)
         self._check(_lib.fn.sp_job_join(self._live(), ctypes.byref(raw),
                                         rank, world, device.encode()))
+
+    def consumer_join(self, ticket: bytes, index: int, consumers: int,
+                      device: str = "cpu"):
+        """Joins this connection to the job as consumer index of its
+        consumers, on this node's daemon (which may serve no trainer of
+        the job).  device as for join."""
+        raw = self._ticket(ticket)
+        self._check(_lib.fn.sp_consumer_join(self._live(), ctypes.byref(raw),
+                                             index, consumers,
+                                             device.encode()))
 
     def leave(self):
         """Leaves the job: releases every export and registration."""
@@ -455,6 +561,85 @@ class Client:
         self._check(_lib.fn.sp_register_tensors(self._live(), array,
                                                 len(tensors)))
 
+    @staticmethod
+    def _target_pieces(t):
+        """t's pieces as an sp_target_piece array."""
+        array = (_lib.sp_target_piece * len(t.pieces))()
+        for slot, p in zip(array, t.pieces):
+            if not len(p.start) == len(p.shape) == len(p.stride) == len(
+                    t.global_shape):
+                raise errors.InvalidArgument(
+                    "%s: a piece's start, shape and stride need one entry "
+                    "per dim of the key's %d" % (t.key, len(t.global_shape)))
+            slot.start = _dims(p.start, "a piece's start", t.key)
+            slot.shape = _dims(p.shape, "a piece's shape", t.key)
+            slot.storage = p.storage
+            slot.stride = _dims(p.stride, "a piece's stride", t.key)
+            slot.offset = p.offset
+        return array
+
+    def register_targets(self, targets: Sequence[TargetDesc]):
+        """Registers where this consumer wants its keys (its storages
+        first, with register_storages)."""
+        array = (_lib.sp_target_desc * len(targets))()
+        # The keys, dtypes and pieces must outlive the call.
+        keep = []
+        for slot, t in zip(array, targets):
+            if t.part not in _TARGET_PARTS:
+                raise errors.InvalidArgument(
+                    "%s: unknown part %r (expected one of %s)"
+                    % (t.key, t.part, ", ".join(_TARGET_PARTS)))
+            if "\0" in t.key:
+                raise errors.InvalidArgument(
+                    "%r: a key cannot hold a NUL character" % (t.key,))
+            key, dtype = t.key.encode(), t.dtype.encode()
+            keep.extend([key, dtype])
+            slot.key, slot.dtype = key, dtype
+            slot.ndim = len(t.global_shape)
+            slot.global_shape = _dims(t.global_shape, "its global shape",
+                                      t.key)
+            slot.part = _TARGET_PARTS[t.part]
+            slot.storage = t.storage
+            slot.shape = _dims(t.shape, "its shape", t.key)
+            slot.stride = _dims(t.stride, "its stride", t.key)
+            slot.offset = t.offset
+            slot.dim = t.dim
+            if t.pieces:
+                pieces = self._target_pieces(t)
+                keep.append(pieces)
+                slot.npieces, slot.pieces = len(t.pieces), pieces
+        self._check(_lib.fn.sp_register_targets(self._live(), array,
+                                                len(targets)))
+
+    @staticmethod
+    def _timeout_ms(timeout):
+        return 0 if timeout is None else int(round(timeout * 1000))
+
+    def push(self, max_keys: int = 0, max_bytes: int = 0,
+             timeout: Optional[float] = None) -> PushResult:
+        """Pushes the trainers' current weights into every consumer (a
+        collective over the job's ranks, every one with the same max_keys
+        and max_bytes); returns once every consumer's bytes are in place.
+        max_keys and max_bytes bound a round (0: the defaults); timeout is
+        how long the daemon waits for the ranks and consumers, and for
+        progress, in seconds (None: its export_timeout)."""
+        opts = _lib.sp_push_opts(max_keys=max_keys, max_bytes=max_bytes,
+                                 timeout_ms=self._timeout_ms(timeout))
+        out = _lib.sp_push_result()
+        self._check(_lib.fn.sp_push(self._live(), ctypes.byref(opts),
+                                    ctypes.byref(out)))
+        return _push_result(out)
+
+    def receive(self, timeout: Optional[float] = None) -> PushResult:
+        """Takes part in the job's next push as a consumer; returns once
+        every byte this consumer asked for is in its buffers.  timeout as
+        for push."""
+        out = _lib.sp_push_result()
+        self._check(_lib.fn.sp_receive(self._live(),
+                                       self._timeout_ms(timeout),
+                                       ctypes.byref(out)))
+        return _push_result(out)
+
     def _export_opts(self, groups, max_keys, max_bytes, timeout, progress,
                      raised, keep):
         """sp_export_opts for groups and the rest; keep holds what the
@@ -467,7 +652,7 @@ class Client:
         opts = _lib.sp_export_opts(
             ngroups=len(group_keys), groups=group_array,
             max_keys=max_keys, max_bytes=max_bytes,
-            timeout_ms=0 if timeout is None else int(round(timeout * 1000)))
+            timeout_ms=self._timeout_ms(timeout))
         if progress is not None:
             def report(p, _arg):
                 # ctypes cannot carry an exception through C; keep the first
@@ -569,6 +754,7 @@ class Client:
         self._check(_lib.fn.sp_release(self._handle, pointer))
 
 
-__all__ = ["Client", "default_socket", "Status", "JobStatus", "StorageDesc", "TensorDesc",
-           "Progress", "SaveResult", "OwnedSet", "OwnedTensor",
-           "ShardportError"]
+__all__ = ["Client", "default_socket", "Status", "JobStatus",
+           "ConsumerStatus", "StorageDesc", "TensorDesc", "TargetDesc",
+           "TargetPiece", "Progress", "PushResult", "SaveResult", "OwnedSet",
+           "OwnedTensor", "ShardportError"]

@@ -1,10 +1,11 @@
-"""Jobs and exports of PyTorch state dicts.
+"""Jobs, exports and pushes of PyTorch state dicts.
 
 A Job is this process's rank in a shardport job: one connection to the
 node's daemon.  It lives as long as the training run, so that its daemons'
 communicators stay warm: register the state dict once (the daemon maps the
 tensors' shared memory, so later updates made in place are seen), then
-export as often as needed.  export_state_dict does all of it in one call.
+export, or push into the job's consumers (consumer.py), as often as
+needed.  export_state_dict does an export in one call.
 """
 
 from collections.abc import Mapping
@@ -25,6 +26,36 @@ def _torch_distributed():
     return dist
 
 
+def join_device(client, device):
+    """The device a rank or consumer joins with: "cpu", "cuda:<GPU UUID>"
+    as given, or a CUDA device (a torch.device or an ordinal) named by its
+    GPU's UUID."""
+    if device is None or isinstance(device, str) and (
+            device == "cpu" or device.startswith("cuda:GPU-")):
+        return device or "cpu"
+    import torch
+    device = torch.device("cuda", device) if isinstance(device, int) \
+        else torch.device(device)
+    if device.type == "cpu":
+        return "cpu"
+    if device.type != "cuda":
+        raise errors.InvalidArgument("a rank or consumer is on the CPU or a "
+                                     "CUDA device, not on %s" % device)
+    index = device.index if device.index is not None \
+        else torch.cuda.current_device()
+    return client.cuda_device_name(index)
+
+
+def synchronize(devices):
+    """Waits for the work of this process's streams on the CUDA devices:
+    the daemon reads (a rank's storages) or writes (a consumer's buffers)
+    that memory as soon as it is asked to (docs/protocol.md, storage_add)."""
+    if devices:
+        import torch
+        for index in devices:
+            torch.cuda.synchronize(index)
+
+
 def _terminal_progress(rank):
     """The progress line an export shows when the caller chose none: on
     rank 0 only (the ranks of a job often share one terminal, and rank 0's
@@ -39,68 +70,56 @@ class Job:
     rank at once); their socket and timeout are Client's.  Closing it leaves
     the job and releases its exports."""
 
-    def __init__(self, client, ticket, rank, world, timeout=None):
+    def __init__(self, client, ticket, rank, world, timeout=None,
+                 consumers=0):
         self.client = client
         self.ticket = ticket
         self.rank = rank
         self.world = world
+        self.consumers = consumers
         self.timeout = timeout
         self._registration = None
 
-    @staticmethod
-    def _device_name(client, device):
-        """The join device: "cpu", "cuda:<GPU UUID>" as given, or a CUDA
-        device (a torch.device or an ordinal) named by its GPU's UUID."""
-        if device is None or isinstance(device, str) and (
-                device == "cpu" or device.startswith("cuda:GPU-")):
-            return device or "cpu"
-        import torch
-        device = torch.device("cuda", device) if isinstance(device, int) \
-            else torch.device(device)
-        if device.type == "cpu":
-            return "cpu"
-        if device.type != "cuda":
-            raise errors.InvalidArgument("a rank is on the CPU or a CUDA "
-                                         "device, not on %s" % device)
-        index = device.index if device.index is not None \
-            else torch.cuda.current_device()
-        return client.cuda_device_name(index)
-
     @classmethod
-    def create(cls, world, *, socket=None, timeout=None, device=None):
-        """Creates a job of world ranks and joins it as rank 0; hand
-        job.ticket to the other ranks.  device is where this rank's tensors
+    def create(cls, world, *, consumers=0, socket=None, timeout=None,
+               device=None):
+        """Creates a job of world ranks and consumers consumers (0: none;
+        at most 4096) and joins it as rank 0; hand job.ticket to the other
+        ranks and to the consumers.  device is where this rank's tensors
         are: None or "cpu", or a CUDA device (torch.device, ordinal, or
         "cuda:<GPU UUID>")."""
         client = Client(socket, timeout)
         try:
-            ticket = client.create_job(world)
-            client.join(ticket, 0, world, cls._device_name(client, device))
+            ticket = client.create_job(world, consumers)
+            client.join(ticket, 0, world, join_device(client, device))
         except BaseException:
             client.close()
             raise
-        return cls(client, ticket, 0, world, timeout)
+        return cls(client, ticket, 0, world, timeout, consumers)
 
     @classmethod
-    def join(cls, ticket, rank, world, *, socket=None, timeout=None,
-             device=None):
+    def join(cls, ticket, rank, world, *, consumers=0, socket=None,
+             timeout=None, device=None):
+        """Joins the job of ticket as rank of world; consumers is the
+        job's count of consumers (only recorded here, as job.consumers)."""
         client = Client(socket, timeout)
         try:
-            client.join(ticket, rank, world, cls._device_name(client, device))
+            client.join(ticket, rank, world, join_device(client, device))
         except BaseException:
             client.close()
             raise
-        return cls(client, ticket, rank, world, timeout)
+        return cls(client, ticket, rank, world, timeout, consumers)
 
     @classmethod
-    def from_torch_distributed(cls, *, socket=None, timeout=None,
-                               device=None):
+    def from_torch_distributed(cls, *, consumers=0, socket=None,
+                               timeout=None, device=None):
         """Collective over torch.distributed's default group: rank 0
-        creates the job and hands its ticket to the other ranks through the
-        group's store, every rank joins as its own rank (on device, as
-        Job.create).  If rank 0 cannot create the job, every rank raises
-        its error; a rank that waits longer than timeout seconds (default
-        5 minutes) for the ticket raises errors.Timeout naming rank 0."""
+        creates the job (with consumers consumers, as Job.create) and
+        hands its ticket to the other ranks through the group's store,
+        every rank joins as its own rank (on device, as Job.create).  If
+        rank 0 cannot create the job, every rank raises its error; a rank
+        that waits longer than timeout seconds (default 5 minutes) for the
+        ticket raises errors.Timeout naming rank 0."""
         dist = _torch_distributed()
         rank, world = dist.get_rank(), dist.get_world_size()
         if rank != 0:
@@ -108,11 +127,11 @@ class Job:
                 dist, "hand out the job's ticket", None, [0], timeout)
             if isinstance(outcome, tuple):
                 raise errors.error_for(*outcome)
-            return cls.join(outcome, rank, world, socket=socket,
-                            timeout=timeout, device=device)
+            return cls.join(outcome, rank, world, consumers=consumers,
+                            socket=socket, timeout=timeout, device=device)
         try:
-            job = cls.create(world, socket=socket, timeout=timeout,
-                             device=device)
+            job = cls.create(world, consumers=consumers, socket=socket,
+                             timeout=timeout, device=device)
         except Exception as exc:
             # The other ranks wait for the ticket: they get the error too.
             if isinstance(exc, errors.ShardportError):
@@ -170,7 +189,7 @@ class Job:
                 close_job):
         if self._registration is None:
             raise errors.BadState("register the state dict before exporting")
-        self._synchronize()
+        synchronize(self._registration.cuda_devices)
         shown = None
         if progress is None:
             progress = shown = _terminal_progress(self.rank)
@@ -183,6 +202,25 @@ class Job:
                 shown.close()
         return Export(self, owned, close_job)
 
+    def push(self, *, timeout=None, max_keys=0, max_bytes=0):
+        """Pushes the registered tensors' current values into every
+        consumer of the job, each consumer's keys laid out as it
+        registered them (shardport.Consumer): a collective over the job's
+        ranks, which pass the same max_keys and max_bytes.  Returns this
+        rank's shardport.PushResult once every consumer's bytes are in
+        place, or raises the push's one error on every rank and consumer
+        (errors.ConsumerLost naming a consumer that left, errors.RankLost,
+        errors.Timeout, a planner's refusal).  timeout: seconds the daemon
+        waits for the ranks and consumers and for progress; max_keys,
+        max_bytes: the bounds of one round (0: the defaults).  Push as
+        often as the weights change: the plan is reused while no rank or
+        consumer registered anew."""
+        if self._registration is None:
+            raise errors.BadState("register the state dict before pushing")
+        synchronize(self._registration.cuda_devices)
+        return self.client.push(max_keys=max_keys, max_bytes=max_bytes,
+                                timeout=timeout)
+
     def save(self, path, *, max_shard_bytes=5 * 2**30, metadata=None,
              overwrite=False, groups=(), progress=None, timeout=None,
              max_keys=0, max_bytes=0):
@@ -194,7 +232,7 @@ class Job:
         terminal line also shows the bytes written)."""
         if self._registration is None:
             raise errors.BadState("register the state dict before saving")
-        self._synchronize()
+        synchronize(self._registration.cuda_devices)
         shown = None
         if progress is None:
             progress = shown = _terminal_progress(self.rank)
@@ -207,15 +245,6 @@ class Job:
         finally:
             if shown is not None:
                 shown.close()
-
-    def _synchronize(self):
-        if self._registration.cuda_devices:
-            # The daemon reads the registered device memory as soon as every
-            # rank asked: whatever this process's streams still write into
-            # it must be done first (docs/protocol.md, storage_add).
-            import torch
-            for index in self._registration.cuda_devices:
-                torch.cuda.synchronize(index)
 
     def close(self):
         self.client.close()

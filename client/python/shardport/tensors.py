@@ -170,6 +170,89 @@ def _unplaced(keys, world):
         % (len(keys), world, named))
 
 
+def one_device_type(tensors, what):
+    """Refuses tensors both on the CPU and on CUDA devices: one process
+    registers host memory or device memory.  tensors maps names to
+    tensors; what names them in the refusal."""
+    on = {}
+    for key, t in tensors.items():
+        on.setdefault(t.device.type, key)
+    if len(on) > 1:
+        raise errors.InvalidArgument(
+            "%s mixes CPU tensors (%s) and CUDA tensors (%s); one process "
+            "registers one or the other (move the CPU ones to its GPU, or "
+            "the CUDA ones to the CPU)" % (what, on["cpu"], on["cuda"]))
+
+
+def cuda_devices(tensors):
+    """The CUDA device ordinals tensors lie on, sorted: the devices to
+    synchronize before the daemon reads or writes their memory."""
+    return sorted({t.device.index for t in tensors if t.device.type == "cuda"})
+
+
+class Storages:
+    """The storages behind a set of tensors, each registered once however
+    many tensors view it, told apart by (device, base address) (never by
+    address alone: docs/protocol.md, storage_add).  descs are their
+    StorageDescs, ids 0, 1, ... in the order first seen.  It keeps every
+    storage alive: the fd the daemon duplicated and the memory the tensors
+    point into belong to them."""
+
+    def __init__(self):
+        self.descs = []
+        self._kept = []
+        self._ids = {}
+
+    def id_of(self, tensor):
+        """The id of tensor's storage, registering it on first sight."""
+        storage = _untyped_storage(tensor)
+        if tensor.device.type == "cuda":
+            identity = (str(tensor.device), storage.data_ptr())
+            if identity in self._ids:
+                return self._ids[identity]
+            return self._add_cuda(identity, storage)
+        # _share_fd_cpu_ moves a storage that is not yet in shared memory
+        # into a new shm file (every view of it follows, as with
+        # share_memory_()) and returns the file's fd, which the storage
+        # keeps open.  Calling it directly leaves the process's sharing
+        # strategy alone.  The base address is read after the move.
+        fd, length = storage._share_fd_cpu_()
+        identity = (str(tensor.device), storage.data_ptr())
+        if identity in self._ids:
+            return self._ids[identity]
+        sid = self._ids[identity] = len(self.descs)
+        if length == 0:
+            # An empty storage has no shm file; it still needs one, empty,
+            # for the views (an empty shard) that name it.
+            fd = os.memfd_create("shardport-empty", os.MFD_CLOEXEC)
+            storage = _EmptyFile(fd)
+        self._kept.append(storage)
+        self.descs.append(StorageDesc(
+            id=sid, fd=fd, offset=0, length=length,
+            addr=storage.data_ptr()))
+        return sid
+
+    def _add_cuda(self, identity, storage):
+        """A CUDA storage as its IPC handle: _share_cuda_() returns the
+        handle of the storage's allocation base in PyTorch's own format
+        (which the daemon reads as it is) and the storage's byte offset
+        from that base.  The library finds the GPU's UUID itself."""
+        sid = self._ids[identity] = len(self.descs)
+        length = storage.nbytes() if callable(storage.nbytes) else storage.size()
+        self._kept.append(storage)
+        if length == 0:
+            # No allocation to name: the daemon opens nothing for it.
+            self.descs.append(StorageDesc(
+                id=sid, fd=-1, offset=0, length=0, addr=0, kind="cuda"))
+            return sid
+        shared = storage._share_cuda_()
+        handle, offset = shared[1], shared[3]
+        self.descs.append(StorageDesc(
+            id=sid, fd=-1, offset=offset, length=length,
+            addr=storage.data_ptr(), kind="cuda_ipc", handle=bytes(handle)))
+        return sid
+
+
 class Registration:
     """One rank's state dict as storages plus views.
 
@@ -193,8 +276,8 @@ class Registration:
         if default_placement is not None:
             default = normalize("default_placement", default_placement)
         self.local = {}
-        self._storages = []
-        self.storage_descs = []
+        self._storages = Storages()
+        self.storage_descs = self._storages.descs
         self.tensor_descs = []
         chosen = {}
         for key, value in state_dict.items():
@@ -215,77 +298,16 @@ class Registration:
         for key, rows in _gather_rows(needs_rows, world, timeout).items():
             shape = (rows,) + tuple(self.local[key].shape[1:])
             chosen[key] = Placement("shard0", shape)
-        on = {}
-        for key, t in self.local.items():
-            on.setdefault(t.device.type, key)
-        if len(on) > 1:
-            raise errors.InvalidArgument(
-                "the state dict mixes CPU tensors (%s) and CUDA tensors (%s); "
-                "a rank registers one or the other (move the CPU ones to its "
-                "GPU, or the CUDA ones to the CPU)" % (on["cpu"], on["cuda"]))
+        one_device_type(self.local, "the state dict")
         # The GPUs whose streams must be synchronized before each export.
-        self.cuda_devices = sorted({t.device.index for t in self.local.values()
-                                    if t.device.type == "cuda"})
-        ids = {}
+        self.cuda_devices = cuda_devices(self.local.values())
         for key, tensor in self.local.items():
-            self.tensor_descs.append(self._describe(key, tensor, chosen[key],
-                                                    ids))
+            self.tensor_descs.append(self._describe(key, tensor, chosen[key]))
 
-    def _storage_id(self, tensor, ids):
-        """The id of tensor's storage, registering it on first sight."""
-        storage = _untyped_storage(tensor)
-        if tensor.device.type == "cuda":
-            return self._cuda_storage_id(tensor, storage, ids)
-        # _share_fd_cpu_ moves a storage that is not yet in shared memory
-        # into a new shm file (every view of it follows, as with
-        # share_memory_()) and returns the file's fd, which the storage
-        # keeps open.  Calling it directly leaves the process's sharing
-        # strategy alone.  The base address is read after the move.
-        fd, length = storage._share_fd_cpu_()
-        identity = (str(tensor.device), storage.data_ptr())
-        if identity in ids:
-            return ids[identity]
-        sid = len(self.storage_descs)
-        ids[identity] = sid
-        if length == 0:
-            # An empty storage has no shm file; it still needs one, empty,
-            # for the views (an empty shard) that name it.
-            fd = os.memfd_create("shardport-empty", os.MFD_CLOEXEC)
-            storage = _EmptyFile(fd)
-        self._storages.append(storage)
-        self.storage_descs.append(StorageDesc(
-            id=sid, fd=fd, offset=0, length=length,
-            addr=storage.data_ptr()))
-        return sid
-
-    def _cuda_storage_id(self, tensor, storage, ids):
-        """A CUDA storage as its IPC handle: _share_cuda_() returns the
-        handle of the storage's allocation base in PyTorch's own format
-        (which the daemon reads as it is) and the storage's byte offset
-        from that base.  The library finds the GPU's UUID itself."""
-        identity = (str(tensor.device), storage.data_ptr())
-        if identity in ids:
-            return ids[identity]
-        sid = len(self.storage_descs)
-        ids[identity] = sid
-        length = storage.nbytes() if callable(storage.nbytes) else storage.size()
-        self._storages.append(storage)
-        if length == 0:
-            # No allocation to name: the daemon opens nothing for it.
-            self.storage_descs.append(StorageDesc(
-                id=sid, fd=-1, offset=0, length=0, addr=0, kind="cuda"))
-            return sid
-        shared = storage._share_cuda_()
-        handle, offset = shared[1], shared[3]
-        self.storage_descs.append(StorageDesc(
-            id=sid, fd=-1, offset=offset, length=length,
-            addr=storage.data_ptr(), kind="cuda_ipc", handle=bytes(handle)))
-        return sid
-
-    def _describe(self, key, tensor, placement, ids):
+    def _describe(self, key, tensor, placement):
         global_shape = placement.global_shape
         return TensorDesc(
-            key=key, storage=self._storage_id(tensor, ids),
+            key=key, storage=self._storages.id_of(tensor),
             dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape),
             stride=tuple(tensor.stride()), offset=tensor.storage_offset(),
             placement=placement.kind,
