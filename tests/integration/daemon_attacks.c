@@ -315,6 +315,17 @@ static void crafted_sids(uint32_t *sids) {
   ck_assert_uint_eq(found, FLOOD_N);
 }
 
+/* Each kind of flood runs this many times, alternating, and is judged by
+ * its fastest run: one run is one sample of a shared machine, while the
+ * old hash's cost (seconds) shows in every run. */
+#define FLOOD_TRIES 3
+
+static struct timing fastest(struct timing a, struct timing b) {
+  return (struct timing){
+      .reply_ns = a.reply_ns < b.reply_ns ? a.reply_ns : b.reply_ns,
+      .status_ns = a.status_ns < b.status_ns ? a.status_ns : b.status_ns};
+}
+
 /* Empty storages need no memory, only a descriptor to name: the cheapest
  * way to fill the daemon's tables. */
 static struct timing flood(sp_client *creator, const uint32_t *sids) {
@@ -343,6 +354,10 @@ START_TEST(colliding_sids_cost_as_sequential) {
   sp_client *creator = client();
   struct timing ordinary = flood(creator, sequential);
   struct timing attack = flood(creator, crafted);
+  for (int i = 1; i < FLOOD_TRIES; i++) {
+    ordinary = fastest(ordinary, flood(creator, sequential));
+    attack = fastest(attack, flood(creator, crafted));
+  }
   assert_as_ordinary("crafted storage ids", attack, ordinary);
   sp_close(creator);
   free(crafted);
