@@ -185,6 +185,8 @@ def subsets_trainer(ctx):
             results.append({"push_id": r.push_id, "bytes": r.bytes,
                             "plan_reused": r.plan_reused})
         status = job.client.status()
+        # The consumers stay joined until every trainer has read them.
+        touch(ctx.path("status-read.%d" % ctx.index))
     (mine,) = [j for j in status.jobs if j.world == ctx.world]
     return {"pushes": results, "status_pushes": mine.pushes,
             "push_plans": mine.push_plans,
@@ -202,6 +204,10 @@ def subsets_consumer(ctx):
             checked = check_received(layout, SUBSET_SHAPES, step)
             results.append({"push_id": r.push_id, "bytes": r.bytes,
                             "checked": checked})
+        # Leaving drops this consumer from status: wait until every
+        # trainer has read the bytes it received.
+        for r in range(ctx.world):
+            wait_for(ctx.path("status-read.%d" % r))
     return {"pushes": results, "keys": sorted(targets)}
 
 

@@ -273,8 +273,16 @@ class CudaFakeTest(unittest.TestCase):
             f.write("gpu_pool_capacity = 1G\nmetrics_listen = 127.0.0.1:0\n")
         try:
             with harness.daemon("--backend", "cuda", "--config", cfg) as d:
-                m = re.search(r"metrics: serving (http://\S+/metrics)",
-                              d.log_text())
+                # The daemon may answer before it has logged the line.
+                deadline = time.monotonic() + 10
+                while True:
+                    m = re.search(r"metrics: serving (http://\S+/metrics)",
+                                  d.log_text())
+                    if m is not None or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+                self.assertIsNotNone(m, "the daemon never said where its "
+                                     "metrics are served")
                 outs = export_two_ranks(self, d, m.group(1))
                 deadline = time.monotonic() + 10
                 while True:
